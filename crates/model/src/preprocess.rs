@@ -1,0 +1,155 @@
+//! Image decoding and normalisation into the model's input tensor.
+//!
+//! JPEG, PNG, TIFF and PNM, 8- or 16-bit, grayscale or RGB (alpha is dropped). Values are
+//! scaled to [0, 1] by the full range of the sample type (x / 255 or x / 65535); grayscale
+//! is replicated to three channels. The image is resized to `size x size` with a bicubic
+//! (Catmull-Rom) filter — squashed by default, or scaled on its short side and centre-cropped
+//! — then normalised per channel with the model's mean and std (ImageNet unless the model
+//! config says otherwise). The tensor is CHW, f32.
+
+use anyhow::{Context, Result};
+use image::{imageops::FilterType, DynamicImage, Rgb32FImage};
+use std::path::Path;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ResizeMode {
+    /// Resize both sides to the input size, ignoring the aspect ratio.
+    #[default]
+    Squash,
+    /// Resize the short side to the input size, then cut the central square.
+    CenterCrop,
+}
+
+impl std::str::FromStr for ResizeMode {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "squash" => Ok(Self::Squash),
+            "center-crop" | "centre-crop" => Ok(Self::CenterCrop),
+            _ => anyhow::bail!("unknown resize mode {s:?}: use squash or center-crop"),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Preprocess {
+    pub size: usize,
+    pub mean: [f32; 3],
+    pub std: [f32; 3],
+    pub resize: ResizeMode,
+}
+
+impl Preprocess {
+    /// A stable description for cache keys.
+    pub fn key(&self) -> String {
+        format!(
+            "{}-{:?}-{:?}-{:?}",
+            self.size, self.mean, self.std, self.resize
+        )
+    }
+}
+
+pub fn load_image(path: &Path) -> Result<DynamicImage> {
+    image::ImageReader::open(path)
+        .with_context(|| format!("cannot open {}", path.display()))?
+        .with_guessed_format()
+        .with_context(|| format!("cannot read {}", path.display()))?
+        .decode()
+        .with_context(|| format!("{} is not a readable image", path.display()))
+}
+
+pub fn decode_image(bytes: &[u8]) -> Result<DynamicImage> {
+    image::load_from_memory(bytes).context("not a readable image (JPEG, PNG, TIFF or PNM expected)")
+}
+
+/// The normalised `[3, size, size]` CHW tensor of an image.
+pub fn to_tensor(img: &DynamicImage, p: &Preprocess) -> Vec<f32> {
+    let rgb: Rgb32FImage = img.to_rgb32f();
+    let s = p.size as u32;
+    let resized = match p.resize {
+        ResizeMode::Squash => resize(&rgb, s, s),
+        ResizeMode::CenterCrop => {
+            let (w, h) = rgb.dimensions();
+            let scale = s as f32 / w.min(h) as f32;
+            let (nw, nh) = (
+                ((w as f32 * scale).round() as u32).max(s),
+                ((h as f32 * scale).round() as u32).max(s),
+            );
+            let full = resize(&rgb, nw, nh);
+            image::imageops::crop_imm(&full, (nw - s) / 2, (nh - s) / 2, s, s).to_image()
+        }
+    };
+    let n = p.size * p.size;
+    let mut out = vec![0f32; 3 * n];
+    for (i, px) in resized.pixels().enumerate() {
+        for c in 0..3 {
+            out[c * n + i] = (px[c] - p.mean[c]) / p.std[c];
+        }
+    }
+    out
+}
+
+fn resize(img: &Rgb32FImage, w: u32, h: u32) -> Rgb32FImage {
+    if img.dimensions() == (w, h) {
+        return img.clone();
+    }
+    image::imageops::resize(img, w, h, FilterType::CatmullRom)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use image::{GrayImage, ImageBuffer, Luma, Rgb};
+
+    fn prep(size: usize, resize: ResizeMode) -> Preprocess {
+        Preprocess {
+            size,
+            mean: [0.5, 0.5, 0.5],
+            std: [0.5, 0.5, 0.5],
+            resize,
+        }
+    }
+
+    #[test]
+    fn grayscale_is_replicated_and_normalised() {
+        let img = DynamicImage::ImageLuma8(GrayImage::from_pixel(4, 4, Luma([255])));
+        let t = to_tensor(&img, &prep(4, ResizeMode::Squash));
+        assert_eq!(t.len(), 48);
+        assert!(t.iter().all(|&v| (v - 1.0).abs() < 1e-6));
+    }
+
+    #[test]
+    fn sixteen_bit_uses_full_range() {
+        let img: ImageBuffer<Luma<u16>, Vec<u16>> = ImageBuffer::from_pixel(2, 2, Luma([32768]));
+        let t = to_tensor(
+            &DynamicImage::ImageLuma16(img),
+            &prep(2, ResizeMode::Squash),
+        );
+        assert!(t
+            .iter()
+            .all(|&v| (v - (32768.0 / 65535.0 - 0.5) / 0.5).abs() < 1e-4));
+    }
+
+    #[test]
+    fn center_crop_keeps_the_middle() {
+        // 6x2 image: left and right thirds black, middle white; a centre crop to 2x2 is white.
+        let img = ImageBuffer::from_fn(6, 2, |x, _| {
+            if (2..4).contains(&x) {
+                Rgb([255u8; 3])
+            } else {
+                Rgb([0u8; 3])
+            }
+        });
+        let t = to_tensor(
+            &DynamicImage::ImageRgb8(img),
+            &prep(2, ResizeMode::CenterCrop),
+        );
+        assert!(t.iter().all(|&v| v > 0.9), "{t:?}");
+    }
+
+    #[test]
+    fn bad_bytes_give_an_error() {
+        assert!(decode_image(b"not an image").is_err());
+    }
+}
