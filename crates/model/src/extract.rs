@@ -202,27 +202,7 @@ pub fn ids_path(path: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// Writes a file through a temporary sibling and a rename.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("cannot create {}", parent.display()))?;
-    }
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(format!(".tmp-{}", std::process::id()));
-    let tmp = PathBuf::from(tmp);
-    {
-        use std::io::Write;
-        let mut f = std::fs::File::create(&tmp)
-            .with_context(|| format!("cannot write {}", tmp.display()))?;
-        f.write_all(bytes)
-            .with_context(|| format!("cannot write {}", tmp.display()))?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)
-        .with_context(|| format!("cannot move {} into place", path.display()))?;
-    Ok(())
-}
+pub use craterdex_durable::write_atomic;
 
 /// One image that could not be used, and why.
 #[derive(Clone, Debug)]

@@ -5,7 +5,7 @@
 
 use crate::config::ModelConfig;
 use crate::vit::{Block, VitWeights};
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -142,75 +142,12 @@ pub fn write_model_dir(
     let parent = dir.parent().context("model directory has no parent")?;
     std::fs::create_dir_all(parent)
         .with_context(|| format!("cannot create {}", parent.display()))?;
-    let tmp = tempdir_beside(dir)?;
+    let tmp = craterdex_durable::tempdir_beside(dir)?;
     std::fs::write(tmp.join(WEIGHTS_FILE), &bytes)
         .with_context(|| format!("cannot write {}", tmp.display()))?;
     std::fs::write(tmp.join(CONFIG_FILE), serde_json::to_vec_pretty(&config)?)?;
-    fsync_dir(&tmp);
-    replace_dir(&tmp, dir)?;
+    craterdex_durable::replace_dir(&tmp, dir)?;
     Ok(config)
-}
-
-/// A fresh, empty directory next to `target` (same filesystem, so rename is atomic).
-pub fn tempdir_beside(target: &Path) -> Result<PathBuf> {
-    let name = target
-        .file_name()
-        .context("target has no file name")?
-        .to_string_lossy()
-        .to_string();
-    let parent = target.parent().context("target has no parent")?;
-    for attempt in 0..1000 {
-        let tmp = parent.join(format!(".{name}.tmp-{}-{attempt}", std::process::id()));
-        match std::fs::create_dir(&tmp) {
-            Ok(()) => return Ok(tmp),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e).with_context(|| format!("cannot create {}", tmp.display())),
-        }
-    }
-    bail!(
-        "cannot create a temporary directory beside {}",
-        target.display()
-    )
-}
-
-pub fn fsync_dir(dir: &Path) {
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for e in entries.flatten() {
-            if let Ok(f) = std::fs::File::open(e.path()) {
-                let _ = f.sync_all();
-            }
-        }
-    }
-    if let Ok(f) = std::fs::File::open(dir) {
-        let _ = f.sync_all();
-    }
-}
-
-/// Moves `tmp` to `dir`; an old `dir` is moved aside first and deleted after the swap, so at
-/// every instant one complete directory is (or is about to be) at `dir`.
-pub fn replace_dir(tmp: &Path, dir: &Path) -> Result<()> {
-    if dir.exists() {
-        let old = tempdir_beside(dir)?;
-        std::fs::remove_dir(&old)?;
-        std::fs::rename(dir, &old)
-            .with_context(|| format!("cannot move {} aside", dir.display()))?;
-        std::fs::rename(tmp, dir)
-            .with_context(|| format!("cannot move new data into {}", dir.display()))?;
-        let _ = std::fs::remove_dir_all(&old);
-    } else {
-        std::fs::rename(tmp, dir)
-            .with_context(|| format!("cannot move new data into {}", dir.display()))?;
-    }
-    if let Some(parent) = dir.parent() {
-        fsync_dir_only(parent);
-    }
-    Ok(())
-}
-
-fn fsync_dir_only(dir: &Path) {
-    if let Ok(f) = std::fs::File::open(dir) {
-        let _ = f.sync_all();
-    }
 }
 
 /// Reads a model directory; `verify` re-hashes the weights against the config.

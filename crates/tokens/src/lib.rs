@@ -7,10 +7,12 @@
 
 pub mod aggregate;
 pub mod descriptors;
+pub mod encoder;
 pub mod whitening;
 
 pub use aggregate::{aggregate, Aggregation, SeedStrategy};
 pub use descriptors::{pool, Pooling};
+pub use encoder::{Descriptors, Encoder, FeatureRef, Recipe};
 pub use whitening::Whitening;
 
 /// Scales `v` to unit length (a zero vector stays zero).

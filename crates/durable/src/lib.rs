@@ -1,0 +1,143 @@
+//! craterdex-durable: writes that a crash cannot half-apply.
+//!
+//! Owns: atomic file replacement (temporary sibling, fsync, rename) and atomic directory
+//! replacement (complete sibling directory swapped in). Knows nothing of what is written.
+
+use anyhow::{bail, Context, Result};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Replaces `path` with `bytes`: readers see the old file or the new one, never a mix.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+    }
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".tmp-{}", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let written = (|| -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("cannot write {}", tmp.display()));
+    }
+    std::fs::rename(&tmp, path)
+        .with_context(|| format!("cannot move {} into place", path.display()))?;
+    if let Some(parent) = path.parent() {
+        sync_dir(parent);
+    }
+    Ok(())
+}
+
+/// A fresh, empty directory beside `target` (same filesystem, so a rename is atomic).
+pub fn tempdir_beside(target: &Path) -> Result<PathBuf> {
+    let name = target
+        .file_name()
+        .context("target has no file name")?
+        .to_string_lossy()
+        .to_string();
+    let parent = match target.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&parent)
+        .with_context(|| format!("cannot create {}", parent.display()))?;
+    for attempt in 0..1000 {
+        let tmp = parent.join(format!(".{name}.tmp-{}-{attempt}", std::process::id()));
+        match std::fs::create_dir(&tmp) {
+            Ok(()) => return Ok(tmp),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e).with_context(|| format!("cannot create {}", tmp.display())),
+        }
+    }
+    bail!(
+        "cannot create a temporary directory beside {}",
+        target.display()
+    )
+}
+
+/// Flushes every file in `dir` and the directory itself to disk.
+pub fn sync_tree(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if let Ok(f) = std::fs::File::open(e.path()) {
+                let _ = f.sync_all();
+            }
+        }
+    }
+    sync_dir(dir);
+}
+
+pub fn sync_dir(dir: &Path) {
+    if let Ok(f) = std::fs::File::open(dir) {
+        let _ = f.sync_all();
+    }
+}
+
+/// Moves the complete directory `tmp` to `dir`. An old `dir` is moved aside first and
+/// deleted after the swap, so a crash leaves either the old or the new directory at `dir`
+/// (or, in the instant between the two renames, the old one beside it under a temp name).
+pub fn replace_dir(tmp: &Path, dir: &Path) -> Result<()> {
+    sync_tree(tmp);
+    if dir.exists() {
+        let old = tempdir_beside(dir)?;
+        std::fs::remove_dir(&old)?;
+        std::fs::rename(dir, &old)
+            .with_context(|| format!("cannot move {} aside", dir.display()))?;
+        std::fs::rename(tmp, dir)
+            .with_context(|| format!("cannot move new data into {}", dir.display()))?;
+        let _ = std::fs::remove_dir_all(&old);
+    } else {
+        std::fs::rename(tmp, dir)
+            .with_context(|| format!("cannot move new data into {}", dir.display()))?;
+    }
+    if let Some(parent) = dir.parent() {
+        sync_dir(parent);
+    }
+    Ok(())
+}
+
+/// Aborts the process when `CRATERDEX_FAILPOINT` names this point: crash tests use it to
+/// kill a writer at a precise moment.
+pub fn failpoint(name: &str) {
+    if std::env::var("CRATERDEX_FAILPOINT").is_ok_and(|v| v == name) {
+        eprintln!("failpoint {name}: aborting");
+        std::process::abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_atomic_replaces_content() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("a/b.txt");
+        write_atomic(&p, b"one").unwrap();
+        write_atomic(&p, b"two").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"two");
+        assert_eq!(
+            std::fs::read_dir(p.parent().unwrap()).unwrap().count(),
+            1,
+            "no temporary file left behind"
+        );
+    }
+
+    #[test]
+    fn replace_dir_swaps_whole_directories() {
+        let d = tempfile::tempdir().unwrap();
+        let target = d.path().join("idx");
+        std::fs::create_dir(&target).unwrap();
+        std::fs::write(target.join("old"), b"x").unwrap();
+        let tmp = tempdir_beside(&target).unwrap();
+        std::fs::write(tmp.join("new"), b"y").unwrap();
+        replace_dir(&tmp, &target).unwrap();
+        assert!(target.join("new").exists() && !target.join("old").exists());
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
+    }
+}

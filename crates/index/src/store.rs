@@ -1,0 +1,514 @@
+//! The index directory.
+//!
+//! ```text
+//! index.json          manifest: format, version, dimensions, codec, segments with per-file
+//!                     sizes and CRC32s, deleted image ids; replaced atomically on every change
+//! encoder.json        the descriptor recipe and its whitening (shared by gallery and queries)
+//! codebooks.f32       PQ codebooks (PQ codecs only)
+//! seg-NNNNNN/         immutable segment: single.f32 [n, Ds], tokens.bin [n, K, bytes/token],
+//!                     scales.f32 [n, K] (int8 only), meta.jsonl (one ImageMeta per image)
+//! ```
+//! Building writes a complete directory beside the old one and swaps it in. Adding writes a
+//! new segment directory, then the manifest; removing rewrites only the manifest. A crash at
+//! any point leaves the previous manifest, which names only complete, checksummed segments.
+
+use crate::codec::{Codec, TokenCodec};
+use anyhow::{ensure, Context, Result};
+use craterdex_durable::{failpoint, replace_dir, sync_tree, tempdir_beside, write_atomic};
+use craterdex_tokens::{Descriptors, Encoder};
+use memmap2::Mmap;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+pub const INDEX_FORMAT: &str = "craterdex-index";
+pub const INDEX_VERSION: u32 = 1;
+const MANIFEST: &str = "index.json";
+const ENCODER: &str = "encoder.json";
+const CODEBOOKS: &str = "codebooks.f32";
+
+/// What is known about one indexed image.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ImageMeta {
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crater_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub view: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lat: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lon: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diameter_km: Option<f64>,
+    /// The image file, for thumbnails and reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct FileSum {
+    bytes: u64,
+    crc32: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct SegmentInfo {
+    name: String,
+    count: usize,
+    files: BTreeMap<String, FileSum>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct Manifest {
+    format: String,
+    version: u32,
+    generation: u64,
+    single_dim: usize,
+    token_dim: usize,
+    tokens_per_image: usize,
+    codec: Codec,
+    model: Option<String>,
+    encoder: FileSum,
+    codebooks: Option<FileSum>,
+    segments: Vec<SegmentInfo>,
+    deleted: BTreeSet<String>,
+}
+
+struct Segment {
+    first_row: usize,
+    count: usize,
+    single: Mmap,
+    tokens: Mmap,
+    scales: Option<Mmap>,
+}
+
+/// An open index. Arrays are memory-mapped; metadata is in memory.
+pub struct Index {
+    dir: PathBuf,
+    manifest: Manifest,
+    pub encoder: Encoder,
+    pub codec: TokenCodec,
+    segments: Vec<Segment>,
+    metas: Vec<ImageMeta>,
+    deleted_rows: Vec<bool>,
+    rows_by_id: HashMap<String, usize>,
+}
+
+fn checksum(bytes: &[u8]) -> FileSum {
+    FileSum {
+        bytes: bytes.len() as u64,
+        crc32: crc32fast::hash(bytes),
+    }
+}
+
+fn check_file(path: &Path, bytes: &[u8], want: &FileSum, verify: bool) -> Result<()> {
+    ensure!(
+        bytes.len() as u64 == want.bytes,
+        "{}: {} bytes, the manifest says {} (truncated or overwritten file)",
+        path.display(),
+        bytes.len(),
+        want.bytes
+    );
+    if verify {
+        let got = crc32fast::hash(bytes);
+        ensure!(
+            got == want.crc32,
+            "{}: checksum {got:08x}, the manifest says {:08x} (corrupt file)",
+            path.display(),
+            want.crc32
+        );
+    }
+    Ok(())
+}
+
+fn map(path: &Path) -> Result<Mmap> {
+    let f = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    // SAFETY: segment files are immutable once named by a manifest; craterdex never rewrites them.
+    unsafe { Mmap::map(&f) }.with_context(|| format!("cannot map {}", path.display()))
+}
+
+/// Writes one segment into `dir` and returns its description.
+fn write_segment(
+    dir: &Path,
+    name: &str,
+    codec: &TokenCodec,
+    k: usize,
+    single_dim: usize,
+    images: &[(ImageMeta, Descriptors)],
+) -> Result<SegmentInfo> {
+    let mut single = Vec::with_capacity(images.len() * single_dim);
+    let mut payload = Vec::with_capacity(images.len() * k * codec.bytes_per_token());
+    let mut scales = Vec::new();
+    let mut meta = Vec::new();
+    for (m, desc) in images {
+        ensure!(
+            desc.single.len() == single_dim,
+            "image {}: single vector has {} values, index expects {single_dim}",
+            m.id,
+            desc.single.len()
+        );
+        ensure!(
+            desc.tokens.len() == k * codec.dim,
+            "image {}: {} token values, index expects {k} tokens x {}",
+            m.id,
+            desc.tokens.len(),
+            codec.dim
+        );
+        single.extend_from_slice(&desc.single);
+        codec.encode(&desc.tokens, &mut payload, &mut scales);
+        serde_json::to_writer(&mut meta, m)?;
+        meta.push(b'\n');
+    }
+    let tmp = tempdir_beside(&dir.join(name))?;
+    let mut files = BTreeMap::new();
+    let mut put = |file: &str, bytes: &[u8]| -> Result<()> {
+        std::fs::write(tmp.join(file), bytes)
+            .with_context(|| format!("cannot write {}", tmp.join(file).display()))?;
+        files.insert(file.to_string(), checksum(bytes));
+        Ok(())
+    };
+    put("single.f32", bytemuck::cast_slice(&single))?;
+    failpoint("index-mid-segment");
+    put("tokens.bin", &payload)?;
+    if codec.has_scales() {
+        put("scales.f32", bytemuck::cast_slice(&scales))?;
+    }
+    put("meta.jsonl", &meta)?;
+    sync_tree(&tmp);
+    let target = dir.join(name);
+    if target.exists() {
+        // an unreferenced leftover of an interrupted add
+        std::fs::remove_dir_all(&target)
+            .with_context(|| format!("cannot remove stale {}", target.display()))?;
+    }
+    std::fs::rename(&tmp, &target)
+        .with_context(|| format!("cannot move segment into {}", target.display()))?;
+    Ok(SegmentInfo {
+        name: name.to_string(),
+        count: images.len(),
+        files,
+    })
+}
+
+fn segment_name(generation: u64) -> String {
+    format!("seg-{generation:06}")
+}
+
+impl Index {
+    /// Builds a new index at `dir` from encoded images, replacing any index there only once
+    /// the new one is complete.
+    pub fn create(
+        dir: &Path,
+        encoder: &Encoder,
+        codec: &TokenCodec,
+        model: Option<String>,
+        images: &[(ImageMeta, Descriptors)],
+    ) -> Result<()> {
+        ensure!(!images.is_empty(), "cannot build an index from zero images");
+        check_unique(images.iter().map(|(m, _)| m.id.as_str()), &HashMap::new())?;
+        let single_dim = images[0].1.single.len();
+        let k = images[0].1.tokens.len() / codec.dim;
+        let tmp = tempdir_beside(dir)?;
+        let enc_bytes = serde_json::to_vec(encoder)?;
+        std::fs::write(tmp.join(ENCODER), &enc_bytes)?;
+        let codebooks = if codec.codebooks.is_empty() {
+            None
+        } else {
+            let b: &[u8] = bytemuck::cast_slice(&codec.codebooks);
+            std::fs::write(tmp.join(CODEBOOKS), b)?;
+            Some(checksum(b))
+        };
+        let seg = write_segment(&tmp, &segment_name(1), codec, k, single_dim, images)?;
+        let manifest = Manifest {
+            format: INDEX_FORMAT.into(),
+            version: INDEX_VERSION,
+            generation: 1,
+            single_dim,
+            token_dim: codec.dim,
+            tokens_per_image: k,
+            codec: codec.codec,
+            model,
+            encoder: checksum(&enc_bytes),
+            codebooks,
+            segments: vec![seg],
+            deleted: BTreeSet::new(),
+        };
+        std::fs::write(tmp.join(MANIFEST), serde_json::to_vec_pretty(&manifest)?)?;
+        failpoint("index-before-swap");
+        replace_dir(&tmp, dir)
+    }
+
+    pub fn open(dir: &Path) -> Result<Self> {
+        Self::open_with(dir, true)
+    }
+
+    /// Opens an index; `verify` checks every file's CRC32 (sizes are always checked).
+    pub fn open_with(dir: &Path, verify: bool) -> Result<Self> {
+        let mpath = dir.join(MANIFEST);
+        let text = std::fs::read(&mpath).with_context(|| {
+            format!(
+                "cannot read {} (is {} an index?)",
+                mpath.display(),
+                dir.display()
+            )
+        })?;
+        let probe: serde_json::Value = serde_json::from_slice(&text)
+            .with_context(|| format!("{} is not JSON (corrupt manifest)", mpath.display()))?;
+        ensure!(
+            probe.get("format").and_then(|v| v.as_str()) == Some(INDEX_FORMAT),
+            "{} is not a craterdex index manifest",
+            mpath.display()
+        );
+        let version = probe.get("version").and_then(|v| v.as_u64()).unwrap_or(0);
+        ensure!(
+            version == INDEX_VERSION as u64,
+            "{}: index format version {version}, this craterdex reads version {INDEX_VERSION}; rebuild the index",
+            mpath.display()
+        );
+        let manifest: Manifest = serde_json::from_slice(&text)
+            .with_context(|| format!("{}: malformed manifest", mpath.display()))?;
+        let epath = dir.join(ENCODER);
+        let enc_bytes =
+            std::fs::read(&epath).with_context(|| format!("cannot read {}", epath.display()))?;
+        check_file(&epath, &enc_bytes, &manifest.encoder, verify)?;
+        let encoder: Encoder = serde_json::from_slice(&enc_bytes)
+            .with_context(|| format!("{}: malformed encoder", epath.display()))?;
+        let mut codec = TokenCodec {
+            codec: manifest.codec,
+            dim: manifest.token_dim,
+            codebooks: Vec::new(),
+        };
+        if let Some(sum) = &manifest.codebooks {
+            let cpath = dir.join(CODEBOOKS);
+            let b = std::fs::read(&cpath)
+                .with_context(|| format!("cannot read {}", cpath.display()))?;
+            check_file(&cpath, &b, sum, verify)?;
+            codec.codebooks = b
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+        }
+        let k = manifest.tokens_per_image;
+        let mut segments = Vec::new();
+        let mut metas = Vec::new();
+        let mut first_row = 0;
+        for s in &manifest.segments {
+            let sdir = dir.join(&s.name);
+            let open = |file: &str, expect_bytes: usize| -> Result<Mmap> {
+                let p = sdir.join(file);
+                let sum = s
+                    .files
+                    .get(file)
+                    .with_context(|| format!("{}: manifest lists no {file}", sdir.display()))?;
+                ensure!(
+                    sum.bytes as usize == expect_bytes,
+                    "{}: manifest size {} disagrees with {} images",
+                    p.display(),
+                    sum.bytes,
+                    s.count
+                );
+                let m = map(&p)?;
+                check_file(&p, &m, sum, verify)?;
+                Ok(m)
+            };
+            let single = open("single.f32", s.count * manifest.single_dim * 4)?;
+            let tokens = open("tokens.bin", s.count * k * codec.bytes_per_token())?;
+            let scales = if codec.has_scales() {
+                Some(open("scales.f32", s.count * k * 4)?)
+            } else {
+                None
+            };
+            let meta_bytes = open(
+                "meta.jsonl",
+                s.files.get("meta.jsonl").map_or(0, |f| f.bytes as usize),
+            )?;
+            for (line_no, line) in meta_bytes
+                .split(|&b| b == b'\n')
+                .filter(|l| !l.is_empty())
+                .enumerate()
+            {
+                metas.push(serde_json::from_slice::<ImageMeta>(line).with_context(|| {
+                    format!(
+                        "{}/meta.jsonl line {}: malformed",
+                        sdir.display(),
+                        line_no + 1
+                    )
+                })?);
+            }
+            ensure!(
+                metas.len() == first_row + s.count,
+                "{}/meta.jsonl: expected {} records",
+                sdir.display(),
+                s.count
+            );
+            segments.push(Segment {
+                first_row,
+                count: s.count,
+                single,
+                tokens,
+                scales,
+            });
+            first_row += s.count;
+        }
+        let deleted_rows: Vec<bool> = metas
+            .iter()
+            .map(|m| manifest.deleted.contains(&m.id))
+            .collect();
+        let rows_by_id = metas
+            .iter()
+            .enumerate()
+            .filter(|(r, _)| !deleted_rows[*r])
+            .map(|(r, m)| (m.id.clone(), r))
+            .collect();
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            manifest,
+            encoder,
+            codec,
+            segments,
+            metas,
+            deleted_rows,
+            rows_by_id,
+        })
+    }
+
+    /// Appends images as a new segment. Ids must be new (or previously removed).
+    pub fn add(dir: &Path, images: &[(ImageMeta, Descriptors)]) -> Result<usize> {
+        let idx = Self::open(dir)?;
+        check_unique(images.iter().map(|(m, _)| m.id.as_str()), &idx.rows_by_id)?;
+        if images.is_empty() {
+            return Ok(0);
+        }
+        let re_added: BTreeSet<&str> = images
+            .iter()
+            .map(|(m, _)| m.id.as_str())
+            .filter(|id| idx.manifest.deleted.contains(*id))
+            .collect();
+        ensure!(re_added.is_empty(), "ids {re_added:?} were removed earlier; re-adding a removed id needs a rebuild (craterdex index build)");
+        let mut manifest = idx.manifest.clone();
+        manifest.generation += 1;
+        let seg = write_segment(
+            dir,
+            &segment_name(manifest.generation),
+            &idx.codec,
+            manifest.tokens_per_image,
+            manifest.single_dim,
+            images,
+        )?;
+        failpoint("index-after-segment");
+        manifest.segments.push(seg);
+        write_atomic(&dir.join(MANIFEST), &serde_json::to_vec_pretty(&manifest)?)?;
+        Ok(images.len())
+    }
+
+    /// Marks images as removed; returns how many of the ids were present.
+    pub fn remove(dir: &Path, ids: &[String]) -> Result<usize> {
+        let idx = Self::open(dir)?;
+        let mut manifest = idx.manifest.clone();
+        let present: Vec<&String> = ids
+            .iter()
+            .filter(|id| idx.rows_by_id.contains_key(*id))
+            .collect();
+        if present.is_empty() {
+            return Ok(0);
+        }
+        manifest.generation += 1;
+        manifest
+            .deleted
+            .extend(present.iter().map(|s| s.to_string()));
+        write_atomic(&dir.join(MANIFEST), &serde_json::to_vec_pretty(&manifest)?)?;
+        Ok(present.len())
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+    /// Rows ever written (including removed ones).
+    pub fn rows(&self) -> usize {
+        self.metas.len()
+    }
+    /// Images that can be found.
+    pub fn live(&self) -> usize {
+        self.rows_by_id.len()
+    }
+    pub fn single_dim(&self) -> usize {
+        self.manifest.single_dim
+    }
+    pub fn tokens_per_image(&self) -> usize {
+        self.manifest.tokens_per_image
+    }
+    pub fn token_dim(&self) -> usize {
+        self.manifest.token_dim
+    }
+    pub fn model(&self) -> Option<&str> {
+        self.manifest.model.as_deref()
+    }
+    pub fn segment_count(&self) -> usize {
+        self.segments.len()
+    }
+    pub fn meta(&self, row: usize) -> &ImageMeta {
+        &self.metas[row]
+    }
+    pub fn row_of(&self, id: &str) -> Option<usize> {
+        self.rows_by_id.get(id).copied()
+    }
+    pub fn is_deleted(&self, row: usize) -> bool {
+        self.deleted_rows[row]
+    }
+    pub fn deleted_mask(&self) -> &[bool] {
+        &self.deleted_rows
+    }
+    /// Bytes of stored tokens per image (int8 includes its scales).
+    pub fn token_bytes_per_image(&self) -> usize {
+        let k = self.manifest.tokens_per_image;
+        k * self.codec.bytes_per_token() + if self.codec.has_scales() { k * 4 } else { 0 }
+    }
+
+    /// Each segment's first row and single vectors `[n, Ds]`.
+    pub fn single_blocks(&self) -> impl Iterator<Item = (usize, &[f32])> {
+        self.segments
+            .iter()
+            .map(|s| (s.first_row, bytemuck::cast_slice::<u8, f32>(&s.single)))
+    }
+
+    fn segment_of(&self, row: usize) -> &Segment {
+        let i = self
+            .segments
+            .partition_point(|s| s.first_row + s.count <= row);
+        &self.segments[i]
+    }
+
+    /// Decodes the stored tokens of `row` into `out` (`[K, D]`).
+    pub fn decode_tokens(&self, row: usize, out: &mut Vec<f32>) {
+        let s = self.segment_of(row);
+        let local = row - s.first_row;
+        let k = self.manifest.tokens_per_image;
+        let bpt = self.codec.bytes_per_token();
+        out.resize(k * self.codec.dim, 0.0);
+        let payload = &s.tokens[local * k * bpt..(local + 1) * k * bpt];
+        let scales: &[f32] = match &s.scales {
+            Some(m) => &bytemuck::cast_slice::<u8, f32>(m)[local * k..(local + 1) * k],
+            None => &[],
+        };
+        self.codec.decode(payload, scales, out);
+    }
+}
+
+fn check_unique<'a>(
+    ids: impl Iterator<Item = &'a str>,
+    existing: &HashMap<String, usize>,
+) -> Result<()> {
+    let mut seen = BTreeSet::new();
+    for id in ids {
+        ensure!(!id.is_empty(), "an image id is empty");
+        ensure!(seen.insert(id), "image id {id:?} appears twice");
+        ensure!(
+            !existing.contains_key(id),
+            "image id {id:?} is already in the index"
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,255 @@
+use craterdex_index::codec::{Codec, TokenCodec};
+use craterdex_index::search::{Mode, SearchParams};
+use craterdex_index::{ImageMeta, Index};
+use craterdex_tokens::{Descriptors, Encoder, Recipe};
+use rand::{Rng, SeedableRng};
+use std::path::Path;
+
+const D: usize = 32;
+const K: usize = 4;
+
+fn unit(rng: &mut impl Rng, n: usize) -> Vec<f32> {
+    let mut v: Vec<f32> = (0..n * D).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+    for r in v.chunks_mut(D) {
+        let s = r.iter().map(|x| x * x).sum::<f32>().sqrt();
+        r.iter_mut().for_each(|x| *x /= s);
+    }
+    v
+}
+
+fn images(n: usize, seed: u64, prefix: &str) -> Vec<(ImageMeta, Descriptors)> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    (0..n)
+        .map(|i| {
+            let meta = ImageMeta {
+                id: format!("{prefix}{i}"),
+                crater_id: Some(format!("c{i}")),
+                ..Default::default()
+            };
+            (
+                meta,
+                Descriptors {
+                    single: unit(&mut rng, 1),
+                    tokens: unit(&mut rng, K),
+                },
+            )
+        })
+        .collect()
+}
+
+/// A noisy copy of a gallery image's descriptors.
+fn near_duplicate(d: &Descriptors, seed: u64) -> Descriptors {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let noisy = |v: &[f32], rng: &mut rand_chacha::ChaCha8Rng| -> Vec<f32> {
+        v.iter().map(|x| x + rng.gen_range(-0.05..0.05)).collect()
+    };
+    Descriptors {
+        single: noisy(&d.single, &mut rng),
+        tokens: noisy(&d.tokens, &mut rng),
+    }
+}
+
+fn build(dir: &Path, imgs: &[(ImageMeta, Descriptors)], codec: Codec) {
+    let sample: Vec<f32> = imgs.iter().flat_map(|(_, d)| d.tokens.clone()).collect();
+    let codec = TokenCodec::train(codec, D, &sample, 1).unwrap();
+    Index::create(
+        dir,
+        &Encoder::plain(Recipe::default()),
+        &codec,
+        Some("test".into()),
+        imgs,
+    )
+    .unwrap();
+}
+
+#[test]
+fn planted_duplicates_rank_first_in_every_mode_and_codec() {
+    let imgs = images(600, 1, "g");
+    for codec in [Codec::F32, Codec::F16, Codec::Int8, Codec::Pq { m: 8 }] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("idx");
+        build(&dir, &imgs, codec);
+        let idx = Index::open(&dir).unwrap();
+        assert_eq!(idx.live(), 600);
+        let targets = [3usize, 150, 599];
+        let queries: Vec<Descriptors> = targets
+            .iter()
+            .map(|&t| near_duplicate(&imgs[t].1, t as u64))
+            .collect();
+        for mode in [Mode::Stage1, Mode::TwoStage, Mode::Exhaustive] {
+            let res = idx.search(
+                &queries,
+                &SearchParams {
+                    top_k: 5,
+                    shortlist: 50,
+                    mode,
+                },
+            );
+            for (q, &t) in targets.iter().enumerate() {
+                assert_eq!(res[q][0].row, t, "{codec:?} {mode:?}");
+                assert_eq!(idx.meta(res[q][0].row).id, format!("g{t}"));
+                assert!(res[q].windows(2).all(|w| w[0].score >= w[1].score));
+            }
+            let one = idx.search(
+                &queries[..1],
+                &SearchParams {
+                    top_k: 5,
+                    shortlist: 50,
+                    mode,
+                },
+            );
+            let rows = |h: &[craterdex_index::Hit]| h.iter().map(|h| h.row).collect::<Vec<_>>();
+            assert_eq!(
+                rows(&one[0]),
+                rows(&res[0]),
+                "single-query path agrees with the batch path"
+            );
+            assert!(one[0]
+                .iter()
+                .zip(&res[0])
+                .all(|(a, b)| (a.score - b.score).abs() < 1e-5));
+        }
+        assert_eq!(
+            idx.token_bytes_per_image(),
+            match codec {
+                Codec::F32 => K * D * 4,
+                Codec::F16 => K * D * 2,
+                Codec::Int8 => K * D + K * 4,
+                Codec::Pq { m } => K * m,
+            }
+        );
+    }
+}
+
+#[test]
+fn add_and_remove_without_rebuilding() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("idx");
+    let first = images(50, 2, "a");
+    build(&dir, &first, Codec::Int8);
+    let more = images(20, 3, "b");
+    assert_eq!(Index::add(&dir, &more).unwrap(), 20);
+    let idx = Index::open(&dir).unwrap();
+    assert_eq!((idx.live(), idx.segment_count()), (70, 2));
+    let q = near_duplicate(&more[7].1, 9);
+    let hit = &idx.search(std::slice::from_ref(&q), &SearchParams::default())[0][0];
+    assert_eq!(idx.meta(hit.row).id, "b7");
+    assert!(Index::add(&dir, &more[..1])
+        .unwrap_err()
+        .to_string()
+        .contains("already in the index"));
+
+    assert_eq!(
+        Index::remove(&dir, &["b7".into(), "nope".into()]).unwrap(),
+        1
+    );
+    let idx = Index::open(&dir).unwrap();
+    assert_eq!(idx.live(), 69);
+    for mode in [Mode::Stage1, Mode::TwoStage, Mode::Exhaustive] {
+        let res = idx.search(
+            std::slice::from_ref(&q),
+            &SearchParams {
+                top_k: 70,
+                shortlist: 70,
+                mode,
+            },
+        );
+        assert!(
+            res[0].iter().all(|h| idx.meta(h.row).id != "b7"),
+            "{mode:?} returned a removed image"
+        );
+        assert_eq!(res[0].len(), 69);
+    }
+}
+
+#[test]
+fn damaged_indexes_fail_to_open_naming_file_and_cause() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("idx");
+    build(&dir, &images(30, 4, "x"), Codec::Int8);
+    let tokens = dir.join("seg-000001/tokens.bin");
+    let original = std::fs::read(&tokens).unwrap();
+
+    let mut flipped = original.clone();
+    flipped[10] ^= 0xff;
+    std::fs::write(&tokens, &flipped).unwrap();
+    let e = format!("{:#}", Index::open(&dir).err().unwrap());
+    assert!(e.contains("tokens.bin") && e.contains("checksum"), "{e}");
+
+    std::fs::write(&tokens, &original[..original.len() - 7]).unwrap();
+    let e = format!("{:#}", Index::open(&dir).err().unwrap());
+    assert!(e.contains("tokens.bin") && e.contains("truncated"), "{e}");
+    std::fs::write(&tokens, &original).unwrap();
+    Index::open(&dir).unwrap();
+
+    let mpath = dir.join("index.json");
+    let manifest = std::fs::read_to_string(&mpath).unwrap();
+    std::fs::write(
+        &mpath,
+        manifest.replace("\"version\": 1", "\"version\": 99"),
+    )
+    .unwrap();
+    let e = format!("{:#}", Index::open(&dir).err().unwrap());
+    assert!(e.contains("index.json") && e.contains("version 99"), "{e}");
+
+    std::fs::write(&mpath, &manifest[..manifest.len() / 2]).unwrap();
+    let e = format!("{:#}", Index::open(&dir).err().unwrap());
+    assert!(e.contains("index.json") && e.contains("corrupt"), "{e}");
+}
+
+/// Run in a child process by `killed_writers_leave_the_previous_index_readable`.
+#[test]
+#[ignore]
+fn child_writer() {
+    let Ok(dir) = std::env::var("CRATERDEX_CHILD_INDEX") else {
+        return;
+    };
+    let dir = Path::new(&dir);
+    match std::env::var("CRATERDEX_CHILD_OP").as_deref() {
+        Ok("add") => {
+            Index::add(dir, &images(25, 8, "new")).unwrap();
+        }
+        _ => build(dir, &images(40, 9, "rebuilt"), Codec::F16),
+    }
+}
+
+#[test]
+fn killed_writers_leave_the_previous_index_readable() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("idx");
+    let original = images(60, 5, "orig");
+    build(&dir, &original, Codec::Int8);
+    for (op, point) in [
+        ("add", "index-mid-segment"),
+        ("add", "index-after-segment"),
+        ("build", "index-mid-segment"),
+        ("build", "index-before-swap"),
+    ] {
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--ignored",
+                "--exact",
+                "child_writer",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("CRATERDEX_CHILD_INDEX", &dir)
+            .env("CRATERDEX_CHILD_OP", op)
+            .env("CRATERDEX_FAILPOINT", point)
+            .output()
+            .unwrap();
+        assert!(
+            !status.status.success(),
+            "{op} at {point}: the writer should have been killed"
+        );
+        let idx = Index::open(&dir)
+            .unwrap_or_else(|e| panic!("{op} at {point}: old index unreadable: {e:#}"));
+        assert_eq!(idx.live(), 60, "{op} at {point}");
+        let q = near_duplicate(&original[42].1, 1);
+        let hit = &idx.search(&[q], &SearchParams::default())[0][0];
+        assert_eq!(idx.meta(hit.row).id, "orig42", "{op} at {point}");
+    }
+    // and a later writer still succeeds on top of the leftovers
+    Index::add(&dir, &images(5, 6, "late")).unwrap();
+    assert_eq!(Index::open(&dir).unwrap().live(), 65);
+}
