@@ -1,1 +1,14 @@
-//! placeholder
+//! craterdex-eval: measures retrieval the CraterBench-R way and builds such benchmarks.
+//!
+//! Owns: the CraterBench-R manifest format, crater catalogues, the benchmark builder,
+//! metrics (Recall@K, cluster-tolerant mAP, R@S), the paper's evaluation regimes and the
+//! HTML report. Sits at the end of the data flow: it may use every other crate, and none
+//! of them may use it.
+
+pub mod benchbuild;
+pub mod catalogue;
+pub mod datasets;
+pub mod manifest;
+pub mod metrics;
+pub mod regimes;
+pub mod report;

@@ -172,6 +172,20 @@ pub fn search(
     }
 }
 
+/// Every query's inner product with every gallery row: `[nq, n]`, parallel over query chunks.
+pub fn score_matrix(queries: &[f32], gallery: &[f32], d: usize) -> Vec<f32> {
+    let n = gallery.len() / d;
+    let mut out = vec![0f32; (queries.len() / d) * n];
+    out.par_chunks_mut(QUERY_CHUNK * n)
+        .zip(queries.par_chunks(QUERY_CHUNK * d))
+        .for_each(|(o, qc)| {
+            let mut s = Vec::new();
+            block_scores(qc, gallery, d, &mut s);
+            o.copy_from_slice(&s);
+        });
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

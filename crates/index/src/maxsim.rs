@@ -32,6 +32,65 @@ pub fn maxsim(q: &[f32], doc: &[f32], d: usize, scratch: &mut Vec<f32>) -> f32 {
     scratch.iter().sum::<f32>() / kq as f32
 }
 
+/// Columns of one matrix product: bounds the scratch to `kq x MANY_COLUMNS` floats.
+const MANY_COLUMNS: usize = 4096;
+
+/// MaxSim of one query against many documents of `kd` tokens each, stored contiguously
+/// (`docs` is `[n * kd, d]`): one matrix product per block of documents, then, per document,
+/// the mean over query tokens of the maximum over its columns. Appends `n` scores to `out`.
+pub fn maxsim_many(
+    q: &[f32],
+    docs: &[f32],
+    kd: usize,
+    d: usize,
+    scratch: &mut Vec<f32>,
+    out: &mut Vec<f32>,
+) {
+    let kq = q.len() / d;
+    if kq == 0 || kd == 0 {
+        out.extend(std::iter::repeat_n(0.0, docs.len() / (kd * d).max(1)));
+        return;
+    }
+    let per_block = (MANY_COLUMNS / kd).max(1);
+    for block in docs.chunks(per_block * kd * d) {
+        let cols = block.len() / d;
+        scratch.resize(kq * cols, 0.0);
+        // SAFETY: scratch is [kq, cols] row-major; q is [kq, d] row-major; the rhs is block^T,
+        // element (k, j) at j*d + k.
+        unsafe {
+            gemm::gemm(
+                kq,
+                cols,
+                d,
+                scratch.as_mut_ptr(),
+                1,
+                cols as isize,
+                false,
+                q.as_ptr(),
+                1,
+                d as isize,
+                block.as_ptr(),
+                d as isize,
+                1,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            );
+        }
+        for doc in 0..cols / kd {
+            let mut sum = 0f32;
+            for i in 0..kq {
+                let row = &scratch[i * cols + doc * kd..i * cols + (doc + 1) * kd];
+                sum += row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            }
+            out.push(sum / kq as f32);
+        }
+    }
+}
+
 pub fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
@@ -138,6 +197,21 @@ mod tests {
         let g = [0.6, 0.8, 1.0, 0.0, -1.0, 0.0];
         // token 1 best: 1.0 ; token 2 best: 0.8 -> mean 0.9
         assert!((maxsim(&q, &g, 2, &mut Vec::new()) - 0.9).abs() < 1e-6);
+    }
+
+    #[test]
+    fn many_documents_at_once_match_one_by_one() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(4);
+        let (d, kq, kd, n) = (40, 5, 7, 1500); // several gemm blocks
+        let q: Vec<f32> = (0..kq * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let docs: Vec<f32> = (0..n * kd * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let mut out = Vec::new();
+        maxsim_many(&q, &docs, kd, d, &mut Vec::new(), &mut out);
+        assert_eq!(out.len(), n);
+        for (i, s) in out.iter().enumerate() {
+            let one = maxsim(&q, &docs[i * kd * d..(i + 1) * kd * d], d, &mut Vec::new());
+            assert!((s - one).abs() < 1e-4, "doc {i}: {s} vs {one}");
+        }
     }
 
     #[test]

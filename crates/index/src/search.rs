@@ -2,7 +2,7 @@
 //! reranking of the shortlist with the stored instance tokens; or exhaustive MaxSim.
 
 use crate::flat::{self, Scored, TopK};
-use crate::maxsim::maxsim;
+use crate::maxsim::maxsim_many;
 use crate::store::Index;
 use craterdex_tokens::Descriptors;
 use rayon::prelude::*;
@@ -62,29 +62,29 @@ impl Index {
         tops.into_iter().map(TopK::into_sorted).collect()
     }
 
-    /// MaxSim scores of one query's tokens against the given rows.
+    /// MaxSim scores of one query's tokens against the given rows: the rows are decoded
+    /// into one contiguous block and scored with one matrix product per block.
     pub fn late_interaction(&self, tokens: &[f32], rows: &[usize]) -> Vec<f32> {
-        let d = self.token_dim();
+        let (d, k) = (self.token_dim(), self.tokens_per_image());
+        let mut docs = vec![0f32; rows.len() * k * d];
         let mut doc = Vec::new();
-        let mut scratch = Vec::new();
-        rows.iter()
-            .map(|&r| {
-                self.decode_tokens(r, &mut doc);
-                maxsim(tokens, &doc, d, &mut scratch)
-            })
-            .collect()
+        for (slot, &r) in docs.chunks_mut(k * d).zip(rows) {
+            self.decode_tokens(r, &mut doc);
+            slot.copy_from_slice(&doc);
+        }
+        let mut out = Vec::with_capacity(rows.len());
+        maxsim_many(tokens, &docs, k, d, &mut Vec::new(), &mut out);
+        out
     }
 
     fn exhaustive(&self, tokens: &[f32], k: usize, parallel: bool) -> Vec<Hit> {
-        let d = self.token_dim();
         let rows: Vec<usize> = (0..self.rows()).filter(|&r| !self.is_deleted(r)).collect();
         let score_chunk = |chunk: &[usize]| {
             let mut top = TopK::new(k);
-            let mut doc = Vec::new();
-            let mut scratch = Vec::new();
-            for &r in chunk {
-                self.decode_tokens(r, &mut doc);
-                top.push(r, maxsim(tokens, &doc, d, &mut scratch));
+            for block in chunk.chunks(256) {
+                for (&r, s) in block.iter().zip(self.late_interaction(tokens, block)) {
+                    top.push(r, s);
+                }
             }
             top.into_sorted()
         };

@@ -62,7 +62,6 @@ pub fn pip_download(
             "pip",
             "download",
             "--no-deps",
-            "--no-build-isolation",
             "--disable-pip-version-check",
             "-q",
             "-d",

@@ -250,13 +250,15 @@ pub fn kmeans(v: &TokenView, k: usize, iterations: usize, seed: u64) -> Vec<f32>
     for _ in 0..iterations {
         for (i, a) in assign.iter_mut().enumerate() {
             let r = v.row(i);
-            *a = (0..k)
-                .min_by(|&x, &y| {
-                    sq_dist(r, &centres[x * d..(x + 1) * d])
-                        .total_cmp(&sq_dist(r, &centres[y * d..(y + 1) * d]))
-                        .then(x.cmp(&y))
-                })
-                .unwrap();
+            // first strictly closest centre: ties go to the lower index
+            let mut best = (0, f32::INFINITY);
+            for (c, centre) in centres.chunks_exact(d).enumerate() {
+                let dist = sq_dist(r, centre);
+                if dist < best.1 {
+                    best = (c, dist);
+                }
+            }
+            *a = best.0;
         }
         let mut sums = vec![0f32; k * d];
         let mut counts = vec![0usize; k];

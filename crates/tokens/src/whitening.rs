@@ -132,6 +132,14 @@ mod tests {
         }
         let out = w.apply(&x[..3]);
         assert!((out.iter().map(|v| v * v).sum::<f32>() - 1.0).abs() < 1e-5);
+        let rows = w.apply_rows(&x[..9]);
+        assert!(
+            rows[..3]
+                .iter()
+                .zip(&out)
+                .all(|(a, b)| (a - b).abs() < 1e-5),
+            "row and batch paths agree"
+        );
     }
 
     #[test]

@@ -1,0 +1,402 @@
+//! Builds a CraterBench-R-style benchmark from image tiles and pixel crater lists.
+//!
+//! Gallery: for every crater of at least `min_diameter` pixels, axis-aligned crops of
+//! `scale x diameter` (default 2x and 3x) around its centre. Queries: for a seeded subset of
+//! those craters, `views` crops with a random context (`context` range times the diameter),
+//! a centre shift (up to `shift` diameters), optional rotation, and photometric change
+//! (brightness, contrast, gamma, then blur or noise). Crops are sampled bilinearly from the
+//! tile at native resolution; a crop that leaves the tile is skipped and counted.
+//! Relevance is cluster-tolerant: a query's relevant ids are its crater and any gallery
+//! crater of similar size (ratio within 1.5) whose centre lies within half a diameter —
+//! duplicate detections of the same crater.
+
+use crate::catalogue::{read_pixel_catalogue, Crater};
+use crate::manifest::{Entry, Manifest};
+use anyhow::{ensure, Context, Result};
+use image::{GrayImage, Luma};
+use rand::{seq::index::sample, Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BuildOptions {
+    pub gallery_scales: Vec<f64>,
+    /// Query craters (None: every gallery crater).
+    pub query_craters: Option<usize>,
+    pub views: usize,
+    pub context: (f64, f64),
+    pub shift: f64,
+    pub rotate: bool,
+    pub brightness: f64,
+    pub contrast: (f64, f64),
+    pub gamma: (f64, f64),
+    pub blur_sigma: f64,
+    pub noise_sigma: f64,
+    pub min_diameter: f64,
+    pub seed: u64,
+}
+
+impl Default for BuildOptions {
+    fn default() -> Self {
+        Self {
+            gallery_scales: vec![2.0, 3.0],
+            query_craters: None,
+            views: 2,
+            context: (1.6, 3.6),
+            shift: 0.15,
+            rotate: false,
+            brightness: 0.08,
+            contrast: (0.8, 1.25),
+            gamma: (0.8, 1.25),
+            blur_sigma: 1.0,
+            noise_sigma: 0.02,
+            min_diameter: 8.0,
+            seed: 0,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct BuildReport {
+    pub craters: usize,
+    pub gallery_images: usize,
+    pub query_images: usize,
+    pub skipped_small: usize,
+    pub skipped_outside: usize,
+}
+
+/// A tile as f32 gray values in [0, 1].
+struct Tile {
+    w: usize,
+    h: usize,
+    px: Vec<f32>,
+}
+
+impl Tile {
+    fn load(path: &Path) -> Result<Self> {
+        let img = craterdex_model::preprocess::load_image(path)?.to_luma32f();
+        Ok(Self {
+            w: img.width() as usize,
+            h: img.height() as usize,
+            px: img.into_raw(),
+        })
+    }
+
+    fn bilinear(&self, x: f64, y: f64) -> f32 {
+        let (x0, y0) = (x.floor().max(0.0) as usize, y.floor().max(0.0) as usize);
+        let (x1, y1) = ((x0 + 1).min(self.w - 1), (y0 + 1).min(self.h - 1));
+        let (fx, fy) = ((x - x0 as f64) as f32, (y - y0 as f64) as f32);
+        let p = |xx: usize, yy: usize| self.px[yy * self.w + xx];
+        (p(x0, y0) * (1.0 - fx) + p(x1, y0) * fx) * (1.0 - fy)
+            + (p(x0, y1) * (1.0 - fx) + p(x1, y1) * fx) * fy
+    }
+
+    /// A `side x side` crop centred at (cx, cy) covering `extent` tile pixels, rotated by
+    /// `angle`; None when any part falls outside the tile.
+    fn crop(&self, cx: f64, cy: f64, extent: f64, angle: f64) -> Option<(usize, Vec<f32>)> {
+        let side = extent.round().max(8.0) as usize;
+        let half = extent / 2.0;
+        let (c, s) = (angle.cos(), angle.sin());
+        let reach = half * (c.abs() + s.abs());
+        if cx - reach < 0.0
+            || cy - reach < 0.0
+            || cx + reach > (self.w - 1) as f64
+            || cy + reach > (self.h - 1) as f64
+        {
+            return None;
+        }
+        let step = extent / side as f64;
+        let mut out = Vec::with_capacity(side * side);
+        for j in 0..side {
+            for i in 0..side {
+                let (u, v) = (
+                    (i as f64 + 0.5) * step - half,
+                    (j as f64 + 0.5) * step - half,
+                );
+                out.push(self.bilinear(cx + u * c - v * s, cy + u * s + v * c));
+            }
+        }
+        Some((side, out))
+    }
+}
+
+fn save(path: &Path, side: usize, px: &[f32]) -> Result<()> {
+    let img = GrayImage::from_fn(side as u32, side as u32, |x, y| {
+        Luma([(px[y as usize * side + x as usize].clamp(0.0, 1.0) * 255.0).round() as u8])
+    });
+    img.save(path)
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
+fn gaussian_blur(px: &[f32], side: usize, sigma: f64) -> Vec<f32> {
+    if sigma < 0.3 {
+        return px.to_vec();
+    }
+    let r = (3.0 * sigma).ceil() as isize;
+    let k: Vec<f32> = (-r..=r)
+        .map(|i| (-(i * i) as f64 / (2.0 * sigma * sigma)).exp() as f32)
+        .collect();
+    let norm: f32 = k.iter().sum();
+    let pass = |src: &[f32], horizontal: bool| -> Vec<f32> {
+        let mut dst = vec![0f32; src.len()];
+        for y in 0..side {
+            for x in 0..side {
+                let mut acc = 0f32;
+                for (t, w) in k.iter().enumerate() {
+                    let o = t as isize - r;
+                    let (xx, yy) = if horizontal {
+                        (x as isize + o, y as isize)
+                    } else {
+                        (x as isize, y as isize + o)
+                    };
+                    let (xx, yy) = (
+                        xx.clamp(0, side as isize - 1) as usize,
+                        yy.clamp(0, side as isize - 1) as usize,
+                    );
+                    acc += w * src[yy * side + xx];
+                }
+                dst[y * side + x] = acc / norm;
+            }
+        }
+        dst
+    };
+    pass(&pass(px, true), false)
+}
+
+fn gauss(rng: &mut ChaCha8Rng) -> f32 {
+    // Box-Muller
+    let (u1, u2): (f64, f64) = (rng.gen_range(1e-12..1.0), rng.gen());
+    ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
+}
+
+fn photometric(px: &mut Vec<f32>, side: usize, o: &BuildOptions, rng: &mut ChaCha8Rng) {
+    let b = rng.gen_range(-o.brightness..=o.brightness) as f32;
+    let c = rng.gen_range(o.contrast.0..=o.contrast.1) as f32;
+    let g = rng.gen_range(o.gamma.0..=o.gamma.1) as f32;
+    for v in px.iter_mut() {
+        *v = (((*v - 0.5) * c + 0.5 + b).clamp(0.0, 1.0)).powf(g);
+    }
+    if rng.gen_bool(0.5) {
+        *px = gaussian_blur(px, side, rng.gen_range(0.0..=o.blur_sigma));
+    } else {
+        let s = rng.gen_range(0.0..=o.noise_sigma) as f32;
+        px.iter_mut()
+            .for_each(|v| *v = (*v + s * gauss(rng)).clamp(0.0, 1.0));
+    }
+}
+
+struct Candidate {
+    id: String,
+    tile: usize,
+    crater: Crater,
+}
+
+/// Builds a benchmark into `out` (replaced atomically): `images/gallery`, `images/query`,
+/// `splits/test.json`, `metadata/build.json`.
+pub fn build(inputs: &[(PathBuf, PathBuf)], out: &Path, o: &BuildOptions) -> Result<BuildReport> {
+    ensure!(!inputs.is_empty(), "no tiles given");
+    ensure!(
+        o.views > 0 && !o.gallery_scales.is_empty(),
+        "need at least one query view and one gallery scale"
+    );
+    ensure!(
+        o.context.0 > 0.0 && o.context.0 <= o.context.1,
+        "context range {:?} is not a valid range",
+        o.context
+    );
+    let tmp = craterdex_durable::tempdir_beside(out)?;
+    for d in ["images/gallery", "images/query", "splits", "metadata"] {
+        std::fs::create_dir_all(tmp.join(d))?;
+    }
+    let mut report = BuildReport::default();
+    let mut tiles = Vec::new();
+    let mut candidates = Vec::new();
+    for (ti, (image, cat)) in inputs.iter().enumerate() {
+        let tile = Tile::load(image)?;
+        let stem = image
+            .file_stem()
+            .map(|s| s.to_string_lossy().to_string())
+            .unwrap_or_default();
+        for c in read_pixel_catalogue(cat)? {
+            if c.diameter < o.min_diameter {
+                report.skipped_small += 1;
+                continue;
+            }
+            candidates.push(Candidate {
+                id: format!("{stem}-{}", c.id),
+                tile: ti,
+                crater: c,
+            });
+        }
+        tiles.push(tile);
+    }
+    let mut gallery = Vec::new();
+    let mut in_gallery = Vec::new();
+    for cand in &candidates {
+        let t = &tiles[cand.tile];
+        let mut any = false;
+        for &scale in &o.gallery_scales {
+            let view = format!("{}x", scale);
+            match t.crop(
+                cand.crater.x,
+                cand.crater.y,
+                scale * cand.crater.diameter,
+                0.0,
+            ) {
+                Some((side, px)) => {
+                    let name = format!("{}_{view}", cand.id);
+                    let rel = format!("images/gallery/{name}.png");
+                    save(&tmp.join(&rel), side, &px)?;
+                    gallery.push(Entry {
+                        image_id: name,
+                        path: rel,
+                        crater_id: cand.id.clone(),
+                        view_type: Some(view),
+                        relevant_crater_ids: None,
+                        lat: None,
+                        lon: None,
+                        diameter_km: None,
+                    });
+                    any = true;
+                }
+                None => report.skipped_outside += 1,
+            }
+        }
+        in_gallery.push(any);
+    }
+    let eligible: Vec<usize> = (0..candidates.len()).filter(|&i| in_gallery[i]).collect();
+    report.craters = eligible.len();
+    let mut rng = ChaCha8Rng::seed_from_u64(o.seed);
+    let mut chosen: Vec<usize> = match o.query_craters {
+        Some(n) if n < eligible.len() => sample(&mut rng, eligible.len(), n)
+            .iter()
+            .map(|i| eligible[i])
+            .collect(),
+        _ => eligible.clone(),
+    };
+    chosen.sort_unstable();
+    let mut queries = Vec::new();
+    for &ci in &chosen {
+        let cand = &candidates[ci];
+        let t = &tiles[cand.tile];
+        let relevant: Vec<String> = eligible
+            .iter()
+            .map(|&j| &candidates[j])
+            .filter(|o2| {
+                o2.tile == cand.tile && {
+                    let (a, b) = (&cand.crater, &o2.crater);
+                    let dist = ((a.x - b.x).powi(2) + (a.y - b.y).powi(2)).sqrt();
+                    dist <= 0.5 * a.diameter
+                        && (a.diameter / b.diameter).max(b.diameter / a.diameter) <= 1.5
+                }
+            })
+            .map(|o2| o2.id.clone())
+            .collect();
+        for v in 0..o.views {
+            let ctx = rng.gen_range(o.context.0..=o.context.1);
+            let d = cand.crater.diameter;
+            let (dx, dy) = (
+                rng.gen_range(-o.shift..=o.shift) * d,
+                rng.gen_range(-o.shift..=o.shift) * d,
+            );
+            let angle = if o.rotate {
+                rng.gen_range(0.0..std::f64::consts::TAU)
+            } else {
+                0.0
+            };
+            match t.crop(cand.crater.x + dx, cand.crater.y + dy, ctx * d, angle) {
+                Some((side, mut px)) => {
+                    photometric(&mut px, side, o, &mut rng);
+                    let name = format!("{}_q{v}", cand.id);
+                    let rel = format!("images/query/{name}.png");
+                    save(&tmp.join(&rel), side, &px)?;
+                    queries.push(Entry {
+                        image_id: name,
+                        path: rel,
+                        crater_id: cand.id.clone(),
+                        view_type: Some(format!("q{ctx:.2}x")),
+                        relevant_crater_ids: Some(relevant.clone()),
+                        lat: None,
+                        lon: None,
+                        diameter_km: None,
+                    });
+                }
+                None => report.skipped_outside += 1,
+            }
+        }
+    }
+    report.gallery_images = gallery.len();
+    report.query_images = queries.len();
+    ensure!(
+        !gallery.is_empty(),
+        "no crater produced a gallery crop (all smaller than {} px or too close to the edge)",
+        o.min_diameter
+    );
+    let manifest = Manifest {
+        split_name: "test".into(),
+        version: "craterdex-built-1".into(),
+        gallery_images: gallery,
+        query_images: queries,
+    };
+    std::fs::write(
+        tmp.join("splits/test.json"),
+        serde_json::to_vec_pretty(&manifest)?,
+    )?;
+    let sources: Vec<(String, String)> = inputs
+        .iter()
+        .map(|(a, b)| (a.display().to_string(), b.display().to_string()))
+        .collect();
+    std::fs::write(
+        tmp.join("metadata/build.json"),
+        serde_json::to_vec_pretty(
+            &serde_json::json!({"options": o, "report": report, "sources": sources}),
+        )?,
+    )?;
+    craterdex_durable::replace_dir(&tmp, out)?;
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builds_a_loadable_benchmark_and_skips_edge_craters() {
+        let d = tempfile::tempdir().unwrap();
+        let tile = d.path().join("t.png");
+        GrayImage::from_fn(200, 200, |x, y| Luma([((x * 7 + y * 3) % 255) as u8]))
+            .save(&tile)
+            .unwrap();
+        let cat = d.path().join("t.csv");
+        std::fs::write(
+            &cat,
+            "long,lat,diameter\n100,100,20\n101,101,19\n5,5,20\n50,60,4\n",
+        )
+        .unwrap();
+        let out = d.path().join("bench");
+        let o = BuildOptions {
+            views: 3,
+            ..Default::default()
+        };
+        let r = build(&[(tile.clone(), cat.clone())], &out, &o).unwrap();
+        assert_eq!(r.skipped_small, 1);
+        assert_eq!(r.craters, 2); // the crater at (5,5) fits no crop
+        assert_eq!(r.gallery_images, 4);
+        assert_eq!(r.skipped_outside, 2);
+        assert_eq!(r.query_images, 6);
+        let b = crate::manifest::load(&out.join("splits/test.json"), None).unwrap();
+        // the two overlapping detections are relevant to each other
+        assert_eq!(b.relevance[0].len(), 2);
+        let first = image::open(out.join(&b.manifest.gallery_images[0].path)).unwrap();
+        assert_eq!(first.width(), 40);
+        // seeded: the same options give the same images
+        let out2 = d.path().join("bench2");
+        build(&[(tile, cat)], &out2, &o).unwrap();
+        let q = &b.manifest.query_images[2].path;
+        assert_eq!(
+            std::fs::read(out.join(q)).unwrap(),
+            std::fs::read(out2.join(q)).unwrap()
+        );
+    }
+}

@@ -1,0 +1,333 @@
+//! CraterBench-R manifests (../shared/notes/craterbench-r-format.md).
+//!
+//! `{"split_name", "version", "gallery_images": [{"image_id", "path", "crater_id",
+//! "view_type"}], "query_images": [... same shape, optional "relevant_crater_ids"]}`.
+//! Paths are relative to the dataset root (the manifest's folder, or its parent when the
+//! manifest sits in `splits/`). Relevance per query: its `relevant_crater_ids`, else
+//! `metadata/query_relevance.json`, else its own crater id.
+
+use anyhow::{bail, ensure, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Entry {
+    pub image_id: String,
+    pub path: String,
+    pub crater_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub view_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relevant_crater_ids: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lat: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lon: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diameter_km: Option<f64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    #[serde(default)]
+    pub split_name: String,
+    #[serde(default)]
+    pub version: String,
+    pub gallery_images: Vec<Entry>,
+    #[serde(default)]
+    pub query_images: Vec<Entry>,
+}
+
+/// A loaded benchmark: entries, the root their paths are relative to, and the relevant
+/// crater ids of every query.
+#[derive(Clone, Debug)]
+pub struct Benchmark {
+    pub root: PathBuf,
+    pub manifest: Manifest,
+    pub relevance: Vec<BTreeSet<String>>,
+}
+
+impl Benchmark {
+    pub fn gallery_path(&self, i: usize) -> PathBuf {
+        self.root.join(&self.manifest.gallery_images[i].path)
+    }
+    pub fn query_path(&self, i: usize) -> PathBuf {
+        self.root.join(&self.manifest.query_images[i].path)
+    }
+    /// Crater ids that are relevant to at least one query.
+    pub fn query_crater_ids(&self) -> BTreeSet<String> {
+        self.relevance.iter().flatten().cloned().collect()
+    }
+}
+
+fn entry_list(v: &serde_json::Value, key: &str, file: &Path) -> Result<Vec<Entry>> {
+    let Some(list) = v.get(key) else {
+        return Ok(Vec::new());
+    };
+    let arr = list
+        .as_array()
+        .with_context(|| format!("{}: {key:?} is not a list", file.display()))?;
+    arr.iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let keys: Vec<&String> = e.as_object().map(|o| o.keys().collect()).unwrap_or_default();
+            serde_json::from_value::<Entry>(e.clone()).with_context(|| {
+                format!(
+                    "{}: {key}[{i}] needs image_id, path and crater_id (strings); found keys {keys:?}",
+                    file.display()
+                )
+            })
+        })
+        .collect()
+}
+
+/// Parses `metadata/query_relevance.json` in the shapes we know of: a map from query crater
+/// id to a list of ids (or to an object holding one under `filtered`/`relevant`/...), or a
+/// list of objects with a query crater id and a list of relevant ids.
+fn relevance_file(path: &Path) -> Result<BTreeMap<String, Vec<String>>> {
+    let v: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?,
+    )
+    .with_context(|| format!("{} is not JSON", path.display()))?;
+    const LIST_KEYS: [&str; 5] = [
+        "relevant_crater_ids",
+        "filtered",
+        "gallery_filtered",
+        "relevant",
+        "crater_ids",
+    ];
+    const ID_KEYS: [&str; 3] = ["query_crater_id", "crater_id", "query_id"];
+    let ids = |x: &serde_json::Value| -> Option<Vec<String>> {
+        let arr = x.as_array().or_else(|| {
+            LIST_KEYS
+                .iter()
+                .find_map(|k| x.get(*k).and_then(|v| v.as_array()))
+        })?;
+        Some(
+            arr.iter()
+                .filter_map(|s| {
+                    s.as_str()
+                        .map(String::from)
+                        .or_else(|| s.as_i64().map(|n| n.to_string()))
+                })
+                .collect(),
+        )
+    };
+    let body = ["filtered", "query_relevance", "relevance"]
+        .iter()
+        .find_map(|k| v.get(*k))
+        .unwrap_or(&v);
+    let mut out = BTreeMap::new();
+    match body {
+        serde_json::Value::Object(map) => {
+            for (k, x) in map {
+                let list = ids(x).with_context(|| {
+                    format!(
+                        "{}: entry {k:?} holds no list of crater ids (looked for {LIST_KEYS:?})",
+                        path.display()
+                    )
+                })?;
+                out.insert(k.clone(), list);
+            }
+        }
+        serde_json::Value::Array(arr) => {
+            for (i, x) in arr.iter().enumerate() {
+                let id = ID_KEYS
+                    .iter()
+                    .find_map(|k| x.get(*k).and_then(|v| v.as_str()));
+                let keys: Vec<String> = x
+                    .as_object()
+                    .map(|o| o.keys().cloned().collect())
+                    .unwrap_or_default();
+                match (id, ids(x)) {
+                    (Some(id), Some(list)) => {
+                        out.insert(id.to_string(), list);
+                    }
+                    _ => bail!("{}: item {i} needs one of {ID_KEYS:?} and one of {LIST_KEYS:?}; found keys {keys:?}", path.display()),
+                }
+            }
+        }
+        _ => bail!("{}: expected an object or a list", path.display()),
+    }
+    Ok(out)
+}
+
+/// Loads a manifest. `root` overrides the dataset root. Every missing image is reported
+/// together, before anything else happens.
+pub fn load(path: &Path, root: Option<&Path>) -> Result<Benchmark> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let v: serde_json::Value = serde_json::from_slice(&bytes)
+        .with_context(|| format!("{} is not JSON", path.display()))?;
+    let keys: Vec<String> = v
+        .as_object()
+        .map(|o| o.keys().cloned().collect())
+        .unwrap_or_default();
+    ensure!(
+        v.get("gallery_images").is_some(),
+        "{}: expected a CraterBench-R manifest with \"gallery_images\" (and \"query_images\"); found keys {keys:?}",
+        path.display()
+    );
+    let manifest = Manifest {
+        split_name: v
+            .get("split_name")
+            .and_then(|s| s.as_str())
+            .unwrap_or_default()
+            .to_string(),
+        version: v
+            .get("version")
+            .and_then(|s| s.as_str())
+            .unwrap_or_default()
+            .to_string(),
+        gallery_images: entry_list(&v, "gallery_images", path)?,
+        query_images: entry_list(&v, "query_images", path)?,
+    };
+    let here = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+    let root = match root {
+        Some(r) => r.to_path_buf(),
+        None => {
+            let candidates = [
+                here.clone(),
+                here.parent()
+                    .map(Path::to_path_buf)
+                    .unwrap_or_else(|| here.clone()),
+            ];
+            let probe = manifest.gallery_images.first().map(|e| e.path.clone());
+            candidates
+                .iter()
+                .find(|c| probe.as_ref().is_some_and(|p| c.join(p).exists()))
+                .cloned()
+                .unwrap_or(here.clone())
+        }
+    };
+    let missing: Vec<String> = manifest
+        .gallery_images
+        .iter()
+        .chain(&manifest.query_images)
+        .filter(|e| !root.join(&e.path).is_file())
+        .map(|e| e.path.clone())
+        .collect();
+    if !missing.is_empty() {
+        let shown: Vec<&String> = missing.iter().take(20).collect();
+        bail!(
+            "{}: {} of {} images are missing under {} (first: {shown:?})",
+            path.display(),
+            missing.len(),
+            manifest.gallery_images.len() + manifest.query_images.len(),
+            root.display()
+        );
+    }
+    let rel_path = root.join("metadata/query_relevance.json");
+    let rel_file = if rel_path.exists() {
+        Some(relevance_file(&rel_path)?)
+    } else {
+        None
+    };
+    let relevance = manifest
+        .query_images
+        .iter()
+        .map(|q| {
+            let ids = q
+                .relevant_crater_ids
+                .clone()
+                .or_else(|| rel_file.as_ref().and_then(|r| r.get(&q.crater_id).cloned()))
+                .unwrap_or_else(|| vec![q.crater_id.clone()]);
+            ids.into_iter().collect()
+        })
+        .collect();
+    Ok(Benchmark {
+        root,
+        manifest,
+        relevance,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, rel: &str, text: &str) {
+        let p = dir.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+
+    #[test]
+    fn loads_the_published_shape_with_relevance_sources() {
+        let d = tempfile::tempdir().unwrap();
+        for f in [
+            "images/gallery/a_2x.jpg",
+            "images/gallery/b_2x.jpg",
+            "images/query/a_q0.jpg",
+            "images/query/b_q0.jpg",
+        ] {
+            write(d.path(), f, "x");
+        }
+        write(
+            d.path(),
+            "splits/test.json",
+            r#"{"split_name": "test", "version": "release_v1",
+            "gallery_images": [{"image_id": "a_2x", "path": "images/gallery/a_2x.jpg", "crater_id": "a", "view_type": "2x"},
+                               {"image_id": "b_2x", "path": "images/gallery/b_2x.jpg", "crater_id": "b", "view_type": "2x"}],
+            "query_images": [{"image_id": "a_q0", "path": "images/query/a_q0.jpg", "crater_id": "a", "relevant_crater_ids": ["a", "b"]},
+                             {"image_id": "b_q0", "path": "images/query/b_q0.jpg", "crater_id": "b"}]}"#,
+        );
+        let b = load(&d.path().join("splits/test.json"), None).unwrap();
+        assert_eq!(b.root, d.path());
+        assert_eq!(b.relevance[0], ["a".to_string(), "b".to_string()].into());
+        assert_eq!(b.relevance[1], ["b".to_string()].into());
+        write(
+            d.path(),
+            "metadata/query_relevance.json",
+            r#"{"b": {"filtered": ["b", "c"]}}"#,
+        );
+        let b = load(&d.path().join("splits/test.json"), None).unwrap();
+        assert_eq!(b.relevance[1], ["b".to_string(), "c".to_string()].into());
+    }
+
+    #[test]
+    fn wrong_keys_are_listed_and_missing_files_reported_together() {
+        let d = tempfile::tempdir().unwrap();
+        write(d.path(), "m.json", r#"{"images": []}"#);
+        let e = format!("{:#}", load(&d.path().join("m.json"), None).unwrap_err());
+        assert!(
+            e.contains("gallery_images") && e.contains("\"images\""),
+            "{e}"
+        );
+        write(
+            d.path(),
+            "m.json",
+            r#"{"gallery_images": [{"id": "x", "file": "y"}]}"#,
+        );
+        let e = format!("{:#}", load(&d.path().join("m.json"), None).unwrap_err());
+        assert!(e.contains("found keys") && e.contains("\"file\""), "{e}");
+        write(
+            d.path(),
+            "m.json",
+            r#"{"gallery_images": [{"image_id": "1", "path": "g1.png", "crater_id": "c"}, {"image_id": "2", "path": "g2.png", "crater_id": "c"}]}"#,
+        );
+        let e = format!("{:#}", load(&d.path().join("m.json"), None).unwrap_err());
+        assert!(
+            e.contains("2 of 2 images are missing") && e.contains("g1.png") && e.contains("g2.png"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn relevance_file_as_a_list() {
+        let d = tempfile::tempdir().unwrap();
+        write(
+            d.path(),
+            "r.json",
+            r#"[{"query_crater_id": "q", "relevant_crater_ids": ["q", "r"]}]"#,
+        );
+        let r = relevance_file(&d.path().join("r.json")).unwrap();
+        assert_eq!(r["q"], vec!["q".to_string(), "r".to_string()]);
+        write(d.path(), "r.json", r#"[{"x": 1}]"#);
+        assert!(format!(
+            "{:#}",
+            relevance_file(&d.path().join("r.json")).unwrap_err()
+        )
+        .contains("found keys [\"x\"]"));
+    }
+}

@@ -1,0 +1,500 @@
+//! A self-contained HTML report: the table, mAP-vs-K and mAP-vs-bytes plots (inline SVG),
+//! the paper's findings checked on this run, and example queries with their top-5 before
+//! and after reranking (relevant framed green, others red). No external assets.
+
+use crate::regimes::{Family, RegimeResult};
+use base64::Engine;
+use std::collections::BTreeSet;
+use std::fmt::Write;
+use std::path::PathBuf;
+
+/// A claim of the paper checked against this run.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Finding {
+    pub claim: String,
+    pub holds: Option<bool>,
+    pub detail: String,
+}
+
+fn get<'a>(r: &'a [RegimeResult], name: &str) -> Option<&'a RegimeResult> {
+    r.iter().find(|x| x.name == name)
+}
+
+/// The findings of issue #4, per whitening variant present in `results`.
+pub fn findings(results: &[RegimeResult]) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let variants: BTreeSet<bool> = results.iter().map(|r| r.whitened).collect();
+    for white in variants {
+        let sfx = if white { "_white" } else { "" };
+        let tag = if white {
+            " (whitened)"
+        } else {
+            " (unwhitened)"
+        };
+        let map = |n: &str| get(results, &format!("{n}{sfx}")).map(|r| r.summary.map);
+        let best_single = results
+            .iter()
+            .filter(|r| r.whitened == white && r.family == Family::Single)
+            .max_by(|a, b| a.summary.map.total_cmp(&b.summary.map));
+        let mut add = |claim: String, v: Option<(bool, String)>| {
+            let (holds, detail) = match v {
+                Some((h, d)) => (Some(h), d),
+                None => (None, "not measured in this run".into()),
+            };
+            out.push(Finding {
+                claim: claim + tag,
+                holds,
+                detail,
+            });
+        };
+        add(
+            "full-token LI beats the best single vector".into(),
+            map("full_li").zip(best_single).map(|(f, b)| {
+                (
+                    f > b.summary.map,
+                    format!("full_li {f:.3} vs {} {:.3}", b.name, b.summary.map),
+                )
+            }),
+        );
+        add(
+            "instance tokens beat raw selection at K=16 (some seed strategy)".into(),
+            map("raw_attn_k16").and_then(|raw| {
+                let best = map("inst_attn_k16")
+                    .into_iter()
+                    .chain(map("inst_fps_k16"))
+                    .fold(f64::MIN, f64::max);
+                (best > f64::MIN).then(|| {
+                    (
+                        best > raw,
+                        format!("best instance {best:.3} vs raw {raw:.3}"),
+                    )
+                })
+            }),
+        );
+        add(
+            "instance tokens at K>=32 come within 0.01 mAP of full LI".into(),
+            map("full_li").and_then(|f| {
+                let best = results
+                    .iter()
+                    .filter(|r| {
+                        r.whitened == white
+                            && matches!(r.family, Family::InstAttn | Family::InstFps)
+                            && r.k.is_some_and(|k| k >= 32)
+                    })
+                    .max_by(|a, b| a.summary.map.total_cmp(&b.summary.map))?;
+                Some((
+                    best.summary.map >= f - 0.01,
+                    format!("{} {:.3} vs full_li {f:.3}", best.name, best.summary.map),
+                ))
+            }),
+        );
+        add(
+            "two-stage at S=100 recovers >= 85% of exhaustive LI mAP".into(),
+            map("two_stage_s100_k32")
+                .zip(map("inst_fps_k32"))
+                .map(|(t, e)| {
+                    (
+                        t >= 0.85 * e,
+                        format!("{t:.3} / {e:.3} = {:.1}%", 100.0 * t / e.max(1e-12)),
+                    )
+                }),
+        );
+        add(
+            "int8 costs <= 0.005 mAP".into(),
+            map("inst_fps_k32_int8")
+                .zip(map("inst_fps_k32"))
+                .map(|(i, f)| {
+                    (
+                        f - i <= 0.005,
+                        format!("int8 {i:.3} vs f32 {f:.3} (delta {:+.4})", i - f),
+                    )
+                }),
+        );
+    }
+    out
+}
+
+struct Series {
+    label: String,
+    colour: &'static str,
+    dashed: bool,
+    points: Vec<(f64, f64)>,
+}
+
+/// A line chart with a log2 or log10 x axis.
+fn svg_plot(title: &str, xlabel: &str, series: &[Series], log_base: f64) -> String {
+    let (w, h, ml, mr, mt, mb) = (640.0, 360.0, 56.0, 170.0, 30.0, 44.0);
+    let pts: Vec<(f64, f64)> = series
+        .iter()
+        .flat_map(|s| s.points.iter().copied())
+        .collect();
+    if pts.is_empty() {
+        return String::new();
+    }
+    let lx = |x: f64| x.ln() / log_base.ln();
+    let (xmin, xmax) = pts.iter().fold((f64::MAX, f64::MIN), |(a, b), p| {
+        (a.min(lx(p.0)), b.max(lx(p.0)))
+    });
+    let (xmin, xmax) = if xmax - xmin < 1e-9 {
+        (xmin - 1.0, xmax + 1.0)
+    } else {
+        (xmin, xmax)
+    };
+    let ymax = (pts.iter().map(|p| p.1).fold(0.0, f64::max) * 1.1).clamp(0.05, 1.0);
+    let sx = |x: f64| ml + (lx(x) - xmin) / (xmax - xmin) * (w - ml - mr);
+    let sy = |y: f64| h - mb - y / ymax * (h - mt - mb);
+    let mut s = format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11"><text x="{}" y="18" font-size="13" font-weight="bold">{title}</text>"#,
+        ml
+    );
+    let _ = write!(
+        s,
+        r##"<line x1="{ml}" y1="{}" x2="{}" y2="{}" stroke="#444"/><line x1="{ml}" y1="{mt}" x2="{ml}" y2="{}" stroke="#444"/>"##,
+        h - mb,
+        w - mr,
+        h - mb,
+        h - mb
+    );
+    for i in 0..=5 {
+        let y = ymax * i as f64 / 5.0;
+        let _ = write!(
+            s,
+            r##"<line x1="{ml}" y1="{0}" x2="{1}" y2="{0}" stroke="#ddd"/><text x="{2}" y="{3}" text-anchor="end">{y:.2}</text>"##,
+            sy(y),
+            w - mr,
+            ml - 4.0,
+            sy(y) + 4.0
+        );
+    }
+    let mut ticks: Vec<f64> = pts.iter().map(|p| p.0).collect();
+    ticks.sort_by(f64::total_cmp);
+    ticks.dedup_by(|a, b| (lx(*a) - lx(*b)).abs() < 0.15 * (xmax - xmin) / 4.0);
+    for t in ticks {
+        let _ = write!(
+            s,
+            r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
+            sx(t),
+            h - mb + 14.0,
+            if t >= 1000.0 {
+                format!("{:.0}K", t / 1000.0)
+            } else {
+                format!("{t:.0}")
+            }
+        );
+    }
+    let _ = write!(
+        s,
+        r#"<text x="{}" y="{}" text-anchor="middle">{xlabel}</text><text x="14" y="{}" transform="rotate(-90 14 {})" text-anchor="middle">mAP</text>"#,
+        ml + (w - ml - mr) / 2.0,
+        h - 8.0,
+        h / 2.0,
+        h / 2.0
+    );
+    for (i, se) in series.iter().enumerate() {
+        let path: Vec<String> = se
+            .points
+            .iter()
+            .map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y)))
+            .collect();
+        let dash = if se.dashed {
+            r#" stroke-dasharray="5,3""#
+        } else {
+            ""
+        };
+        let _ = write!(
+            s,
+            r#"<polyline fill="none" stroke="{}" stroke-width="2"{dash} points="{}"/>"#,
+            se.colour,
+            path.join(" ")
+        );
+        for &(x, y) in &se.points {
+            let _ = write!(
+                s,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{}"><title>{} {x}: {y:.3}</title></circle>"#,
+                sx(x),
+                sy(y),
+                se.colour,
+                se.label
+            );
+        }
+        let ly = mt + 14.0 * i as f64 + 6.0;
+        let _ = write!(
+            s,
+            r#"<line x1="{0}" y1="{ly}" x2="{1}" y2="{ly}" stroke="{2}" stroke-width="2"{dash}/><text x="{3}" y="{4}">{5}</text>"#,
+            w - mr + 8.0,
+            w - mr + 28.0,
+            se.colour,
+            w - mr + 32.0,
+            ly + 4.0,
+            se.label
+        );
+    }
+    s.push_str("</svg>");
+    s
+}
+
+const COLOURS: [&str; 8] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf", "#7f7f7f",
+];
+
+fn k_series(results: &[RegimeResult]) -> Vec<Series> {
+    let mut out = Vec::new();
+    let fams = [
+        (Family::InstFps, "inst FPS"),
+        (Family::InstAttn, "inst attn"),
+        (Family::Raw, "raw attn"),
+        (Family::KMeans, "k-means"),
+    ];
+    for (fi, (fam, label)) in fams.iter().enumerate() {
+        for white in [true, false] {
+            let mut pts: Vec<(f64, f64)> = results
+                .iter()
+                .filter(|r| r.family == *fam && r.whitened == white)
+                .filter_map(|r| Some((r.k? as f64, r.summary.map)))
+                .collect();
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            if !pts.is_empty() {
+                out.push(Series {
+                    label: format!("{label}{}", if white { " white" } else { "" }),
+                    colour: COLOURS[fi],
+                    dashed: !white,
+                    points: pts,
+                });
+            }
+        }
+    }
+    for (i, white) in [true, false].iter().enumerate() {
+        if let Some(f) = results
+            .iter()
+            .find(|r| r.family == Family::FullLi && r.whitened == *white)
+        {
+            let ks: Vec<f64> = results
+                .iter()
+                .filter_map(|r| r.k)
+                .filter(|&k| k < f.k.unwrap_or(0))
+                .map(|k| k as f64)
+                .collect();
+            if let (Some(lo), Some(hi)) = (
+                ks.iter().cloned().reduce(f64::min),
+                ks.iter().cloned().reduce(f64::max),
+            ) {
+                out.push(Series {
+                    label: format!("full LI{}", if *white { " white" } else { "" }),
+                    colour: COLOURS[6 + i],
+                    dashed: true,
+                    points: vec![(lo, f.summary.map), (hi, f.summary.map)],
+                });
+            }
+        }
+    }
+    out
+}
+
+fn bytes_series(results: &[RegimeResult]) -> Vec<Series> {
+    let mut out = Vec::new();
+    for (i, white) in [true, false].iter().enumerate() {
+        let mut inst: Vec<(f64, f64)> = results
+            .iter()
+            .filter(|r| r.family == Family::InstFps && r.whitened == *white)
+            .map(|r| (r.bytes_per_image as f64, r.summary.map))
+            .collect();
+        inst.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut codecs: Vec<(f64, f64)> = results
+            .iter()
+            .filter(|r| r.family == Family::Codec && r.whitened == *white)
+            .map(|r| (r.bytes_per_image as f64, r.summary.map))
+            .collect();
+        codecs.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let w = if *white { " white" } else { "" };
+        if !inst.is_empty() {
+            out.push(Series {
+                label: format!("inst FPS f32{w}"),
+                colour: COLOURS[2 * i],
+                dashed: !white,
+                points: inst,
+            });
+        }
+        if !codecs.is_empty() {
+            out.push(Series {
+                label: format!("K=32 codecs{w}"),
+                colour: COLOURS[2 * i + 1],
+                dashed: !white,
+                points: codecs,
+            });
+        }
+    }
+    out
+}
+
+/// Everything the report shows about the example queries.
+pub struct Examples<'a> {
+    pub query_paths: &'a [PathBuf],
+    pub query_ids: &'a [String],
+    pub gallery_paths: &'a [PathBuf],
+    pub gallery_craters: &'a [String],
+    pub relevance: &'a [BTreeSet<String>],
+    /// Query indices to show.
+    pub show: Vec<usize>,
+}
+
+fn thumb(path: &std::path::Path, frame: &str, caption: &str) -> String {
+    let mime = match path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(|e| e.to_ascii_lowercase())
+    {
+        Some(e) if e == "jpg" || e == "jpeg" => "image/jpeg",
+        _ => "image/png",
+    };
+    let src = match std::fs::read(path) {
+        Ok(b) if b.len() < 2 << 20 => format!(
+            "data:{mime};base64,{}",
+            base64::engine::general_purpose::STANDARD.encode(b)
+        ),
+        _ => String::new(),
+    };
+    format!(
+        r#"<figure style="border:4px solid {frame}"><img src="{src}" alt="{caption}"><figcaption>{caption}</figcaption></figure>"#
+    )
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// Renders the report. `before`/`after` name the regimes whose top-5 the examples show.
+pub fn render(
+    title: &str,
+    intro: &str,
+    results: &[RegimeResult],
+    ex: Option<&Examples>,
+    before: &str,
+    after: &str,
+) -> String {
+    let mut h = String::new();
+    let _ = write!(
+        h,
+        r#"<!doctype html><html><head><meta charset="utf-8"><title>{t}</title><style>
+body{{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}} table{{border-collapse:collapse;font-size:13px}}
+td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}} td:first-child,th:first-child{{text-align:left}}
+figure{{display:inline-block;margin:2px;text-align:center}} figure img{{width:96px;height:96px;image-rendering:pixelated;display:block}}
+figcaption{{font-size:10px;max-width:96px;overflow:hidden}} .row{{margin:6px 0}} .lbl{{display:inline-block;width:90px;font-size:12px;vertical-align:top}}
+.ok{{color:#1a7f37}} .no{{color:#c62828}}</style></head><body><h1>{t}</h1><p>{intro}</p>"#,
+        t = esc(title),
+        intro = esc(intro)
+    );
+    h.push_str("<h2>Findings of the paper, checked here</h2><ul>");
+    for f in findings(results) {
+        let (cls, word) = match f.holds {
+            Some(true) => ("ok", "holds"),
+            Some(false) => ("no", "does not hold"),
+            None => ("", "not measured"),
+        };
+        let _ = write!(
+            h,
+            r#"<li><span class="{cls}"><b>{word}</b></span>: {} — {}</li>"#,
+            esc(&f.claim),
+            esc(&f.detail)
+        );
+    }
+    h.push_str("</ul><h2>Plots</h2>");
+    h.push_str(&svg_plot(
+        "mAP vs tokens per image (K)",
+        "K (log scale)",
+        &k_series(results),
+        2.0,
+    ));
+    h.push_str(&svg_plot(
+        "mAP vs stored bytes per image",
+        "bytes per image (log scale)",
+        &bytes_series(results),
+        10.0,
+    ));
+    h.push_str("<h2>All regimes</h2><table><tr><th>regime</th><th>R@1</th><th>R@5</th><th>R@10</th><th>mAP</th><th>K</th><th>bytes/image</th><th>R@S</th></tr>");
+    for r in results {
+        let _ = write!(
+            h,
+            "<tr><td>{}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            r.name,
+            r.summary.r1,
+            r.summary.r5,
+            r.summary.r10,
+            r.summary.map,
+            r.k.map(|k| k.to_string()).unwrap_or_default(),
+            r.bytes_per_image,
+            r.shortlist_recall.map(|v| format!("{v:.3}")).unwrap_or_default()
+        );
+    }
+    h.push_str("</table>");
+    if let (Some(ex), Some(b), Some(a)) = (ex, get(results, before), get(results, after)) {
+        let _ = write!(h, "<h2>Example queries</h2><p>Top-5 by <b>{}</b> (before) and <b>{}</b> (after reranking). Green: same crater; red: another crater.</p>", esc(before), esc(after));
+        for &q in &ex.show {
+            let _ = write!(
+                h,
+                r#"<div class="row"><span class="lbl">query</span>{}</div>"#,
+                thumb(&ex.query_paths[q], "#555", &esc(&ex.query_ids[q]))
+            );
+            for (label, r) in [("before", b), ("after", a)] {
+                let _ = write!(h, r#"<div class="row"><span class="lbl">{label}</span>"#);
+                for &g in r.top[q].iter().take(5) {
+                    let rel = ex.relevance[q].contains(&ex.gallery_craters[g]);
+                    h.push_str(&thumb(
+                        &ex.gallery_paths[g],
+                        if rel { "#2e7d32" } else { "#c62828" },
+                        &esc(&ex.gallery_craters[g]),
+                    ));
+                }
+                h.push_str("</div>");
+            }
+            h.push_str("<hr>");
+        }
+    }
+    h.push_str("</body></html>\n");
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Summary;
+
+    fn r(name: &str, family: Family, k: Option<usize>, map: f64) -> RegimeResult {
+        RegimeResult {
+            name: name.into(),
+            family,
+            whitened: false,
+            summary: Summary {
+                map,
+                ..Default::default()
+            },
+            k,
+            bytes_per_image: k.unwrap_or(1) * 1536,
+            shortlist_recall: None,
+            per_query: vec![],
+            top: vec![],
+        }
+    }
+
+    #[test]
+    fn findings_are_computed_from_results() {
+        let res = vec![
+            r("cls", Family::Single, None, 0.4),
+            r("full_li", Family::FullLi, Some(256), 0.7),
+            r("raw_attn_k16", Family::Raw, Some(16), 0.5),
+            r("inst_fps_k16", Family::InstFps, Some(16), 0.6),
+            r("inst_fps_k32", Family::InstFps, Some(32), 0.68),
+            r("two_stage_s100_k32", Family::TwoStage, Some(32), 0.5),
+            r("inst_fps_k32_int8", Family::Codec, Some(32), 0.679),
+        ];
+        let f = findings(&res);
+        assert_eq!(
+            f.iter().map(|f| f.holds).collect::<Vec<_>>(),
+            vec![Some(true), Some(true), Some(false), Some(false), Some(true)]
+        );
+        let html = render("t", "i", &res, None, "cls", "two_stage_s100_k32");
+        assert!(html.contains("<svg") && html.contains("does not hold"));
+        assert!(!html.contains("src=\"http"), "no external assets");
+    }
+}

