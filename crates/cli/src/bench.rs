@@ -15,6 +15,43 @@ pub enum BenchCmd {
         after_help = "Example:\n  craterdex bench extract --dir craterdex-demo/bench/images/gallery --images 64"
     )]
     Extract(ExtractBench),
+    /// Search latency (stage 1, two-stage at S=100/500, exhaustive LI) per codec, single
+    /// queries and batches, on a synthetic gallery with planted near-duplicates and optionally
+    /// on real features, against faiss-cpu and numpy on identical data.
+    #[command(
+        after_help = "Example:\n  craterdex bench search --json search.json\n  craterdex bench search --gallery 5000 --real craterdex-demo/bench/splits/test.json"
+    )]
+    Search(SearchBench),
+}
+
+#[derive(Args)]
+pub struct SearchBench {
+    /// Synthetic gallery size.
+    #[arg(long, default_value_t = 50_000)]
+    pub(crate) gallery: usize,
+    /// Queries per batch.
+    #[arg(long, default_value_t = 1000)]
+    pub(crate) queries: usize,
+    /// Queries timed one at a time.
+    #[arg(long, default_value_t = 100)]
+    pub(crate) single: usize,
+    #[arg(long, default_value_t = 32)]
+    pub(crate) k: usize,
+    #[arg(long, default_value_t = 384)]
+    pub(crate) dim: usize,
+    /// Codecs to time.
+    #[arg(long, value_delimiter = ',', default_value = "f32,f16,int8,pq96")]
+    pub(crate) codecs: Vec<craterdex_index::Codec>,
+    /// Also time an index of this benchmark's real gallery (default model, default recipe).
+    #[arg(long)]
+    pub(crate) real: Option<PathBuf>,
+    #[arg(long)]
+    pub(crate) json: Option<PathBuf>,
+    #[arg(long)]
+    pub(crate) no_reference: bool,
+    /// Where the temporary indexes go (default: the system temp dir).
+    #[arg(long)]
+    pub(crate) workdir: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -24,8 +61,6 @@ pub struct ExtractBench {
     dir: PathBuf,
     #[arg(long, default_value_t = 64)]
     images: usize,
-    #[arg(long, default_value_t = 16)]
-    batch: usize,
     #[arg(long, default_value_t = 3)]
     repeats: usize,
     /// Skip the onnxruntime reference.
@@ -38,6 +73,7 @@ pub struct ExtractBench {
 pub fn run(c: BenchCmd) -> Result<()> {
     match c {
         BenchCmd::Extract(b) => extract(b),
+        BenchCmd::Search(b) => crate::bench_search::run(b),
     }
 }
 
@@ -70,11 +106,11 @@ fn extract(b: ExtractBench) -> Result<()> {
         .map(|(_, p)| Ok(preprocess::to_tensor(&preprocess::load_image(p)?, &prep)))
         .collect::<Result<_>>()?;
     let threads = rayon::current_num_threads();
-    vit.forward(&tensors[..b.batch.min(tensors.len())])?;
+    vit.forward(&tensors[..b.model.batch.min(tensors.len())])?;
     let mut best = f64::INFINITY;
     for _ in 0..b.repeats {
         let t = Instant::now();
-        for chunk in tensors.chunks(b.batch) {
+        for chunk in tensors.chunks(b.model.batch) {
             vit.forward(chunk)?;
         }
         best = best.min(t.elapsed().as_secs_f64());
@@ -87,7 +123,7 @@ fn extract(b: ExtractBench) -> Result<()> {
         vit.input_size(),
         b.images,
         b.dir.display(),
-        b.batch,
+        b.model.batch,
         threads
     );
     println!("{:<28} {:>10} {:>12}", "engine", "images/s", "peak RSS MB");
@@ -117,7 +153,7 @@ fn extract(b: ExtractBench) -> Result<()> {
     .arg(&script)
     .arg(&wheel)
     .arg(&input)
-    .args([b.images, vit.input_size(), b.batch, threads, b.repeats].map(|v| v.to_string()))
+    .args([b.images, vit.input_size(), b.model.batch, threads, b.repeats].map(|v| v.to_string()))
     .output()
     .context("cannot run python3 for the onnxruntime reference")?;
     let _ = std::fs::remove_file(&input);

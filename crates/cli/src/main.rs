@@ -1,6 +1,7 @@
 //! craterdex: a thin command line over the craterdex crates.
 
 mod bench;
+mod bench_search;
 mod demo;
 mod pipeline;
 
@@ -675,34 +676,12 @@ fn evaluate(
     let ea = model.extract_args();
     let gallery = extract_items(&vit, &gallery_items(&b), &ea, "gallery")?;
     let queries = extract_items(&vit, &query_items(&b), &ea, "queries")?;
-    let crater_of: HashMap<&str, &str> = b
-        .manifest
-        .gallery_images
-        .iter()
-        .map(|e| (e.image_id.as_str(), e.crater_id.as_str()))
-        .collect();
-    let gallery_craters: Vec<String> = gallery
-        .ids
-        .iter()
-        .map(|id| crater_of[id.as_str()].to_string())
-        .collect();
-    let rel_of: HashMap<&str, usize> = b
-        .manifest
-        .query_images
-        .iter()
-        .enumerate()
-        .map(|(i, e)| (e.image_id.as_str(), i))
-        .collect();
-    let relevance: Vec<_> = queries
-        .ids
-        .iter()
-        .map(|id| b.relevance[rel_of[id.as_str()]].clone())
-        .collect();
+    let aligned = b.align(&gallery.ids, &queries.ids);
     let input = regimes::EvalInput {
         gallery: &gallery,
         queries: &queries,
-        gallery_craters: &gallery_craters,
-        relevance: &relevance,
+        gallery_craters: &aligned.gallery_craters,
+        relevance: &aligned.relevance,
     };
     let pb = indicatif::ProgressBar::new_spinner();
     let started = std::sync::Mutex::new((String::new(), std::time::Instant::now()));
@@ -755,57 +734,7 @@ fn write_outputs(
     }
     if let Some(r) = report {
         let b = &out.benchmark;
-        let gpath: HashMap<&str, PathBuf> = b
-            .manifest
-            .gallery_images
-            .iter()
-            .enumerate()
-            .map(|(i, e)| (e.image_id.as_str(), b.gallery_path(i)))
-            .collect();
-        let qpath: HashMap<&str, PathBuf> = b
-            .manifest
-            .query_images
-            .iter()
-            .enumerate()
-            .map(|(i, e)| (e.image_id.as_str(), b.query_path(i)))
-            .collect();
-        let crater_of: HashMap<&str, &str> = b
-            .manifest
-            .gallery_images
-            .iter()
-            .map(|e| (e.image_id.as_str(), e.crater_id.as_str()))
-            .collect();
-        let rel_of: HashMap<&str, usize> = b
-            .manifest
-            .query_images
-            .iter()
-            .enumerate()
-            .map(|(i, e)| (e.image_id.as_str(), i))
-            .collect();
-        let gallery_paths: Vec<PathBuf> = out
-            .gallery
-            .ids
-            .iter()
-            .map(|i| gpath[i.as_str()].clone())
-            .collect();
-        let query_paths: Vec<PathBuf> = out
-            .queries
-            .ids
-            .iter()
-            .map(|i| qpath[i.as_str()].clone())
-            .collect();
-        let gallery_craters: Vec<String> = out
-            .gallery
-            .ids
-            .iter()
-            .map(|i| crater_of[i.as_str()].to_string())
-            .collect();
-        let relevance: Vec<_> = out
-            .queries
-            .ids
-            .iter()
-            .map(|i| b.relevance[rel_of[i.as_str()]].clone())
-            .collect();
+        let a = b.align(&out.gallery.ids, &out.queries.ids);
         let white = out
             .results
             .iter()
@@ -829,11 +758,11 @@ fn write_outputs(
         show.truncate(8);
         show.sort_unstable();
         let ex = craterdex_eval::report::Examples {
-            query_paths: &query_paths,
+            query_paths: &a.query_paths,
             query_ids: &out.queries.ids,
-            gallery_paths: &gallery_paths,
-            gallery_craters: &gallery_craters,
-            relevance: &relevance,
+            gallery_paths: &a.gallery_paths,
+            gallery_craters: &a.gallery_craters,
+            relevance: &a.relevance,
             show,
         };
         let intro = format!(

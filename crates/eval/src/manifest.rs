@@ -61,6 +61,46 @@ impl Benchmark {
     }
 }
 
+/// Benchmark fields in the order of the feature rows actually extracted (an unreadable image
+/// drops out of the features, so rows and manifest entries need not line up).
+pub struct Aligned {
+    pub gallery_craters: Vec<String>,
+    pub gallery_paths: Vec<PathBuf>,
+    pub query_paths: Vec<PathBuf>,
+    pub relevance: Vec<BTreeSet<String>>,
+}
+
+impl Benchmark {
+    /// Lines the benchmark up with extracted rows; every id must come from this manifest.
+    pub fn align(&self, gallery_ids: &[String], query_ids: &[String]) -> Aligned {
+        let g: std::collections::HashMap<&str, usize> = self
+            .manifest
+            .gallery_images
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (e.image_id.as_str(), i))
+            .collect();
+        let q: std::collections::HashMap<&str, usize> = self
+            .manifest
+            .query_images
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (e.image_id.as_str(), i))
+            .collect();
+        let gi: Vec<usize> = gallery_ids.iter().map(|id| g[id.as_str()]).collect();
+        let qi: Vec<usize> = query_ids.iter().map(|id| q[id.as_str()]).collect();
+        Aligned {
+            gallery_craters: gi
+                .iter()
+                .map(|&i| self.manifest.gallery_images[i].crater_id.clone())
+                .collect(),
+            gallery_paths: gi.iter().map(|&i| self.gallery_path(i)).collect(),
+            query_paths: qi.iter().map(|&i| self.query_path(i)).collect(),
+            relevance: qi.iter().map(|&i| self.relevance[i].clone()).collect(),
+        }
+    }
+}
+
 fn entry_list(v: &serde_json::Value, key: &str, file: &Path) -> Result<Vec<Entry>> {
     let Some(list) = v.get(key) else {
         return Ok(Vec::new());

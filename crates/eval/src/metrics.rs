@@ -104,6 +104,16 @@ pub fn summarise(results: &[QueryResult]) -> Summary {
     }
 }
 
+/// Recall@k from each query's 1-based rank of its first relevant result (None: not found
+/// in the returned list). For truncated result lists, where AP cannot be computed.
+pub fn recall_from_ranks(first_ranks: &[Option<usize>], k: usize) -> f64 {
+    first_ranks
+        .iter()
+        .filter(|r| r.is_some_and(|r| r <= k))
+        .count() as f64
+        / first_ranks.len().max(1) as f64
+}
+
 /// Shortlist recall R@S: share of queries with a relevant image among the `s` best by `scores`.
 pub fn shortlist_recall(results: &[QueryResult], s: usize) -> f64 {
     let valid: Vec<&QueryResult> = results.iter().filter(|r| r.relevant > 0).collect();
@@ -133,6 +143,14 @@ mod tests {
         assert_eq!(r.first_relevant_rank, Some(2));
         // precision at rank 2 = 1/2, at rank 3 = 2/3 -> AP = (0.5 + 0.6667) / 2
         assert!((r.average_precision.unwrap() - (0.5 + 2.0 / 3.0) / 2.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn recall_from_truncated_lists() {
+        let ranks = [Some(1), Some(3), None, Some(10)];
+        assert_eq!(recall_from_ranks(&ranks, 1), 0.25);
+        assert_eq!(recall_from_ranks(&ranks, 5), 0.5);
+        assert_eq!(recall_from_ranks(&ranks, 10), 0.75);
     }
 
     #[test]

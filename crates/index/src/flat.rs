@@ -71,26 +71,26 @@ pub fn sort_scored(v: &mut [Scored]) {
 const BLOCK: usize = 4096;
 const QUERY_CHUNK: usize = 64;
 
-/// `scores[q, j] = <queries[q], gallery[j]>` for a block, row-major `[nq, nb]`.
-fn block_scores(queries: &[f32], gallery_block: &[f32], d: usize, out: &mut Vec<f32>) {
-    let nq = queries.len() / d;
-    let nb = gallery_block.len() / d;
-    out.resize(nq * nb, 0.0);
-    // SAFETY: dst is [nq, nb] row-major; lhs [nq, d] row-major; rhs = block^T, i.e. element
-    // (k, j) at j*d + k: column stride d, row stride 1.
+/// `out[i, j] = <a_i, b_j>` for row-major `a` `[m, d]` and `b` `[n, d]`: `out` becomes
+/// `[m, n]` row-major. Single-threaded; callers parallelise around it.
+pub fn products(a: &[f32], b: &[f32], d: usize, out: &mut Vec<f32>) {
+    let (m, n) = (a.len() / d, b.len() / d);
+    out.resize(m * n, 0.0);
+    // SAFETY: dst is [m, n] row-major; lhs [m, d] row-major; the rhs is b^T, element (k, j)
+    // at j*d + k (column stride d, row stride 1); all extents lie inside the slices.
     unsafe {
         gemm::gemm(
-            nq,
-            nb,
+            m,
+            n,
             d,
             out.as_mut_ptr(),
             1,
-            nb as isize,
+            n as isize,
             false,
-            queries.as_ptr(),
+            a.as_ptr(),
             1,
             d as isize,
-            gallery_block.as_ptr(),
+            b.as_ptr(),
             d as isize,
             1,
             0.0,
@@ -113,7 +113,7 @@ fn scan(
 ) {
     let mut scores = Vec::new();
     for (b, block) in gallery.chunks(BLOCK * d).enumerate() {
-        block_scores(queries, block, d, &mut scores);
+        products(queries, block, d, &mut scores);
         let nb = block.len() / d;
         for (qi, top) in tops.iter_mut().enumerate() {
             for (j, &s) in scores[qi * nb..(qi + 1) * nb].iter().enumerate() {
@@ -180,7 +180,7 @@ pub fn score_matrix(queries: &[f32], gallery: &[f32], d: usize) -> Vec<f32> {
         .zip(queries.par_chunks(QUERY_CHUNK * d))
         .for_each(|(o, qc)| {
             let mut s = Vec::new();
-            block_scores(qc, gallery, d, &mut s);
+            products(qc, gallery, d, &mut s);
             o.copy_from_slice(&s);
         });
     out

@@ -54,32 +54,7 @@ pub fn maxsim_many(
     let per_block = (MANY_COLUMNS / kd).max(1);
     for block in docs.chunks(per_block * kd * d) {
         let cols = block.len() / d;
-        scratch.resize(kq * cols, 0.0);
-        // SAFETY: scratch is [kq, cols] row-major; q is [kq, d] row-major; the rhs is block^T,
-        // element (k, j) at j*d + k.
-        unsafe {
-            gemm::gemm(
-                kq,
-                cols,
-                d,
-                scratch.as_mut_ptr(),
-                1,
-                cols as isize,
-                false,
-                q.as_ptr(),
-                1,
-                d as isize,
-                block.as_ptr(),
-                d as isize,
-                1,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
-                gemm::Parallelism::None,
-            );
-        }
+        crate::flat::products(q, block, d, scratch);
         for doc in 0..cols / kd {
             let mut sum = 0f32;
             for i in 0..kq {

@@ -247,13 +247,18 @@ pub fn kmeans(v: &TokenView, k: usize, iterations: usize, seed: u64) -> Vec<f32>
         centres.extend_from_slice(&c);
     }
     let mut assign = vec![0usize; t];
+    let tokens = nalgebra::DMatrixView::<f32>::from_slice(v.tokens, d, t); // column i = token i
+    let token_sq: Vec<f32> = (0..t).map(|i| dot(v.row(i), v.row(i))).collect();
     for _ in 0..iterations {
+        // |x - c|^2 = |x|^2 + |c|^2 - 2 x.c, with every x.c from one matrix product
+        let cm = nalgebra::DMatrixView::<f32>::from_slice(&centres, d, k);
+        let xc = tokens.transpose() * cm; // [t, k]
+        let centre_sq: Vec<f32> = centres.chunks_exact(d).map(|c| dot(c, c)).collect();
         for (i, a) in assign.iter_mut().enumerate() {
-            let r = v.row(i);
             // first strictly closest centre: ties go to the lower index
             let mut best = (0, f32::INFINITY);
-            for (c, centre) in centres.chunks_exact(d).enumerate() {
-                let dist = sq_dist(r, centre);
+            for c in 0..k {
+                let dist = token_sq[i] + centre_sq[c] - 2.0 * xc[(i, c)];
                 if dist < best.1 {
                     best = (c, dist);
                 }

@@ -1,0 +1,407 @@
+//! `craterdex bench search`: latency per query for each stage, codec and mode, with the
+//! reference (faiss-cpu flat IP, numpy MaxSim) timed on identical data in the same run.
+
+use crate::bench::SearchBench;
+use crate::pipeline::*;
+use anyhow::{Context, Result};
+use craterdex_index::codec::{Codec, TokenCodec};
+use craterdex_index::search::{Mode, SearchParams};
+use craterdex_index::{ImageMeta, Index};
+use craterdex_tokens::{Descriptors, Encoder, Recipe};
+use rand::{Rng, SeedableRng};
+use rayon::prelude::*;
+use serde::Serialize;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(Serialize)]
+struct Row {
+    gallery: String,
+    stage: String,
+    #[serde(rename = "S")]
+    s: Option<usize>,
+    #[serde(rename = "K")]
+    k: usize,
+    codec: String,
+    mode: String,
+    p50_ms: f64,
+    p95_ms: f64,
+    reference_p50_ms: Option<f64>,
+    recall_at_1: Option<f64>,
+}
+
+fn unit_rows(rng: &mut rand_chacha::ChaCha8Rng, rows: usize, d: usize) -> Vec<f32> {
+    let mut v: Vec<f32> = (0..rows * d).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+    craterdex_tokens::l2_normalize_rows(&mut v, d);
+    v
+}
+
+/// Random unit descriptors, and queries that are noisy copies (cosine ~0.7) of random
+/// gallery images, returned with their targets.
+fn synthetic(
+    n: usize,
+    nq: usize,
+    k: usize,
+    d: usize,
+) -> (Vec<(ImageMeta, Descriptors)>, Vec<Descriptors>, Vec<usize>) {
+    let gallery: Vec<(ImageMeta, Descriptors)> = (0..n)
+        .into_par_iter()
+        .map(|i| {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(i as u64);
+            let meta = ImageMeta {
+                id: format!("g{i}"),
+                crater_id: Some(format!("c{i}")),
+                ..Default::default()
+            };
+            (
+                meta,
+                Descriptors {
+                    single: unit_rows(&mut rng, 1, d),
+                    tokens: unit_rows(&mut rng, k, d),
+                },
+            )
+        })
+        .collect();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(u64::MAX);
+    let targets: Vec<usize> = (0..nq).map(|_| rng.gen_range(0..n)).collect();
+    let sigma = 1.0 / (d as f32).sqrt();
+    let queries = targets
+        .iter()
+        .map(|&t| {
+            let noisy = |v: &[f32], rng: &mut rand_chacha::ChaCha8Rng| {
+                let mut o: Vec<f32> = v
+                    .iter()
+                    .map(|x| x + sigma * rng.gen_range(-1.7f32..1.7))
+                    .collect();
+                craterdex_tokens::l2_normalize_rows(&mut o, d);
+                o
+            };
+            Descriptors {
+                single: noisy(&gallery[t].1.single, &mut rng),
+                tokens: noisy(&gallery[t].1.tokens, &mut rng),
+            }
+        })
+        .collect();
+    (gallery, queries, targets)
+}
+
+fn percentiles(mut ms: Vec<f64>) -> (f64, f64) {
+    ms.sort_by(f64::total_cmp);
+    let at = |p: f64| ms[((ms.len() - 1) as f64 * p).round() as usize];
+    (at(0.5), at(0.95))
+}
+
+fn write_f32(path: &Path, parts: impl Iterator<Item = f32>) -> Result<()> {
+    let bytes: Vec<u8> = parts.flat_map(|v| v.to_le_bytes()).collect();
+    std::fs::write(path, bytes).with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// Runs the reference script on identical data; returns "stage/S/mode" -> p50 ms.
+fn reference(
+    dir: &Path,
+    gallery: &[(ImageMeta, Descriptors)],
+    queries: &[Descriptors],
+    k: usize,
+    d: usize,
+    single: usize,
+) -> Result<(String, HashMap<String, f64>)> {
+    std::fs::create_dir_all(dir)?;
+    write_f32(
+        &dir.join("g_single"),
+        gallery.iter().flat_map(|g| g.1.single.iter().copied()),
+    )?;
+    write_f32(
+        &dir.join("g_tokens"),
+        gallery.iter().flat_map(|g| g.1.tokens.iter().copied()),
+    )?;
+    write_f32(
+        &dir.join("q_single"),
+        queries.iter().flat_map(|q| q.single.iter().copied()),
+    )?;
+    write_f32(
+        &dir.join("q_tokens"),
+        queries.iter().flat_map(|q| q.tokens.iter().copied()),
+    )?;
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/bench_search_ref.py");
+    let threads = rayon::current_num_threads();
+    let out = std::process::Command::new(
+        std::env::var("CRATERDEX_PYTHON").unwrap_or_else(|_| "python3".into()),
+    )
+    .arg(&script)
+    .arg(dir)
+    .args([gallery.len(), queries.len(), k, d, threads, single].map(|v| v.to_string()))
+    .env("OMP_NUM_THREADS", threads.to_string())
+    .output()
+    .context("cannot run python3 for the reference")?;
+    for f in ["g_single", "g_tokens", "q_single", "q_tokens"] {
+        let _ = std::fs::remove_file(dir.join(f));
+    }
+    anyhow::ensure!(
+        out.status.success(),
+        "reference script failed (needs numpy; faiss-cpu optional):\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let engine = v["engine"].as_str().unwrap_or("?").to_string();
+    let map = v
+        .as_object()
+        .map(|o| {
+            o.iter()
+                .filter_map(|(key, x)| Some((key.clone(), x.get("p50_ms")?.as_f64()?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok((engine, map))
+}
+
+struct Setup<'a> {
+    name: &'a str,
+    k: usize,
+    single: usize,
+    reference: HashMap<String, f64>,
+    targets: Option<&'a [usize]>,
+}
+
+fn time_index(
+    idx: &Index,
+    queries: &[Descriptors],
+    codec: &str,
+    s: &Setup,
+    stage1_too: bool,
+    rows: &mut Vec<Row>,
+) {
+    let nq = queries.len();
+    let single_n = s.single.min(nq);
+    let mut cases: Vec<(&str, Option<usize>, Mode)> = Vec::new();
+    if stage1_too {
+        cases.push(("stage1", Some(100), Mode::Stage1));
+    }
+    cases.extend([
+        ("two_stage", Some(100), Mode::TwoStage),
+        ("two_stage", Some(500), Mode::TwoStage),
+        ("exhaustive", None, Mode::Exhaustive),
+    ]);
+    for (stage, sz, mode) in cases {
+        let params = SearchParams {
+            top_k: 10,
+            shortlist: sz.unwrap_or(0),
+            mode,
+        };
+        let (single_q, batch_q, reps) = if mode == Mode::Exhaustive {
+            (single_n.min(10), nq.min(50), 1)
+        } else {
+            (single_n, nq, 3)
+        };
+        let mut single_ms = Vec::new();
+        let mut hits_at_1 = 0;
+        for (i, q) in queries.iter().take(single_q).enumerate() {
+            let t = Instant::now();
+            let r = idx.search(std::slice::from_ref(q), &params);
+            single_ms.push(t.elapsed().as_secs_f64() * 1e3);
+            if s.targets
+                .is_some_and(|tg| r[0].first().is_some_and(|h| h.row == tg[i]))
+            {
+                hits_at_1 += 1;
+            }
+        }
+        let mut batch_ms = Vec::new();
+        for _ in 0..reps {
+            let t = Instant::now();
+            idx.search(&queries[..batch_q], &params);
+            batch_ms.push(t.elapsed().as_secs_f64() * 1e3 / batch_q as f64);
+        }
+        let key = |m: &str| format!("{stage}/{}/{m}", sz.unwrap_or(0));
+        let recall = s.targets.map(|_| hits_at_1 as f64 / single_q.max(1) as f64);
+        for (mode_name, ms) in [("single", single_ms), ("batch", batch_ms)] {
+            let (p50, p95) = percentiles(ms);
+            rows.push(Row {
+                gallery: s.name.to_string(),
+                stage: stage.to_string(),
+                s: sz,
+                k: s.k,
+                codec: if mode == Mode::Stage1 {
+                    "-".into()
+                } else {
+                    codec.to_string()
+                },
+                mode: mode_name.into(),
+                p50_ms: p50,
+                p95_ms: p95,
+                reference_p50_ms: s.reference.get(&key(mode_name)).copied(),
+                recall_at_1: if mode_name == "single" { recall } else { None },
+            });
+        }
+    }
+}
+
+fn measure(
+    work: &Path,
+    gallery: &[(ImageMeta, Descriptors)],
+    queries: &[Descriptors],
+    codecs: &[Codec],
+    encoder: &Encoder,
+    s: &Setup,
+    rows: &mut Vec<Row>,
+) -> Result<()> {
+    let d = queries[0].tokens.len() / s.k;
+    let sample: Vec<f32> = gallery
+        .iter()
+        .take(1000)
+        .flat_map(|g| g.1.tokens.iter().copied())
+        .collect();
+    for (i, &codec) in codecs.iter().enumerate() {
+        let dir = work.join(format!("{}-{}", s.name, codec.name()));
+        let t = Instant::now();
+        let tc = TokenCodec::train(codec, d, &sample, 0)?;
+        Index::create(&dir, encoder, &tc, None, gallery)?;
+        let idx = Index::open(&dir)?;
+        eprintln!(
+            "{}: built {} index of {} images in {:.1}s; timing",
+            s.name,
+            codec.name(),
+            idx.live(),
+            t.elapsed().as_secs_f64()
+        );
+        time_index(&idx, queries, &codec.name(), s, i == 0, rows);
+        drop(idx);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(())
+}
+
+pub fn run(b: SearchBench) -> Result<()> {
+    let work = b
+        .workdir
+        .clone()
+        .unwrap_or_else(std::env::temp_dir)
+        .join(format!("craterdex-bench-search-{}", std::process::id()));
+    std::fs::create_dir_all(&work)?;
+    let mut rows = Vec::new();
+    let mut engines = Vec::new();
+    let result = (|| -> Result<()> {
+        eprintln!(
+            "synthetic gallery: {} images x {} tokens x {}-d, {} planted near-duplicate queries",
+            b.gallery, b.k, b.dim, b.queries
+        );
+        let (gallery, queries, targets) = synthetic(b.gallery, b.queries, b.k, b.dim);
+        let name = format!("synthetic-{}", b.gallery);
+        let reference_map = if b.no_reference {
+            HashMap::new()
+        } else {
+            let (engine, m) =
+                reference(&work.join("ref"), &gallery, &queries, b.k, b.dim, b.single)?;
+            engines.push(engine);
+            m
+        };
+        let plain = Encoder::plain(Recipe::default());
+        let setup = Setup {
+            name: &name,
+            k: b.k,
+            single: b.single,
+            reference: reference_map,
+            targets: Some(&targets),
+        };
+        measure(
+            &work, &gallery, &queries, &b.codecs, &plain, &setup, &mut rows,
+        )?;
+        drop(gallery);
+        if let Some(m) = &b.real {
+            let bench = craterdex_eval::manifest::load(m, None)?;
+            let vit = load_model(&ModelArgs {
+                model: None,
+                size: None,
+            })?;
+            let ea = ExtractArgs {
+                batch: 16,
+                no_cache: false,
+                resize: craterdex_model::ResizeMode::Squash,
+            };
+            let gf = extract_items(&vit, &gallery_items(&bench), &ea, "gallery")?;
+            let qf = extract_items(&vit, &query_items(&bench), &ea, "queries")?;
+            let enc = Encoder::learn(Recipe::default(), &feature_refs(&gf), 0)?;
+            let gallery: Vec<(ImageMeta, Descriptors)> = metas_from_benchmark(&bench, &gf)
+                .into_iter()
+                .zip(encode_all(&enc, &gf))
+                .collect();
+            let queries = encode_all(&enc, &qf);
+            let name = format!("real-{}", gallery.len());
+            let reference_map = if b.no_reference {
+                HashMap::new()
+            } else {
+                reference(
+                    &work.join("ref"),
+                    &gallery,
+                    &queries,
+                    32,
+                    enc.token_dim(gf.dim),
+                    b.single,
+                )?
+                .1
+            };
+            let setup = Setup {
+                name: &name,
+                k: 32,
+                single: b.single,
+                reference: reference_map,
+                targets: None,
+            };
+            measure(
+                &work, &gallery, &queries, &b.codecs, &enc, &setup, &mut rows,
+            )?;
+        }
+        Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&work);
+    result?;
+    println!(
+        "threads {}; reference: {}",
+        rayon::current_num_threads(),
+        if engines.is_empty() {
+            "none".into()
+        } else {
+            format!("{} (stage 1) and numpy (MaxSim)", engines.join(", "))
+        }
+    );
+    println!(
+        "{:<18} {:<11} {:>4} {:>3} {:<6} {:<7} {:>9} {:>9} {:>9} {:>7} {:>5}",
+        "gallery",
+        "stage",
+        "S",
+        "K",
+        "codec",
+        "mode",
+        "p50 ms",
+        "p95 ms",
+        "ref p50",
+        "ref/us",
+        "R@1"
+    );
+    for r in &rows {
+        let f = |v: Option<f64>| v.map(|x| format!("{x:.3}")).unwrap_or_else(|| "-".into());
+        println!(
+            "{:<18} {:<11} {:>4} {:>3} {:<6} {:<7} {:>9.3} {:>9.3} {:>9} {:>7} {:>5}",
+            r.gallery,
+            r.stage,
+            r.s.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
+            r.k,
+            r.codec,
+            r.mode,
+            r.p50_ms,
+            r.p95_ms,
+            f(r.reference_p50_ms),
+            r.reference_p50_ms
+                .map(|x| format!("{:.1}x", x / r.p50_ms))
+                .unwrap_or_else(|| "-".into()),
+            r.recall_at_1
+                .map(|x| format!("{x:.2}"))
+                .unwrap_or_else(|| "-".into())
+        );
+    }
+    if let Some(j) = &b.json {
+        craterdex_durable::write_atomic(j, &serde_json::to_vec_pretty(&rows)?)?;
+        eprintln!("wrote {}", j.display());
+    }
+    Ok(())
+}
