@@ -153,7 +153,16 @@ fn extract(b: ExtractBench) -> Result<()> {
     .arg(&script)
     .arg(&wheel)
     .arg(&input)
-    .args([b.images, vit.input_size(), b.model.batch, threads, b.repeats].map(|v| v.to_string()))
+    .args(
+        [
+            b.images,
+            vit.input_size(),
+            b.model.batch,
+            threads,
+            b.repeats,
+        ]
+        .map(|v| v.to_string()),
+    )
     .output()
     .context("cannot run python3 for the onnxruntime reference")?;
     let _ = std::fs::remove_file(&input);

@@ -144,7 +144,18 @@ fn reference(
         String::from_utf8_lossy(&out.stderr)
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-    let engine = v["engine"].as_str().unwrap_or("?").to_string();
+    let engine = format!(
+        "{} [BLAS: {}]",
+        v["engine"].as_str().unwrap_or("?"),
+        v["blas"]
+            .as_array()
+            .map(|a| a
+                .iter()
+                .filter_map(|x| x.as_str())
+                .collect::<Vec<_>>()
+                .join(", "))
+            .unwrap_or_default()
+    );
     let map = v
         .as_object()
         .map(|o| {

@@ -139,11 +139,15 @@ impl TokenCodec {
         let d = self.dim;
         match self.codec {
             Codec::F32 => out.copy_from_slice(bytemuck::cast_slice(payload)),
-            Codec::F16 => {
-                for (o, c) in out.iter_mut().zip(payload.chunks_exact(2)) {
-                    *o = f16::from_le_bytes([c[0], c[1]]).to_f32();
+            Codec::F16 => match bytemuck::try_cast_slice::<u8, f16>(payload) {
+                // aligned (always, for mapped segments): the SIMD (F16C) slice conversion
+                Ok(h) => half::slice::HalfFloatSliceExt::convert_to_f32_slice(h, out),
+                Err(_) => {
+                    for (o, c) in out.iter_mut().zip(payload.chunks_exact(2)) {
+                        *o = f16::from_le_bytes([c[0], c[1]]).to_f32();
+                    }
                 }
-            }
+            },
             Codec::Int8 => {
                 for ((o, p), s) in out
                     .chunks_exact_mut(d)

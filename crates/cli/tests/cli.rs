@@ -1,0 +1,352 @@
+//! The craterdex binary end to end on a tiny generated model and a generated tile: model
+//! import, benchmark building, index build/add/remove/info, search, eval, extract, errors.
+
+use image::{GrayImage, Luma};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const D: usize = 32;
+const P: usize = 4;
+const G: usize = 4;
+
+struct Env {
+    _tmp: tempfile::TempDir,
+    root: PathBuf,
+}
+
+impl Env {
+    fn new() -> Self {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().to_path_buf();
+        Self { _tmp: tmp, root }
+    }
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_craterdex"))
+            .args(args)
+            .env("CRATERDEX_HOME", self.root.join("home"))
+            .env("CRATERDEX_PYTHON", "/nonexistent/python") // nothing here may reach a registry
+            .current_dir(&self.root)
+            .output()
+            .unwrap()
+    }
+    fn ok(&self, args: &[&str]) -> String {
+        let o = self.run(args);
+        assert!(
+            o.status.success(),
+            "craterdex {args:?} failed:\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8(o.stdout).unwrap()
+    }
+    fn path(&self, p: &str) -> String {
+        self.root.join(p).display().to_string()
+    }
+}
+
+/// A one-block Meta/timm-layout ViT with deterministic pseudo-random weights.
+fn write_tiny_model(dir: &Path) -> PathBuf {
+    let mut shapes: Vec<(String, Vec<usize>)> = vec![
+        ("cls_token".into(), vec![1, 1, D]),
+        ("pos_embed".into(), vec![1, 1 + G * G, D]),
+        ("patch_embed.proj.weight".into(), vec![D, 3, P, P]),
+        ("patch_embed.proj.bias".into(), vec![D]),
+        ("norm.weight".into(), vec![D]),
+        ("norm.bias".into(), vec![D]),
+    ];
+    for (n, s) in [
+        ("norm1.weight", vec![D]),
+        ("norm1.bias", vec![D]),
+        ("attn.qkv.weight", vec![3 * D, D]),
+        ("attn.qkv.bias", vec![3 * D]),
+        ("attn.proj.weight", vec![D, D]),
+        ("attn.proj.bias", vec![D]),
+        ("norm2.weight", vec![D]),
+        ("norm2.bias", vec![D]),
+        ("mlp.fc1.weight", vec![2 * D, D]),
+        ("mlp.fc1.bias", vec![2 * D]),
+        ("mlp.fc2.weight", vec![D, 2 * D]),
+        ("mlp.fc2.bias", vec![D]),
+    ] {
+        shapes.push((format!("blocks.0.{n}"), s));
+    }
+    let mut state = 12345u64;
+    let bufs: Vec<(String, Vec<usize>, Vec<u8>)> = shapes
+        .into_iter()
+        .map(|(n, s)| {
+            let count: usize = s.iter().product();
+            let bytes = (0..count)
+                .flat_map(|_| {
+                    state = state
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let v = ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
+                        * if n.contains("norm") && n.ends_with("weight") {
+                            0.2
+                        } else {
+                            0.6
+                        };
+                    let v = if n.contains("norm") && n.ends_with("weight") {
+                        1.0 + v
+                    } else {
+                        v
+                    };
+                    v.to_le_bytes()
+                })
+                .collect();
+            (n, s, bytes)
+        })
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = bufs
+        .iter()
+        .map(|(n, s, b)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b)
+                    .unwrap(),
+            )
+        })
+        .collect();
+    std::fs::create_dir_all(dir).unwrap();
+    let path = dir.join("tiny.safetensors");
+    std::fs::write(&path, safetensors::serialize(views, &None).unwrap()).unwrap();
+    std::fs::write(dir.join("config.json"), r#"{"num_heads": 2}"#).unwrap();
+    path
+}
+
+/// A textured tile with dark "craters" and their pixel catalogue (pycda format).
+fn write_tile(dir: &Path) -> (PathBuf, PathBuf) {
+    let craters: Vec<(f64, f64, f64)> = (0..12)
+        .map(|i| {
+            (
+                40.0 + (i % 4) as f64 * 55.0,
+                40.0 + (i / 4) as f64 * 60.0,
+                12.0 + (i % 5) as f64 * 2.0,
+            )
+        })
+        .collect();
+    let img = GrayImage::from_fn(260, 200, |x, y| {
+        let mut v = 140.0 + 30.0 * ((x as f64 * 0.31).sin() * (y as f64 * 0.17).cos());
+        for (i, &(cx, cy, d)) in craters.iter().enumerate() {
+            let r = ((x as f64 - cx).powi(2) + (y as f64 - cy).powi(2)).sqrt();
+            if r < d / 2.0 {
+                v -= 60.0 + 8.0 * (i as f64) * (r / d);
+            }
+        }
+        Luma([v.clamp(0.0, 255.0) as u8])
+    });
+    let tile = dir.join("tile.png");
+    img.save(&tile).unwrap();
+    let cat = dir.join("tile.csv");
+    let mut csv = String::from("long,lat,diameter\n");
+    for (x, y, d) in craters {
+        csv.push_str(&format!("{x},{y},{d}\n"));
+    }
+    std::fs::write(&cat, csv).unwrap();
+    (tile, cat)
+}
+
+#[test]
+fn full_workflow_on_a_tiny_model() {
+    let e = Env::new();
+    let ckpt = write_tiny_model(&e.root.join("ckpt"));
+    let out = e.ok(&[
+        "model",
+        "fetch",
+        "--from",
+        ckpt.to_str().unwrap(),
+        "--name",
+        "tiny",
+    ]);
+    assert!(out.contains("tiny"), "{out}");
+    assert!(e.ok(&["model", "list"]).contains("tiny"));
+    let model = e.path("home/models/tiny");
+    let shown = e.ok(&["model", "info", "--model", &model, "--verify"]);
+    let (config, verified) = shown.split_once("weights verified").unwrap();
+    assert!(verified.contains("sha256"));
+    let info: serde_json::Value = serde_json::from_str(config).unwrap();
+    assert_eq!(info["hidden_size"], D);
+
+    let (tile, cat) = write_tile(&e.root);
+    let built = e.ok(&[
+        "bench-build",
+        "--tile",
+        tile.to_str().unwrap(),
+        "--craters",
+        cat.to_str().unwrap(),
+        "--out",
+        "bench",
+        "--query-craters",
+        "4",
+        "--min-diameter",
+        "10",
+    ]);
+    assert!(built.contains("query images"), "{built}");
+    let manifest = e.path("bench/splits/test.json");
+    let common = ["--model", model.as_str(), "--size", "16"];
+
+    let mut args = vec![
+        "index",
+        "build",
+        "--manifest",
+        &manifest,
+        "--out",
+        "idx",
+        "--codec",
+        "f16",
+        "--k",
+        "4",
+    ];
+    args.extend(common);
+    e.ok(&args);
+    let info: serde_json::Value =
+        serde_json::from_str(&e.ok(&["index", "info", "--index", "idx"])).unwrap();
+    let n = info["images"].as_u64().unwrap();
+    assert!(n >= 20, "{info}");
+    assert_eq!(info["codec"], "f16");
+
+    // search with a query view: the answer carries scores of both stages and metadata
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
+    let q = &m["query_images"][0];
+    let qpath = e.path(&format!("bench/{}", q["path"].as_str().unwrap()));
+    let mut args = vec!["search", "--index", "idx", "--json", "--top", "3", &qpath];
+    args.extend(common);
+    let res: serde_json::Value = serde_json::from_str(&e.ok(&args)).unwrap();
+    let hits = res[0]["results"].as_array().unwrap();
+    assert_eq!(hits.len(), 3);
+    assert!(
+        hits[0]["stage1"].is_number()
+            && hits[0]["stage2"].is_number()
+            && hits[0]["crater_id"].is_string()
+    );
+    assert!(hits[0]["meta"]["path"].as_str().unwrap().ends_with(".png"));
+
+    // remove the top hit, add a directory of new images
+    let top = hits[0]["id"].as_str().unwrap().to_string();
+    assert!(e
+        .ok(&["index", "remove", "--index", "idx", &top])
+        .contains("removed 1"));
+    std::fs::create_dir_all(e.root.join("new")).unwrap();
+    std::fs::copy(&qpath, e.root.join("new/extra.png")).unwrap();
+    let mut args = vec!["index", "add", "--index", "idx", "--dir", "new"];
+    args.extend(common);
+    e.ok(&args);
+    let info: serde_json::Value =
+        serde_json::from_str(&e.ok(&["index", "info", "--index", "idx"])).unwrap();
+    assert_eq!(info["images"].as_u64().unwrap(), n);
+    assert_eq!(info["segments"], 2);
+
+    // eval writes the regimes as JSON
+    let mut args = vec![
+        "eval",
+        "--manifest",
+        &manifest,
+        "--quick",
+        "--json",
+        "r.json",
+        "--report",
+        "r.html",
+    ];
+    args.extend(common);
+    e.ok(&args);
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(e.root.join("r.json")).unwrap()).unwrap();
+    for name in [
+        "cls",
+        "inst_fps_k32",
+        "two_stage_s100_k32_white",
+        "inst_fps_k32_int8",
+    ] {
+        let map = r["regimes"][name]["mAP"].as_f64().unwrap_or(-1.0);
+        assert!((0.0..=1.0).contains(&map), "{name}: {map}");
+    }
+    assert!(std::fs::read_to_string(e.root.join("r.html"))
+        .unwrap()
+        .contains("<svg"));
+}
+
+#[test]
+fn extract_skips_bad_images_and_writes_numpy_readable_features() {
+    let e = Env::new();
+    let ckpt = write_tiny_model(&e.root.join("ckpt"));
+    e.ok(&[
+        "model",
+        "fetch",
+        "--from",
+        ckpt.to_str().unwrap(),
+        "--name",
+        "tiny",
+    ]);
+    let model = e.path("home/models/tiny");
+    let (tile, _) = write_tile(&e.root);
+    std::fs::create_dir_all(e.root.join("imgs")).unwrap();
+    std::fs::copy(&tile, e.root.join("imgs/a.png")).unwrap();
+    std::fs::write(e.root.join("imgs/broken.png"), b"not a png").unwrap();
+    let o = e.run(&[
+        "extract",
+        "--dir",
+        "imgs",
+        "--out",
+        "f.safetensors",
+        "--model",
+        &model,
+        "--size",
+        "16",
+        "--f16",
+    ]);
+    assert!(o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("broken.png") && err.contains("skipped"),
+        "{err}"
+    );
+    let ids: Vec<String> = serde_json::from_str(
+        &std::fs::read_to_string(e.root.join("f.safetensors.ids.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(ids, vec!["a"]);
+    let bytes = std::fs::read(e.root.join("f.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(st.tensor("patch_tokens").unwrap().shape(), &[1, G * G, D]);
+    assert_eq!(
+        st.tensor("patch_tokens").unwrap().dtype(),
+        safetensors::Dtype::F16
+    );
+    assert_eq!(st.tensor("cls").unwrap().shape(), &[1, D]);
+    assert_eq!(st.tensor("attention").unwrap().shape(), &[1, G * G]);
+    // a second run comes from the cache
+    let o = e.run(&[
+        "extract",
+        "--dir",
+        "imgs",
+        "--out",
+        "g.safetensors",
+        "--model",
+        &model,
+        "--size",
+        "16",
+        "--f16",
+    ]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("1 of 2 images from the feature cache"));
+    assert_eq!(std::fs::read(e.root.join("g.safetensors")).unwrap(), bytes);
+}
+
+#[test]
+fn bad_input_gives_clear_errors_and_exit_codes() {
+    let e = Env::new();
+    let o = e.run(&["index", "info", "--index", "nowhere"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("nowhere/index.json"), "{err}");
+    let o = e.run(&["search", "--index", "idx", "--mode", "sideways", "x.png"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("unknown mode"));
+    let o = e.run(&["index", "build", "--codec", "zip", "--out", "x"]);
+    assert_eq!(o.status.code(), Some(2), "usage errors exit 2");
+    std::fs::write(e.root.join("m.json"), r#"{"images": []}"#).unwrap();
+    let o = e.run(&["eval", "--manifest", "m.json"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("found keys [\"images\"]"));
+    let o = e.run(&["model", "fetch", "--from", "missing.safetensors"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("missing.safetensors"));
+}
