@@ -73,24 +73,29 @@ const QUERY_CHUNK: usize = 64;
 
 /// `out[i, j] = <a_i, b_j>` for row-major `a` `[m, d]` and `b` `[n, d]`: `out` becomes
 /// `[m, n]` row-major. Single-threaded; callers parallelise around it.
+///
+/// `b` (gallery blocks, candidate tokens) is the large side and `a` (queries) the small one:
+/// computing `out^T = b a^T` makes `b` gemm's left operand, streamed, and `a` the right
+/// operand, which gemm packs — packing the large side instead cost more than the products.
 pub fn products(a: &[f32], b: &[f32], d: usize, out: &mut Vec<f32>) {
     let (m, n) = (a.len() / d, b.len() / d);
     out.resize(m * n, 0.0);
-    // SAFETY: dst is [m, n] row-major; lhs [m, d] row-major; the rhs is b^T, element (k, j)
-    // at j*d + k (column stride d, row stride 1); all extents lie inside the slices.
+    // SAFETY: dst element (r, i) of the [n, m] product is out[i * n + r] (column stride n,
+    // row stride 1); lhs is b, [n, d] row-major; rhs is a^T, element (k, i) at a[i * d + k]
+    // (column stride d, row stride 1). All extents lie inside the slices.
     unsafe {
         gemm::gemm(
-            m,
             n,
+            m,
             d,
             out.as_mut_ptr(),
-            1,
             n as isize,
+            1,
             false,
-            a.as_ptr(),
+            b.as_ptr(),
             1,
             d as isize,
-            b.as_ptr(),
+            a.as_ptr(),
             d as isize,
             1,
             0.0,

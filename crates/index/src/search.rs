@@ -67,10 +67,8 @@ impl Index {
     pub fn late_interaction(&self, tokens: &[f32], rows: &[usize]) -> Vec<f32> {
         let (d, k) = (self.token_dim(), self.tokens_per_image());
         let mut docs = vec![0f32; rows.len() * k * d];
-        let mut doc = Vec::new();
         for (slot, &r) in docs.chunks_mut(k * d).zip(rows) {
-            self.decode_tokens(r, &mut doc);
-            slot.copy_from_slice(&doc);
+            self.decode_tokens_into(r, slot);
         }
         let mut out = Vec::with_capacity(rows.len());
         maxsim_many(tokens, &docs, k, d, &mut Vec::new(), &mut out);

@@ -483,11 +483,16 @@ impl Index {
 
     /// Decodes the stored tokens of `row` into `out` (`[K, D]`).
     pub fn decode_tokens(&self, row: usize, out: &mut Vec<f32>) {
+        out.resize(self.manifest.tokens_per_image * self.codec.dim, 0.0);
+        self.decode_tokens_into(row, out);
+    }
+
+    /// Decodes the stored tokens of `row` into a slice of exactly `K * D` floats.
+    pub fn decode_tokens_into(&self, row: usize, out: &mut [f32]) {
         let s = self.segment_of(row);
         let local = row - s.first_row;
         let k = self.manifest.tokens_per_image;
         let bpt = self.codec.bytes_per_token();
-        out.resize(k * self.codec.dim, 0.0);
         let payload = &s.tokens[local * k * bpt..(local + 1) * k * bpt];
         let scales: &[f32] = match &s.scales {
             Some(m) => &bytemuck::cast_slice::<u8, f32>(m)[local * k..(local + 1) * k],
