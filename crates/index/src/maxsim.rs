@@ -1,9 +1,10 @@
 //! Late interaction: `s(q, g) = (1/K_q) sum_i max_j <q_i, g_j>` over unit-length tokens.
 //!
-//! The f32 kernel is the hot loop of reranking. On CPUs with AVX-512 a 4x4 register block
-//! computes 16 dot products per pass over the dimension; elsewhere a portable loop that the
-//! compiler vectorises. Other codecs decode a document into f32 first (decoding costs K*D,
-//! the dots K_q*K*D) — see `codec`.
+//! Reranking and exhaustive search score one query against many documents: [`QueryKernel`]
+//! transposes the query once and, on AVX-512 CPUs, runs a register-blocked kernel with no
+//! horizontal reductions in its inner loop. [`max_dots`] is the per-pair kernel (4x4 blocks
+//! of dot products on AVX-512, a portable loop elsewhere). Other codecs decode a document
+//! into f32 first (decoding costs K*D, the dots K_q*K*D) — see `codec`.
 
 /// Per query token, the best dot product against `doc` (`[kd, d]`), written to `best` (`[kq]`).
 pub fn max_dots(q: &[f32], doc: &[f32], d: usize, best: &mut [f32]) {
@@ -32,16 +33,62 @@ pub fn maxsim(q: &[f32], doc: &[f32], d: usize, scratch: &mut Vec<f32>) -> f32 {
     scratch.iter().sum::<f32>() / kq as f32
 }
 
-/// Columns of one matrix product: bounds the scratch to `kq x MANY_COLUMNS` floats.
-const MANY_COLUMNS: usize = 4096;
+/// A query ready for scoring many documents: on AVX-512 CPUs its tokens are transposed once
+/// to `[d, kq padded to 32]` for the register-blocked kernel (8 document tokens x 32 query
+/// tokens per block, document values broadcast against the query, maxima folded in
+/// registers); elsewhere the per-pair kernel is used.
+pub struct QueryKernel<'a> {
+    q: &'a [f32],
+    d: usize,
+    kq: usize,
+    transposed: Option<(Vec<f32>, usize)>,
+}
+
+impl<'a> QueryKernel<'a> {
+    pub fn new(q: &'a [f32], d: usize) -> Self {
+        let kq = q.len() / d;
+        let mut transposed = None;
+        #[cfg(target_arch = "x86_64")]
+        {
+            if kq > 0 && std::arch::is_x86_feature_detected!("avx512f") {
+                let kp = kq.div_ceil(32) * 32;
+                let mut qt = vec![0f32; d * kp];
+                for (i, row) in q.chunks_exact(d).enumerate() {
+                    for (k, v) in row.iter().enumerate() {
+                        qt[k * kp + i] = *v;
+                    }
+                }
+                transposed = Some((qt, kp));
+            }
+        }
+        Self {
+            q,
+            d,
+            kq,
+            transposed,
+        }
+    }
+
+    /// The MaxSim score of one document `[kd, d]`.
+    pub fn score(&self, doc: &[f32], scratch: &mut Vec<f32>) -> f32 {
+        let kd = doc.len() / self.d;
+        if self.kq == 0 || kd == 0 {
+            return 0.0;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            if let Some((qt, kp)) = &self.transposed {
+                // SAFETY: `transposed` is only built after avx512f was detected; qt is
+                // [d, kp] and doc [kd, d].
+                return unsafe { x86::maxsim_transposed(qt, *kp, self.kq, doc, kd, self.d) };
+            }
+        }
+        maxsim(self.q, doc, self.d, scratch)
+    }
+}
 
 /// MaxSim of one query against many documents of `kd` tokens each, stored contiguously
 /// (`docs` is `[n * kd, d]`). Appends `n` scores to `out`.
-///
-/// With AVX-512 a register-blocked kernel takes 8 document tokens x 32 query tokens at a
-/// time: each document value is broadcast against the transposed query, so the inner loop
-/// is pure FMAs and maxima fold in registers. Elsewhere one matrix product per block of
-/// documents, then column-block maxima.
 pub fn maxsim_many(
     q: &[f32],
     docs: &[f32],
@@ -50,43 +97,11 @@ pub fn maxsim_many(
     scratch: &mut Vec<f32>,
     out: &mut Vec<f32>,
 ) {
-    let kq = q.len() / d;
-    if kq == 0 || kd == 0 {
-        out.extend(std::iter::repeat_n(0.0, docs.len() / (kd * d).max(1)));
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // query transposed to [d, kq padded to 32], padding lanes zero
-            let kp = kq.div_ceil(32) * 32;
-            scratch.clear();
-            scratch.resize(d * kp, 0.0);
-            for (i, row) in q.chunks_exact(d).enumerate() {
-                for (k, v) in row.iter().enumerate() {
-                    scratch[k * kp + i] = *v;
-                }
-            }
-            for doc in docs.chunks_exact(kd * d) {
-                // SAFETY: feature detected; scratch is [d, kp], doc is [kd, d].
-                out.push(unsafe { x86::maxsim_transposed(scratch, kp, kq, doc, kd, d) });
-            }
-            return;
-        }
-    }
-    let per_block = (MANY_COLUMNS / kd).max(1);
-    for block in docs.chunks(per_block * kd * d) {
-        let cols = block.len() / d;
-        crate::flat::products(q, block, d, scratch);
-        for doc in 0..cols / kd {
-            let mut sum = 0f32;
-            for i in 0..kq {
-                let row = &scratch[i * cols + doc * kd..i * cols + (doc + 1) * kd];
-                sum += row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            }
-            out.push(sum / kq as f32);
-        }
-    }
+    let kernel = QueryKernel::new(q, d);
+    out.extend(
+        docs.chunks_exact((kd * d).max(1))
+            .map(|doc| kernel.score(doc, scratch)),
+    );
 }
 
 pub fn dot_portable(a: &[f32], b: &[f32]) -> f32 {

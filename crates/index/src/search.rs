@@ -2,7 +2,7 @@
 //! reranking of the shortlist with the stored instance tokens; or exhaustive MaxSim.
 
 use crate::flat::{self, Scored, TopK};
-use crate::maxsim::maxsim_many;
+use crate::maxsim::QueryKernel;
 use crate::store::Index;
 use craterdex_tokens::Descriptors;
 use rayon::prelude::*;
@@ -62,17 +62,18 @@ impl Index {
         tops.into_iter().map(TopK::into_sorted).collect()
     }
 
-    /// MaxSim scores of one query's tokens against the given rows: the rows are decoded
-    /// into one contiguous block and scored with one matrix product per block.
+    /// MaxSim scores of one query's tokens against the given rows, each decoded into one
+    /// reused buffer.
     pub fn late_interaction(&self, tokens: &[f32], rows: &[usize]) -> Vec<f32> {
-        let (d, k) = (self.token_dim(), self.tokens_per_image());
-        let mut docs = vec![0f32; rows.len() * k * d];
-        for (slot, &r) in docs.chunks_mut(k * d).zip(rows) {
-            self.decode_tokens_into(r, slot);
-        }
-        let mut out = Vec::with_capacity(rows.len());
-        maxsim_many(tokens, &docs, k, d, &mut Vec::new(), &mut out);
-        out
+        let kernel = QueryKernel::new(tokens, self.token_dim());
+        let mut doc = vec![0f32; self.tokens_per_image() * self.token_dim()];
+        let mut scratch = Vec::new();
+        rows.iter()
+            .map(|&r| {
+                self.decode_tokens_into(r, &mut doc);
+                kernel.score(&doc, &mut scratch)
+            })
+            .collect()
     }
 
     fn exhaustive(&self, tokens: &[f32], k: usize, parallel: bool) -> Vec<Hit> {
