@@ -234,40 +234,20 @@ fn cache_path(root: &Path, model_fp: &str, prep_key: &str, content_sha: &str) ->
         .join(format!("{content_sha}.safetensors"))
 }
 
+fn f32_view(shape: Vec<usize>, data: &[f32]) -> Result<safetensors::tensor::TensorView<'_>> {
+    Ok(safetensors::tensor::TensorView::new(
+        safetensors::Dtype::F32,
+        shape,
+        bytemuck::cast_slice(data),
+    )?)
+}
+
 fn write_cached(path: &Path, f: &ImageFeatures) -> Result<()> {
-    let fs = FeatureSet {
-        ids: vec![String::new()],
-        dim: f.cls.len(),
-        tokens: f.attention.len(),
-        cls: f.cls.clone(),
-        patches: f.patches.clone(),
-        attention: f.attention.clone(),
-    };
+    let (dim, tokens) = (f.cls.len(), f.attention.len());
     let views = vec![
-        (
-            "cls",
-            safetensors::tensor::TensorView::new(
-                safetensors::Dtype::F32,
-                vec![fs.dim],
-                bytemuck::cast_slice(&fs.cls),
-            )?,
-        ),
-        (
-            "patch_tokens",
-            safetensors::tensor::TensorView::new(
-                safetensors::Dtype::F32,
-                vec![fs.tokens, fs.dim],
-                bytemuck::cast_slice(&fs.patches),
-            )?,
-        ),
-        (
-            "attention",
-            safetensors::tensor::TensorView::new(
-                safetensors::Dtype::F32,
-                vec![fs.tokens],
-                bytemuck::cast_slice(&fs.attention),
-            )?,
-        ),
+        ("cls", f32_view(vec![dim], &f.cls)?),
+        ("patch_tokens", f32_view(vec![tokens, dim], &f.patches)?),
+        ("attention", f32_view(vec![tokens], &f.attention)?),
     ];
     write_atomic(path, &safetensors::serialize(views, &None)?)
 }
