@@ -2,24 +2,19 @@
 //!
 //! Reranking and exhaustive search score one query against many documents: [`QueryKernel`]
 //! transposes the query once and, on AVX-512 CPUs, runs a register-blocked kernel with no
-//! horizontal reductions in its inner loop. [`max_dots`] is the per-pair kernel (4x4 blocks
-//! of dot products on AVX-512, a portable loop elsewhere). Other codecs decode a document
+//! horizontal reductions in its inner loop; elsewhere it falls back to [`maxsim`], a portable
+//! per-pair loop the compiler vectorises. Other codecs decode a document
 //! into f32 first (decoding costs K*D, the dots K_q*K*D) — see `codec`.
 
 /// Per query token, the best dot product against `doc` (`[kd, d]`), written to `best` (`[kq]`).
 pub fn max_dots(q: &[f32], doc: &[f32], d: usize, best: &mut [f32]) {
-    let kq = q.len() / d;
-    debug_assert_eq!(best.len(), kq);
+    debug_assert_eq!(best.len(), q.len() / d);
     best.iter_mut().for_each(|b| *b = f32::NEG_INFINITY);
-    #[cfg(target_arch = "x86_64")]
-    {
-        if d.is_multiple_of(16) && std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the feature was detected at run time; lengths are multiples of d.
-            unsafe { x86::max_dots_avx512(q, doc, d, best) };
-            return;
+    for g in doc.chunks_exact(d) {
+        for (b, qi) in best.iter_mut().zip(q.chunks_exact(d)) {
+            *b = b.max(dot_portable(qi, g));
         }
     }
-    max_dots_portable(q, doc, d, best);
 }
 
 /// The MaxSim score of one document.
@@ -36,7 +31,7 @@ pub fn maxsim(q: &[f32], doc: &[f32], d: usize, scratch: &mut Vec<f32>) -> f32 {
 /// A query ready for scoring many documents: on AVX-512 CPUs its tokens are transposed once
 /// to `[d, kq padded to 32]` for the register-blocked kernel (8 document tokens x 32 query
 /// tokens per block, document values broadcast against the query, maxima folded in
-/// registers); elsewhere the per-pair kernel is used.
+/// registers); elsewhere [`maxsim`] per document.
 pub struct QueryKernel<'a> {
     q: &'a [f32],
     d: usize,
@@ -116,76 +111,9 @@ pub fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + ra.iter().zip(rb).map(|(x, y)| x * y).sum::<f32>()
 }
 
-pub fn max_dots_portable(q: &[f32], doc: &[f32], d: usize, best: &mut [f32]) {
-    for g in doc.chunks_exact(d) {
-        for (b, qi) in best.iter_mut().zip(q.chunks_exact(d)) {
-            *b = b.max(dot_portable(qi, g));
-        }
-    }
-}
-
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
-
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn max_dots_avx512(q: &[f32], doc: &[f32], d: usize, best: &mut [f32]) {
-        let kq = q.len() / d;
-        let kd = doc.len() / d;
-        let qp = q.as_ptr();
-        let gp = doc.as_ptr();
-        let mut i = 0;
-        while i + 4 <= kq {
-            let mut j = 0;
-            while j + 4 <= kd {
-                let mut acc = [_mm512_setzero_ps(); 16];
-                let mut k = 0;
-                while k < d {
-                    let qv = [
-                        _mm512_loadu_ps(qp.add(i * d + k)),
-                        _mm512_loadu_ps(qp.add((i + 1) * d + k)),
-                        _mm512_loadu_ps(qp.add((i + 2) * d + k)),
-                        _mm512_loadu_ps(qp.add((i + 3) * d + k)),
-                    ];
-                    for jj in 0..4 {
-                        let gv = _mm512_loadu_ps(gp.add((j + jj) * d + k));
-                        for ii in 0..4 {
-                            acc[ii * 4 + jj] = _mm512_fmadd_ps(qv[ii], gv, acc[ii * 4 + jj]);
-                        }
-                    }
-                    k += 16;
-                }
-                for ii in 0..4 {
-                    for jj in 0..4 {
-                        let s = _mm512_reduce_add_ps(acc[ii * 4 + jj]);
-                        if s > best[i + ii] {
-                            best[i + ii] = s;
-                        }
-                    }
-                }
-                j += 4;
-            }
-            while j < kd {
-                for ii in 0..4 {
-                    let s = dot(qp.add((i + ii) * d), gp.add(j * d), d);
-                    if s > best[i + ii] {
-                        best[i + ii] = s;
-                    }
-                }
-                j += 1;
-            }
-            i += 4;
-        }
-        while i < kq {
-            for j in 0..kd {
-                let s = dot(qp.add(i * d), gp.add(j * d), d);
-                if s > best[i] {
-                    best[i] = s;
-                }
-            }
-            i += 1;
-        }
-    }
 
     /// MaxSim of one document `[kd, d]` against a transposed query `qt` `[d, kp]` (`kp` a
     /// multiple of 32, lanes past `kq` zero).
@@ -252,17 +180,6 @@ mod x86 {
         }
         total / kq as f32
     }
-
-    #[target_feature(enable = "avx512f")]
-    unsafe fn dot(a: *const f32, b: *const f32, d: usize) -> f32 {
-        let mut acc = _mm512_setzero_ps();
-        let mut k = 0;
-        while k < d {
-            acc = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(k)), _mm512_loadu_ps(b.add(k)), acc);
-            k += 16;
-        }
-        _mm512_reduce_add_ps(acc)
-    }
 }
 
 #[cfg(test)]
@@ -296,29 +213,12 @@ mod tests {
             assert_eq!(out.len(), n);
             for (i, s) in out.iter().enumerate() {
                 let mut best = vec![f32::NEG_INFINITY; kq];
-                max_dots_portable(&q, &docs[i * kd * d..(i + 1) * kd * d], d, &mut best);
+                max_dots(&q, &docs[i * kd * d..(i + 1) * kd * d], d, &mut best);
                 let one = best.iter().sum::<f32>() / kq as f32;
                 assert!(
                     (s - one).abs() < 1e-4,
                     "kq {kq} kd {kd} doc {i}: {s} vs {one}"
                 );
-            }
-        }
-    }
-
-    #[test]
-    fn simd_kernel_matches_portable_for_all_block_remainders() {
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
-        for (kq, kd) in [(1, 1), (3, 5), (4, 4), (7, 9), (32, 32), (33, 31)] {
-            let d = 48;
-            let q: Vec<f32> = (0..kq * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
-            let g: Vec<f32> = (0..kd * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
-            let mut a = vec![0.0; kq];
-            let mut b = vec![f32::NEG_INFINITY; kq];
-            max_dots(&q, &g, d, &mut a);
-            max_dots_portable(&q, &g, d, &mut b);
-            for (x, y) in a.iter().zip(&b) {
-                assert!((x - y).abs() < 1e-4, "{kq}x{kd}: {x} vs {y}");
             }
         }
     }
