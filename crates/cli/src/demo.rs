@@ -127,9 +127,12 @@ pub fn run(c: DemoCmd) -> Result<()> {
         descs.len()
     );
 
-    step(5, "evaluation: every regime of the paper, unwhitened and whitened (features come from the cache)");
+    step(
+        5,
+        "evaluation: every regime of the paper, unwhitened and whitened",
+    );
     let opts = crate::eval_options(c.quick);
-    let out = crate::evaluate(&manifest, None, &c.model, &opts)?;
+    let out = crate::evaluate_features(b, gallery, queries, &opts)?;
 
     step(6, "report");
     let json = c.out.join("results.json");

@@ -676,6 +676,16 @@ fn evaluate(
     let ea = model.extract_args();
     let gallery = extract_items(&vit, &gallery_items(&b), &ea, "gallery")?;
     let queries = extract_items(&vit, &query_items(&b), &ea, "queries")?;
+    evaluate_features(b, gallery, queries, o)
+}
+
+/// Runs every regime on features already extracted from benchmark `b`.
+fn evaluate_features(
+    b: manifest::Benchmark,
+    gallery: craterdex_model::extract::FeatureSet,
+    queries: craterdex_model::extract::FeatureSet,
+    o: &regimes::EvalOptions,
+) -> Result<EvalOutcome> {
     let aligned = b.align(&gallery.ids, &queries.ids);
     let input = regimes::EvalInput {
         gallery: &gallery,
