@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use craterdex_eval::{benchbuild, manifest, regimes};
 use craterdex_index::codec::Codec;
-use craterdex_index::search::{Mode, SearchParams};
+use craterdex_index::search::SearchParams;
 use craterdex_index::{ImageMeta, Index};
 use craterdex_model::{fetch, store, ResizeMode};
 use craterdex_tokens::{Aggregation, Pooling, Recipe, SeedStrategy};
@@ -50,6 +50,11 @@ enum Cmd {
         after_help = "Examples:\n  craterdex search --index idx crater.png\n  craterdex search --index idx --dir queries/ --json"
     )]
     Search(SearchCmd),
+    /// Serve an index over HTTP: JSON API under /v1, web page at /.
+    #[command(
+        after_help = "Examples:\n  craterdex serve --index idx\n  CRATERDEX_API_KEY=secret craterdex serve --index idx --addr 0.0.0.0:8080"
+    )]
+    Serve(ServeCmd),
     /// Build a CraterBench-R-style benchmark from tiles and pixel crater lists.
     #[command(
         name = "bench-build",
@@ -325,6 +330,7 @@ fn run(cmd: Cmd) -> Result<()> {
         Cmd::Extract(c) => extract_cmd(c),
         Cmd::Index(c) => index_cmd(c),
         Cmd::Search(c) => search_cmd(c),
+        Cmd::Serve(c) => serve_cmd(c),
         Cmd::BenchBuild(c) => bench_build_cmd(c),
         Cmd::Eval(c) => eval_cmd(c).map(|_| ()),
         Cmd::Bench(c) => bench::run(c),
@@ -488,7 +494,7 @@ fn index_cmd(c: IndexCmd) -> Result<()> {
         IndexCmd::Add { index, dir, model } => {
             let idx = Index::open(&index)?;
             let vit = load_model(&model.model_args())?;
-            check_model(&idx, &vit)?;
+            idx.check_model(&vit.config().fingerprint())?;
             let items = images_in(&dir)?;
             let feats = extract_items(&vit, &items, &model.extract_args(), "add")?;
             let descs = encode_all(&idx.encoder, &feats);
@@ -519,30 +525,11 @@ fn index_cmd(c: IndexCmd) -> Result<()> {
     Ok(())
 }
 
-fn check_model(idx: &Index, vit: &craterdex_model::Vit) -> Result<()> {
-    if let Some(m) = idx.model() {
-        let here = vit.config().fingerprint();
-        if m != here {
-            bail!("{} was built with model {m}, but {here} is loaded; pass --model with the index's model", idx.dir().display());
-        }
-    }
-    Ok(())
-}
-
-fn parse_mode(s: &str) -> Result<Mode> {
-    Ok(match s {
-        "two-stage" | "two_stage" => Mode::TwoStage,
-        "stage1" | "single" => Mode::Stage1,
-        "exhaustive" | "li" => Mode::Exhaustive,
-        _ => bail!("unknown mode {s:?}: use two-stage, stage1 or exhaustive"),
-    })
-}
-
 fn search_cmd(c: SearchCmd) -> Result<()> {
     let params = SearchParams {
         top_k: c.top,
         shortlist: c.shortlist,
-        mode: parse_mode(&c.mode)?,
+        mode: c.mode.parse()?,
     };
     let idx = Index::open(&c.index)?;
     let mut items: Vec<(String, PathBuf)> = c
@@ -557,7 +544,7 @@ fn search_cmd(c: SearchCmd) -> Result<()> {
         bail!("give query images or --dir");
     }
     let vit = load_model(&c.model.model_args())?;
-    check_model(&idx, &vit)?;
+    idx.check_model(&vit.config().fingerprint())?;
     let feats = extract_items(&vit, &items, &c.model.extract_args(), "queries")?;
     let descs = encode_all(&idx.encoder, &feats);
     let t = std::time::Instant::now();
@@ -604,6 +591,90 @@ fn search_cmd(c: SearchCmd) -> Result<()> {
         eprintln!("search: {ms:.2} ms per query (after feature extraction)");
     }
     Ok(())
+}
+
+#[derive(Args)]
+struct ServeCmd {
+    #[arg(long)]
+    index: PathBuf,
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    addr: String,
+    /// Model directory for image queries (default: the default model).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Input size in pixels (default: the model's).
+    #[arg(long)]
+    size: Option<usize>,
+    #[arg(long, default_value = "squash")]
+    resize: ResizeMode,
+    /// Serve feature and similar-image searches only, without loading a model.
+    #[arg(long, conflicts_with = "model")]
+    no_model: bool,
+    /// File holding the API key for writes (default: $CRATERDEX_API_KEY); without a key,
+    /// adding and removing images is disabled.
+    #[arg(long)]
+    api_key_file: Option<PathBuf>,
+    /// Require the API key for reads too.
+    #[arg(long)]
+    protect_reads: bool,
+    /// Where images added through the API are stored (default: <index>.uploads).
+    #[arg(long)]
+    upload_dir: Option<PathBuf>,
+    #[arg(long, default_value_t = 16)]
+    max_upload_mb: usize,
+    #[arg(long, default_value_t = 4096)]
+    max_image_side: u32,
+    #[arg(long, default_value_t = 30)]
+    timeout_secs: u64,
+    /// Search requests in flight at once; more are answered 503.
+    #[arg(long, default_value_t = 64)]
+    max_concurrent: usize,
+    /// Requests running the model at once (image search, adding images).
+    #[arg(long, default_value_t = 8)]
+    max_concurrent_images: usize,
+}
+
+fn serve_cmd(c: ServeCmd) -> Result<()> {
+    let mut config = craterdex_serve::Config::new(c.index.clone());
+    config.api_key = match &c.api_key_file {
+        Some(f) => Some(
+            std::fs::read_to_string(f)
+                .with_context(|| format!("cannot read the API key file {}", f.display()))?
+                .trim()
+                .to_string(),
+        ),
+        None => std::env::var("CRATERDEX_API_KEY").ok(),
+    }
+    .filter(|k| !k.is_empty());
+    if c.protect_reads && config.api_key.is_none() {
+        bail!("--protect-reads needs an API key (--api-key-file or $CRATERDEX_API_KEY)");
+    }
+    config.protect_reads = c.protect_reads;
+    if let Some(d) = c.upload_dir {
+        config.upload_dir = d;
+    }
+    config.max_upload_bytes = c.max_upload_mb << 20;
+    config.max_image_side = c.max_image_side;
+    config.request_timeout = std::time::Duration::from_secs(c.timeout_secs.max(1));
+    config.max_concurrent = c.max_concurrent.max(1);
+    config.max_concurrent_images = c.max_concurrent_images.max(1);
+    config.resize = c.resize;
+    let model_args = ModelArgs {
+        model: c.model,
+        size: c.size,
+    };
+    let no_model = c.no_model;
+    craterdex_serve::serve_blocking(
+        &c.addr,
+        config,
+        Box::new(move || {
+            if no_model {
+                Ok(None)
+            } else {
+                load_model(&model_args).map(Some)
+            }
+        }),
+    )
 }
 
 fn bench_build_cmd(c: BenchBuildCmd) -> Result<()> {

@@ -43,74 +43,8 @@ impl Env {
     }
 }
 
-/// A one-block Meta/timm-layout ViT with deterministic pseudo-random weights.
 fn write_tiny_model(dir: &Path) -> PathBuf {
-    let mut shapes: Vec<(String, Vec<usize>)> = vec![
-        ("cls_token".into(), vec![1, 1, D]),
-        ("pos_embed".into(), vec![1, 1 + G * G, D]),
-        ("patch_embed.proj.weight".into(), vec![D, 3, P, P]),
-        ("patch_embed.proj.bias".into(), vec![D]),
-        ("norm.weight".into(), vec![D]),
-        ("norm.bias".into(), vec![D]),
-    ];
-    for (n, s) in [
-        ("norm1.weight", vec![D]),
-        ("norm1.bias", vec![D]),
-        ("attn.qkv.weight", vec![3 * D, D]),
-        ("attn.qkv.bias", vec![3 * D]),
-        ("attn.proj.weight", vec![D, D]),
-        ("attn.proj.bias", vec![D]),
-        ("norm2.weight", vec![D]),
-        ("norm2.bias", vec![D]),
-        ("mlp.fc1.weight", vec![2 * D, D]),
-        ("mlp.fc1.bias", vec![2 * D]),
-        ("mlp.fc2.weight", vec![D, 2 * D]),
-        ("mlp.fc2.bias", vec![D]),
-    ] {
-        shapes.push((format!("blocks.0.{n}"), s));
-    }
-    let mut state = 12345u64;
-    let bufs: Vec<(String, Vec<usize>, Vec<u8>)> = shapes
-        .into_iter()
-        .map(|(n, s)| {
-            let count: usize = s.iter().product();
-            let bytes = (0..count)
-                .flat_map(|_| {
-                    state = state
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    let v = ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
-                        * if n.contains("norm") && n.ends_with("weight") {
-                            0.2
-                        } else {
-                            0.6
-                        };
-                    let v = if n.contains("norm") && n.ends_with("weight") {
-                        1.0 + v
-                    } else {
-                        v
-                    };
-                    v.to_le_bytes()
-                })
-                .collect();
-            (n, s, bytes)
-        })
-        .collect();
-    let views: Vec<(String, safetensors::tensor::TensorView)> = bufs
-        .iter()
-        .map(|(n, s, b)| {
-            (
-                n.clone(),
-                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b)
-                    .unwrap(),
-            )
-        })
-        .collect();
-    std::fs::create_dir_all(dir).unwrap();
-    let path = dir.join("tiny.safetensors");
-    std::fs::write(&path, safetensors::serialize(views, &None).unwrap()).unwrap();
-    std::fs::write(dir.join("config.json"), r#"{"num_heads": 2}"#).unwrap();
-    path
+    craterdex_model::testing::write_tiny_checkpoint(dir, D, P, G)
 }
 
 /// A textured tile with dark "craters" and their pixel catalogue (pycda format).

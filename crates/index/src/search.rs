@@ -26,6 +26,28 @@ pub struct SearchParams {
     pub mode: Mode,
 }
 
+impl std::str::FromStr for Mode {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        Ok(match s {
+            "two-stage" | "two_stage" => Mode::TwoStage,
+            "stage1" | "single" => Mode::Stage1,
+            "exhaustive" | "li" => Mode::Exhaustive,
+            _ => anyhow::bail!("unknown mode {s:?}: use two-stage, stage1 or exhaustive"),
+        })
+    }
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Stage1 => "stage1",
+            Mode::TwoStage => "two-stage",
+            Mode::Exhaustive => "exhaustive",
+        }
+    }
+}
+
 impl Default for SearchParams {
     fn default() -> Self {
         Self {

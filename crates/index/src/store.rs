@@ -455,6 +455,10 @@ impl Index {
     pub fn row_of(&self, id: &str) -> Option<usize> {
         self.rows_by_id.get(id).copied()
     }
+    /// Whether `id` was in the index and has been removed (ids are not reused before a rebuild).
+    pub fn was_removed(&self, id: &str) -> bool {
+        self.manifest.deleted.contains(id)
+    }
     pub fn is_deleted(&self, row: usize) -> bool {
         self.deleted_rows[row]
     }
@@ -479,6 +483,45 @@ impl Index {
             .segments
             .partition_point(|s| s.first_row + s.count <= row);
         &self.segments[i]
+    }
+
+    /// The single vector of `row` as stored.
+    pub fn single_of(&self, row: usize) -> &[f32] {
+        let s = self.segment_of(row);
+        let d = self.single_dim();
+        let local = row - s.first_row;
+        &bytemuck::cast_slice::<u8, f32>(&s.single)[local * d..(local + 1) * d]
+    }
+
+    /// The descriptors of an indexed image as stored (tokens decoded by the codec), to search
+    /// with an image that is already in the index.
+    pub fn descriptors_of(&self, row: usize) -> Descriptors {
+        let mut tokens = Vec::new();
+        self.decode_tokens(row, &mut tokens);
+        Descriptors {
+            single: self.single_of(row).to_vec(),
+            tokens,
+        }
+    }
+
+    /// Fails unless queries for this index may come from the model with `fingerprint`.
+    pub fn check_model(&self, fingerprint: &str) -> Result<()> {
+        if let Some(m) = self.model() {
+            ensure!(
+                m == fingerprint,
+                "{} was built with model {m}, but {fingerprint} is loaded; use the index's model",
+                self.dir.display()
+            );
+        }
+        Ok(())
+    }
+
+    /// The feature width the encoder expects from the backbone.
+    pub fn feature_dim(&self) -> usize {
+        self.encoder
+            .token_whitening
+            .as_ref()
+            .map_or(self.token_dim(), |w| w.dim_in)
     }
 
     /// Decodes the stored tokens of `row` into `out` (`[K, D]`).

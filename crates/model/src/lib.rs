@@ -12,6 +12,7 @@ pub mod layouts;
 pub mod onnx;
 pub mod preprocess;
 pub mod store;
+pub mod testing;
 pub mod vit;
 
 pub use config::{Architecture, ModelConfig};

@@ -1,0 +1,79 @@
+//! Small generated checkpoints for tests and examples: real layouts, pseudo-random weights.
+
+use std::path::{Path, PathBuf};
+
+/// A one-block Meta/timm-layout ViT with deterministic pseudo-random weights.
+pub fn write_tiny_checkpoint(dir: &Path, dim: usize, patch: usize, grid: usize) -> PathBuf {
+    let (d, p, g) = (dim, patch, grid);
+    let mut shapes: Vec<(String, Vec<usize>)> = vec![
+        ("cls_token".into(), vec![1, 1, d]),
+        ("pos_embed".into(), vec![1, 1 + g * g, d]),
+        ("patch_embed.proj.weight".into(), vec![d, 3, p, p]),
+        ("patch_embed.proj.bias".into(), vec![d]),
+        ("norm.weight".into(), vec![d]),
+        ("norm.bias".into(), vec![d]),
+    ];
+    for (n, s) in [
+        ("norm1.weight", vec![d]),
+        ("norm1.bias", vec![d]),
+        ("attn.qkv.weight", vec![3 * d, d]),
+        ("attn.qkv.bias", vec![3 * d]),
+        ("attn.proj.weight", vec![d, d]),
+        ("attn.proj.bias", vec![d]),
+        ("norm2.weight", vec![d]),
+        ("norm2.bias", vec![d]),
+        ("mlp.fc1.weight", vec![2 * d, d]),
+        ("mlp.fc1.bias", vec![2 * d]),
+        ("mlp.fc2.weight", vec![d, 2 * d]),
+        ("mlp.fc2.bias", vec![d]),
+    ] {
+        shapes.push((format!("blocks.0.{n}"), s));
+    }
+    let mut state = 12345u64;
+    let bufs: Vec<(String, Vec<usize>, Vec<u8>)> = shapes
+        .into_iter()
+        .map(|(n, s)| {
+            let count: usize = s.iter().product();
+            let bytes = (0..count)
+                .flat_map(|_| {
+                    state = state
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let v = ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
+                        * if n.contains("norm") && n.ends_with("weight") {
+                            0.2
+                        } else {
+                            0.6
+                        };
+                    let v = if n.contains("norm") && n.ends_with("weight") {
+                        1.0 + v
+                    } else {
+                        v
+                    };
+                    v.to_le_bytes()
+                })
+                .collect();
+            (n, s, bytes)
+        })
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = bufs
+        .iter()
+        .map(|(n, s, b)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b)
+                    .expect("writing a generated checkpoint"),
+            )
+        })
+        .collect();
+    std::fs::create_dir_all(dir).expect("writing a generated checkpoint");
+    let path = dir.join("tiny.safetensors");
+    std::fs::write(
+        &path,
+        safetensors::serialize(views, &None).expect("writing a generated checkpoint"),
+    )
+    .expect("writing a generated checkpoint");
+    std::fs::write(dir.join("config.json"), r#"{"num_heads": 2}"#)
+        .expect("writing a generated checkpoint");
+    path
+}

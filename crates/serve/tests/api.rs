@@ -1,0 +1,717 @@
+//! The service over a tiny generated model and index: every endpoint, its errors and limits,
+//! writes through the API, load shedding, timeouts and graceful shutdown over real sockets.
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use craterdex_index::codec::{Codec, TokenCodec};
+use craterdex_index::{ImageMeta, Index};
+use craterdex_model::Vit;
+use craterdex_serve::{router, Config, Service};
+use craterdex_tokens::aggregate::{Aggregation, SeedStrategy};
+use craterdex_tokens::{Encoder, FeatureRef, Recipe};
+use image::{GrayImage, Luma};
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tower::ServiceExt;
+
+const D: usize = 32;
+const N: usize = 12;
+
+struct Fixture {
+    _tmp: tempfile::TempDir,
+    root: PathBuf,
+    index: PathBuf,
+    model_dir: PathBuf,
+    images: Vec<PathBuf>,
+}
+
+fn tiny_model(root: &Path) -> PathBuf {
+    let ckpt = craterdex_model::testing::write_tiny_checkpoint(&root.join("ckpt"), D, 4, 4);
+    let (dir, _) =
+        craterdex_model::fetch::import_file(&ckpt, "tiny", &root.join("models")).unwrap();
+    dir
+}
+
+fn load_model(dir: &Path) -> Vit {
+    craterdex_model::load(dir, Some(16)).unwrap()
+}
+
+fn write_image(path: &Path, seed: u64, side: u32) {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let (cx, cy, r) = (
+        rng.gen_range(10.0..30.0),
+        rng.gen_range(10.0..30.0),
+        rng.gen_range(5.0..15.0),
+    );
+    let phase: f64 = rng.gen_range(0.0..6.0);
+    let img = GrayImage::from_fn(side, side, |x, y| {
+        let (x, y) = (x as f64 * 48.0 / side as f64, y as f64 * 48.0 / side as f64);
+        let mut v = 120.0 + 50.0 * ((x * 0.4 + phase).sin() * (y * 0.3 - phase).cos());
+        if ((x - cx).powi(2) + (y - cy).powi(2)).sqrt() < r {
+            v -= 70.0;
+        }
+        Luma([v.clamp(0.0, 255.0) as u8])
+    });
+    img.save(path).unwrap();
+}
+
+fn features(vit: &Vit, path: &Path) -> craterdex_model::vit::ImageFeatures {
+    let img = craterdex_model::preprocess::load_image(path).unwrap();
+    let t = craterdex_model::preprocess::to_tensor(&img, &vit.preprocess(Default::default()));
+    vit.forward(&[t]).unwrap().pop().unwrap()
+}
+
+fn fixture() -> Fixture {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().to_path_buf();
+    let model_dir = tiny_model(&root);
+    let vit = load_model(&model_dir);
+    std::fs::create_dir_all(root.join("images")).unwrap();
+    let images: Vec<PathBuf> = (0..N + 2)
+        .map(|i| {
+            let p = root.join(format!("images/c{i:02}.png"));
+            write_image(&p, i as u64, 48);
+            p
+        })
+        .collect();
+    let encoder = Encoder::plain(Recipe {
+        aggregation: Aggregation::Instance {
+            seeds: SeedStrategy::Fps,
+            k: 4,
+            soft_m: 1,
+        },
+        whiten: false,
+        ..Default::default()
+    });
+    // The last two images stay out of the index (for adding through the API).
+    let entries: Vec<(ImageMeta, craterdex_tokens::Descriptors)> = images[..N]
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let f = features(&vit, p);
+            let desc = encoder.encode(FeatureRef {
+                cls: &f.cls,
+                patches: &f.patches,
+                attention: &f.attention,
+            });
+            let meta = ImageMeta {
+                id: format!("c{i:02}"),
+                crater_id: Some(format!("crater-{}", i / 2)),
+                lat: Some(10.0 + i as f64),
+                lon: Some(-20.0),
+                diameter_km: Some(1.5),
+                path: Some(p.display().to_string()),
+                ..Default::default()
+            };
+            (meta, desc)
+        })
+        .collect();
+    let codec = TokenCodec::train(Codec::F16, D, &[], 0).unwrap();
+    let index = root.join("idx");
+    Index::create(
+        &index,
+        &encoder,
+        &codec,
+        Some(vit.config().fingerprint()),
+        &entries,
+    )
+    .unwrap();
+    Fixture {
+        _tmp: tmp,
+        root,
+        index,
+        model_dir,
+        images,
+    }
+}
+
+fn service(f: &Fixture, edit: impl FnOnce(&mut Config)) -> Arc<Service> {
+    let mut c = Config::new(f.index.clone());
+    c.upload_dir = f.root.join("uploads");
+    edit(&mut c);
+    let svc = Service::new(c);
+    svc.load(Some(load_model(&f.model_dir))).unwrap();
+    svc
+}
+
+async fn call(svc: &Arc<Service>, req: Request<Body>) -> (StatusCode, Vec<u8>) {
+    let resp = router(svc.clone()).oneshot(req).await.unwrap();
+    let status = resp.status();
+    let body = axum::body::to_bytes(resp.into_body(), 64 << 20)
+        .await
+        .unwrap();
+    (status, body.to_vec())
+}
+
+async fn call_json(svc: &Arc<Service>, req: Request<Body>) -> (StatusCode, Value) {
+    let (s, b) = call(svc, req).await;
+    let v = serde_json::from_slice(&b)
+        .unwrap_or_else(|e| panic!("{s}: not JSON ({e}): {}", String::from_utf8_lossy(&b)));
+    (s, v)
+}
+
+fn get(uri: &str) -> Request<Body> {
+    Request::get(uri).body(Body::empty()).unwrap()
+}
+
+const BOUNDARY: &str = "craterdexBoundary7d1f";
+
+fn multipart(parts: &[(&str, Option<&str>, &[u8])]) -> Vec<u8> {
+    let mut body = Vec::new();
+    for (name, file, data) in parts {
+        body.extend_from_slice(format!("--{BOUNDARY}\r\n").as_bytes());
+        match file {
+            Some(f) => body.extend_from_slice(
+                format!("Content-Disposition: form-data; name=\"{name}\"; filename=\"{f}\"\r\nContent-Type: application/octet-stream\r\n\r\n").as_bytes(),
+            ),
+            None => body.extend_from_slice(
+                format!("Content-Disposition: form-data; name=\"{name}\"\r\n\r\n").as_bytes(),
+            ),
+        }
+        body.extend_from_slice(data);
+        body.extend_from_slice(b"\r\n");
+    }
+    body.extend_from_slice(format!("--{BOUNDARY}--\r\n").as_bytes());
+    body
+}
+
+fn post_multipart(uri: &str, body: Vec<u8>, key: Option<&str>) -> Request<Body> {
+    let mut r = Request::post(uri).header(
+        "content-type",
+        format!("multipart/form-data; boundary={BOUNDARY}"),
+    );
+    if let Some(k) = key {
+        r = r.header("x-api-key", k);
+    }
+    r.body(Body::from(body)).unwrap()
+}
+
+fn upload(uri: &str, image: &Path) -> Request<Body> {
+    let bytes = std::fs::read(image).unwrap();
+    post_multipart(uri, multipart(&[("image", Some("q.png"), &bytes)]), None)
+}
+
+fn features_json(vit: &Vit, path: &Path, nested: bool) -> Vec<u8> {
+    let f = features(vit, path);
+    let patches: Value = if nested {
+        json!(f.patches.chunks(D).map(|r| r.to_vec()).collect::<Vec<_>>())
+    } else {
+        json!(f.patches)
+    };
+    serde_json::to_vec(&json!({"cls": f.cls, "patches": patches, "attention": f.attention}))
+        .unwrap()
+}
+
+fn top_ids(v: &Value) -> Vec<String> {
+    v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn searches_find_the_image_itself_by_upload_features_and_id() {
+    let f = fixture();
+    let svc = service(&f, |_| {});
+    let vit = load_model(&f.model_dir);
+
+    let (s, v) = call_json(&svc, upload("/v1/search/image?top_k=5", &f.images[3])).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(top_ids(&v)[0], "c03");
+    assert_eq!(v["results"].as_array().unwrap().len(), 5);
+    let first = &v["results"][0];
+    assert!(first["stage1"].as_f64().unwrap() > 0.99);
+    assert!(first["stage2"].as_f64().unwrap() > 0.99);
+    assert_eq!(first["crater_id"], "crater-1");
+    assert_eq!(first["meta"]["lat"], 13.0);
+
+    // The thumbnail URL it gives is served as a PNG.
+    let (s, png) = call(&svc, get(first["thumbnail"].as_str().unwrap())).await;
+    assert_eq!(s, StatusCode::OK);
+    let thumb = image::load_from_memory(&png).unwrap();
+    assert_eq!((thumb.width(), thumb.height()), (48, 48));
+
+    for nested in [false, true] {
+        let body = features_json(&vit, &f.images[7], nested);
+        let req = Request::post("/v1/search/features?top_k=3&mode=exhaustive")
+            .body(Body::from(body))
+            .unwrap();
+        let (s, v) = call_json(&svc, req).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        assert_eq!(top_ids(&v)[0], "c07");
+        assert_eq!(v["params"]["mode"], "exhaustive");
+        assert!(v["results"][0]["stage1"].is_null());
+    }
+
+    let (s, v) = call_json(&svc, get("/v1/images/c05/similar?top_k=4&mode=stage1")).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(top_ids(&v)[0], "c05");
+    assert!(v["results"][0]["stage2"].is_null());
+
+    let (s, v) = call_json(&svc, get("/v1/images/c05")).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["meta"]["diameter_km"], 1.5);
+
+    let (s, v) = call_json(&svc, get("/v1/stats")).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["images"], N);
+    assert_eq!(v["tokens_per_image"], 4);
+    assert_eq!(v["requests"]["image_searches"], 1);
+    assert_eq!(v["requests"]["searches"], 3);
+    assert_eq!(v["writes_enabled"], false);
+}
+
+#[tokio::test]
+async fn health_readiness_page_and_every_documented_route() {
+    let f = fixture();
+    let c = Config::new(f.index.clone());
+    let svc = Service::new(c);
+    // Not loaded yet: alive but not ready, searches refused with 503.
+    assert_eq!(call(&svc, get("/v1/health")).await.0, StatusCode::OK);
+    let (s, v) = call_json(&svc, get("/v1/ready")).await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(v["ready"], false);
+    assert_eq!(
+        call(&svc, get("/v1/stats")).await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    svc.load(None).unwrap();
+    let (s, v) = call_json(&svc, get("/v1/ready")).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["image_search"], false);
+    // Without a model, image search says so.
+    let (s, v) = call_json(&svc, upload("/v1/search/image", &f.images[0])).await;
+    assert_eq!(s, StatusCode::NOT_IMPLEMENTED, "{v}");
+
+    let (s, page) = call(&svc, get("/")).await;
+    assert_eq!(s, StatusCode::OK);
+    let page = String::from_utf8(page).unwrap();
+    assert!(page.contains("/v1/search/image"));
+    assert!(
+        !page.contains("http://") && !page.contains("https://"),
+        "external assets"
+    );
+
+    let (s, doc) = call_json(&svc, get("/v1/openapi.json")).await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    let mut checked = 0;
+    for (path, ops) in doc["paths"].as_object().unwrap() {
+        for method in ops.as_object().unwrap().keys() {
+            let uri = path.replace("{id}", "c01");
+            let req = Request::builder()
+                .method(method.to_uppercase().as_str())
+                .uri(&uri)
+                .body(Body::empty())
+                .unwrap();
+            let (s, body) = call(&svc, req).await;
+            let body = String::from_utf8_lossy(&body);
+            assert!(
+                s != StatusCode::METHOD_NOT_ALLOWED && !body.contains("no such endpoint"),
+                "{method} {path} is documented but not routed ({s})"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 11, "{checked}");
+    let (s, v) = call_json(&svc, get("/v2/nothing")).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert!(v["error"]["message"].as_str().unwrap().contains("openapi"));
+}
+
+#[tokio::test]
+async fn bad_requests_get_clear_4xx_errors() {
+    let f = fixture();
+    let svc = service(&f, |c| {
+        c.max_image_side = 64;
+        c.max_upload_bytes = 64 << 10;
+    });
+    let status = |r: (StatusCode, Value)| {
+        assert!(
+            r.1["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{}",
+            r.1
+        );
+        r.0
+    };
+    // Not an image, corrupt image, too many pixels, too many bytes.
+    let text = post_multipart(
+        "/v1/search/image",
+        multipart(&[("image", Some("x.png"), b"hello world")]),
+        None,
+    );
+    assert_eq!(
+        status(call_json(&svc, text).await),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE
+    );
+    let mut png = std::fs::read(&f.images[0]).unwrap();
+    png.truncate(png.len() / 2);
+    let cut = post_multipart(
+        "/v1/search/image",
+        multipart(&[("image", Some("x.png"), &png)]),
+        None,
+    );
+    assert_eq!(
+        status(call_json(&svc, cut).await),
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+    let big = f.root.join("big.png");
+    write_image(&big, 99, 100);
+    assert_eq!(
+        status(call_json(&svc, upload("/v1/search/image", &big)).await),
+        StatusCode::PAYLOAD_TOO_LARGE
+    );
+    let huge = vec![7u8; 80 << 10];
+    let req = post_multipart(
+        "/v1/search/image",
+        multipart(&[("image", Some("x.png"), &huge)]),
+        None,
+    );
+    assert_eq!(
+        status(call_json(&svc, req).await),
+        StatusCode::PAYLOAD_TOO_LARGE
+    );
+    // Malformed multipart, no image part, not multipart at all.
+    let req = post_multipart("/v1/search/image", b"--nonsense\r\ngarbage".to_vec(), None);
+    assert_eq!(status(call_json(&svc, req).await), StatusCode::BAD_REQUEST);
+    let req = post_multipart(
+        "/v1/search/image",
+        multipart(&[("note", None, b"hi")]),
+        None,
+    );
+    assert_eq!(status(call_json(&svc, req).await), StatusCode::BAD_REQUEST);
+    let req = Request::post("/v1/search/image")
+        .body(Body::from("x"))
+        .unwrap();
+    assert_eq!(status(call_json(&svc, req).await), StatusCode::BAD_REQUEST);
+    // Bad JSON, wrong shapes, bad parameters.
+    for (body, want) in [
+        ("{not json", StatusCode::BAD_REQUEST),
+        (r#"{"cls": [1, 2]}"#, StatusCode::BAD_REQUEST),
+        (
+            r#"{"cls": [1], "patches": [1], "attention": [1], "extra": 1}"#,
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            r#"{"cls": [1, 2], "patches": [1, 2], "attention": [1]}"#,
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+    ] {
+        let req = Request::post("/v1/search/features")
+            .body(Body::from(body))
+            .unwrap();
+        assert_eq!(status(call_json(&svc, req).await), want, "{body}");
+    }
+    let ones = vec![0.5f32; D];
+    let body = json!({"cls": ones, "patches": vec![0.5f32; 3 * D], "attention": [1.0, 1.0]});
+    let req = Request::post("/v1/search/features")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    assert_eq!(
+        status(call_json(&svc, req).await),
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+    for q in [
+        "top_k=0",
+        "top_k=abc",
+        "mode=fast",
+        "shortlist=0",
+        "colour=red",
+        "top_k=100000",
+    ] {
+        let (s, _) = call_json(&svc, get(&format!("/v1/images/c01/similar?{q}"))).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{q}");
+    }
+    // Ids: traversal attempts are refused before any lookup; unknown ids are 404.
+    for id in [
+        "..%2F..%2Fetc%2Fpasswd",
+        "%2Fetc%2Fpasswd",
+        "a%2F..%2Fb",
+        "a%20b",
+    ] {
+        let (s, _) = call_json(&svc, get(&format!("/v1/images/{id}/thumbnail"))).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{id}");
+    }
+    assert_eq!(
+        status(call_json(&svc, get("/v1/images/nope")).await),
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        status(call_json(&svc, get("/v1/images/nope/similar")).await),
+        StatusCode::NOT_FOUND
+    );
+    let (s, v) = call_json(&svc, get("/v1/stats")).await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(
+        v["requests"]["client_errors"].as_u64().unwrap() >= 10,
+        "{v}"
+    );
+}
+
+#[tokio::test]
+async fn writes_need_the_key_persist_and_are_seen_whole() {
+    let f = fixture();
+    let svc = service(&f, |c| c.api_key = Some("s3cret".into()));
+    let img = std::fs::read(&f.images[N]).unwrap();
+    let form = |id: &str| {
+        multipart(&[
+            ("image", Some("new.png"), &img),
+            ("id", None, id.as_bytes()),
+            ("crater_id", None, b"crater-new"),
+            ("lat", None, b"-4.25"),
+            ("diameter_km", None, b"0.8"),
+        ])
+    };
+    for key in [None, Some("wrong")] {
+        let (s, _) = call_json(&svc, post_multipart("/v1/images", form("n1"), key)).await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED);
+    }
+    let (s, v) = call_json(
+        &svc,
+        post_multipart("/v1/images", form("n1"), Some("s3cret")),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    assert_eq!(v["images"], N + 1);
+    let (s, _) = call_json(
+        &svc,
+        post_multipart("/v1/images", form("n1"), Some("s3cret")),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    let bad = multipart(&[("image", Some("new.png"), &img), ("lat", None, b"north")]);
+    let (s, _) = call_json(&svc, post_multipart("/v1/images", bad, Some("s3cret"))).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+
+    // Searchable at once, with its metadata and a thumbnail of the stored upload.
+    let (s, v) = call_json(&svc, upload("/v1/search/image?top_k=3", &f.images[N])).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(top_ids(&v)[0], "n1");
+    assert_eq!(v["results"][0]["meta"]["lat"], -4.25);
+    let (s, _) = call(&svc, get("/v1/images/n1/thumbnail?size=32")).await;
+    assert_eq!(s, StatusCode::OK);
+    // Durable: a fresh open of the directory has it.
+    let reopened = Index::open(&f.index).unwrap();
+    assert!(reopened.row_of("n1").is_some());
+
+    // Removal.
+    let del = |key: Option<&str>| {
+        let mut r = Request::delete("/v1/images/c02");
+        if let Some(k) = key {
+            r = r.header("authorization", format!("Bearer {k}"));
+        }
+        r.body(Body::empty()).unwrap()
+    };
+    assert_eq!(call(&svc, del(None)).await.0, StatusCode::UNAUTHORIZED);
+    let (s, v) = call_json(&svc, del(Some("s3cret"))).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["images"], N);
+    assert_eq!(
+        call(&svc, del(Some("s3cret"))).await.0,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        call(&svc, get("/v1/images/c02")).await.0,
+        StatusCode::NOT_FOUND
+    );
+    let (_, v) = call_json(
+        &svc,
+        upload("/v1/search/image?top_k=13&mode=exhaustive", &f.images[2]),
+    )
+    .await;
+    assert!(!top_ids(&v).contains(&"c02".to_string()));
+    let reopened = Index::open(&f.index).unwrap();
+    assert!(reopened.row_of("c02").is_none() && reopened.was_removed("c02"));
+    let again = multipart(&[("image", Some("c02.png"), &img), ("id", None, b"c02")]);
+    let (s, v) = call_json(&svc, post_multipart("/v1/images", again, Some("s3cret"))).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+
+    // Searches running while images are added each see a whole index: N or N+1 images,
+    // never an error.
+    let readers: Vec<_> = (0..4)
+        .map(|_| {
+            let svc = svc.clone();
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                for _ in 0..20 {
+                    let (s, v) =
+                        call_json(&svc, get("/v1/images/c01/similar?top_k=20&mode=exhaustive"))
+                            .await;
+                    assert_eq!(s, StatusCode::OK, "{v}");
+                    seen.push(v["results"].as_array().unwrap().len());
+                }
+                seen
+            })
+        })
+        .collect();
+    let (s, v) = call_json(
+        &svc,
+        post_multipart("/v1/images", form("n2"), Some("s3cret")),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    for r in readers {
+        for n in r.await.unwrap() {
+            assert!(n == N || n == N + 1, "{n}");
+        }
+    }
+    assert!(Index::open(&f.index).unwrap().row_of("n2").is_some());
+}
+
+#[tokio::test]
+async fn without_a_key_writes_are_off_and_protected_reads_need_it() {
+    let f = fixture();
+    let svc = service(&f, |_| {});
+    let img = std::fs::read(&f.images[N]).unwrap();
+    let req = post_multipart(
+        "/v1/images",
+        multipart(&[("image", Some("a.png"), &img)]),
+        Some("any"),
+    );
+    assert_eq!(call(&svc, req).await.0, StatusCode::FORBIDDEN);
+    let svc = service(&f, |c| {
+        c.api_key = Some("k".into());
+        c.protect_reads = true;
+    });
+    assert_eq!(
+        call(&svc, get("/v1/stats")).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    let req = Request::get("/v1/stats")
+        .header("x-api-key", "k")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(call(&svc, req).await.0, StatusCode::OK);
+    // Health and readiness stay open for probes.
+    assert_eq!(call(&svc, get("/v1/ready")).await.0, StatusCode::OK);
+}
+
+/// Sends a request over a real socket; `hold` keeps the body unfinished until it is dropped.
+fn raw_request(addr: std::net::SocketAddr, head: &str, body: &[u8]) -> std::net::TcpStream {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    s
+}
+
+fn read_status(mut s: std::net::TcpStream) -> u16 {
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf);
+    text.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+fn partial_post(addr: std::net::SocketAddr) -> std::net::TcpStream {
+    raw_request(
+        addr,
+        "POST /v1/search/features HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 100\r\n\r\n",
+        b"{\"cls\": [",
+    )
+}
+
+fn simple_get(addr: std::net::SocketAddr, path: &str) -> u16 {
+    read_status(raw_request(
+        addr,
+        &format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+        b"",
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_shedding_timeouts_and_graceful_shutdown_over_sockets() {
+    let f = fixture();
+    let svc = service(&f, |c| {
+        c.max_concurrent = 1;
+        c.request_timeout = Duration::from_millis(1500);
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let svc2 = svc.clone();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, router(svc2))
+            .with_graceful_shutdown(async move {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    let blocking = |f: Box<dyn FnOnce() -> u16 + Send>| tokio::task::spawn_blocking(f);
+
+    // One slow request holds the only slot: the next search is shed with 503 at once, while
+    // health stays answerable.
+    let slow = blocking(Box::new(move || {
+        let s = partial_post(addr);
+        std::thread::sleep(Duration::from_millis(400));
+        let mut s2 = s.try_clone().unwrap();
+        // Complete the body: 9 bytes sent, 91 to go (an invalid document -> 400).
+        s2.write_all(&[b' '; 91]).unwrap();
+        read_status(s)
+    }));
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(
+        blocking(Box::new(move || simple_get(addr, "/v1/stats")))
+            .await
+            .unwrap(),
+        503
+    );
+    assert_eq!(
+        blocking(Box::new(move || simple_get(addr, "/v1/health")))
+            .await
+            .unwrap(),
+        200
+    );
+    assert_eq!(slow.await.unwrap(), 400);
+    assert_eq!(
+        blocking(Box::new(move || simple_get(addr, "/v1/stats")))
+            .await
+            .unwrap(),
+        200
+    );
+
+    // A body that never completes times out with 408.
+    let timed_out = blocking(Box::new(move || read_status(partial_post(addr))));
+    assert_eq!(timed_out.await.unwrap(), 408);
+
+    // Shutdown waits for the request in flight, which still gets its answer.
+    let in_flight = blocking(Box::new(move || {
+        let s = partial_post(addr);
+        std::thread::sleep(Duration::from_millis(500));
+        s.try_clone().unwrap().write_all(&[b' '; 91]).unwrap();
+        read_status(s)
+    }));
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    stop.send(()).unwrap();
+    assert_eq!(in_flight.await.unwrap(), 400);
+    tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("server did not stop")
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn run_reports_an_unreadable_index_and_stops() {
+    let tmp = tempfile::tempdir().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let svc = Service::new(Config::new(tmp.path().join("missing")));
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        craterdex_serve::run(listener, svc, Box::new(|| Ok(None)), std::future::pending()),
+    )
+    .await
+    .expect("run did not stop");
+    let e = format!("{:#}", r.unwrap_err());
+    assert!(e.contains("missing"), "{e}");
+}
