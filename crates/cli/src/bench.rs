@@ -22,6 +22,12 @@ pub enum BenchCmd {
         after_help = "Example:\n  craterdex bench search --json search.json\n  craterdex bench search --gallery 5000 --real craterdex-demo/bench/splits/test.json"
     )]
     Search(SearchBench),
+    /// Load test of `craterdex serve` on loopback: feature and image searches per second,
+    /// p50/p99 latency, errors and server memory over the run.
+    #[command(
+        after_help = "Example:\n  craterdex bench serve --index nac-index --manifest nac-bench/splits/test.json --seconds 30"
+    )]
+    Serve(crate::bench_serve::ServeBench),
 }
 
 #[derive(Args)]
@@ -74,18 +80,21 @@ pub fn run(c: BenchCmd) -> Result<()> {
     match c {
         BenchCmd::Extract(b) => extract(b),
         BenchCmd::Search(b) => crate::bench_search::run(b),
+        BenchCmd::Serve(b) => crate::bench_serve::run(b),
     }
 }
 
+/// A `kB` field (`VmHWM:`, `VmRSS:`) of a Linux `/proc/<pid>/status` file.
+pub fn proc_status_kb(status_file: &str, field: &str) -> Option<f64> {
+    std::fs::read_to_string(status_file).ok().and_then(|s| {
+        s.lines()
+            .find(|l| l.starts_with(field))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+    })
+}
+
 fn peak_rss_mb() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-        })
-        .map_or(f64::NAN, |kb| kb / 1024.0)
+    proc_status_kb("/proc/self/status", "VmHWM:").map_or(f64::NAN, |kb| kb / 1024.0)
 }
 
 fn extract(b: ExtractBench) -> Result<()> {

@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_search;
+mod bench_serve;
 mod demo;
 mod pipeline;
 

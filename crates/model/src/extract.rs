@@ -234,7 +234,7 @@ fn cache_path(root: &Path, model_fp: &str, prep_key: &str, content_sha: &str) ->
         .join(format!("{content_sha}.safetensors"))
 }
 
-fn f32_view(shape: Vec<usize>, data: &[f32]) -> Result<safetensors::tensor::TensorView<'_>> {
+pub fn f32_view(shape: Vec<usize>, data: &[f32]) -> Result<safetensors::tensor::TensorView<'_>> {
     Ok(safetensors::tensor::TensorView::new(
         safetensors::Dtype::F32,
         shape,

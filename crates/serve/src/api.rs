@@ -353,42 +353,116 @@ fn search_one(idx: &Index, desc: Descriptors, p: &SearchParams) -> Vec<Hit> {
         .unwrap_or_default()
 }
 
-/// A flat `[T*D]` list or nested `[T][D]` lists.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Matrix {
-    Flat(Vec<f32>),
-    Nested(Vec<Vec<f32>>),
+/// Numbers given as a flat list `[T*D]` or as nested lists `[T][D]`, read straight into one
+/// vector (an untagged enum would buffer the whole document first: 3x slower).
+struct FlatFloats(Vec<f32>);
+
+impl<'de> Deserialize<'de> for FlatFloats {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Outer;
+        struct Row<'a>(&'a mut Vec<f32>);
+        impl<'de> serde::de::DeserializeSeed<'de> for Row<'_> {
+            type Value = ();
+            fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+                d.deserialize_any(self)
+            }
+        }
+        impl<'de> serde::de::Visitor<'de> for Row<'_> {
+            type Value = ();
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a number or a list of numbers")
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<(), E> {
+                self.0.push(v as f32);
+                Ok(())
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<(), E> {
+                self.0.push(v as f32);
+                Ok(())
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<(), E> {
+                self.0.push(v as f32);
+                Ok(())
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+                while let Some(v) = seq.next_element::<f32>()? {
+                    self.0.push(v);
+                }
+                Ok(())
+            }
+        }
+        impl<'de> serde::de::Visitor<'de> for Outer {
+            type Value = Vec<f32>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a list of numbers or of lists of numbers")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Vec<f32>, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+                while seq.next_element_seed(Row(&mut out))?.is_some() {}
+                Ok(out)
+            }
+        }
+        d.deserialize_seq(Outer).map(FlatFloats)
+    }
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FeaturesBody {
     cls: Vec<f32>,
-    patches: Matrix,
+    patches: FlatFloats,
     attention: Vec<f32>,
 }
 
-fn features_from(body: &[u8], dim: usize) -> ApiResult<(Vec<f32>, Vec<f32>, Vec<f32>)> {
-    let b: FeaturesBody = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("bad features JSON: {e}")))?;
-    let patches = match b.patches {
-        Matrix::Flat(v) => v,
-        Matrix::Nested(rows) => {
-            if let Some(r) = rows.iter().find(|r| r.len() != dim) {
-                return Err(ApiError::bad_request(format!(
-                    "patches: a row has {} values, the index expects {dim}",
-                    r.len()
-                )));
-            }
-            rows.concat()
+/// `(cls, patches, attention)` from a JSON document or a safetensors file (the features
+/// format of `craterdex extract`, one image: `cls` `[D]` or `[1, D]`, `patch_tokens` `[T, D]`
+/// or `[1, T, D]` in f32 or f16, `attention` `[T]` or `[1, T]`).
+fn parse_features(body: &[u8], content_type: &str) -> ApiResult<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+    if content_type.starts_with("application/json") || body.first() == Some(&b'{') {
+        let b: FeaturesBody = serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("bad features JSON: {e}")))?;
+        return Ok((b.cls, b.patches.0, b.attention));
+    }
+    let st = safetensors::SafeTensors::deserialize(body).map_err(|e| {
+        ApiError::bad_request(format!(
+            "the body is neither features JSON nor a safetensors file: {e}"
+        ))
+    })?;
+    let read = |name: &str| -> ApiResult<Vec<f32>> {
+        let t = st.tensor(name).map_err(|_| {
+            ApiError::bad_request(format!("the safetensors body has no tensor {name:?}"))
+        })?;
+        let data = t.data();
+        match t.dtype() {
+            safetensors::Dtype::F32 => Ok(data
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()),
+            safetensors::Dtype::F16 => Ok(data
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect()),
+            other => Err(ApiError::bad_request(format!(
+                "{name}: dtype {other:?}, expected F32 or F16"
+            ))),
         }
     };
+    Ok((read("cls")?, read("patch_tokens")?, read("attention")?))
+}
+
+/// Checks the shapes against the index's feature width.
+fn check_features(
+    (cls, patches, attention): (Vec<f32>, Vec<f32>, Vec<f32>),
+    dim: usize,
+) -> ApiResult<(Vec<f32>, Vec<f32>, Vec<f32>)> {
     let bad = |m: String| Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, m));
-    if b.cls.len() != dim {
+    if cls.len() != dim {
         return bad(format!(
             "cls has {} values, the index expects {dim}",
-            b.cls.len()
+            cls.len()
         ));
     }
     if patches.is_empty() || patches.len() % dim != 0 {
@@ -398,22 +472,21 @@ fn features_from(body: &[u8], dim: usize) -> ApiResult<(Vec<f32>, Vec<f32>, Vec<
         ));
     }
     let t = patches.len() / dim;
-    if b.attention.len() != t {
+    if attention.len() != t {
         return bad(format!(
             "attention has {} values for {t} patch tokens",
-            b.attention.len()
+            attention.len()
         ));
     }
-    if !b
-        .cls
+    if !cls
         .iter()
         .chain(&patches)
-        .chain(&b.attention)
+        .chain(&attention)
         .all(|x| x.is_finite())
     {
         return bad("features contain NaN or infinite values".into());
     }
-    Ok((b.cls, patches, b.attention))
+    Ok((cls, patches, attention))
 }
 
 async fn search_features(
@@ -425,7 +498,12 @@ async fn search_features(
     authorize(&svc, &headers, false)?;
     let p = search_params(&svc, q)?;
     let idx = index_of(&svc)?;
-    let (cls, patches, attention) = features_from(&body, idx.feature_dim())?;
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let (cls, patches, attention) =
+        check_features(parse_features(&body, content_type)?, idx.feature_dim())?;
     svc.counters.searches.fetch_add(1, Ordering::Relaxed);
     blocking(move || {
         let t = Instant::now();

@@ -249,6 +249,49 @@ async fn searches_find_the_image_itself_by_upload_features_and_id() {
         assert!(v["results"][0]["stage1"].is_null());
     }
 
+    // The same features as a safetensors body (what `craterdex extract` writes), f32 and f16.
+    let feats = features(&vit, &f.images[9]);
+    for dtype in [safetensors::Dtype::F32, safetensors::Dtype::F16] {
+        let enc = |v: &[f32]| -> Vec<u8> {
+            match dtype {
+                safetensors::Dtype::F16 => v
+                    .iter()
+                    .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+                    .collect(),
+                _ => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            }
+        };
+        let (c, p, a) = (enc(&feats.cls), enc(&feats.patches), enc(&feats.attention));
+        let t = feats.attention.len();
+        let views = vec![
+            (
+                "cls",
+                safetensors::tensor::TensorView::new(dtype, vec![1, D], &c).unwrap(),
+            ),
+            (
+                "patch_tokens",
+                safetensors::tensor::TensorView::new(dtype, vec![1, t, D], &p).unwrap(),
+            ),
+            (
+                "attention",
+                safetensors::tensor::TensorView::new(dtype, vec![1, t], &a).unwrap(),
+            ),
+        ];
+        let body = safetensors::serialize(views, &None).unwrap();
+        let req = Request::post("/v1/search/features?top_k=2")
+            .header("content-type", "application/octet-stream")
+            .body(Body::from(body))
+            .unwrap();
+        let (s, v) = call_json(&svc, req).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        assert_eq!(top_ids(&v)[0], "c09", "{dtype:?}");
+    }
+    let req = Request::post("/v1/search/features")
+        .header("content-type", "application/octet-stream")
+        .body(Body::from(vec![9u8; 64]))
+        .unwrap();
+    assert_eq!(call(&svc, req).await.0, StatusCode::BAD_REQUEST);
+
     let (s, v) = call_json(&svc, get("/v1/images/c05/similar?top_k=4&mode=stage1")).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(top_ids(&v)[0], "c05");
@@ -263,7 +306,7 @@ async fn searches_find_the_image_itself_by_upload_features_and_id() {
     assert_eq!(v["images"], N);
     assert_eq!(v["tokens_per_image"], 4);
     assert_eq!(v["requests"]["image_searches"], 1);
-    assert_eq!(v["requests"]["searches"], 3);
+    assert_eq!(v["requests"]["searches"], 5);
     assert_eq!(v["writes_enabled"], false);
 }
 

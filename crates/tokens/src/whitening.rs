@@ -80,11 +80,45 @@ impl Whitening {
         out
     }
 
-    /// Applies to each `dim_in`-wide row.
+    /// Applies to each `dim_in`-wide row: one `[n, dim_in] x [dim_in, dim_out]` product
+    /// (a per-row loop took 15 ms for 256 tokens x 384-d; the product takes about 1 ms).
     pub fn apply_rows(&self, rows: &[f32]) -> Vec<f32> {
-        rows.chunks(self.dim_in)
-            .flat_map(|r| self.apply(r))
-            .collect()
+        let n = rows.len() / self.dim_in;
+        let centred: Vec<f32> = rows
+            .chunks_exact(self.dim_in)
+            .flat_map(|r| r.iter().zip(&self.mean).map(|(a, m)| a - m))
+            .collect();
+        let mut out = vec![0f32; n * self.dim_out];
+        if n == 0 {
+            return out;
+        }
+        // SAFETY: row-major out [n, dim_out], centred [n, dim_in], proj [dim_in, dim_out]:
+        // every (row, column) the strides reach lies inside its slice.
+        unsafe {
+            gemm::gemm(
+                n,
+                self.dim_out,
+                self.dim_in,
+                out.as_mut_ptr(),
+                1,
+                self.dim_out as isize,
+                false,
+                centred.as_ptr(),
+                1,
+                self.dim_in as isize,
+                self.proj.as_ptr(),
+                1,
+                self.dim_out as isize,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            );
+        }
+        out.chunks_mut(self.dim_out).for_each(l2_normalize);
+        out
     }
 }
 
@@ -140,6 +174,23 @@ mod tests {
                 .all(|(a, b)| (a - b).abs() < 1e-5),
             "row and batch paths agree"
         );
+    }
+
+    #[test]
+    fn batch_product_matches_the_row_path_with_reduction() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        let (n, d) = (300, 24);
+        let x: Vec<f32> = (0..n * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let w = Whitening::learn(&x, d, 1e-3, Some(10)).unwrap();
+        let rows = w.apply_rows(&x[..37 * d]);
+        assert_eq!(rows.len(), 37 * 10);
+        for (i, got) in rows.chunks(10).enumerate() {
+            let want = w.apply(&x[i * d..(i + 1) * d]);
+            for (a, b) in got.iter().zip(&want) {
+                assert!((a - b).abs() < 1e-5, "row {i}: {a} vs {b}");
+            }
+        }
+        assert!(w.apply_rows(&[]).is_empty());
     }
 
     #[test]
