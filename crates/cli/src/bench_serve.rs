@@ -268,7 +268,7 @@ pub fn run(b: ServeBench) -> Result<()> {
     );
     let mut rows = Vec::new();
     println!(
-        "{:<10} {:>5} {:>9} {:>7} {:>9} {:>8} {:>8}  server RSS MB start -> end (max)",
+        "{:<10} {:>5} {:>9} {:>7} {:>9} {:>8} {:>8}  server RSS MB at 0, 25, 50, 75, 100% of the phase",
         "phase", "conc", "requests", "errors", "req/s", "p50 ms", "p99 ms"
     );
     for (name, requests, conc) in [
@@ -287,14 +287,15 @@ pub fn run(b: ServeBench) -> Result<()> {
             }
         };
         let rate = lat.len() as f64 / secs;
-        let (first, last) = (rss[0], rss[rss.len() - 1]);
+        let quarters: Vec<f64> = (0..=4).map(|q| rss[(rss.len() - 1) * q / 4]).collect();
         let max = rss.iter().copied().fold(f64::NAN, f64::max);
         println!(
-            "{name:<10} {conc:>5} {:>9} {:>7} {rate:>9.1} {:>8.2} {:>8.2}  {first:.0} -> {last:.0} ({max:.0})",
+            "{name:<10} {conc:>5} {:>9} {:>7} {rate:>9.1} {:>8.2} {:>8.2}  {} (max {max:.0})",
             lat.len(),
             out.errors.len(),
             pct(0.5),
-            pct(0.99)
+            pct(0.99),
+            quarters.iter().map(|v| format!("{v:.0}")).collect::<Vec<_>>().join(" ")
         );
         for e in out.errors.iter().take(3) {
             eprintln!("  {name} error: {e}");
@@ -302,7 +303,7 @@ pub fn run(b: ServeBench) -> Result<()> {
         rows.push(serde_json::json!({
             "phase": name, "concurrency": conc, "seconds": secs, "requests": lat.len(),
             "errors": out.errors.len(), "requests_per_s": rate, "p50_ms": pct(0.5), "p99_ms": pct(0.99),
-            "rss_mb_start": first, "rss_mb_end": last, "rss_mb_max": max,
+            "rss_mb_quarters": quarters, "rss_mb_max": max,
         }));
     }
     let clean = server.stop()?;

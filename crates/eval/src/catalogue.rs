@@ -1,8 +1,10 @@
-//! Crater lists in image pixels.
+//! Crater lists.
 //!
-//! Formats, recognised by their header: pycda (`long,lat,diameter`, all in pixels: x, y,
-//! diameter) and the LRO NAC lists (`ID,X,Y,W,H,C_X,CY`: box and centre; diameter is the
-//! mean of W and H). Comma or tab separated.
+//! In image pixels, recognised by their header: pycda (`long,lat,diameter`, all in pixels:
+//! x, y, diameter) and the LRO NAC lists (`ID,X,Y,W,H,C_X,CY`: box and centre; diameter is
+//! the mean of W and H). On a body, in degrees and km: Robbins-style catalogues
+//! (`CRATER_ID, LAT_CIRC_IMG, LON_CIRC_IMG, DIAM_CIRC_IMG`) or plain `id, lat, lon,
+//! diameter_km`. Comma or tab separated; header names are case-insensitive.
 
 use anyhow::{bail, Context, Result};
 use std::path::Path;
@@ -15,21 +17,83 @@ pub struct Crater {
     pub diameter: f64,
 }
 
-pub fn read_pixel_catalogue(path: &Path) -> Result<Vec<Crater>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let first = text.lines().next().unwrap_or_default();
-    let delim = if first.contains('\t') { b'\t' } else { b',' };
+/// A crater on a body: planetocentric latitude and longitude in degrees, diameter in km.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GeoCrater {
+    pub id: String,
+    pub lat: f64,
+    pub lon: f64,
+    pub diameter_km: f64,
+}
+
+/// A CSV reader (comma or tab, found from the header line) and its lower-case headers.
+fn open_csv(path: &Path) -> Result<(csv::Reader<std::io::Cursor<Vec<u8>>>, Vec<String>)> {
+    let text = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let first = text.split(|&b| b == b'\n').next().unwrap_or_default();
+    let delim = if first.contains(&b'\t') { b'\t' } else { b',' };
     let mut rdr = csv::ReaderBuilder::new()
         .delimiter(delim)
         .trim(csv::Trim::All)
-        .from_reader(text.as_bytes());
+        .from_reader(std::io::Cursor::new(text));
     let headers: Vec<String> = rdr
         .headers()
         .with_context(|| format!("{}: no header line", path.display()))?
         .iter()
         .map(|h| h.to_ascii_lowercase())
         .collect();
+    Ok((rdr, headers))
+}
+
+fn number(path: &Path, rec: &csv::StringRecord, line: usize, col: usize) -> Result<f64> {
+    let s = rec.get(col).unwrap_or_default();
+    s.parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite())
+        .with_context(|| format!("{}: line {line}: {s:?} is not a number", path.display()))
+}
+
+pub fn read_geo_catalogue(path: &Path) -> Result<Vec<GeoCrater>> {
+    let (mut rdr, headers) = open_csv(path)?;
+    let find = |names: &[&str]| names.iter().find_map(|n| headers.iter().position(|h| h == n));
+    let (Some(lat), Some(lon), Some(diam)) = (
+        find(&["lat_circ_img", "lat_elli_img", "lat", "latitude"]),
+        find(&["lon_circ_img", "lon_elli_img", "lon", "longitude"]),
+        find(&["diam_circ_img", "diameter_km", "diam_km"]),
+    ) else {
+        bail!(
+            "{}: a catalogue in degrees and km needs latitude, longitude and diameter columns \
+             (LAT_CIRC_IMG, LON_CIRC_IMG, DIAM_CIRC_IMG, or lat, lon, diameter_km); found {headers:?}",
+            path.display()
+        );
+    };
+    let id = find(&["crater_id", "id"]);
+    let mut out = Vec::new();
+    for (i, rec) in rdr.records().enumerate() {
+        let line = i + 2;
+        let rec = rec.with_context(|| format!("{}: line {line}", path.display()))?;
+        let c = GeoCrater {
+            id: id
+                .and_then(|c| rec.get(c))
+                .filter(|s| !s.is_empty())
+                .map_or_else(|| format!("{i:06}"), str::to_string),
+            lat: number(path, &rec, line, lat)?,
+            lon: number(path, &rec, line, lon)?,
+            diameter_km: number(path, &rec, line, diam)?,
+        };
+        anyhow::ensure!(
+            c.lat.abs() <= 90.0 && c.diameter_km > 0.0,
+            "{}: line {line}: latitude {} or diameter {} km out of range",
+            path.display(),
+            c.lat,
+            c.diameter_km
+        );
+        out.push(c);
+    }
+    Ok(out)
+}
+
+pub fn read_pixel_catalogue(path: &Path) -> Result<Vec<Crater>> {
+    let (mut rdr, headers) = open_csv(path)?;
     let col = |name: &str| headers.iter().position(|h| h == name);
     enum Layout {
         Pycda(usize, usize, usize),
@@ -43,12 +107,7 @@ pub fn read_pixel_catalogue(path: &Path) -> Result<Vec<Crater>> {
     let mut out = Vec::new();
     for (i, rec) in rdr.records().enumerate() {
         let rec = rec.with_context(|| format!("{}: line {}", path.display(), i + 2))?;
-        let num = |c: usize| -> Result<f64> {
-            let s = rec.get(c).unwrap_or_default();
-            s.parse::<f64>().with_context(|| {
-                format!("{}: line {}: {s:?} is not a number", path.display(), i + 2)
-            })
-        };
+        let num = |c: usize| number(path, &rec, i + 2, c);
         out.push(match layout {
             Layout::Pycda(x, y, d) => Crater {
                 id: format!("{i:05}"),
@@ -101,5 +160,30 @@ mod tests {
         );
         std::fs::write(&p, "long,lat,diameter\n1,x,3\n").unwrap();
         assert!(format!("{:#}", read_pixel_catalogue(&p).unwrap_err()).contains("line 2"));
+    }
+
+    #[test]
+    fn reads_robbins_and_plain_geo_catalogues() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("r.csv");
+        std::fs::write(
+            &p,
+            "CRATER_ID,LAT_CIRC_IMG,LON_CIRC_IMG,DIAM_CIRC_IMG,DEPTH\n02-000001,-12.5,350.25,3.2,0.1\n",
+        )
+        .unwrap();
+        let want = GeoCrater {
+            id: "02-000001".into(),
+            lat: -12.5,
+            lon: 350.25,
+            diameter_km: 3.2,
+        };
+        assert_eq!(read_geo_catalogue(&p).unwrap(), vec![want]);
+        std::fs::write(&p, "lat\tlon\tdiameter_km\n1\t2\t3\n").unwrap();
+        assert_eq!(read_geo_catalogue(&p).unwrap()[0].id, "000000");
+        std::fs::write(&p, "lat,lon,diameter\n1,2,3\n").unwrap();
+        let e = format!("{:#}", read_geo_catalogue(&p).unwrap_err());
+        assert!(e.contains("diameter_km") && e.contains("r.csv"), "{e}");
+        std::fs::write(&p, "lat,lon,diameter_km\n95,2,3\n").unwrap();
+        assert!(format!("{:#}", read_geo_catalogue(&p).unwrap_err()).contains("line 2"));
     }
 }
