@@ -295,7 +295,11 @@ pub fn run(b: ServeBench) -> Result<()> {
             out.errors.len(),
             pct(0.5),
             pct(0.99),
-            quarters.iter().map(|v| format!("{v:.0}")).collect::<Vec<_>>().join(" ")
+            quarters
+                .iter()
+                .map(|v| format!("{v:.0}"))
+                .collect::<Vec<_>>()
+                .join(" ")
         );
         for e in out.errors.iter().take(3) {
             eprintln!("  {name} error: {e}");

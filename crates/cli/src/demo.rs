@@ -57,7 +57,11 @@ pub fn run(c: DemoCmd) -> Result<()> {
         query_craters: Some(c.query_craters),
         ..Default::default()
     };
-    let r = benchbuild::build(&[(tile, labels)], &bench_dir, &o)?;
+    let input = benchbuild::Input::Tile {
+        image: tile,
+        craters: labels,
+    };
+    let r = benchbuild::build(&[input], &bench_dir, &o)?;
     let manifest = bench_dir.join("splits/test.json");
     eprintln!(
         "      {} craters >= {} px: {} gallery, {} query images -> {}",

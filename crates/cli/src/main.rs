@@ -264,11 +264,19 @@ struct SearchCmd {
 #[derive(Args)]
 struct BenchBuildCmd {
     /// Image tile (repeat with --craters for several tiles).
-    #[arg(long, required = true)]
+    #[arg(long, required_unless_present = "mosaic")]
     tile: Vec<PathBuf>,
     /// Crater list in pixels for the tile at the same position (pycda CSV or NAC format).
-    #[arg(long, required = true)]
+    #[arg(long)]
     craters: Vec<PathBuf>,
+    /// Georeferenced mosaic: GeoTIFF, ISIS3, PDS/PDS4, anything GDAL reads (repeat with
+    /// --catalogue; needs a build with `--features gdal`).
+    #[arg(long)]
+    mosaic: Vec<PathBuf>,
+    /// Catalogue in degrees and km for the mosaic at the same position (Robbins-style
+    /// LAT_CIRC_IMG, LON_CIRC_IMG, DIAM_CIRC_IMG, or lat, lon, diameter_km).
+    #[arg(long)]
+    catalogue: Vec<PathBuf>,
     #[arg(long)]
     out: PathBuf,
     /// Query craters (default: all gallery craters).
@@ -696,7 +704,25 @@ fn bench_build_cmd(c: BenchBuildCmd) -> Result<()> {
         seed: c.seed,
         ..Default::default()
     };
-    let inputs: Vec<(PathBuf, PathBuf)> = c.tile.into_iter().zip(c.craters).collect();
+    if c.mosaic.len() != c.catalogue.len() {
+        bail!(
+            "give one --catalogue per --mosaic ({} mosaics, {} catalogues)",
+            c.mosaic.len(),
+            c.catalogue.len()
+        );
+    }
+    let inputs: Vec<benchbuild::Input> = c
+        .tile
+        .into_iter()
+        .zip(c.craters)
+        .map(|(image, craters)| benchbuild::Input::Tile { image, craters })
+        .chain(
+            c.mosaic
+                .into_iter()
+                .zip(c.catalogue)
+                .map(|(raster, catalogue)| benchbuild::Input::Mosaic { raster, catalogue }),
+        )
+        .collect();
     let r = benchbuild::build(&inputs, &c.out, &o)?;
     println!(
         "{} craters: {} gallery and {} query images in {} ({} craters below {} px, {} crops left the image)",

@@ -293,3 +293,25 @@ fn bad_input_gives_clear_errors_and_exit_codes() {
     let o = e.run(&["model", "fetch", "--from", "missing.safetensors"]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("missing.safetensors"));
 }
+
+#[cfg(not(feature = "gdal"))]
+#[test]
+fn mosaics_without_gdal_say_how_to_get_it() {
+    let e = Env::new();
+    std::fs::write(e.root.join("c.csv"), "lat,lon,diameter_km\n1,2,3\n").unwrap();
+    let o = e.run(&[
+        "bench-build",
+        "--mosaic",
+        "m.tif",
+        "--catalogue",
+        "c.csv",
+        "--out",
+        "b",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("m.tif") && err.contains("--features gdal"),
+        "{err}"
+    );
+}

@@ -1,4 +1,5 @@
-//! Builds a CraterBench-R-style benchmark from image tiles and pixel crater lists.
+//! Builds a CraterBench-R-style benchmark from image tiles and pixel crater lists, or from
+//! georeferenced mosaics and catalogues in degrees and km (feature `gdal`, see `georef`).
 //!
 //! Gallery: for every crater of at least `min_diameter` pixels, axis-aligned crops of
 //! `scale x diameter` (default 2x and 3x) around its centre. Queries: for a seeded subset of
@@ -10,7 +11,7 @@
 //! crater of similar size (ratio within 1.5) whose centre lies within half a diameter —
 //! duplicate detections of the same crater.
 
-use crate::catalogue::{read_pixel_catalogue, Crater};
+use crate::catalogue::{read_pixel_catalogue, Crater, GeoCrater};
 use crate::manifest::{Entry, Manifest};
 use anyhow::{ensure, Context, Result};
 use image::{GrayImage, Luma};
@@ -67,10 +68,10 @@ pub struct BuildReport {
 }
 
 /// A tile as f32 gray values in [0, 1].
-struct Tile {
-    w: usize,
-    h: usize,
-    px: Vec<f32>,
+pub(crate) struct Tile {
+    pub(crate) w: usize,
+    pub(crate) h: usize,
+    pub(crate) px: Vec<f32>,
 }
 
 impl Tile {
@@ -94,8 +95,25 @@ impl Tile {
 
     /// A `side x side` crop centred at (cx, cy) covering `extent` tile pixels, rotated by
     /// `angle`; None when any part falls outside the tile.
-    fn crop(&self, cx: f64, cy: f64, extent: f64, angle: f64) -> Option<(usize, Vec<f32>)> {
-        let side = extent.round().max(8.0) as usize;
+    pub(crate) fn crop(
+        &self,
+        cx: f64,
+        cy: f64,
+        extent: f64,
+        angle: f64,
+    ) -> Option<(usize, Vec<f32>)> {
+        self.crop_to(cx, cy, extent, angle, extent.round().max(8.0) as usize)
+    }
+
+    /// As `crop`, resampled to `side x side` pixels.
+    pub(crate) fn crop_to(
+        &self,
+        cx: f64,
+        cy: f64,
+        extent: f64,
+        angle: f64,
+        side: usize,
+    ) -> Option<(usize, Vec<f32>)> {
         let half = extent / 2.0;
         let (c, s) = (angle.cos(), angle.sin());
         let reach = half * (c.abs() + s.abs());
@@ -190,11 +208,119 @@ struct Candidate {
     id: String,
     tile: usize,
     crater: Crater,
+    /// East-west over north-south size in pixels (1 for pixel catalogues).
+    aspect: f64,
+    geo: Option<GeoCrater>,
+}
+
+/// One source of craters.
+#[derive(Clone, Debug)]
+pub enum Input {
+    /// An image tile and a crater list in its pixels.
+    Tile { image: PathBuf, craters: PathBuf },
+    /// A georeferenced mosaic and a catalogue in degrees and km (needs the `gdal` feature).
+    Mosaic { raster: PathBuf, catalogue: PathBuf },
+}
+
+impl Input {
+    fn describe(&self) -> (String, String) {
+        match self {
+            Input::Tile { image, craters } => {
+                (image.display().to_string(), craters.display().to_string())
+            }
+            Input::Mosaic { raster, catalogue } => (
+                raster.display().to_string(),
+                catalogue.display().to_string(),
+            ),
+        }
+    }
+}
+
+/// Where crops come from: a tile in memory, or a mosaic read window by window.
+enum Source {
+    Tile(Tile),
+    #[cfg(feature = "gdal")]
+    Raster(crate::georef::Raster),
+}
+
+impl Source {
+    fn crop(
+        &self,
+        c: &Candidate,
+        dx: f64,
+        dy: f64,
+        extent: f64,
+        angle: f64,
+    ) -> Option<(usize, Vec<f32>)> {
+        let (x, y) = (c.crater.x + dx * c.aspect, c.crater.y + dy);
+        match self {
+            Source::Tile(t) => t.crop(x, y, extent, angle),
+            #[cfg(feature = "gdal")]
+            Source::Raster(r) => r.crop(x, y, extent, c.aspect, angle),
+        }
+    }
+}
+
+/// A crater of an input in its source's pixels.
+struct SourceCrater {
+    crater: Crater,
+    aspect: f64,
+    geo: Option<GeoCrater>,
+}
+
+/// Opens one input: its crop source, its name and its craters.
+fn open_input(input: &Input) -> Result<(Source, String, Vec<SourceCrater>)> {
+    let stem = |p: &Path| {
+        p.file_stem()
+            .map(|s| s.to_string_lossy().to_string())
+            .unwrap_or_default()
+    };
+    match input {
+        Input::Tile { image, craters } => {
+            let list = read_pixel_catalogue(craters)?
+                .into_iter()
+                .map(|crater| SourceCrater {
+                    crater,
+                    aspect: 1.0,
+                    geo: None,
+                })
+                .collect();
+            Ok((Source::Tile(Tile::load(image)?), stem(image), list))
+        }
+        #[cfg(feature = "gdal")]
+        Input::Mosaic { raster, catalogue } => {
+            let r = crate::georef::Raster::open(raster)?;
+            let geo = crate::catalogue::read_geo_catalogue(catalogue)?;
+            let placed = r.place(&geo)?;
+            ensure!(
+                !placed.is_empty(),
+                "none of the {} craters of {} lies on {}",
+                geo.len(),
+                catalogue.display(),
+                raster.display()
+            );
+            let list = placed
+                .into_iter()
+                .map(|(g, p)| SourceCrater {
+                    crater: p.crater,
+                    aspect: p.aspect,
+                    geo: Some(g),
+                })
+                .collect();
+            Ok((Source::Raster(r), stem(raster), list))
+        }
+        #[cfg(not(feature = "gdal"))]
+        Input::Mosaic { raster, .. } => anyhow::bail!(
+            "{}: georeferenced mosaics need GDAL; this craterdex was built without it \
+             (install libgdal-dev and build with `cargo build --release --features gdal`)",
+            raster.display()
+        ),
+    }
 }
 
 /// Builds a benchmark into `out` (replaced atomically): `images/gallery`, `images/query`,
 /// `splits/test.json`, `metadata/build.json`.
-pub fn build(inputs: &[(PathBuf, PathBuf)], out: &Path, o: &BuildOptions) -> Result<BuildReport> {
+pub fn build(inputs: &[Input], out: &Path, o: &BuildOptions) -> Result<BuildReport> {
     ensure!(!inputs.is_empty(), "no tiles given");
     ensure!(
         o.views > 0 && !o.gallery_scales.is_empty(),
@@ -212,24 +338,22 @@ pub fn build(inputs: &[(PathBuf, PathBuf)], out: &Path, o: &BuildOptions) -> Res
     let mut report = BuildReport::default();
     let mut tiles = Vec::new();
     let mut candidates = Vec::new();
-    for (ti, (image, cat)) in inputs.iter().enumerate() {
-        let tile = Tile::load(image)?;
-        let stem = image
-            .file_stem()
-            .map(|s| s.to_string_lossy().to_string())
-            .unwrap_or_default();
-        for c in read_pixel_catalogue(cat)? {
-            if c.diameter < o.min_diameter {
+    for (ti, input) in inputs.iter().enumerate() {
+        let (source, stem, craters) = open_input(input)?;
+        for c in craters {
+            if c.crater.diameter < o.min_diameter {
                 report.skipped_small += 1;
                 continue;
             }
             candidates.push(Candidate {
-                id: format!("{stem}-{}", c.id),
+                id: format!("{stem}-{}", c.crater.id),
                 tile: ti,
-                crater: c,
+                crater: c.crater,
+                aspect: c.aspect,
+                geo: c.geo,
             });
         }
-        tiles.push(tile);
+        tiles.push(source);
     }
     let mut gallery = Vec::new();
     let mut in_gallery = Vec::new();
@@ -238,12 +362,7 @@ pub fn build(inputs: &[(PathBuf, PathBuf)], out: &Path, o: &BuildOptions) -> Res
         let mut any = false;
         for &scale in &o.gallery_scales {
             let view = format!("{}x", scale);
-            match t.crop(
-                cand.crater.x,
-                cand.crater.y,
-                scale * cand.crater.diameter,
-                0.0,
-            ) {
+            match t.crop(cand, 0.0, 0.0, scale * cand.crater.diameter, 0.0) {
                 Some((side, px)) => {
                     let name = format!("{}_{view}", cand.id);
                     let rel = format!("images/gallery/{name}.png");
@@ -254,9 +373,9 @@ pub fn build(inputs: &[(PathBuf, PathBuf)], out: &Path, o: &BuildOptions) -> Res
                         crater_id: cand.id.clone(),
                         view_type: Some(view),
                         relevant_crater_ids: None,
-                        lat: None,
-                        lon: None,
-                        diameter_km: None,
+                        lat: cand.geo.as_ref().map(|g| g.lat),
+                        lon: cand.geo.as_ref().map(|g| g.lon),
+                        diameter_km: cand.geo.as_ref().map(|g| g.diameter_km),
                     });
                     any = true;
                 }
@@ -305,7 +424,7 @@ pub fn build(inputs: &[(PathBuf, PathBuf)], out: &Path, o: &BuildOptions) -> Res
             } else {
                 0.0
             };
-            match t.crop(cand.crater.x + dx, cand.crater.y + dy, ctx * d, angle) {
+            match t.crop(cand, dx, dy, ctx * d, angle) {
                 Some((side, mut px)) => {
                     photometric(&mut px, side, o, &mut rng);
                     let name = format!("{}_q{v}", cand.id);
@@ -317,9 +436,9 @@ pub fn build(inputs: &[(PathBuf, PathBuf)], out: &Path, o: &BuildOptions) -> Res
                         crater_id: cand.id.clone(),
                         view_type: Some(format!("q{ctx:.2}x")),
                         relevant_crater_ids: Some(relevant.clone()),
-                        lat: None,
-                        lon: None,
-                        diameter_km: None,
+                        lat: cand.geo.as_ref().map(|g| g.lat),
+                        lon: cand.geo.as_ref().map(|g| g.lon),
+                        diameter_km: cand.geo.as_ref().map(|g| g.diameter_km),
                     });
                 }
                 None => report.skipped_outside += 1,
@@ -343,10 +462,7 @@ pub fn build(inputs: &[(PathBuf, PathBuf)], out: &Path, o: &BuildOptions) -> Res
         tmp.join("splits/test.json"),
         serde_json::to_vec_pretty(&manifest)?,
     )?;
-    let sources: Vec<(String, String)> = inputs
-        .iter()
-        .map(|(a, b)| (a.display().to_string(), b.display().to_string()))
-        .collect();
+    let sources: Vec<(String, String)> = inputs.iter().map(Input::describe).collect();
     std::fs::write(
         tmp.join("metadata/build.json"),
         serde_json::to_vec_pretty(
@@ -379,7 +495,11 @@ mod tests {
             views: 3,
             ..Default::default()
         };
-        let r = build(&[(tile.clone(), cat.clone())], &out, &o).unwrap();
+        let input = Input::Tile {
+            image: tile.clone(),
+            craters: cat.clone(),
+        };
+        let r = build(std::slice::from_ref(&input), &out, &o).unwrap();
         assert_eq!(r.skipped_small, 1);
         assert_eq!(r.craters, 2); // the crater at (5,5) fits no crop
         assert_eq!(r.gallery_images, 4);
@@ -392,7 +512,7 @@ mod tests {
         assert_eq!(first.width(), 40);
         // seeded: the same options give the same images
         let out2 = d.path().join("bench2");
-        build(&[(tile, cat)], &out2, &o).unwrap();
+        build(&[input], &out2, &o).unwrap();
         let q = &b.manifest.query_images[2].path;
         assert_eq!(
             std::fs::read(out.join(q)).unwrap(),

@@ -26,8 +26,10 @@ pub struct GeoCrater {
     pub diameter_km: f64,
 }
 
+type CsvFile = (csv::Reader<std::io::Cursor<Vec<u8>>>, Vec<String>);
+
 /// A CSV reader (comma or tab, found from the header line) and its lower-case headers.
-fn open_csv(path: &Path) -> Result<(csv::Reader<std::io::Cursor<Vec<u8>>>, Vec<String>)> {
+fn open_csv(path: &Path) -> Result<CsvFile> {
     let text = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     let first = text.split(|&b| b == b'\n').next().unwrap_or_default();
     let delim = if first.contains(&b'\t') { b'\t' } else { b',' };
@@ -54,7 +56,11 @@ fn number(path: &Path, rec: &csv::StringRecord, line: usize, col: usize) -> Resu
 
 pub fn read_geo_catalogue(path: &Path) -> Result<Vec<GeoCrater>> {
     let (mut rdr, headers) = open_csv(path)?;
-    let find = |names: &[&str]| names.iter().find_map(|n| headers.iter().position(|h| h == n));
+    let find = |names: &[&str]| {
+        names
+            .iter()
+            .find_map(|n| headers.iter().position(|h| h == n))
+    };
     let (Some(lat), Some(lon), Some(diam)) = (
         find(&["lat_circ_img", "lat_elli_img", "lat", "latitude"]),
         find(&["lon_circ_img", "lon_elli_img", "lon", "longitude"]),

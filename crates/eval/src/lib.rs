@@ -1,6 +1,7 @@
 //! craterdex-eval: measures retrieval the CraterBench-R way and builds such benchmarks.
 //!
-//! Owns: the CraterBench-R manifest format, crater catalogues, the benchmark builder,
+//! Owns: the CraterBench-R manifest format, crater catalogues, the benchmark builder (from
+//! image tiles, or from georeferenced mosaics through GDAL with the `gdal` feature),
 //! metrics (Recall@K, cluster-tolerant mAP, R@S), the paper's evaluation regimes and the
 //! HTML report. Sits at the end of the data flow: it may use every other crate, and none
 //! of them may use it.
@@ -8,6 +9,8 @@
 pub mod benchbuild;
 pub mod catalogue;
 pub mod datasets;
+#[cfg(feature = "gdal")]
+pub mod georef;
 pub mod manifest;
 pub mod metrics;
 pub mod regimes;

@@ -1,0 +1,212 @@
+//! Georeferenced mosaics through GDAL (feature `gdal`): GeoTIFF, ISIS3, PDS/PDS4 and the
+//! other rasters GDAL reads, in any projection PROJ knows, on any body.
+//!
+//! A catalogue crater (latitude, longitude in degrees, diameter in km) is placed on the
+//! mosaic by transforming its centre, and points half a diameter north and east of it, from
+//! the mosaic's own geographic CRS into its projection, then into pixels through the
+//! geotransform. The two offsets give the crater's local size in pixels along y and x, so a
+//! crater stretched east-west by an equirectangular projection at high latitude gets a crop
+//! window stretched the same way and resampled to a square. Crops are windowed reads,
+//! resampled by GDAL to the output size: a mosaic is never loaded whole.
+
+use crate::benchbuild::Tile;
+use crate::catalogue::{Crater, GeoCrater};
+use anyhow::{ensure, Context, Result};
+use gdal::raster::{GdalDataType, ResampleAlg};
+use gdal::spatial_ref::{AxisMappingStrategy, CoordTransform};
+use gdal::Dataset;
+use std::path::{Path, PathBuf};
+
+/// Largest side of a crop read from a mosaic; bigger craters are read downsampled.
+const MAX_SIDE: f64 = 512.0;
+
+/// An open mosaic.
+pub struct Raster {
+    path: PathBuf,
+    ds: Dataset,
+    size: (usize, usize),
+    geotransform: [f64; 6],
+    to_projected: CoordTransform,
+    radius_m: f64,
+    /// Values map to [0, 1] as `(v - offset) * scale`.
+    offset: f64,
+    scale: f64,
+    nodata: Option<f64>,
+}
+
+/// A catalogue crater placed on the mosaic: pixel centre and N-S diameter, and how much
+/// wider it is east-west in pixels.
+pub struct Placed {
+    pub crater: Crater,
+    pub aspect: f64,
+}
+
+impl Raster {
+    pub fn open(path: &Path) -> Result<Self> {
+        let ctx = || format!("{}", path.display());
+        let ds = Dataset::open(path)
+            .with_context(|| format!("{}: GDAL cannot open it as a raster", path.display()))?;
+        let geotransform = ds.geo_transform().with_context(|| {
+            format!(
+                "{}: no geotransform (not a georeferenced mosaic)",
+                path.display()
+            )
+        })?;
+        let mut srs = ds.spatial_ref().with_context(|| {
+            format!(
+                "{}: no coordinate reference system (not a georeferenced mosaic)",
+                path.display()
+            )
+        })?;
+        srs.set_axis_mapping_strategy(AxisMappingStrategy::TraditionalGisOrder);
+        let mut geographic = srs.geog_cs().with_context(ctx)?;
+        geographic.set_axis_mapping_strategy(AxisMappingStrategy::TraditionalGisOrder);
+        let to_projected = CoordTransform::new(&geographic, &srs).with_context(ctx)?;
+        let radius_m = srs.semi_major().with_context(ctx)?;
+        ensure!(
+            radius_m > 0.0,
+            "{}: the body's radius is unknown",
+            path.display()
+        );
+        let size = ds.raster_size();
+        let (nodata, offset, scale) = {
+            let band = ds.rasterband(1).with_context(ctx)?;
+            let (offset, scale) = match band.band_type() {
+                GdalDataType::UInt8 => (0.0, 1.0 / 255.0),
+                _ => {
+                    let mm = band.compute_raster_min_max(true).with_context(|| {
+                        format!("{}: cannot find the value range", path.display())
+                    })?;
+                    (mm.min, 1.0 / (mm.max - mm.min).max(f64::MIN_POSITIVE))
+                }
+            };
+            (band.no_data_value(), offset, scale)
+        };
+        Ok(Self {
+            path: path.to_path_buf(),
+            ds,
+            size,
+            geotransform,
+            to_projected,
+            radius_m,
+            offset,
+            scale,
+            nodata,
+        })
+    }
+
+    /// Pixel coordinates (0 at the centre of the first pixel) of geographic points.
+    fn pixels(&self, lon: &[f64], lat: &[f64]) -> Result<Vec<(f64, f64)>> {
+        let (mut x, mut y) = (lon.to_vec(), lat.to_vec());
+        self.to_projected
+            .transform_coords(&mut x, &mut y, &mut [])
+            .with_context(|| format!("{}: cannot project crater positions", self.path.display()))?;
+        let g = &self.geotransform;
+        let det = g[1] * g[5] - g[2] * g[4];
+        Ok(x.iter()
+            .zip(&y)
+            .map(|(&x, &y)| {
+                let (dx, dy) = (x - g[0], y - g[3]);
+                (
+                    (g[5] * dx - g[2] * dy) / det - 0.5,
+                    (-g[4] * dx + g[1] * dy) / det - 0.5,
+                )
+            })
+            .collect())
+    }
+
+    fn inside(&self, (x, y): (f64, f64)) -> bool {
+        x >= 0.0 && y >= 0.0 && x <= (self.size.0 - 1) as f64 && y <= (self.size.1 - 1) as f64
+    }
+
+    /// Places catalogue craters on the mosaic; longitudes are tried as given and shifted by
+    /// 360 degrees (0-360 and -180-180 conventions). Craters off the mosaic are left out.
+    pub fn place(&self, craters: &[GeoCrater]) -> Result<Vec<(GeoCrater, Placed)>> {
+        let mut out = Vec::new();
+        for c in craters {
+            let half_deg = (c.diameter_km * 500.0 / self.radius_m).to_degrees();
+            let cos_lat = c.lat.to_radians().cos().max(0.01);
+            let mut placed = None;
+            for wrap in [0.0, -360.0, 360.0] {
+                let lon = c.lon + wrap;
+                let p = self.pixels(
+                    &[lon, lon, lon + half_deg / cos_lat],
+                    &[c.lat, (c.lat + half_deg).min(90.0), c.lat],
+                )?;
+                if self.inside(p[0]) {
+                    placed = Some(p);
+                    break;
+                }
+            }
+            let Some(p) = placed else { continue };
+            let dist =
+                |a: (f64, f64), b: (f64, f64)| ((a.0 - b.0).powi(2) + (a.1 - b.1).powi(2)).sqrt();
+            let (ns, ew) = (2.0 * dist(p[0], p[1]), 2.0 * dist(p[0], p[2]));
+            if !(ns > 0.0 && ew > 0.0) {
+                continue;
+            }
+            out.push((
+                c.clone(),
+                Placed {
+                    crater: Crater {
+                        id: c.id.clone(),
+                        x: p[0].0,
+                        y: p[0].1,
+                        diameter: ns,
+                    },
+                    aspect: ew / ns,
+                },
+            ));
+        }
+        Ok(out)
+    }
+
+    /// A `side x side` crop centred at (cx, cy) spanning `extent` pixels north-south and
+    /// `extent * aspect` east-west, rotated by `angle`; None when it leaves the mosaic or
+    /// touches no-data.
+    pub fn crop(
+        &self,
+        cx: f64,
+        cy: f64,
+        extent: f64,
+        aspect: f64,
+        angle: f64,
+    ) -> Option<(usize, Vec<f32>)> {
+        let side = extent.round().clamp(8.0, MAX_SIDE);
+        let reach = angle.cos().abs() + angle.sin().abs() + 4.0 / side;
+        let (wx, wy) = (extent * aspect * reach, extent * reach);
+        let (x0, y0) = ((cx + 0.5 - wx / 2.0).floor(), (cy + 0.5 - wy / 2.0).floor());
+        let (x1, y1) = ((cx + 0.5 + wx / 2.0).ceil(), (cy + 0.5 + wy / 2.0).ceil());
+        if x0 < 0.0 || y0 < 0.0 || x1 > self.size.0 as f64 || y1 > self.size.1 as f64 {
+            return None;
+        }
+        let n = (side * reach).ceil() as usize;
+        let band = self.ds.rasterband(1).ok()?;
+        let buf = band
+            .read_as::<f64>(
+                (x0 as isize, y0 as isize),
+                ((x1 - x0) as usize, (y1 - y0) as usize),
+                (n, n),
+                Some(ResampleAlg::Bilinear),
+            )
+            .ok()?;
+        let (_, data) = buf.into_shape_and_vec();
+        if let Some(nd) = self.nodata {
+            if data.iter().any(|&v| v == nd || v.is_nan()) {
+                return None;
+            }
+        }
+        let tile = Tile {
+            w: n,
+            h: n,
+            px: data
+                .iter()
+                .map(|&v| ((v - self.offset) * self.scale).clamp(0.0, 1.0) as f32)
+                .collect(),
+        };
+        // The crater centre in buffer pixels (centre-of-pixel coordinates).
+        let (sx, sy) = ((x1 - x0) / n as f64, (y1 - y0) / n as f64);
+        let (bx, by) = ((cx + 0.5 - x0) / sx - 0.5, (cy + 0.5 - y0) / sy - 0.5);
+        tile.crop_to(bx, by, extent / sy, angle, side as usize)
+    }
+}
