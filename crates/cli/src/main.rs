@@ -874,10 +874,10 @@ fn write_outputs(
             show,
         };
         let intro = format!(
-            "{} gallery and {} query images; run: {}",
+            "{} gallery and {} query images. {}",
             out.gallery.len(),
             out.queries.len(),
-            serde_json::to_string(&run_info)?
+            describe_run(&run_info)
         );
         let html =
             craterdex_eval::report::render(title, &intro, &out.results, Some(&ex), before, after);
@@ -885,6 +885,46 @@ fn write_outputs(
         eprintln!("wrote {}", r.display());
     }
     Ok(())
+}
+
+/// `key: value; key: a 0.916, b 0.975` from a run description, for people to read.
+fn describe_run(v: &serde_json::Value) -> String {
+    fn scalar(v: &serde_json::Value) -> String {
+        match v {
+            serde_json::Value::Number(n) => n
+                .as_f64()
+                .map(|f| {
+                    if f.fract() == 0.0 {
+                        format!("{f}")
+                    } else {
+                        format!("{f:.3}")
+                    }
+                })
+                .unwrap_or_default(),
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Bool(b) => (if *b { "yes" } else { "no" }).into(),
+            other => other.to_string(),
+        }
+    }
+    match v.as_object() {
+        Some(map) => map
+            .iter()
+            .map(|(k, v)| match v.as_object() {
+                Some(inner) => format!(
+                    "{}: {}",
+                    k.replace('_', " "),
+                    inner
+                        .iter()
+                        .map(|(ik, iv)| format!("{} {}", ik.replace('_', " "), scalar(iv)))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                None => format!("{}: {}", k.replace('_', " "), scalar(v)),
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+        None => scalar(v),
+    }
 }
 
 fn eval_cmd(c: EvalCmd) -> Result<EvalOutcome> {
@@ -900,4 +940,18 @@ fn eval_cmd(c: EvalCmd) -> Result<EvalOutcome> {
         info,
     )?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::describe_run;
+
+    #[test]
+    fn run_descriptions_read_as_text() {
+        let v = serde_json::json!({"model": "m", "quick": true, "index_x": {"R@1": 0.91596, "ms": 2.0}});
+        assert_eq!(
+            describe_run(&v),
+            "index x: R@1 0.916, ms 2; model: m; quick: yes"
+        );
+    }
 }
