@@ -199,6 +199,7 @@ fn time_index(
             top_k: 10,
             shortlist: sz.unwrap_or(0),
             mode,
+            ..Default::default()
         };
         let (single_q, batch_q, reps) = if mode == Mode::Exhaustive {
             (single_n.min(10), nq.min(50), 1)

@@ -83,6 +83,8 @@ pub fn run(c: DemoCmd) -> Result<()> {
         seeds: craterdex_tokens::SeedStrategy::Fps,
         pooling: craterdex_tokens::Pooling::Cls,
         no_whiten: false,
+        ivf: "auto".into(),
+        nprobe: None,
     };
     build_index(
         &index_dir,

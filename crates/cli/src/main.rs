@@ -177,6 +177,13 @@ struct RecipeOpts {
     /// Do not learn PCA whitening (reproduces the paper's unwhitened numbers).
     #[arg(long)]
     no_whiten: bool,
+    /// Approximate stage 1: IVF lists over the single vectors. "auto": about 4 sqrt(n) lists
+    /// from 100,000 images up, exact below; "off"; or a number of lists.
+    #[arg(long, default_value = "auto")]
+    ivf: String,
+    /// IVF lists scanned per query by default (default: lists / 64, at least 8).
+    #[arg(long)]
+    nprobe: Option<usize>,
 }
 
 impl RecipeOpts {
@@ -193,6 +200,8 @@ impl RecipeOpts {
                 ..Default::default()
             },
             codec: self.codec,
+            ivf: self.ivf.clone(),
+            nprobe: self.nprobe,
         }
     }
 }
@@ -254,6 +263,9 @@ struct SearchCmd {
     /// two-stage (default), stage1 or exhaustive.
     #[arg(long, default_value = "two-stage")]
     mode: String,
+    /// IVF lists to scan in stage 1 (default: the index's); 0 scans every image exactly.
+    #[arg(long)]
+    nprobe: Option<usize>,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -527,6 +539,7 @@ fn index_cmd(c: IndexCmd) -> Result<()> {
                 "model": idx.model(), "codec": idx.codec.codec.name(), "tokens_per_image": idx.tokens_per_image(),
                 "token_dim": idx.token_dim(), "single_dim": idx.single_dim(), "token_bytes_per_image": idx.token_bytes_per_image(),
                 "recipe": idx.encoder.recipe,
+                "ivf": idx.ivf().map(|(ivf, nprobe)| serde_json::json!({"lists": ivf.lists(), "nprobe": nprobe})),
             });
             println!("{}", serde_json::to_string_pretty(&info)?);
         }
@@ -539,6 +552,7 @@ fn search_cmd(c: SearchCmd) -> Result<()> {
         top_k: c.top,
         shortlist: c.shortlist,
         mode: c.mode.parse()?,
+        stage1: craterdex_index::search::Stage1::from_nprobe(c.nprobe),
     };
     let idx = Index::open(&c.index)?;
     let mut items: Vec<(String, PathBuf)> = c

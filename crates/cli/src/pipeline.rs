@@ -166,6 +166,26 @@ pub fn query_items(b: &Benchmark) -> Vec<(String, PathBuf)> {
 pub struct IndexArgs {
     pub recipe: Recipe,
     pub codec: Codec,
+    /// "auto", "off" or a number of IVF lists.
+    pub ivf: String,
+    pub nprobe: Option<usize>,
+}
+
+/// Galleries from this size up get IVF lists under `--ivf auto`.
+pub const IVF_AUTO_MIN_IMAGES: usize = 100_000;
+
+/// The IVF lists to build for `n` images, from `--ivf`.
+pub fn ivf_lists(choice: &str, n: usize) -> Result<Option<usize>> {
+    Ok(match choice {
+        "auto" => (n >= IVF_AUTO_MIN_IMAGES).then(|| craterdex_index::ivf::default_lists(n)),
+        "off" | "none" => None,
+        v => match v.parse::<usize>() {
+            Ok(lists) if lists >= 1 && lists <= n => Some(lists),
+            _ => bail!(
+                "--ivf {v:?}: use auto, off, or a number of lists between 1 and the {n} images"
+            ),
+        },
+    })
 }
 
 /// Learns the encoder on the gallery itself (no labels), encodes and writes the index.
@@ -187,8 +207,29 @@ pub fn build_index(
         .flat_map(|d| d.tokens.iter().copied())
         .collect();
     let codec = TokenCodec::train(a.codec, enc.token_dim(feats.dim), &sample, 0)?;
+    let ivf = match ivf_lists(&a.ivf, descs.len())? {
+        Some(lists) => {
+            let singles: Vec<f32> = descs
+                .iter()
+                .flat_map(|d| d.single.iter().copied())
+                .collect();
+            let ivf = craterdex_index::ivf::Ivf::train(&singles, descs[0].single.len(), lists, 0)?;
+            let nprobe = a
+                .nprobe
+                .unwrap_or(craterdex_index::ivf::default_nprobe(lists));
+            Some((ivf, nprobe))
+        }
+        None => None,
+    };
     let images: Vec<(ImageMeta, Descriptors)> = metas.into_iter().zip(descs).collect();
-    Index::create(out, &enc, &codec, Some(vit.config().fingerprint()), &images)
+    Index::create_with_ivf(
+        out,
+        &enc,
+        &codec,
+        Some(vit.config().fingerprint()),
+        &images,
+        ivf.as_ref().map(|(i, n)| (i, *n)),
+    )
 }
 
 pub fn metas_from_benchmark(b: &Benchmark, feats: &FeatureSet) -> Vec<ImageMeta> {

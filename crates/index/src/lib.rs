@@ -7,6 +7,7 @@
 
 pub mod codec;
 pub mod flat;
+pub mod ivf;
 pub mod maxsim;
 pub mod search;
 pub mod store;

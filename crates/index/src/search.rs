@@ -2,6 +2,7 @@
 //! reranking of the shortlist with the stored instance tokens; or exhaustive MaxSim.
 
 use crate::flat::{self, Scored, TopK};
+use crate::ivf::Ivf;
 use crate::maxsim::QueryKernel;
 use crate::store::Index;
 use craterdex_tokens::Descriptors;
@@ -18,12 +19,36 @@ pub enum Mode {
     Exhaustive,
 }
 
+/// How stage 1 finds its shortlist.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Stage1 {
+    /// IVF with the index's default `nprobe` when the index has IVF lists, exact otherwise.
+    #[default]
+    Auto,
+    /// Every single vector.
+    Exact,
+    /// `n` IVF lists (exact when the index has none).
+    Probe(usize),
+}
+
+impl Stage1 {
+    /// From an `nprobe` option: none is `Auto`, 0 is `Exact`.
+    pub fn from_nprobe(nprobe: Option<usize>) -> Self {
+        match nprobe {
+            None => Stage1::Auto,
+            Some(0) => Stage1::Exact,
+            Some(n) => Stage1::Probe(n),
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 pub struct SearchParams {
     pub top_k: usize,
     /// Shortlist size S (two-stage only).
     pub shortlist: usize,
     pub mode: Mode,
+    pub stage1: Stage1,
 }
 
 impl std::str::FromStr for Mode {
@@ -54,6 +79,7 @@ impl Default for SearchParams {
             top_k: 10,
             shortlist: 100,
             mode: Mode::TwoStage,
+            stage1: Stage1::Auto,
         }
     }
 }
@@ -68,8 +94,45 @@ pub struct Hit {
 }
 
 impl Index {
-    /// The `k` best live rows by single-vector inner product, per query (`singles` `[nq, Ds]`).
-    pub fn stage1(&self, singles: &[f32], k: usize) -> Vec<Vec<Scored>> {
+    /// The `k` best live rows by single-vector inner product, per query (`singles` `[nq, Ds]`),
+    /// exact or through the IVF lists.
+    pub fn stage1(&self, singles: &[f32], k: usize, how: Stage1) -> Vec<Vec<Scored>> {
+        let probe = match (how, self.ivf()) {
+            (Stage1::Exact, _) | (_, None) => None,
+            (Stage1::Auto, Some((ivf, n))) => Some((ivf, n)),
+            (Stage1::Probe(n), Some((ivf, _))) => Some((ivf, n.max(1))),
+        };
+        let Some((ivf, nprobe)) = probe else {
+            return self.stage1_exact(singles, k);
+        };
+        let d = self.single_dim();
+        let one = |q: &[f32]| self.stage1_ivf(ivf, q, k, nprobe);
+        if singles.len() == d {
+            vec![one(singles)]
+        } else {
+            singles.par_chunks(d).map(one).collect()
+        }
+    }
+
+    fn stage1_ivf(&self, ivf: &Ivf, q: &[f32], k: usize, nprobe: usize) -> Vec<Scored> {
+        let d = self.single_dim();
+        let lists = ivf.probe(q, nprobe);
+        let mask = self.deleted_mask();
+        let mut top = TopK::new(k);
+        for (first, single, inverted) in self.ivf_segments() {
+            for &l in &lists {
+                for &r in inverted.list(l) {
+                    let (r, row) = (r as usize, first + r as usize);
+                    if !mask[row] {
+                        top.push(row, craterdex_tokens::dot(q, &single[r * d..(r + 1) * d]));
+                    }
+                }
+            }
+        }
+        top.into_sorted()
+    }
+
+    fn stage1_exact(&self, singles: &[f32], k: usize) -> Vec<Vec<Scored>> {
         let d = self.single_dim();
         let nq = singles.len() / d;
         let mut tops: Vec<TopK> = (0..nq).map(|_| TopK::new(k)).collect();
@@ -175,7 +238,7 @@ impl Index {
                 } else {
                     params.shortlist.max(params.top_k)
                 };
-                let lists = self.stage1(&singles, s);
+                let lists = self.stage1(&singles, s, params.stage1);
                 if params.mode == Mode::Stage1 {
                     return lists
                         .into_iter()

@@ -5,14 +5,17 @@
 //!                     sizes and CRC32s, deleted image ids; replaced atomically on every change
 //! encoder.json        the descriptor recipe and its whitening (shared by gallery and queries)
 //! codebooks.f32       PQ codebooks (PQ codecs only)
+//! ivf.f32             IVF centroids [lists, Ds] (IVF indexes only)
 //! seg-NNNNNN/         immutable segment: single.f32 [n, Ds], tokens.bin [n, K, bytes/token],
-//!                     scales.f32 [n, K] (int8 only), meta.jsonl (one ImageMeta per image)
+//!                     scales.f32 [n, K] (int8 only), meta.jsonl (one ImageMeta per image),
+//!                     lists.u32 [n] (IVF list of each image; IVF indexes only)
 //! ```
 //! Building writes a complete directory beside the old one and swaps it in. Adding writes a
 //! new segment directory, then the manifest; removing rewrites only the manifest. A crash at
 //! any point leaves the previous manifest, which names only complete, checksummed segments.
 
 use crate::codec::{Codec, TokenCodec};
+use crate::ivf::{InvertedLists, Ivf};
 use anyhow::{ensure, Context, Result};
 use craterdex_durable::{failpoint, replace_dir, sync_tree, tempdir_beside, write_atomic};
 use craterdex_tokens::{Descriptors, Encoder};
@@ -26,6 +29,7 @@ pub const INDEX_VERSION: u32 = 1;
 const MANIFEST: &str = "index.json";
 const ENCODER: &str = "encoder.json";
 const CODEBOOKS: &str = "codebooks.f32";
+const IVF_CENTROIDS: &str = "ivf.f32";
 
 /// What is known about one indexed image.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -75,6 +79,16 @@ struct Manifest {
     codebooks: Option<FileSum>,
     segments: Vec<SegmentInfo>,
     deleted: BTreeSet<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ivf: Option<IvfInfo>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct IvfInfo {
+    lists: usize,
+    /// Lists a query scans unless told otherwise.
+    nprobe: usize,
+    centroids: FileSum,
 }
 
 struct Segment {
@@ -83,6 +97,7 @@ struct Segment {
     single: Mmap,
     tokens: Mmap,
     scales: Option<Mmap>,
+    lists: Option<InvertedLists>,
 }
 
 /// An open index. Arrays are memory-mapped; metadata is in memory.
@@ -91,6 +106,7 @@ pub struct Index {
     manifest: Manifest,
     pub encoder: Encoder,
     pub codec: TokenCodec,
+    ivf: Option<Ivf>,
     segments: Vec<Segment>,
     metas: Vec<ImageMeta>,
     deleted_rows: Vec<bool>,
@@ -138,6 +154,7 @@ fn write_segment(
     k: usize,
     single_dim: usize,
     images: &[(ImageMeta, Descriptors)],
+    ivf: Option<&Ivf>,
 ) -> Result<SegmentInfo> {
     let mut single = Vec::with_capacity(images.len() * single_dim);
     let mut payload = Vec::with_capacity(images.len() * k * codec.bytes_per_token());
@@ -177,6 +194,9 @@ fn write_segment(
         put("scales.f32", bytemuck::cast_slice(&scales))?;
     }
     put("meta.jsonl", &meta)?;
+    if let Some(ivf) = ivf {
+        put("lists.u32", bytemuck::cast_slice(&ivf.assign(&single)))?;
+    }
     sync_tree(&tmp);
     let target = dir.join(name);
     if target.exists() {
@@ -207,6 +227,19 @@ impl Index {
         model: Option<String>,
         images: &[(ImageMeta, Descriptors)],
     ) -> Result<()> {
+        Self::create_with_ivf(dir, encoder, codec, model, images, None)
+    }
+
+    /// As `create`, with an IVF stage 1 (`ivf`: the centroids and the default `nprobe`).
+    /// Images added later are assigned to the same centroids.
+    pub fn create_with_ivf(
+        dir: &Path,
+        encoder: &Encoder,
+        codec: &TokenCodec,
+        model: Option<String>,
+        images: &[(ImageMeta, Descriptors)],
+        ivf: Option<(&Ivf, usize)>,
+    ) -> Result<()> {
         ensure!(!images.is_empty(), "cannot build an index from zero images");
         check_unique(images.iter().map(|(m, _)| m.id.as_str()), &HashMap::new())?;
         let single_dim = images[0].1.single.len();
@@ -221,7 +254,32 @@ impl Index {
             std::fs::write(tmp.join(CODEBOOKS), b)?;
             Some(checksum(b))
         };
-        let seg = write_segment(&tmp, &segment_name(1), codec, k, single_dim, images)?;
+        let ivf_info = match ivf {
+            Some((ivf, nprobe)) => {
+                ensure!(
+                    ivf.dim == single_dim,
+                    "IVF centroids are {}-d, single vectors {single_dim}-d",
+                    ivf.dim
+                );
+                let b: &[u8] = bytemuck::cast_slice(&ivf.centroids);
+                std::fs::write(tmp.join(IVF_CENTROIDS), b)?;
+                Some(IvfInfo {
+                    lists: ivf.lists(),
+                    nprobe: nprobe.clamp(1, ivf.lists()),
+                    centroids: checksum(b),
+                })
+            }
+            None => None,
+        };
+        let seg = write_segment(
+            &tmp,
+            &segment_name(1),
+            codec,
+            k,
+            single_dim,
+            images,
+            ivf.map(|(i, _)| i),
+        )?;
         let manifest = Manifest {
             format: INDEX_FORMAT.into(),
             version: INDEX_VERSION,
@@ -235,6 +293,7 @@ impl Index {
             codebooks,
             segments: vec![seg],
             deleted: BTreeSet::new(),
+            ivf: ivf_info,
         };
         std::fs::write(tmp.join(MANIFEST), serde_json::to_vec_pretty(&manifest)?)?;
         failpoint("index-before-swap");
@@ -291,6 +350,30 @@ impl Index {
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect();
         }
+        let ivf = match &manifest.ivf {
+            Some(info) => {
+                let p = dir.join(IVF_CENTROIDS);
+                let b =
+                    std::fs::read(&p).with_context(|| format!("cannot read {}", p.display()))?;
+                check_file(&p, &b, &info.centroids, verify)?;
+                ensure!(
+                    b.len() == info.lists * manifest.single_dim * 4,
+                    "{}: {} bytes for {} lists of {}-d",
+                    p.display(),
+                    b.len(),
+                    info.lists,
+                    manifest.single_dim
+                );
+                Some(Ivf {
+                    dim: manifest.single_dim,
+                    centroids: b
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect(),
+                })
+            }
+            None => None,
+        };
         let k = manifest.tokens_per_image;
         let mut segments = Vec::new();
         let mut metas = Vec::new();
@@ -344,12 +427,27 @@ impl Index {
                 sdir.display(),
                 s.count
             );
+            let lists = match &manifest.ivf {
+                Some(info) => {
+                    let m = open("lists.u32", s.count * 4)?;
+                    let assignment: Vec<u32> = m
+                        .chunks_exact(4)
+                        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect();
+                    Some(
+                        InvertedLists::build(&assignment, info.lists)
+                            .with_context(|| format!("{}/lists.u32", sdir.display()))?,
+                    )
+                }
+                None => None,
+            };
             segments.push(Segment {
                 first_row,
                 count: s.count,
                 single,
                 tokens,
                 scales,
+                lists,
             });
             first_row += s.count;
         }
@@ -368,6 +466,7 @@ impl Index {
             manifest,
             encoder,
             codec,
+            ivf,
             segments,
             metas,
             deleted_rows,
@@ -377,7 +476,9 @@ impl Index {
 
     /// Appends images as a new segment. Ids must be new (or previously removed).
     pub fn add(dir: &Path, images: &[(ImageMeta, Descriptors)]) -> Result<usize> {
-        let idx = Self::open(dir)?;
+        // Sizes are checked; re-reading every segment for its CRC would make a long series
+        // of adds quadratic.
+        let idx = Self::open_with(dir, false)?;
         check_unique(images.iter().map(|(m, _)| m.id.as_str()), &idx.rows_by_id)?;
         if images.is_empty() {
             return Ok(0);
@@ -397,6 +498,7 @@ impl Index {
             manifest.tokens_per_image,
             manifest.single_dim,
             images,
+            idx.ivf.as_ref(),
         )?;
         failpoint("index-after-segment");
         manifest.segments.push(seg);
@@ -406,7 +508,7 @@ impl Index {
 
     /// Marks images as removed; returns how many of the ids were present.
     pub fn remove(dir: &Path, ids: &[String]) -> Result<usize> {
-        let idx = Self::open(dir)?;
+        let idx = Self::open_with(dir, false)?;
         let mut manifest = idx.manifest.clone();
         let present: Vec<&String> = ids
             .iter()
@@ -446,6 +548,22 @@ impl Index {
     pub fn model(&self) -> Option<&str> {
         self.manifest.model.as_deref()
     }
+    /// The IVF stage 1 and its default `nprobe`, when the index has one.
+    pub fn ivf(&self) -> Option<(&Ivf, usize)> {
+        Some((self.ivf.as_ref()?, self.manifest.ivf.as_ref()?.nprobe))
+    }
+
+    /// Each segment's first row, single vectors and inverted lists (IVF indexes only).
+    pub(crate) fn ivf_segments(&self) -> impl Iterator<Item = (usize, &[f32], &InvertedLists)> {
+        self.segments.iter().filter_map(|s| {
+            Some((
+                s.first_row,
+                bytemuck::cast_slice::<u8, f32>(&s.single),
+                s.lists.as_ref()?,
+            ))
+        })
+    }
+
     pub fn segment_count(&self) -> usize {
         self.segments.len()
     }

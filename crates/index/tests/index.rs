@@ -83,6 +83,7 @@ fn planted_duplicates_rank_first_in_every_mode_and_codec() {
                     top_k: 5,
                     shortlist: 50,
                     mode,
+                    ..Default::default()
                 },
             );
             for (q, &t) in targets.iter().enumerate() {
@@ -96,6 +97,7 @@ fn planted_duplicates_rank_first_in_every_mode_and_codec() {
                     top_k: 5,
                     shortlist: 50,
                     mode,
+                    ..Default::default()
                 },
             );
             let rows = |h: &[craterdex_index::Hit]| h.iter().map(|h| h.row).collect::<Vec<_>>();
@@ -152,6 +154,7 @@ fn add_and_remove_without_rebuilding() {
                 top_k: 70,
                 shortlist: 70,
                 mode,
+                ..Default::default()
             },
         );
         assert!(
@@ -252,4 +255,113 @@ fn killed_writers_leave_the_previous_index_readable() {
     // and a later writer still succeeds on top of the leftovers
     Index::add(&dir, &images(5, 6, "late")).unwrap();
     assert_eq!(Index::open(&dir).unwrap().live(), 65);
+}
+
+/// Images whose single vectors lie around `clusters` centres (IVF has structure to find).
+fn clustered_images(
+    n: usize,
+    clusters: usize,
+    seed: u64,
+    prefix: &str,
+) -> Vec<(ImageMeta, Descriptors)> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let centres = unit(&mut rand_chacha::ChaCha8Rng::seed_from_u64(99), clusters);
+    let mut imgs = images(n, seed, prefix);
+    for (i, (_, d)) in imgs.iter_mut().enumerate() {
+        let c = &centres[(i % clusters) * D..(i % clusters + 1) * D];
+        let mut v: Vec<f32> = c
+            .iter()
+            .map(|x| x + 0.15 * rng.gen_range(-1.0f32..1.0))
+            .collect();
+        let s = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        v.iter_mut().for_each(|x| *x /= s);
+        d.single = v;
+    }
+    imgs
+}
+
+#[test]
+fn ivf_stage1_finds_near_duplicates_and_follows_adds_and_removals() {
+    use craterdex_index::ivf::Ivf;
+    use craterdex_index::search::Stage1;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("idx");
+    let imgs = clustered_images(3000, 30, 1, "g");
+    let singles: Vec<f32> = imgs.iter().flat_map(|(_, d)| d.single.clone()).collect();
+    let ivf = Ivf::train(&singles, D, 30, 0).unwrap();
+    let codec = TokenCodec::train(Codec::Int8, D, &[], 0).unwrap();
+    Index::create_with_ivf(
+        &dir,
+        &Encoder::plain(Recipe::default()),
+        &codec,
+        None,
+        &imgs,
+        Some((&ivf, 3)),
+    )
+    .unwrap();
+    let idx = Index::open(&dir).unwrap();
+    let (stored, nprobe) = idx.ivf().unwrap();
+    assert_eq!((stored.lists(), nprobe), (30, 3));
+
+    let targets: Vec<usize> = (0..200).map(|i| i * 13 % 3000).collect();
+    let queries: Vec<Descriptors> = targets
+        .iter()
+        .map(|&t| near_duplicate(&imgs[t].1, t as u64))
+        .collect();
+    let found = |idx: &Index, how: Stage1, qs: &[Descriptors], ts: &[usize]| -> usize {
+        let p = SearchParams {
+            top_k: 1,
+            mode: Mode::Stage1,
+            stage1: how,
+            ..Default::default()
+        };
+        idx.search(qs, &p)
+            .iter()
+            .zip(ts)
+            .filter(|(h, &t)| h[0].row == t)
+            .count()
+    };
+    assert_eq!(found(&idx, Stage1::Exact, &queries, &targets), 200);
+    let approx = found(&idx, Stage1::Auto, &queries, &targets);
+    assert!(approx >= 196, "IVF found {approx} of 200");
+    assert_eq!(
+        found(&idx, Stage1::Probe(30), &queries, &targets),
+        200,
+        "all lists = exact"
+    );
+    // One query at a time takes the same path.
+    assert_eq!(found(&idx, Stage1::Auto, &queries[..1], &targets[..1]), 1);
+
+    // Added images are assigned to the stored centroids and found through them.
+    let more = clustered_images(300, 30, 2, "n");
+    Index::add(&dir, &more).unwrap();
+    let idx = Index::open(&dir).unwrap();
+    let q: Vec<Descriptors> = (0..30)
+        .map(|i| near_duplicate(&more[i].1, 1000 + i as u64))
+        .collect();
+    let t: Vec<usize> = (0..30).map(|i| 3000 + i).collect();
+    assert!(found(&idx, Stage1::Auto, &q, &t) >= 29);
+    // Removed images never come back from the lists.
+    Index::remove(&dir, &["n0".to_string()]).unwrap();
+    let idx = Index::open(&dir).unwrap();
+    let p = SearchParams {
+        top_k: 5,
+        mode: Mode::Stage1,
+        ..Default::default()
+    };
+    assert!(idx.search(&q[..1], &p)[0].iter().all(|h| h.row != 3000));
+
+    // A damaged list file is caught when the index is opened.
+    let seg = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("seg-"))
+        .unwrap();
+    let lists = seg.join("lists.u32");
+    let mut b = std::fs::read(&lists).unwrap();
+    b[8] ^= 0xff;
+    std::fs::write(&lists, b).unwrap();
+    let e = format!("{:#}", Index::open(&dir).err().unwrap());
+    assert!(e.contains("lists.u32"), "{e}");
 }

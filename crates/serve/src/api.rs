@@ -245,6 +245,7 @@ struct SearchQuery {
     top_k: Option<usize>,
     shortlist: Option<usize>,
     mode: Option<String>,
+    nprobe: Option<usize>,
 }
 
 fn search_params(
@@ -263,6 +264,7 @@ fn search_params(
                 .map_err(|e| ApiError::bad_request(format!("{e:#}")))?,
             None => d.mode,
         },
+        stage1: craterdex_index::search::Stage1::from_nprobe(q.nprobe),
     };
     if p.top_k == 0 || p.top_k > c.max_top_k {
         return Err(ApiError::bad_request(format!(
