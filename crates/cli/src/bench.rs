@@ -58,6 +58,11 @@ pub struct SearchBench {
     /// Where the temporary indexes go (default: the system temp dir).
     #[arg(long)]
     pub(crate) workdir: Option<PathBuf>,
+    /// Instead: build an int8 index of this many clustered synthetic images chunk by chunk
+    /// (IVF stage 1), and report build time, size on disk, peak memory and search latency
+    /// with shortlist recall (e.g. 1000000).
+    #[arg(long)]
+    pub(crate) scale: Option<usize>,
 }
 
 #[derive(Args)]

@@ -29,6 +29,9 @@ struct Row {
     p95_ms: f64,
     reference_p50_ms: Option<f64>,
     recall_at_1: Option<f64>,
+    /// Share of queries whose target is in the stage-1 shortlist.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shortlist_recall: Option<f64>,
 }
 
 fn unit_rows(rng: &mut rand_chacha::ChaCha8Rng, rows: usize, d: usize) -> Vec<f32> {
@@ -243,6 +246,7 @@ fn time_index(
                 p95_ms: p95,
                 reference_p50_ms: s.reference.get(&key(mode_name)).copied(),
                 recall_at_1: if mode_name == "single" { recall } else { None },
+                shortlist_recall: None,
             });
         }
     }
@@ -283,6 +287,229 @@ fn measure(
     Ok(())
 }
 
+/// The descriptors of synthetic image `i` of a clustered gallery: the single vector lies
+/// around one of `clusters` centres (cosine ~0.64 to it, ~0.4 to its cluster mates), the
+/// tokens are random. Deterministic in `i`, so any image can be regenerated as a target.
+fn clustered_image(i: usize, k: usize, d: usize, clusters: usize) -> Descriptors {
+    let centre = unit_rows(
+        &mut rand_chacha::ChaCha8Rng::seed_from_u64((1 << 40) + (i % clusters) as u64),
+        1,
+        d,
+    );
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(i as u64);
+    let spread = unit_rows(&mut rng, 1, d);
+    let mut single: Vec<f32> = centre
+        .iter()
+        .zip(&spread)
+        .map(|(c, s)| c + 1.2 * s)
+        .collect();
+    craterdex_tokens::l2_normalize_rows(&mut single, d);
+    Descriptors {
+        single,
+        tokens: unit_rows(&mut rng, k, d),
+    }
+}
+
+fn near_copy(v: &[f32], d: usize, rng: &mut rand_chacha::ChaCha8Rng) -> Vec<f32> {
+    let sigma = 1.0 / (d as f32).sqrt();
+    let mut o: Vec<f32> = v
+        .iter()
+        .map(|x| x + sigma * rng.gen_range(-1.7f32..1.7))
+        .collect();
+    craterdex_tokens::l2_normalize_rows(&mut o, d);
+    o
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|it| {
+            it.filter_map(|e| e.ok())
+                .map(|e| {
+                    let p = e.path();
+                    if p.is_dir() {
+                        dir_bytes(&p)
+                    } else {
+                        e.metadata().map_or(0, |m| m.len())
+                    }
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// The million-image run: build chunk by chunk, then time IVF and exact stage 1 and
+/// two-stage search, with shortlist recall of planted near-duplicates.
+fn scale(b: &SearchBench, n: usize, work: &Path, rows: &mut Vec<Row>) -> Result<()> {
+    use craterdex_index::ivf::{default_lists, default_nprobe, Ivf};
+    use craterdex_index::search::Stage1;
+    let (k, d) = (b.k, b.dim);
+    let clusters = (n / 100).max(1);
+    let chunk = 50_000;
+    let dir = work.join(format!("clustered-{n}"));
+    let encoder = Encoder::plain(Recipe::default());
+    let codec = TokenCodec::train(Codec::Int8, d, &[], 0)?;
+    let lists = default_lists(n);
+    let t0 = Instant::now();
+    let pb = bar(n, "build");
+    for start in (0..n).step_by(chunk) {
+        let imgs: Vec<(ImageMeta, Descriptors)> = (start..(start + chunk).min(n))
+            .into_par_iter()
+            .map(|i| {
+                let meta = ImageMeta {
+                    id: format!("g{i}"),
+                    crater_id: Some(format!("c{i}")),
+                    ..Default::default()
+                };
+                (meta, clustered_image(i, k, d, clusters))
+            })
+            .collect();
+        if start == 0 {
+            let singles: Vec<f32> = imgs
+                .iter()
+                .flat_map(|g| g.1.single.iter().copied())
+                .collect();
+            let ivf = Ivf::train(&singles, d, lists.min(imgs.len()), 0)?;
+            Index::create_with_ivf(
+                &dir,
+                &encoder,
+                &codec,
+                None,
+                &imgs,
+                Some((&ivf, default_nprobe(lists))),
+            )?;
+        } else {
+            Index::add(&dir, &imgs)?;
+        }
+        pb.set_position((start + imgs.len()) as u64);
+    }
+    pb.finish_and_clear();
+    let build_s = t0.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let idx = Index::open(&dir)?;
+    let open_s = t.elapsed().as_secs_f64();
+    let (_, nprobe) = idx.ivf().context("the scale index has no IVF lists")?;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(u64::MAX);
+    let targets: Vec<usize> = (0..b.queries).map(|_| rng.gen_range(0..n)).collect();
+    let queries: Vec<Descriptors> = targets
+        .iter()
+        .map(|&t| {
+            let g = clustered_image(t, k, d, clusters);
+            Descriptors {
+                single: near_copy(&g.single, d, &mut rng),
+                tokens: near_copy(&g.tokens, d, &mut rng),
+            }
+        })
+        .collect();
+    let name = format!("clustered-{n}");
+    let cases = [
+        ("stage1-ivf", Stage1::Auto, Mode::Stage1, b.single, true),
+        (
+            "stage1-ivf",
+            Stage1::Probe(nprobe * 4),
+            Mode::Stage1,
+            b.single,
+            true,
+        ),
+        (
+            "stage1-exact",
+            Stage1::Exact,
+            Mode::Stage1,
+            b.single.min(20),
+            false,
+        ),
+        (
+            "two_stage-ivf",
+            Stage1::Auto,
+            Mode::TwoStage,
+            b.single,
+            true,
+        ),
+        (
+            "two_stage-ivf",
+            Stage1::Probe(nprobe * 4),
+            Mode::TwoStage,
+            b.single,
+            true,
+        ),
+    ];
+    for (stage, how, mode, single_n, batch) in cases {
+        let params = SearchParams {
+            top_k: 10,
+            shortlist: 100,
+            mode,
+            stage1: how,
+        };
+        let probe = match how {
+            Stage1::Auto => nprobe,
+            Stage1::Probe(p) => p,
+            Stage1::Exact => 0,
+        };
+        let shortlist_recall = {
+            let singles: Vec<f32> = queries
+                .iter()
+                .take(single_n.max(100))
+                .flat_map(|q| q.single.iter().copied())
+                .collect();
+            let lists = idx.stage1(&singles, 100, how);
+            let hit = lists
+                .iter()
+                .zip(&targets)
+                .filter(|(l, &t)| l.iter().any(|s| s.row == t))
+                .count();
+            hit as f64 / lists.len() as f64
+        };
+        let mut single_ms = Vec::new();
+        let mut hits = 0;
+        for (q, &t) in queries.iter().zip(&targets).take(single_n) {
+            let t0 = Instant::now();
+            let r = idx.search(std::slice::from_ref(q), &params);
+            single_ms.push(t0.elapsed().as_secs_f64() * 1e3);
+            hits += r[0].first().is_some_and(|h| h.row == t) as usize;
+        }
+        let mut measured = vec![("single", single_ms)];
+        if batch {
+            let t0 = Instant::now();
+            idx.search(&queries, &params);
+            measured.push((
+                "batch",
+                vec![t0.elapsed().as_secs_f64() * 1e3 / queries.len() as f64],
+            ));
+        }
+        for (mode_name, ms) in measured {
+            let (p50, p95) = percentiles(ms);
+            rows.push(Row {
+                gallery: name.clone(),
+                stage: if probe > 0 {
+                    format!("{stage}/p{probe}")
+                } else {
+                    stage.to_string()
+                },
+                s: Some(100),
+                k,
+                codec: if mode == Mode::Stage1 {
+                    "-".into()
+                } else {
+                    "int8".into()
+                },
+                mode: mode_name.into(),
+                p50_ms: p50,
+                p95_ms: p95,
+                reference_p50_ms: None,
+                recall_at_1: (mode_name == "single").then(|| hits as f64 / single_n.max(1) as f64),
+                shortlist_recall: (mode_name == "single").then_some(shortlist_recall),
+            });
+        }
+    }
+    eprintln!(
+        "{name}: {lists} IVF lists (default nprobe {nprobe}), {clusters} generating clusters; built in {build_s:.0} s \
+         ({} segments), {:.2} GB on disk, opened (CRC-verified) in {open_s:.1} s; peak RSS {:.2} GB",
+        idx.segment_count(),
+        dir_bytes(&dir) as f64 / 1e9,
+        crate::bench::proc_status_kb("/proc/self/status", "VmHWM:").unwrap_or(f64::NAN) / 1024.0 / 1024.0,
+    );
+    Ok(())
+}
+
 pub fn run(b: SearchBench) -> Result<()> {
     let work = b
         .workdir
@@ -293,6 +520,9 @@ pub fn run(b: SearchBench) -> Result<()> {
     let mut rows = Vec::new();
     let mut engines = Vec::new();
     let result = (|| -> Result<()> {
+        if let Some(n) = b.scale {
+            return scale(&b, n, &work, &mut rows);
+        }
         eprintln!(
             "synthetic gallery: {} images x {} tokens x {}-d, {} planted near-duplicate queries",
             b.gallery, b.k, b.dim, b.queries
@@ -377,7 +607,7 @@ pub fn run(b: SearchBench) -> Result<()> {
         }
     );
     println!(
-        "{:<18} {:<11} {:>4} {:>3} {:<6} {:<7} {:>9} {:>9} {:>9} {:>7} {:>5}",
+        "{:<18} {:<18} {:>4} {:>3} {:<6} {:<7} {:>9} {:>9} {:>9} {:>7} {:>5} {:>5}",
         "gallery",
         "stage",
         "S",
@@ -388,12 +618,13 @@ pub fn run(b: SearchBench) -> Result<()> {
         "p95 ms",
         "ref p50",
         "ref/us",
-        "R@1"
+        "R@1",
+        "R@S"
     );
     for r in &rows {
         let f = |v: Option<f64>| v.map(|x| format!("{x:.3}")).unwrap_or_else(|| "-".into());
         println!(
-            "{:<18} {:<11} {:>4} {:>3} {:<6} {:<7} {:>9.3} {:>9.3} {:>9} {:>7} {:>5}",
+            "{:<18} {:<18} {:>4} {:>3} {:<6} {:<7} {:>9.3} {:>9.3} {:>9} {:>7} {:>5} {:>5}",
             r.gallery,
             r.stage,
             r.s.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
@@ -407,6 +638,9 @@ pub fn run(b: SearchBench) -> Result<()> {
                 .map(|x| format!("{:.1}x", x / r.p50_ms))
                 .unwrap_or_else(|| "-".into()),
             r.recall_at_1
+                .map(|x| format!("{x:.2}"))
+                .unwrap_or_else(|| "-".into()),
+            r.shortlist_recall
                 .map(|x| format!("{x:.2}"))
                 .unwrap_or_else(|| "-".into())
         );
