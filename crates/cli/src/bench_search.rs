@@ -389,8 +389,13 @@ fn scale(b: &SearchBench, n: usize, work: &Path, rows: &mut Vec<Row>) -> Result<
     let open_s = t.elapsed().as_secs_f64();
     let (_, nprobe) = idx.ivf().context("the scale index has no IVF lists")?;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(u64::MAX);
-    let targets: Vec<usize> = (0..b.queries).map(|_| rng.gen_range(0..n)).collect();
-    let queries: Vec<Descriptors> = targets
+    let picks: Vec<usize> = (0..b.queries).map(|_| rng.gen_range(0..n)).collect();
+    // Rows of the targets (IVF segments store images grouped by list).
+    let targets: Vec<usize> = picks
+        .iter()
+        .map(|&t| idx.row_of(&format!("g{t}")).context("a target is missing"))
+        .collect::<Result<_>>()?;
+    let queries: Vec<Descriptors> = picks
         .iter()
         .map(|&t| {
             let g = clustered_image(t, k, d, clusters);

@@ -174,6 +174,21 @@ fn write_segment(
             desc.tokens.len(),
             codec.dim
         );
+    }
+    // With IVF, a segment stores its images grouped by list, so that scanning a list reads
+    // one contiguous run of single vectors.
+    let mut order: Vec<usize> = (0..images.len()).collect();
+    let mut assignment = Vec::new();
+    if let Some(ivf) = ivf {
+        let singles: Vec<f32> = images
+            .iter()
+            .flat_map(|(_, d)| d.single.iter().copied())
+            .collect();
+        assignment = ivf.assign(&singles);
+        order.sort_by_key(|&i| (assignment[i], i));
+    }
+    for &i in &order {
+        let (m, desc) = &images[i];
         single.extend_from_slice(&desc.single);
         codec.encode(&desc.tokens, &mut payload, &mut scales);
         serde_json::to_writer(&mut meta, m)?;
@@ -194,8 +209,9 @@ fn write_segment(
         put("scales.f32", bytemuck::cast_slice(&scales))?;
     }
     put("meta.jsonl", &meta)?;
-    if let Some(ivf) = ivf {
-        put("lists.u32", bytemuck::cast_slice(&ivf.assign(&single)))?;
+    if ivf.is_some() {
+        let sorted: Vec<u32> = order.iter().map(|&i| assignment[i]).collect();
+        put("lists.u32", bytemuck::cast_slice(&sorted))?;
     }
     sync_tree(&tmp);
     let target = dir.join(name);

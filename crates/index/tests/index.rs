@@ -303,12 +303,14 @@ fn ivf_stage1_finds_near_duplicates_and_follows_adds_and_removals() {
     let (stored, nprobe) = idx.ivf().unwrap();
     assert_eq!((stored.lists(), nprobe), (30, 3));
 
-    let targets: Vec<usize> = (0..200).map(|i| i * 13 % 3000).collect();
-    let queries: Vec<Descriptors> = targets
+    let picks: Vec<usize> = (0..200).map(|i| i * 13 % 3000).collect();
+    let queries: Vec<Descriptors> = picks
         .iter()
         .map(|&t| near_duplicate(&imgs[t].1, t as u64))
         .collect();
-    let found = |idx: &Index, how: Stage1, qs: &[Descriptors], ts: &[usize]| -> usize {
+    // Targets by id: an IVF segment stores its images grouped by list, not in input order.
+    let targets: Vec<&str> = picks.iter().map(|&t| imgs[t].0.id.as_str()).collect();
+    let found = |idx: &Index, how: Stage1, qs: &[Descriptors], ts: &[&str]| -> usize {
         let p = SearchParams {
             top_k: 1,
             mode: Mode::Stage1,
@@ -318,7 +320,7 @@ fn ivf_stage1_finds_near_duplicates_and_follows_adds_and_removals() {
         idx.search(qs, &p)
             .iter()
             .zip(ts)
-            .filter(|(h, &t)| h[0].row == t)
+            .filter(|(h, t)| idx.meta(h[0].row).id == **t)
             .count()
     };
     assert_eq!(found(&idx, Stage1::Exact, &queries, &targets), 200);
@@ -329,6 +331,19 @@ fn ivf_stage1_finds_near_duplicates_and_follows_adds_and_removals() {
         200,
         "all lists = exact"
     );
+    // Each segment is stored grouped by list.
+    let lists_file = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("lists.u32"))
+        .find(|p| p.exists())
+        .unwrap();
+    let ids: Vec<u32> = std::fs::read(lists_file)
+        .unwrap()
+        .chunks(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    assert!(ids.windows(2).all(|w| w[0] <= w[1]));
     // One query at a time takes the same path.
     assert_eq!(found(&idx, Stage1::Auto, &queries[..1], &targets[..1]), 1);
 
@@ -339,7 +354,7 @@ fn ivf_stage1_finds_near_duplicates_and_follows_adds_and_removals() {
     let q: Vec<Descriptors> = (0..30)
         .map(|i| near_duplicate(&more[i].1, 1000 + i as u64))
         .collect();
-    let t: Vec<usize> = (0..30).map(|i| 3000 + i).collect();
+    let t: Vec<&str> = (0..30).map(|i| more[i].0.id.as_str()).collect();
     assert!(found(&idx, Stage1::Auto, &q, &t) >= 29);
     // Removed images never come back from the lists.
     Index::remove(&dir, &["n0".to_string()]).unwrap();
@@ -349,7 +364,9 @@ fn ivf_stage1_finds_near_duplicates_and_follows_adds_and_removals() {
         mode: Mode::Stage1,
         ..Default::default()
     };
-    assert!(idx.search(&q[..1], &p)[0].iter().all(|h| h.row != 3000));
+    assert!(idx.search(&q[..1], &p)[0]
+        .iter()
+        .all(|h| idx.meta(h.row).id != "n0"));
 
     // A damaged list file is caught when the index is opened.
     let seg = std::fs::read_dir(&dir)
