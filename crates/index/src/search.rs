@@ -106,29 +106,53 @@ impl Index {
             return self.stage1_exact(singles, k);
         };
         let d = self.single_dim();
-        let one = |q: &[f32]| self.stage1_ivf(ivf, q, k, nprobe);
         if singles.len() == d {
-            vec![one(singles)]
+            vec![self.stage1_ivf(ivf, singles, k, nprobe, true)]
         } else {
-            singles.par_chunks(d).map(one).collect()
+            singles
+                .par_chunks(d)
+                .map(|q| self.stage1_ivf(ivf, q, k, nprobe, false))
+                .collect()
         }
     }
 
-    fn stage1_ivf(&self, ivf: &Ivf, q: &[f32], k: usize, nprobe: usize) -> Vec<Scored> {
+    /// Scans the `nprobe` best lists; `parallel` splits the lists over the thread pool (one
+    /// query alone; a batch is already parallel over its queries).
+    fn stage1_ivf(
+        &self,
+        ivf: &Ivf,
+        q: &[f32],
+        k: usize,
+        nprobe: usize,
+        parallel: bool,
+    ) -> Vec<Scored> {
         let d = self.single_dim();
         let lists = ivf.probe(q, nprobe);
         let mask = self.deleted_mask();
-        let mut top = TopK::new(k);
-        for (first, single, inverted) in self.ivf_segments() {
-            for &l in &lists {
-                for &r in inverted.list(l) {
-                    let (r, row) = (r as usize, first + r as usize);
-                    if !mask[row] {
-                        top.push(row, craterdex_tokens::dot(q, &single[r * d..(r + 1) * d]));
+        let scan = |lists: &[u32]| {
+            let mut top = TopK::new(k);
+            for (first, single, inverted) in self.ivf_segments() {
+                for &l in lists {
+                    for &r in inverted.list(l) {
+                        let (r, row) = (r as usize, first + r as usize);
+                        if !mask[row] {
+                            top.push(row, craterdex_tokens::dot(q, &single[r * d..(r + 1) * d]));
+                        }
                     }
                 }
             }
+            top.into_sorted()
+        };
+        if !parallel {
+            return scan(&lists);
         }
+        let per = lists.len().div_ceil(rayon::current_num_threads()).max(1);
+        let parts: Vec<Vec<Scored>> = lists.par_chunks(per).map(scan).collect();
+        let mut top = TopK::new(k);
+        parts
+            .iter()
+            .flatten()
+            .for_each(|s| top.push(s.row, s.score));
         top.into_sorted()
     }
 
@@ -193,9 +217,16 @@ impl Index {
             .collect()
     }
 
-    fn rerank(&self, tokens: &[f32], shortlist: &[Scored], k: usize) -> Vec<Hit> {
+    fn rerank(&self, tokens: &[f32], shortlist: &[Scored], k: usize, parallel: bool) -> Vec<Hit> {
         let rows: Vec<usize> = shortlist.iter().map(|s| s.row).collect();
-        let scores = self.late_interaction(tokens, &rows);
+        let scores = if parallel && rows.len() >= 32 {
+            let per = rows.len().div_ceil(rayon::current_num_threads());
+            rows.par_chunks(per)
+                .flat_map_iter(|c| self.late_interaction(tokens, c))
+                .collect()
+        } else {
+            self.late_interaction(tokens, &rows)
+        };
         let mut hits: Vec<Hit> = shortlist
             .iter()
             .zip(scores)
@@ -254,10 +285,13 @@ impl Index {
                         })
                         .collect();
                 }
+                if single {
+                    return vec![self.rerank(&queries[0].tokens, &lists[0], params.top_k, true)];
+                }
                 queries
                     .par_iter()
                     .zip(lists.par_iter())
-                    .map(|(q, l)| self.rerank(&q.tokens, l, params.top_k))
+                    .map(|(q, l)| self.rerank(&q.tokens, l, params.top_k, false))
                     .collect()
             }
         }
