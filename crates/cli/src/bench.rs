@@ -114,7 +114,7 @@ fn extract(b: ExtractBench) -> Result<()> {
         );
     }
     items.truncate(b.images);
-    let prep = vit.preprocess(b.model.resize);
+    let prep = vit.preprocess(b.model.choice.resize);
     let tensors: Vec<Vec<f32>> = items
         .iter()
         .map(|(_, p)| Ok(preprocess::to_tensor(&preprocess::load_image(p)?, &prep)))

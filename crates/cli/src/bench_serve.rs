@@ -70,11 +70,11 @@ impl Server {
             .arg("--addr")
             .arg(format!("127.0.0.1:{port}"))
             .arg("--resize")
-            .arg(serde_json::to_string(&b.model.resize)?.trim_matches('"'));
-        if let Some(m) = &b.model.model {
+            .arg(serde_json::to_string(&b.model.choice.resize)?.trim_matches('"'));
+        if let Some(m) = &b.model.choice.model {
             cmd.arg("--model").arg(m);
         }
-        if let Some(s) = b.model.size {
+        if let Some(s) = b.model.choice.size {
             cmd.arg("--size").arg(s.to_string());
         }
         if let Some(extra) = &b.serve_args {

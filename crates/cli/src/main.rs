@@ -107,8 +107,9 @@ enum ModelCmd {
     },
 }
 
+/// Which model, at what input size and resize: shared by everything that runs the model.
 #[derive(Args, Clone)]
-struct ModelOpts {
+struct ModelChoice {
     /// Model directory (default: the default model).
     #[arg(long)]
     model: Option<PathBuf>,
@@ -118,6 +119,12 @@ struct ModelOpts {
     /// squash (default) or center-crop.
     #[arg(long, default_value = "squash")]
     resize: ResizeMode,
+}
+
+#[derive(Args, Clone)]
+struct ModelOpts {
+    #[command(flatten)]
+    choice: ModelChoice,
     #[arg(long, default_value_t = 16)]
     batch: usize,
     /// Bypass the on-disk feature cache.
@@ -128,15 +135,15 @@ struct ModelOpts {
 impl ModelOpts {
     fn model_args(&self) -> ModelArgs {
         ModelArgs {
-            model: self.model.clone(),
-            size: self.size,
+            model: self.choice.model.clone(),
+            size: self.choice.size,
         }
     }
     fn extract_args(&self) -> ExtractArgs {
         ExtractArgs {
             batch: self.batch,
             no_cache: self.no_cache,
-            resize: self.resize,
+            resize: self.choice.resize,
         }
     }
 }
@@ -446,7 +453,7 @@ fn extract_cmd(c: ExtractCmd) -> Result<()> {
     meta.insert("model".to_string(), vit.config().fingerprint());
     meta.insert(
         "preprocess".to_string(),
-        serde_json::to_string(&vit.preprocess(c.model.resize))?,
+        serde_json::to_string(&vit.preprocess(c.model.choice.resize))?,
     );
     feats.write(&c.out, c.f16, meta)?;
     eprintln!(
@@ -622,16 +629,10 @@ struct ServeCmd {
     index: PathBuf,
     #[arg(long, default_value = "127.0.0.1:8080")]
     addr: String,
-    /// Model directory for image queries (default: the default model).
-    #[arg(long)]
-    model: Option<PathBuf>,
-    /// Input size in pixels (default: the model's).
-    #[arg(long)]
-    size: Option<usize>,
-    #[arg(long, default_value = "squash")]
-    resize: ResizeMode,
+    #[command(flatten)]
+    model: ModelChoice,
     /// Serve feature and similar-image searches only, without loading a model.
-    #[arg(long, conflicts_with = "model")]
+    #[arg(long)]
     no_model: bool,
     /// File holding the API key for writes (default: $CRATERDEX_API_KEY); without a key,
     /// adding and removing images is disabled.
@@ -681,10 +682,13 @@ fn serve_cmd(c: ServeCmd) -> Result<()> {
     config.request_timeout = std::time::Duration::from_secs(c.timeout_secs.max(1));
     config.max_concurrent = c.max_concurrent.max(1);
     config.max_concurrent_images = c.max_concurrent_images.max(1);
-    config.resize = c.resize;
+    config.resize = c.model.resize;
+    if c.no_model && c.model.model.is_some() {
+        bail!("--no-model and --model exclude each other");
+    }
     let model_args = ModelArgs {
-        model: c.model,
-        size: c.size,
+        model: c.model.model,
+        size: c.model.size,
     };
     let no_model = c.no_model;
     craterdex_serve::serve_blocking(

@@ -36,6 +36,16 @@ pub struct TopK {
 }
 
 impl TopK {
+    /// The `k` best of several partial top lists (from threads that scanned parts).
+    pub fn merge(parts: &[Vec<Scored>], k: usize) -> Vec<Scored> {
+        let mut top = TopK::new(k);
+        parts
+            .iter()
+            .flatten()
+            .for_each(|s| top.push(s.row, s.score));
+        top.into_sorted()
+    }
+
     pub fn new(k: usize) -> Self {
         Self {
             k,

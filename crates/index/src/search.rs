@@ -148,12 +148,7 @@ impl Index {
         }
         let per = lists.len().div_ceil(rayon::current_num_threads()).max(1);
         let parts: Vec<Vec<Scored>> = lists.par_chunks(per).map(scan).collect();
-        let mut top = TopK::new(k);
-        parts
-            .iter()
-            .flatten()
-            .for_each(|s| top.push(s.row, s.score));
-        top.into_sorted()
+        TopK::merge(&parts, k)
     }
 
     fn stage1_exact(&self, singles: &[f32], k: usize) -> Vec<Vec<Scored>> {
@@ -201,12 +196,7 @@ impl Index {
         } else {
             vec![score_chunk(&rows)]
         };
-        let mut top = TopK::new(k);
-        parts
-            .iter()
-            .flatten()
-            .for_each(|s| top.push(s.row, s.score));
-        top.into_sorted()
+        TopK::merge(&parts, k)
             .into_iter()
             .map(|s| Hit {
                 row: s.row,

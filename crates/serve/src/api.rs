@@ -877,13 +877,7 @@ async fn add_image(
                 .display()
                 .to_string(),
         );
-        let index_dir = &svc2.config().index_dir;
-        Index::add(index_dir, &[(meta, desc)]).map_err(|e| ApiError::internal(format!("{e:#}")))?;
-        let reopened =
-            Index::open_with(index_dir, false).map_err(|e| ApiError::internal(format!("{e:#}")))?;
-        let live = reopened.live();
-        svc2.replace_index(reopened);
-        Ok(live)
+        write_and_swap(&svc2, |dir| Index::add(dir, &[(meta, desc)]))
     })
     .await?;
     svc.counters.added.fetch_add(1, Ordering::Relaxed);
@@ -907,18 +901,24 @@ async fn remove_image(
     live_row(&idx, &id)?;
     let svc2 = svc.clone();
     let id2 = id.clone();
-    let live = blocking(move || {
-        let index_dir = &svc2.config().index_dir;
-        Index::remove(index_dir, &[id2]).map_err(|e| ApiError::internal(format!("{e:#}")))?;
-        let reopened =
-            Index::open_with(index_dir, false).map_err(|e| ApiError::internal(format!("{e:#}")))?;
-        let live = reopened.live();
-        svc2.replace_index(reopened);
-        Ok(live)
-    })
-    .await?;
+    let live = blocking(move || write_and_swap(&svc2, |dir| Index::remove(dir, &[id2]))).await?;
     svc.counters.removed.fetch_add(1, Ordering::Relaxed);
     Ok(Json(json!({"removed": id, "images": live})))
+}
+
+/// Applies a write through the index's atomic path, then swaps the reopened index in whole;
+/// returns the images now searchable. Callers hold the writer lock.
+fn write_and_swap(
+    svc: &Service,
+    write: impl FnOnce(&std::path::Path) -> anyhow::Result<usize>,
+) -> ApiResult<usize> {
+    let dir = &svc.config().index_dir;
+    write(dir).map_err(|e| ApiError::internal(format!("{e:#}")))?;
+    let reopened =
+        Index::open_with(dir, false).map_err(|e| ApiError::internal(format!("{e:#}")))?;
+    let live = reopened.live();
+    svc.replace_index(reopened);
+    Ok(live)
 }
 
 fn hex(bytes: &[u8]) -> String {
