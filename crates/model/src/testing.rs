@@ -56,24 +56,25 @@ pub fn write_tiny_checkpoint(dir: &Path, dim: usize, patch: usize, grid: usize) 
             (n, s, bytes)
         })
         .collect();
-    let views: Vec<(String, safetensors::tensor::TensorView)> = bufs
+    std::fs::create_dir_all(dir).expect("writing a generated checkpoint");
+    let path = dir.join("tiny.safetensors");
+    std::fs::write(&path, f32_safetensors(&bufs)).expect("writing a generated checkpoint");
+    std::fs::write(dir.join("config.json"), r#"{"num_heads": 2}"#)
+        .expect("writing a generated checkpoint");
+    path
+}
+
+/// A safetensors file of f32 tensors given as (name, shape, little-endian bytes).
+pub fn f32_safetensors(tensors: &[(String, Vec<usize>, Vec<u8>)]) -> Vec<u8> {
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
         .iter()
         .map(|(n, s, b)| {
             (
                 n.clone(),
                 safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b)
-                    .expect("writing a generated checkpoint"),
+                    .expect("shape and bytes of a generated tensor agree"),
             )
         })
         .collect();
-    std::fs::create_dir_all(dir).expect("writing a generated checkpoint");
-    let path = dir.join("tiny.safetensors");
-    std::fs::write(
-        &path,
-        safetensors::serialize(views, &None).expect("writing a generated checkpoint"),
-    )
-    .expect("writing a generated checkpoint");
-    std::fs::write(dir.join("config.json"), r#"{"num_heads": 2}"#)
-        .expect("writing a generated checkpoint");
-    path
+    safetensors::serialize(views, &None).expect("serialising generated tensors")
 }

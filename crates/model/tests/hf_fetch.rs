@@ -57,17 +57,7 @@ fn tiny_dinov2_checkpoint() -> Vec<u8> {
             (n, s, bytes)
         })
         .collect();
-    let views: Vec<(String, safetensors::tensor::TensorView)> = bufs
-        .iter()
-        .map(|(n, s, b)| {
-            (
-                n.clone(),
-                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b)
-                    .unwrap(),
-            )
-        })
-        .collect();
-    safetensors::serialize(views, &None).unwrap()
+    craterdex_model::testing::f32_safetensors(&bufs)
 }
 
 /// Serves `files` under `/{repo}/resolve/main/` for `requests` requests, then stops.
