@@ -80,7 +80,11 @@ mod dot_tests {
         for n in [0usize, 1, 15, 16, 17, 384, 1000] {
             let a: Vec<f32> = (0..n).map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.1).collect();
             let b: Vec<f32> = (0..n).map(|i| ((i * 13 % 7) as f32 - 3.0) * 0.3).collect();
-            let naive: f64 = a.iter().zip(&b).map(|(x, y)| (*x as f64) * (*y as f64)).sum();
+            let naive: f64 = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| (*x as f64) * (*y as f64))
+                .sum();
             assert_eq!(dot(&a, &b).to_bits(), dot_lanes(&a, &b).to_bits(), "n={n}");
             assert!((dot(&a, &b) as f64 - naive).abs() < 1e-4, "n={n}");
         }
