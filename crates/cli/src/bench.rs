@@ -89,6 +89,14 @@ pub fn run(c: BenchCmd) -> Result<()> {
     }
 }
 
+/// The `p` quantile (nearest rank) of ascending values; NaN when there are none.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
 /// A `kB` field (`VmHWM:`, `VmRSS:`) of a Linux `/proc/<pid>/status` file.
 pub fn proc_status_kb(status_file: &str, field: &str) -> Option<f64> {
     std::fs::read_to_string(status_file).ok().and_then(|s| {

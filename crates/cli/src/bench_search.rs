@@ -91,7 +91,7 @@ fn synthetic(
 
 fn percentiles(mut ms: Vec<f64>) -> (f64, f64) {
     ms.sort_by(f64::total_cmp);
-    let at = |p: f64| ms[((ms.len() - 1) as f64 * p).round() as usize];
+    let at = |p: f64| crate::bench::percentile(&ms, p);
     (at(0.5), at(0.95))
 }
 

@@ -277,15 +277,9 @@ pub fn run(b: ServeBench) -> Result<()> {
         ("images", &image_requests, b.image_concurrency),
     ] {
         let (out, secs, rss) = phase(&server, requests, conc.max(1), b.seconds);
-        let mut lat = out.latencies_ms.clone();
+        let mut lat = out.latencies_ms;
         lat.sort_by(f64::total_cmp);
-        let pct = |p: f64| {
-            if lat.is_empty() {
-                f64::NAN
-            } else {
-                lat[((lat.len() - 1) as f64 * p).round() as usize]
-            }
-        };
+        let pct = |p: f64| crate::bench::percentile(&lat, p);
         let rate = lat.len() as f64 / secs;
         let quarters: Vec<f64> = (0..=4).map(|q| rss[(rss.len() - 1) * q / 4]).collect();
         let max = rss.iter().copied().fold(f64::NAN, f64::max);

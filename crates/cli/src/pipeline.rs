@@ -233,13 +233,7 @@ pub fn build_index(
 }
 
 pub fn metas_from_benchmark(b: &Benchmark, feats: &FeatureSet) -> Vec<ImageMeta> {
-    let by_id: std::collections::HashMap<&str, usize> = b
-        .manifest
-        .gallery_images
-        .iter()
-        .enumerate()
-        .map(|(i, e)| (e.image_id.as_str(), i))
-        .collect();
+    let by_id = craterdex_eval::manifest::positions(&b.manifest.gallery_images);
     feats
         .ids
         .iter()

@@ -48,6 +48,15 @@ pub struct Benchmark {
     pub relevance: Vec<BTreeSet<String>>,
 }
 
+/// Where each image id sits in a list of entries.
+pub fn positions(entries: &[Entry]) -> std::collections::HashMap<&str, usize> {
+    entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (e.image_id.as_str(), i))
+        .collect()
+}
+
 impl Benchmark {
     pub fn gallery_path(&self, i: usize) -> PathBuf {
         self.root.join(&self.manifest.gallery_images[i].path)
@@ -73,20 +82,8 @@ pub struct Aligned {
 impl Benchmark {
     /// Lines the benchmark up with extracted rows; every id must come from this manifest.
     pub fn align(&self, gallery_ids: &[String], query_ids: &[String]) -> Aligned {
-        let g: std::collections::HashMap<&str, usize> = self
-            .manifest
-            .gallery_images
-            .iter()
-            .enumerate()
-            .map(|(i, e)| (e.image_id.as_str(), i))
-            .collect();
-        let q: std::collections::HashMap<&str, usize> = self
-            .manifest
-            .query_images
-            .iter()
-            .enumerate()
-            .map(|(i, e)| (e.image_id.as_str(), i))
-            .collect();
+        let g = positions(&self.manifest.gallery_images);
+        let q = positions(&self.manifest.query_images);
         let gi: Vec<usize> = gallery_ids.iter().map(|id| g[id.as_str()]).collect();
         let qi: Vec<usize> = query_ids.iter().map(|id| q[id.as_str()]).collect();
         Aligned {

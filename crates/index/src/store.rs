@@ -140,6 +140,13 @@ fn check_file(path: &Path, bytes: &[u8], want: &FileSum, verify: bool) -> Result
     Ok(())
 }
 
+fn le_f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
 fn map(path: &Path) -> Result<Mmap> {
     let f = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     // SAFETY: segment files are immutable once named by a manifest; craterdex never rewrites them.
@@ -361,10 +368,7 @@ impl Index {
             let b = std::fs::read(&cpath)
                 .with_context(|| format!("cannot read {}", cpath.display()))?;
             check_file(&cpath, &b, sum, verify)?;
-            codec.codebooks = b
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
+            codec.codebooks = le_f32s(&b);
         }
         let ivf = match &manifest.ivf {
             Some(info) => {
@@ -382,10 +386,7 @@ impl Index {
                 );
                 Some(Ivf {
                     dim: manifest.single_dim,
-                    centroids: b
-                        .chunks_exact(4)
-                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                        .collect(),
+                    centroids: le_f32s(&b),
                 })
             }
             None => None,

@@ -14,6 +14,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 pub const FEATURES_FORMAT: &str = "craterdex-features/1";
+/// The dtypes a features file may hold.
+pub const FEATURE_DTYPES: &[safetensors::Dtype] =
+    &[safetensors::Dtype::F32, safetensors::Dtype::F16];
 
 /// Features of many images, in the order of `ids`.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -146,22 +149,13 @@ impl FeatureSet {
             let t = st
                 .tensor(name)
                 .with_context(|| format!("{} has no tensor {name:?}", path.display()))?;
-            let data = match t.dtype() {
-                safetensors::Dtype::F32 => t
-                    .data()
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect(),
-                safetensors::Dtype::F16 => t
-                    .data()
-                    .chunks_exact(2)
-                    .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
-                    .collect(),
-                other => anyhow::bail!(
-                    "{}: tensor {name} has dtype {other:?}, expected F32 or F16",
-                    path.display()
-                ),
-            };
+            let data = crate::layouts::tensor_floats_of(&t, FEATURE_DTYPES).with_context(|| {
+                format!(
+                    "{}: tensor {name} has dtype {:?}, expected F32 or F16",
+                    path.display(),
+                    t.dtype()
+                )
+            })?;
             Ok((t.shape().to_vec(), data))
         };
         let (cs, cls) = f32s("cls")?;
@@ -256,12 +250,7 @@ fn read_cached(path: &Path, dim: usize, tokens: usize) -> Option<ImageFeatures> 
     let bytes = std::fs::read(path).ok()?;
     let st = safetensors::SafeTensors::deserialize(&bytes).ok()?;
     let get = |n: &str, len: usize| -> Option<Vec<f32>> {
-        let t = st.tensor(n).ok()?;
-        let v: Vec<f32> = t
-            .data()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
+        let v = crate::layouts::tensor_floats_of(&st.tensor(n).ok()?, &[safetensors::Dtype::F32])?;
         (v.len() == len).then_some(v)
     };
     Some(ImageFeatures {

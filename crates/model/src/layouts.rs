@@ -321,26 +321,45 @@ pub fn convert(
     Ok((config, weights))
 }
 
+/// The values of a float safetensors tensor (F32, F16 or BF16) as f32; None for other dtypes.
+pub fn tensor_floats(view: &safetensors::tensor::TensorView) -> Option<Vec<f32>> {
+    use safetensors::Dtype;
+    tensor_floats_of(view, &[Dtype::F32, Dtype::F16, Dtype::BF16])
+}
+
+/// As `tensor_floats`, for the listed dtypes only.
+pub fn tensor_floats_of(
+    view: &safetensors::tensor::TensorView,
+    dtypes: &[safetensors::Dtype],
+) -> Option<Vec<f32>> {
+    if !dtypes.contains(&view.dtype()) {
+        return None;
+    }
+    let raw = view.data();
+    Some(match view.dtype() {
+        safetensors::Dtype::F32 => raw
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        safetensors::Dtype::F16 => raw
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        safetensors::Dtype::BF16 => raw
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        _ => return None,
+    })
+}
+
 /// Reads every float tensor of a safetensors file (F32, F16 or BF16).
 pub fn read_safetensors(bytes: &[u8]) -> Result<TensorMap> {
     let st = safetensors::SafeTensors::deserialize(bytes).context("not a safetensors file")?;
     let mut map = TensorMap::new();
     for (name, view) in st.tensors() {
-        let raw = view.data();
-        let data: Vec<f32> = match view.dtype() {
-            safetensors::Dtype::F32 => raw
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            safetensors::Dtype::F16 => raw
-                .chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            safetensors::Dtype::BF16 => raw
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            _ => continue,
+        let Some(data) = tensor_floats(&view) else {
+            continue;
         };
         map.insert(
             name,

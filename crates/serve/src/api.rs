@@ -11,11 +11,11 @@ use axum::routing::{get, post};
 use axum::{BoxError, Json, Router};
 use craterdex_index::search::{Mode, SearchParams};
 use craterdex_index::{Hit, ImageMeta, Index};
-use craterdex_model::preprocess;
+use craterdex_model::extract::FEATURE_DTYPES;
+use craterdex_model::{layouts, preprocess};
 use craterdex_tokens::{Descriptors, FeatureRef};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 use std::io::Cursor;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -304,6 +304,10 @@ fn id_url(id: &str) -> String {
     percent_encoding::utf8_percent_encode(id, ID_ESCAPES).to_string()
 }
 
+fn thumbnail_url(id: &str) -> String {
+    format!("/v1/images/{}/thumbnail", id_url(id))
+}
+
 fn results_json(
     idx: &Index,
     hits: &[Hit],
@@ -324,7 +328,7 @@ fn results_json(
                 stage1: h.stage1,
                 stage2: h.stage2,
                 meta: m.clone(),
-                thumbnail: format!("/v1/images/{}/thumbnail", id_url(&m.id)),
+                thumbnail: thumbnail_url(&m.id),
             }
         })
         .collect();
@@ -437,20 +441,12 @@ fn parse_features(body: &[u8], content_type: &str) -> ApiResult<(Vec<f32>, Vec<f
         let t = st.tensor(name).map_err(|_| {
             ApiError::bad_request(format!("the safetensors body has no tensor {name:?}"))
         })?;
-        let data = t.data();
-        match t.dtype() {
-            safetensors::Dtype::F32 => Ok(data
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect()),
-            safetensors::Dtype::F16 => Ok(data
-                .chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect()),
-            other => Err(ApiError::bad_request(format!(
-                "{name}: dtype {other:?}, expected F32 or F16"
-            ))),
-        }
+        layouts::tensor_floats_of(&t, FEATURE_DTYPES).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "{name}: dtype {:?}, expected F32 or F16",
+                t.dtype()
+            ))
+        })
     };
     Ok((read("cls")?, read("patch_tokens")?, read("attention")?))
 }
@@ -656,17 +652,12 @@ async fn search_image(
     mp: Result<Multipart, axum::extract::multipart::MultipartRejection>,
 ) -> ApiResult<Json<Value>> {
     authorize(&svc, &headers, false)?;
-    let result = async {
-        let p = search_params(&svc, q)?;
-        let mp = mp.map_err(|e| ApiError::bad_request(e.body_text()))?;
-        let (bytes, _) = read_multipart(mp).await?;
-        let bytes = bytes
-            .ok_or_else(|| ApiError::bad_request("multipart form without an `image` file part"))?;
-        model_of(&svc)?;
-        Ok((p, bytes))
-    }
-    .await;
-    let (p, bytes) = result?;
+    let p = search_params(&svc, q)?;
+    let mp = mp.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let (bytes, _) = read_multipart(mp).await?;
+    let bytes = bytes
+        .ok_or_else(|| ApiError::bad_request("multipart form without an `image` file part"))?;
+    model_of(&svc)?;
     let idx = index_of(&svc)?;
     let max_side = svc.config().max_image_side;
     svc.counters.image_searches.fetch_add(1, Ordering::Relaxed);
@@ -699,7 +690,7 @@ async fn image_meta(
     Ok(Json(json!({
         "id": m.id,
         "meta": m,
-        "thumbnail": format!("/v1/images/{}/thumbnail", id_url(&m.id)),
+        "thumbnail": thumbnail_url(&m.id),
     })))
 }
 
@@ -791,46 +782,41 @@ async fn add_image(
     mp: Result<Multipart, axum::extract::multipart::MultipartRejection>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     authorize(&svc, &headers, true)?;
-    let parsed = async {
-        let mp = mp.map_err(|e| ApiError::bad_request(e.body_text()))?;
-        let (bytes, fields) = read_multipart(mp).await?;
-        const KNOWN: [&str; 7] = [
-            "id",
-            "crater_id",
-            "source",
-            "view",
-            "lat",
-            "lon",
-            "diameter_km",
-        ];
-        if let Some(k) = fields.keys().find(|k| !KNOWN.contains(&k.as_str())) {
-            return Err(ApiError::bad_request(format!(
-                "unknown form field {k:?}; expected image and {KNOWN:?}"
-            )));
-        }
-        let bytes = bytes
-            .ok_or_else(|| ApiError::bad_request("multipart form without an `image` file part"))?;
-        let id = text_field(&fields, "id")?;
-        if let Some(id) = &id {
-            if !valid_id(id) {
-                return Err(ApiError::bad_request(format!("invalid image id {id:?}")));
-            }
-        }
-        let meta = ImageMeta {
-            id: id.unwrap_or_default(),
-            crater_id: text_field(&fields, "crater_id")?,
-            source: text_field(&fields, "source")?,
-            view: text_field(&fields, "view")?,
-            lat: parse_coord(&fields, "lat")?,
-            lon: parse_coord(&fields, "lon")?,
-            diameter_km: parse_coord(&fields, "diameter_km")?,
-            path: None,
-        };
-        model_of(&svc)?;
-        Ok((bytes, meta))
+    let mp = mp.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let (bytes, fields) = read_multipart(mp).await?;
+    const KNOWN: [&str; 7] = [
+        "id",
+        "crater_id",
+        "source",
+        "view",
+        "lat",
+        "lon",
+        "diameter_km",
+    ];
+    if let Some(k) = fields.keys().find(|k| !KNOWN.contains(&k.as_str())) {
+        return Err(ApiError::bad_request(format!(
+            "unknown form field {k:?}; expected image and {KNOWN:?}"
+        )));
     }
-    .await;
-    let (bytes, mut meta) = parsed?;
+    let bytes = bytes
+        .ok_or_else(|| ApiError::bad_request("multipart form without an `image` file part"))?;
+    let id = text_field(&fields, "id")?;
+    if let Some(id) = &id {
+        if !valid_id(id) {
+            return Err(ApiError::bad_request(format!("invalid image id {id:?}")));
+        }
+    }
+    let mut meta = ImageMeta {
+        id: id.unwrap_or_default(),
+        crater_id: text_field(&fields, "crater_id")?,
+        source: text_field(&fields, "source")?,
+        view: text_field(&fields, "view")?,
+        lat: parse_coord(&fields, "lat")?,
+        lon: parse_coord(&fields, "lon")?,
+        diameter_km: parse_coord(&fields, "diameter_km")?,
+        path: None,
+    };
+    model_of(&svc)?;
     let idx = index_of(&svc)?;
     let max_side = svc.config().max_image_side;
     let svc2 = svc.clone();
@@ -840,7 +826,7 @@ async fn add_image(
         Ok((up, desc))
     })
     .await?;
-    let digest = hex(&Sha256::digest(&up.bytes));
+    let digest = craterdex_model::store::sha256_hex(&up.bytes);
     if meta.id.is_empty() {
         meta.id = format!("upload-{}", &digest[..16]);
     }
@@ -883,9 +869,7 @@ async fn add_image(
     svc.counters.added.fetch_add(1, Ordering::Relaxed);
     Ok((
         StatusCode::CREATED,
-        Json(
-            json!({"id": id, "images": live, "thumbnail": format!("/v1/images/{}/thumbnail", id_url(&id))}),
-        ),
+        Json(json!({"id": id, "images": live, "thumbnail": thumbnail_url(&id)})),
     ))
 }
 
@@ -919,10 +903,6 @@ fn write_and_swap(
     let live = reopened.live();
     svc.replace_index(reopened);
     Ok(live)
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 async fn stats(State(svc): State<Svc>, headers: HeaderMap) -> ApiResult<Json<Value>> {
