@@ -4,7 +4,7 @@
 use crate::pipeline::*;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use craterdex_model::{fetch, preprocess};
+use craterdex_model::{fetch, preprocess, Precision, Vit};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -128,16 +128,7 @@ fn extract(b: ExtractBench) -> Result<()> {
         .map(|(_, p)| Ok(preprocess::to_tensor(&preprocess::load_image(p)?, &prep)))
         .collect::<Result<_>>()?;
     let threads = rayon::current_num_threads();
-    vit.forward(&tensors[..b.model.batch.min(tensors.len())])?;
-    let mut best = f64::INFINITY;
-    for _ in 0..b.repeats {
-        let t = Instant::now();
-        for chunk in tensors.chunks(b.model.batch) {
-            vit.forward(chunk)?;
-        }
-        best = best.min(t.elapsed().as_secs_f64());
-    }
-    let ours = b.images as f64 / best;
+    let ours = images_per_s(&vit, &tensors, b.model.batch, b.repeats)?;
     let rss = peak_rss_mb();
     println!(
         "model {} at {}px, {} real crops from {}, batch {}, {} threads",
@@ -151,8 +142,23 @@ fn extract(b: ExtractBench) -> Result<()> {
     println!("{:<28} {:>10} {:>12}", "engine", "images/s", "peak RSS MB");
     println!(
         "{:<28} {:>10.2} {:>12.0}",
-        "craterdex (native, f32)", ours, rss
+        format!("craterdex ({})", vit.precision().name()),
+        ours,
+        rss
     );
+    // bf16 is timed too wherever the CPU can run it; its RSS adds the packed weights.
+    let mut bf16 = None;
+    if vit.precision() == Precision::F32 && craterdex_amx::available() {
+        let vit16 = load_model(&b.model.model_args())?.with_precision(Precision::Bf16)?;
+        let rate = images_per_s(&vit16, &tensors, b.model.batch, b.repeats)?;
+        println!(
+            "{:<28} {:>10.2} {:>12.0}",
+            "craterdex (bf16, AMX)",
+            rate,
+            peak_rss_mb()
+        );
+        bf16 = Some(rate);
+    }
     if b.no_reference {
         return Ok(());
     }
@@ -204,8 +210,30 @@ fn extract(b: ExtractBench) -> Result<()> {
         r["peak_rss_mb"].as_f64().unwrap_or(f64::NAN)
     );
     println!(
-        "ratio craterdex / onnxruntime: {:.2}x images/s",
+        "ratio craterdex ({}) / onnxruntime: {:.2}x images/s",
+        vit.precision().name(),
         ours / theirs
     );
+    if let Some(rate) = bf16 {
+        println!(
+            "ratio craterdex (bf16) / onnxruntime: {:.2}x images/s",
+            rate / theirs
+        );
+    }
     Ok(())
+}
+
+/// Best-of-`repeats` throughput of the forward pass over `tensors` in batches, after one
+/// warm-up batch.
+fn images_per_s(vit: &Vit, tensors: &[Vec<f32>], batch: usize, repeats: usize) -> Result<f64> {
+    vit.forward(&tensors[..batch.min(tensors.len())])?;
+    let mut best = f64::INFINITY;
+    for _ in 0..repeats.max(1) {
+        let t = Instant::now();
+        for chunk in tensors.chunks(batch.max(1)) {
+            vit.forward(chunk)?;
+        }
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    Ok(tensors.len() as f64 / best)
 }

@@ -559,6 +559,7 @@ pub fn run(b: SearchBench) -> Result<()> {
             let vit = load_model(&ModelArgs {
                 model: None,
                 size: None,
+                precision: Default::default(),
             })?;
             let ea = ExtractArgs {
                 batch: 16,

@@ -12,7 +12,7 @@ use craterdex_eval::{benchbuild, manifest, regimes};
 use craterdex_index::codec::Codec;
 use craterdex_index::search::SearchParams;
 use craterdex_index::{ImageMeta, Index};
-use craterdex_model::{fetch, store, ResizeMode};
+use craterdex_model::{fetch, store, Precision, ResizeMode};
 use craterdex_tokens::{Aggregation, Pooling, Recipe, SeedStrategy};
 use pipeline::*;
 use std::collections::HashMap;
@@ -119,6 +119,10 @@ struct ModelChoice {
     /// squash (default) or center-crop.
     #[arg(long, default_value = "squash")]
     resize: ResizeMode,
+    /// f32 (default), or bf16: linear layers in bf16 on AMX tiles (Intel Xeon 4th
+    /// generation or later), about 2x faster, tokens within cosine 0.9995 of f32.
+    #[arg(long, default_value = "f32")]
+    precision: Precision,
 }
 
 #[derive(Args, Clone)]
@@ -137,6 +141,7 @@ impl ModelOpts {
         ModelArgs {
             model: self.choice.model.clone(),
             size: self.choice.size,
+            precision: self.choice.precision,
         }
     }
     fn extract_args(&self) -> ExtractArgs {
@@ -689,6 +694,7 @@ fn serve_cmd(c: ServeCmd) -> Result<()> {
     let model_args = ModelArgs {
         model: c.model.model,
         size: c.model.size,
+        precision: c.model.precision,
     };
     let no_model = c.no_model;
     craterdex_serve::serve_blocking(

@@ -6,7 +6,7 @@ use craterdex_eval::manifest::Benchmark;
 use craterdex_index::codec::{Codec, TokenCodec};
 use craterdex_index::{ImageMeta, Index};
 use craterdex_model::extract::{self, ExtractOptions, FeatureSet};
-use craterdex_model::{fetch, ResizeMode, Vit};
+use craterdex_model::{fetch, Precision, ResizeMode, Vit};
 use craterdex_tokens::{Descriptors, Encoder, FeatureRef, Recipe};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 pub struct ModelArgs {
     pub model: Option<PathBuf>,
     pub size: Option<usize>,
+    pub precision: Precision,
 }
 
 /// Loads `--model DIR`, or the default model (fetched on first use).
@@ -30,7 +31,8 @@ pub fn load_model(args: &ModelArgs) -> Result<Vit> {
         }
     };
     craterdex_model::load(&dir, args.size)
-        .with_context(|| format!("cannot load the model in {}", dir.display()))
+        .with_context(|| format!("cannot load the model in {}", dir.display()))?
+        .with_precision(args.precision)
 }
 
 pub fn bar(len: usize, what: &str) -> ProgressBar {

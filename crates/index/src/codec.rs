@@ -109,13 +109,7 @@ impl TokenCodec {
                 .for_each(|&v| payload.extend_from_slice(&f16::from_f32(v).to_le_bytes())),
             Codec::Int8 => {
                 for t in tokens.chunks_exact(d) {
-                    let max = t.iter().fold(0f32, |m, v| m.max(v.abs()));
-                    let scale = if max > 0.0 { max / 127.0 } else { 1.0 };
-                    scales.push(scale);
-                    payload.extend(
-                        t.iter()
-                            .map(|v| (v / scale).round().clamp(-127.0, 127.0) as i8 as u8),
-                    );
+                    scales.push(int8_quantise(t, payload));
                 }
             }
             Codec::Pq { m } => {
@@ -170,6 +164,18 @@ impl TokenCodec {
             }
         }
     }
+}
+
+/// Symmetric int8 for one vector: appends `round(v / scale)` in [-127, 127] to `codes` and
+/// returns the scale (`max |v| / 127`, 1 for a zero vector).
+pub fn int8_quantise(v: &[f32], codes: &mut Vec<u8>) -> f32 {
+    let max = v.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let scale = if max > 0.0 { max / 127.0 } else { 1.0 };
+    codes.extend(
+        v.iter()
+            .map(|x| (x / scale).round().clamp(-127.0, 127.0) as i8 as u8),
+    );
+    scale
 }
 
 fn sq(a: &[f32], b: &[f32]) -> f32 {

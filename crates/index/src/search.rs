@@ -1,9 +1,10 @@
 //! Two-stage search: a single-vector shortlist of S candidates, then late-interaction
 //! reranking of the shortlist with the stored instance tokens; or exhaustive MaxSim.
 
+use crate::codec::Codec;
 use crate::flat::{self, Scored, TopK};
 use crate::ivf::Ivf;
-use crate::maxsim::QueryKernel;
+use crate::maxsim::{Int8Query, QueryKernel};
 use crate::store::Index;
 use craterdex_tokens::Descriptors;
 use rayon::prelude::*;
@@ -166,9 +167,32 @@ impl Index {
         tops.into_iter().map(TopK::into_sorted).collect()
     }
 
-    /// MaxSim scores of one query's tokens against the given rows, each decoded into one
-    /// reused buffer.
+    /// The int8 tile kernel for a query, when the index is int8 and the CPU has AMX.
+    fn int8_query(&self, tokens: &[f32]) -> Option<Int8Query> {
+        if self.codec.codec != Codec::Int8 {
+            return None;
+        }
+        Int8Query::new(tokens, self.token_dim())
+    }
+
+    /// MaxSim scores of one query's tokens against the given rows: int8 codes straight on
+    /// AMX tiles, otherwise each row decoded into one reused buffer.
     pub fn late_interaction(&self, tokens: &[f32], rows: &[usize]) -> Vec<f32> {
+        if let Some(q8) = self.int8_query(tokens) {
+            let (mut products, mut out) = (Vec::new(), Vec::with_capacity(rows.len()));
+            for &r in rows {
+                if let Some((codes, scales)) = self.int8_tokens(r) {
+                    q8.score_docs(
+                        codes,
+                        scales,
+                        self.tokens_per_image(),
+                        &mut products,
+                        &mut out,
+                    );
+                }
+            }
+            return out;
+        }
         let kernel = QueryKernel::new(tokens, self.token_dim());
         let mut doc = vec![0f32; self.tokens_per_image() * self.token_dim()];
         let mut scratch = Vec::new();
@@ -181,20 +205,25 @@ impl Index {
     }
 
     fn exhaustive(&self, tokens: &[f32], k: usize, parallel: bool) -> Vec<Hit> {
-        let rows: Vec<usize> = (0..self.rows()).filter(|&r| !self.is_deleted(r)).collect();
-        let score_chunk = |chunk: &[usize]| {
-            let mut top = TopK::new(k);
-            for block in chunk.chunks(256) {
-                for (&r, s) in block.iter().zip(self.late_interaction(tokens, block)) {
-                    top.push(r, s);
+        let parts = match self.int8_query(tokens) {
+            Some(q8) => self.exhaustive_int8(&q8, k, parallel),
+            None => {
+                let rows: Vec<usize> = (0..self.rows()).filter(|&r| !self.is_deleted(r)).collect();
+                let score_chunk = |chunk: &[usize]| {
+                    let mut top = TopK::new(k);
+                    for block in chunk.chunks(256) {
+                        for (&r, s) in block.iter().zip(self.late_interaction(tokens, block)) {
+                            top.push(r, s);
+                        }
+                    }
+                    top.into_sorted()
+                };
+                if parallel {
+                    rows.par_chunks(2048).map(score_chunk).collect()
+                } else {
+                    vec![score_chunk(&rows)]
                 }
             }
-            top.into_sorted()
-        };
-        let parts: Vec<Vec<Scored>> = if parallel {
-            rows.par_chunks(2048).map(score_chunk).collect()
-        } else {
-            vec![score_chunk(&rows)]
         };
         TopK::merge(&parts, k)
             .into_iter()
@@ -205,6 +234,42 @@ impl Index {
                 stage2: Some(s.score),
             })
             .collect()
+    }
+
+    /// Exhaustive MaxSim from the int8 codes, runs of consecutive rows at a time.
+    fn exhaustive_int8(&self, q8: &Int8Query, k: usize, parallel: bool) -> Vec<Vec<Scored>> {
+        const DOCS: usize = 64;
+        let (kd, d) = (self.tokens_per_image(), self.token_dim());
+        let mut runs = Vec::new();
+        for (first, codes, scales) in self.int8_segments() {
+            for (i, sc) in scales.chunks(DOCS * kd).enumerate() {
+                let start = i * DOCS * kd;
+                runs.push((
+                    first + i * DOCS,
+                    &codes[start * d..(start + sc.len()) * d],
+                    sc,
+                ));
+            }
+        }
+        let mask = self.deleted_mask();
+        let score_runs = |runs: &[(usize, &[i8], &[f32])]| {
+            let (mut top, mut products, mut scores) = (TopK::new(k), Vec::new(), Vec::new());
+            for &(first, codes, scales) in runs {
+                scores.clear();
+                q8.score_docs(codes, scales, kd, &mut products, &mut scores);
+                for (i, &s) in scores.iter().enumerate() {
+                    if !mask[first + i] {
+                        top.push(first + i, s);
+                    }
+                }
+            }
+            top.into_sorted()
+        };
+        if parallel {
+            runs.par_chunks(16).map(score_runs).collect()
+        } else {
+            vec![score_runs(&runs)]
+        }
     }
 
     fn rerank(&self, tokens: &[f32], shortlist: &[Scored], k: usize, parallel: bool) -> Vec<Hit> {

@@ -659,6 +659,30 @@ impl Index {
             .map_or(self.token_dim(), |w| w.dim_in)
     }
 
+    /// For an int8 index, each segment's first row with its codes `[n * K, D]` and scales
+    /// `[n * K]`, to score straight from the codes. Empty for other codecs.
+    pub fn int8_segments(&self) -> impl Iterator<Item = (usize, &[i8], &[f32])> {
+        self.segments.iter().filter_map(|s| {
+            let scales = s.scales.as_ref()?;
+            Some((
+                s.first_row,
+                bytemuck::cast_slice::<u8, i8>(&s.tokens),
+                bytemuck::cast_slice::<u8, f32>(scales),
+            ))
+        })
+    }
+
+    /// For an int8 index, the codes `[K, D]` and scales `[K]` of `row`.
+    pub fn int8_tokens(&self, row: usize) -> Option<(&[i8], &[f32])> {
+        let s = self.segment_of(row);
+        let scales = s.scales.as_ref()?;
+        let (local, k, d) = (row - s.first_row, self.tokens_per_image(), self.token_dim());
+        Some((
+            bytemuck::cast_slice::<u8, i8>(&s.tokens[local * k * d..(local + 1) * k * d]),
+            &bytemuck::cast_slice::<u8, f32>(scales)[local * k..(local + 1) * k],
+        ))
+    }
+
     /// Decodes the stored tokens of `row` into `out` (`[K, D]`).
     pub fn decode_tokens(&self, row: usize, out: &mut Vec<f32>) {
         out.resize(self.manifest.tokens_per_image * self.codec.dim, 0.0);

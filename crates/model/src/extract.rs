@@ -268,7 +268,7 @@ pub fn extract(
     opts: &ExtractOptions,
     progress: &(dyn Fn(usize) + Sync),
 ) -> Result<Extraction> {
-    let model_fp = vit.config().fingerprint();
+    let model_fp = vit.features_fingerprint();
     let prep_key = opts.preprocess.key();
     let (dim, tokens) = (vit.dim(), vit.num_patches());
     let mut features = FeatureSet {

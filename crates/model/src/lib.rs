@@ -17,7 +17,7 @@ pub mod vit;
 
 pub use config::{Architecture, ModelConfig};
 pub use preprocess::{Preprocess, ResizeMode};
-pub use vit::{ImageFeatures, Vit, VitWeights};
+pub use vit::{ImageFeatures, Precision, Vit, VitWeights};
 
 use anyhow::Result;
 use std::path::Path;

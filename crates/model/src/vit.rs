@@ -5,6 +5,7 @@
 
 use crate::config::ModelConfig;
 use anyhow::{bail, ensure, Result};
+use craterdex_amx::PackedBf16;
 use gemm::Parallelism;
 use rayon::prelude::*;
 
@@ -123,6 +124,51 @@ pub struct Vit {
     grid: usize,
     /// Position embeddings resampled to `grid`, `[1 + grid*grid, D]`.
     pos_embed: Vec<f32>,
+    /// The linear layers' weights in bf16 tile layout, for [`Precision::Bf16`].
+    bf16: Option<Bf16Weights>,
+}
+
+/// Arithmetic of the forward pass's linear layers (patch embedding, qkv, projection, MLP).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Precision {
+    /// f32 throughout.
+    #[default]
+    F32,
+    /// Linear layers take bf16 inputs and weights and accumulate in f32, on AMX tiles;
+    /// attention, norms and activations stay f32.
+    Bf16,
+}
+
+impl Precision {
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+        }
+    }
+}
+
+impl std::str::FromStr for Precision {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "f32" | "fp32" => Ok(Precision::F32),
+            "bf16" => Ok(Precision::Bf16),
+            _ => anyhow::bail!("unknown precision {s:?}: use f32 or bf16"),
+        }
+    }
+}
+
+struct Bf16Block {
+    qkv: PackedBf16,
+    proj: PackedBf16,
+    fc1: PackedBf16,
+    fc2: PackedBf16,
+}
+
+struct Bf16Weights {
+    patch: PackedBf16,
+    blocks: Vec<Bf16Block>,
 }
 
 impl Vit {
@@ -146,7 +192,61 @@ impl Vit {
             input_size,
             grid,
             pos_embed,
+            bf16: None,
         })
+    }
+
+    /// Switches the linear layers' arithmetic. bf16 needs a CPU with AMX tiles.
+    pub fn with_precision(mut self, precision: Precision) -> Result<Self> {
+        self.bf16 = match precision {
+            Precision::F32 => None,
+            Precision::Bf16 => {
+                ensure!(
+                    craterdex_amx::available(),
+                    "--precision bf16 needs a CPU with AMX (Intel Xeon 4th generation or later) \
+                     and Linux 5.16+; use --precision f32 here"
+                );
+                let (c, w) = (&self.config, &self.weights);
+                let d = c.hidden_size;
+                ensure!(
+                    PackedBf16::fits(d) && PackedBf16::fits(c.mlp_hidden),
+                    "bf16 needs layer widths that are multiples of 16 (this model: {d}, {})",
+                    c.mlp_hidden
+                );
+                let p = c.patch_size;
+                Some(Bf16Weights {
+                    patch: PackedBf16::new(&w.patch_w, 3 * p * p, d),
+                    blocks: w
+                        .blocks
+                        .iter()
+                        .map(|b| Bf16Block {
+                            qkv: PackedBf16::new(&b.qkv_w, d, 3 * d),
+                            proj: PackedBf16::new(&b.proj_w, d, d),
+                            fc1: PackedBf16::new(&b.fc1_w, d, c.mlp_hidden),
+                            fc2: PackedBf16::new(&b.fc2_w, c.mlp_hidden, d),
+                        })
+                        .collect(),
+                })
+            }
+        };
+        Ok(self)
+    }
+
+    pub fn precision(&self) -> Precision {
+        if self.bf16.is_some() {
+            Precision::Bf16
+        } else {
+            Precision::F32
+        }
+    }
+
+    /// Identifies the features this backbone produces: the model's fingerprint, plus the
+    /// precision when it is not f32 (feature caches key on it).
+    pub fn features_fingerprint(&self) -> String {
+        match self.precision() {
+            Precision::F32 => self.config.fingerprint(),
+            p => format!("{}-{}", self.config.fingerprint(), p.name()),
+        }
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -188,20 +288,25 @@ impl Vit {
         let mut last_attn = vec![0f32; b * (t - 1)];
         let last = self.weights.blocks.len() - 1;
         for (bi, blk) in self.weights.blocks.iter().enumerate() {
+            let packed = self.bf16.as_ref().map(|p| &p.blocks[bi]);
             layer_norm(&x, &mut h, d, &blk.norm1_w, &blk.norm1_b, c.layer_norm_eps);
-            linear(&h, rows, d, &blk.qkv_w, 3 * d, &blk.qkv_b, &mut qkv);
+            let qkv_w = Weight::new(&blk.qkv_w, packed.map(|p| &p.qkv));
+            linear(&h, rows, d, qkv_w, 3 * d, &blk.qkv_b, &mut qkv);
             let cls_attn = if bi == last {
                 Some(&mut last_attn[..])
             } else {
                 None
             };
             attention(&qkv, b, t, d, heads, &mut attn_out, cls_attn);
-            linear(&attn_out, rows, d, &blk.proj_w, d, &blk.proj_b, &mut h);
+            let proj_w = Weight::new(&blk.proj_w, packed.map(|p| &p.proj));
+            linear(&attn_out, rows, d, proj_w, d, &blk.proj_b, &mut h);
             add_residual(&mut x, &h, blk.ls1.as_deref(), d);
             layer_norm(&x, &mut h, d, &blk.norm2_w, &blk.norm2_b, c.layer_norm_eps);
-            linear(&h, rows, d, &blk.fc1_w, c.mlp_hidden, &blk.fc1_b, &mut mlp);
+            let fc1_w = Weight::new(&blk.fc1_w, packed.map(|p| &p.fc1));
+            linear(&h, rows, d, fc1_w, c.mlp_hidden, &blk.fc1_b, &mut mlp);
             mlp.par_chunks_mut(4096).for_each(gelu_in_place);
-            linear(&mlp, rows, c.mlp_hidden, &blk.fc2_w, d, &blk.fc2_b, &mut h);
+            let fc2_w = Weight::new(&blk.fc2_w, packed.map(|p| &p.fc2));
+            linear(&mlp, rows, c.mlp_hidden, fc2_w, d, &blk.fc2_b, &mut h);
             add_residual(&mut x, &h, blk.ls2.as_deref(), d);
         }
         layer_norm(
@@ -256,7 +361,7 @@ impl Vit {
             &cols,
             images.len() * n,
             kdim,
-            &self.weights.patch_w,
+            Weight::new(&self.weights.patch_w, self.bf16.as_ref().map(|p| &p.patch)),
             d,
             &self.weights.patch_b,
             &mut patches,
@@ -275,20 +380,39 @@ impl Vit {
     }
 }
 
+/// A linear layer's weight `[k, n]`, with its bf16 tile packing when the model runs in bf16.
+#[derive(Clone, Copy)]
+struct Weight<'a> {
+    f32: &'a [f32],
+    bf16: Option<&'a PackedBf16>,
+}
+
+impl<'a> Weight<'a> {
+    fn new(f32: &'a [f32], bf16: Option<&'a PackedBf16>) -> Self {
+        Self { f32, bf16 }
+    }
+}
+
+/// Rows per task of a bf16 product: enough to keep the tiles busy, small enough to share
+/// a batch between threads.
+const BF16_ROWS_PER_TASK: usize = 128;
+
 /// `out[m, n] = a[m, k] W[k, n] + bias[n]`, all row-major, multithreaded over the rayon pool.
-pub(crate) fn linear(
-    a: &[f32],
-    m: usize,
-    k: usize,
-    w: &[f32],
-    n: usize,
-    bias: &[f32],
-    out: &mut [f32],
-) {
-    debug_assert!(a.len() >= m * k && w.len() == k * n && bias.len() == n && out.len() >= m * n);
+fn linear(a: &[f32], m: usize, k: usize, w: Weight, n: usize, bias: &[f32], out: &mut [f32]) {
+    debug_assert!(
+        a.len() >= m * k && w.f32.len() == k * n && bias.len() == n && out.len() >= m * n
+    );
     out[..m * n]
         .par_chunks_mut(n)
         .for_each(|row| row.copy_from_slice(bias));
+    if let Some(packed) = w.bf16 {
+        out[..m * n]
+            .par_chunks_mut(BF16_ROWS_PER_TASK * n)
+            .zip(a[..m * k].par_chunks(BF16_ROWS_PER_TASK * k))
+            .for_each(|(o, a)| craterdex_amx::bf16_matmul_acc(a, a.len() / k, packed, o));
+        return;
+    }
+    let w = w.f32;
     let threads = rayon::current_num_threads();
     let par = if threads > 1 && m * n * k > 1 << 18 {
         Parallelism::Rayon(threads)

