@@ -236,10 +236,10 @@ fn time_index(
                 stage: stage.to_string(),
                 s: sz,
                 k: s.k,
-                codec: if mode == Mode::Stage1 {
-                    "-".into()
-                } else {
-                    codec.to_string()
+                codec: match mode {
+                    // stage 1 reads f32 single vectors, or int8 copies in int8 indexes
+                    Mode::Stage1 if codec != "int8" => "f32".into(),
+                    _ => codec.to_string(),
                 },
                 mode: mode_name.into(),
                 p50_ms: p50,
@@ -280,7 +280,8 @@ fn measure(
             idx.live(),
             t.elapsed().as_secs_f64()
         );
-        time_index(&idx, queries, &codec.name(), s, i == 0, rows);
+        let stage1_differs = i == 0 || codec == Codec::Int8;
+        time_index(&idx, queries, &codec.name(), s, stage1_differs, rows);
         drop(idx);
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -7,6 +7,7 @@
 
 pub mod codec;
 pub mod flat;
+pub mod flat_int8;
 pub mod ivf;
 pub mod maxsim;
 pub mod search;

@@ -3,6 +3,7 @@
 
 use crate::codec::Codec;
 use crate::flat::{self, Scored, TopK};
+use crate::flat_int8::{Int8Queries, Int8Vectors};
 use crate::ivf::Ivf;
 use crate::maxsim::{Int8Query, QueryKernel};
 use crate::store::Index;
@@ -94,6 +95,22 @@ pub struct Hit {
     pub stage2: Option<f32>,
 }
 
+/// Runs `scan` over the probed lists: on one thread, or split over the pool (one query
+/// alone) with the partial top lists merged.
+fn split_lists(
+    lists: &[u32],
+    parallel: bool,
+    k: usize,
+    scan: impl Fn(&[u32]) -> Vec<Scored> + Sync + Send,
+) -> Vec<Scored> {
+    if !parallel {
+        return scan(lists);
+    }
+    let per = lists.len().div_ceil(rayon::current_num_threads()).max(1);
+    let parts: Vec<Vec<Scored>> = lists.par_chunks(per).map(scan).collect();
+    TopK::merge(&parts, k)
+}
+
 impl Index {
     /// The `k` best live rows by single-vector inner product, per query (`singles` `[nq, Ds]`),
     /// exact or through the IVF lists.
@@ -103,8 +120,13 @@ impl Index {
             (Stage1::Auto, Some((ivf, n))) => Some((ivf, n)),
             (Stage1::Probe(n), Some((ivf, _))) => Some((ivf, n.max(1))),
         };
+        let int8 = self.codec.codec == Codec::Int8;
         let Some((ivf, nprobe)) = probe else {
-            return self.stage1_exact(singles, k);
+            return if int8 {
+                self.stage1_exact_int8(singles, k)
+            } else {
+                self.stage1_exact(singles, k)
+            };
         };
         let d = self.single_dim();
         if singles.len() == d {
@@ -130,6 +152,39 @@ impl Index {
         let d = self.single_dim();
         let lists = ivf.probe(q, nprobe);
         let mask = self.deleted_mask();
+        if self.codec.codec == Codec::Int8 {
+            let segments = self.int8_single_segments();
+            let query = Int8Queries::new(q, d);
+            let scan = |lists: &[u32]| {
+                let (mut top, mut products) = (TopK::new(k), Vec::new());
+                for &(first, vectors, inverted) in &segments {
+                    let Some(inverted) = inverted else { continue };
+                    let mut push = |_: usize, r: usize, s: f32| {
+                        if !mask[first + r] {
+                            top.push(first + r, s);
+                        }
+                    };
+                    for &l in lists {
+                        let rows = inverted.list(l);
+                        let (Some(&lo), Some(&hi)) = (rows.first(), rows.last()) else {
+                            continue;
+                        };
+                        let (lo, hi) = (lo as usize, hi as usize + 1);
+                        // segments store their rows grouped by list, so a list is one run
+                        if hi - lo == rows.len() {
+                            query.score_rows(vectors, lo, hi, &mut products, &mut push);
+                        } else {
+                            for &r in rows {
+                                let r = r as usize;
+                                query.score_rows(vectors, r, r + 1, &mut products, &mut push);
+                            }
+                        }
+                    }
+                }
+                top.into_sorted()
+            };
+            return split_lists(&lists, parallel, k, scan);
+        }
         let scan = |lists: &[u32]| {
             let mut top = TopK::new(k);
             for (first, single, inverted) in self.ivf_segments() {
@@ -144,12 +199,65 @@ impl Index {
             }
             top.into_sorted()
         };
-        if !parallel {
-            return scan(&lists);
+        split_lists(&lists, parallel, k, scan)
+    }
+
+    /// Exact stage 1 of an int8 index from its int8 single vectors: one query splits the
+    /// gallery over threads; many go in groups of [`Int8Queries::MAX`], in parallel.
+    fn stage1_exact_int8(&self, singles: &[f32], k: usize) -> Vec<Vec<Scored>> {
+        const ROWS: usize = 2048;
+        let d = self.single_dim();
+        let mask = self.deleted_mask();
+        let segments = self.int8_single_segments();
+        let scan = |query: &Int8Queries,
+                    tops: &mut [TopK],
+                    first: usize,
+                    v,
+                    lo,
+                    hi,
+                    products: &mut Vec<i32>| {
+            query.score_rows(v, lo, hi, products, |qi, r, s| {
+                if !mask[first + r] {
+                    tops[qi].push(first + r, s);
+                }
+            });
+        };
+        if singles.len() == d {
+            let query = Int8Queries::new(singles, d);
+            let blocks: Vec<(usize, &Int8Vectors, usize, usize)> = segments
+                .iter()
+                .flat_map(|&(first, v, _)| {
+                    (0..v.len())
+                        .step_by(ROWS)
+                        .map(move |lo| (first, v, lo, (lo + ROWS).min(v.len())))
+                })
+                .collect();
+            let parts: Vec<Vec<Scored>> = blocks
+                .par_iter()
+                .map(|&(first, v, lo, hi)| {
+                    let mut top = [TopK::new(k)];
+                    scan(&query, &mut top, first, v, lo, hi, &mut Vec::new());
+                    let [top] = top;
+                    top.into_sorted()
+                })
+                .collect();
+            return vec![TopK::merge(&parts, k)];
         }
-        let per = lists.len().div_ceil(rayon::current_num_threads()).max(1);
-        let parts: Vec<Vec<Scored>> = lists.par_chunks(per).map(scan).collect();
-        TopK::merge(&parts, k)
+        singles
+            .par_chunks(Int8Queries::MAX * d)
+            .flat_map_iter(|group| {
+                let query = Int8Queries::new(group, d);
+                let mut tops: Vec<TopK> = (0..query.len()).map(|_| TopK::new(k)).collect();
+                let mut products = Vec::new();
+                for &(first, v, _) in &segments {
+                    for lo in (0..v.len()).step_by(ROWS) {
+                        let hi = (lo + ROWS).min(v.len());
+                        scan(&query, &mut tops, first, v, lo, hi, &mut products);
+                    }
+                }
+                tops.into_iter().map(TopK::into_sorted)
+            })
+            .collect()
     }
 
     fn stage1_exact(&self, singles: &[f32], k: usize) -> Vec<Vec<Scored>> {
@@ -204,45 +312,35 @@ impl Index {
             .collect()
     }
 
-    fn exhaustive(&self, tokens: &[f32], k: usize, parallel: bool) -> Vec<Hit> {
-        let parts = match self.int8_query(tokens) {
-            Some(q8) => self.exhaustive_int8(&q8, k, parallel),
-            None => {
-                let rows: Vec<usize> = (0..self.rows()).filter(|&r| !self.is_deleted(r)).collect();
-                let score_chunk = |chunk: &[usize]| {
-                    let mut top = TopK::new(k);
-                    for block in chunk.chunks(256) {
-                        for (&r, s) in block.iter().zip(self.late_interaction(tokens, block)) {
-                            top.push(r, s);
-                        }
-                    }
-                    top.into_sorted()
-                };
-                if parallel {
-                    rows.par_chunks(2048).map(score_chunk).collect()
-                } else {
-                    vec![score_chunk(&rows)]
+    /// Exhaustive MaxSim for decoded tokens (codecs without a tile kernel).
+    fn exhaustive(&self, tokens: &[f32], k: usize, parallel: bool) -> Vec<Scored> {
+        let rows: Vec<usize> = (0..self.rows()).filter(|&r| !self.is_deleted(r)).collect();
+        let score_chunk = |chunk: &[usize]| {
+            let mut top = TopK::new(k);
+            for block in chunk.chunks(256) {
+                for (&r, s) in block.iter().zip(self.late_interaction(tokens, block)) {
+                    top.push(r, s);
                 }
             }
+            top.into_sorted()
+        };
+        let parts: Vec<Vec<Scored>> = if parallel {
+            rows.par_chunks(2048).map(score_chunk).collect()
+        } else {
+            vec![score_chunk(&rows)]
         };
         TopK::merge(&parts, k)
-            .into_iter()
-            .map(|s| Hit {
-                row: s.row,
-                score: s.score,
-                stage1: None,
-                stage2: Some(s.score),
-            })
-            .collect()
     }
 
-    /// Exhaustive MaxSim from the int8 codes, runs of consecutive rows at a time.
-    fn exhaustive_int8(&self, q8: &Int8Query, k: usize, parallel: bool) -> Vec<Vec<Scored>> {
-        const DOCS: usize = 64;
+    /// Exhaustive MaxSim from the int8 codes for a batch of queries: runs of consecutive
+    /// documents small enough to stay in cache are scored against every query in turn, so
+    /// a batch reads the gallery from memory once rather than once per query.
+    fn exhaustive_int8(&self, queries: &[Int8Query], k: usize) -> Vec<Vec<Scored>> {
+        const DOCS: usize = 32;
         let (kd, d) = (self.tokens_per_image(), self.token_dim());
         let mut runs = Vec::new();
         for (first, codes, scales) in self.int8_segments() {
-            for (i, sc) in scales.chunks(DOCS * kd).enumerate() {
+            for (i, sc) in scales.chunks(DOCS * kd.max(1)).enumerate() {
                 let start = i * DOCS * kd;
                 runs.push((
                     first + i * DOCS,
@@ -252,24 +350,35 @@ impl Index {
             }
         }
         let mask = self.deleted_mask();
-        let score_runs = |runs: &[(usize, &[i8], &[f32])]| {
-            let (mut top, mut products, mut scores) = (TopK::new(k), Vec::new(), Vec::new());
-            for &(first, codes, scales) in runs {
-                scores.clear();
-                q8.score_docs(codes, scales, kd, &mut products, &mut scores);
-                for (i, &s) in scores.iter().enumerate() {
-                    if !mask[first + i] {
-                        top.push(first + i, s);
+        let parts: Vec<Vec<Vec<Scored>>> = runs
+            .par_chunks(32)
+            .map(|runs| {
+                let mut tops: Vec<TopK> = queries.iter().map(|_| TopK::new(k)).collect();
+                let (mut products, mut scores) = (Vec::new(), Vec::new());
+                for &(first, codes, scales) in runs {
+                    for (q, top) in queries.iter().zip(&mut tops) {
+                        scores.clear();
+                        q.score_docs(codes, scales, kd, &mut products, &mut scores);
+                        for (i, &s) in scores.iter().enumerate() {
+                            if !mask[first + i] {
+                                top.push(first + i, s);
+                            }
+                        }
                     }
                 }
-            }
-            top.into_sorted()
-        };
-        if parallel {
-            runs.par_chunks(16).map(score_runs).collect()
-        } else {
-            vec![score_runs(&runs)]
-        }
+                tops.into_iter().map(TopK::into_sorted).collect()
+            })
+            .collect();
+        (0..queries.len())
+            .map(|q| {
+                let mut top = TopK::new(k);
+                parts
+                    .iter()
+                    .flat_map(|p| &p[q])
+                    .for_each(|s| top.push(s.row, s.score));
+                top.into_sorted()
+            })
+            .collect()
     }
 
     fn rerank(&self, tokens: &[f32], shortlist: &[Scored], k: usize, parallel: bool) -> Vec<Hit> {
@@ -305,14 +414,31 @@ impl Index {
         let single = queries.len() == 1;
         match params.mode {
             Mode::Exhaustive => {
-                if single {
+                let tiles: Option<Vec<Int8Query>> =
+                    queries.iter().map(|q| self.int8_query(&q.tokens)).collect();
+                let lists = if let Some(tiles) = tiles {
+                    self.exhaustive_int8(&tiles, params.top_k)
+                } else if single {
                     vec![self.exhaustive(&queries[0].tokens, params.top_k, true)]
                 } else {
                     queries
                         .par_iter()
                         .map(|q| self.exhaustive(&q.tokens, params.top_k, false))
                         .collect()
-                }
+                };
+                lists
+                    .into_iter()
+                    .map(|l| {
+                        l.into_iter()
+                            .map(|s| Hit {
+                                row: s.row,
+                                score: s.score,
+                                stage1: None,
+                                stage2: Some(s.score),
+                            })
+                            .collect()
+                    })
+                    .collect()
             }
             Mode::Stage1 | Mode::TwoStage => {
                 let singles: Vec<f32> = queries

@@ -15,14 +15,17 @@
 //! any point leaves the previous manifest, which names only complete, checksummed segments.
 
 use crate::codec::{Codec, TokenCodec};
+use crate::flat_int8::Int8Vectors;
 use crate::ivf::{InvertedLists, Ivf};
 use anyhow::{ensure, Context, Result};
 use craterdex_durable::{failpoint, replace_dir, sync_tree, tempdir_beside, write_atomic};
 use craterdex_tokens::{Descriptors, Encoder};
 use memmap2::Mmap;
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 pub const INDEX_FORMAT: &str = "craterdex-index";
 pub const INDEX_VERSION: u32 = 1;
@@ -98,6 +101,8 @@ struct Segment {
     tokens: Mmap,
     scales: Option<Mmap>,
     lists: Option<InvertedLists>,
+    /// int8 copies of the single vectors, made on first use (int8 indexes' stage 1).
+    single_int8: OnceLock<Int8Vectors>,
 }
 
 /// An open index. Arrays are memory-mapped; metadata is in memory.
@@ -465,6 +470,7 @@ impl Index {
                 tokens,
                 scales,
                 lists,
+                single_int8: OnceLock::new(),
             });
             first_row += s.count;
         }
@@ -579,6 +585,23 @@ impl Index {
                 s.lists.as_ref()?,
             ))
         })
+    }
+
+    /// Each segment's first row, int8 single vectors (quantised in parallel on first use)
+    /// and IVF lists.
+    pub(crate) fn int8_single_segments(
+        &self,
+    ) -> Vec<(usize, &Int8Vectors, Option<&InvertedLists>)> {
+        let d = self.single_dim();
+        self.segments
+            .par_iter()
+            .map(|s| {
+                let v = s.single_int8.get_or_init(|| {
+                    Int8Vectors::quantise(bytemuck::cast_slice::<u8, f32>(&s.single), d)
+                });
+                (s.first_row, v, s.lists.as_ref())
+            })
+            .collect()
     }
 
     pub fn segment_count(&self) -> usize {

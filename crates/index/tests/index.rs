@@ -467,4 +467,32 @@ fn int8_scores_from_codes_agree_with_decoded_tokens() {
             "{mode:?}"
         );
     }
+    // stage 1 scores from the int8 single vectors: close to f32, the same alone or in a batch
+    let params = SearchParams {
+        top_k: 10,
+        mode: Mode::Stage1,
+        ..Default::default()
+    };
+    let other = Descriptors {
+        single: imgs[7].1.single.clone(),
+        tokens: imgs[7].1.tokens.clone(),
+    };
+    let alone = idx.search(std::slice::from_ref(&query), &params);
+    let batch = idx.search(&[query.clone(), other], &params);
+    assert_eq!(alone[0], batch[0]);
+    assert_eq!(idx.meta(batch[1][0].row).id, "i7");
+    for h in &alone[0] {
+        let exact: f32 = idx
+            .single_of(h.row)
+            .iter()
+            .zip(&query.single)
+            .map(|(a, b)| a * b)
+            .sum();
+        assert!(
+            (h.score - exact).abs() < 1e-2,
+            "row {}: {} vs {exact}",
+            h.row,
+            h.score
+        );
+    }
 }

@@ -1,0 +1,157 @@
+//! Stage 1 from int8 copies of the single vectors (int8 indexes): a quarter of the bytes
+//! of f32 to stream per query, which is what bounds a single query's exact scan.
+//!
+//! Vectors and queries are quantised with the int8 codec's quantiser (one symmetric scale
+//! each); the integer products are exact, on AMX tiles where the CPU has them and in a
+//! portable loop elsewhere, so scores are the same on every machine:
+//! `score = (int dot) * scale_gallery * scale_query`.
+
+use crate::codec::int8_quantise;
+use craterdex_amx::PackedI8;
+use rayon::prelude::*;
+
+/// `[n, dim]` int8 codes with one scale per vector.
+pub struct Int8Vectors {
+    codes: Vec<i8>,
+    scales: Vec<f32>,
+    dim: usize,
+}
+
+impl Int8Vectors {
+    pub fn quantise(vectors: &[f32], dim: usize) -> Self {
+        let parts: Vec<(Vec<u8>, Vec<f32>)> = vectors
+            .par_chunks(4096 * dim.max(1))
+            .map(|chunk| {
+                let mut codes = Vec::with_capacity(chunk.len());
+                let scales = chunk
+                    .chunks_exact(dim)
+                    .map(|v| int8_quantise(v, &mut codes))
+                    .collect();
+                (codes, scales)
+            })
+            .collect();
+        let mut codes = Vec::with_capacity(vectors.len());
+        let mut scales = Vec::with_capacity(vectors.len() / dim.max(1));
+        for (c, s) in parts {
+            codes.extend(c.into_iter().map(|b| b as i8));
+            scales.extend(s);
+        }
+        Self { codes, scales, dim }
+    }
+
+    pub fn len(&self) -> usize {
+        self.scales.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.scales.is_empty()
+    }
+}
+
+/// Queries ready for int8 scoring (at most [`Int8Queries::MAX`] at a time).
+pub struct Int8Queries {
+    vectors: Int8Vectors,
+    packed: Option<PackedI8>,
+}
+
+impl Int8Queries {
+    /// Queries per group: two column tiles.
+    pub const MAX: usize = 32;
+
+    pub fn new(queries: &[f32], dim: usize) -> Self {
+        let vectors = Int8Vectors::quantise(queries, dim);
+        debug_assert!(vectors.len() <= Self::MAX);
+        let packed = (PackedI8::fits(dim) && craterdex_amx::available())
+            .then(|| PackedI8::new(&vectors.codes, vectors.len(), dim));
+        Self { vectors, packed }
+    }
+
+    pub fn len(&self) -> usize {
+        self.vectors.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.vectors.is_empty()
+    }
+
+    /// Scores gallery rows `lo..hi` against every query: `emit(query, row, score)`.
+    /// `products` is scratch.
+    pub fn score_rows(
+        &self,
+        gallery: &Int8Vectors,
+        lo: usize,
+        hi: usize,
+        products: &mut Vec<i32>,
+        mut emit: impl FnMut(usize, usize, f32),
+    ) {
+        let d = self.vectors.dim;
+        debug_assert_eq!(gallery.dim, d);
+        let rows = &gallery.codes[lo * d..hi * d];
+        let q = &self.vectors;
+        match &self.packed {
+            Some(packed) => {
+                let cols = packed.columns();
+                products.resize((hi - lo) * cols, 0);
+                craterdex_amx::i8_products(rows, hi - lo, packed, products);
+                for (r, p) in products.chunks_exact(cols).enumerate() {
+                    let sg = gallery.scales[lo + r];
+                    for (qi, &sq) in q.scales.iter().enumerate() {
+                        emit(qi, lo + r, score(p[qi], sg, sq));
+                    }
+                }
+            }
+            None => {
+                for (r, g) in rows.chunks_exact(d).enumerate() {
+                    let sg = gallery.scales[lo + r];
+                    for (qi, (qv, &sq)) in q.codes.chunks_exact(d).zip(&q.scales).enumerate() {
+                        emit(qi, lo + r, score(int_dot(qv, g), sg, sq));
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn score(product: i32, scale_gallery: f32, scale_query: f32) -> f32 {
+    product as f32 * scale_gallery * scale_query
+}
+
+fn int_dot(a: &[i8], b: &[i8]) -> i32 {
+    a.iter().zip(b).map(|(&x, &y)| x as i32 * y as i32).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// The tile path and the portable loop give bit-identical scores, close to f32 dots.
+    #[test]
+    fn int8_scores_are_exact_integer_products_close_to_f32() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        for (d, n, nq) in [(64, 50, 1), (384, 37, 32), (40, 20, 3)] {
+            let g: Vec<f32> = (0..n * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let q: Vec<f32> = (0..nq * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let gallery = Int8Vectors::quantise(&g, d);
+            let queries = Int8Queries::new(&q, d);
+            let mut got = vec![f32::NAN; nq * n];
+            queries.score_rows(&gallery, 0, n, &mut Vec::new(), |qi, r, s| {
+                got[qi * n + r] = s
+            });
+            for qi in 0..nq {
+                for r in 0..n {
+                    let (qc, gc) = (&queries.vectors.codes, &gallery.codes);
+                    let want = score(
+                        int_dot(&qc[qi * d..(qi + 1) * d], &gc[r * d..(r + 1) * d]),
+                        gallery.scales[r],
+                        queries.vectors.scales[qi],
+                    );
+                    assert_eq!(got[qi * n + r], want, "d {d} query {qi} row {r}");
+                    let exact: f32 = (0..d).map(|t| q[qi * d + t] * g[r * d + t]).sum();
+                    assert!(
+                        (want - exact).abs() < 0.02 * (d as f32).sqrt(),
+                        "d {d}: {want} vs {exact}"
+                    );
+                }
+            }
+        }
+    }
+}
