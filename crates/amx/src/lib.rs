@@ -87,13 +87,24 @@ impl PackedI8 {
 /// `out[m, columns] = A B^T` in exact int32 arithmetic, `A` `[m, k]` row-major int8.
 /// Panics when [`available`] is false or the shapes disagree.
 pub fn i8_products(a: &[i8], m: usize, b: &PackedI8, out: &mut [i32]) {
-    assert!(available(), "AMX tiles are not available");
     assert_eq!(a.len(), m * b.k, "A must be [m, k]");
-    assert_eq!(out.len(), m * b.columns(), "out must be [m, columns]");
+    i8_products_of_parts(&[a], b, out);
+}
+
+/// [`i8_products`] for several separate row blocks of A (e.g. scattered documents) in one
+/// call: `out` holds their outputs one after another, `[sum m_i, columns]`.
+pub fn i8_products_of_parts(parts: &[&[i8]], b: &PackedI8, out: &mut [i32]) {
+    assert!(available(), "AMX tiles are not available");
+    let mut rows = 0;
+    for a in parts {
+        assert!(a.len().is_multiple_of(b.k), "each part must be [m, k]");
+        rows += a.len() / b.k;
+    }
+    assert_eq!(out.len(), rows * b.columns(), "out must be [rows, columns]");
     #[cfg(target_arch = "x86_64")]
     // SAFETY: shapes checked above; tiles are available.
     unsafe {
-        tiles::i8_products(a, m, b, out)
+        tiles::i8_products(parts, b, out)
     }
 }
 

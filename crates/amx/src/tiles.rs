@@ -226,7 +226,6 @@ unsafe fn rows<const BF16: bool, const ACC: bool>(
     out: *mut u8,
     ldo: usize,
 ) {
-    let _tiles = Configured::new();
     let mut r = 0;
     while r + 2 * TILE_ROWS <= m {
         row_block::<true, BF16, ACC>(
@@ -273,22 +272,31 @@ unsafe fn rows<const BF16: bool, const ACC: bool>(
     }
 }
 
-pub unsafe fn i8_products(a: &[i8], m: usize, b: &PackedI8, out: &mut [i32]) {
+/// Each part `[m_i, k]` against packed B, outputs one after another; one tile
+/// configuration for all of them.
+pub unsafe fn i8_products(parts: &[&[i8]], b: &PackedI8, out: &mut [i32]) {
+    let _tiles = Configured::new();
     let cols = b.columns();
-    rows::<false, false>(
-        a.as_ptr().cast(),
-        m,
-        b.k,
-        b.tiles.as_ptr().cast(),
-        cols / TILE_ROWS,
-        b.k / TILE_BYTES,
-        out.as_mut_ptr().cast(),
-        cols * 4,
-    );
+    let mut at = 0;
+    for a in parts {
+        let m = a.len() / b.k;
+        rows::<false, false>(
+            a.as_ptr().cast(),
+            m,
+            b.k,
+            b.tiles.as_ptr().cast(),
+            cols / TILE_ROWS,
+            b.k / TILE_BYTES,
+            out.as_mut_ptr().add(at).cast(),
+            cols * 4,
+        );
+        at += m * cols;
+    }
 }
 
 /// `a16` is `[m, kp]` bf16 with `kp` the packed operand's padded k.
 pub unsafe fn bf16_matmul_acc(a16: &[u16], m: usize, kp: usize, w: &PackedBf16, out: &mut [f32]) {
+    let _tiles = Configured::new();
     rows::<true, true>(
         a16.as_ptr().cast(),
         m,

@@ -173,9 +173,17 @@ pub fn int8_quantise(v: &[f32], codes: &mut Vec<u8>) -> f32 {
     let scale = if max > 0.0 { max / 127.0 } else { 1.0 };
     codes.extend(
         v.iter()
-            .map(|x| (x / scale).round().clamp(-127.0, 127.0) as i8 as u8),
+            .map(|x| round_small(x / scale).clamp(-127.0, 127.0) as i8 as u8),
     );
     scale
+}
+
+/// Round to nearest (ties to even) for |x| < 2^22 by adding and removing 1.5 * 2^23: plain
+/// arithmetic the compiler vectorises, where `round()` on baseline x86-64 is a libm call
+/// per value (it was a tenth of the time to build an int8 index).
+fn round_small(x: f32) -> f32 {
+    const SHIFT: f32 = 12_582_912.0;
+    (x + SHIFT) - SHIFT
 }
 
 fn sq(a: &[f32], b: &[f32]) -> f32 {
@@ -304,6 +312,15 @@ mod tests {
                 worst = worst.max((exact - approx).abs());
             }
             assert!(worst <= bound, "{codec:?}: score error {worst} > {bound}");
+        }
+    }
+
+    #[test]
+    fn small_rounding_matches_ties_to_even() {
+        for x in [
+            0.0f32, 0.4999, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5001, 126.5, -127.49, 3.7,
+        ] {
+            assert_eq!(round_small(x), x.round_ties_even(), "{x}");
         }
     }
 

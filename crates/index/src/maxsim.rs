@@ -124,18 +124,34 @@ impl Int8Query {
         products: &mut Vec<i32>,
         out: &mut Vec<f32>,
     ) {
-        let rows = scales.len();
+        self.score_parts(&[(codes, scales)], kd, products, out);
+    }
+
+    /// [`Int8Query::score_docs`] over several runs of documents (e.g. a shortlist's
+    /// scattered rows) in one pass over the tiles.
+    pub fn score_parts(
+        &self,
+        parts: &[(&[i8], &[f32])],
+        kd: usize,
+        products: &mut Vec<i32>,
+        out: &mut Vec<f32>,
+    ) {
+        let rows: usize = parts.iter().map(|p| p.1.len()).sum();
         if kd == 0 || rows == 0 {
             return;
         }
         let cols = self.packed.columns();
         products.resize(rows * cols, 0);
-        craterdex_amx::i8_products(codes, rows, &self.packed, products);
-        let mut best = vec![0f32; cols];
-        for (doc, doc_scales) in products
-            .chunks_exact(kd * cols)
-            .zip(scales.chunks_exact(kd))
-        {
+        let codes: Vec<&[i8]> = parts.iter().map(|p| p.0).collect();
+        craterdex_amx::i8_products_of_parts(&codes, &self.packed, products);
+        let mut best = [f32::NEG_INFINITY; 64];
+        let best = if cols <= best.len() {
+            &mut best[..cols]
+        } else {
+            &mut vec![f32::NEG_INFINITY; cols][..]
+        };
+        let doc_scales = parts.iter().flat_map(|p| p.1.chunks_exact(kd));
+        for (doc, doc_scales) in products.chunks_exact(kd * cols).zip(doc_scales) {
             best.iter_mut().for_each(|b| *b = f32::NEG_INFINITY);
             for (row, &s) in doc.chunks_exact(cols).zip(doc_scales) {
                 for (b, &p) in best.iter_mut().zip(row) {

@@ -232,11 +232,16 @@ impl Index {
                         .map(move |lo| (first, v, lo, (lo + ROWS).min(v.len())))
                 })
                 .collect();
+            // one running top list per thread: every fresh list costs k insertions and a
+            // burst of replacements before its threshold settles
+            let per = blocks.len().div_ceil(rayon::current_num_threads()).max(1);
             let parts: Vec<Vec<Scored>> = blocks
-                .par_iter()
-                .map(|&(first, v, lo, hi)| {
-                    let mut top = [TopK::new(k)];
-                    scan(&query, &mut top, first, v, lo, hi, &mut Vec::new());
+                .par_chunks(per)
+                .map(|blocks| {
+                    let (mut top, mut products) = ([TopK::new(k)], Vec::new());
+                    for &(first, v, lo, hi) in blocks {
+                        scan(&query, &mut top, first, v, lo, hi, &mut products);
+                    }
                     let [top] = top;
                     top.into_sorted()
                 })
@@ -287,18 +292,10 @@ impl Index {
     /// AMX tiles, otherwise each row decoded into one reused buffer.
     pub fn late_interaction(&self, tokens: &[f32], rows: &[usize]) -> Vec<f32> {
         if let Some(q8) = self.int8_query(tokens) {
-            let (mut products, mut out) = (Vec::new(), Vec::with_capacity(rows.len()));
-            for &r in rows {
-                if let Some((codes, scales)) = self.int8_tokens(r) {
-                    q8.score_docs(
-                        codes,
-                        scales,
-                        self.tokens_per_image(),
-                        &mut products,
-                        &mut out,
-                    );
-                }
-            }
+            let parts: Vec<(&[i8], &[f32])> =
+                rows.iter().filter_map(|&r| self.int8_tokens(r)).collect();
+            let mut out = Vec::with_capacity(rows.len());
+            q8.score_parts(&parts, self.tokens_per_image(), &mut Vec::new(), &mut out);
             return out;
         }
         let kernel = QueryKernel::new(tokens, self.token_dim());
