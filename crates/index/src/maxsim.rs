@@ -151,17 +151,42 @@ impl Int8Query {
             &mut vec![f32::NEG_INFINITY; cols][..]
         };
         let doc_scales = parts.iter().flat_map(|p| p.1.chunks_exact(kd));
+        #[cfg(target_arch = "x86_64")]
+        let wide = std::arch::is_x86_feature_detected!("avx512f");
         for (doc, doc_scales) in products.chunks_exact(kd * cols).zip(doc_scales) {
-            best.iter_mut().for_each(|b| *b = f32::NEG_INFINITY);
-            for (row, &s) in doc.chunks_exact(cols).zip(doc_scales) {
-                for (b, &p) in best.iter_mut().zip(row) {
-                    *b = b.max(p as f32 * s);
-                }
+            #[cfg(target_arch = "x86_64")]
+            if wide {
+                // SAFETY: the CPU supports AVX-512F (checked above).
+                unsafe { best_scaled_avx512(doc, doc_scales, best) };
+            } else {
+                best_scaled(doc, doc_scales, best);
             }
+            #[cfg(not(target_arch = "x86_64"))]
+            best_scaled(doc, doc_scales, best);
             let total: f32 = best.iter().zip(&self.scales).map(|(b, s)| b * s).sum();
             out.push(total / self.kq as f32);
         }
     }
+}
+
+/// Per query token (column), the best product over a document's rows, each row scaled by
+/// its token's scale.
+#[inline(always)]
+fn best_scaled(doc: &[i32], scales: &[f32], best: &mut [f32]) {
+    best.iter_mut().for_each(|b| *b = f32::NEG_INFINITY);
+    for (row, &s) in doc.chunks_exact(best.len()).zip(scales) {
+        for (b, &p) in best.iter_mut().zip(row) {
+            *b = b.max(p as f32 * s);
+        }
+    }
+}
+
+/// [`best_scaled`] compiled for 512-bit vectors: the build targets baseline x86-64, where
+/// this fold cost about as much as the tile products (exhaustive batch 35 -> 24 ms/query).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn best_scaled_avx512(doc: &[i32], scales: &[f32], best: &mut [f32]) {
+    best_scaled(doc, scales, best)
 }
 
 /// MaxSim of one query against many documents of `kd` tokens each, stored contiguously
