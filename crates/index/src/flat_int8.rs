@@ -86,8 +86,11 @@ impl Int8Queries {
         debug_assert_eq!(gallery.dim, d);
         let rows = &gallery.codes[lo * d..hi * d];
         let q = &self.vectors;
+        // short runs (IVF lists) go to the vector loop: a tile pass has a fixed cost and
+        // pads runs under 16 rows through a copy; both give the same integers
+        const TILE_MIN_ROWS: usize = 64;
         match &self.packed {
-            Some(packed) => {
+            Some(packed) if hi - lo >= TILE_MIN_ROWS => {
                 let cols = packed.columns();
                 products.resize((hi - lo) * cols, 0);
                 craterdex_amx::i8_products(rows, hi - lo, packed, products);
@@ -98,7 +101,7 @@ impl Int8Queries {
                     }
                 }
             }
-            None => {
+            _ => {
                 for (r, g) in rows.chunks_exact(d).enumerate() {
                     let sg = gallery.scales[lo + r];
                     for (qi, (qv, &sq)) in q.codes.chunks_exact(d).zip(&q.scales).enumerate() {
@@ -187,7 +190,8 @@ mod tests {
     #[test]
     fn int8_scores_are_exact_integer_products_close_to_f32() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
-        for (d, n, nq) in [(64, 50, 1), (384, 37, 32), (40, 20, 3)] {
+        // runs of 64 rows and more go to the tiles, shorter ones to the vector loop
+        for (d, n, nq) in [(64, 150, 1), (384, 137, 32), (384, 37, 2), (40, 20, 3)] {
             let g: Vec<f32> = (0..n * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
             let q: Vec<f32> = (0..nq * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
             let gallery = Int8Vectors::quantise(&g, d);
