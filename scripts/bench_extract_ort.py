@@ -7,6 +7,11 @@ probabilities, the same computation craterdex runs), and times CPUExecutionProvi
 inference at the same batch size and thread count. Prints one JSON line:
 {"images_per_s": ..., "peak_rss_mb": ..., "onnxruntime": version}.
 Usage: bench_extract_ort.py WHEEL INPUT.f32 N SIZE BATCH THREADS REPEATS
+
+With REPEATS = 0 it takes turns with the caller instead: after the warm-up it prints
+{"ready": true}, then times one pass over the N images for every line read from stdin
+({"seconds": ...}), and prints the summary line at end of input. craterdex interleaves its
+own passes with these, so that both engines see the same machine conditions.
 """
 import json, resource, sys, time, zipfile, tempfile, os
 import numpy as np
@@ -24,10 +29,23 @@ so.inter_op_num_threads = 1
 sess = ort.InferenceSession(backbone.SerializeToString(), so, providers=["CPUExecutionProvider"])
 x = np.fromfile(path, dtype="<f4").reshape(n, 3, size, size)
 sess.run(outputs, {"input_image": x[:batch]})  # warm-up
-best = float("inf")
-for _ in range(repeats):
+
+
+def one_pass():
     t = time.perf_counter()
     for i in range(0, n, batch):
         sess.run(outputs, {"input_image": x[i:i + batch]})
-    best = min(best, time.perf_counter() - t)
-print(json.dumps({"images_per_s": n / best, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "onnxruntime": ort.__version__}))
+    return time.perf_counter() - t
+
+
+best = float("inf")
+if repeats == 0:
+    print(json.dumps({"ready": True}), flush=True)
+    for _ in sys.stdin:
+        seconds = one_pass()
+        best = min(best, seconds)
+        print(json.dumps({"seconds": seconds}), flush=True)
+else:
+    for _ in range(repeats):
+        best = min(best, one_pass())
+print(json.dumps({"images_per_s": n / best, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "onnxruntime": ort.__version__}), flush=True)

