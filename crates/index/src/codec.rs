@@ -8,6 +8,7 @@ use half::f16;
 use rand::{seq::index::sample, Rng, SeedableRng};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
+use std::sync::OnceLock;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
@@ -58,6 +59,75 @@ pub struct TokenCodec {
     pub dim: usize,
     #[serde(skip)]
     pub codebooks: Vec<f32>,
+    /// The codebooks laid out for fast encoding, derived on first use (codebooks are
+    /// filled in before a codec encodes anything).
+    #[serde(skip)]
+    pub pq_tables: OnceLock<PqTables>,
+}
+
+/// Per sub-space, the centroids transposed (`[ds, 256]`) and their squared norms: the
+/// nearest centroid is the largest `2 x.c - |c|^2`, computed for all 256 at once.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PqTables {
+    transposed: Vec<f32>,
+    norms: Vec<f32>,
+    ds: usize,
+}
+
+impl PqTables {
+    fn new(codebooks: &[f32], m: usize, ds: usize) -> Self {
+        let mut transposed = vec![0f32; m * ds * PQ_CENTROIDS];
+        let mut norms = vec![0f32; m * PQ_CENTROIDS];
+        for s in 0..m {
+            for c in 0..PQ_CENTROIDS {
+                let cb = &codebooks[(s * PQ_CENTROIDS + c) * ds..][..ds];
+                norms[s * PQ_CENTROIDS + c] = cb.iter().map(|v| v * v).sum();
+                for (j, &v) in cb.iter().enumerate() {
+                    transposed[(s * ds + j) * PQ_CENTROIDS + c] = v;
+                }
+            }
+        }
+        Self {
+            transposed,
+            norms,
+            ds,
+        }
+    }
+
+    /// The nearest centroid of sub-space `s` to `x`.
+    fn nearest(&self, s: usize, x: &[f32]) -> usize {
+        let ds = self.ds;
+        let t = &self.transposed[s * ds * PQ_CENTROIDS..(s + 1) * ds * PQ_CENTROIDS];
+        let norms = &self.norms[s * PQ_CENTROIDS..(s + 1) * PQ_CENTROIDS];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU supports AVX-512F (checked above).
+                return unsafe { nearest_transposed_avx512(x, t, norms) };
+            }
+        }
+        nearest_transposed(x, t, norms)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn nearest_transposed_avx512(x: &[f32], t: &[f32], norms: &[f32]) -> usize {
+    nearest_transposed(x, t, norms)
+}
+
+/// Largest `2 x.c - |c|^2` over the 256 centroids of `t` (`[ds, 256]`); ties to the lower
+/// index. Written over whole rows of 256 so that it vectorises.
+#[inline(always)]
+fn nearest_transposed(x: &[f32], t: &[f32], norms: &[f32]) -> usize {
+    let mut score = [0f32; PQ_CENTROIDS];
+    score.iter_mut().zip(norms).for_each(|(s, n)| *s = -n);
+    for (&xj, row) in x.iter().zip(t.chunks_exact(PQ_CENTROIDS)) {
+        let xj = 2.0 * xj;
+        score.iter_mut().zip(row).for_each(|(s, c)| *s += xj * c);
+    }
+    let best = score.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    score.iter().position(|&s| s == best).unwrap_or(0)
 }
 
 impl TokenCodec {
@@ -82,6 +152,7 @@ impl TokenCodec {
             codec,
             dim,
             codebooks,
+            pq_tables: OnceLock::new(),
         })
     }
 
@@ -114,14 +185,12 @@ impl TokenCodec {
             }
             Codec::Pq { m } => {
                 let ds = d / m;
+                let tables = self
+                    .pq_tables
+                    .get_or_init(|| PqTables::new(&self.codebooks, m, ds));
                 for t in tokens.chunks_exact(d) {
                     for s in 0..m {
-                        let x = &t[s * ds..(s + 1) * ds];
-                        payload.push(nearest(
-                            x,
-                            &self.codebooks[s * PQ_CENTROIDS * ds..(s + 1) * PQ_CENTROIDS * ds],
-                            ds,
-                        ) as u8);
+                        payload.push(tables.nearest(s, &t[s * ds..(s + 1) * ds]) as u8);
                     }
                 }
             }
@@ -186,25 +255,6 @@ fn round_small(x: f32) -> f32 {
     (x + SHIFT) - SHIFT
 }
 
-fn sq(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum()
-}
-
-fn nearest(x: &[f32], centroids: &[f32], ds: usize) -> usize {
-    centroids
-        .chunks_exact(ds)
-        .enumerate()
-        .fold((0, f32::INFINITY), |(bi, bd), (i, c)| {
-            let dd = sq(x, c);
-            if dd < bd {
-                (i, dd)
-            } else {
-                (bi, bd)
-            }
-        })
-        .0
-}
-
 /// k-means per sub-space (random distinct initial centroids, Lloyd iterations), in parallel.
 fn train_pq(samples: &[f32], d: usize, m: usize, seed: u64) -> Vec<f32> {
     let n_all = samples.len() / d;
@@ -236,8 +286,9 @@ fn train_pq(samples: &[f32], d: usize, m: usize, seed: u64) -> Vec<f32> {
                 .collect();
             let mut assign = vec![0usize; n];
             for _ in 0..PQ_ITERATIONS {
+                let tables = PqTables::new(&cent, 1, ds);
                 for (i, a) in assign.iter_mut().enumerate() {
-                    *a = nearest(&sub[i * ds..(i + 1) * ds], &cent, ds);
+                    *a = tables.nearest(0, &sub[i * ds..(i + 1) * ds]);
                 }
                 let mut sums = vec![0f32; PQ_CENTROIDS * ds];
                 let mut counts = vec![0usize; PQ_CENTROIDS];
@@ -312,6 +363,36 @@ mod tests {
                 worst = worst.max((exact - approx).abs());
             }
             assert!(worst <= bound, "{codec:?}: score error {worst} > {bound}");
+        }
+    }
+
+    /// The vectorised search picks a centroid as near as the brute-force one.
+    #[test]
+    fn pq_nearest_centroid_matches_brute_force() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        for ds in [1, 4, 8] {
+            let books: Vec<f32> = (0..PQ_CENTROIDS * ds)
+                .map(|_| rng.gen_range(-1.0..1.0))
+                .collect();
+            let tables = PqTables::new(&books, 1, ds);
+            let dist = |x: &[f32], c: usize| -> f32 {
+                x.iter()
+                    .zip(&books[c * ds..(c + 1) * ds])
+                    .map(|(a, b)| (a - b) * (a - b))
+                    .sum()
+            };
+            for _ in 0..500 {
+                let x: Vec<f32> = (0..ds).map(|_| rng.gen_range(-1.2..1.2)).collect();
+                let got = tables.nearest(0, &x);
+                let best = (0..PQ_CENTROIDS)
+                    .map(|c| dist(&x, c))
+                    .fold(f32::INFINITY, f32::min);
+                assert!(
+                    dist(&x, got) <= best + 1e-5,
+                    "ds {ds}: {} vs {best}",
+                    dist(&x, got)
+                );
+            }
         }
     }
 

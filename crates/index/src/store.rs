@@ -199,10 +199,24 @@ fn write_segment(
         assignment = ivf.assign(&singles);
         order.sort_by_key(|&i| (assignment[i], i));
     }
+    // encoding (PQ above all) runs in parallel over chunks of images, then joins in order
+    let encoded: Vec<(Vec<u8>, Vec<f32>)> = order
+        .par_chunks(256)
+        .map(|chunk| {
+            let (mut p, mut sc) = (Vec::new(), Vec::new());
+            for &i in chunk {
+                codec.encode(&images[i].1.tokens, &mut p, &mut sc);
+            }
+            (p, sc)
+        })
+        .collect();
+    for (p, sc) in encoded {
+        payload.extend_from_slice(&p);
+        scales.extend_from_slice(&sc);
+    }
     for &i in &order {
         let (m, desc) = &images[i];
         single.extend_from_slice(&desc.single);
-        codec.encode(&desc.tokens, &mut payload, &mut scales);
         serde_json::to_writer(&mut meta, m)?;
         meta.push(b'\n');
     }
@@ -367,6 +381,7 @@ impl Index {
             codec: manifest.codec,
             dim: manifest.token_dim,
             codebooks: Vec::new(),
+            pq_tables: Default::default(),
         };
         if let Some(sum) = &manifest.codebooks {
             let cpath = dir.join(CODEBOOKS);
