@@ -46,6 +46,21 @@ impl TopK {
         top.into_sorted()
     }
 
+    /// Per query, the `k` best of the partial lists that parts of a scan produced
+    /// (`partials[part][query]`).
+    pub fn merge_per_query(partials: &[Vec<Vec<Scored>>], nq: usize, k: usize) -> Vec<Vec<Scored>> {
+        (0..nq)
+            .map(|q| {
+                let mut top = TopK::new(k);
+                partials
+                    .iter()
+                    .flat_map(|p| &p[q])
+                    .for_each(|s| top.push(s.row, s.score));
+                top.into_sorted()
+            })
+            .collect()
+    }
+
     pub fn new(k: usize) -> Self {
         Self {
             k,
@@ -174,16 +189,7 @@ pub fn search(
                 tops.into_iter().map(TopK::into_sorted).collect()
             })
             .collect();
-        (0..nq)
-            .map(|q| {
-                let mut top = TopK::new(k);
-                partials
-                    .iter()
-                    .flat_map(|p| &p[q])
-                    .for_each(|s| top.push(s.row, s.score));
-                top.into_sorted()
-            })
-            .collect()
+        TopK::merge_per_query(&partials, nq, k)
     }
 }
 

@@ -95,6 +95,24 @@ pub struct Hit {
     pub stage2: Option<f32>,
 }
 
+/// Results of a one-stage search: the score is stage 1's or stage 2's, by `mode`.
+fn hits_of(lists: Vec<Vec<Scored>>, mode: Mode) -> Vec<Vec<Hit>> {
+    let stage1 = mode == Mode::Stage1;
+    lists
+        .into_iter()
+        .map(|l| {
+            l.into_iter()
+                .map(|s| Hit {
+                    row: s.row,
+                    score: s.score,
+                    stage1: stage1.then_some(s.score),
+                    stage2: (!stage1).then_some(s.score),
+                })
+                .collect()
+        })
+        .collect()
+}
+
 /// Runs `scan` over the probed lists: on one thread, or split over the pool (one query
 /// alone) with the partial top lists merged.
 fn split_lists(
@@ -366,16 +384,7 @@ impl Index {
                 tops.into_iter().map(TopK::into_sorted).collect()
             })
             .collect();
-        (0..queries.len())
-            .map(|q| {
-                let mut top = TopK::new(k);
-                parts
-                    .iter()
-                    .flat_map(|p| &p[q])
-                    .for_each(|s| top.push(s.row, s.score));
-                top.into_sorted()
-            })
-            .collect()
+        TopK::merge_per_query(&parts, queries.len(), k)
     }
 
     fn rerank(&self, tokens: &[f32], shortlist: &[Scored], k: usize, parallel: bool) -> Vec<Hit> {
@@ -423,19 +432,7 @@ impl Index {
                         .map(|q| self.exhaustive(&q.tokens, params.top_k, false))
                         .collect()
                 };
-                lists
-                    .into_iter()
-                    .map(|l| {
-                        l.into_iter()
-                            .map(|s| Hit {
-                                row: s.row,
-                                score: s.score,
-                                stage1: None,
-                                stage2: Some(s.score),
-                            })
-                            .collect()
-                    })
-                    .collect()
+                hits_of(lists, Mode::Exhaustive)
             }
             Mode::Stage1 | Mode::TwoStage => {
                 let singles: Vec<f32> = queries
@@ -449,19 +446,7 @@ impl Index {
                 };
                 let lists = self.stage1(&singles, s, params.stage1);
                 if params.mode == Mode::Stage1 {
-                    return lists
-                        .into_iter()
-                        .map(|l| {
-                            l.into_iter()
-                                .map(|s| Hit {
-                                    row: s.row,
-                                    score: s.score,
-                                    stage1: Some(s.score),
-                                    stage2: None,
-                                })
-                                .collect()
-                        })
-                        .collect();
+                    return hits_of(lists, Mode::Stage1);
                 }
                 if single {
                     return vec![self.rerank(&queries[0].tokens, &lists[0], params.top_k, true)];
