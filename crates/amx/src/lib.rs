@@ -79,9 +79,6 @@ impl PackedI8 {
     pub fn columns(&self) -> usize {
         self.n.div_ceil(TILE_ROWS) * TILE_ROWS
     }
-    pub fn k(&self) -> usize {
-        self.k
-    }
 }
 
 /// `out[m, columns] = A B^T` in exact int32 arithmetic, `A` `[m, k]` row-major int8.
@@ -147,12 +144,6 @@ impl PackedBf16 {
         Self { tiles, k, n }
     }
 
-    pub fn k(&self) -> usize {
-        self.k
-    }
-    pub fn n(&self) -> usize {
-        self.n
-    }
     fn padded_k(&self) -> usize {
         self.k.div_ceil(BF16_PER_ROW) * BF16_PER_ROW
     }

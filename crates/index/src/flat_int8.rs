@@ -33,10 +33,21 @@ impl Int8Vectors {
         let mut codes = Vec::with_capacity(vectors.len());
         let mut scales = Vec::with_capacity(vectors.len() / dim.max(1));
         for (c, s) in parts {
-            codes.extend(c.into_iter().map(|b| b as i8));
+            codes.extend_from_slice(bytemuck::cast_slice(&c));
             scales.extend(s);
         }
         Self { codes, scales, dim }
+    }
+
+    /// These vectors as the columns of int8 tile products, where the tiles are available
+    /// and `dim` fits them.
+    pub fn tile_columns(&self) -> Option<PackedI8> {
+        (PackedI8::fits(self.dim) && craterdex_amx::available())
+            .then(|| PackedI8::new(&self.codes, self.len(), self.dim))
+    }
+
+    pub fn scales(&self) -> &[f32] {
+        &self.scales
     }
 
     pub fn len(&self) -> usize {
@@ -60,8 +71,7 @@ impl Int8Queries {
     pub fn new(queries: &[f32], dim: usize) -> Self {
         let vectors = Int8Vectors::quantise(queries, dim);
         debug_assert!(vectors.len() <= Self::MAX);
-        let packed = (PackedI8::fits(dim) && craterdex_amx::available())
-            .then(|| PackedI8::new(&vectors.codes, vectors.len(), dim));
+        let packed = vectors.tile_columns();
         Self { vectors, packed }
     }
 

@@ -6,7 +6,7 @@
 //! per-pair loop the compiler vectorises. Other codecs decode a document
 //! into f32 first (decoding costs K*D, the dots K_q*K*D) — see `codec`.
 
-use crate::codec::int8_quantise;
+use crate::flat_int8::Int8Vectors;
 use craterdex_amx::PackedI8;
 
 /// Per query token, the best dot product against `doc` (`[kd, d]`), written to `best` (`[kq]`).
@@ -91,26 +91,19 @@ impl<'a> QueryKernel<'a> {
 /// an error of the same size as the stored codes' (bounded in a test below).
 pub struct Int8Query {
     packed: PackedI8,
-    scales: Vec<f32>,
-    kq: usize,
+    tokens: Int8Vectors,
 }
 
 impl Int8Query {
     /// `None` where the tiles are unavailable or `d` does not fit them.
     pub fn new(q: &[f32], d: usize) -> Option<Self> {
-        let kq = q.len() / d.max(1);
-        if kq == 0 || !PackedI8::fits(d) || !craterdex_amx::available() {
+        if d == 0 || q.len() < d {
             return None;
         }
-        let mut codes = Vec::with_capacity(q.len());
-        let scales = q
-            .chunks_exact(d)
-            .map(|t| int8_quantise(t, &mut codes))
-            .collect();
+        let tokens = Int8Vectors::quantise(q, d);
         Some(Self {
-            packed: PackedI8::new(bytemuck::cast_slice(&codes), kq, d),
-            scales,
-            kq,
+            packed: tokens.tile_columns()?,
+            tokens,
         })
     }
 
@@ -144,12 +137,7 @@ impl Int8Query {
         products.resize(rows * cols, 0);
         let codes: Vec<&[i8]> = parts.iter().map(|p| p.0).collect();
         craterdex_amx::i8_products_of_parts(&codes, &self.packed, products);
-        let mut best = [f32::NEG_INFINITY; 64];
-        let best = if cols <= best.len() {
-            &mut best[..cols]
-        } else {
-            &mut vec![f32::NEG_INFINITY; cols][..]
-        };
+        let mut best = vec![f32::NEG_INFINITY; cols];
         let doc_scales = parts.iter().flat_map(|p| p.1.chunks_exact(kd));
         #[cfg(target_arch = "x86_64")]
         let wide = std::arch::is_x86_feature_detected!("avx512f");
@@ -157,14 +145,15 @@ impl Int8Query {
             #[cfg(target_arch = "x86_64")]
             if wide {
                 // SAFETY: the CPU supports AVX-512F (checked above).
-                unsafe { best_scaled_avx512(doc, doc_scales, best) };
+                unsafe { best_scaled_avx512(doc, doc_scales, &mut best) };
             } else {
-                best_scaled(doc, doc_scales, best);
+                best_scaled(doc, doc_scales, &mut best);
             }
             #[cfg(not(target_arch = "x86_64"))]
-            best_scaled(doc, doc_scales, best);
-            let total: f32 = best.iter().zip(&self.scales).map(|(b, s)| b * s).sum();
-            out.push(total / self.kq as f32);
+            best_scaled(doc, doc_scales, &mut best);
+            let scales = self.tokens.scales();
+            let total: f32 = best.iter().zip(scales).map(|(b, s)| b * s).sum();
+            out.push(total / scales.len() as f32);
         }
     }
 }
@@ -292,6 +281,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::codec::int8_quantise;
     use rand::{Rng, SeedableRng};
 
     /// Property: the tile path's scores (query quantised too) stay within the int8 codec's

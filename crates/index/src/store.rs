@@ -602,14 +602,14 @@ impl Index {
         })
     }
 
-    /// Each segment's first row, int8 single vectors (quantised in parallel on first use)
-    /// and IVF lists.
+    /// Each segment's first row, int8 single vectors (quantised on first use, in parallel
+    /// chunks) and IVF lists.
     pub(crate) fn int8_single_segments(
         &self,
     ) -> Vec<(usize, &Int8Vectors, Option<&InvertedLists>)> {
         let d = self.single_dim();
         self.segments
-            .par_iter()
+            .iter()
             .map(|s| {
                 let v = s.single_int8.get_or_init(|| {
                     Int8Vectors::quantise(bytemuck::cast_slice::<u8, f32>(&s.single), d)
@@ -712,13 +712,22 @@ impl Index {
 
     /// For an int8 index, the codes `[K, D]` and scales `[K]` of `row`.
     pub fn int8_tokens(&self, row: usize) -> Option<(&[i8], &[f32])> {
+        let (payload, scales) = self.stored_tokens(row);
+        (self.codec.codec == Codec::Int8).then(|| (bytemuck::cast_slice(payload), scales))
+    }
+
+    /// The stored token bytes of `row` and its scales (empty but for int8).
+    fn stored_tokens(&self, row: usize) -> (&[u8], &[f32]) {
         let s = self.segment_of(row);
-        let scales = s.scales.as_ref()?;
-        let (local, k, d) = (row - s.first_row, self.tokens_per_image(), self.token_dim());
-        Some((
-            bytemuck::cast_slice::<u8, i8>(&s.tokens[local * k * d..(local + 1) * k * d]),
-            &bytemuck::cast_slice::<u8, f32>(scales)[local * k..(local + 1) * k],
-        ))
+        let local = row - s.first_row;
+        let k = self.manifest.tokens_per_image;
+        let bpt = self.codec.bytes_per_token();
+        let payload = &s.tokens[local * k * bpt..(local + 1) * k * bpt];
+        let scales: &[f32] = match &s.scales {
+            Some(m) => &bytemuck::cast_slice::<u8, f32>(m)[local * k..(local + 1) * k],
+            None => &[],
+        };
+        (payload, scales)
     }
 
     /// Decodes the stored tokens of `row` into `out` (`[K, D]`).
@@ -729,15 +738,7 @@ impl Index {
 
     /// Decodes the stored tokens of `row` into a slice of exactly `K * D` floats.
     pub fn decode_tokens_into(&self, row: usize, out: &mut [f32]) {
-        let s = self.segment_of(row);
-        let local = row - s.first_row;
-        let k = self.manifest.tokens_per_image;
-        let bpt = self.codec.bytes_per_token();
-        let payload = &s.tokens[local * k * bpt..(local + 1) * k * bpt];
-        let scales: &[f32] = match &s.scales {
-            Some(m) => &bytemuck::cast_slice::<u8, f32>(m)[local * k..(local + 1) * k],
-            None => &[],
-        };
+        let (payload, scales) = self.stored_tokens(row);
         self.codec.decode(payload, scales, out);
     }
 }
