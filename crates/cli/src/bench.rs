@@ -253,7 +253,7 @@ impl OrtReference {
         .arg(&script)
         .arg(&wheel)
         .arg(&input)
-        .args([tensors.len(), size, batch, threads, 0].map(|v| v.to_string()))
+        .args([tensors.len(), size, batch, threads].map(|v| v.to_string()))
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::inherit())

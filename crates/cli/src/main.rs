@@ -120,7 +120,7 @@ struct ModelChoice {
     #[arg(long, default_value = "squash")]
     resize: ResizeMode,
     /// f32 (default), or bf16: linear layers in bf16 on AMX tiles (Intel Xeon 4th
-    /// generation or later), about 2x faster, tokens within cosine 0.9995 of f32.
+    /// generation or later), about 1.5x faster here, tokens within cosine 0.9995 of f32.
     #[arg(long, default_value = "f32")]
     precision: Precision,
 }
