@@ -133,7 +133,7 @@ fn extract(b: ExtractBench) -> Result<()> {
     vit.forward(&tensors[..batch.min(tensors.len())])?;
     let rss = peak_rss_mb();
     // bf16 is timed too wherever the CPU can run it; its RSS adds the packed weights.
-    let vit16 = if vit.precision() == Precision::F32 && craterdex_amx::available() {
+    let vit16 = if vit.precision() == Precision::F32 && craterdex_kernels::amx::available() {
         let v = load_model(&b.model.model_args())?.with_precision(Precision::Bf16)?;
         v.forward(&tensors[..batch.min(tensors.len())])?;
         Some(v)

@@ -72,6 +72,13 @@ enum Cmd {
     Bench(bench::BenchCmd),
     /// The whole pipeline on the embedded defaults: model, Mars tile, benchmark, index, eval, report.
     Demo(demo::DemoCmd),
+    /// The CPU and the kernel level craterdex runs at (CRATERDEX_KERNEL=portable|avx2|avx512|amx
+    /// caps it).
+    Cpu {
+        /// Print only the levels this CPU supports, lowest first (for scripts).
+        #[arg(long)]
+        levels: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -368,6 +375,17 @@ fn run(cmd: Cmd) -> Result<()> {
         Cmd::Eval(c) => eval_cmd(c).map(|_| ()),
         Cmd::Bench(c) => bench::run(c),
         Cmd::Demo(c) => demo::run(c),
+        Cmd::Cpu { levels } => {
+            use craterdex_kernels::level;
+            let supported: Vec<&str> = level::supported().iter().map(|l| l.name()).collect();
+            if levels {
+                println!("{}", supported.join(" "));
+            } else {
+                println!("{}", level::describe());
+                println!("levels this CPU supports: {}", supported.join(" "));
+            }
+            Ok(())
+        }
     }
 }
 

@@ -9,7 +9,7 @@ use crate::metrics::{evaluate_query, shortlist_recall, summarise, QueryResult, S
 use anyhow::Result;
 use craterdex_index::codec::{Codec, TokenCodec};
 use craterdex_index::flat::score_matrix;
-use craterdex_index::maxsim::maxsim_many;
+use craterdex_kernels::f32::F32Query;
 use craterdex_model::extract::FeatureSet;
 use craterdex_tokens::aggregate::{aggregate, Aggregation, SeedStrategy, TokenView};
 use craterdex_tokens::encoder::normalised_tokens;
@@ -154,7 +154,7 @@ fn maxsim_matrix(q: &[Vec<f32>], g: &[Vec<f32>], d: usize) -> Vec<f32> {
     q.par_iter()
         .flat_map_iter(|qt| {
             let mut out = Vec::with_capacity(g.len());
-            maxsim_many(qt, &docs, kd, d, &mut Vec::new(), &mut out);
+            F32Query::new(qt, d).maxsim(&docs, kd, &mut out);
             out
         })
         .collect()

@@ -8,8 +8,9 @@
 //! the centroids and the per-segment lists (HNSW needs a graph of ~M x 8 bytes per image,
 //! rebuilt or patched on every change, and a million sequential inserts to build).
 
-use crate::flat::{self, TopK};
+use crate::flat::TopK;
 use anyhow::{ensure, Result};
+use craterdex_kernels::f32::F32Query;
 use rand::{seq::index::sample, SeedableRng};
 use rayon::prelude::*;
 
@@ -90,8 +91,10 @@ impl Ivf {
     /// The `nprobe` best lists for one query.
     pub fn probe(&self, query: &[f32], nprobe: usize) -> Vec<u32> {
         let mut top = TopK::new(nprobe.min(self.lists()));
-        for (l, c) in self.centroids.chunks_exact(self.dim).enumerate() {
-            top.push(l, craterdex_tokens::dot(query, c));
+        let mut scores = Vec::new();
+        F32Query::new(query, self.dim).dots(&self.centroids, &mut scores);
+        for (l, &s) in scores.iter().enumerate() {
+            top.push(l, s);
         }
         top.into_sorted()
             .into_iter()
@@ -100,14 +103,24 @@ impl Ivf {
     }
 }
 
-/// Nearest centroid (largest inner product) of each row, by blocked matrix products.
+/// Nearest centroid (largest inner product, ties to the lower list) of each row: blocks of
+/// rows against every centroid.
 fn nearest(centroids: &[f32], dim: usize, vectors: &[f32]) -> Vec<u32> {
     vectors
-        .par_chunks(4096 * dim)
+        .par_chunks(craterdex_kernels::f32::BLOCK * dim)
         .flat_map_iter(|chunk| {
-            flat::search(centroids, dim, chunk, 1, None)
-                .into_iter()
-                .map(|t| t.first().map_or(0, |s| s.row as u32))
+            let nq = chunk.len() / dim;
+            let mut scores = Vec::new();
+            F32Query::new(chunk, dim).dots(centroids, &mut scores);
+            let mut best = vec![(0u32, f32::NEG_INFINITY); nq];
+            for (l, row) in scores.chunks_exact(nq).enumerate() {
+                for (b, &s) in best.iter_mut().zip(row) {
+                    if s > b.1 {
+                        *b = (l as u32, s);
+                    }
+                }
+            }
+            best.into_iter().map(|b| b.0)
         })
         .collect()
 }

@@ -7,10 +7,9 @@
 
 pub mod codec;
 pub mod flat;
-pub mod flat_int8;
 pub mod ivf;
-pub mod maxsim;
 pub mod search;
+mod single_int8;
 pub mod store;
 
 pub use codec::{Codec, TokenCodec};

@@ -1,12 +1,17 @@
 //! Two-stage search: a single-vector shortlist of S candidates, then late-interaction
 //! reranking of the shortlist with the stored instance tokens; or exhaustive MaxSim.
+//!
+//! Every score comes from the kernels crate at the active level: int8 indexes are scored
+//! straight from their codes (the query quantised like the stored tokens), other codecs
+//! decode documents to f32 first.
 
 use crate::codec::Codec;
-use crate::flat::{self, Scored, TopK};
-use crate::flat_int8::{Int8Queries, Int8Vectors};
+use crate::flat::{Scored, TopK};
 use crate::ivf::Ivf;
-use crate::maxsim::{Int8Query, QueryKernel};
+use crate::single_int8::Int8Queries;
 use crate::store::Index;
+use craterdex_kernels::f32::F32Query;
+use craterdex_kernels::int8::I8Query;
 use craterdex_tokens::Descriptors;
 use rayon::prelude::*;
 use serde::Serialize;
@@ -129,7 +134,37 @@ fn split_lists(
     TopK::merge(&parts, k)
 }
 
+/// A query's tokens packed for the index's codec: int8 codes for int8 indexes, f32
+/// otherwise.
+enum TokenQuery {
+    Int8(I8Query),
+    F32(F32Query),
+}
+
+/// Bytes of decoded or stored tokens per run of documents scored together: a run stays in
+/// L2 while every query of a batch meets it.
+const RUN_BYTES: usize = 256 << 10;
+
 impl Index {
+    fn token_query(&self, tokens: &[f32]) -> TokenQuery {
+        if self.codec.codec == Codec::Int8 {
+            TokenQuery::Int8(I8Query::new(tokens, self.token_dim()))
+        } else {
+            TokenQuery::F32(F32Query::new(tokens, self.token_dim()))
+        }
+    }
+
+    /// Documents per run of the exhaustive scan.
+    fn docs_per_run(&self) -> usize {
+        let per_doc = self.tokens_per_image()
+            * self.token_dim()
+            * match self.codec.codec {
+                Codec::Int8 => 1,
+                _ => 4,
+            };
+        (RUN_BYTES / per_doc.max(1)).clamp(1, 256)
+    }
+
     /// The `k` best live rows by single-vector inner product, per query (`singles` `[nq, Ds]`),
     /// exact or through the IVF lists.
     pub fn stage1(&self, singles: &[f32], k: usize, how: Stage1) -> Vec<Vec<Scored>> {
@@ -138,13 +173,8 @@ impl Index {
             (Stage1::Auto, Some((ivf, n))) => Some((ivf, n)),
             (Stage1::Probe(n), Some((ivf, _))) => Some((ivf, n.max(1))),
         };
-        let int8 = self.codec.codec == Codec::Int8;
         let Some((ivf, nprobe)) = probe else {
-            return if int8 {
-                self.stage1_exact_int8(singles, k)
-            } else {
-                self.stage1_exact(singles, k)
-            };
+            return self.stage1_exact(singles, k);
         };
         let d = self.single_dim();
         if singles.len() == d {
@@ -170,47 +200,40 @@ impl Index {
         let d = self.single_dim();
         let lists = ivf.probe(q, nprobe);
         let mask = self.deleted_mask();
-        if self.codec.codec == Codec::Int8 {
-            let segments = self.int8_single_segments();
-            let query = Int8Queries::new(q, d);
-            let scan = |lists: &[u32]| {
-                let (mut top, mut products) = (TopK::new(k), Vec::new());
-                for &(first, vectors, inverted) in &segments {
-                    let Some(inverted) = inverted else { continue };
-                    let mut push = |_: usize, r: usize, s: f32| {
-                        if !mask[first + r] {
-                            top.push(first + r, s);
-                        }
-                    };
-                    for &l in lists {
-                        let rows = inverted.list(l);
-                        let (Some(&lo), Some(&hi)) = (rows.first(), rows.last()) else {
-                            continue;
-                        };
-                        let (lo, hi) = (lo as usize, hi as usize + 1);
-                        // segments store their rows grouped by list, so a list is one run
-                        if hi - lo == rows.len() {
-                            query.score_rows(vectors, lo, hi, &mut products, &mut push);
-                        } else {
-                            for &r in rows {
-                                let r = r as usize;
-                                query.score_rows(vectors, r, r + 1, &mut products, &mut push);
-                            }
-                        }
-                    }
-                }
-                top.into_sorted()
-            };
-            return split_lists(&lists, parallel, k, scan);
-        }
+        let int8 = self.codec.codec == Codec::Int8;
+        let segments = self.segment_parts(int8);
+        let query8 = int8.then(|| Int8Queries::new(q, d));
+        let query = (!int8).then(|| F32Query::new(q, d));
         let scan = |lists: &[u32]| {
-            let mut top = TopK::new(k);
-            for (first, single, inverted) in self.ivf_segments() {
+            let (mut top, mut products, mut dots) = (TopK::new(k), Vec::new(), Vec::new());
+            for seg in &segments {
+                let (first, single) = (seg.first, seg.single);
+                let Some(inverted) = seg.lists else { continue };
+                let mut push = |_: usize, r: usize, score: f32| {
+                    if !mask[first + r] {
+                        top.push(first + r, score);
+                    }
+                };
                 for &l in lists {
-                    for &r in inverted.list(l) {
-                        let (r, row) = (r as usize, first + r as usize);
-                        if !mask[row] {
-                            top.push(row, craterdex_tokens::dot(q, &single[r * d..(r + 1) * d]));
+                    let rows = inverted.list(l);
+                    let (Some(&lo), Some(&hi)) = (rows.first(), rows.last()) else {
+                        continue;
+                    };
+                    let (lo, hi) = (lo as usize, hi as usize + 1);
+                    // segments store their rows grouped by list, so a list is one run
+                    let runs: Vec<(usize, usize)> = if hi - lo == rows.len() {
+                        vec![(lo, hi)]
+                    } else {
+                        rows.iter().map(|&r| (r as usize, r as usize + 1)).collect()
+                    };
+                    for (lo, hi) in runs {
+                        if let (Some(q8), Some(v)) = (&query8, seg.single_int8) {
+                            q8.score_rows(v, lo, hi, &mut products, &mut push);
+                        } else if let Some(q) = &query {
+                            q.dots(&single[lo * d..hi * d], &mut dots);
+                            for (i, &score) in dots.iter().enumerate() {
+                                push(0, lo + i, score);
+                            }
                         }
                     }
                 }
@@ -220,46 +243,68 @@ impl Index {
         split_lists(&lists, parallel, k, scan)
     }
 
-    /// Exact stage 1 of an int8 index from its int8 single vectors: one query splits the
-    /// gallery over threads; many go in groups of [`Int8Queries::MAX`], in parallel.
-    fn stage1_exact_int8(&self, singles: &[f32], k: usize) -> Vec<Vec<Scored>> {
+    /// Exact stage 1: one query splits the gallery over threads; many go in groups of
+    /// [`Int8Queries::MAX`], in parallel. int8 indexes read their int8 single vectors.
+    fn stage1_exact(&self, singles: &[f32], k: usize) -> Vec<Vec<Scored>> {
         const ROWS: usize = 2048;
         let d = self.single_dim();
         let mask = self.deleted_mask();
-        let segments = self.int8_single_segments();
-        let scan = |query: &Int8Queries,
-                    tops: &mut [TopK],
-                    first: usize,
-                    v,
-                    lo,
-                    hi,
-                    products: &mut Vec<i32>| {
-            query.score_rows(v, lo, hi, products, |qi, r, s| {
-                if !mask[first + r] {
-                    tops[qi].push(first + r, s);
+        let int8 = self.codec.codec == Codec::Int8;
+        let segments = self.segment_parts(int8);
+        // (segment, first row of the segment, rows lo..hi of it)
+        let blocks: Vec<(usize, usize, usize, usize)> = segments
+            .iter()
+            .enumerate()
+            .flat_map(|(s, seg)| {
+                (0..seg.count)
+                    .step_by(ROWS)
+                    .map(move |lo| (s, seg.first, lo, (lo + ROWS).min(seg.count)))
+            })
+            .collect();
+        enum Group {
+            Int8(Int8Queries),
+            F32(F32Query),
+        }
+        let group_of = |queries: &[f32]| {
+            if int8 {
+                Group::Int8(Int8Queries::new(queries, d))
+            } else {
+                Group::F32(F32Query::new(queries, d))
+            }
+        };
+        let scan = |group: &Group, tops: &mut [TopK], blocks: &[(usize, usize, usize, usize)]| {
+            let (mut products, mut dots) = (Vec::new(), Vec::new());
+            for &(s, first, lo, hi) in blocks {
+                let mut push = |qi: usize, r: usize, score: f32| {
+                    if !mask[first + r] {
+                        tops[qi].push(first + r, score);
+                    }
+                };
+                match (group, segments[s].single_int8) {
+                    (Group::Int8(q), Some(v)) => q.score_rows(v, lo, hi, &mut products, &mut push),
+                    (Group::Int8(_), None) => unreachable!("int8 copies are made for int8 groups"),
+                    (Group::F32(q), _) => {
+                        q.dots(&segments[s].single[lo * d..hi * d], &mut dots);
+                        let nq = q.tokens();
+                        for (r, row) in dots.chunks_exact(nq).enumerate() {
+                            for (qi, &score) in row.iter().enumerate() {
+                                push(qi, lo + r, score);
+                            }
+                        }
+                    }
                 }
-            });
+            }
         };
         if singles.len() == d {
-            let query = Int8Queries::new(singles, d);
-            let blocks: Vec<(usize, &Int8Vectors, usize, usize)> = segments
-                .iter()
-                .flat_map(|&(first, v, _)| {
-                    (0..v.len())
-                        .step_by(ROWS)
-                        .map(move |lo| (first, v, lo, (lo + ROWS).min(v.len())))
-                })
-                .collect();
+            let group = group_of(singles);
             // one running top list per thread: every fresh list costs k insertions and a
             // burst of replacements before its threshold settles
             let per = blocks.len().div_ceil(rayon::current_num_threads()).max(1);
             let parts: Vec<Vec<Scored>> = blocks
                 .par_chunks(per)
                 .map(|blocks| {
-                    let (mut top, mut products) = ([TopK::new(k)], Vec::new());
-                    for &(first, v, lo, hi) in blocks {
-                        scan(&query, &mut top, first, v, lo, hi, &mut products);
-                    }
+                    let mut top = [TopK::new(k)];
+                    scan(&group, &mut top, blocks);
                     let [top] = top;
                     top.into_sorted()
                 })
@@ -268,118 +313,96 @@ impl Index {
         }
         singles
             .par_chunks(Int8Queries::MAX * d)
-            .flat_map_iter(|group| {
-                let query = Int8Queries::new(group, d);
-                let mut tops: Vec<TopK> = (0..query.len()).map(|_| TopK::new(k)).collect();
-                let mut products = Vec::new();
-                for &(first, v, _) in &segments {
-                    for lo in (0..v.len()).step_by(ROWS) {
-                        let hi = (lo + ROWS).min(v.len());
-                        scan(&query, &mut tops, first, v, lo, hi, &mut products);
-                    }
-                }
+            .flat_map_iter(|queries| {
+                let group = group_of(queries);
+                let mut tops: Vec<TopK> = (0..queries.len() / d).map(|_| TopK::new(k)).collect();
+                scan(&group, &mut tops, &blocks);
                 tops.into_iter().map(TopK::into_sorted)
             })
             .collect()
     }
 
-    fn stage1_exact(&self, singles: &[f32], k: usize) -> Vec<Vec<Scored>> {
-        let d = self.single_dim();
-        let nq = singles.len() / d;
-        let mut tops: Vec<TopK> = (0..nq).map(|_| TopK::new(k)).collect();
-        let mask = self.deleted_mask();
-        for (first, block) in self.single_blocks() {
-            let n = block.len() / d;
-            let part = flat::search(block, d, singles, k, Some(&mask[first..first + n]));
-            for (top, res) in tops.iter_mut().zip(part) {
-                res.iter().for_each(|s| top.push(first + s.row, s.score));
-            }
-        }
-        tops.into_iter().map(TopK::into_sorted).collect()
-    }
-
-    /// The int8 tile kernel for a query, when the index is int8 and the CPU has AMX.
-    fn int8_query(&self, tokens: &[f32]) -> Option<Int8Query> {
-        if self.codec.codec != Codec::Int8 {
-            return None;
-        }
-        Int8Query::new(tokens, self.token_dim())
-    }
-
-    /// MaxSim scores of one query's tokens against the given rows: int8 codes straight on
-    /// AMX tiles, otherwise each row decoded into one reused buffer.
+    /// MaxSim scores of one query's tokens against the given rows: int8 codes straight from
+    /// the index, other codecs decoded row by row into one reused buffer.
     pub fn late_interaction(&self, tokens: &[f32], rows: &[usize]) -> Vec<f32> {
-        if let Some(q8) = self.int8_query(tokens) {
-            let parts: Vec<(&[i8], &[f32])> =
-                rows.iter().filter_map(|&r| self.int8_tokens(r)).collect();
-            let mut out = Vec::with_capacity(rows.len());
-            q8.score_parts(&parts, self.tokens_per_image(), &mut Vec::new(), &mut out);
-            return out;
-        }
-        let kernel = QueryKernel::new(tokens, self.token_dim());
-        let mut doc = vec![0f32; self.tokens_per_image() * self.token_dim()];
-        let mut scratch = Vec::new();
-        rows.iter()
-            .map(|&r| {
-                self.decode_tokens_into(r, &mut doc);
-                kernel.score(&doc, &mut scratch)
-            })
-            .collect()
+        let mut out = Vec::with_capacity(rows.len());
+        self.score_rows(&self.token_query(tokens), rows, &mut out);
+        out
     }
 
-    /// Exhaustive MaxSim for decoded tokens (codecs without a tile kernel).
-    fn exhaustive(&self, tokens: &[f32], k: usize, parallel: bool) -> Vec<Scored> {
-        let rows: Vec<usize> = (0..self.rows()).filter(|&r| !self.is_deleted(r)).collect();
-        let score_chunk = |chunk: &[usize]| {
-            let mut top = TopK::new(k);
-            for block in chunk.chunks(256) {
-                for (&r, s) in block.iter().zip(self.late_interaction(tokens, block)) {
-                    top.push(r, s);
+    fn score_rows(&self, query: &TokenQuery, rows: &[usize], out: &mut Vec<f32>) {
+        let kd = self.tokens_per_image();
+        match query {
+            TokenQuery::Int8(q) => {
+                let runs: Vec<(&[i8], &[f32])> =
+                    rows.iter().filter_map(|&r| self.int8_tokens(r)).collect();
+                q.maxsim(&runs, kd, out);
+            }
+            TokenQuery::F32(q) => {
+                let mut doc = vec![0f32; kd * self.token_dim()];
+                for &r in rows {
+                    self.decode_tokens_into(r, &mut doc);
+                    q.maxsim(&doc, kd, out);
                 }
             }
-            top.into_sorted()
-        };
-        let parts: Vec<Vec<Scored>> = if parallel {
-            rows.par_chunks(2048).map(score_chunk).collect()
-        } else {
-            vec![score_chunk(&rows)]
-        };
-        TopK::merge(&parts, k)
+        }
     }
 
-    /// Exhaustive MaxSim from the int8 codes for a batch of queries: runs of consecutive
-    /// documents small enough to stay in cache are scored against every query in turn, so
-    /// a batch reads the gallery from memory once rather than once per query.
-    fn exhaustive_int8(&self, queries: &[Int8Query], k: usize) -> Vec<Vec<Scored>> {
-        const DOCS: usize = 32;
+    /// Exhaustive MaxSim for a batch of queries (one or many): runs of consecutive documents
+    /// small enough to stay in cache are decoded once (int8 and f32 are read as stored) and
+    /// scored against every query in turn, so a batch reads the gallery from memory once.
+    fn exhaustive(&self, queries: &[Descriptors], k: usize) -> Vec<Vec<Scored>> {
         let (kd, d) = (self.tokens_per_image(), self.token_dim());
-        let mut runs = Vec::new();
-        for (first, codes, scales) in self.int8_segments() {
-            for (i, sc) in scales.chunks(DOCS * kd.max(1)).enumerate() {
-                let start = i * DOCS * kd;
-                runs.push((
-                    first + i * DOCS,
-                    &codes[start * d..(start + sc.len()) * d],
-                    sc,
-                ));
-            }
-        }
+        let kernels: Vec<TokenQuery> = queries
+            .iter()
+            .map(|q| self.token_query(&q.tokens))
+            .collect();
+        let per_run = self.docs_per_run();
+        let runs: Vec<(usize, usize)> = self
+            .segment_parts(false)
+            .iter()
+            .flat_map(|seg| {
+                let end = seg.first + seg.count;
+                (seg.first..end)
+                    .step_by(per_run)
+                    .map(move |lo| (lo, (lo + per_run).min(end)))
+            })
+            .collect();
         let mask = self.deleted_mask();
         let parts: Vec<Vec<Vec<Scored>>> = runs
-            .par_chunks(32)
+            .par_chunks(runs.len().div_ceil(4 * rayon::current_num_threads()).max(1))
             .map(|runs| {
                 let mut tops: Vec<TopK> = queries.iter().map(|_| TopK::new(k)).collect();
-                let (mut products, mut scores) = (Vec::new(), Vec::new());
-                for &(first, codes, scales) in runs {
-                    for (q, top) in queries.iter().zip(&mut tops) {
+                let (mut scores, mut decoded) = (Vec::new(), Vec::new());
+                for &(lo, hi) in runs {
+                    let stored = self.token_run(lo, hi);
+                    for (q, top) in kernels.iter().zip(&mut tops) {
                         scores.clear();
-                        q.score_docs(codes, scales, kd, &mut products, &mut scores);
+                        match (q, &stored) {
+                            (TokenQuery::Int8(q), TokenRun::Int8(runs)) => {
+                                q.maxsim(runs, kd, &mut scores)
+                            }
+                            (TokenQuery::F32(q), TokenRun::F32(docs)) => {
+                                q.maxsim(docs, kd, &mut scores)
+                            }
+                            (TokenQuery::F32(q), TokenRun::Coded) => {
+                                if decoded.is_empty() {
+                                    decoded.resize((hi - lo) * kd * d, 0.0);
+                                    for (r, doc) in (lo..hi).zip(decoded.chunks_exact_mut(kd * d)) {
+                                        self.decode_tokens_into(r, doc);
+                                    }
+                                }
+                                q.maxsim(&decoded, kd, &mut scores)
+                            }
+                            _ => unreachable!("query kernels follow the index codec"),
+                        }
                         for (i, &s) in scores.iter().enumerate() {
-                            if !mask[first + i] {
-                                top.push(first + i, s);
+                            if !mask[lo + i] {
+                                top.push(lo + i, s);
                             }
                         }
                     }
+                    decoded.clear();
                 }
                 tops.into_iter().map(TopK::into_sorted).collect()
             })
@@ -389,13 +412,20 @@ impl Index {
 
     fn rerank(&self, tokens: &[f32], shortlist: &[Scored], k: usize, parallel: bool) -> Vec<Hit> {
         let rows: Vec<usize> = shortlist.iter().map(|s| s.row).collect();
+        let query = self.token_query(tokens);
         let scores = if parallel && rows.len() >= 32 {
             let per = rows.len().div_ceil(rayon::current_num_threads());
             rows.par_chunks(per)
-                .flat_map_iter(|c| self.late_interaction(tokens, c))
+                .flat_map_iter(|c| {
+                    let mut out = Vec::with_capacity(c.len());
+                    self.score_rows(&query, c, &mut out);
+                    out
+                })
                 .collect()
         } else {
-            self.late_interaction(tokens, &rows)
+            let mut out = Vec::with_capacity(rows.len());
+            self.score_rows(&query, &rows, &mut out);
+            out
         };
         let mut hits: Vec<Hit> = shortlist
             .iter()
@@ -419,21 +449,7 @@ impl Index {
         }
         let single = queries.len() == 1;
         match params.mode {
-            Mode::Exhaustive => {
-                let tiles: Option<Vec<Int8Query>> =
-                    queries.iter().map(|q| self.int8_query(&q.tokens)).collect();
-                let lists = if let Some(tiles) = tiles {
-                    self.exhaustive_int8(&tiles, params.top_k)
-                } else if single {
-                    vec![self.exhaustive(&queries[0].tokens, params.top_k, true)]
-                } else {
-                    queries
-                        .par_iter()
-                        .map(|q| self.exhaustive(&q.tokens, params.top_k, false))
-                        .collect()
-                };
-                hits_of(lists, Mode::Exhaustive)
-            }
+            Mode::Exhaustive => hits_of(self.exhaustive(queries, params.top_k), Mode::Exhaustive),
             Mode::Stage1 | Mode::TwoStage => {
                 let singles: Vec<f32> = queries
                     .iter()
@@ -457,6 +473,29 @@ impl Index {
                     .map(|(q, l)| self.rerank(&q.tokens, l, params.top_k, false))
                     .collect()
             }
+        }
+    }
+}
+
+/// The stored tokens of a run of documents, as the kernels read them.
+enum TokenRun<'a> {
+    /// int8 codes and scales.
+    Int8([(&'a [i8], &'a [f32]); 1]),
+    /// f32 tokens as stored.
+    F32(&'a [f32]),
+    /// Another codec: decoded on demand.
+    Coded,
+}
+
+impl Index {
+    fn token_run(&self, lo: usize, hi: usize) -> TokenRun<'_> {
+        match self.codec.codec {
+            Codec::Int8 => {
+                let (codes, scales) = self.int8_run(lo, hi);
+                TokenRun::Int8([(codes, scales)])
+            }
+            Codec::F32 => TokenRun::F32(self.f32_run(lo, hi)),
+            _ => TokenRun::Coded,
         }
     }
 }

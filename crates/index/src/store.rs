@@ -15,8 +15,8 @@
 //! any point leaves the previous manifest, which names only complete, checksummed segments.
 
 use crate::codec::{Codec, TokenCodec};
-use crate::flat_int8::Int8Vectors;
 use crate::ivf::{InvertedLists, Ivf};
+use crate::single_int8::Int8Vectors;
 use anyhow::{ensure, Context, Result};
 use craterdex_durable::{failpoint, replace_dir, sync_tree, tempdir_beside, write_atomic};
 use craterdex_tokens::{Descriptors, Encoder};
@@ -591,30 +591,22 @@ impl Index {
         Some((self.ivf.as_ref()?, self.manifest.ivf.as_ref()?.nprobe))
     }
 
-    /// Each segment's first row, single vectors and inverted lists (IVF indexes only).
-    pub(crate) fn ivf_segments(&self) -> impl Iterator<Item = (usize, &[f32], &InvertedLists)> {
-        self.segments.iter().filter_map(|s| {
-            Some((
-                s.first_row,
-                bytemuck::cast_slice::<u8, f32>(&s.single),
-                s.lists.as_ref()?,
-            ))
-        })
-    }
-
-    /// Each segment's first row, int8 single vectors (quantised on first use, in parallel
-    /// chunks) and IVF lists.
-    pub(crate) fn int8_single_segments(
-        &self,
-    ) -> Vec<(usize, &Int8Vectors, Option<&InvertedLists>)> {
+    /// What search reads of each segment; `int8_singles` makes (once per segment, in
+    /// parallel chunks) and includes the int8 copies of the single vectors.
+    pub(crate) fn segment_parts(&self, int8_singles: bool) -> Vec<SegmentParts<'_>> {
         let d = self.single_dim();
         self.segments
             .iter()
-            .map(|s| {
-                let v = s.single_int8.get_or_init(|| {
-                    Int8Vectors::quantise(bytemuck::cast_slice::<u8, f32>(&s.single), d)
-                });
-                (s.first_row, v, s.lists.as_ref())
+            .map(|s| SegmentParts {
+                first: s.first_row,
+                count: s.count,
+                single: bytemuck::cast_slice::<u8, f32>(&s.single),
+                lists: s.lists.as_ref(),
+                single_int8: int8_singles.then(|| {
+                    s.single_int8.get_or_init(|| {
+                        Int8Vectors::quantise(bytemuck::cast_slice::<u8, f32>(&s.single), d)
+                    })
+                }),
             })
             .collect()
     }
@@ -697,17 +689,16 @@ impl Index {
             .map_or(self.token_dim(), |w| w.dim_in)
     }
 
-    /// For an int8 index, each segment's first row with its codes `[n * K, D]` and scales
-    /// `[n * K]`, to score straight from the codes. Empty for other codecs.
-    pub fn int8_segments(&self) -> impl Iterator<Item = (usize, &[i8], &[f32])> {
-        self.segments.iter().filter_map(|s| {
-            let scales = s.scales.as_ref()?;
-            Some((
-                s.first_row,
-                bytemuck::cast_slice::<u8, i8>(&s.tokens),
-                bytemuck::cast_slice::<u8, f32>(scales),
-            ))
-        })
+    /// The int8 codes `[n * K, D]` and scales `[n * K]` of rows `lo..hi` of one segment
+    /// (int8 indexes).
+    pub(crate) fn int8_run(&self, lo: usize, hi: usize) -> (&[i8], &[f32]) {
+        let (payload, scales) = self.stored_run(lo, hi);
+        (bytemuck::cast_slice(payload), scales)
+    }
+
+    /// The f32 tokens `[n * K, D]` of rows `lo..hi` of one segment (f32 indexes).
+    pub(crate) fn f32_run(&self, lo: usize, hi: usize) -> &[f32] {
+        bytemuck::cast_slice(self.stored_run(lo, hi).0)
     }
 
     /// For an int8 index, the codes `[K, D]` and scales `[K]` of `row`.
@@ -718,13 +709,22 @@ impl Index {
 
     /// The stored token bytes of `row` and its scales (empty but for int8).
     fn stored_tokens(&self, row: usize) -> (&[u8], &[f32]) {
-        let s = self.segment_of(row);
-        let local = row - s.first_row;
+        self.stored_run(row, row + 1)
+    }
+
+    /// The stored token bytes and scales of rows `lo..hi`, which lie in one segment.
+    fn stored_run(&self, lo: usize, hi: usize) -> (&[u8], &[f32]) {
+        let s = self.segment_of(lo);
+        assert!(
+            hi <= s.first_row + s.count,
+            "rows {lo}..{hi} cross a segment boundary"
+        );
+        let (lo, hi) = (lo - s.first_row, hi - s.first_row);
         let k = self.manifest.tokens_per_image;
         let bpt = self.codec.bytes_per_token();
-        let payload = &s.tokens[local * k * bpt..(local + 1) * k * bpt];
+        let payload = &s.tokens[lo * k * bpt..hi * k * bpt];
         let scales: &[f32] = match &s.scales {
-            Some(m) => &bytemuck::cast_slice::<u8, f32>(m)[local * k..(local + 1) * k],
+            Some(m) => &bytemuck::cast_slice::<u8, f32>(m)[lo * k..hi * k],
             None => &[],
         };
         (payload, scales)
@@ -741,6 +741,16 @@ impl Index {
         let (payload, scales) = self.stored_tokens(row);
         self.codec.decode(payload, scales, out);
     }
+}
+
+/// What search reads of one segment.
+pub(crate) struct SegmentParts<'a> {
+    pub first: usize,
+    pub count: usize,
+    /// `[count, Ds]`
+    pub single: &'a [f32],
+    pub lists: Option<&'a InvertedLists>,
+    pub single_int8: Option<&'a Int8Vectors>,
 }
 
 fn check_unique<'a>(

@@ -430,7 +430,7 @@ fn int8_scores_from_codes_agree_with_decoded_tokens() {
     let decoded = |row: usize| {
         let mut t = Vec::new();
         idx.decode_tokens(row, &mut t);
-        craterdex_index::maxsim::maxsim(&query.tokens, &t, d, &mut Vec::new())
+        craterdex_kernels::f32::maxsim(&query.tokens, &t, d)
     };
     for mode in [Mode::Exhaustive, Mode::TwoStage] {
         let hits = &idx.search(

@@ -5,7 +5,7 @@
 
 use crate::config::ModelConfig;
 use anyhow::{bail, ensure, Result};
-use craterdex_amx::PackedBf16;
+use craterdex_kernels::amx::PackedBf16;
 use gemm::Parallelism;
 use rayon::prelude::*;
 
@@ -202,7 +202,7 @@ impl Vit {
             Precision::F32 => None,
             Precision::Bf16 => {
                 ensure!(
-                    craterdex_amx::available(),
+                    craterdex_kernels::amx::available(),
                     "--precision bf16 needs a CPU with AMX (Intel Xeon 4th generation or later) \
                      and Linux 5.16+; use --precision f32 here"
                 );
@@ -409,7 +409,7 @@ fn linear(a: &[f32], m: usize, k: usize, w: Weight, n: usize, bias: &[f32], out:
         out[..m * n]
             .par_chunks_mut(BF16_ROWS_PER_TASK * n)
             .zip(a[..m * k].par_chunks(BF16_ROWS_PER_TASK * k))
-            .for_each(|(o, a)| craterdex_amx::bf16_matmul_acc(a, a.len() / k, packed, o));
+            .for_each(|(o, a)| craterdex_kernels::amx::bf16_matmul_acc(a, a.len() / k, packed, o));
         return;
     }
     let w = w.f32;

@@ -89,7 +89,7 @@ fn tokens_and_attention_match_onnxruntime_on_real_crater_crops() {
 #[test]
 fn bf16_tokens_stay_close_to_onnxruntime() {
     let Some(dir) = default_model() else { return };
-    if !craterdex_amx::available() {
+    if !craterdex_kernels::amx::available() {
         // without tiles the mode refuses clearly instead of running slowly
         let err = craterdex_model::load(&dir, Some(224))
             .unwrap()

@@ -1,17 +1,15 @@
-//! craterdex-amx: matrix products on Intel AMX tiles (int8 and bf16), for CPUs that have them.
+//! Matrix products on Intel AMX tiles (int8 and bf16), used at [`Level::Amx`].
 //!
-//! Owns: detecting AMX and asking the kernel for the tile state, packing the right-hand
-//! operand into tile layout, and the tile loops. Knows nothing of models, tokens or indexes:
-//! callers pass plain row-major matrices and keep their own kernels for when
-//! [`available`] is false (no AMX, an old kernel, another architecture, or
-//! `CRATERDEX_NO_AMX=1`).
+//! Owns: detecting AMX and asking the operating system for the tile state, packing the
+//! right-hand operand into tile layout, and the tile loops (inline assembly: the AMX
+//! intrinsics are not stable Rust).
 //!
 //! Every product runs in tiles of 16 rows x 64 bytes (16 x 64 int8, 16 x 32 bf16), four
 //! accumulators of 16 x 16 lanes, i.e. 32 x 32 outputs per pass over the shared dimension.
 //! Tile state is per thread: each call loads the tile configuration and releases it on
 //! return, so calls may run on any thread of any pool.
 
-use std::sync::OnceLock;
+use crate::level::{active, Level};
 
 #[cfg(target_arch = "x86_64")]
 mod tiles;
@@ -20,22 +18,34 @@ const TILE_ROWS: usize = 16;
 /// Bytes in one tile row: 64 int8 or 32 bf16 of the shared dimension.
 const TILE_BYTES: usize = 64;
 
-/// Whether the tile kernels can run here. Checked once per process.
+/// Whether the tile kernels run here: the active level is [`Level::Amx`] (AMX present, tile
+/// state granted, and not capped by `CRATERDEX_KERNEL`).
 pub fn available() -> bool {
-    static AVAILABLE: OnceLock<bool> = OnceLock::new();
-    *AVAILABLE.get_or_init(|| {
-        if std::env::var_os("CRATERDEX_NO_AMX").is_some_and(|v| v != "0") {
-            return false;
-        }
-        #[cfg(target_arch = "x86_64")]
-        {
-            tiles::cpu_has_amx() && tiles::request_tile_state()
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            false
-        }
-    })
+    active() == Level::Amx
+}
+
+/// Whether the CPU has AMX int8 and bf16 tiles (CPUID leaf 7).
+pub(crate) fn cpu_has_amx() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        tiles::cpu_has_amx()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Asks Linux for the tile data state (once per process); false where it is refused.
+pub(crate) fn request_tile_state() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        tiles::request_tile_state()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// The right-hand side of int8 products `A B^T`: `B` is `[n, k]` row-major (e.g. a query's

@@ -1,7 +1,9 @@
 //! The tile kernels against plain loops, over shapes around the 16/32-row and 16/32-column
 //! blocks. Skipped (with a message) on machines without AMX.
 
-use craterdex_amx::{available, bf16_bits, bf16_matmul_acc, i8_products, PackedBf16, PackedI8};
+use craterdex_kernels::amx::{
+    available, bf16_bits, bf16_matmul_acc, i8_products, PackedBf16, PackedI8,
+};
 use rand::{Rng, SeedableRng};
 
 fn skip() -> bool {

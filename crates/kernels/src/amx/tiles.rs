@@ -1,0 +1,333 @@
+//! The tile loops, in inline assembly (the AMX intrinsics are not stable Rust).
+//!
+//! Registers: tmm0-3 accumulate a 32 x 32 output block (2 x 2 tiles of 16 x 16), tmm4-5
+//! hold two 16-row slices of A, tmm6-7 two 16-column slices of packed B. Tile registers
+//! are invisible to the compiler, so they keep their values between the `asm!` blocks of
+//! one call; nothing between them calls out of this module.
+
+use super::{PackedBf16, PackedI8, TILE_BYTES, TILE_ROWS};
+use core::arch::asm;
+use core::arch::x86_64::{__cpuid, __cpuid_count};
+
+const TILE_LEN: usize = TILE_ROWS * TILE_BYTES;
+
+pub fn cpu_has_amx() -> bool {
+    if __cpuid(0).eax < 7 {
+        return false;
+    }
+    let edx = __cpuid_count(7, 0).edx;
+    let (bf16, tile, int8) = (edx >> 22 & 1, edx >> 24 & 1, edx >> 25 & 1);
+    bf16 == 1 && tile == 1 && int8 == 1
+}
+
+/// Linux hands out the (8 KiB) tile data state only on request, once per process.
+pub fn request_tile_state() -> bool {
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: a plain system call with integer arguments.
+    unsafe {
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        ) == 0
+    }
+}
+
+/// Palette 1, eight tiles of 16 rows x 64 bytes.
+#[repr(C, align(64))]
+struct TileConfig {
+    palette: u8,
+    start_row: u8,
+    reserved: [u8; 14],
+    colsb: [u16; 16],
+    rows: [u8; 16],
+}
+
+/// Loads the tile configuration on this thread and releases the tiles when dropped.
+struct Configured;
+
+impl Configured {
+    unsafe fn new() -> Self {
+        // SAFETY: ldtilecfg reads the 64-byte configuration above; the caller checked that
+        // the tiles are available on this CPU and granted by the kernel.
+        unsafe {
+            let mut cfg = TileConfig {
+                palette: 1,
+                start_row: 0,
+                reserved: [0; 14],
+                colsb: [0; 16],
+                rows: [0; 16],
+            };
+            for t in 0..8 {
+                cfg.colsb[t] = TILE_BYTES as u16;
+                cfg.rows[t] = TILE_ROWS as u8;
+            }
+            asm!("ldtilecfg [{}]", in(reg) &cfg, options(nostack, readonly));
+            Configured
+        }
+    }
+}
+
+impl Drop for Configured {
+    fn drop(&mut self) {
+        // SAFETY: only built after ldtilecfg succeeded on this thread.
+        unsafe { asm!("tilerelease", options(nostack, nomem)) }
+    }
+}
+
+macro_rules! tile_load {
+    ($t:literal, $ptr:expr, $stride:expr) => {
+        asm!(concat!("tileloadd tmm", $t, ", [{p} + {s}*1]"),
+            p = in(reg) $ptr, s = in(reg) $stride, options(nostack, readonly))
+    };
+}
+macro_rules! tile_store {
+    ($t:literal, $ptr:expr, $stride:expr) => {
+        asm!(concat!("tilestored [{p} + {s}*1], tmm", $t),
+            p = in(reg) $ptr, s = in(reg) $stride, options(nostack))
+    };
+}
+macro_rules! tile_zero {
+    ($t:literal) => {
+        asm!(concat!("tilezero tmm", $t), options(nostack, nomem))
+    };
+}
+macro_rules! tile_dot {
+    ($bf16:expr, $c:literal, $a:literal, $b:literal) => {
+        if $bf16 {
+            asm!(
+                concat!("tdpbf16ps tmm", $c, ", tmm", $a, ", tmm", $b),
+                options(nostack, nomem)
+            )
+        } else {
+            asm!(
+                concat!("tdpbssd tmm", $c, ", tmm", $a, ", tmm", $b),
+                options(nostack, nomem)
+            )
+        }
+    };
+}
+
+/// One output block of (1 or 2) x (1 or 2) tiles. `a` points at the block's first row
+/// (row stride `lda` bytes), `b` at its first column block's first tile (the second column
+/// block's tiles follow `b_next` bytes later), `out` at the block's first output (row stride
+/// `ldo` bytes). With `ACC` the block adds to what `out` holds.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn block<const R2: bool, const C2: bool, const BF16: bool, const ACC: bool>(
+    a: *const u8,
+    lda: usize,
+    b: *const u8,
+    b_next: usize,
+    k_blocks: usize,
+    out: *mut u8,
+    ldo: usize,
+) {
+    // SAFETY: the caller passes pointers valid for the block's rows (lda / ldo apart),
+    // k_blocks tiles of B (and b_next beyond for C2), on a thread with tiles configured.
+    unsafe {
+        let lower = out.add(TILE_ROWS * ldo);
+        if ACC {
+            tile_load!("0", out, ldo);
+            if C2 {
+                tile_load!("1", out.add(64), ldo);
+            }
+            if R2 {
+                tile_load!("2", lower, ldo);
+                if C2 {
+                    tile_load!("3", lower.add(64), ldo);
+                }
+            }
+        } else {
+            tile_zero!("0");
+            if C2 {
+                tile_zero!("1");
+            }
+            if R2 {
+                tile_zero!("2");
+                if C2 {
+                    tile_zero!("3");
+                }
+            }
+        }
+        let a_lower = a.add(TILE_ROWS * lda);
+        for kb in 0..k_blocks {
+            let bt = b.add(kb * TILE_LEN);
+            tile_load!("4", a.add(kb * TILE_BYTES), lda);
+            tile_load!("6", bt, TILE_BYTES);
+            tile_dot!(BF16, "0", "4", "6");
+            if C2 {
+                tile_load!("7", bt.add(b_next), TILE_BYTES);
+                tile_dot!(BF16, "1", "4", "7");
+            }
+            if R2 {
+                tile_load!("5", a_lower.add(kb * TILE_BYTES), lda);
+                tile_dot!(BF16, "2", "5", "6");
+                if C2 {
+                    tile_dot!(BF16, "3", "5", "7");
+                }
+            }
+        }
+        tile_store!("0", out, ldo);
+        if C2 {
+            tile_store!("1", out.add(64), ldo);
+        }
+        if R2 {
+            tile_store!("2", lower, ldo);
+            if C2 {
+                tile_store!("3", lower.add(64), ldo);
+            }
+        }
+    }
+}
+
+/// All column blocks of one row block (16 or 32 rows).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn row_block<const R2: bool, const BF16: bool, const ACC: bool>(
+    a: *const u8,
+    lda: usize,
+    b: *const u8,
+    col_blocks: usize,
+    k_blocks: usize,
+    out: *mut u8,
+    ldo: usize,
+) {
+    // SAFETY: as for `block`, over col_blocks column blocks of packed B.
+    unsafe {
+        let panel = k_blocks * TILE_LEN;
+        let mut cb = 0;
+        while cb + 2 <= col_blocks {
+            block::<R2, true, BF16, ACC>(
+                a,
+                lda,
+                b.add(cb * panel),
+                panel,
+                k_blocks,
+                out.add(cb * 64),
+                ldo,
+            );
+            cb += 2;
+        }
+        if cb < col_blocks {
+            block::<R2, false, BF16, ACC>(
+                a,
+                lda,
+                b.add(cb * panel),
+                panel,
+                k_blocks,
+                out.add(cb * 64),
+                ldo,
+            );
+        }
+    }
+}
+
+/// Runs `m` rows of A (`lda` bytes apart) against packed B into `out` (`ldo` bytes per row,
+/// 4-byte lanes). Rows past the last whole 16 go through zero-padded copies.
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows<const BF16: bool, const ACC: bool>(
+    a: *const u8,
+    m: usize,
+    lda: usize,
+    b: *const u8,
+    col_blocks: usize,
+    k_blocks: usize,
+    out: *mut u8,
+    ldo: usize,
+) {
+    // SAFETY: a holds m rows lda bytes apart, out m rows ldo bytes apart, b the packed
+    // operand; the tail goes through padded copies of whole tiles.
+    unsafe {
+        let mut r = 0;
+        while r + 2 * TILE_ROWS <= m {
+            row_block::<true, BF16, ACC>(
+                a.add(r * lda),
+                lda,
+                b,
+                col_blocks,
+                k_blocks,
+                out.add(r * ldo),
+                ldo,
+            );
+            r += 2 * TILE_ROWS;
+        }
+        if r + TILE_ROWS <= m {
+            row_block::<false, BF16, ACC>(
+                a.add(r * lda),
+                lda,
+                b,
+                col_blocks,
+                k_blocks,
+                out.add(r * ldo),
+                ldo,
+            );
+            r += TILE_ROWS;
+        }
+        let tail = m - r;
+        if tail > 0 {
+            let mut a_pad = vec![0u8; TILE_ROWS * lda];
+            let mut out_pad = vec![0u8; TILE_ROWS * ldo];
+            std::ptr::copy_nonoverlapping(a.add(r * lda), a_pad.as_mut_ptr(), tail * lda);
+            if ACC {
+                std::ptr::copy_nonoverlapping(out.add(r * ldo), out_pad.as_mut_ptr(), tail * ldo);
+            }
+            row_block::<false, BF16, ACC>(
+                a_pad.as_ptr(),
+                lda,
+                b,
+                col_blocks,
+                k_blocks,
+                out_pad.as_mut_ptr(),
+                ldo,
+            );
+            std::ptr::copy_nonoverlapping(out_pad.as_ptr(), out.add(r * ldo), tail * ldo);
+        }
+    }
+}
+
+/// Each part `[m_i, k]` against packed B, outputs one after another; one tile
+/// configuration for all of them.
+pub unsafe fn i8_products(parts: &[&[i8]], b: &PackedI8, out: &mut [i32]) {
+    // SAFETY: the caller checked the shapes (each part [m_i, k], out [rows, columns]) and
+    // that the tiles are available.
+    unsafe {
+        let _tiles = Configured::new();
+        let cols = b.columns();
+        let mut at = 0;
+        for a in parts {
+            let m = a.len() / b.k;
+            rows::<false, false>(
+                a.as_ptr().cast(),
+                m,
+                b.k,
+                b.tiles.as_ptr().cast(),
+                cols / TILE_ROWS,
+                b.k / TILE_BYTES,
+                out.as_mut_ptr().add(at).cast(),
+                cols * 4,
+            );
+            at += m * cols;
+        }
+    }
+}
+
+/// `a16` is `[m, kp]` bf16 with `kp` the packed operand's padded k.
+pub unsafe fn bf16_matmul_acc(a16: &[u16], m: usize, kp: usize, w: &PackedBf16, out: &mut [f32]) {
+    // SAFETY: the caller checked the shapes (a16 [m, kp], out [m, n]) and that the tiles
+    // are available.
+    unsafe {
+        let _tiles = Configured::new();
+        rows::<true, true>(
+            a16.as_ptr().cast(),
+            m,
+            kp * 2,
+            w.tiles.as_ptr().cast(),
+            w.n / TILE_ROWS,
+            kp * 2 / TILE_BYTES,
+            out.as_mut_ptr().cast(),
+            w.n * 4,
+        );
+    }
+}

@@ -1,0 +1,191 @@
+//! Which instruction-set level the kernels run at: detected once per process, and capped
+//! by `CRATERDEX_KERNEL` so that every path can be tested and benchmarked on one machine.
+
+use std::sync::OnceLock;
+
+/// Kernel levels, each a superset of the one before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Level {
+    /// Plain Rust that the compiler vectorises for the build target (any CPU, ARM included).
+    Portable,
+    /// x86-64 with AVX2 and FMA (AMD Zen, Intel Haswell and later).
+    Avx2,
+    /// x86-64 with AVX-512 F, BW and VL (Intel Skylake-SP and later, AMD Zen 4); VNNI is
+    /// used where present.
+    Avx512,
+    /// AVX-512 plus Intel AMX int8 and bf16 tiles (Xeon 4th generation on), with the tile
+    /// state granted by the kernel.
+    Amx,
+}
+
+pub const ALL: [Level; 4] = [Level::Portable, Level::Avx2, Level::Avx512, Level::Amx];
+
+/// The environment variable that caps the level.
+pub const ENV: &str = "CRATERDEX_KERNEL";
+
+impl Level {
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Portable => "portable",
+            Level::Avx2 => "avx2",
+            Level::Avx512 => "avx512",
+            Level::Amx => "amx",
+        }
+    }
+}
+
+impl std::fmt::Display for Level {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Level {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        ALL.into_iter()
+            .find(|l| l.name().eq_ignore_ascii_case(s.trim()))
+            .ok_or_else(|| format!("unknown kernel level {s:?}: use portable, avx2, avx512 or amx"))
+    }
+}
+
+/// The best level this CPU (and operating system) supports.
+pub fn detected() -> Level {
+    static DETECTED: OnceLock<Level> = OnceLock::new();
+    *DETECTED.get_or_init(detect)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect() -> Level {
+    use std::arch::is_x86_feature_detected as has;
+    if !(has!("avx2") && has!("fma")) {
+        return Level::Portable;
+    }
+    if !(has!("avx512f") && has!("avx512bw") && has!("avx512vl")) {
+        return Level::Avx2;
+    }
+    if crate::amx::cpu_has_amx() && crate::amx::request_tile_state() {
+        return Level::Amx;
+    }
+    Level::Avx512
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn detect() -> Level {
+    Level::Portable
+}
+
+/// The level kernels run at: [`detected`], capped by `CRATERDEX_KERNEL=portable|avx2|avx512|amx`
+/// (and, for older scripts, `CRATERDEX_NO_AMX=1`, which caps at avx512). Asking for more than
+/// the CPU has runs at what it has, with one warning on stderr.
+pub fn active() -> Level {
+    static ACTIVE: OnceLock<Level> = OnceLock::new();
+    *ACTIVE.get_or_init(|| {
+        let detected = detected();
+        let mut cap = Level::Amx;
+        if std::env::var_os("CRATERDEX_NO_AMX").is_some_and(|v| v != "0") {
+            cap = Level::Avx512;
+        }
+        if let Some(v) = std::env::var_os(ENV) {
+            match v.to_string_lossy().parse::<Level>() {
+                Ok(l) => {
+                    if l > detected {
+                        eprintln!(
+                            "warning: {ENV}={l} but this CPU supports at most {detected}; running at {detected}"
+                        );
+                    }
+                    cap = cap.min(l);
+                }
+                Err(e) => eprintln!("warning: {ENV}: {e}; ignored"),
+            }
+        }
+        detected.min(cap)
+    })
+}
+
+/// Every level this CPU can run, lowest first (what a test run per level should cover).
+pub fn supported() -> Vec<Level> {
+    ALL.into_iter().filter(|&l| l <= detected()).collect()
+}
+
+/// Whether the int8 dot products of the AVX-512 level have VNNI (`vpdpbusd`).
+pub fn has_avx512_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The CPU's model name (`/proc/cpuinfo`, or the CPUID brand string), for benchmark reports.
+pub fn cpu_model() -> String {
+    if let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") {
+        if let Some(name) = info
+            .lines()
+            .find(|l| l.starts_with("model name") || l.starts_with("Model"))
+            .and_then(|l| l.split_once(':'))
+        {
+            return name.1.trim().to_string();
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        brand_string()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        std::env::consts::ARCH.to_string()
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn brand_string() -> String {
+    use std::arch::x86_64::__cpuid;
+    if __cpuid(0x8000_0000).eax < 0x8000_0004 {
+        return "x86_64".into();
+    }
+    let mut bytes = Vec::with_capacity(48);
+    for leaf in 0x8000_0002u32..=0x8000_0004 {
+        let r = __cpuid(leaf);
+        for word in [r.eax, r.ebx, r.ecx, r.edx] {
+            bytes.extend_from_slice(&word.to_le_bytes());
+        }
+    }
+    String::from_utf8_lossy(&bytes)
+        .trim_matches(char::from(0))
+        .trim()
+        .to_string()
+}
+
+/// One line for reports: the CPU, the level kernels run at, and what the CPU could do.
+pub fn describe() -> String {
+    let vnni = if active() >= Level::Avx512 && has_avx512_vnni() {
+        " (VNNI)"
+    } else {
+        ""
+    };
+    format!(
+        "{}; kernel level {}{vnni} (CPU supports up to {})",
+        cpu_model(),
+        active(),
+        detected()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn levels_parse_order_and_cap() {
+        assert_eq!("AVX2".parse::<Level>(), Ok(Level::Avx2));
+        assert!("sse9".parse::<Level>().is_err());
+        assert!(Level::Portable < Level::Avx2 && Level::Avx512 < Level::Amx);
+        assert!(active() <= detected());
+        assert_eq!(supported().first(), Some(&Level::Portable));
+        assert_eq!(supported().last(), Some(&detected()));
+    }
+}
