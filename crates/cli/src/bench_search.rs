@@ -5,8 +5,8 @@ use crate::bench::SearchBench;
 use crate::pipeline::*;
 use anyhow::{Context, Result};
 use craterdex_index::codec::{Codec, TokenCodec};
-use craterdex_index::search::{Mode, SearchParams};
 use craterdex_index::{ImageMeta, Index};
+use craterdex_index::{Mode, SearchParams};
 use craterdex_tokens::{Descriptors, Encoder, Recipe};
 use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
@@ -271,7 +271,7 @@ fn measure(
         let dir = work.join(format!("{}-{}", s.name, codec.name()));
         let t = Instant::now();
         let tc = TokenCodec::train(codec, d, &sample, 0)?;
-        Index::create(&dir, encoder, &tc, None, gallery)?;
+        Index::create(&dir, encoder, &tc, None, gallery, None)?;
         let idx = Index::open(&dir)?;
         eprintln!(
             "{}: built {} index of {} images in {:.1}s; timing",
@@ -346,7 +346,7 @@ fn dir_bytes(dir: &Path) -> u64 {
 /// two-stage search, with shortlist recall of planted near-duplicates.
 fn scale(b: &SearchBench, n: usize, work: &Path, rows: &mut Vec<Row>) -> Result<()> {
     use craterdex_index::ivf::{default_lists, default_nprobe, Ivf};
-    use craterdex_index::search::Stage1;
+    use craterdex_index::Stage1;
     let (k, d) = (b.k, b.dim);
     let clusters = (n / 100).max(1);
     let chunk = 50_000;
@@ -374,7 +374,7 @@ fn scale(b: &SearchBench, n: usize, work: &Path, rows: &mut Vec<Row>) -> Result<
                 .flat_map(|g| g.1.single.iter().copied())
                 .collect();
             let ivf = Ivf::train(&singles, d, lists.min(imgs.len()), 0)?;
-            Index::create_with_ivf(
+            Index::create(
                 &dir,
                 &encoder,
                 &codec,

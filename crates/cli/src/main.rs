@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use craterdex_eval::{benchbuild, manifest, regimes};
 use craterdex_index::codec::Codec;
-use craterdex_index::search::SearchParams;
+use craterdex_index::SearchParams;
 use craterdex_index::{ImageMeta, Index};
 use craterdex_model::{fetch, store, Precision, ResizeMode};
 use craterdex_tokens::{Aggregation, Pooling, Recipe, SeedStrategy};
@@ -582,7 +582,7 @@ fn search_cmd(c: SearchCmd) -> Result<()> {
         top_k: c.top,
         shortlist: c.shortlist,
         mode: c.mode.parse()?,
-        stage1: craterdex_index::search::Stage1::from_nprobe(c.nprobe),
+        stage1: craterdex_index::Stage1::from_nprobe(c.nprobe),
     };
     let idx = Index::open(&c.index)?;
     let mut items: Vec<(String, PathBuf)> = c

@@ -224,7 +224,7 @@ pub fn build_index(
         None => None,
     };
     let images: Vec<(ImageMeta, Descriptors)> = metas.into_iter().zip(descs).collect();
-    Index::create_with_ivf(
+    Index::create(
         out,
         &enc,
         &codec,

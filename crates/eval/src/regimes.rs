@@ -8,7 +8,6 @@
 use crate::metrics::{evaluate_query, shortlist_recall, summarise, QueryResult, Summary};
 use anyhow::Result;
 use craterdex_index::codec::{Codec, TokenCodec};
-use craterdex_index::flat::score_matrix;
 use craterdex_kernels::f32::F32Query;
 use craterdex_model::extract::FeatureSet;
 use craterdex_tokens::aggregate::{aggregate, Aggregation, SeedStrategy, TokenView};
@@ -145,6 +144,28 @@ fn aggregate_all(p: &Prepared, how: Aggregation) -> Vec<Vec<f32>> {
             )
         })
         .collect()
+}
+
+/// Every query's inner product with every gallery row: `[nq, n]`.
+fn score_matrix(queries: &[f32], gallery: &[f32], d: usize) -> Vec<f32> {
+    let n = gallery.len() / d;
+    let block = craterdex_kernels::f32::BLOCK;
+    let parts: Vec<Vec<f32>> = queries
+        .par_chunks(block * d)
+        .map(|qc| {
+            let nq = qc.len() / d;
+            let mut dots = Vec::new();
+            F32Query::new(qc, d).dots(gallery, &mut dots);
+            let mut out = vec![0f32; nq * n];
+            for (r, row) in dots.chunks_exact(nq).enumerate() {
+                for (q, &v) in row.iter().enumerate() {
+                    out[q * n + r] = v;
+                }
+            }
+            out
+        })
+        .collect();
+    parts.concat()
 }
 
 /// `[nq, ng]` MaxSim scores. Every gallery image has the same token count (K' = min(K, T)).

@@ -166,6 +166,14 @@ impl TokenCodec {
         }
     }
 
+    /// Bytes of trained parameters (PQ codebooks: 256 centroids per sub-space, f32).
+    pub fn codebook_bytes(&self) -> usize {
+        match self.codec {
+            Codec::Pq { .. } => PQ_CENTROIDS * self.dim * 4,
+            _ => 0,
+        }
+    }
+
     pub fn has_scales(&self) -> bool {
         self.codec == Codec::Int8
     }

@@ -8,7 +8,7 @@
 //! the centroids and the per-segment lists (HNSW needs a graph of ~M x 8 bytes per image,
 //! rebuilt or patched on every change, and a million sequential inserts to build).
 
-use crate::flat::TopK;
+use crate::topk::TopK;
 use anyhow::{ensure, Result};
 use craterdex_kernels::f32::F32Query;
 use rand::{seq::index::sample, SeedableRng};

@@ -1,17 +1,29 @@
-//! craterdex-index: stores descriptors compactly on disk and searches them.
+//! craterdex-index: stores descriptors compactly and searches them.
 //!
-//! Owns: token codecs (f32, f16, int8, PQ), late-interaction (MaxSim) kernels, exact
-//! single-vector search, the index directory format (segments, manifest, checksums,
-//! atomic updates) and two-stage search. Knows nothing of images, models or benchmarks:
-//! it takes descriptors made by craterdex-tokens.
+//! Owns: token codecs (f32, f16, int8, PQ), the index directory format (manifest, immutable
+//! checksummed segments, atomic updates), in-memory indexes, IVF stage 1 and two-stage
+//! search. Scoring kernels come from craterdex-kernels. Knows nothing of images, models or
+//! benchmarks: it takes descriptors made by craterdex-tokens.
+//!
+//! Layout, after tantivy's: [`files`] names every file; `manifest` reads and writes
+//! `index.json`; `segment_writer` encodes and writes a segment; `segment` reads one; `index`
+//! holds an open index and its writes; `search` answers queries.
 
 pub mod codec;
-pub mod flat;
+pub mod files;
+mod index;
 pub mod ivf;
-pub mod search;
+mod manifest;
+mod meta;
+mod search;
+mod segment;
+mod segment_writer;
 mod single_int8;
-pub mod store;
+mod topk;
 
 pub use codec::{Codec, TokenCodec};
-pub use search::{Hit, SearchParams};
-pub use store::{ImageMeta, Index};
+pub use index::{Index, IvfChoice};
+pub use manifest::{INDEX_FORMAT, INDEX_VERSION};
+pub use meta::ImageMeta;
+pub use search::{Hit, Mode, SearchParams, Stage1};
+pub use topk::{Scored, TopK};

@@ -6,10 +6,10 @@
 //! decode documents to f32 first.
 
 use crate::codec::Codec;
-use crate::flat::{Scored, TopK};
+use crate::index::Index;
 use crate::ivf::Ivf;
 use crate::single_int8::Int8Queries;
-use crate::store::Index;
+use crate::topk::{Scored, TopK};
 use craterdex_kernels::f32::F32Query;
 use craterdex_kernels::int8::I8Query;
 use craterdex_tokens::Descriptors;
@@ -51,8 +51,10 @@ impl Stage1 {
 
 #[derive(Clone, Copy, Debug)]
 pub struct SearchParams {
+    /// Results per query.
     pub top_k: usize,
-    /// Shortlist size S (two-stage only).
+    /// Shortlist size S (two-stage only): the S best by stage 1 are reranked by late
+    /// interaction; results past S (when `top_k > S`) follow in stage-1 order.
     pub shortlist: usize,
     pub mode: Mode,
     pub stage1: Stage1,
@@ -410,8 +412,18 @@ impl Index {
         TopK::merge_per_query(&parts, queries.len(), k)
     }
 
-    fn rerank(&self, tokens: &[f32], shortlist: &[Scored], k: usize, parallel: bool) -> Vec<Hit> {
-        let rows: Vec<usize> = shortlist.iter().map(|s| s.row).collect();
+    /// Reranks the first `shortlist` candidates by late interaction; the candidates after
+    /// them keep their stage-1 order behind the reranked ones (`stage2` empty). `k` results.
+    fn rerank(
+        &self,
+        tokens: &[f32],
+        candidates: &[Scored],
+        shortlist: usize,
+        k: usize,
+        parallel: bool,
+    ) -> Vec<Hit> {
+        let (head, tail) = candidates.split_at(shortlist.min(candidates.len()));
+        let rows: Vec<usize> = head.iter().map(|s| s.row).collect();
         let query = self.token_query(tokens);
         let scores = if parallel && rows.len() >= 32 {
             let per = rows.len().div_ceil(rayon::current_num_threads());
@@ -427,7 +439,7 @@ impl Index {
             self.score_rows(&query, &rows, &mut out);
             out
         };
-        let mut hits: Vec<Hit> = shortlist
+        let mut hits: Vec<Hit> = head
             .iter()
             .zip(scores)
             .map(|(s, li)| Hit {
@@ -438,6 +450,12 @@ impl Index {
             })
             .collect();
         hits.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.row.cmp(&b.row)));
+        hits.extend(tail.iter().map(|s| Hit {
+            row: s.row,
+            score: s.score,
+            stage1: Some(s.score),
+            stage2: None,
+        }));
         hits.truncate(k);
         hits
     }
@@ -464,13 +482,14 @@ impl Index {
                 if params.mode == Mode::Stage1 {
                     return hits_of(lists, Mode::Stage1);
                 }
+                let (shortlist, k) = (params.shortlist, params.top_k);
                 if single {
-                    return vec![self.rerank(&queries[0].tokens, &lists[0], params.top_k, true)];
+                    return vec![self.rerank(&queries[0].tokens, &lists[0], shortlist, k, true)];
                 }
                 queries
                     .par_iter()
                     .zip(lists.par_iter())
-                    .map(|(q, l)| self.rerank(&q.tokens, l, params.top_k, false))
+                    .map(|(q, l)| self.rerank(&q.tokens, l, shortlist, k, false))
                     .collect()
             }
         }

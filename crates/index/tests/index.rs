@@ -1,6 +1,6 @@
 use craterdex_index::codec::{Codec, TokenCodec};
-use craterdex_index::search::{Mode, SearchParams};
 use craterdex_index::{ImageMeta, Index};
+use craterdex_index::{Mode, SearchParams};
 use craterdex_tokens::{Descriptors, Encoder, Recipe};
 use rand::{Rng, SeedableRng};
 use std::path::Path;
@@ -58,6 +58,7 @@ fn build(dir: &Path, imgs: &[(ImageMeta, Descriptors)], codec: Codec) {
         &codec,
         Some("test".into()),
         imgs,
+        None,
     )
     .unwrap();
 }
@@ -198,6 +199,94 @@ fn damaged_indexes_fail_to_open_naming_file_and_cause() {
     std::fs::write(&mpath, &manifest[..manifest.len() / 2]).unwrap();
     let e = format!("{:#}", Index::open(&dir).err().unwrap());
     assert!(e.contains("index.json") && e.contains("corrupt"), "{e}");
+
+    // a manifest may not send the reader outside the index directory
+    std::fs::write(&mpath, manifest.replace("seg-000001", "../seg-000001")).unwrap();
+    let e = format!("{:#}", Index::open(&dir).err().unwrap());
+    assert!(
+        e.contains("index.json") && e.contains("segment name"),
+        "{e}"
+    );
+}
+
+/// The same images built on disk and held in memory answer every mode identically.
+#[test]
+fn in_memory_indexes_answer_like_written_ones() {
+    let tmp = tempfile::tempdir().unwrap();
+    let imgs = images(150, 8, "m");
+    let queries: Vec<Descriptors> = (0..5)
+        .map(|i| near_duplicate(&imgs[i * 7].1, i as u64))
+        .collect();
+    for codec in [Codec::F32, Codec::Int8, Codec::Pq { m: 8 }] {
+        let dir = tmp.path().join(codec.name());
+        build(&dir, &imgs, codec);
+        let disk = Index::open(&dir).unwrap();
+        let sample: Vec<f32> = imgs.iter().flat_map(|(_, d)| d.tokens.clone()).collect();
+        let memory = Index::in_memory(
+            &Encoder::plain(Recipe::default()),
+            &TokenCodec::train(codec, D, &sample, 1).unwrap(),
+            Some("test".into()),
+            &imgs,
+            None,
+        )
+        .unwrap();
+        assert_eq!(memory.dir(), None);
+        assert_eq!(memory.live(), disk.live());
+        for mode in [Mode::Stage1, Mode::TwoStage, Mode::Exhaustive] {
+            let p = SearchParams {
+                top_k: 12,
+                shortlist: 20,
+                mode,
+                ..Default::default()
+            };
+            assert_eq!(
+                disk.search(&queries, &p),
+                memory.search(&queries, &p),
+                "{codec:?} {mode:?}"
+            );
+        }
+    }
+}
+
+/// Two-stage search reranks exactly S candidates; asking for more results than S appends
+/// the rest of the stage-1 ranking, unreranked, so the whole gallery can be ranked.
+#[test]
+fn two_stage_results_past_the_shortlist_follow_stage_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("idx");
+    let imgs = images(60, 9, "t");
+    build(&dir, &imgs, Codec::F32);
+    let idx = Index::open(&dir).unwrap();
+    let q = near_duplicate(&imgs[3].1, 1);
+    let stage1 = &idx.search(
+        std::slice::from_ref(&q),
+        &SearchParams {
+            top_k: 60,
+            mode: Mode::Stage1,
+            ..Default::default()
+        },
+    )[0];
+    let all = &idx.search(
+        std::slice::from_ref(&q),
+        &SearchParams {
+            top_k: 60,
+            shortlist: 10,
+            mode: Mode::TwoStage,
+            ..Default::default()
+        },
+    )[0];
+    assert_eq!(all.len(), 60);
+    assert!(all[..10].iter().all(|h| h.stage2.is_some()));
+    assert!(all[10..].iter().all(|h| h.stage2.is_none()));
+    let mut head: Vec<usize> = all[..10].iter().map(|h| h.row).collect();
+    let mut want: Vec<usize> = stage1[..10].iter().map(|h| h.row).collect();
+    head.sort_unstable();
+    want.sort_unstable();
+    assert_eq!(head, want, "the shortlist is stage 1's top 10");
+    let tail: Vec<usize> = all[10..].iter().map(|h| h.row).collect();
+    let want_tail: Vec<usize> = stage1[10..].iter().map(|h| h.row).collect();
+    assert_eq!(tail, want_tail);
+    assert!(all[..10].windows(2).all(|w| w[0].score >= w[1].score));
 }
 
 /// Run in a child process by `killed_writers_leave_the_previous_index_readable`.
@@ -283,14 +372,14 @@ fn clustered_images(
 #[test]
 fn ivf_stage1_finds_near_duplicates_and_follows_adds_and_removals() {
     use craterdex_index::ivf::Ivf;
-    use craterdex_index::search::Stage1;
+    use craterdex_index::Stage1;
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("idx");
     let imgs = clustered_images(3000, 30, 1, "g");
     let singles: Vec<f32> = imgs.iter().flat_map(|(_, d)| d.single.clone()).collect();
     let ivf = Ivf::train(&singles, D, 30, 0).unwrap();
     let codec = TokenCodec::train(Codec::Int8, D, &[], 0).unwrap();
-    Index::create_with_ivf(
+    Index::create(
         &dir,
         &Encoder::plain(Recipe::default()),
         &codec,
@@ -418,7 +507,7 @@ fn int8_scores_from_codes_agree_with_decoded_tokens() {
     let sample: Vec<f32> = imgs.iter().flat_map(|(_, d)| d.tokens.clone()).collect();
     let codec = TokenCodec::train(Codec::Int8, d, &sample, 1).unwrap();
     let enc = Encoder::plain(Recipe::default());
-    Index::create(&dir, &enc, &codec, None, &imgs[..200]).unwrap();
+    Index::create(&dir, &enc, &codec, None, &imgs[..200], None).unwrap();
     Index::add(&dir, &imgs[200..]).unwrap();
     Index::remove(&dir, &["i250".to_string()]).unwrap();
     let idx = Index::open(&dir).unwrap();

@@ -9,8 +9,8 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{BoxError, Json, Router};
-use craterdex_index::search::{Mode, SearchParams};
 use craterdex_index::{Hit, ImageMeta, Index};
+use craterdex_index::{Mode, SearchParams};
 use craterdex_model::extract::FEATURE_DTYPES;
 use craterdex_model::{layouts, preprocess};
 use craterdex_tokens::{Descriptors, FeatureRef};
@@ -264,7 +264,7 @@ fn search_params(
                 .map_err(|e| ApiError::bad_request(format!("{e:#}")))?,
             None => d.mode,
         },
-        stage1: craterdex_index::search::Stage1::from_nprobe(q.nprobe),
+        stage1: craterdex_index::Stage1::from_nprobe(q.nprobe),
     };
     if p.top_k == 0 || p.top_k > c.max_top_k {
         return Err(ApiError::bad_request(format!(

@@ -118,6 +118,7 @@ fn fixture() -> Fixture {
         &codec,
         Some(vit.config().fingerprint()),
         &entries,
+        None,
     )
     .unwrap();
     Fixture {

@@ -1,0 +1,525 @@
+//! An open index, and the three writes to an index directory: build (a complete directory
+//! beside the old one, swapped in), add (a new segment, then a new manifest), remove (a new
+//! manifest). A crash at any point leaves the previous manifest, which names only complete,
+//! checksummed segments. Indexes can also be held in memory only (evaluation).
+
+use crate::codec::TokenCodec;
+use crate::files::{segment_dir, IndexFile};
+use crate::ivf::Ivf;
+use crate::manifest::{FileSum, IvfInfo, Manifest, INDEX_FORMAT, INDEX_VERSION};
+use crate::meta::ImageMeta;
+use crate::segment::{Segment, Shape};
+use crate::segment_writer::SegmentData;
+use crate::single_int8::Int8Vectors;
+use anyhow::{ensure, Context, Result};
+use craterdex_durable::{failpoint, replace_dir, tempdir_beside};
+use craterdex_tokens::{Descriptors, Encoder};
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+/// An open index: arrays memory-mapped (or in memory), metadata in memory.
+pub struct Index {
+    dir: Option<PathBuf>,
+    manifest: Manifest,
+    pub encoder: Encoder,
+    pub codec: TokenCodec,
+    ivf: Option<Ivf>,
+    segments: Vec<Segment>,
+    metas: Vec<ImageMeta>,
+    deleted_rows: Vec<bool>,
+    rows_by_id: HashMap<String, usize>,
+}
+
+/// The IVF stage 1 to build with: centroids, and the `nprobe` queries use by default.
+pub type IvfChoice<'a> = Option<(&'a Ivf, usize)>;
+
+/// Everything a new index is made of, before it is written or held in memory.
+struct Assembled {
+    manifest: Manifest,
+    encoder_bytes: Vec<u8>,
+    segment: SegmentData,
+}
+
+fn le_f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
+}
+
+impl Index {
+    fn assemble(
+        encoder: &Encoder,
+        codec: &TokenCodec,
+        model: Option<String>,
+        images: &[(ImageMeta, Descriptors)],
+        ivf: IvfChoice,
+    ) -> Result<Assembled> {
+        ensure!(!images.is_empty(), "cannot build an index from zero images");
+        check_unique(images.iter().map(|(m, _)| m.id.as_str()), &HashMap::new())?;
+        let single_dim = images[0].1.single.len();
+        let k = images[0].1.tokens.len() / codec.dim.max(1);
+        let encoder_bytes = serde_json::to_vec(encoder)?;
+        let codebooks = (!codec.codebooks.is_empty())
+            .then(|| FileSum::of(bytemuck::cast_slice(&codec.codebooks)));
+        let ivf_info = match ivf {
+            Some((ivf, nprobe)) => {
+                ensure!(
+                    ivf.dim == single_dim,
+                    "IVF centroids are {}-d, single vectors {single_dim}-d",
+                    ivf.dim
+                );
+                Some(IvfInfo {
+                    lists: ivf.lists(),
+                    nprobe: nprobe.clamp(1, ivf.lists()),
+                    centroids: FileSum::of(bytemuck::cast_slice(&ivf.centroids)),
+                })
+            }
+            None => None,
+        };
+        let segment = SegmentData::encode(codec, k, single_dim, images, ivf.map(|(i, _)| i))?;
+        let manifest = Manifest {
+            format: INDEX_FORMAT.into(),
+            version: INDEX_VERSION,
+            generation: 1,
+            single_dim,
+            token_dim: codec.dim,
+            tokens_per_image: k,
+            codec: codec.codec,
+            model,
+            encoder: FileSum::of(&encoder_bytes),
+            codebooks,
+            segments: Vec::new(),
+            deleted: BTreeSet::new(),
+            ivf: ivf_info,
+        };
+        Ok(Assembled {
+            manifest,
+            encoder_bytes,
+            segment,
+        })
+    }
+
+    /// Builds a new index at `dir` from encoded images, replacing any index there only once
+    /// the new one is complete. With `ivf`, stage 1 goes through IVF lists; images added
+    /// later are assigned to the same centroids.
+    pub fn create(
+        dir: &Path,
+        encoder: &Encoder,
+        codec: &TokenCodec,
+        model: Option<String>,
+        images: &[(ImageMeta, Descriptors)],
+        ivf: IvfChoice,
+    ) -> Result<()> {
+        let mut a = Self::assemble(encoder, codec, model, images, ivf)?;
+        let tmp = tempdir_beside(dir)?;
+        let write = |file: IndexFile, bytes: &[u8]| -> Result<()> {
+            let p = tmp.join(file.name());
+            std::fs::write(&p, bytes).with_context(|| format!("cannot write {}", p.display()))
+        };
+        write(IndexFile::Encoder, &a.encoder_bytes)?;
+        if a.manifest.codebooks.is_some() {
+            write(IndexFile::Codebooks, bytemuck::cast_slice(&codec.codebooks))?;
+        }
+        if let Some((ivf, _)) = ivf {
+            write(
+                IndexFile::IvfCentroids,
+                bytemuck::cast_slice(&ivf.centroids),
+            )?;
+        }
+        let seg = a.segment.write(&tmp, &segment_dir(1), codec.has_scales())?;
+        a.manifest.segments.push(seg);
+        write(
+            IndexFile::Manifest,
+            &serde_json::to_vec_pretty(&a.manifest)?,
+        )?;
+        failpoint("index-before-swap");
+        replace_dir(&tmp, dir)
+    }
+
+    /// The same index as [`Index::create`] would write, held in memory only (it cannot be
+    /// added to or removed from).
+    pub fn in_memory(
+        encoder: &Encoder,
+        codec: &TokenCodec,
+        model: Option<String>,
+        images: &[(ImageMeta, Descriptors)],
+        ivf: IvfChoice,
+    ) -> Result<Self> {
+        let a = Self::assemble(encoder, codec, model, images, ivf)?;
+        let mut manifest = a.manifest;
+        let lists = manifest.ivf.as_ref().map(|i| i.lists);
+        let (segment, metas) = Segment::in_memory(a.segment, 0, codec.has_scales(), lists)?;
+        manifest.segments.push(crate::manifest::SegmentInfo {
+            name: segment_dir(1),
+            count: segment.count,
+            files: Default::default(),
+        });
+        Ok(Self::from_parts(
+            None,
+            manifest,
+            encoder.clone(),
+            codec.clone(),
+            ivf.map(|(i, _)| i.clone()),
+            vec![segment],
+            metas,
+        ))
+    }
+
+    fn from_parts(
+        dir: Option<PathBuf>,
+        manifest: Manifest,
+        encoder: Encoder,
+        codec: TokenCodec,
+        ivf: Option<Ivf>,
+        segments: Vec<Segment>,
+        metas: Vec<ImageMeta>,
+    ) -> Self {
+        let deleted_rows: Vec<bool> = metas
+            .iter()
+            .map(|m| manifest.deleted.contains(&m.id))
+            .collect();
+        let rows_by_id = metas
+            .iter()
+            .enumerate()
+            .filter(|(r, _)| !deleted_rows[*r])
+            .map(|(r, m)| (m.id.clone(), r))
+            .collect();
+        Self {
+            dir,
+            manifest,
+            encoder,
+            codec,
+            ivf,
+            segments,
+            metas,
+            deleted_rows,
+            rows_by_id,
+        }
+    }
+
+    pub fn open(dir: &Path) -> Result<Self> {
+        Self::open_with(dir, true)
+    }
+
+    /// Opens an index; `verify` checks every file's CRC32 (sizes are always checked).
+    pub fn open_with(dir: &Path, verify: bool) -> Result<Self> {
+        let manifest = Manifest::read(dir)?;
+        let epath = dir.join(IndexFile::Encoder.name());
+        let enc_bytes = read_file(&epath)?;
+        manifest.encoder.check(&epath, &enc_bytes, verify)?;
+        let encoder: Encoder = serde_json::from_slice(&enc_bytes)
+            .with_context(|| format!("{}: malformed encoder", epath.display()))?;
+        let mut codec = TokenCodec {
+            codec: manifest.codec,
+            dim: manifest.token_dim,
+            codebooks: Vec::new(),
+            pq_tables: Default::default(),
+        };
+        if let Some(sum) = &manifest.codebooks {
+            let cpath = dir.join(IndexFile::Codebooks.name());
+            let b = read_file(&cpath)?;
+            sum.check(&cpath, &b, verify)?;
+            ensure!(
+                b.len() == codec.codebook_bytes(),
+                "{}: {} bytes, the codec needs {}",
+                cpath.display(),
+                b.len(),
+                codec.codebook_bytes()
+            );
+            codec.codebooks = le_f32s(&b);
+        }
+        let ivf = match &manifest.ivf {
+            Some(info) => {
+                let p = dir.join(IndexFile::IvfCentroids.name());
+                let b = read_file(&p)?;
+                info.centroids.check(&p, &b, verify)?;
+                ensure!(
+                    b.len() == info.lists * manifest.single_dim * 4,
+                    "{}: {} bytes for {} lists of {}-d",
+                    p.display(),
+                    b.len(),
+                    info.lists,
+                    manifest.single_dim
+                );
+                Some(Ivf {
+                    dim: manifest.single_dim,
+                    centroids: le_f32s(&b),
+                })
+            }
+            None => None,
+        };
+        let shape = Shape {
+            single_dim: manifest.single_dim,
+            tokens_per_image: manifest.tokens_per_image,
+            bytes_per_token: codec.bytes_per_token(),
+            has_scales: codec.has_scales(),
+            lists: manifest.ivf.as_ref().map(|i| i.lists),
+        };
+        let mut segments = Vec::new();
+        let mut metas = Vec::new();
+        for s in &manifest.segments {
+            let (segment, m) = Segment::open(dir, s, &shape, metas.len(), verify)?;
+            segments.push(segment);
+            metas.extend(m);
+        }
+        Ok(Self::from_parts(
+            Some(dir.to_path_buf()),
+            manifest,
+            encoder,
+            codec,
+            ivf,
+            segments,
+            metas,
+        ))
+    }
+
+    /// Appends images as a new segment. Ids must be new (or previously removed).
+    pub fn add(dir: &Path, images: &[(ImageMeta, Descriptors)]) -> Result<usize> {
+        // Sizes are checked; re-reading every segment for its CRC would make a long series
+        // of adds quadratic.
+        let idx = Self::open_with(dir, false)?;
+        check_unique(images.iter().map(|(m, _)| m.id.as_str()), &idx.rows_by_id)?;
+        if images.is_empty() {
+            return Ok(0);
+        }
+        let re_added: BTreeSet<&str> = images
+            .iter()
+            .map(|(m, _)| m.id.as_str())
+            .filter(|id| idx.manifest.deleted.contains(*id))
+            .collect();
+        ensure!(re_added.is_empty(), "ids {re_added:?} were removed earlier; re-adding a removed id needs a rebuild (craterdex index build)");
+        let mut manifest = idx.manifest.clone();
+        manifest.generation += 1;
+        let data = SegmentData::encode(
+            &idx.codec,
+            manifest.tokens_per_image,
+            manifest.single_dim,
+            images,
+            idx.ivf.as_ref(),
+        )?;
+        let seg = data.write(
+            dir,
+            &segment_dir(manifest.generation),
+            idx.codec.has_scales(),
+        )?;
+        failpoint("index-after-segment");
+        manifest.segments.push(seg);
+        manifest.write(dir)?;
+        Ok(images.len())
+    }
+
+    /// Marks images as removed; returns how many of the ids were present.
+    pub fn remove(dir: &Path, ids: &[String]) -> Result<usize> {
+        let idx = Self::open_with(dir, false)?;
+        let mut manifest = idx.manifest.clone();
+        let present: Vec<&String> = ids
+            .iter()
+            .filter(|id| idx.rows_by_id.contains_key(*id))
+            .collect();
+        if present.is_empty() {
+            return Ok(0);
+        }
+        manifest.generation += 1;
+        manifest
+            .deleted
+            .extend(present.iter().map(|s| s.to_string()));
+        manifest.write(dir)?;
+        Ok(present.len())
+    }
+
+    /// The directory of an index opened from disk.
+    pub fn dir(&self) -> Option<&Path> {
+        self.dir.as_deref()
+    }
+    /// Rows ever written (including removed ones).
+    pub fn rows(&self) -> usize {
+        self.metas.len()
+    }
+    /// Images that can be found.
+    pub fn live(&self) -> usize {
+        self.rows_by_id.len()
+    }
+    pub fn single_dim(&self) -> usize {
+        self.manifest.single_dim
+    }
+    pub fn tokens_per_image(&self) -> usize {
+        self.manifest.tokens_per_image
+    }
+    pub fn token_dim(&self) -> usize {
+        self.manifest.token_dim
+    }
+    pub fn model(&self) -> Option<&str> {
+        self.manifest.model.as_deref()
+    }
+    /// The IVF stage 1 and its default `nprobe`, when the index has one.
+    pub fn ivf(&self) -> Option<(&Ivf, usize)> {
+        Some((self.ivf.as_ref()?, self.manifest.ivf.as_ref()?.nprobe))
+    }
+    pub fn segment_count(&self) -> usize {
+        self.segments.len()
+    }
+    pub fn meta(&self, row: usize) -> &ImageMeta {
+        &self.metas[row]
+    }
+    pub fn row_of(&self, id: &str) -> Option<usize> {
+        self.rows_by_id.get(id).copied()
+    }
+    /// Whether `id` was in the index and has been removed (ids are not reused before a rebuild).
+    pub fn was_removed(&self, id: &str) -> bool {
+        self.manifest.deleted.contains(id)
+    }
+    pub fn is_deleted(&self, row: usize) -> bool {
+        self.deleted_rows[row]
+    }
+    pub fn deleted_mask(&self) -> &[bool] {
+        &self.deleted_rows
+    }
+    /// Bytes of stored tokens per image (int8 includes its scales).
+    pub fn token_bytes_per_image(&self) -> usize {
+        let k = self.manifest.tokens_per_image;
+        k * self.codec.bytes_per_token() + if self.codec.has_scales() { k * 4 } else { 0 }
+    }
+
+    /// What search reads of each segment; `int8_singles` makes (once per segment, in
+    /// parallel chunks) and includes the int8 copies of the single vectors.
+    pub(crate) fn segment_parts(&self, int8_singles: bool) -> Vec<SegmentParts<'_>> {
+        let d = self.single_dim();
+        self.segments
+            .iter()
+            .map(|s| SegmentParts {
+                first: s.first_row,
+                count: s.count,
+                single: s.single(),
+                lists: s.lists(),
+                single_int8: int8_singles.then(|| s.single_int8(d)),
+            })
+            .collect()
+    }
+
+    fn segment_of(&self, row: usize) -> &Segment {
+        let i = self
+            .segments
+            .partition_point(|s| s.first_row + s.count <= row);
+        &self.segments[i]
+    }
+
+    /// The single vector of `row` as stored.
+    pub fn single_of(&self, row: usize) -> &[f32] {
+        let s = self.segment_of(row);
+        let d = self.single_dim();
+        let local = row - s.first_row;
+        &s.single()[local * d..(local + 1) * d]
+    }
+
+    /// The descriptors of an indexed image as stored (tokens decoded by the codec), to search
+    /// with an image that is already in the index.
+    pub fn descriptors_of(&self, row: usize) -> Descriptors {
+        let mut tokens = Vec::new();
+        self.decode_tokens(row, &mut tokens);
+        Descriptors {
+            single: self.single_of(row).to_vec(),
+            tokens,
+        }
+    }
+
+    /// Fails unless queries for this index may come from the model with `fingerprint`.
+    pub fn check_model(&self, fingerprint: &str) -> Result<()> {
+        if let Some(m) = self.model() {
+            let name = self
+                .dir
+                .as_ref()
+                .map_or("the index".to_string(), |d| d.display().to_string());
+            ensure!(
+                m == fingerprint,
+                "{name} was built with model {m}, but {fingerprint} is loaded; use the index's model",
+            );
+        }
+        Ok(())
+    }
+
+    /// The feature width the encoder expects from the backbone.
+    pub fn feature_dim(&self) -> usize {
+        self.encoder
+            .token_whitening
+            .as_ref()
+            .map_or(self.token_dim(), |w| w.dim_in)
+    }
+
+    /// For an int8 index, the codes `[K, D]` and scales `[K]` of `row`.
+    pub fn int8_tokens(&self, row: usize) -> Option<(&[i8], &[f32])> {
+        (self.codec.codec == crate::Codec::Int8).then(|| self.int8_run(row, row + 1))
+    }
+
+    /// The int8 codes `[n * K, D]` and scales `[n * K]` of rows `lo..hi` of one segment
+    /// (int8 indexes).
+    pub(crate) fn int8_run(&self, lo: usize, hi: usize) -> (&[i8], &[f32]) {
+        let (payload, scales) = self.stored_run(lo, hi);
+        (bytemuck::cast_slice(payload), scales)
+    }
+
+    /// The f32 tokens `[n * K, D]` of rows `lo..hi` of one segment (f32 indexes).
+    pub(crate) fn f32_run(&self, lo: usize, hi: usize) -> &[f32] {
+        bytemuck::cast_slice(self.stored_run(lo, hi).0)
+    }
+
+    /// The stored token bytes and scales of rows `lo..hi`, which lie in one segment.
+    fn stored_run(&self, lo: usize, hi: usize) -> (&[u8], &[f32]) {
+        let s = self.segment_of(lo);
+        assert!(
+            hi <= s.first_row + s.count,
+            "rows {lo}..{hi} cross a segment boundary"
+        );
+        let (lo, hi) = (lo - s.first_row, hi - s.first_row);
+        let k = self.manifest.tokens_per_image;
+        let bpt = self.codec.bytes_per_token();
+        let payload = &s.tokens()[lo * k * bpt..hi * k * bpt];
+        let scales: &[f32] = match s.scales() {
+            Some(m) => &m[lo * k..hi * k],
+            None => &[],
+        };
+        (payload, scales)
+    }
+
+    /// Decodes the stored tokens of `row` into `out` (`[K, D]`).
+    pub fn decode_tokens(&self, row: usize, out: &mut Vec<f32>) {
+        out.resize(self.manifest.tokens_per_image * self.codec.dim, 0.0);
+        self.decode_tokens_into(row, out);
+    }
+
+    /// Decodes the stored tokens of `row` into a slice of exactly `K * D` floats.
+    pub fn decode_tokens_into(&self, row: usize, out: &mut [f32]) {
+        let (payload, scales) = self.stored_run(row, row + 1);
+        self.codec.decode(payload, scales, out);
+    }
+}
+
+/// What search reads of one segment.
+pub(crate) struct SegmentParts<'a> {
+    pub first: usize,
+    pub count: usize,
+    /// `[count, Ds]`
+    pub single: &'a [f32],
+    pub lists: Option<&'a crate::ivf::InvertedLists>,
+    pub single_int8: Option<&'a Int8Vectors>,
+}
+
+fn check_unique<'a>(
+    ids: impl Iterator<Item = &'a str>,
+    existing: &HashMap<String, usize>,
+) -> Result<()> {
+    let mut seen = BTreeSet::new();
+    for id in ids {
+        ensure!(!id.is_empty(), "an image id is empty");
+        ensure!(seen.insert(id), "image id {id:?} appears twice");
+        ensure!(
+            !existing.contains_key(id),
+            "image id {id:?} is already in the index"
+        );
+    }
+    Ok(())
+}
