@@ -315,3 +315,88 @@ fn mosaics_without_gdal_say_how_to_get_it() {
         "{err}"
     );
 }
+
+/// `eval` measures what ships: its default-recipe regime ranks every query exactly as
+/// `index build` (the default recipe) and `search --json` rank it on the same benchmark.
+#[test]
+fn eval_default_regime_ranks_like_index_build_and_search() {
+    let e = Env::new();
+    let ckpt = write_tiny_model(&e.root.join("ckpt"));
+    e.ok(&[
+        "model",
+        "fetch",
+        "--from",
+        ckpt.to_str().unwrap(),
+        "--name",
+        "tiny",
+    ]);
+    let model = e.path("home/models/tiny");
+    let (tile, cat) = write_tile(&e.root);
+    e.ok(&[
+        "bench-build",
+        "--tile",
+        tile.to_str().unwrap(),
+        "--craters",
+        cat.to_str().unwrap(),
+        "--out",
+        "bench",
+        "--query-craters",
+        "5",
+        "--min-diameter",
+        "10",
+    ]);
+    let manifest = e.path("bench/splits/test.json");
+    let common = ["--model", model.as_str(), "--size", "16"];
+    let mut args = vec![
+        "eval",
+        "--manifest",
+        &manifest,
+        "--quick",
+        "--per-query",
+        "pq.csv",
+    ];
+    args.extend(common);
+    e.ok(&args);
+    let mut args = vec!["index", "build", "--manifest", &manifest, "--out", "idx"];
+    args.extend(common);
+    e.ok(&args);
+    let mut args = vec![
+        "search",
+        "--index",
+        "idx",
+        "--manifest",
+        &manifest,
+        "--json",
+        "--top",
+        "10",
+    ];
+    args.extend(common);
+    let searched: serde_json::Value = serde_json::from_str(&e.ok(&args)).unwrap();
+
+    let csv = std::fs::read_to_string(e.root.join("pq.csv")).unwrap();
+    let from_eval: std::collections::BTreeMap<String, Vec<String>> = csv
+        .lines()
+        .skip(1)
+        .filter(|l| l.starts_with("two_stage_s100_k32_int8_white,"))
+        .map(|l| {
+            let cols: Vec<&str> = l.split(',').collect();
+            (
+                cols[1].to_string(),
+                cols[5].split(' ').map(String::from).collect(),
+            )
+        })
+        .collect();
+    let queries = searched.as_array().unwrap();
+    assert!(queries.len() >= 8, "{} queries", queries.len());
+    assert_eq!(from_eval.len(), queries.len());
+    for q in queries {
+        let id = q["query"].as_str().unwrap();
+        let ranked: Vec<String> = q["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h["id"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(ranked, from_eval[id], "query {id}");
+    }
+}

@@ -7,6 +7,7 @@
 //! `metadata/query_relevance.json`, else its own crater id.
 
 use anyhow::{bail, ensure, Context, Result};
+use craterdex_index::ImageMeta;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -67,6 +68,69 @@ impl Benchmark {
     /// Crater ids that are relevant to at least one query.
     pub fn query_crater_ids(&self) -> BTreeSet<String> {
         self.relevance.iter().flatten().cloned().collect()
+    }
+
+    /// `(image id, path)` of every gallery image.
+    pub fn gallery_items(&self) -> Vec<(String, PathBuf)> {
+        (0..self.manifest.gallery_images.len())
+            .map(|i| {
+                (
+                    self.manifest.gallery_images[i].image_id.clone(),
+                    self.gallery_path(i),
+                )
+            })
+            .collect()
+    }
+
+    /// `(image id, path)` of every query image.
+    pub fn query_items(&self) -> Vec<(String, PathBuf)> {
+        (0..self.manifest.query_images.len())
+            .map(|i| {
+                (
+                    self.manifest.query_images[i].image_id.clone(),
+                    self.query_path(i),
+                )
+            })
+            .collect()
+    }
+
+    /// Index metadata of the gallery images with these ids (in this order).
+    pub fn gallery_metas(&self, ids: &[String]) -> Vec<ImageMeta> {
+        let by_id = positions(&self.manifest.gallery_images);
+        ids.iter()
+            .map(|id| {
+                let i = by_id[id.as_str()];
+                let e = &self.manifest.gallery_images[i];
+                ImageMeta {
+                    id: id.clone(),
+                    crater_id: Some(e.crater_id.clone()),
+                    source: Some(e.path.clone()),
+                    view: e.view_type.clone(),
+                    lat: e.lat,
+                    lon: e.lon,
+                    diameter_km: e.diameter_km,
+                    path: Some(self.gallery_path(i).display().to_string()),
+                }
+            })
+            .collect()
+    }
+
+    /// Positions in `gallery_ids` of the images whose crater no query finds relevant: the
+    /// only ones an index built from this benchmark, or its evaluation, learns whitening
+    /// from (unsupervised, but never from the craters being looked for).
+    pub fn unqueried_gallery_rows(&self, gallery_ids: &[String]) -> Vec<usize> {
+        let queried = self.query_crater_ids();
+        let by_id = positions(&self.manifest.gallery_images);
+        gallery_ids
+            .iter()
+            .enumerate()
+            .filter(|(_, id)| {
+                by_id
+                    .get(id.as_str())
+                    .is_some_and(|&i| !queried.contains(&self.manifest.gallery_images[i].crater_id))
+            })
+            .map(|(r, _)| r)
+            .collect()
     }
 }
 

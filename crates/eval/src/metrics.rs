@@ -31,31 +31,33 @@ pub struct Summary {
     pub queries_without_relevant: usize,
 }
 
-/// Rank (0-based) of gallery item `i` under `scores`.
-fn rank_of(scores: &[f32], i: usize) -> usize {
-    let s = scores[i];
-    scores
-        .iter()
-        .enumerate()
-        .filter(|&(j, &x)| x > s || (x == s && j < i))
-        .count()
-}
-
-/// Evaluates one query from its score over every gallery image.
+/// Evaluates one query from its score over every gallery image (higher first, ties to the
+/// lower gallery index).
 pub fn evaluate_query(
     query: usize,
     scores: &[f32],
     gallery_craters: &[String],
     relevant: &BTreeSet<String>,
 ) -> QueryResult {
-    let mut ranks: Vec<usize> = gallery_craters
+    let mut ranking: Vec<usize> = (0..scores.len()).collect();
+    ranking.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+    evaluate_ranking(query, &ranking, gallery_craters, relevant)
+}
+
+/// Evaluates one query from a ranking of gallery positions, best first. The ranking may
+/// leave images out (an IVF stage 1 sees only its probed lists): relevant images it does not
+/// contain count as never found.
+pub fn evaluate_ranking(
+    query: usize,
+    ranking: &[usize],
+    gallery_craters: &[String],
+    relevant: &BTreeSet<String>,
+) -> QueryResult {
+    let total = gallery_craters
         .iter()
-        .enumerate()
-        .filter(|(_, c)| relevant.contains(*c))
-        .map(|(i, _)| rank_of(scores, i))
-        .collect();
-    ranks.sort_unstable();
-    if ranks.is_empty() {
+        .filter(|c| relevant.contains(*c))
+        .count();
+    if total == 0 {
         return QueryResult {
             query,
             first_relevant_rank: None,
@@ -63,17 +65,23 @@ pub fn evaluate_query(
             relevant: 0,
         };
     }
+    let ranks: Vec<usize> = ranking
+        .iter()
+        .enumerate()
+        .filter(|(_, &g)| relevant.contains(&gallery_craters[g]))
+        .map(|(r, _)| r)
+        .collect();
     let ap = ranks
         .iter()
         .enumerate()
         .map(|(k, &r)| (k + 1) as f64 / (r + 1) as f64)
         .sum::<f64>()
-        / ranks.len() as f64;
+        / total as f64;
     QueryResult {
         query,
-        first_relevant_rank: Some(ranks[0] + 1),
+        first_relevant_rank: ranks.first().map(|r| r + 1),
         average_precision: Some(ap),
-        relevant: ranks.len(),
+        relevant: total,
     }
 }
 
@@ -143,6 +151,21 @@ mod tests {
         assert_eq!(r.first_relevant_rank, Some(2));
         // precision at rank 2 = 1/2, at rank 3 = 2/3 -> AP = (0.5 + 0.6667) / 2
         assert!((r.average_precision.unwrap() - (0.5 + 2.0 / 3.0) / 2.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn partial_rankings_count_missing_relevant_images_as_not_found() {
+        let craters = ids(&["a", "b", "a", "c"]);
+        // ranking holds g2 (relevant) then g1; g0 (relevant) is missing
+        let r = evaluate_ranking(0, &[2, 1], &craters, &set(&["a"]));
+        assert_eq!(r.first_relevant_rank, Some(1));
+        assert_eq!(r.relevant, 2);
+        assert!((r.average_precision.unwrap() - 0.5).abs() < 1e-12);
+        let none = evaluate_ranking(0, &[1, 3], &craters, &set(&["a"]));
+        assert_eq!(
+            (none.first_relevant_rank, none.average_precision),
+            (None, Some(0.0))
+        );
     }
 
     #[test]

@@ -1,22 +1,26 @@
-//! The paper's evaluation regimes over one feature extraction of a benchmark.
+//! The paper's evaluation regimes over one feature extraction of a benchmark, each scored by
+//! building an index with the shipped build recipe ([`IndexRecipe`], in memory) and ranking
+//! the whole gallery for every query through the shipped search ([`Engine`]): the numbers
+//! measure the code users run, int8 stage 1, quantised reranking and IVF included.
 //!
-//! Names: `cls`, `gap`, `gem`, `max`; `raw_attn_kK`; `inst_attn_kK`, `inst_fps_kK`;
-//! `kmeans_kK`; `full_li`; `two_stage_sS_k32` (CLS shortlist, `inst_fps_k32` rerank);
-//! `inst_fps_k32_{f16,int8,pq96,pq48}`. Each also with whitening, suffixed `_white`; the
-//! whitening is learned only from gallery images of craters that no query finds relevant.
+//! Names: `cls`, `gap`, `gem`, `max` (single vectors, stage 1); `raw_attn_kK`,
+//! `inst_attn_kK`, `inst_fps_kK`, `kmeans_kK`, `full_li` (exhaustive late interaction over f32
+//! tokens); `two_stage_sS_k32` (CLS shortlist of S, `inst_fps_k32` rerank, f32);
+//! `inst_fps_k32_{f16,int8,pq96,pq48}` (exhaustive, per codec); `two_stage_s100_k32_int8`, the
+//! shipped default recipe; `two_stage_s100_k32_int8_ivf`, the same with IVF stage 1. Each also
+//! with whitening, suffixed `_white`, learned only from gallery images of craters that no
+//! query finds relevant.
 
-use crate::metrics::{evaluate_query, shortlist_recall, summarise, QueryResult, Summary};
+use crate::metrics::{evaluate_ranking, shortlist_recall, summarise, QueryResult, Summary};
 use anyhow::Result;
-use craterdex_index::codec::{Codec, TokenCodec};
-use craterdex_kernels::f32::F32Query;
-use craterdex_model::extract::FeatureSet;
-use craterdex_tokens::aggregate::{aggregate, Aggregation, SeedStrategy, TokenView};
-use craterdex_tokens::encoder::normalised_tokens;
-use craterdex_tokens::whitening::{Whitening, DEFAULT_REGULARISATION};
-use craterdex_tokens::{pool, Pooling};
+use craterdex_engine::{
+    encode_all, Aggregation, Codec, Descriptors, Encoder, Engine, FeatureSet, ImageMeta,
+    IndexRecipe, IvfSetting, Mode, Pooling, Recipe, SearchParams, SeedStrategy,
+};
+use craterdex_tokens::whitening::DEFAULT_REGULARISATION;
 use rayon::prelude::*;
 use serde::Serialize;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 #[derive(Clone, Debug)]
 pub struct EvalOptions {
@@ -25,6 +29,8 @@ pub struct EvalOptions {
     pub shortlists: Vec<usize>,
     pub codecs: Vec<Codec>,
     pub full_li: bool,
+    /// The shipped default recipe (int8 two-stage) and its IVF form.
+    pub default_recipe: bool,
     /// Which whitening variants to run: false = plain, true = `_white`.
     pub whitening: Vec<bool>,
     pub whiten_reg: f32,
@@ -44,6 +50,7 @@ impl Default for EvalOptions {
                 Codec::Pq { m: 48 },
             ],
             full_li: true,
+            default_recipe: true,
             whitening: vec![false, true],
             whiten_reg: DEFAULT_REGULARISATION,
             seed: 0,
@@ -51,8 +58,22 @@ impl Default for EvalOptions {
     }
 }
 
+impl EvalOptions {
+    /// A reduced set: K 16 and 32, S 100, int8, the default recipe, no full LI or k-means.
+    pub fn quick() -> Self {
+        Self {
+            ks: vec![16, 32],
+            kmeans_ks: vec![],
+            shortlists: vec![100],
+            codecs: vec![Codec::Int8],
+            full_li: false,
+            ..Default::default()
+        }
+    }
+}
+
 /// The regime family, for plots.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Family {
     Single,
@@ -82,7 +103,7 @@ pub struct RegimeResult {
     pub shortlist_recall: Option<f64>,
     #[serde(skip)]
     pub per_query: Vec<QueryResult>,
-    /// The 10 best gallery indices per query.
+    /// The 10 best gallery positions per query.
     #[serde(skip)]
     pub top: Vec<Vec<usize>>,
 }
@@ -90,114 +111,20 @@ pub struct RegimeResult {
 pub struct EvalInput<'a> {
     pub gallery: &'a FeatureSet,
     pub queries: &'a FeatureSet,
+    /// Index metadata of the gallery images, in feature order.
+    pub gallery_metas: Vec<ImageMeta>,
     pub gallery_craters: &'a [String],
     pub relevance: &'a [BTreeSet<String>],
+    /// Gallery positions whitening may learn from (craters no query looks for).
+    pub whitening_rows: Vec<usize>,
 }
 
-impl EvalInput<'_> {
-    /// Gallery rows whose crater no query finds relevant: the only ones whitening may see.
-    pub fn whitening_rows(&self) -> Vec<usize> {
-        let query_ids: BTreeSet<&String> = self.relevance.iter().flatten().collect();
-        (0..self.gallery.len())
-            .filter(|&i| !query_ids.contains(&self.gallery_craters[i]))
-            .collect()
-    }
-}
-
-/// Normalised (and optionally whitened) patch tokens of every image, and their raw norms.
-struct Prepared {
-    tokens: Vec<Vec<f32>>,
-    norms: Vec<Vec<f32>>,
-    attention: Vec<Vec<f32>>,
-    dim: usize,
-}
-
-fn prepare(f: &FeatureSet, w: Option<&Whitening>) -> Prepared {
-    let (tokens, norms): (Vec<Vec<f32>>, Vec<Vec<f32>>) = (0..f.len())
-        .into_par_iter()
-        .map(|i| {
-            let (t, n) = normalised_tokens(f.patches_of(i), f.dim);
-            (w.map_or(t.clone(), |w| w.apply_rows(&t)), n)
-        })
-        .unzip();
-    let attention = (0..f.len()).map(|i| f.attention_of(i).to_vec()).collect();
-    Prepared {
-        tokens,
-        norms,
-        attention,
-        dim: w.map_or(f.dim, |w| w.dim_out),
-    }
-}
-
-fn aggregate_all(p: &Prepared, how: Aggregation) -> Vec<Vec<f32>> {
-    (0..p.tokens.len())
-        .into_par_iter()
-        .map(|i| {
-            aggregate(
-                &TokenView {
-                    tokens: &p.tokens[i],
-                    dim: p.dim,
-                    attention: &p.attention[i],
-                    norms: &p.norms[i],
-                },
-                how,
-            )
-        })
-        .collect()
-}
-
-/// Every query's inner product with every gallery row: `[nq, n]`.
-fn score_matrix(queries: &[f32], gallery: &[f32], d: usize) -> Vec<f32> {
-    let n = gallery.len() / d;
-    let block = craterdex_kernels::f32::BLOCK;
-    let parts: Vec<Vec<f32>> = queries
-        .par_chunks(block * d)
-        .map(|qc| {
-            let nq = qc.len() / d;
-            let mut dots = Vec::new();
-            F32Query::new(qc, d).dots(gallery, &mut dots);
-            let mut out = vec![0f32; nq * n];
-            for (r, row) in dots.chunks_exact(nq).enumerate() {
-                for (q, &v) in row.iter().enumerate() {
-                    out[q * n + r] = v;
-                }
-            }
-            out
-        })
-        .collect();
-    parts.concat()
-}
-
-/// `[nq, ng]` MaxSim scores. Every gallery image has the same token count (K' = min(K, T)).
-fn maxsim_matrix(q: &[Vec<f32>], g: &[Vec<f32>], d: usize) -> Vec<f32> {
-    let kd = g.first().map_or(0, |t| t.len() / d);
-    let docs: Vec<f32> = g.concat();
-    q.par_iter()
-        .flat_map_iter(|qt| {
-            let mut out = Vec::with_capacity(g.len());
-            F32Query::new(qt, d).maxsim(&docs, kd, &mut out);
-            out
-        })
-        .collect()
-}
-
-fn results_from_scores(scores: &[f32], input: &EvalInput) -> (Vec<QueryResult>, Vec<Vec<usize>>) {
-    let n = input.gallery.len();
-    scores
-        .par_chunks(n)
-        .enumerate()
-        .map(|(q, s)| {
-            let r = evaluate_query(q, s, input.gallery_craters, &input.relevance[q]);
-            let mut idx: Vec<usize> = (0..n).collect();
-            let k = 10.min(n);
-            if k > 0 {
-                idx.select_nth_unstable_by(k - 1, |&a, &b| s[b].total_cmp(&s[a]).then(a.cmp(&b)));
-            }
-            idx.truncate(k);
-            idx.sort_by(|&a, &b| s[b].total_cmp(&s[a]).then(a.cmp(&b)));
-            (r, idx)
-        })
-        .unzip()
+/// One index form of a regime, searched once for a ranking of the whole gallery.
+struct Search {
+    name: String,
+    family: Family,
+    k: Option<usize>,
+    params: SearchParams,
 }
 
 /// Runs every regime; `progress` receives each regime's name as it starts.
@@ -206,275 +133,265 @@ pub fn run(
     o: &EvalOptions,
     progress: &dyn Fn(&str),
 ) -> Result<Vec<RegimeResult>> {
-    let d = input.gallery.dim;
     let n = input.gallery.len();
+    let positions: HashMap<&str, usize> = input
+        .gallery_metas
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (m.id.as_str(), i))
+        .collect();
     let mut out = Vec::new();
-    let white_rows = input.whitening_rows();
     for &white in &o.whitening {
         let suffix = if white { "_white" } else { "" };
-        let push = |name: String,
-                    family: Family,
-                    k: Option<usize>,
-                    bytes: usize,
-                    scores: &[f32],
-                    rs: Option<f64>,
-                    out: &mut Vec<RegimeResult>| {
-            let (per_query, top) = results_from_scores(scores, input);
-            out.push(RegimeResult {
-                name,
-                family,
-                whitened: white,
-                summary: summarise(&per_query),
-                k,
-                bytes_per_image: bytes,
-                shortlist_recall: rs,
-                per_query,
-                top,
-            });
+        let base = |pooling: Pooling| IndexRecipe {
+            recipe: Recipe {
+                pooling,
+                aggregation: Aggregation::None,
+                whiten: white,
+                whiten_reg: o.whiten_reg,
+                whiten_dim: None,
+            },
+            codec: Codec::F32,
+            ivf: IvfSetting::Off,
+            nprobe: None,
+            seed: o.seed,
         };
-        // single vectors
-        let mut cls_scores = Vec::new();
+        // Ranks the gallery for every query through an index built from `gallery` descriptors.
+        let score = |recipe: &IndexRecipe,
+                     encoder: &Encoder,
+                     gallery: Vec<Descriptors>,
+                     queries: &[Descriptors],
+                     searches: Vec<Search>,
+                     out: &mut Vec<RegimeResult>|
+         -> Result<()> {
+            let index = recipe.index_from_descriptors(
+                encoder,
+                input.gallery.dim,
+                gallery,
+                input.gallery_metas.clone(),
+                None,
+            )?;
+            let engine = Engine::new(index, None)?;
+            for s in searches {
+                progress(&s.name);
+                let hits = engine.search(queries, &s.params);
+                let rankings: Vec<Vec<usize>> = hits
+                    .iter()
+                    .map(|h| h.iter().map(|h| positions[h.id.as_str()]).collect())
+                    .collect();
+                let (per_query, top) = results_of(&rankings, input);
+                // R@S: a relevant image among the candidates stage 1 passed to reranking
+                let shortlist_recall = (s.params.mode == Mode::TwoStage).then(|| {
+                    let reranked: Vec<QueryResult> = hits
+                        .iter()
+                        .enumerate()
+                        .map(|(q, h)| {
+                            let shortlist: Vec<usize> = h
+                                .iter()
+                                .filter(|h| h.stage2.is_some())
+                                .map(|h| positions[h.id.as_str()])
+                                .collect();
+                            evaluate_ranking(
+                                q,
+                                &shortlist,
+                                input.gallery_craters,
+                                &input.relevance[q],
+                            )
+                        })
+                        .collect();
+                    shortlist_recall(&reranked, s.params.shortlist)
+                });
+                out.push(RegimeResult {
+                    name: s.name,
+                    family: s.family,
+                    whitened: white,
+                    summary: summarise(&per_query),
+                    k: s.k,
+                    bytes_per_image: engine.index().token_bytes_per_image()
+                        + if s.params.mode == Mode::Exhaustive {
+                            0
+                        } else {
+                            engine.index().single_dim() * 4
+                        },
+                    shortlist_recall,
+                    per_query,
+                    top,
+                });
+            }
+            Ok(())
+        };
+        let rank_all = |mode: Mode, shortlist: usize| SearchParams {
+            top_k: n,
+            shortlist,
+            mode,
+            ..Default::default()
+        };
+
+        // single vectors: stage 1 of an index without tokens
+        let mut cls_encoder = None;
         for pooling in [
             Pooling::Cls,
             Pooling::Gap,
             Pooling::Gem { p: 3.0 },
             Pooling::Max,
         ] {
+            let recipe = base(pooling);
+            let encoder = recipe.learn_encoder(input.gallery, Some(&input.whitening_rows))?;
             let name = format!("{}{suffix}", pooling.name());
-            progress(&name);
-            let pooled = |f: &FeatureSet, i: usize| pool(f.cls_of(i), f.patches_of(i), d, pooling);
-            let g: Vec<Vec<f32>> = (0..n)
-                .into_par_iter()
-                .map(|i| pooled(input.gallery, i))
-                .collect();
-            let q: Vec<Vec<f32>> = (0..input.queries.len())
-                .into_par_iter()
-                .map(|i| pooled(input.queries, i))
-                .collect();
-            let (g, q) = if white {
-                let sample: Vec<f32> = white_rows
-                    .iter()
-                    .flat_map(|&i| g[i].iter().copied())
-                    .collect();
-                let w = Whitening::learn(&sample, d, o.whiten_reg, None)?;
-                (
-                    g.iter().map(|v| w.apply(v)).collect::<Vec<_>>(),
-                    q.iter().map(|v| w.apply(v)).collect::<Vec<_>>(),
-                )
-            } else {
-                (g, q)
-            };
-            let dd = g[0].len();
-            let scores = score_matrix(&q.concat(), &g.concat(), dd);
-            push(name, Family::Single, None, dd * 4, &scores, None, &mut out);
+            score(
+                &recipe,
+                &encoder,
+                encode_all(&encoder, input.gallery),
+                &encode_all(&encoder, input.queries),
+                vec![Search {
+                    name,
+                    family: Family::Single,
+                    k: None,
+                    params: rank_all(Mode::Stage1, 0),
+                }],
+                &mut out,
+            )?;
             if pooling == Pooling::Cls {
-                cls_scores = scores;
+                cls_encoder = Some(encoder);
             }
         }
-        // token regimes on (whitened) normalised tokens
-        let token_w = if white {
-            let sample_set = input.gallery.select(&white_rows);
-            let refs: Vec<craterdex_tokens::FeatureRef> = (0..sample_set.len())
-                .map(|i| craterdex_tokens::FeatureRef {
-                    cls: sample_set.cls_of(i),
-                    patches: sample_set.patches_of(i),
-                    attention: sample_set.attention_of(i),
-                })
-                .collect();
-            let recipe = craterdex_tokens::Recipe {
-                whiten: true,
-                whiten_reg: o.whiten_reg,
-                ..Default::default()
-            };
-            craterdex_tokens::Encoder::learn(recipe, &refs, o.seed)?.token_whitening
-        } else {
-            None
+        // token regimes share the CLS encoder's whitening (and its CLS single vector, the
+        // two-stage shortlist)
+        let cls_encoder = cls_encoder.expect("the CLS regime runs first");
+        let tokens = |aggregation: Aggregation| {
+            let encoder = cls_encoder.with_aggregation(aggregation);
+            let g = encode_all(&encoder, input.gallery);
+            let q = encode_all(&encoder, input.queries);
+            (encoder, g, q)
         };
-        let gp = prepare(input.gallery, token_w.as_ref());
-        let qp = prepare(input.queries, token_w.as_ref());
-        let td = gp.dim;
-        let token_regime = |name: String,
-                            family: Family,
-                            how: Aggregation,
-                            k: usize,
-                            out: &mut Vec<RegimeResult>|
-         -> Vec<Vec<f32>> {
-            progress(&name);
-            let g = aggregate_all(&gp, how);
-            let q = aggregate_all(&qp, how);
-            let scores = maxsim_matrix(&q, &g, td);
-            let (per_query, top) = results_from_scores(&scores, input);
-            out.push(RegimeResult {
-                name,
-                family,
-                whitened: white,
-                summary: summarise(&per_query),
-                k: Some(k),
-                bytes_per_image: k * td * 4,
-                shortlist_recall: None,
-                per_query,
-                top,
-            });
-            g
+        let exhaustive = |name: String, family: Family, k: usize| Search {
+            name,
+            family,
+            k: Some(k),
+            params: rank_all(Mode::Exhaustive, 0),
         };
-        let mut fps32 = None;
-        let mut fps32_scores = Vec::new();
+        let f32_recipe = base(Pooling::Cls);
         for &k in &o.ks {
-            token_regime(
-                format!("raw_attn_k{k}{suffix}"),
-                Family::Raw,
-                Aggregation::Raw {
-                    seeds: SeedStrategy::Attention,
-                    k,
-                },
-                k,
-                &mut out,
-            );
-            token_regime(
-                format!("inst_attn_k{k}{suffix}"),
-                Family::InstAttn,
-                Aggregation::Instance {
-                    seeds: SeedStrategy::Attention,
-                    k,
-                    soft_m: 1,
-                },
-                k,
-                &mut out,
-            );
-            let g = token_regime(
-                format!("inst_fps_k{k}{suffix}"),
-                Family::InstFps,
-                Aggregation::Instance {
-                    seeds: SeedStrategy::Fps,
-                    k,
-                    soft_m: 1,
-                },
-                k,
-                &mut out,
-            );
-            if k == 32 {
-                fps32 = Some(g);
+            for (prefix, family, aggregation) in [
+                (
+                    "raw_attn",
+                    Family::Raw,
+                    Aggregation::Raw {
+                        seeds: SeedStrategy::Attention,
+                        k,
+                    },
+                ),
+                (
+                    "inst_attn",
+                    Family::InstAttn,
+                    Aggregation::Instance {
+                        seeds: SeedStrategy::Attention,
+                        k,
+                        soft_m: 1,
+                    },
+                ),
+                (
+                    "inst_fps",
+                    Family::InstFps,
+                    Aggregation::Instance {
+                        seeds: SeedStrategy::Fps,
+                        k,
+                        soft_m: 1,
+                    },
+                ),
+            ] {
+                let (encoder, g, q) = tokens(aggregation);
+                let mut searches = vec![exhaustive(format!("{prefix}_k{k}{suffix}"), family, k)];
+                if k == 32 && family == Family::InstFps {
+                    searches.extend(o.shortlists.iter().map(|&s| Search {
+                        name: format!("two_stage_s{s}_k32{suffix}"),
+                        family: Family::TwoStage,
+                        k: Some(32),
+                        params: rank_all(Mode::TwoStage, s),
+                    }));
+                }
+                score(&f32_recipe, &encoder, g, &q, searches, &mut out)?;
             }
         }
         for &k in &o.kmeans_ks {
-            token_regime(
-                format!("kmeans_k{k}{suffix}"),
-                Family::KMeans,
-                Aggregation::KMeans {
-                    k,
-                    iterations: 20,
-                    seed: o.seed,
-                },
+            let (encoder, g, q) = tokens(Aggregation::KMeans {
                 k,
-                &mut out,
-            );
+                iterations: 20,
+                seed: o.seed,
+            });
+            let s = exhaustive(format!("kmeans_k{k}{suffix}"), Family::KMeans, k);
+            score(&f32_recipe, &encoder, g, &q, vec![s], &mut out)?;
         }
         if o.full_li {
+            let (encoder, g, q) = tokens(Aggregation::Full);
             let t = input.gallery.tokens;
-            token_regime(
-                format!("full_li{suffix}"),
-                Family::FullLi,
-                Aggregation::Full,
-                t,
-                &mut out,
-            );
+            let s = exhaustive(format!("full_li{suffix}"), Family::FullLi, t);
+            score(&f32_recipe, &encoder, g, &q, vec![s], &mut out)?;
         }
-        // K=32 FPS instance tokens: two-stage and codecs
-        let g32 = match fps32 {
-            Some(g) => g,
-            None => aggregate_all(
-                &gp,
-                Aggregation::Instance {
-                    seeds: SeedStrategy::Fps,
-                    k: 32,
-                    soft_m: 1,
-                },
-            ),
+        // K = 32 FPS instance tokens under each codec, and the shipped default recipe
+        let fps32 = Aggregation::Instance {
+            seeds: SeedStrategy::Fps,
+            k: 32,
+            soft_m: 1,
         };
-        let q32 = aggregate_all(
-            &qp,
-            Aggregation::Instance {
-                seeds: SeedStrategy::Fps,
-                k: 32,
-                soft_m: 1,
-            },
-        );
-        if !o.shortlists.is_empty() {
-            fps32_scores = maxsim_matrix(&q32, &g32, td);
-        }
-        for &s in &o.shortlists {
-            let name = format!("two_stage_s{s}_k32{suffix}");
-            progress(&name);
-            // shortlisted images rank first by their rerank score, the rest by stage 1
-            let mut scores = vec![0f32; cls_scores.len()];
-            let mut stage1 = Vec::with_capacity(input.queries.len());
-            for q in 0..input.queries.len() {
-                let c = &cls_scores[q * n..(q + 1) * n];
-                let mut idx: Vec<usize> = (0..n).collect();
-                let keep = s.min(n);
-                if keep > 0 && keep < n {
-                    idx.select_nth_unstable_by(keep - 1, |&a, &b| {
-                        c[b].total_cmp(&c[a]).then(a.cmp(&b))
-                    });
-                }
-                let row = &mut scores[q * n..(q + 1) * n];
-                row.iter_mut().zip(c).for_each(|(r, v)| *r = v - 10.0);
-                for &i in &idx[..keep] {
-                    row[i] = fps32_scores[q * n + i] + 10.0;
-                }
-                stage1.push(evaluate_query(
-                    q,
-                    c,
-                    input.gallery_craters,
-                    &input.relevance[q],
-                ));
-            }
-            let rs = shortlist_recall(&stage1, s);
-            push(
-                name,
-                Family::TwoStage,
-                Some(32),
-                32 * td * 4 + td * 4,
-                &scores,
-                Some(rs),
-                &mut out,
-            );
-        }
-        let sample: Vec<f32> = g32.iter().take(2000).flatten().copied().collect();
+        let needs_fps32 = !o.codecs.is_empty() || o.default_recipe;
+        let (encoder, g32, q32) = if needs_fps32 {
+            tokens(fps32)
+        } else {
+            (cls_encoder.clone(), Vec::new(), Vec::new())
+        };
         for &codec in &o.codecs {
             let name = format!("inst_fps_k32_{}{suffix}", codec.name());
-            progress(&name);
-            let tc = match TokenCodec::train(codec, td, &sample, o.seed) {
-                Ok(tc) => tc,
-                Err(e) => {
-                    eprintln!("skipping {name}: {e:#}");
-                    continue;
-                }
+            let recipe = IndexRecipe {
+                codec,
+                ..f32_recipe.clone()
             };
-            let decoded: Vec<Vec<f32>> = g32
-                .par_iter()
-                .map(|t| {
-                    let (mut p, mut sc) = (Vec::new(), Vec::new());
-                    tc.encode(t, &mut p, &mut sc);
-                    let mut o = vec![0f32; t.len()];
-                    tc.decode(&p, &sc, &mut o);
-                    o
-                })
-                .collect();
-            let scores = maxsim_matrix(&q32, &decoded, td);
-            let bytes = 32 * tc.bytes_per_token() + if tc.has_scales() { 32 * 4 } else { 0 };
-            push(
+            let s = exhaustive(name.clone(), Family::Codec, 32);
+            if let Err(e) = score(&recipe, &encoder, g32.clone(), &q32, vec![s], &mut out) {
+                eprintln!("skipping {name}: {e:#}");
+            }
+        }
+        if o.default_recipe {
+            let shipped = IndexRecipe {
+                codec: Codec::Int8,
+                ..f32_recipe.clone()
+            };
+            let search = |name: String| Search {
                 name,
-                Family::Codec,
-                Some(32),
-                bytes,
-                &scores,
-                None,
+                family: Family::TwoStage,
+                k: Some(32),
+                params: rank_all(Mode::TwoStage, 100),
+            };
+            let name = format!("two_stage_s100_k32_int8{suffix}");
+            score(
+                &shipped,
+                &encoder,
+                g32.clone(),
+                &q32,
+                vec![search(name)],
                 &mut out,
-            );
+            )?;
+            let ivf = IndexRecipe {
+                ivf: IvfSetting::Lists(craterdex_index::ivf::default_lists(n).min(n)),
+                ..shipped
+            };
+            let name = format!("two_stage_s100_k32_int8_ivf{suffix}");
+            score(&ivf, &encoder, g32, &q32, vec![search(name)], &mut out)?;
         }
     }
     Ok(out)
+}
+
+/// Per-query metrics and the 10 best gallery positions from each query's ranking.
+fn results_of(rankings: &[Vec<usize>], input: &EvalInput) -> (Vec<QueryResult>, Vec<Vec<usize>>) {
+    rankings
+        .par_iter()
+        .enumerate()
+        .map(|(q, ranking)| {
+            let r = evaluate_ranking(q, ranking, input.gallery_craters, &input.relevance[q]);
+            (r, ranking.iter().take(10).copied().collect())
+        })
+        .unzip()
 }
 
 /// `{"regimes": {name: {...}}}` as written by `craterdex eval --json`.
@@ -486,13 +403,23 @@ pub fn to_json(results: &[RegimeResult], extra: serde_json::Value) -> serde_json
     serde_json::json!({"regimes": regimes, "run": extra})
 }
 
-/// Per-query rows for diffing two runs: regime, query id, first relevant rank, AP.
-pub fn per_query_csv(results: &[RegimeResult], query_ids: &[String]) -> String {
-    let mut s = String::from("regime,query_id,first_relevant_rank,average_precision,relevant\n");
+/// Per-query rows for diffing two runs: regime, query id, first relevant rank, AP, and the
+/// ten best gallery image ids (space-separated, best first).
+pub fn per_query_csv(
+    results: &[RegimeResult],
+    query_ids: &[String],
+    gallery_ids: &[String],
+) -> String {
+    let mut s =
+        String::from("regime,query_id,first_relevant_rank,average_precision,relevant,top10\n");
     for r in results {
         for q in &r.per_query {
+            let top: Vec<&str> = r.top[q.query]
+                .iter()
+                .map(|&g| gallery_ids[g].as_str())
+                .collect();
             s.push_str(&format!(
-                "{},{},{},{},{}\n",
+                "{},{},{},{},{},{}\n",
                 r.name,
                 query_ids[q.query],
                 q.first_relevant_rank
@@ -501,7 +428,8 @@ pub fn per_query_csv(results: &[RegimeResult], query_ids: &[String]) -> String {
                 q.average_precision
                     .map(|v| format!("{v:.6}"))
                     .unwrap_or_default(),
-                q.relevant
+                q.relevant,
+                top.join(" ")
             ));
         }
     }
@@ -511,12 +439,12 @@ pub fn per_query_csv(results: &[RegimeResult], query_ids: &[String]) -> String {
 /// The paper-style table.
 pub fn table(results: &[RegimeResult]) -> String {
     let mut s = format!(
-        "{:<28} {:>6} {:>6} {:>6} {:>6} {:>8} {:>6}\n",
+        "{:<34} {:>6} {:>6} {:>6} {:>6} {:>8} {:>6}\n",
         "regime", "R@1", "R@5", "R@10", "mAP", "bytes", "R@S"
     );
     for r in results {
         s.push_str(&format!(
-            "{:<28} {:>6.3} {:>6.3} {:>6.3} {:>6.3} {:>8} {:>6}\n",
+            "{:<34} {:>6.3} {:>6.3} {:>6.3} {:>6.3} {:>8} {:>6}\n",
             r.name,
             r.summary.r1,
             r.summary.r5,

@@ -12,6 +12,8 @@ pub mod layouts;
 pub mod onnx;
 pub mod preprocess;
 pub mod store;
+/// Generated checkpoints for tests (feature `testing`; not in release builds).
+#[cfg(feature = "testing")]
 pub mod testing;
 pub mod vit;
 

@@ -7,22 +7,30 @@
 //! 503, graceful shutdown). Searches one index with the index's own encoder and, for images,
 //! one model. Knows nothing of benchmarks, evaluation or the command line.
 //!
-//! Reads and writes: every request takes a snapshot (`Arc<Index>`) of the open index. A write
+//! Reads and writes: every request takes a snapshot (`Arc<Engine>`) of the open index. A write
 //! goes through the index's atomic path (new segment or new manifest, then rename), is
-//! serialised by one writer lock, and then the reopened index replaces the snapshot, so a
-//! search sees the index either wholly before or wholly after a write.
+//! serialised by one writer lock, and then the engine over the reopened index replaces the
+//! snapshot, so a search sees the index either wholly before or wholly after a write.
+//!
+//! Modules: `router` (routes and limits), `handlers`, `features` (request bodies), `auth`
+//! (keys and ids), `error` (the JSON error shape).
 
-mod api;
+mod auth;
+mod error;
+mod features;
+mod handlers;
+mod router;
 
 use anyhow::{Context, Result};
-use craterdex_index::Index;
-use craterdex_model::{ResizeMode, Vit};
+use craterdex_engine::{Engine, Extractor};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-pub use api::router;
+pub use router::router;
+
+type Svc = Arc<Service>;
 
 /// The service's settings; `Config::new` gives the documented defaults.
 #[derive(Clone, Debug)]
@@ -43,7 +51,6 @@ pub struct Config {
     pub max_concurrent_images: usize,
     pub max_top_k: usize,
     pub max_shortlist: usize,
-    pub resize: ResizeMode,
 }
 
 impl Config {
@@ -62,7 +69,6 @@ impl Config {
             max_concurrent_images: 8,
             max_top_k: 1000,
             max_shortlist: 10_000,
-            resize: ResizeMode::Squash,
         }
     }
 }
@@ -80,8 +86,7 @@ struct Counters {
 /// Shared state of a running service.
 pub struct Service {
     config: Config,
-    index: RwLock<Option<Arc<Index>>>,
-    model: OnceLock<Arc<Vit>>,
+    engine: RwLock<Option<Arc<Engine>>>,
     load_error: RwLock<Option<String>>,
     draining: AtomicBool,
     writer: tokio::sync::Mutex<()>,
@@ -94,8 +99,7 @@ impl Service {
     pub fn new(config: Config) -> Arc<Self> {
         Arc::new(Self {
             config,
-            index: RwLock::new(None),
-            model: OnceLock::new(),
+            engine: RwLock::new(None),
             load_error: RwLock::new(None),
             draining: AtomicBool::new(false),
             writer: tokio::sync::Mutex::new(()),
@@ -103,27 +107,12 @@ impl Service {
         })
     }
 
-    /// Opens the index (verifying checksums) and takes the model for image queries.
-    pub fn load(&self, model: Option<Vit>) -> Result<()> {
-        let result = (|| {
-            let idx = Index::open(&self.config.index_dir)?;
-            if let Some(vit) = &model {
-                idx.check_model(&vit.config().fingerprint())?;
-                let want = idx.feature_dim();
-                anyhow::ensure!(
-                    vit.dim() == want,
-                    "the model gives {}-d features, the index expects {want}-d",
-                    vit.dim()
-                );
-            }
-            Ok(idx)
-        })();
-        match result {
-            Ok(idx) => {
-                if let Some(vit) = model {
-                    let _ = self.model.set(Arc::new(vit));
-                }
-                *self.index.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(idx));
+    /// Opens the index (verifying checksums) for queries from `extractor` (image searches
+    /// and adds; without one, feature and similar-image searches only).
+    pub fn load(&self, extractor: Option<Extractor>) -> Result<()> {
+        match Engine::open(&self.config.index_dir, extractor.map(Arc::new)) {
+            Ok(engine) => {
+                self.replace_engine(engine);
                 Ok(())
             }
             Err(e) => {
@@ -138,17 +127,16 @@ impl Service {
         &self.config
     }
 
-    /// The current index snapshot, if loaded.
-    fn snapshot(&self) -> Option<Arc<Index>> {
-        self.index.read().unwrap_or_else(|e| e.into_inner()).clone()
+    /// The current engine snapshot, if loaded.
+    fn snapshot(&self) -> Option<Arc<Engine>> {
+        self.engine
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
-    fn replace_index(&self, idx: Index) {
-        *self.index.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(idx));
-    }
-
-    fn model(&self) -> Option<&Arc<Vit>> {
-        self.model.get()
+    fn replace_engine(&self, engine: Engine) {
+        *self.engine.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(engine));
     }
 
     /// Marks the service as shutting down: readiness fails, in-flight requests finish.
@@ -162,7 +150,7 @@ impl Service {
 pub async fn run(
     listener: tokio::net::TcpListener,
     service: Arc<Service>,
-    load: Box<dyn FnOnce() -> Result<Option<Vit>> + Send>,
+    load: Box<dyn FnOnce() -> Result<Option<Extractor>> + Send>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
     // A failed load (unreadable index, wrong model) stops the server with that error.
@@ -220,7 +208,7 @@ pub async fn shutdown_signal() {
 pub fn serve_blocking(
     addr: &str,
     config: Config,
-    load: Box<dyn FnOnce() -> Result<Option<Vit>> + Send>,
+    load: Box<dyn FnOnce() -> Result<Option<Extractor>> + Send>,
 ) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

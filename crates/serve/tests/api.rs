@@ -40,6 +40,15 @@ fn load_model(dir: &Path) -> Vit {
     craterdex_model::load(dir, Some(16)).unwrap()
 }
 
+/// The model as the service runs it (no feature cache).
+fn extractor(dir: &Path) -> craterdex_engine::Extractor {
+    let settings = craterdex_engine::ExtractSettings {
+        cache: false,
+        ..Default::default()
+    };
+    craterdex_engine::Extractor::new(load_model(dir), Default::default(), settings)
+}
+
 fn write_image(path: &Path, seed: u64, side: u32) {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let (cx, cy, r) = (
@@ -135,7 +144,7 @@ fn service(f: &Fixture, edit: impl FnOnce(&mut Config)) -> Arc<Service> {
     c.upload_dir = f.root.join("uploads");
     edit(&mut c);
     let svc = Service::new(c);
-    svc.load(Some(load_model(&f.model_dir))).unwrap();
+    svc.load(Some(extractor(&f.model_dir))).unwrap();
     svc
 }
 

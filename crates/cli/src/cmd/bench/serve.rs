@@ -6,7 +6,7 @@
 //! the server's resident memory sampled through the run. Client and server share the
 //! machine's cores, as they would with wrk or oha on the same host.
 
-use crate::pipeline::*;
+use crate::output::Bars;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::io::Read;
@@ -42,7 +42,7 @@ pub struct ServeBench {
     #[arg(long)]
     json: Option<PathBuf>,
     #[command(flatten)]
-    model: crate::ModelOpts,
+    model: crate::args::ModelOpts,
 }
 
 struct Server {
@@ -103,7 +103,7 @@ impl Server {
     }
 
     fn rss_mb(&self) -> f64 {
-        crate::bench::proc_status_kb(&format!("/proc/{}/status", self.child.id()), "VmRSS:")
+        super::proc_status_kb(&format!("/proc/{}/status", self.child.id()), "VmRSS:")
             .map_or(f64::NAN, |kb| kb / 1024.0)
     }
 
@@ -213,10 +213,9 @@ fn multipart(bytes: &[u8], filename: &str) -> (String, Vec<u8>) {
 
 pub fn run(b: ServeBench) -> Result<()> {
     let bench = craterdex_eval::manifest::load(&b.manifest, None)?;
-    let mut items = query_items(&bench);
+    let mut items = bench.query_items();
     items.truncate(b.queries.max(1));
-    let vit = load_model(&b.model.model_args())?;
-    let feats = extract_items(&vit, &items, &b.model.extract_args(), "queries")?;
+    let feats = b.model.load()?.extract(&items, "queries", &Bars::new())?;
     // Feature queries in both body formats the API takes: safetensors (the format of
     // `craterdex extract`, 0.4 MB per query) and JSON (2 MB of decimal text per query).
     let path = "/v1/search/features?top_k=10&shortlist=100";
@@ -258,7 +257,6 @@ pub fn run(b: ServeBench) -> Result<()> {
             })
         })
         .collect::<Result<_>>()?;
-    drop(vit);
 
     let server = Server::start(&b)?;
     let idle_rss = server.rss_mb();
@@ -279,7 +277,7 @@ pub fn run(b: ServeBench) -> Result<()> {
         let (out, secs, rss) = phase(&server, requests, conc.max(1), b.seconds);
         let mut lat = out.latencies_ms;
         lat.sort_by(f64::total_cmp);
-        let pct = |p: f64| crate::bench::percentile(&lat, p);
+        let pct = |p: f64| super::percentile(&lat, p);
         let rate = lat.len() as f64 / secs;
         let quarters: Vec<f64> = (0..=4).map(|q| rss[(rss.len() - 1) * q / 4]).collect();
         let max = rss.iter().copied().fold(f64::NAN, f64::max);

@@ -1,9 +1,10 @@
 //! `craterdex bench search`: latency per query for each stage, codec and mode, with the
 //! reference (faiss-cpu flat IP, numpy MaxSim) timed on identical data in the same run.
 
-use crate::bench::SearchBench;
-use crate::pipeline::*;
+use super::SearchBench;
+use crate::output::{bar, Bars};
 use anyhow::{Context, Result};
+use craterdex_engine::{encode_all, ExtractSettings, Extractor, IndexRecipe, ModelSpec};
 use craterdex_index::codec::{Codec, TokenCodec};
 use craterdex_index::{ImageMeta, Index};
 use craterdex_index::{Mode, SearchParams};
@@ -91,7 +92,7 @@ fn synthetic(
 
 fn percentiles(mut ms: Vec<f64>) -> (f64, f64) {
     ms.sort_by(f64::total_cmp);
-    let at = |p: f64| crate::bench::percentile(&ms, p);
+    let at = |p: f64| super::percentile(&ms, p);
     (at(0.5), at(0.95))
 }
 
@@ -512,7 +513,7 @@ fn scale(b: &SearchBench, n: usize, work: &Path, rows: &mut Vec<Row>) -> Result<
          ({} segments), {:.2} GB on disk, opened (CRC-verified) in {open_s:.1} s; peak RSS {:.2} GB",
         idx.segment_count(),
         dir_bytes(&dir) as f64 / 1e9,
-        crate::bench::proc_status_kb("/proc/self/status", "VmHWM:").unwrap_or(f64::NAN) / 1024.0 / 1024.0,
+        super::proc_status_kb("/proc/self/status", "VmHWM:").unwrap_or(f64::NAN) / 1024.0 / 1024.0,
     );
     Ok(())
 }
@@ -558,20 +559,14 @@ pub fn run(b: SearchBench) -> Result<()> {
         drop(gallery);
         if let Some(m) = &b.real {
             let bench = craterdex_eval::manifest::load(m, None)?;
-            let vit = load_model(&ModelArgs {
-                model: None,
-                size: None,
-                precision: Default::default(),
-            })?;
-            let ea = ExtractArgs {
-                batch: 16,
-                no_cache: false,
-                resize: craterdex_model::ResizeMode::Squash,
-            };
-            let gf = extract_items(&vit, &gallery_items(&bench), &ea, "gallery")?;
-            let qf = extract_items(&vit, &query_items(&bench), &ea, "queries")?;
-            let enc = Encoder::learn(Recipe::default(), &feature_refs(&gf), 0)?;
-            let gallery: Vec<(ImageMeta, Descriptors)> = metas_from_benchmark(&bench, &gf)
+            let bars = Bars::new();
+            let extractor =
+                Extractor::load(&ModelSpec::default(), ExtractSettings::default(), &bars)?;
+            let gf = extractor.extract(&bench.gallery_items(), "gallery", &bars)?;
+            let qf = extractor.extract(&bench.query_items(), "queries", &bars)?;
+            let enc = IndexRecipe::default().learn_encoder(&gf, None)?;
+            let gallery: Vec<(ImageMeta, Descriptors)> = bench
+                .gallery_metas(&gf.ids)
                 .into_iter()
                 .zip(encode_all(&enc, &gf))
                 .collect();

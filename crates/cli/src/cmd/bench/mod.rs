@@ -1,0 +1,110 @@
+//! `craterdex bench`: speed against reference implementations measured in the same run on
+//! the same machine, printed as ratios (never asserted by tests: machines are noisy). Every
+//! bench prints the CPU and the kernel level that produced its numbers.
+
+mod extract;
+mod search;
+mod serve;
+
+use anyhow::Result;
+use clap::{Args, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Subcommand)]
+pub enum BenchCmd {
+    /// Feature extraction: images/s and peak RSS against onnxruntime on the same backbone.
+    #[command(
+        after_help = "Example:\n  craterdex bench extract --dir craterdex-demo/bench/images/gallery --images 64"
+    )]
+    Extract(ExtractBench),
+    /// Search latency (stage 1, two-stage at S=100/500, exhaustive LI) per codec, single
+    /// queries and batches, on a synthetic gallery with planted near-duplicates and optionally
+    /// on real features, against faiss-cpu and numpy on identical data.
+    #[command(
+        after_help = "Example:\n  craterdex bench search --json search.json\n  craterdex bench search --gallery 5000 --real craterdex-demo/bench/splits/test.json"
+    )]
+    Search(SearchBench),
+    /// Load test of `craterdex serve` on loopback: feature and image searches per second,
+    /// p50/p99 latency, errors and server memory over the run.
+    #[command(
+        after_help = "Example:\n  craterdex bench serve --index nac-index --manifest nac-bench/splits/test.json --seconds 30"
+    )]
+    Serve(serve::ServeBench),
+}
+
+#[derive(Args)]
+pub struct SearchBench {
+    /// Synthetic gallery size.
+    #[arg(long, default_value_t = 50_000)]
+    pub(crate) gallery: usize,
+    /// Queries per batch.
+    #[arg(long, default_value_t = 1000)]
+    pub(crate) queries: usize,
+    /// Queries timed one at a time.
+    #[arg(long, default_value_t = 100)]
+    pub(crate) single: usize,
+    #[arg(long, default_value_t = 32)]
+    pub(crate) k: usize,
+    #[arg(long, default_value_t = 384)]
+    pub(crate) dim: usize,
+    /// Codecs to time.
+    #[arg(long, value_delimiter = ',', default_value = "f32,f16,int8,pq96")]
+    pub(crate) codecs: Vec<craterdex_index::Codec>,
+    /// Also time an index of this benchmark's real gallery (default model, default recipe).
+    #[arg(long)]
+    pub(crate) real: Option<PathBuf>,
+    #[arg(long)]
+    pub(crate) json: Option<PathBuf>,
+    #[arg(long)]
+    pub(crate) no_reference: bool,
+    /// Where the temporary indexes go (default: the system temp dir).
+    #[arg(long)]
+    pub(crate) workdir: Option<PathBuf>,
+    /// Instead: build an int8 index of this many clustered synthetic images chunk by chunk
+    /// (IVF stage 1), and report build time, size on disk, peak memory and search latency
+    /// with shortlist recall (e.g. 1000000).
+    #[arg(long)]
+    pub(crate) scale: Option<usize>,
+}
+
+#[derive(Args)]
+pub struct ExtractBench {
+    /// Real crater crops to time.
+    #[arg(long)]
+    pub(crate) dir: PathBuf,
+    #[arg(long, default_value_t = 64)]
+    pub(crate) images: usize,
+    /// Rounds; each times one pass per engine, the engines taking turns.
+    #[arg(long, default_value_t = 5)]
+    pub(crate) repeats: usize,
+    /// Skip the onnxruntime reference.
+    #[arg(long)]
+    pub(crate) no_reference: bool,
+    #[command(flatten)]
+    pub(crate) model: crate::args::ModelOpts,
+}
+
+pub fn run(c: BenchCmd) -> Result<()> {
+    match c {
+        BenchCmd::Extract(b) => extract::run(b),
+        BenchCmd::Search(b) => search::run(b),
+        BenchCmd::Serve(b) => serve::run(b),
+    }
+}
+
+/// The `p` quantile (nearest rank) of ascending values; NaN when there are none.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// A `kB` field (`VmHWM:`, `VmRSS:`) of a Linux `/proc/<pid>/status` file.
+pub fn proc_status_kb(status_file: &str, field: &str) -> Option<f64> {
+    std::fs::read_to_string(status_file).ok().and_then(|s| {
+        s.lines()
+            .find(|l| l.starts_with(field))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+    })
+}

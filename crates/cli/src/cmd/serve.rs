@@ -1,0 +1,88 @@
+//! `craterdex serve`: the HTTP service over one index.
+
+use crate::args::ModelChoice;
+use crate::output::Bars;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use craterdex_engine::{ExtractSettings, Extractor};
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub struct ServeCmd {
+    #[arg(long)]
+    index: PathBuf,
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    addr: String,
+    #[command(flatten)]
+    model: ModelChoice,
+    /// Serve feature and similar-image searches only, without loading a model.
+    #[arg(long)]
+    no_model: bool,
+    /// File holding the API key for writes (default: $CRATERDEX_API_KEY); without a key,
+    /// adding and removing images is disabled.
+    #[arg(long)]
+    api_key_file: Option<PathBuf>,
+    /// Require the API key for reads too.
+    #[arg(long)]
+    protect_reads: bool,
+    /// Where images added through the API are stored (default: <index>.uploads).
+    #[arg(long)]
+    upload_dir: Option<PathBuf>,
+    #[arg(long, default_value_t = 16)]
+    max_upload_mb: usize,
+    #[arg(long, default_value_t = 4096)]
+    max_image_side: u32,
+    #[arg(long, default_value_t = 30)]
+    timeout_secs: u64,
+    /// Search requests in flight at once; more are answered 503.
+    #[arg(long, default_value_t = 64)]
+    max_concurrent: usize,
+    /// Requests running the model at once (image search, adding images).
+    #[arg(long, default_value_t = 8)]
+    max_concurrent_images: usize,
+}
+
+pub fn run(c: ServeCmd) -> Result<()> {
+    let mut config = craterdex_serve::Config::new(c.index.clone());
+    config.api_key = match &c.api_key_file {
+        Some(f) => Some(
+            std::fs::read_to_string(f)
+                .with_context(|| format!("cannot read the API key file {}", f.display()))?
+                .trim()
+                .to_string(),
+        ),
+        None => std::env::var("CRATERDEX_API_KEY").ok(),
+    }
+    .filter(|k| !k.is_empty());
+    if c.protect_reads && config.api_key.is_none() {
+        bail!("--protect-reads needs an API key (--api-key-file or $CRATERDEX_API_KEY)");
+    }
+    config.protect_reads = c.protect_reads;
+    if let Some(d) = c.upload_dir {
+        config.upload_dir = d;
+    }
+    config.max_upload_bytes = c.max_upload_mb << 20;
+    config.max_image_side = c.max_image_side;
+    config.request_timeout = std::time::Duration::from_secs(c.timeout_secs.max(1));
+    config.max_concurrent = c.max_concurrent.max(1);
+    config.max_concurrent_images = c.max_concurrent_images.max(1);
+    if c.no_model && c.model.model.is_some() {
+        bail!("--no-model and --model exclude each other");
+    }
+    let spec = c.model.spec();
+    let no_model = c.no_model;
+    craterdex_serve::serve_blocking(
+        &c.addr,
+        config,
+        Box::new(move || {
+            if no_model {
+                return Ok(None);
+            }
+            let settings = ExtractSettings {
+                cache: false,
+                ..Default::default()
+            };
+            Extractor::load(&spec, settings, &Bars::new()).map(Some)
+        }),
+    )
+}

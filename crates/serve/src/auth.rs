@@ -1,0 +1,104 @@
+//! Who may do what: the API key for writes (and reads with `--protect-reads`), and the
+//! shape of image ids, which are opaque keys and never become paths.
+
+use crate::error::{ApiError, ApiResult};
+use crate::Service;
+use axum::extract::rejection::PathRejection;
+use axum::extract::Path;
+use axum::http::{header, HeaderMap, StatusCode};
+
+fn unauthorized(svc: &Service, headers: &HeaderMap, write: bool) -> Option<ApiError> {
+    if !write && !svc.config().protect_reads {
+        return None;
+    }
+    let Some(key) = &svc.config().api_key else {
+        return Some(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "this server was started without an API key; writes are disabled",
+        ));
+    };
+    let given = headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .or_else(|| {
+            headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+        });
+    match given {
+        Some(g) if constant_time_eq(g.as_bytes(), key.as_bytes()) => None,
+        Some(_) => Some(ApiError::new(StatusCode::UNAUTHORIZED, "wrong API key")),
+        None => Some(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "an API key is required (header X-Api-Key or Authorization: Bearer)",
+        )),
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+pub fn authorize(svc: &Service, headers: &HeaderMap, write: bool) -> ApiResult<()> {
+    unauthorized(svc, headers, write).map_or(Ok(()), Err)
+}
+
+/// Ids are opaque keys, never file names; still, refuse anything that could be mistaken for
+/// a path or break a URL or a log line.
+pub fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 256
+        && !id.starts_with('/')
+        && !id
+            .split('/')
+            .any(|part| part.is_empty() || part == "." || part == "..")
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.:/+".contains(c))
+}
+
+pub fn path_id(p: Result<Path<String>, PathRejection>) -> ApiResult<String> {
+    let Path(id) = p.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    if !valid_id(&id) {
+        return Err(ApiError::bad_request(format!("invalid image id {id:?}")));
+    }
+    Ok(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_that_look_like_paths_are_refused() {
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "a/../b",
+            "a//b",
+            "a/./b",
+            "a b",
+            "a\nb",
+            "x%2e",
+        ] {
+            assert!(!valid_id(bad), "{bad:?} accepted");
+        }
+        for good in [
+            "holdout_tile-00025_2x",
+            "M1.tile/crater-7",
+            "upload-0a1b",
+            "c:12+3",
+        ] {
+            assert!(valid_id(good), "{good:?} refused");
+        }
+    }
+
+    #[test]
+    fn keys_compare_exactly() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+    }
+}

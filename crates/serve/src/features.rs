@@ -1,0 +1,208 @@
+//! What requests carry: backbone features (a safetensors body as `craterdex extract` writes,
+//! or JSON), image uploads (format sniffed, dimensions checked before decoding) and the
+//! fields of multipart forms.
+
+use crate::error::{ApiError, ApiResult};
+use axum::body::Bytes;
+use axum::extract::Multipart;
+use axum::http::StatusCode;
+use craterdex_model::extract::FEATURE_DTYPES;
+use craterdex_model::layouts;
+use serde::Deserialize;
+use std::io::Cursor;
+
+/// Numbers given as a flat list `[T*D]` or as nested lists `[T][D]`, read straight into one
+/// vector (an untagged enum would buffer the whole document first: 3x slower).
+struct FlatFloats(Vec<f32>);
+
+impl<'de> Deserialize<'de> for FlatFloats {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Outer;
+        struct Row<'a>(&'a mut Vec<f32>);
+        impl<'de> serde::de::DeserializeSeed<'de> for Row<'_> {
+            type Value = ();
+            fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+                d.deserialize_any(self)
+            }
+        }
+        impl<'de> serde::de::Visitor<'de> for Row<'_> {
+            type Value = ();
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a number or a list of numbers")
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<(), E> {
+                self.0.push(v as f32);
+                Ok(())
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<(), E> {
+                self.0.push(v as f32);
+                Ok(())
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<(), E> {
+                self.0.push(v as f32);
+                Ok(())
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+                while let Some(v) = seq.next_element::<f32>()? {
+                    self.0.push(v);
+                }
+                Ok(())
+            }
+        }
+        impl<'de> serde::de::Visitor<'de> for Outer {
+            type Value = Vec<f32>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a list of numbers or of lists of numbers")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Vec<f32>, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+                while seq.next_element_seed(Row(&mut out))?.is_some() {}
+                Ok(out)
+            }
+        }
+        d.deserialize_seq(Outer).map(FlatFloats)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FeaturesBody {
+    cls: Vec<f32>,
+    patches: FlatFloats,
+    attention: Vec<f32>,
+}
+
+/// `(cls, patches, attention)` from a JSON document or a safetensors file (the features
+/// format of `craterdex extract`, one image: `cls` `[D]` or `[1, D]`, `patch_tokens` `[T, D]`
+/// or `[1, T, D]` in f32 or f16, `attention` `[T]` or `[1, T]`).
+pub fn parse_features(
+    body: &[u8],
+    content_type: &str,
+) -> ApiResult<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+    if content_type.starts_with("application/json") || body.first() == Some(&b'{') {
+        let b: FeaturesBody = serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("bad features JSON: {e}")))?;
+        return Ok((b.cls, b.patches.0, b.attention));
+    }
+    let st = safetensors::SafeTensors::deserialize(body).map_err(|e| {
+        ApiError::bad_request(format!(
+            "the body is neither features JSON nor a safetensors file: {e}"
+        ))
+    })?;
+    let read = |name: &str| -> ApiResult<Vec<f32>> {
+        let t = st.tensor(name).map_err(|_| {
+            ApiError::bad_request(format!("the safetensors body has no tensor {name:?}"))
+        })?;
+        layouts::tensor_floats_of(&t, FEATURE_DTYPES).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "{name}: dtype {:?}, expected F32 or F16",
+                t.dtype()
+            ))
+        })
+    };
+    Ok((read("cls")?, read("patch_tokens")?, read("attention")?))
+}
+
+/// Checks the shapes against the index's feature width.
+pub fn check_features(
+    (cls, patches, attention): (Vec<f32>, Vec<f32>, Vec<f32>),
+    dim: usize,
+) -> ApiResult<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+    let bad = |m: String| Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, m));
+    if cls.len() != dim {
+        return bad(format!(
+            "cls has {} values, the index expects {dim}",
+            cls.len()
+        ));
+    }
+    if patches.is_empty() || patches.len() % dim != 0 {
+        return bad(format!(
+            "patches has {} values, not a positive multiple of {dim}",
+            patches.len()
+        ));
+    }
+    let t = patches.len() / dim;
+    if attention.len() != t {
+        return bad(format!(
+            "attention has {} values for {t} patch tokens",
+            attention.len()
+        ));
+    }
+    if !cls
+        .iter()
+        .chain(&patches)
+        .chain(&attention)
+        .all(|x| x.is_finite())
+    {
+        return bad("features contain NaN or infinite values".into());
+    }
+    Ok((cls, patches, attention))
+}
+
+/// A checked, decoded upload.
+pub struct Upload {
+    pub bytes: Bytes,
+    pub image: image::DynamicImage,
+    pub format: image::ImageFormat,
+}
+
+pub fn decode_upload(bytes: Bytes, max_side: u32) -> ApiResult<Upload> {
+    let reader = image::ImageReader::new(Cursor::new(&bytes[..]))
+        .with_guessed_format()
+        .map_err(ApiError::internal)?;
+    let Some(format) = reader.format() else {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "not an image: JPEG, PNG, TIFF or PNM expected",
+        ));
+    };
+    let unreadable = |e: image::ImageError| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("cannot read the {format:?} image: {e}"),
+        )
+    };
+    let (w, h) = image::ImageReader::with_format(Cursor::new(&bytes[..]), format)
+        .into_dimensions()
+        .map_err(unreadable)?;
+    if w > max_side || h > max_side {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the image is {w}x{h} pixels; at most {max_side} per side is accepted"),
+        ));
+    }
+    let mut reader = image::ImageReader::with_format(Cursor::new(&bytes[..]), format);
+    let mut limits = image::Limits::default();
+    limits.max_image_width = Some(max_side);
+    limits.max_image_height = Some(max_side);
+    reader.limits(limits);
+    let image = reader.decode().map_err(unreadable)?;
+    Ok(Upload {
+        bytes,
+        image,
+        format,
+    })
+}
+
+/// The fields of a multipart upload: the file part `image` and any text parts.
+pub async fn read_multipart(
+    mut mp: Multipart,
+) -> ApiResult<(Option<Bytes>, std::collections::BTreeMap<String, String>)> {
+    let mp_err =
+        |e: axum::extract::multipart::MultipartError| ApiError::new(e.status(), e.body_text());
+    let mut image = None;
+    let mut fields = std::collections::BTreeMap::new();
+    while let Some(field) = mp.next_field().await.map_err(mp_err)? {
+        let name = field.name().unwrap_or("").to_string();
+        if name == "image" || (image.is_none() && field.file_name().is_some()) {
+            image = Some(field.bytes().await.map_err(mp_err)?);
+        } else {
+            let text = field.text().await.map_err(mp_err)?;
+            fields.insert(name, text);
+        }
+    }
+    Ok((image, fields))
+}
