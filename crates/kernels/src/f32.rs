@@ -228,7 +228,7 @@ pub fn map_in_place(v: &mut [f32], f: impl Fn(f32) -> f32) {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(crate) mod x86 {
     use super::dot_lanes;
     use crate::simd::{Avx2, Avx512, Vector};
 
@@ -250,27 +250,28 @@ mod x86 {
         v.iter_mut().for_each(|x| *x = f(*x));
     }
 
-    /// `acc[r][v] = sum_k q[k][v-th register of the block] * doc[r][k]` for `R` document rows
-    /// starting at `doc` (row stride `d`) against one packed block `q` (`[d][NV * LANES]`).
+    /// `acc[r][v] = sum_{i<k} q[i][v-th register of the block] * a[r * lda + i]` for `R` rows
+    /// of `a` against one packed block `q` (`[k][NV * LANES]`).
     #[inline(always)]
-    unsafe fn rows_block<V: Vector, const R: usize, const NV: usize>(
+    pub(crate) unsafe fn rows_block<V: Vector, const R: usize, const NV: usize>(
         q: *const f32,
-        doc: *const f32,
-        d: usize,
+        a: *const f32,
+        lda: usize,
+        k: usize,
     ) -> [[V::F; NV]; R] {
         // SAFETY: (whole body) the caller guarantees the features of V, that q holds
-        // d * NV * LANES floats and doc R rows of d floats.
+        // k * NV * LANES floats and a R rows of k floats, lda apart.
         unsafe {
             // R broadcasts, then each query register is loaded once and used R times:
             // R * NV accumulators + R + 1 registers in all (16 on AVX2 at R = 3, NV = 4).
             let mut acc = [[V::zero_f(); NV]; R];
-            for k in 0..d {
+            for i in 0..k {
                 let mut g = [V::zero_f(); R];
                 for (r, g) in g.iter_mut().enumerate() {
-                    *g = V::splat_f(*doc.add(r * d + k));
+                    *g = V::splat_f(*a.add(r * lda + i));
                 }
                 for v in 0..NV {
-                    let qv = V::load_f(q.add((k * NV + v) * V::LANES));
+                    let qv = V::load_f(q.add((i * NV + v) * V::LANES));
                     for r in 0..R {
                         acc[r][v] = V::fmadd(g[r], qv, acc[r][v]);
                     }
@@ -300,7 +301,7 @@ mod x86 {
                 let mut m = [V::splat_f(f32::NEG_INFINITY); NV];
                 let mut r = 0;
                 while r + R <= kd {
-                    let acc = rows_block::<V, R, NV>(q, doc.as_ptr().add(r * d), d);
+                    let acc = rows_block::<V, R, NV>(q, doc.as_ptr().add(r * d), d, d);
                     for a in &acc {
                         for v in 0..NV {
                             m[v] = V::max_f(m[v], a[v]);
@@ -309,7 +310,7 @@ mod x86 {
                     r += R;
                 }
                 while r < kd {
-                    let [a] = rows_block::<V, 1, NV>(q, doc.as_ptr().add(r * d), d);
+                    let [a] = rows_block::<V, 1, NV>(q, doc.as_ptr().add(r * d), d, d);
                     for v in 0..NV {
                         m[v] = V::max_f(m[v], a[v]);
                     }
@@ -344,14 +345,14 @@ mod x86 {
                 }
             };
             while r + R <= n {
-                let acc = rows_block::<V, R, NV>(q.as_ptr(), rows.as_ptr().add(r * d), d);
+                let acc = rows_block::<V, R, NV>(q.as_ptr(), rows.as_ptr().add(r * d), d, d);
                 for (i, a) in acc.iter().enumerate() {
                     store(out, r + i, a);
                 }
                 r += R;
             }
             while r < n {
-                let [a] = rows_block::<V, 1, NV>(q.as_ptr(), rows.as_ptr().add(r * d), d);
+                let [a] = rows_block::<V, 1, NV>(q.as_ptr(), rows.as_ptr().add(r * d), d, d);
                 store(out, r, &a);
                 r += 1;
             }

@@ -15,8 +15,10 @@
 
 pub mod amx;
 pub mod f32;
+pub mod gemm;
 pub mod int8;
 pub mod level;
+pub mod nn;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 

@@ -24,16 +24,19 @@ pub trait Vector: Copy {
     unsafe fn fmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F;
     unsafe fn max_f(a: Self::F, b: Self::F) -> Self::F;
     unsafe fn mul_f(a: Self::F, b: Self::F) -> Self::F;
+    unsafe fn add_f(a: Self::F, b: Self::F) -> Self::F;
 
     unsafe fn zero_i() -> Self::I;
     /// Four consecutive bytes at `p` repeated in every 32-bit lane.
     unsafe fn splat4_i8(p: *const i8) -> Self::I;
     unsafe fn load_i(p: *const i8) -> Self::I;
     unsafe fn store_i(p: *mut i32, v: Self::I);
+
     unsafe fn abs_i8(v: Self::I) -> Self::I;
     /// Exact signed int8 dot products of four: lane `i` of `acc` gains
     /// `sum_{t<4} a[4i+t] * b[4i+t]`, given `abs_a = |a|` (all of `a`, `b` in [-127, 127]).
     unsafe fn dot4_acc(acc: Self::I, a: Self::I, abs_a: Self::I, b: Self::I) -> Self::I;
+
     unsafe fn to_f(v: Self::I) -> Self::F;
 }
 
@@ -79,6 +82,11 @@ impl Vector for Avx2 {
     unsafe fn mul_f(a: __m256, b: __m256) -> __m256 {
         // SAFETY: the trait contract (CPU features).
         unsafe { _mm256_mul_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn add_f(a: __m256, b: __m256) -> __m256 {
+        // SAFETY: the trait contract (CPU features).
+        unsafe { _mm256_add_ps(a, b) }
     }
     #[inline(always)]
     unsafe fn zero_i() -> __m256i {
@@ -172,6 +180,11 @@ macro_rules! avx512_common {
             unsafe { _mm512_mul_ps(a, b) }
         }
         #[inline(always)]
+        unsafe fn add_f(a: __m512, b: __m512) -> __m512 {
+            // SAFETY: the trait contract (CPU features).
+            unsafe { _mm512_add_ps(a, b) }
+        }
+        #[inline(always)]
         unsafe fn zero_i() -> __m512i {
             // SAFETY: the trait contract (CPU features).
             unsafe { _mm512_setzero_si512() }
@@ -217,6 +230,7 @@ unsafe fn with_signs_of_512(b: __m512i, a: __m512i) -> __m512i {
 
 impl Vector for Avx512 {
     avx512_common!();
+
     #[inline(always)]
     unsafe fn dot4_acc(acc: __m512i, a: __m512i, abs_a: __m512i, b: __m512i) -> __m512i {
         // SAFETY: the trait contract (CPU features); exactness as in the AVX2 version.
@@ -229,6 +243,7 @@ impl Vector for Avx512 {
 
 impl Vector for Avx512Vnni {
     avx512_common!();
+
     #[inline(always)]
     unsafe fn dot4_acc(acc: __m512i, a: __m512i, abs_a: __m512i, b: __m512i) -> __m512i {
         // u8 x i8 sums of four straight into the i32 lanes, with no 16-bit stage.

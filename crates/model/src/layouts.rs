@@ -8,7 +8,7 @@ use crate::config::{
     Architecture, ModelConfig, Provenance, IMAGENET_MEAN, IMAGENET_STD, MODEL_FORMAT,
 };
 use crate::onnx::OnnxGraph;
-use crate::vit::{Block, VitWeights};
+use crate::vit::{BlockWeights, VitWeights};
 use anyhow::{bail, ensure, Context, Result};
 use std::collections::BTreeMap;
 
@@ -226,7 +226,7 @@ pub fn convert(
                 let (fc1_w, _, hidden) = r.linear_t(&format!("{b}{fc1}.weight"))?;
                 let (fc2_w, _, _) = r.linear_t(&format!("{b}{fc2}.weight"))?;
                 mlp_hidden = hidden;
-                Block {
+                BlockWeights {
                     norm1_w: r.vec(&format!("{b}{n1}.weight"))?,
                     norm1_b: r.vec(&format!("{b}{n1}.bias"))?,
                     qkv_w: concat_cols(&[&q, &k, &v], d),
@@ -253,7 +253,7 @@ pub fn convert(
                     r.opt(&format!("{b}{s}.gamma"))
                         .or_else(|| r.opt(&format!("{b}{s}.scale_factor")))
                 };
-                Block {
+                BlockWeights {
                     norm1_w: r.vec(&format!("{b}norm1.weight"))?,
                     norm1_b: r.vec(&format!("{b}norm1.bias"))?,
                     qkv_w,

@@ -4,7 +4,7 @@
 //! leaves a half-written model where a reader would find it.
 
 use crate::config::ModelConfig;
-use crate::vit::{Block, VitWeights};
+use crate::vit::{BlockWeights, VitWeights};
 use anyhow::{ensure, Context, Result};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -101,7 +101,7 @@ pub fn weights_from_safetensors(bytes: &[u8], depth: usize) -> Result<VitWeights
     let mut blocks = Vec::with_capacity(depth);
     for i in 0..depth {
         let n = |s: &str| format!("blocks.{i}.{s}");
-        blocks.push(Block {
+        blocks.push(BlockWeights {
             norm1_w: get(&n("norm1.weight"))?,
             norm1_b: get(&n("norm1.bias"))?,
             qkv_w: get(&n("attn.qkv.weight"))?,

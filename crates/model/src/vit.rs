@@ -1,17 +1,20 @@
-//! The ViT forward pass (DINO v1 and DINOv2 share it; DINOv2 adds layer scale).
+//! The ViT forward pass (DINO v1 and DINOv2 share it; DINOv2 adds layer scale), written as
+//! in candle's `dinov2.rs`: one plain struct per sublayer with its own `forward`; the matrix
+//! products, norms and activations are craterdex-kernels'.
 //!
 //! Weights are held in the "craterdex" layout: matrices are `[in, out]` row-major so a linear
 //! layer is `x W + b`, and q, k, v are fused into one `[D, 3D]` matrix.
 
 use crate::config::ModelConfig;
 use anyhow::{bail, ensure, Result};
-use craterdex_kernels::amx::PackedBf16;
-use gemm::Parallelism;
+use craterdex_kernels::amx::{self, PackedBf16};
+use craterdex_kernels::gemm::{self, PackedF32, PackedI8Linear};
+use craterdex_kernels::nn;
 use rayon::prelude::*;
 
-/// One transformer block.
+/// The weights of one transformer block.
 #[derive(Clone, Debug)]
-pub struct Block {
+pub struct BlockWeights {
     pub norm1_w: Vec<f32>,
     pub norm1_b: Vec<f32>,
     pub qkv_w: Vec<f32>,
@@ -37,7 +40,7 @@ pub struct VitWeights {
     /// `[3*p*p, D]`, input order (channel, row, column) as in a conv kernel.
     pub patch_w: Vec<f32>,
     pub patch_b: Vec<f32>,
-    pub blocks: Vec<Block>,
+    pub blocks: Vec<BlockWeights>,
     pub norm_w: Vec<f32>,
     pub norm_b: Vec<f32>,
 }
@@ -116,18 +119,6 @@ pub struct ImageFeatures {
     pub attention: Vec<f32>,
 }
 
-/// A backbone ready to run at one input size.
-pub struct Vit {
-    config: ModelConfig,
-    weights: VitWeights,
-    input_size: usize,
-    grid: usize,
-    /// Position embeddings resampled to `grid`, `[1 + grid*grid, D]`.
-    pos_embed: Vec<f32>,
-    /// The linear layers' weights in bf16 tile layout, for [`Precision::Bf16`].
-    bf16: Option<Bf16Weights>,
-}
-
 /// Arithmetic of the forward pass's linear layers (patch embedding, qkv, projection, MLP).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Precision {
@@ -137,6 +128,10 @@ pub enum Precision {
     /// Linear layers take bf16 inputs and weights and accumulate in f32, on AMX tiles;
     /// attention, norms and activations stay f32.
     Bf16,
+    /// Linear layers in integers: each row of the input quantised to u8 (its own scale and
+    /// zero point), weights to 7-bit codes per output column, exact int32 products on every
+    /// kernel level; attention, norms and activations stay f32.
+    Int8,
 }
 
 impl Precision {
@@ -144,6 +139,7 @@ impl Precision {
         match self {
             Precision::F32 => "f32",
             Precision::Bf16 => "bf16",
+            Precision::Int8 => "int8",
         }
     }
 }
@@ -154,21 +150,294 @@ impl std::str::FromStr for Precision {
         match s {
             "f32" | "fp32" => Ok(Precision::F32),
             "bf16" => Ok(Precision::Bf16),
-            _ => anyhow::bail!("unknown precision {s:?}: use f32 or bf16"),
+            "int8" | "i8" => Ok(Precision::Int8),
+            _ => bail!("unknown precision {s:?}: use f32, int8 or bf16"),
         }
     }
 }
 
-struct Bf16Block {
-    qkv: PackedBf16,
-    proj: PackedBf16,
-    fc1: PackedBf16,
-    fc2: PackedBf16,
+/// The packed weight a linear layer multiplies with.
+enum LinearKernel {
+    F32(PackedF32),
+    Int8(PackedI8Linear),
+    Bf16(PackedBf16),
 }
 
-struct Bf16Weights {
-    patch: PackedBf16,
-    blocks: Vec<Bf16Block>,
+/// `y = x W + b` with `W` `[in, out]`, held packed for its precision only.
+pub struct Linear {
+    bias: Vec<f32>,
+    in_dim: usize,
+    out_dim: usize,
+    kernel: LinearKernel,
+}
+
+/// Rows per task of a bf16 product: enough to keep the tiles busy, small enough to share a
+/// batch between threads.
+const BF16_ROWS_PER_TASK: usize = 128;
+
+impl Linear {
+    fn new(weight: Vec<f32>, bias: Vec<f32>, in_dim: usize, out_dim: usize) -> Self {
+        let kernel = LinearKernel::F32(PackedF32::from_kn(&weight, in_dim, out_dim));
+        Self {
+            bias,
+            in_dim,
+            out_dim,
+            kernel,
+        }
+    }
+
+    /// Repacks an f32 layer for `p` (a quantised layer cannot go back to f32).
+    fn set_precision(&mut self, p: Precision) {
+        let LinearKernel::F32(packed) = &self.kernel else {
+            return;
+        };
+        let (k, n) = (self.in_dim, self.out_dim);
+        let w = packed.unpack();
+        self.kernel = match p {
+            Precision::F32 => return,
+            Precision::Int8 => LinearKernel::Int8(PackedI8Linear::new(&w, k, n)),
+            Precision::Bf16 => LinearKernel::Bf16(PackedBf16::new(&w, k, n)),
+        };
+    }
+
+    /// `out[rows, out] = x[rows, in] W + b`, multithreaded over rows.
+    pub fn forward(&self, x: &[f32], rows: usize, out: &mut [f32]) {
+        let (k, n) = (self.in_dim, self.out_dim);
+        match &self.kernel {
+            LinearKernel::F32(w) => gemm::linear_f32(x, rows, w, &self.bias, out),
+            LinearKernel::Int8(w) => gemm::linear_i8(x, rows, w, &self.bias, out),
+            LinearKernel::Bf16(w) => {
+                out[..rows * n]
+                    .par_chunks_mut(n)
+                    .for_each(|row| row.copy_from_slice(&self.bias));
+                out[..rows * n]
+                    .par_chunks_mut(BF16_ROWS_PER_TASK * n)
+                    .zip(x[..rows * k].par_chunks(BF16_ROWS_PER_TASK * k))
+                    .for_each(|(o, a)| amx::bf16_matmul_acc(a, a.len() / k, w, o));
+            }
+        }
+    }
+}
+
+pub struct LayerNorm {
+    weight: Vec<f32>,
+    bias: Vec<f32>,
+    eps: f32,
+}
+
+impl LayerNorm {
+    pub fn forward(&self, x: &[f32], out: &mut [f32]) {
+        nn::layer_norm(
+            x,
+            out,
+            self.weight.len(),
+            &self.weight,
+            &self.bias,
+            self.eps,
+        );
+    }
+}
+
+/// A stride-`p` convolution done as one product: image patches (channel, row, column) times
+/// `[3 p p, D]`.
+pub struct PatchEmbed {
+    proj: Linear,
+    patch: usize,
+    grid: usize,
+    input_size: usize,
+}
+
+impl PatchEmbed {
+    /// `[B * G * G, D]` patch embeddings of `[3, S, S]` images.
+    pub fn forward(&self, images: &[Vec<f32>]) -> Vec<f32> {
+        let (p, g, s) = (self.patch, self.grid, self.input_size);
+        let n = g * g;
+        let kdim = 3 * p * p;
+        let mut cols = vec![0f32; images.len() * n * kdim];
+        cols.par_chunks_mut(n * kdim)
+            .zip(images.par_iter())
+            .for_each(|(dst, im)| {
+                for py in 0..g {
+                    for px in 0..g {
+                        let row = &mut dst[(py * g + px) * kdim..][..kdim];
+                        for ch in 0..3 {
+                            for ky in 0..p {
+                                let src = &im[ch * s * s + (py * p + ky) * s + px * p..][..p];
+                                row[ch * p * p + ky * p..][..p].copy_from_slice(src);
+                            }
+                        }
+                    }
+                }
+            });
+        let mut out = vec![0f32; images.len() * n * self.proj.out_dim];
+        self.proj.forward(&cols, images.len() * n, &mut out);
+        out
+    }
+}
+
+/// Multi-head self-attention over fused q|k|v.
+pub struct Attention {
+    qkv: Linear,
+    proj: Linear,
+    heads: usize,
+}
+
+impl Attention {
+    /// `x` `[B * T, D]` (normed) to `out` `[B * T, D]`; `qkv` and `mixed` are scratch
+    /// (`[B * T, 3D]`, `[B * T, D]`). With `cls_attn`, it receives the CLS row's attention to
+    /// the patches, averaged over heads (`[B, T - 1]`).
+    pub fn forward(
+        &self,
+        x: &[f32],
+        b: usize,
+        t: usize,
+        qkv: &mut [f32],
+        mixed: &mut [f32],
+        out: &mut [f32],
+        cls_attn: Option<&mut [f32]>,
+    ) {
+        let d = self.proj.out_dim;
+        self.qkv.forward(x, b * t, qkv);
+        self.mix_heads(qkv, b, t, d, mixed, cls_attn);
+        self.proj.forward(mixed, b * t, out);
+    }
+
+    /// `softmax(Q K^T / sqrt(dh)) V` per image and head, into the heads' columns of `out`.
+    fn mix_heads(
+        &self,
+        qkv: &[f32],
+        b: usize,
+        t: usize,
+        d: usize,
+        out: &mut [f32],
+        cls_attn: Option<&mut [f32]>,
+    ) {
+        let heads = self.heads;
+        let dh = d / heads;
+        let scale = 1.0 / (dh as f32).sqrt();
+        let rs = 3 * d;
+        // each job computes one (image, head): its [T, dh] output and the CLS row
+        let jobs: Vec<(Vec<f32>, Vec<f32>)> = (0..b * heads)
+            .into_par_iter()
+            .map_init(
+                || vec![0f32; t * t],
+                |scores, job| {
+                    let (img, head) = (job / heads, job % heads);
+                    let base = img * t * rs;
+                    let q = &qkv[base + head * dh..];
+                    let keys = PackedF32::from_columns(&qkv[base + d + head * dh..], t, dh, rs);
+                    gemm::matmul_f32(q, t, rs, &keys, scores, t, false);
+                    scores
+                        .chunks_mut(t)
+                        .for_each(|row| nn::softmax_scaled(row, scale));
+                    let values = PackedF32::from_rows(&qkv[base + 2 * d + head * dh..], t, dh, rs);
+                    let mut o = vec![0f32; t * dh];
+                    gemm::matmul_f32(scores, t, t, &values, &mut o, dh, false);
+                    (o, scores[1..t].to_vec())
+                },
+            )
+            .collect();
+        for (job, (o, _)) in jobs.iter().enumerate() {
+            let (img, head) = (job / heads, job % heads);
+            for (r, row) in o.chunks_exact(dh).enumerate() {
+                out[(img * t + r) * d + head * dh..][..dh].copy_from_slice(row);
+            }
+        }
+        if let Some(cls) = cls_attn {
+            let n = t - 1;
+            cls.iter_mut().for_each(|v| *v = 0.0);
+            for (job, (_, row)) in jobs.iter().enumerate() {
+                let dst = &mut cls[(job / heads) * n..][..n];
+                dst.iter_mut()
+                    .zip(row)
+                    .for_each(|(a, r)| *a += r / heads as f32);
+            }
+        }
+    }
+}
+
+pub struct Mlp {
+    fc1: Linear,
+    fc2: Linear,
+}
+
+impl Mlp {
+    /// `x` `[rows, D]` to `out` `[rows, D]` through `hidden` `[rows, H]` (scratch).
+    pub fn forward(&self, x: &[f32], rows: usize, hidden: &mut [f32], out: &mut [f32]) {
+        self.fc1.forward(x, rows, hidden);
+        nn::gelu_in_place(&mut hidden[..rows * self.fc1.out_dim]);
+        self.fc2.forward(hidden, rows, out);
+    }
+}
+
+/// A pre-norm transformer block, with layer scale for DINOv2.
+pub struct Block {
+    norm1: LayerNorm,
+    attn: Attention,
+    ls1: Option<Vec<f32>>,
+    norm2: LayerNorm,
+    mlp: Mlp,
+    ls2: Option<Vec<f32>>,
+}
+
+/// Buffers one forward pass reuses from block to block.
+struct Scratch {
+    normed: Vec<f32>,
+    qkv: Vec<f32>,
+    mixed: Vec<f32>,
+    hidden: Vec<f32>,
+    delta: Vec<f32>,
+}
+
+impl Block {
+    fn forward(
+        &self,
+        x: &mut [f32],
+        b: usize,
+        t: usize,
+        s: &mut Scratch,
+        cls_attn: Option<&mut [f32]>,
+    ) {
+        let d = self.norm1.weight.len();
+        self.norm1.forward(x, &mut s.normed);
+        self.attn.forward(
+            &s.normed,
+            b,
+            t,
+            &mut s.qkv,
+            &mut s.mixed,
+            &mut s.delta,
+            cls_attn,
+        );
+        nn::add_residual(x, &s.delta, self.ls1.as_deref(), d);
+        self.norm2.forward(x, &mut s.normed);
+        self.mlp
+            .forward(&s.normed, b * t, &mut s.hidden, &mut s.delta);
+        nn::add_residual(x, &s.delta, self.ls2.as_deref(), d);
+    }
+
+    fn linears_mut(&mut self) -> [&mut Linear; 4] {
+        [
+            &mut self.attn.qkv,
+            &mut self.attn.proj,
+            &mut self.mlp.fc1,
+            &mut self.mlp.fc2,
+        ]
+    }
+}
+
+/// A backbone ready to run at one input size.
+pub struct Vit {
+    config: ModelConfig,
+    input_size: usize,
+    grid: usize,
+    precision: Precision,
+    embed: PatchEmbed,
+    cls_token: Vec<f32>,
+    /// Position embeddings resampled to `grid`, `[1 + grid*grid, D]`.
+    pos_embed: Vec<f32>,
+    blocks: Vec<Block>,
+    norm: LayerNorm,
 }
 
 impl Vit {
@@ -180,70 +449,93 @@ impl Vit {
             "input size {input_size} is smaller than the patch size {}",
             config.patch_size
         );
-        let pos_embed = resample_pos_embed(
-            &weights.pos_embed,
-            config.hidden_size,
-            config.pos_grid,
-            grid,
-        );
+        let (d, h, p) = (config.hidden_size, config.mlp_hidden, config.patch_size);
+        let pos_embed = resample_pos_embed(&weights.pos_embed, d, config.pos_grid, grid);
+        let eps = config.layer_norm_eps;
+        let norm = |w: Vec<f32>, b: Vec<f32>| LayerNorm {
+            weight: w,
+            bias: b,
+            eps,
+        };
+        let blocks = weights
+            .blocks
+            .into_iter()
+            .map(|bw| Block {
+                norm1: norm(bw.norm1_w, bw.norm1_b),
+                attn: Attention {
+                    qkv: Linear::new(bw.qkv_w, bw.qkv_b, d, 3 * d),
+                    proj: Linear::new(bw.proj_w, bw.proj_b, d, d),
+                    heads: config.num_heads,
+                },
+                ls1: bw.ls1,
+                norm2: norm(bw.norm2_w, bw.norm2_b),
+                mlp: Mlp {
+                    fc1: Linear::new(bw.fc1_w, bw.fc1_b, d, h),
+                    fc2: Linear::new(bw.fc2_w, bw.fc2_b, h, d),
+                },
+                ls2: bw.ls2,
+            })
+            .collect();
         Ok(Self {
+            embed: PatchEmbed {
+                proj: Linear::new(weights.patch_w, weights.patch_b, 3 * p * p, d),
+                patch: p,
+                grid,
+                input_size,
+            },
+            cls_token: weights.cls_token,
+            pos_embed,
+            blocks,
+            norm: norm(weights.norm_w, weights.norm_b),
             config,
-            weights,
             input_size,
             grid,
-            pos_embed,
-            bf16: None,
+            precision: Precision::F32,
         })
     }
 
-    /// Switches the linear layers' arithmetic. bf16 needs a CPU with AMX tiles.
+    /// Switches the linear layers' arithmetic from f32 (as loaded). bf16 needs AMX tiles; int8
+    /// runs on every CPU (fastest with AVX-512 VNNI or AMX; exact products everywhere).
     pub fn with_precision(mut self, precision: Precision) -> Result<Self> {
-        self.bf16 = match precision {
-            Precision::F32 => None,
-            Precision::Bf16 => {
-                ensure!(
-                    craterdex_kernels::amx::available(),
-                    "--precision bf16 needs a CPU with AMX (Intel Xeon 4th generation or later) \
-                     and Linux 5.16+; use --precision f32 here"
-                );
-                let (c, w) = (&self.config, &self.weights);
-                let d = c.hidden_size;
-                ensure!(
-                    PackedBf16::fits(d) && PackedBf16::fits(c.mlp_hidden),
-                    "bf16 needs layer widths that are multiples of 16 (this model: {d}, {})",
-                    c.mlp_hidden
-                );
-                let p = c.patch_size;
-                Some(Bf16Weights {
-                    patch: PackedBf16::new(&w.patch_w, 3 * p * p, d),
-                    blocks: w
-                        .blocks
-                        .iter()
-                        .map(|b| Bf16Block {
-                            qkv: PackedBf16::new(&b.qkv_w, d, 3 * d),
-                            proj: PackedBf16::new(&b.proj_w, d, d),
-                            fc1: PackedBf16::new(&b.fc1_w, d, c.mlp_hidden),
-                            fc2: PackedBf16::new(&b.fc2_w, c.mlp_hidden, d),
-                        })
-                        .collect(),
-                })
+        if precision == self.precision {
+            return Ok(self);
+        }
+        ensure!(
+            self.precision == Precision::F32,
+            "a {} model cannot be switched to {}; load it again",
+            self.precision.name(),
+            precision.name()
+        );
+        if precision == Precision::Bf16 {
+            ensure!(
+                amx::available(),
+                "--precision bf16 needs a CPU with AMX (Intel Xeon 4th generation or later) \
+                 and Linux 5.16+; use --precision int8 or f32 here"
+            );
+            let (d, h) = (self.config.hidden_size, self.config.mlp_hidden);
+            ensure!(
+                PackedBf16::fits(d) && PackedBf16::fits(h),
+                "bf16 needs layer widths that are multiples of 16 (this model: {d}, {h})"
+            );
+        }
+        self.embed.proj.set_precision(precision);
+        for b in &mut self.blocks {
+            for l in b.linears_mut() {
+                l.set_precision(precision);
             }
-        };
+        }
+        self.precision = precision;
         Ok(self)
     }
 
     pub fn precision(&self) -> Precision {
-        if self.bf16.is_some() {
-            Precision::Bf16
-        } else {
-            Precision::F32
-        }
+        self.precision
     }
 
     /// Identifies the features this backbone produces: the model's fingerprint, plus the
     /// precision when it is not f32 (feature caches key on it).
     pub fn features_fingerprint(&self) -> String {
-        match self.precision() {
+        match self.precision {
             Precision::F32 => self.config.fingerprint(),
             p => format!("{}-{}", self.config.fingerprint(), p.name()),
         }
@@ -275,48 +567,26 @@ impl Vit {
         if images.is_empty() {
             return Ok(Vec::new());
         }
-        let c = &self.config;
-        let (d, heads) = (c.hidden_size, c.num_heads);
+        let d = self.config.hidden_size;
         let b = images.len();
         let t = 1 + self.num_patches();
         let rows = b * t;
-        let mut x = self.embed(images);
-        let mut h = vec![0f32; rows * d];
-        let mut qkv = vec![0f32; rows * 3 * d];
-        let mut attn_out = vec![0f32; rows * d];
-        let mut mlp = vec![0f32; rows * c.mlp_hidden];
+        let mut x = self.tokens(images);
+        let mut scratch = Scratch {
+            normed: vec![0f32; rows * d],
+            qkv: vec![0f32; rows * 3 * d],
+            mixed: vec![0f32; rows * d],
+            hidden: vec![0f32; rows * self.config.mlp_hidden],
+            delta: vec![0f32; rows * d],
+        };
         let mut last_attn = vec![0f32; b * (t - 1)];
-        let last = self.weights.blocks.len() - 1;
-        for (bi, blk) in self.weights.blocks.iter().enumerate() {
-            let packed = self.bf16.as_ref().map(|p| &p.blocks[bi]);
-            layer_norm(&x, &mut h, d, &blk.norm1_w, &blk.norm1_b, c.layer_norm_eps);
-            let qkv_w = Weight::new(&blk.qkv_w, packed.map(|p| &p.qkv));
-            linear(&h, rows, d, qkv_w, 3 * d, &blk.qkv_b, &mut qkv);
-            let cls_attn = if bi == last {
-                Some(&mut last_attn[..])
-            } else {
-                None
-            };
-            attention(&qkv, b, t, d, heads, &mut attn_out, cls_attn);
-            let proj_w = Weight::new(&blk.proj_w, packed.map(|p| &p.proj));
-            linear(&attn_out, rows, d, proj_w, d, &blk.proj_b, &mut h);
-            add_residual(&mut x, &h, blk.ls1.as_deref(), d);
-            layer_norm(&x, &mut h, d, &blk.norm2_w, &blk.norm2_b, c.layer_norm_eps);
-            let fc1_w = Weight::new(&blk.fc1_w, packed.map(|p| &p.fc1));
-            linear(&h, rows, d, fc1_w, c.mlp_hidden, &blk.fc1_b, &mut mlp);
-            mlp.par_chunks_mut(4096).for_each(gelu_in_place);
-            let fc2_w = Weight::new(&blk.fc2_w, packed.map(|p| &p.fc2));
-            linear(&mlp, rows, c.mlp_hidden, fc2_w, d, &blk.fc2_b, &mut h);
-            add_residual(&mut x, &h, blk.ls2.as_deref(), d);
+        let last = self.blocks.len() - 1;
+        for (bi, blk) in self.blocks.iter().enumerate() {
+            let cls_attn = (bi == last).then_some(&mut last_attn[..]);
+            blk.forward(&mut x, b, t, &mut scratch, cls_attn);
         }
-        layer_norm(
-            &x,
-            &mut h,
-            d,
-            &self.weights.norm_w,
-            &self.weights.norm_b,
-            c.layer_norm_eps,
-        );
+        let h = &mut scratch.normed;
+        self.norm.forward(&x, h);
         Ok((0..b)
             .map(|i| {
                 let img = &h[i * t * d..(i + 1) * t * d];
@@ -329,47 +599,16 @@ impl Vit {
             .collect())
     }
 
-    /// Patch embedding (a stride-p convolution done as one matmul), CLS token, positions.
-    fn embed(&self, images: &[Vec<f32>]) -> Vec<f32> {
-        let (p, g, s, d) = (
-            self.config.patch_size,
-            self.grid,
-            self.input_size,
-            self.config.hidden_size,
-        );
-        let n = g * g;
+    /// `[B * T, D]`: the CLS token and the patch embeddings, plus positions.
+    fn tokens(&self, images: &[Vec<f32>]) -> Vec<f32> {
+        let d = self.config.hidden_size;
+        let n = self.num_patches();
         let t = 1 + n;
-        let kdim = 3 * p * p;
-        let mut cols = vec![0f32; images.len() * n * kdim];
-        cols.par_chunks_mut(n * kdim)
-            .zip(images.par_iter())
-            .for_each(|(dst, im)| {
-                for py in 0..g {
-                    for px in 0..g {
-                        let row = &mut dst[(py * g + px) * kdim..][..kdim];
-                        for ch in 0..3 {
-                            for ky in 0..p {
-                                let src = &im[ch * s * s + (py * p + ky) * s + px * p..][..p];
-                                row[ch * p * p + ky * p..][..p].copy_from_slice(src);
-                            }
-                        }
-                    }
-                }
-            });
-        let mut patches = vec![0f32; images.len() * n * d];
-        linear(
-            &cols,
-            images.len() * n,
-            kdim,
-            Weight::new(&self.weights.patch_w, self.bf16.as_ref().map(|p| &p.patch)),
-            d,
-            &self.weights.patch_b,
-            &mut patches,
-        );
+        let patches = self.embed.forward(images);
         let mut x = vec![0f32; images.len() * t * d];
         x.par_chunks_mut(t * d).enumerate().for_each(|(i, img)| {
             for (j, v) in img[..d].iter_mut().enumerate() {
-                *v = self.weights.cls_token[j] + self.pos_embed[j];
+                *v = self.cls_token[j] + self.pos_embed[j];
             }
             let src = &patches[i * n * d..(i + 1) * n * d];
             for (k, v) in img[d..].iter_mut().enumerate() {
@@ -378,294 +617,6 @@ impl Vit {
         });
         x
     }
-}
-
-/// A linear layer's weight `[k, n]`, with its bf16 tile packing when the model runs in bf16.
-#[derive(Clone, Copy)]
-struct Weight<'a> {
-    f32: &'a [f32],
-    bf16: Option<&'a PackedBf16>,
-}
-
-impl<'a> Weight<'a> {
-    fn new(f32: &'a [f32], bf16: Option<&'a PackedBf16>) -> Self {
-        Self { f32, bf16 }
-    }
-}
-
-/// Rows per task of a bf16 product: enough to keep the tiles busy, small enough to share
-/// a batch between threads.
-const BF16_ROWS_PER_TASK: usize = 128;
-
-/// `out[m, n] = a[m, k] W[k, n] + bias[n]`, all row-major, multithreaded over the rayon pool.
-fn linear(a: &[f32], m: usize, k: usize, w: Weight, n: usize, bias: &[f32], out: &mut [f32]) {
-    debug_assert!(
-        a.len() >= m * k && w.f32.len() == k * n && bias.len() == n && out.len() >= m * n
-    );
-    out[..m * n]
-        .par_chunks_mut(n)
-        .for_each(|row| row.copy_from_slice(bias));
-    if let Some(packed) = w.bf16 {
-        out[..m * n]
-            .par_chunks_mut(BF16_ROWS_PER_TASK * n)
-            .zip(a[..m * k].par_chunks(BF16_ROWS_PER_TASK * k))
-            .for_each(|(o, a)| craterdex_kernels::amx::bf16_matmul_acc(a, a.len() / k, packed, o));
-        return;
-    }
-    let w = w.f32;
-    let threads = rayon::current_num_threads();
-    let par = if threads > 1 && m * n * k > 1 << 18 {
-        Parallelism::Rayon(threads)
-    } else {
-        Parallelism::None
-    };
-    // SAFETY: the slices cover the strided extents given (checked above in debug builds and by
-    // construction in the callers), and dst does not alias lhs or rhs.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            out.as_mut_ptr(),
-            1,
-            n as isize,
-            true,
-            a.as_ptr(),
-            1,
-            k as isize,
-            w.as_ptr(),
-            1,
-            n as isize,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            par,
-        );
-    }
-}
-
-struct SendPtr(*mut f32);
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-impl SendPtr {
-    fn at(&self, offset: usize) -> *mut f32 {
-        // SAFETY: callers stay inside the buffer the pointer was taken from.
-        unsafe { self.0.add(offset) }
-    }
-}
-
-/// Multi-head self-attention over a fused `[B*T, 3D]` q|k|v buffer into `[B*T, D]`.
-/// When `cls_attn` is given, it receives the CLS row's attention to the patches, head-averaged.
-fn attention(
-    qkv: &[f32],
-    b: usize,
-    t: usize,
-    d: usize,
-    heads: usize,
-    out: &mut [f32],
-    cls_attn: Option<&mut [f32]>,
-) {
-    let dh = d / heads;
-    let scale = 1.0 / (dh as f32).sqrt();
-    let out_ptr = SendPtr(out.as_mut_ptr());
-    let cls_rows: Vec<Vec<f32>> = (0..b * heads)
-        .into_par_iter()
-        .map_init(
-            || vec![0f32; t * t],
-            |scores, job| {
-                let (img, head) = (job / heads, job % heads);
-                let base = img * t * 3 * d;
-                let q = &qkv[base + head * dh..];
-                let k = &qkv[base + d + head * dh..];
-                let v = &qkv[base + 2 * d + head * dh..];
-                let rs = (3 * d) as isize;
-                // SAFETY: q, k, v are strided views inside qkv; each job writes a disjoint
-                // column block (its head) of its own image's rows in `out`.
-                unsafe {
-                    gemm::gemm(
-                        t,
-                        t,
-                        dh,
-                        scores.as_mut_ptr(),
-                        1,
-                        t as isize,
-                        false,
-                        q.as_ptr(),
-                        1,
-                        rs,
-                        k.as_ptr(),
-                        rs,
-                        1,
-                        0.0,
-                        scale,
-                        false,
-                        false,
-                        false,
-                        Parallelism::None,
-                    );
-                }
-                scores.chunks_mut(t).for_each(softmax_in_place);
-                let dst = out_ptr.at(img * t * d + head * dh);
-                unsafe {
-                    gemm::gemm(
-                        t,
-                        dh,
-                        t,
-                        dst,
-                        1,
-                        d as isize,
-                        false,
-                        scores.as_ptr(),
-                        1,
-                        t as isize,
-                        v.as_ptr(),
-                        1,
-                        rs,
-                        0.0,
-                        1.0,
-                        false,
-                        false,
-                        false,
-                        Parallelism::None,
-                    );
-                }
-                scores[1..t].to_vec()
-            },
-        )
-        .collect();
-    if let Some(cls) = cls_attn {
-        let n = t - 1;
-        cls.iter_mut().for_each(|v| *v = 0.0);
-        for (job, row) in cls_rows.iter().enumerate() {
-            let dst = &mut cls[(job / heads) * n..][..n];
-            dst.iter_mut()
-                .zip(row)
-                .for_each(|(a, r)| *a += r / heads as f32);
-        }
-    }
-}
-
-fn softmax_in_place(row: &mut [f32]) {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    map_in_place(row, |v| exp_nonpositive(v - max));
-    let sum: f32 = row.iter().sum();
-    let inv = 1.0 / sum;
-    row.iter_mut().for_each(|v| *v *= inv);
-}
-
-/// `e^x` for `x <= 0` (softmax after subtracting the row maximum): `2^n e^r` with
-/// `|r| <= ln2/2` and a degree-6 Taylor polynomial, branch-free so that it vectorises; within
-/// 3 ulp of libm's expf (tested). Below -87 (e^x < 2^-125) the result is zero.
-#[inline(always)]
-fn exp_nonpositive(input: f32) -> f32 {
-    let x = input.max(-87.0);
-    // Round to nearest by adding and removing 1.5 * 2^23 (f32::round is not one instruction).
-    const ROUNDER: f32 = 12_582_912.0;
-    let n = (x * std::f32::consts::LOG2_E + ROUNDER) - ROUNDER;
-    // ln 2 split in two so that n * ln2 is exact in its high part.
-    let r = (x - n * 0.693_145_75) - n * 1.428_606_8e-6;
-    let mut p = 1.0 / 720.0;
-    p = p * r + 1.0 / 120.0;
-    p = p * r + 1.0 / 24.0;
-    p = p * r + 1.0 / 6.0;
-    p = p * r + 0.5;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
-    if input < -87.0 {
-        0.0
-    } else {
-        p * scale
-    }
-}
-
-fn layer_norm(x: &[f32], out: &mut [f32], d: usize, w: &[f32], b: &[f32], eps: f32) {
-    out.par_chunks_mut(d)
-        .zip(x.par_chunks(d))
-        .for_each(|(o, r)| {
-            let mean = r.iter().map(|&v| v as f64).sum::<f64>() / d as f64;
-            let var = r.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / d as f64;
-            let inv = 1.0 / (var + eps as f64).sqrt();
-            for j in 0..d {
-                o[j] = ((r[j] as f64 - mean) * inv) as f32 * w[j] + b[j];
-            }
-        });
-}
-
-fn add_residual(x: &mut [f32], y: &[f32], scale: Option<&[f32]>, d: usize) {
-    x.par_chunks_mut(d)
-        .zip(y.par_chunks(d))
-        .for_each(|(xr, yr)| match scale {
-            Some(s) => xr
-                .iter_mut()
-                .zip(yr)
-                .zip(s)
-                .for_each(|((a, b), g)| *a += b * g),
-            None => xr.iter_mut().zip(yr).for_each(|(a, b)| *a += b),
-        });
-}
-
-/// `erf(x)` as a rational function of `x` on [-4, 4] (|erf| rounds to 1 beyond), the form
-/// XLA and Eigen use for f32: within 5e-7 (4 ulp near 1) of libm's erff (tested), branch-free so that loops
-/// over it vectorise. libm's scalar erff took a third of the forward pass.
-#[inline(always)]
-fn erf_rational(x: f32) -> f32 {
-    let x = x.clamp(-4.0, 4.0);
-    let x2 = x * x;
-    let mut p = -2.726_142_3e-10_f32;
-    p = p * x2 + 2.770_681_4e-8;
-    p = p * x2 - 2.101_024e-6;
-    p = p * x2 - 5.692_506_4e-5;
-    p = p * x2 - 7.349_906_3e-4;
-    p = p * x2 - 2.954_6e-3;
-    p = p * x2 - 1.609_603_3e-2;
-    let mut q = -1.456_607_2e-5_f32;
-    q = q * x2 - 2.133_740_6e-4;
-    q = q * x2 - 1.682_827e-3;
-    q = q * x2 - 7.373_329e-3;
-    q = q * x2 - 1.426_474e-2;
-    x * p / q
-}
-
-/// Exact (erf) GELU, as in the reference DINO and DINOv2 code.
-#[inline(always)]
-fn gelu(x: f32) -> f32 {
-    0.5 * x * (1.0 + erf_rational(x * std::f32::consts::FRAC_1_SQRT_2))
-}
-
-fn gelu_in_place(v: &mut [f32]) {
-    map_in_place(v, gelu);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn map_avx512(v: &mut [f32], f: impl Fn(f32) -> f32) {
-    v.iter_mut().for_each(|x| *x = f(*x));
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn map_avx2(v: &mut [f32], f: impl Fn(f32) -> f32) {
-    v.iter_mut().for_each(|x| *x = f(*x));
-}
-
-/// Applies an element-wise function compiled for the widest vectors the CPU has (the build
-/// targets baseline x86-64, whose 4-lane SSE would leave most of the machine idle).
-fn map_in_place(v: &mut [f32], f: impl Fn(f32) -> f32) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU supports AVX-512F (checked above).
-            return unsafe { map_avx512(v, f) };
-        }
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU supports AVX2 and FMA (checked above).
-            return unsafe { map_avx2(v, f) };
-        }
-    }
-    v.iter_mut().for_each(|x| *x = f(*x));
 }
 
 /// Resamples the position-embedding grid with bicubic interpolation (a = -0.75, half-pixel
@@ -781,46 +732,5 @@ mod tests {
         );
         let expect1 = w(1.5) * 1.0 + w(0.5) * 2.0 + w(0.5) * 3.0 + w(1.5) * 3.0;
         assert!((down[1 + 2] - expect1).abs() < 1e-6);
-    }
-
-    #[test]
-    fn rational_erf_matches_libm_everywhere() {
-        let mut worst = 0f32;
-        for i in -2_000_000..=2_000_000 {
-            let x = i as f32 * 3e-6; // [-6, 6]
-            worst = worst.max((erf_rational(x) - libm::erff(x)).abs());
-        }
-        assert!(worst < 5e-7, "worst |erf error| {worst}");
-        let mut v: Vec<f32> = (-500..500).map(|i| i as f32 * 0.013).collect();
-        let want: Vec<f32> = v
-            .iter()
-            .map(|&x| 0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2)))
-            .collect();
-        gelu_in_place(&mut v);
-        for (a, b) in v.iter().zip(&want) {
-            assert!((a - b).abs() < 1e-6, "{a} vs {b}");
-        }
-    }
-
-    #[test]
-    fn vectorised_exp_matches_libm() {
-        let mut worst_ulp = 0i64;
-        for i in 0..=1_000_000 {
-            let x = -(i as f32) * 8.0e-5; // [-80, 0]
-            let (got, want) = (exp_nonpositive(x), x.exp());
-            worst_ulp = worst_ulp.max((got.to_bits() as i64 - want.to_bits() as i64).abs());
-        }
-        assert!(worst_ulp <= 3, "worst error {worst_ulp} ulp");
-        assert_eq!(exp_nonpositive(0.0), 1.0);
-        assert_eq!(exp_nonpositive(-90.0), 0.0);
-        assert_eq!(exp_nonpositive(f32::NEG_INFINITY), 0.0);
-    }
-
-    #[test]
-    fn softmax_rows_sum_to_one() {
-        let mut r = vec![1.0, 2.0, 3.0, -1000.0];
-        softmax_in_place(&mut r);
-        assert!((r.iter().sum::<f32>() - 1.0).abs() < 1e-6);
-        assert_eq!(r[3], 0.0);
     }
 }

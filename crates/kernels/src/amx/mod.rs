@@ -50,6 +50,7 @@ pub(crate) fn request_tile_state() -> bool {
 
 /// The right-hand side of int8 products `A B^T`: `B` is `[n, k]` row-major (e.g. a query's
 /// tokens), packed once into tiles. `k` must be a multiple of 64 (see [`PackedI8::fits`]).
+#[derive(Clone, Debug)]
 pub struct PackedI8 {
     /// `[col_blocks][k_blocks]` tiles of 16 rows (groups of 4 along k) x 16 columns x 4 bytes.
     tiles: Vec<i8>,
@@ -118,6 +119,7 @@ pub fn i8_products_of_parts(parts: &[&[i8]], b: &PackedI8, out: &mut [i32]) {
 /// The right-hand side of bf16 products `A W`: `W` is `[k, n]` row-major f32 (e.g. a linear
 /// layer's weight), rounded to bf16 and packed once. `n` must be a multiple of 16; `k` is
 /// padded with zeros to a multiple of 32.
+#[derive(Clone, Debug)]
 pub struct PackedBf16 {
     /// `[col_blocks][k_blocks]` tiles of 16 rows (pairs along k) x 16 columns x 2 bf16.
     tiles: Vec<u16>,

@@ -16,8 +16,6 @@ fn peak_rss_mb() -> f64 {
 
 pub fn run(b: ExtractBench) -> Result<()> {
     let spec = b.model.choice.spec();
-    let extractor = Extractor::load(&spec, b.model.settings(), &Bars::new())?;
-    let vit = extractor.vit();
     let mut items = images_in(&b.dir)?;
     if items.len() < b.images {
         bail!(
@@ -28,49 +26,53 @@ pub fn run(b: ExtractBench) -> Result<()> {
         );
     }
     items.truncate(b.images);
-    let prep = vit.preprocess(b.model.choice.resize);
-    let tensors: Vec<Vec<f32>> = items
-        .iter()
-        .map(|(_, p)| Ok(preprocess::to_tensor(&preprocess::load_image(p)?, &prep)))
-        .collect::<Result<_>>()?;
+    // f32 and int8 always, bf16 where the CPU has AMX tiles; each engine loads its own copy
+    let mut precisions = vec![Precision::F32, Precision::Int8];
+    if craterdex_kernels::amx::available() {
+        precisions.push(Precision::Bf16);
+    }
     let threads = rayon::current_num_threads();
     let batch = b.model.batch.max(1);
-    vit.forward(&tensors[..batch.min(tensors.len())])?;
-    let rss = peak_rss_mb();
-    // bf16 is timed too wherever the CPU can run it; its RSS adds the packed weights.
-    let vit16 = if vit.precision() == Precision::F32 && craterdex_kernels::amx::available() {
-        let spec16 = ModelSpec {
-            precision: Precision::Bf16,
+    let mut engines = Vec::new();
+    let mut tensors = Vec::new();
+    for &precision in &precisions {
+        let spec = ModelSpec {
+            precision,
             ..spec.clone()
         };
-        let v = Extractor::load(&spec16, b.model.settings(), &Bars::new())?;
-        v.vit().forward(&tensors[..batch.min(tensors.len())])?;
-        Some(v)
-    } else {
-        None
+        let extractor = Extractor::load(&spec, b.model.settings(), &Bars::new())?;
+        if tensors.is_empty() {
+            let prep = extractor.vit().preprocess(b.model.choice.resize);
+            tensors = items
+                .iter()
+                .map(|(_, p)| Ok(preprocess::to_tensor(&preprocess::load_image(p)?, &prep)))
+                .collect::<Result<_>>()?;
+        }
+        extractor
+            .vit()
+            .forward(&tensors[..batch.min(tensors.len())])?;
+        // the process's peak so far: cumulative over the engines loaded before this one
+        engines.push((extractor, peak_rss_mb(), Vec::new()));
+    }
+    let (model_name, input_size) = {
+        let vit = engines[0].0.vit();
+        (vit.config().name.clone(), vit.input_size())
     };
     let mut reference = if b.no_reference {
         None
     } else {
-        Some(OrtReference::start(
-            &tensors,
-            vit.input_size(),
-            batch,
-            threads,
-        )?)
+        Some(OrtReference::start(&tensors, input_size, batch, threads)?)
     };
     // Rounds take turns between the engines, so that drifting machine load hits all alike.
     let rounds = b.repeats.max(1);
-    let (mut ours, mut ours16, mut theirs) = (Vec::new(), Vec::new(), Vec::new());
+    let mut theirs = Vec::new();
     let pb = bar(rounds, "rounds");
     // Both runtimes' idle workers spin for a while after a pass; a pause lets them sleep
     // before the other engine starts.
     let settle = || std::thread::sleep(std::time::Duration::from_millis(300));
     for _ in 0..rounds {
-        ours.push(seconds_per_pass(vit, &tensors, batch)?);
-        settle();
-        if let Some(v) = &vit16 {
-            ours16.push(seconds_per_pass(v.vit(), &tensors, batch)?);
+        for (e, _, secs) in engines.iter_mut() {
+            secs.push(seconds_per_pass(e.vit(), &tensors, batch)?);
             settle();
         }
         if let Some(r) = reference.as_mut() {
@@ -81,23 +83,31 @@ pub fn run(b: ExtractBench) -> Result<()> {
     }
     pb.finish_and_clear();
     let rate = |secs: &[f64]| b.images as f64 / secs.iter().copied().fold(f64::INFINITY, f64::min);
+    println!("{}", craterdex_kernels::level::describe());
     println!(
         "model {} at {}px, {} real crops from {}, batch {batch}, {threads} threads, \
          {rounds} interleaved rounds (best of them shown)",
-        vit.config().name,
-        vit.input_size(),
+        model_name,
+        input_size,
         b.images,
         b.dir.display(),
     );
     println!("{:<28} {:>10} {:>12}", "engine", "images/s", "peak RSS MB");
-    let name = format!("craterdex ({})", vit.precision().name());
-    println!("{name:<28} {:>10.2} {rss:>12.0}", rate(&ours));
-    if !ours16.is_empty() {
-        let rss16 = peak_rss_mb();
+    for (e, rss, secs) in &engines {
+        let name = format!("craterdex ({})", e.vit().precision().name());
+        println!("{name:<28} {:>10.2} {rss:>12.0}", rate(secs));
+    }
+    let f32_secs = &engines[0].2;
+    for (e, _, secs) in &engines[1..] {
+        let r: Vec<f64> = f32_secs.iter().zip(secs).map(|(f, m)| f / m).collect();
         println!(
-            "{:<28} {:>10.2} {rss16:>12.0}",
-            "craterdex (bf16, AMX)",
-            rate(&ours16)
+            "ratio craterdex ({}) / craterdex (f32): {:.2}x images/s (best vs best), rounds [{}]",
+            e.vit().precision().name(),
+            rate(secs) / rate(f32_secs),
+            r.iter()
+                .map(|x| format!("{x:.2}"))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     let Some(reference) = reference else {
@@ -113,18 +123,14 @@ pub fn run(b: ExtractBench) -> Result<()> {
         rate(&theirs),
         summary["peak_rss_mb"].as_f64().unwrap_or(f64::NAN)
     );
-    let ratios =
-        |mine: &[f64]| -> Vec<f64> { mine.iter().zip(&theirs).map(|(m, t)| t / m).collect() };
-    for (label, mine) in [(vit.precision().name(), &ours), ("bf16", &ours16)] {
-        if mine.is_empty() {
-            continue;
-        }
-        let mut r = ratios(mine);
+    for (e, _, mine) in &engines {
+        let mut r: Vec<f64> = mine.iter().zip(&theirs).map(|(m, t)| t / m).collect();
         let each: Vec<String> = r.iter().map(|x| format!("{x:.2}")).collect();
         r.sort_by(f64::total_cmp);
         println!(
-            "ratio craterdex ({label}) / onnxruntime: {:.2}x images/s (best vs best), \
+            "ratio craterdex ({}) / onnxruntime: {:.2}x images/s (best vs best), \
              median of rounds {:.2}x [{}]",
+            e.vit().precision().name(),
             rate(mine) / rate(&theirs),
             percentile(&r, 0.5),
             each.join(", ")

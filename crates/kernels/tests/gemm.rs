@@ -1,0 +1,151 @@
+//! The packed matrix products at every level this CPU supports: f32 against f64 references
+//! (strided operands, both packings, accumulation), int8 linear layers bit-identical across
+//! levels, exact against an integer reference and close to f32.
+
+use craterdex_kernels::gemm::{self, PackedF32, PackedI8Linear, NB};
+use craterdex_kernels::level::{self, Level};
+use rand::{Rng, SeedableRng};
+
+fn levels() -> Vec<Level> {
+    level::supported()
+}
+
+fn randn(rng: &mut impl Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect()
+}
+
+/// (m, k, n): rows around the register blocks, widths around the 32-column blocks.
+const SHAPES: [(usize, usize, usize); 7] = [
+    (1, 1, 1),
+    (7, 13, 33),
+    (16, 64, 32),
+    (37, 384, 70),
+    (6, 588, 384),
+    (25, 100, 5),
+    (3, 4, 64),
+];
+
+#[test]
+fn f32_products_match_f64_on_every_level() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+    for (m, k, n) in SHAPES {
+        let (lda, ldo) = (k + 3, n + 5);
+        let a = randn(&mut rng, m * lda);
+        let b = randn(&mut rng, k * n);
+        let prior = randn(&mut rng, m * ldo);
+        let want = |r: usize, j: usize| -> f64 {
+            (0..k)
+                .map(|i| a[r * lda + i] as f64 * b[i * n + j] as f64)
+                .sum()
+        };
+        let bt: Vec<f32> = (0..n)
+            .flat_map(|j| (0..k).map(move |i| (i, j)))
+            .map(|(i, j)| b[i * n + j])
+            .collect();
+        for l in levels() {
+            for (packed, how) in [
+                (PackedF32::from_kn_at(l, &b, k, n), "kn"),
+                (PackedF32::from_columns(&bt, n, k, k), "columns"),
+            ] {
+                for accumulate in [false, true] {
+                    let mut out = prior.clone();
+                    gemm::matmul_f32(&a, m, lda, &packed, &mut out, ldo, accumulate);
+                    for r in 0..m {
+                        for j in 0..n {
+                            let base = if accumulate {
+                                prior[r * ldo + j] as f64
+                            } else {
+                                0.0
+                            };
+                            let got = out[r * ldo + j] as f64;
+                            assert!(
+                                (got - base - want(r, j)).abs() < 1e-4 * (k as f64).sqrt(),
+                                "{l} {how} m{m} k{k} n{n} ({r},{j}) acc {accumulate}: {got} vs {}",
+                                base + want(r, j)
+                            );
+                        }
+                        // columns past n untouched
+                        for j in n..ldo {
+                            assert_eq!(out[r * ldo + j], prior[r * ldo + j]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn int8_linear_layers_are_identical_on_every_level_exact_and_close_to_f32() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2);
+    for (m, k, n) in SHAPES {
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| rng.gen_range(-1.0f32..1.5) + (i % 3) as f32 * 0.1)
+            .collect();
+        let w = randn(&mut rng, k * n);
+        let bias = randn(&mut rng, n);
+        let mut reference: Option<Vec<f32>> = None;
+        for l in levels() {
+            let packed = PackedI8Linear::with_level(&w, k, n, l);
+            let mut out = vec![f32::NAN; m * n];
+            gemm::linear_i8(&x, m, &packed, &bias, &mut out);
+            match &reference {
+                None => reference = Some(out),
+                Some(r) => assert_eq!(&out, r, "{l} m{m} k{k} n{n}"),
+            }
+        }
+        let got = reference.unwrap();
+        let mut f = vec![0f32; m * n];
+        gemm::linear_f32(&x, m, &PackedF32::from_kn(&w, k, n), &bias, &mut f);
+        // 8-bit codes per group: errors grow like sqrt(k) of the codes' steps
+        for (i, (a, b)) in got.iter().zip(&f).enumerate() {
+            assert!(
+                (a - b).abs() < 0.02 * (k as f32).sqrt() + 1e-3,
+                "m{m} k{k} n{n} [{i}]: {a} vs {b}"
+            );
+        }
+    }
+}
+
+/// The int8 path against the documented quantisation done by hand in integers and f64:
+/// activations per row and group of 64, asymmetric with codes 0..=254; weights per column,
+/// symmetric 8-bit.
+#[test]
+fn int8_linear_is_the_documented_quantisation() {
+    let (m, k, n) = (5, 150, NB + 3);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+    let x = randn(&mut rng, m * k);
+    let w = randn(&mut rng, k * n);
+    let bias = vec![0.0; n];
+    let mut out = vec![0f32; m * n];
+    gemm::linear_i8(&x, m, &PackedI8Linear::new(&w, k, n), &bias, &mut out);
+    let round = |v: f32| v.round_ties_even();
+    for r in 0..m {
+        for j in 0..n {
+            let mut want = 0f64;
+            for g0 in (0..k).step_by(gemm::GROUP) {
+                let g1 = (g0 + gemm::GROUP).min(k);
+                let part = &x[r * k + g0..r * k + g1];
+                let lo = part.iter().fold(0f32, |a, &v| a.min(v));
+                let hi = part.iter().fold(0f32, |a, &v| a.max(v));
+                let s = (hi - lo) / 254.0;
+                let z = round(-lo / s).clamp(0.0, 254.0);
+                let max = (0..k).fold(0f32, |a, i| a.max(w[i * n + j].abs()));
+                let sw = max / 127.0;
+                let dot: i64 = (g0..g1)
+                    .map(|i| {
+                        let a = (round(x[r * k + i] / s) + z).clamp(0.0, 254.0) as i64 - z as i64;
+                        let b = round(w[i * n + j] / sw).clamp(-127.0, 127.0) as i64;
+                        a * b
+                    })
+                    .sum();
+                want += dot as f64 * s as f64 * sw as f64;
+            }
+            assert!(
+                (out[r * n + j] as f64 - want).abs() < 1e-4,
+                "({r},{j}) {} vs {want}",
+                out[r * n + j]
+            );
+        }
+    }
+}
