@@ -102,12 +102,17 @@ pub fn replace_dir(tmp: &Path, dir: &Path) -> Result<()> {
 }
 
 /// Aborts the process when `CRATERDEX_FAILPOINT` names this point: crash tests use it to
-/// kill a writer at a precise moment.
+/// kill a writer at a precise moment. Only with the `failpoints` feature (which tests turn
+/// on); in other builds it does nothing.
+#[inline(always)]
 pub fn failpoint(name: &str) {
+    #[cfg(feature = "failpoints")]
     if std::env::var("CRATERDEX_FAILPOINT").is_ok_and(|v| v == name) {
         eprintln!("failpoint {name}: aborting");
         std::process::abort();
     }
+    #[cfg(not(feature = "failpoints"))]
+    let _ = name;
 }
 
 #[cfg(test)]
