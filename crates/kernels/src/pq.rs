@@ -1,0 +1,45 @@
+//! Product quantisation: the nearest of 256 centroids to a sub-vector, for encoding.
+
+use crate::level::{active, Level};
+
+/// Centroids per sub-space.
+pub const CENTROIDS: usize = 256;
+
+/// The centroid with the largest `2 x.c - |c|^2` (the nearest in L2) among the 256 of `t`
+/// (`[ds, 256]`, transposed) with squared norms `norms`; ties go to the lower index. The same
+/// sums on every level (whole rows of 256, vectorised at the active level's width).
+pub fn nearest(x: &[f32], t: &[f32], norms: &[f32]) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    match active() {
+        // SAFETY: the level is only active on CPUs with its features.
+        Level::Avx512 | Level::Amx => return unsafe { nearest_avx512(x, t, norms) },
+        // SAFETY: as above.
+        Level::Avx2 => return unsafe { nearest_avx2(x, t, norms) },
+        Level::Portable => {}
+    }
+    nearest_plain(x, t, norms)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn nearest_avx512(x: &[f32], t: &[f32], norms: &[f32]) -> usize {
+    nearest_plain(x, t, norms)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn nearest_avx2(x: &[f32], t: &[f32], norms: &[f32]) -> usize {
+    nearest_plain(x, t, norms)
+}
+
+#[inline(always)]
+fn nearest_plain(x: &[f32], t: &[f32], norms: &[f32]) -> usize {
+    let mut score = [0f32; CENTROIDS];
+    score.iter_mut().zip(norms).for_each(|(s, n)| *s = -n);
+    for (&xj, row) in x.iter().zip(t.chunks_exact(CENTROIDS)) {
+        let xj = 2.0 * xj;
+        score.iter_mut().zip(row).for_each(|(s, c)| *s += xj * c);
+    }
+    let best = score.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    score.iter().position(|&s| s == best).unwrap_or(0)
+}
