@@ -164,6 +164,10 @@ pub fn run(
                      searches: Vec<Search>,
                      out: &mut Vec<RegimeResult>|
          -> Result<()> {
+            // the build counts towards the index's first regime
+            if let Some(first) = searches.first() {
+                progress(&first.name);
+            }
             let index = recipe.index_from_descriptors(
                 encoder,
                 input.gallery.dim,
@@ -172,8 +176,10 @@ pub fn run(
                 None,
             )?;
             let engine = Engine::new(index, None)?;
-            for s in searches {
-                progress(&s.name);
+            for (i, s) in searches.into_iter().enumerate() {
+                if i > 0 {
+                    progress(&s.name);
+                }
                 let hits = engine.search(queries, &s.params);
                 let rankings: Vec<Vec<usize>> = hits
                     .iter()

@@ -2,6 +2,7 @@
 //! the same machine, printed as ratios (never asserted by tests: machines are noisy). Every
 //! bench prints the CPU and the kernel level that produced its numbers.
 
+mod eval;
 mod extract;
 mod python;
 mod search;
@@ -31,6 +32,25 @@ pub enum BenchCmd {
         after_help = "Example:\n  craterdex bench serve --index nac-index --manifest nac-bench/splits/test.json --seconds 30"
     )]
     Serve(serve::ServeBench),
+    /// Time and memory of the evaluation's regimes (extraction excluded) on a synthetic
+    /// benchmark, projected to the full CraterBench-R (50,000 x 5,000).
+    #[command(after_help = "Example:\n  craterdex bench eval --gallery 10000 --queries 1000")]
+    Eval(EvalBench),
+}
+
+#[derive(Args)]
+pub struct EvalBench {
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) gallery: usize,
+    #[arg(long, default_value_t = 1_000)]
+    pub(crate) queries: usize,
+    #[arg(long, default_value_t = 256)]
+    pub(crate) tokens: usize,
+    #[arg(long, default_value_t = 384)]
+    pub(crate) dim: usize,
+    /// The full regime set instead of --quick's.
+    #[arg(long)]
+    pub(crate) full: bool,
 }
 
 #[derive(Args)]
@@ -90,6 +110,7 @@ pub fn run(c: BenchCmd) -> Result<()> {
         BenchCmd::Extract(b) => extract::run(b),
         BenchCmd::Search(b) => search::run(b),
         BenchCmd::Serve(b) => serve::run(b),
+        BenchCmd::Eval(b) => eval::run(b),
     }
 }
 
