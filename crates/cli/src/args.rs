@@ -50,6 +50,10 @@ pub struct ModelOpts {
     /// Bypass the on-disk feature cache.
     #[arg(long)]
     pub no_cache: bool,
+    /// Use what can be decoded of truncated or corrupt images (JPEGs cut short, bad Huffman
+    /// data) instead of skipping them with a warning.
+    #[arg(long)]
+    pub allow_partial_images: bool,
 }
 
 impl ModelOpts {
@@ -57,6 +61,7 @@ impl ModelOpts {
         ExtractSettings {
             batch: self.batch,
             cache: !self.no_cache,
+            allow_partial: self.allow_partial_images,
         }
     }
 

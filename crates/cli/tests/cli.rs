@@ -216,6 +216,14 @@ fn extract_skips_bad_images_and_writes_numpy_readable_features() {
     std::fs::create_dir_all(e.root.join("imgs")).unwrap();
     std::fs::copy(&tile, e.root.join("imgs/a.png")).unwrap();
     std::fs::write(e.root.join("imgs/broken.png"), b"not a png").unwrap();
+    // a JPEG cut short: the image crate would decode its top and fill the rest
+    let mut jpeg = std::io::Cursor::new(Vec::new());
+    image::open(&tile)
+        .unwrap()
+        .write_to(&mut jpeg, image::ImageFormat::Jpeg)
+        .unwrap();
+    let jpeg = jpeg.into_inner();
+    std::fs::write(e.root.join("imgs/cut.jpg"), &jpeg[..jpeg.len() / 2]).unwrap();
     let o = e.run(&[
         "extract",
         "--dir",
@@ -232,6 +240,10 @@ fn extract_skips_bad_images_and_writes_numpy_readable_features() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
         err.contains("broken.png") && err.contains("skipped"),
+        "{err}"
+    );
+    assert!(
+        err.contains("cut.jpg") && err.contains("truncated or corrupt JPEG"),
         "{err}"
     );
     let ids: Vec<String> = serde_json::from_str(
@@ -261,7 +273,7 @@ fn extract_skips_bad_images_and_writes_numpy_readable_features() {
         "16",
         "--f16",
     ]);
-    assert!(String::from_utf8_lossy(&o.stderr).contains("1 of 2 images from the feature cache"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("1 of 3 images from the feature cache"));
     // same tensors, bit for bit (the header's metadata order is not fixed by safetensors)
     let again = std::fs::read(e.root.join("g.safetensors")).unwrap();
     let st2 = safetensors::SafeTensors::deserialize(&again).unwrap();
@@ -272,6 +284,25 @@ fn extract_skips_bad_images_and_writes_numpy_readable_features() {
             "{name}"
         );
     }
+    // opting in uses what can be decoded of the cut JPEG
+    let o = e.run(&[
+        "extract",
+        "--dir",
+        "imgs",
+        "--out",
+        "h.safetensors",
+        "--model",
+        &model,
+        "--size",
+        "16",
+        "--allow-partial-images",
+    ]);
+    assert!(o.status.success());
+    let ids: Vec<String> = serde_json::from_str(
+        &std::fs::read_to_string(e.root.join("h.safetensors.ids.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(ids, vec!["a", "cut"]);
 }
 
 #[test]

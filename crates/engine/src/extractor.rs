@@ -24,6 +24,8 @@ pub struct ExtractSettings {
     pub batch: usize,
     /// Use the per-image feature cache under `$CRATERDEX_HOME/features`.
     pub cache: bool,
+    /// Use what can be decoded of truncated or corrupt images (default: skip and list them).
+    pub allow_partial: bool,
 }
 
 impl Default for ExtractSettings {
@@ -31,6 +33,7 @@ impl Default for ExtractSettings {
         Self {
             batch: 16,
             cache: true,
+            allow_partial: false,
         }
     }
 }
@@ -105,6 +108,7 @@ impl Extractor {
                 .settings
                 .cache
                 .then(|| fetch::cache_dir().join("features")),
+            allow_partial: self.settings.allow_partial,
         };
         progress.start(what, items.len());
         let res = extract::extract(&self.vit, items, &opts, &|done| progress.advance(done));

@@ -211,6 +211,8 @@ pub struct ExtractOptions {
     pub preprocess: Preprocess,
     /// Per-image cache directory (None disables the cache).
     pub cache: Option<PathBuf>,
+    /// Use what can be decoded of truncated or corrupt images instead of skipping them.
+    pub allow_partial: bool,
 }
 
 /// The result of an extraction run.
@@ -300,7 +302,7 @@ pub fn extract(
                 if let Some(f) = cpath.as_ref().and_then(|p| read_cached(p, dim, tokens)) {
                     return Prepared::Cached(f);
                 }
-                match preprocess::decode_image(&bytes) {
+                match preprocess::decode_image_with(&bytes, opts.allow_partial) {
                     Ok(img) => {
                         Prepared::Tensor(preprocess::to_tensor(&img, &opts.preprocess), cpath)
                     }

@@ -50,17 +50,42 @@ impl Preprocess {
     }
 }
 
+/// Reads and decodes an image file, refusing truncated or corrupt data (see [`decode_image`]).
 pub fn load_image(path: &Path) -> Result<DynamicImage> {
-    image::ImageReader::open(path)
-        .with_context(|| format!("cannot open {}", path.display()))?
-        .with_guessed_format()
-        .with_context(|| format!("cannot read {}", path.display()))?
-        .decode()
-        .with_context(|| format!("{} is not a readable image", path.display()))
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    decode_image(&bytes).with_context(|| format!("{} is not a usable image", path.display()))
 }
 
+/// Decodes an image, refusing data the decoders would only partly read: JPEGs are first
+/// checked by zune-jpeg in strict mode (the image crate's own JPEG decoding fills a truncated
+/// file's missing rows and says nothing); PNG (checksummed), TIFF and PNM report truncation
+/// themselves. Raw TIFF or PNM pixels carry no checksum, so a flipped byte there goes unseen.
 pub fn decode_image(bytes: &[u8]) -> Result<DynamicImage> {
+    decode_image_with(bytes, false)
+}
+
+/// [`decode_image`], or with `allow_partial` whatever the decoders can make of the data.
+pub fn decode_image_with(bytes: &[u8], allow_partial: bool) -> Result<DynamicImage> {
+    if !allow_partial {
+        check_complete(bytes)?;
+    }
     image::load_from_memory(bytes).context("not a readable image (JPEG, PNG, TIFF or PNM expected)")
+}
+
+/// Fails on a JPEG that strict decoding finds truncated or corrupt; other formats pass (their
+/// decoders report such data themselves).
+pub fn check_complete(bytes: &[u8]) -> Result<()> {
+    if image::guess_format(bytes).ok() != Some(image::ImageFormat::Jpeg) {
+        return Ok(());
+    }
+    let opts = zune_core::options::DecoderOptions::default().set_strict_mode(true);
+    let mut decoder =
+        zune_jpeg::JpegDecoder::new_with_options(zune_core::bytestream::ZCursor::new(bytes), opts);
+    decoder.decode().map(|_| ()).map_err(|e| {
+        anyhow::anyhow!(
+            "truncated or corrupt JPEG ({e:?}); --allow-partial-images uses what can be decoded"
+        )
+    })
 }
 
 /// The normalised `[3, size, size]` CHW tensor of an image.
@@ -109,6 +134,23 @@ mod tests {
             std: [0.5, 0.5, 0.5],
             resize,
         }
+    }
+
+    #[test]
+    fn truncated_jpegs_are_refused_unless_partial_images_are_allowed() {
+        let img = image::RgbImage::from_fn(120, 90, |x, y| Rgb([(x * 2) as u8, (y * 3) as u8, 7]));
+        let mut buf = std::io::Cursor::new(Vec::new());
+        DynamicImage::ImageRgb8(img)
+            .write_to(&mut buf, image::ImageFormat::Jpeg)
+            .unwrap();
+        let jpeg = buf.into_inner();
+        decode_image(&jpeg).unwrap();
+        let cut = &jpeg[..jpeg.len() * 2 / 3];
+        // the image crate alone decodes the cut file without a word
+        assert!(image::load_from_memory(cut).is_ok());
+        let e = format!("{:#}", decode_image(cut).unwrap_err());
+        assert!(e.contains("truncated or corrupt JPEG"), "{e}");
+        assert_eq!(decode_image_with(cut, true).unwrap().width(), 120);
     }
 
     #[test]

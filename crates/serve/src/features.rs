@@ -149,7 +149,7 @@ pub struct Upload {
     pub format: image::ImageFormat,
 }
 
-pub fn decode_upload(bytes: Bytes, max_side: u32) -> ApiResult<Upload> {
+pub fn decode_upload(bytes: Bytes, max_side: u32, allow_partial: bool) -> ApiResult<Upload> {
     let reader = image::ImageReader::new(Cursor::new(&bytes[..]))
         .with_guessed_format()
         .map_err(ApiError::internal)?;
@@ -173,6 +173,14 @@ pub fn decode_upload(bytes: Bytes, max_side: u32) -> ApiResult<Upload> {
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("the image is {w}x{h} pixels; at most {max_side} per side is accepted"),
         ));
+    }
+    if !allow_partial {
+        craterdex_model::preprocess::check_complete(&bytes).map_err(|e| {
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("cannot use the {format:?} image: {e:#}"),
+            )
+        })?;
     }
     let mut reader = image::ImageReader::with_format(Cursor::new(&bytes[..]), format);
     let mut limits = image::Limits::default();

@@ -284,11 +284,14 @@ pub async fn search_image(
     let bytes = bytes
         .ok_or_else(|| ApiError::bad_request("multipart form without an `image` file part"))?;
     let engine = image_engine(&svc)?;
-    let max_side = svc.config().max_image_side;
+    let (max_side, partial) = (
+        svc.config().max_image_side,
+        svc.config().allow_partial_images,
+    );
     svc.counters.image_searches.fetch_add(1, Ordering::Relaxed);
     blocking(move || {
         let t = Instant::now();
-        let up = decode_upload(bytes, max_side)?;
+        let up = decode_upload(bytes, max_side, partial)?;
         let (w, h) = (up.image.width(), up.image.height());
         let desc = image_descriptors(&engine, &up.image)?;
         let features_ms = ms(t);
@@ -435,9 +438,12 @@ pub async fn add_image(
         path: None,
     };
     let engine = image_engine(&svc)?;
-    let max_side = svc.config().max_image_side;
+    let (max_side, partial) = (
+        svc.config().max_image_side,
+        svc.config().allow_partial_images,
+    );
     let (up, desc) = blocking(move || {
-        let up = decode_upload(bytes, max_side)?;
+        let up = decode_upload(bytes, max_side, partial)?;
         let desc = image_descriptors(&engine, &up.image)?;
         Ok((up, desc))
     })

@@ -52,6 +52,8 @@ pub struct Config {
     pub max_concurrent_images: usize,
     pub max_top_k: usize,
     pub max_shortlist: usize,
+    /// Use what can be decoded of truncated or corrupt uploads (default: 422).
+    pub allow_partial_images: bool,
 }
 
 impl Config {
@@ -70,6 +72,7 @@ impl Config {
             max_concurrent_images: 8,
             max_top_k: 1000,
             max_shortlist: 10_000,
+            allow_partial_images: false,
         }
     }
 }

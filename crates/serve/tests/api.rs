@@ -416,6 +416,26 @@ async fn bad_requests_get_clear_4xx_errors() {
         status(call_json(&svc, cut).await),
         StatusCode::UNPROCESSABLE_ENTITY
     );
+    // a JPEG cut short decodes "fine" in the image crate; the service refuses it by name
+    let img = image::open(&f.images[0]).unwrap();
+    let mut jpeg = std::io::Cursor::new(Vec::new());
+    img.write_to(&mut jpeg, image::ImageFormat::Jpeg).unwrap();
+    let mut jpeg = jpeg.into_inner();
+    jpeg.truncate(jpeg.len() * 2 / 3);
+    let cut = post_multipart(
+        "/v1/search/image",
+        multipart(&[("image", Some("x.jpg"), &jpeg)]),
+        None,
+    );
+    let (code, body) = call_json(&svc, cut).await;
+    assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("truncated or corrupt JPEG"),
+        "{body}"
+    );
     let big = f.root.join("big.png");
     write_image(&big, 99, 100);
     assert_eq!(

@@ -32,6 +32,9 @@ pub struct ServeCmd {
     max_upload_mb: usize,
     #[arg(long, default_value_t = 4096)]
     max_image_side: u32,
+    /// Use what can be decoded of truncated or corrupt uploads instead of answering 422.
+    #[arg(long)]
+    allow_partial_images: bool,
     #[arg(long, default_value_t = 30)]
     timeout_secs: u64,
     /// Search requests in flight at once; more are answered 503.
@@ -63,6 +66,7 @@ pub fn run(c: ServeCmd) -> Result<()> {
     }
     config.max_upload_bytes = c.max_upload_mb << 20;
     config.max_image_side = c.max_image_side;
+    config.allow_partial_images = c.allow_partial_images;
     config.request_timeout = std::time::Duration::from_secs(c.timeout_secs.max(1));
     config.max_concurrent = c.max_concurrent.max(1);
     config.max_concurrent_images = c.max_concurrent_images.max(1);
