@@ -25,6 +25,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         let _ = std::fs::remove_file(&tmp);
         return Err(e).with_context(|| format!("cannot write {}", tmp.display()));
     }
+    failpoint("durable-before-rename");
     std::fs::rename(&tmp, path)
         .with_context(|| format!("cannot move {} into place", path.display()))?;
     if let Some(parent) = path.parent() {
@@ -78,19 +79,27 @@ pub fn sync_dir(dir: &Path) {
     }
 }
 
-/// Moves the complete directory `tmp` to `dir`. An old `dir` is moved aside first and
-/// deleted after the swap, so a crash leaves either the old or the new directory at `dir`
-/// (or, in the instant between the two renames, the old one beside it under a temp name).
+/// Moves the complete directory `tmp` to `dir`. Where the platform can exchange two paths
+/// atomically (Linux `renameat2(RENAME_EXCHANGE)`), readers and a crash see the old
+/// directory or the new one at `dir`, never neither; the old one then lies at `tmp` and is
+/// deleted. Elsewhere an old `dir` is moved aside first: a crash in the instant between the
+/// two renames leaves it beside `dir` under a `.NAME.tmp-*` name.
 pub fn replace_dir(tmp: &Path, dir: &Path) -> Result<()> {
     sync_tree(tmp);
+    failpoint("durable-before-swap");
     if dir.exists() {
-        let old = tempdir_beside(dir)?;
-        std::fs::remove_dir(&old)?;
-        std::fs::rename(dir, &old)
-            .with_context(|| format!("cannot move {} aside", dir.display()))?;
-        std::fs::rename(tmp, dir)
-            .with_context(|| format!("cannot move new data into {}", dir.display()))?;
-        let _ = std::fs::remove_dir_all(&old);
+        if exchange(tmp, dir).is_ok() {
+            failpoint("durable-after-swap");
+            let _ = std::fs::remove_dir_all(tmp);
+        } else {
+            let old = tempdir_beside(dir)?;
+            std::fs::remove_dir(&old)?;
+            std::fs::rename(dir, &old)
+                .with_context(|| format!("cannot move {} aside", dir.display()))?;
+            std::fs::rename(tmp, dir)
+                .with_context(|| format!("cannot move new data into {}", dir.display()))?;
+            let _ = std::fs::remove_dir_all(&old);
+        }
     } else {
         std::fs::rename(tmp, dir)
             .with_context(|| format!("cannot move new data into {}", dir.display()))?;
@@ -99,6 +108,39 @@ pub fn replace_dir(tmp: &Path, dir: &Path) -> Result<()> {
         sync_dir(parent);
     }
     Ok(())
+}
+
+/// Swaps the two paths in one step.
+#[cfg(target_os = "linux")]
+fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| {
+        CString::new(p.as_os_str().as_bytes())
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+    };
+    let (a, b) = (c(a)?, c(b)?);
+    // SAFETY: both pointers are NUL-terminated strings that outlive the call; the flags
+    // are a valid renameat2 request.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn exchange(_: &Path, _: &Path) -> std::io::Result<()> {
+    Err(std::io::ErrorKind::Unsupported.into())
 }
 
 /// Aborts the process when `CRATERDEX_FAILPOINT` names this point: crash tests use it to

@@ -301,21 +301,31 @@ fn child_writer() {
         Ok("add") => {
             Index::add(dir, &images(25, 8, "new")).unwrap();
         }
+        Ok("remove") => {
+            Index::remove(dir, &["orig7".to_string()]).unwrap();
+        }
         _ => build(dir, &images(40, 9, "rebuilt"), Codec::F16),
     }
 }
 
+/// Every writer killed at every failpoint it passes leaves a complete index: the previous
+/// one when it died before its commit point, the new one when it died after.
 #[test]
 fn killed_writers_leave_the_previous_index_readable() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("idx");
     let original = images(60, 5, "orig");
     build(&dir, &original, Codec::Int8);
-    for (op, point) in [
-        ("add", "index-mid-segment"),
-        ("add", "index-after-segment"),
-        ("build", "index-mid-segment"),
-        ("build", "index-before-swap"),
+    // (writer, failpoint, whether the writer had committed when it died)
+    for (op, point, committed) in [
+        ("add", "index-mid-segment", false),
+        ("add", "index-after-segment", false),
+        ("add", "durable-before-rename", false),
+        ("remove", "durable-before-rename", false),
+        ("build", "index-mid-segment", false),
+        ("build", "index-before-swap", false),
+        ("build", "durable-before-swap", false),
+        ("build", "durable-after-swap", true),
     ] {
         let status = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
@@ -330,20 +340,29 @@ fn killed_writers_leave_the_previous_index_readable() {
             .env("CRATERDEX_FAILPOINT", point)
             .output()
             .unwrap();
+        let stderr = String::from_utf8_lossy(&status.stderr);
         assert!(
-            !status.status.success(),
-            "{op} at {point}: the writer should have been killed"
+            !status.status.success() && stderr.contains(&format!("failpoint {point}")),
+            "{op} at {point}: the writer should have been killed there: {stderr}"
         );
         let idx = Index::open(&dir)
-            .unwrap_or_else(|e| panic!("{op} at {point}: old index unreadable: {e:#}"));
+            .unwrap_or_else(|e| panic!("{op} at {point}: index unreadable: {e:#}"));
+        if committed {
+            assert_eq!(idx.live(), 40, "{op} at {point}");
+            assert!(idx.row_of("rebuilt3").is_some(), "{op} at {point}");
+            build(&dir, &original, Codec::Int8);
+            continue;
+        }
         assert_eq!(idx.live(), 60, "{op} at {point}");
+        assert!(idx.row_of("orig7").is_some(), "{op} at {point}");
         let q = near_duplicate(&original[42].1, 1);
         let hit = &idx.search(&[q], &SearchParams::default())[0][0];
         assert_eq!(idx.meta(hit.row).id, "orig42", "{op} at {point}");
     }
-    // and a later writer still succeeds on top of the leftovers
+    // and later writers still succeed on top of the leftovers
     Index::add(&dir, &images(5, 6, "late")).unwrap();
-    assert_eq!(Index::open(&dir).unwrap().live(), 65);
+    assert_eq!(Index::remove(&dir, &["orig7".to_string()]).unwrap(), 1);
+    assert_eq!(Index::open(&dir).unwrap().live(), 64);
 }
 
 /// Images whose single vectors lie around `clusters` centres (IVF has structure to find).

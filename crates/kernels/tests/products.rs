@@ -6,9 +6,10 @@ use craterdex_kernels::amx::{
 };
 use rand::{Rng, SeedableRng};
 
-fn skip() -> bool {
+/// Whether `test` must be skipped here: the tile kernels cannot run without AMX.
+fn skip(test: &str) -> bool {
     if !available() {
-        eprintln!("no AMX tiles on this machine: skipped");
+        craterdex_testkit::skip(test, "no AMX tiles on this CPU (or CRATERDEX_NO_AMX set)");
         return true;
     }
     false
@@ -16,7 +17,7 @@ fn skip() -> bool {
 
 #[test]
 fn int8_products_are_exact() {
-    if skip() {
+    if skip("kernels::products::int8_products_are_exact") {
         return;
     }
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
@@ -51,7 +52,7 @@ fn int8_products_are_exact() {
 
 #[test]
 fn bf16_products_match_the_rounded_inputs_and_add_to_out() {
-    if skip() {
+    if skip("kernels::products::bf16_products_match_the_rounded_inputs_and_add_to_out") {
         return;
     }
     let round = |v: f32| f32::from_bits((bf16_bits(v) as u32) << 16);
