@@ -45,14 +45,15 @@ pub fn authorize(svc: &Service, headers: &HeaderMap, write: bool) -> ApiResult<(
 }
 
 /// Ids are opaque keys, never file names; still, refuse anything that could be mistaken for
-/// a path or break a URL or a log line.
+/// a path or break a URL or a log line: segments of ASCII letters, digits and `-_.:+`, none
+/// empty or starting with a dot, joined by `/` (the OpenAPI document's `ID_PATTERN`).
 pub fn valid_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= 256
         && !id.starts_with('/')
         && !id
             .split('/')
-            .any(|part| part.is_empty() || part == "." || part == "..")
+            .any(|part| part.is_empty() || part.starts_with('.'))
         && id
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || "-_.:/+".contains(c))

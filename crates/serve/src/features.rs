@@ -87,17 +87,20 @@ pub fn parse_features(
             .map_err(|e| ApiError::bad_request(format!("bad features JSON: {e}")))?;
         return Ok((b.cls, b.patches.0, b.attention));
     }
+    // A binary body is well-formed HTTP whatever its bytes, so what cannot be read from it
+    // is unprocessable content (422), as with an undecodable image.
+    let unusable = |m: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, m);
     let st = safetensors::SafeTensors::deserialize(body).map_err(|e| {
-        ApiError::bad_request(format!(
+        unusable(format!(
             "the body is neither features JSON nor a safetensors file: {e}"
         ))
     })?;
     let read = |name: &str| -> ApiResult<Vec<f32>> {
-        let t = st.tensor(name).map_err(|_| {
-            ApiError::bad_request(format!("the safetensors body has no tensor {name:?}"))
-        })?;
+        let t = st
+            .tensor(name)
+            .map_err(|_| unusable(format!("the safetensors body has no tensor {name:?}")))?;
         layouts::tensor_floats_of(&t, FEATURE_DTYPES).ok_or_else(|| {
-            ApiError::bad_request(format!(
+            unusable(format!(
                 "{name}: dtype {:?}, expected F32 or F16",
                 t.dtype()
             ))
@@ -198,6 +201,7 @@ pub fn decode_upload(bytes: Bytes, max_side: u32, allow_partial: bool) -> ApiRes
 /// The fields of a multipart upload: the file part `image` and any text parts.
 pub async fn read_multipart(
     mut mp: Multipart,
+    known: &[&str],
 ) -> ApiResult<(Option<Bytes>, std::collections::BTreeMap<String, String>)> {
     let mp_err =
         |e: axum::extract::multipart::MultipartError| ApiError::new(e.status(), e.body_text());
@@ -207,6 +211,10 @@ pub async fn read_multipart(
         let name = field.name().unwrap_or("").to_string();
         if name == "image" || (image.is_none() && field.file_name().is_some()) {
             image = Some(field.bytes().await.map_err(mp_err)?);
+        } else if !known.contains(&name.as_str()) {
+            return Err(ApiError::bad_request(format!(
+                "unknown form field {name:?}; expected image and {known:?}"
+            )));
         } else {
             let text = field.text().await.map_err(mp_err)?;
             fields.insert(name, text);

@@ -59,9 +59,56 @@ pub async fn ready(State(svc): State<Svc>) -> Response {
     }
 }
 
-pub async fn openapi() -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+/// The OpenAPI document as this server answers: the limits of its configuration and the
+/// feature width of its index written into the schemas.
+pub async fn openapi(State(svc): State<Svc>) -> Response {
+    let mut doc: Value = serde_json::from_str(OPENAPI).unwrap_or_default();
+    let c = svc.config();
+    let mut bound = |param: &mut Value| {
+        let max = match param["name"].as_str() {
+            Some("top_k") => Some(c.max_top_k),
+            Some("shortlist") => Some(c.max_shortlist),
+            _ => None,
+        };
+        if let Some(max) = max {
+            param["schema"]["maximum"] = json!(max);
+        }
+        if param["name"] == "id" && param["in"] == "path" {
+            param["schema"]["pattern"] = json!(ID_PATTERN);
+            param["schema"]["maxLength"] = json!(256);
+        }
+    };
+    if let Some(paths) = doc["paths"].as_object_mut() {
+        for op in paths.values_mut().filter_map(|p| p.as_object_mut()) {
+            for method in op.values_mut() {
+                if let Some(params) = method.get_mut("parameters").and_then(Value::as_array_mut) {
+                    params.iter_mut().for_each(&mut bound);
+                }
+            }
+        }
+    }
+    let upload_id = &mut doc["paths"]["/v1/images"]["post"]["requestBody"]["content"]
+        ["multipart/form-data"]["schema"]["properties"]["id"];
+    if upload_id.is_object() {
+        // An empty id asks for the default.
+        upload_id["pattern"] = json!(format!("^$|{ID_PATTERN}"));
+    }
+    if let Some(engine) = svc.snapshot() {
+        let d = engine.index().feature_dim();
+        let features = &mut doc["components"]["schemas"]["Features"]["properties"];
+        features["cls"]["minItems"] = json!(d);
+        features["cls"]["maxItems"] = json!(d);
+        features["attention"]["minItems"] = json!(1);
+        features["patches"]["oneOf"][1]["minItems"] = json!(1);
+        features["patches"]["oneOf"][1]["items"]["minItems"] = json!(d);
+        features["patches"]["oneOf"][1]["items"]["maxItems"] = json!(d);
+    }
+    Json(doc).into_response()
 }
+
+/// What [`valid_id`] accepts, as a JSON Schema pattern (segments of letters, digits and
+/// `-_.:+`, not starting with a dot, joined by `/`).
+const ID_PATTERN: &str = "^[A-Za-z0-9_:+-][A-Za-z0-9._:+-]*(/[A-Za-z0-9_:+-][A-Za-z0-9._:+-]*)*$";
 
 fn engine_of(svc: &Service) -> ApiResult<Arc<Engine>> {
     svc.snapshot().ok_or_else(|| {
@@ -118,8 +165,16 @@ fn search_params(
             c.max_shortlist
         )));
     }
+    if q.nprobe.is_some_and(|n| n > MAX_NPROBE) {
+        return Err(ApiError::bad_request(format!(
+            "nprobe must be at most {MAX_NPROBE}"
+        )));
+    }
     Ok(p)
 }
+
+/// The documented ceiling on `nprobe`; more lists than an index has already means all of them.
+const MAX_NPROBE: usize = 1_000_000;
 
 /// A hit as the API returns it: the engine's result and a thumbnail URL.
 #[derive(Serialize)]
@@ -280,7 +335,7 @@ pub async fn search_image(
     authorize(&svc, &headers, false)?;
     let p = search_params(&svc, q)?;
     let mp = mp.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    let (bytes, _) = read_multipart(mp).await?;
+    let (bytes, _) = read_multipart(mp, &[]).await?;
     let bytes = bytes
         .ok_or_else(|| ApiError::bad_request("multipart form without an `image` file part"))?;
     let engine = image_engine(&svc)?;
@@ -390,7 +445,9 @@ fn parse_coord(fields: &BTreeMap<String, String>, name: &str) -> ApiResult<Optio
 fn text_field(fields: &BTreeMap<String, String>, name: &str) -> ApiResult<Option<String>> {
     match fields.get(name).map(|s| s.trim()).filter(|s| !s.is_empty()) {
         None => Ok(None),
-        Some(s) if s.len() <= 256 && !s.chars().any(char::is_control) => Ok(Some(s.to_string())),
+        Some(s) if s.chars().count() <= 256 && !s.chars().any(char::is_control) => {
+            Ok(Some(s.to_string()))
+        }
         Some(_) => Err(ApiError::bad_request(format!(
             "{name}: at most 256 characters, no control characters"
         ))),
@@ -404,7 +461,6 @@ pub async fn add_image(
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     authorize(&svc, &headers, true)?;
     let mp = mp.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    let (bytes, fields) = read_multipart(mp).await?;
     const KNOWN: [&str; 7] = [
         "id",
         "crater_id",
@@ -414,14 +470,11 @@ pub async fn add_image(
         "lon",
         "diameter_km",
     ];
-    if let Some(k) = fields.keys().find(|k| !KNOWN.contains(&k.as_str())) {
-        return Err(ApiError::bad_request(format!(
-            "unknown form field {k:?}; expected image and {KNOWN:?}"
-        )));
-    }
+    let (bytes, fields) = read_multipart(mp, &KNOWN).await?;
     let bytes = bytes
         .ok_or_else(|| ApiError::bad_request("multipart form without an `image` file part"))?;
-    let id = text_field(&fields, "id")?;
+    // Unlike the free-text fields an id is not trimmed: it is a key matched exactly.
+    let id = fields.get("id").filter(|id| !id.is_empty()).cloned();
     if let Some(id) = &id {
         if !valid_id(id) {
             return Err(ApiError::bad_request(format!("invalid image id {id:?}")));

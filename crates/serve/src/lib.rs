@@ -17,8 +17,8 @@
 //! (keys and ids), `error` (the JSON error shape).
 
 mod auth;
-mod error;
-mod features;
+pub mod error;
+pub mod features;
 mod handlers;
 mod router;
 

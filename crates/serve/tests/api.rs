@@ -300,7 +300,8 @@ async fn searches_find_the_image_itself_by_upload_features_and_id() {
         .header("content-type", "application/octet-stream")
         .body(Body::from(vec![9u8; 64]))
         .unwrap();
-    assert_eq!(call(&svc, req).await.0, StatusCode::BAD_REQUEST);
+    // Any bytes are a well-formed binary body; bytes that are no safetensors file are 422.
+    assert_eq!(call(&svc, req).await.0, StatusCode::UNPROCESSABLE_ENTITY);
 
     let (s, v) = call_json(&svc, get("/v1/images/c05/similar?top_k=4&mode=stage1")).await;
     assert_eq!(s, StatusCode::OK, "{v}");
@@ -373,6 +374,20 @@ async fn health_readiness_page_and_every_documented_route() {
         }
     }
     assert!(checked >= 11, "{checked}");
+    // The document states this server's limits and its index's feature width.
+    let params = |path: &str| doc["paths"][path]["get"]["parameters"].as_array().cloned();
+    let top_k = params("/v1/images/{id}/similar")
+        .unwrap()
+        .into_iter()
+        .find(|p| p["name"] == "top_k")
+        .unwrap();
+    assert_eq!(top_k["schema"]["maximum"], 1000);
+    assert!(
+        params("/v1/health").is_none(),
+        "no parameters: the key stays absent"
+    );
+    let cls = &doc["components"]["schemas"]["Features"]["properties"]["cls"];
+    assert_eq!((&cls["minItems"], &cls["maxItems"]), (&json!(D), &json!(D)));
     let (s, v) = call_json(&svc, get("/v2/nothing")).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
     assert!(v["error"]["message"].as_str().unwrap().contains("openapi"));
