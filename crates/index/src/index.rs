@@ -214,6 +214,20 @@ impl Index {
         manifest.encoder.check(&epath, &enc_bytes, verify)?;
         let encoder: Encoder = serde_json::from_slice(&enc_bytes)
             .with_context(|| format!("{}: malformed encoder", epath.display()))?;
+        let width = encoder
+            .validate()
+            .with_context(|| format!("{}: invalid encoder", epath.display()))?;
+        if let Some(d) = width {
+            ensure!(
+                encoder.token_dim(d) == manifest.token_dim && encoder.single_dim(d) == manifest.single_dim,
+                "{}: the encoder gives {}-d tokens and {}-d single vectors, the manifest says {} and {}",
+                epath.display(),
+                encoder.token_dim(d),
+                encoder.single_dim(d),
+                manifest.token_dim,
+                manifest.single_dim
+            );
+        }
         let mut codec = TokenCodec {
             codec: manifest.codec,
             dim: manifest.token_dim,

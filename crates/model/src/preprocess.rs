@@ -69,8 +69,20 @@ pub fn decode_image_with(bytes: &[u8], allow_partial: bool) -> Result<DynamicIma
     if !allow_partial {
         check_complete(bytes)?;
     }
-    image::load_from_memory(bytes).context("not a readable image (JPEG, PNG, TIFF or PNM expected)")
+    let img = image::load_from_memory(bytes)
+        .context("not a readable image (JPEG, PNG, TIFF or PNM expected)")?;
+    let (w, h) = (img.width(), img.height());
+    anyhow::ensure!(
+        w > 0 && h > 0 && w.max(h) <= MAX_ASPECT * w.min(h),
+        "a {w}x{h} image: no crater crop is empty or more than {MAX_ASPECT} times as long as it is wide"
+    );
+    Ok(img)
 }
+
+/// The most elongated image the loader accepts, and the most of one that preprocessing reads:
+/// a centre crop never needs more, and a 1-pixel-high strip would otherwise be resized to
+/// hundreds of times the model's input.
+pub const MAX_ASPECT: u32 = 64;
 
 /// Fails on a JPEG that strict decoding finds truncated or corrupt; other formats pass (their
 /// decoders report such data themselves).
@@ -89,12 +101,23 @@ pub fn check_complete(bytes: &[u8]) -> Result<()> {
 }
 
 /// The normalised `[3, size, size]` CHW tensor of an image.
+/// An empty image gives the tensor of a black one.
 pub fn to_tensor(img: &DynamicImage, p: &Preprocess) -> Vec<f32> {
-    let rgb: Rgb32FImage = img.to_rgb32f();
     let s = p.size as u32;
+    let rgb: Rgb32FImage = if img.width() == 0 || img.height() == 0 {
+        Rgb32FImage::new(s, s)
+    } else {
+        img.to_rgb32f()
+    };
     let resized = match p.resize {
         ResizeMode::Squash => resize(&rgb, s, s),
         ResizeMode::CenterCrop => {
+            // The centre crop keeps the middle square; more than MAX_ASPECT squares of the
+            // long side around it only cost memory.
+            let (w, h) = rgb.dimensions();
+            let (cw, ch) = (w.min(MAX_ASPECT * h), h.min(MAX_ASPECT * w));
+            let rgb =
+                image::imageops::crop_imm(&rgb, (w - cw) / 2, (h - ch) / 2, cw, ch).to_image();
             let (w, h) = rgb.dimensions();
             let scale = s as f32 / w.min(h) as f32;
             let (nw, nh) = (
@@ -193,5 +216,27 @@ mod tests {
     #[test]
     fn bad_bytes_give_an_error() {
         assert!(decode_image(b"not an image").is_err());
+    }
+
+    /// Found by the `image` fuzz target: a PNM header declaring a 73x0 image decoded, and
+    /// the centre crop then scaled it by infinity (a 1.4 TB allocation).
+    #[test]
+    fn degenerate_images_are_refused_and_never_blow_up_preprocessing() {
+        let fuzzed = b"P373\n0\x0c7\n\x0b1\n\x0bP";
+        for partial in [false, true] {
+            let e = format!("{:#}", decode_image_with(fuzzed, partial).unwrap_err());
+            assert!(e.contains("empty"), "{e}");
+        }
+        let strip = DynamicImage::ImageLuma8(GrayImage::new(6500, 1));
+        let mut png = std::io::Cursor::new(Vec::new());
+        strip.write_to(&mut png, image::ImageFormat::Png).unwrap();
+        let e = format!("{:#}", decode_image(png.get_ref()).unwrap_err());
+        assert!(e.contains("6500x1") && e.contains("64 times"), "{e}");
+        // Built in code rather than decoded, such images still preprocess in bounded memory.
+        for img in [strip, DynamicImage::ImageLuma8(GrayImage::new(0, 5))] {
+            for mode in [ResizeMode::CenterCrop, ResizeMode::Squash] {
+                assert_eq!(to_tensor(&img, &prep(14, mode)).len(), 3 * 14 * 14);
+            }
+        }
     }
 }

@@ -123,6 +123,37 @@ impl Encoder {
         })
     }
 
+    /// Checks an encoder read from a file: whitening parameters consistent, token and single
+    /// whitening on one feature width, and the recipe's sizes sane. Returns the feature width
+    /// the encoder expects, when its whitening fixes one.
+    pub fn validate(&self) -> Result<Option<usize>> {
+        let mut width = None;
+        for w in [&self.token_whitening, &self.single_whitening]
+            .into_iter()
+            .flatten()
+        {
+            w.validate()?;
+            anyhow::ensure!(
+                width.is_none_or(|d| d == w.dim_in),
+                "the token and single-vector whitenings expect different feature widths"
+            );
+            width = Some(w.dim_in);
+        }
+        let k = match self.recipe.aggregation {
+            Aggregation::None | Aggregation::Full => 0,
+            Aggregation::Raw { k, .. } | Aggregation::KMeans { k, .. } => k,
+            Aggregation::Instance { k, soft_m, .. } => k.max(soft_m),
+        };
+        anyhow::ensure!(k <= 4096, "the recipe asks for {k} tokens per image");
+        if let Aggregation::KMeans { iterations, .. } = self.recipe.aggregation {
+            anyhow::ensure!(iterations <= 1000, "k-means with {iterations} iterations");
+        }
+        if let Pooling::Gem { p } = self.recipe.pooling {
+            anyhow::ensure!(p.is_finite() && p > 0.0, "GeM with p = {p}");
+        }
+        Ok(width)
+    }
+
     pub fn token_dim(&self, d: usize) -> usize {
         self.token_whitening.as_ref().map_or(d, |w| w.dim_out)
     }

@@ -69,6 +69,38 @@ impl Whitening {
         })
     }
 
+    /// Fails unless the parameters agree with each other (a whitening read from a file may
+    /// not): both widths positive, `mean` `[dim_in]`, `proj` `[dim_in, dim_out]`, all finite.
+    pub fn validate(&self) -> Result<()> {
+        ensure!(
+            self.dim_in > 0
+                && self.dim_out > 0
+                && self.dim_out <= self.dim_in
+                && self.dim_in <= 1 << 16,
+            "whitening widths {} -> {} out of range",
+            self.dim_in,
+            self.dim_out
+        );
+        ensure!(
+            self.mean.len() == self.dim_in,
+            "whitening mean has {} values for width {}",
+            self.mean.len(),
+            self.dim_in
+        );
+        ensure!(
+            self.proj.len() == self.dim_in * self.dim_out,
+            "whitening projection has {} values, {} x {} expected",
+            self.proj.len(),
+            self.dim_in,
+            self.dim_out
+        );
+        ensure!(
+            self.mean.iter().chain(&self.proj).all(|v| v.is_finite()),
+            "whitening parameters are not all finite"
+        );
+        Ok(())
+    }
+
     /// `l2((t - mu) W)` for one vector.
     pub fn apply(&self, t: &[f32]) -> Vec<f32> {
         let centred: Vec<f32> = t.iter().zip(&self.mean).map(|(a, m)| a - m).collect();
@@ -113,6 +145,40 @@ impl Whitening {
 mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
+
+    /// What a damaged or hand-edited encoder file may hold is refused before it is used.
+    #[test]
+    fn inconsistent_parameters_are_refused() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        let x: Vec<f32> = (0..400 * 4).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let w = Whitening::learn(&x, 4, 1e-3, Some(3)).unwrap();
+        w.validate().unwrap();
+        let broken = [
+            Whitening {
+                dim_out: 5,
+                ..w.clone()
+            },
+            Whitening {
+                mean: vec![0.0; 3],
+                ..w.clone()
+            },
+            Whitening {
+                proj: w.proj[1..].to_vec(),
+                ..w.clone()
+            },
+            Whitening {
+                dim_in: 0,
+                ..w.clone()
+            },
+            Whitening {
+                mean: vec![f32::NAN; 4],
+                ..w.clone()
+            },
+        ];
+        for b in broken {
+            assert!(b.validate().is_err(), "{b:?}");
+        }
+    }
 
     #[test]
     fn whitened_samples_have_identity_covariance() {

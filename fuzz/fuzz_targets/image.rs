@@ -1,0 +1,20 @@
+//! craterdex's own image loader (format sniffing, the strict JPEG check, decoding with the
+//! image crate's limits) and the model's preprocessing. Nothing may panic or allocate
+//! without bound.
+#![no_main]
+use craterdex_model::preprocess::{decode_image_with, to_tensor, Preprocess, ResizeMode};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let prep = Preprocess {
+        size: 28,
+        mean: [0.5; 3],
+        std: [0.25; 3],
+        resize: ResizeMode::CenterCrop,
+    };
+    for allow_partial in [false, true] {
+        if let Ok(img) = decode_image_with(data, allow_partial) {
+            assert_eq!(to_tensor(&img, &prep).len(), 3 * 28 * 28);
+        }
+    }
+});
