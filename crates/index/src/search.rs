@@ -11,6 +11,7 @@ use crate::ivf::Ivf;
 use crate::single_int8::Int8Queries;
 use crate::topk::{Scored, TopK};
 use craterdex_kernels::f32::F32Query;
+use craterdex_kernels::gemm::{matmul_f32, PackedF32};
 use craterdex_kernels::int8::I8Query;
 use craterdex_tokens::Descriptors;
 use rayon::prelude::*;
@@ -249,6 +250,7 @@ impl Index {
     /// [`Int8Queries::MAX`], in parallel. int8 indexes read their int8 single vectors.
     fn stage1_exact(&self, singles: &[f32], k: usize) -> Vec<Vec<Scored>> {
         const ROWS: usize = 2048;
+        const F32_BATCH_GROUP: usize = 512;
         let d = self.single_dim();
         let mask = self.deleted_mask();
         let int8 = self.codec.codec == Codec::Int8;
@@ -263,17 +265,21 @@ impl Index {
                     .map(move |lo| (s, seg.first, lo, (lo + ROWS).min(seg.count)))
             })
             .collect();
-        enum Group {
+        enum Group<'q> {
             Int8(Int8Queries),
             F32(F32Query),
+            /// Many f32 queries: a GEMM over each block of rows (packed once per block).
+            F32Batch(&'q [f32]),
         }
-        let group_of = |queries: &[f32]| {
+        fn group_of(queries: &[f32], d: usize, int8: bool) -> Group<'_> {
             if int8 {
                 Group::Int8(Int8Queries::new(queries, d))
+            } else if queries.len() > F32Query::BATCH_FROM * d {
+                Group::F32Batch(queries)
             } else {
                 Group::F32(F32Query::new(queries, d))
             }
-        };
+        }
         let scan = |group: &Group, tops: &mut [TopK], blocks: &[(usize, usize, usize, usize)]| {
             let (mut products, mut dots) = (Vec::new(), Vec::new());
             for &(s, first, lo, hi) in blocks {
@@ -294,11 +300,23 @@ impl Index {
                             }
                         }
                     }
+                    (Group::F32Batch(queries), _) => {
+                        let (nq, n) = (queries.len() / d, hi - lo);
+                        let block = PackedF32::from_columns(&segments[s].single[lo * d..], n, d, d);
+                        dots.clear();
+                        dots.resize(nq * n, 0.0);
+                        matmul_f32(queries, nq, d, &block, &mut dots, n, false);
+                        for (qi, row) in dots.chunks_exact(n).enumerate() {
+                            for (r, &score) in row.iter().enumerate() {
+                                push(qi, lo + r, score);
+                            }
+                        }
+                    }
                 }
             }
         };
         if singles.len() == d {
-            let group = group_of(singles);
+            let group = group_of(singles, d, int8);
             // one running top list per thread: every fresh list costs k insertions and a
             // burst of replacements before its threshold settles
             let per = blocks.len().div_ceil(rayon::current_num_threads()).max(1);
@@ -313,10 +331,18 @@ impl Index {
                 .collect();
             return vec![TopK::merge(&parts, k)];
         }
+        // int8 groups are as large as the kernel's query block; f32 groups as large as keeps
+        // one GEMM's queries and output rows in cache, so the gallery is read a few times
+        // rather than once per 32 queries.
+        let group = if int8 {
+            Int8Queries::MAX
+        } else {
+            F32_BATCH_GROUP
+        };
         singles
-            .par_chunks(Int8Queries::MAX * d)
+            .par_chunks(group * d)
             .flat_map_iter(|queries| {
-                let group = group_of(queries);
+                let group = group_of(queries, d, int8);
                 let mut tops: Vec<TopK> = (0..queries.len() / d).map(|_| TopK::new(k)).collect();
                 scan(&group, &mut tops, &blocks);
                 tops.into_iter().map(TopK::into_sorted)

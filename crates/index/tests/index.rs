@@ -63,6 +63,38 @@ fn build(dir: &Path, imgs: &[(ImageMeta, Descriptors)], codec: Codec) {
     .unwrap();
 }
 
+/// Batches past a few dozen queries take other kernels (a GEMM for f32 single vectors,
+/// blocked int8 queries); each query must still get what it gets alone.
+#[test]
+fn large_batches_agree_with_single_queries() {
+    let imgs = images(700, 1, "g");
+    let targets: Vec<usize> = (0..150).map(|i| (i * 37) % 700).collect();
+    let queries: Vec<Descriptors> = targets
+        .iter()
+        .map(|&t| near_duplicate(&imgs[t].1, t as u64))
+        .collect();
+    for codec in [Codec::F32, Codec::Int8] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("idx");
+        build(&dir, &imgs, codec);
+        let idx = Index::open(&dir).unwrap();
+        let params = SearchParams {
+            top_k: 10,
+            mode: Mode::Stage1,
+            ..Default::default()
+        };
+        let batch = idx.search(&queries, &params);
+        for (q, &t) in targets.iter().enumerate() {
+            let alone = idx.search(&queries[q..q + 1], &params);
+            assert_eq!(batch[q][0].row, t, "{codec:?} query {q}");
+            assert_eq!(alone[0].len(), batch[q].len());
+            for (a, b) in alone[0].iter().zip(&batch[q]) {
+                assert!((a.score - b.score).abs() < 1e-4, "{codec:?} query {q}");
+            }
+        }
+    }
+}
+
 #[test]
 fn planted_duplicates_rank_first_in_every_mode_and_codec() {
     let imgs = images(600, 1, "g");

@@ -86,6 +86,10 @@ pub struct F32Query {
 }
 
 impl F32Query {
+    /// Above this many queries, scoring a block of rows is a GEMM rather than a dot
+    /// product per query and row.
+    pub const BATCH_FROM: usize = 2 * BLOCK;
+
     /// `tokens` is `[kq, d]` row-major.
     pub fn new(tokens: &[f32], d: usize) -> Self {
         Self::with_level(tokens, d, active())

@@ -442,8 +442,14 @@ fn parse_coord(fields: &BTreeMap<String, String>, name: &str) -> ApiResult<Optio
     }
 }
 
+/// Free text is checked as sent: trimming first would let a trailing control
+/// character (form feed, vertical tab) through the check the schema documents.
 fn text_field(fields: &BTreeMap<String, String>, name: &str) -> ApiResult<Option<String>> {
-    match fields.get(name).map(|s| s.trim()).filter(|s| !s.is_empty()) {
+    match fields
+        .get(name)
+        .map(String::as_str)
+        .filter(|s| !s.is_empty())
+    {
         None => Ok(None),
         Some(s) if s.chars().count() <= 256 && !s.chars().any(char::is_control) => {
             Ok(Some(s.to_string()))

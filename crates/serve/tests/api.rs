@@ -578,6 +578,13 @@ async fn writes_need_the_key_persist_and_are_seen_whole() {
     let bad = multipart(&[("image", Some("new.png"), &img), ("lat", None, b"north")]);
     let (s, _) = call_json(&svc, post_multipart("/v1/images", bad, Some("s3cret"))).await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
+    // A trailing control character is refused, not trimmed away (found by schemathesis).
+    let bad = multipart(&[
+        ("image", Some("new.png"), &img),
+        ("source", None, "\u{f5}\x0c".as_bytes()),
+    ]);
+    let (s, v) = call_json(&svc, post_multipart("/v1/images", bad, Some("s3cret"))).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
 
     // Searchable at once, with its metadata and a thumbnail of the stored upload.
     let (s, v) = call_json(&svc, upload("/v1/search/image?top_k=3", &f.images[N])).await;
