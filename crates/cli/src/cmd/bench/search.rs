@@ -33,6 +33,31 @@ struct Row {
     /// Share of queries whose target is in the stage-1 shortlist.
     #[serde(skip_serializing_if = "Option::is_none")]
     shortlist_recall: Option<f64>,
+    /// Index bytes one query reads (single vectors scanned, token codes scored).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mb_read_per_query: Option<f64>,
+    /// Multiply-accumulates one query needs (stage 1 dot products plus MaxSim).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gmac_per_query: Option<f64>,
+}
+
+/// Read bandwidth of this machine with every worker thread streaming its own part of a
+/// 1 GiB buffer (best of three): the bound a search that reads its codes from memory once
+/// per query cannot beat.
+fn memory_read_gbps() -> f64 {
+    let words = vec![1u64; 1 << 27];
+    let chunk = words.len() / rayon::current_num_threads().max(1);
+    (0..3)
+        .map(|_| {
+            let t = Instant::now();
+            let sum: u64 = words
+                .par_chunks(chunk.max(1))
+                .map(|c| c.iter().fold(0u64, |a, &w| a.wrapping_add(w)))
+                .sum();
+            std::hint::black_box(sum);
+            (words.len() * 8) as f64 / t.elapsed().as_secs_f64() / 1e9
+        })
+        .fold(0.0, f64::max)
 }
 
 fn unit_rows(rng: &mut rand_chacha::ChaCha8Rng, rows: usize, d: usize) -> Vec<f32> {
@@ -230,6 +255,18 @@ fn time_index(
             batch_ms.push(t.elapsed().as_secs_f64() * 1e3 / batch_q as f64);
         }
         let key = |m: &str| format!("{stage}/{}/{m}", sz.unwrap_or(0));
+        let (n, d) = (idx.live() as f64, idx.single_dim() as f64);
+        let single_bytes = if codec == "int8" { d } else { 4.0 * d };
+        let token_bytes = idx.token_bytes_per_image() as f64;
+        let pair_macs = (s.k * s.k) as f64 * d;
+        let (bytes, macs) = match (mode, sz) {
+            (Mode::Stage1, _) => (n * single_bytes, n * d),
+            (Mode::TwoStage, Some(sl)) => (
+                n * single_bytes + sl as f64 * token_bytes,
+                n * d + sl as f64 * pair_macs,
+            ),
+            _ => (n * token_bytes, n * pair_macs),
+        };
         let recall = s.targets.map(|_| hits_at_1 as f64 / single_q.max(1) as f64);
         for (mode_name, ms) in [("single", single_ms), ("batch", batch_ms)] {
             let (p50, p95) = percentiles(ms);
@@ -249,6 +286,8 @@ fn time_index(
                 reference_p50_ms: s.reference.get(&key(mode_name)).copied(),
                 recall_at_1: if mode_name == "single" { recall } else { None },
                 shortlist_recall: None,
+                mb_read_per_query: Some(bytes / 1e6),
+                gmac_per_query: Some(macs / 1e9),
             });
         }
     }
@@ -506,6 +545,8 @@ fn scale(b: &SearchBench, n: usize, work: &Path, rows: &mut Vec<Row>) -> Result<
                 reference_p50_ms: None,
                 recall_at_1: (mode_name == "single").then(|| hits as f64 / single_n.max(1) as f64),
                 shortlist_recall: (mode_name == "single").then_some(shortlist_recall),
+                mb_read_per_query: None,
+                gmac_per_query: None,
             });
         }
     }
@@ -616,8 +657,15 @@ pub fn run(b: SearchBench) -> Result<()> {
         "threads {}; reference: {reference}",
         rayon::current_num_threads()
     );
+    let gbps = memory_read_gbps();
     println!(
-        "{:<18} {:<18} {:>4} {:>3} {:<6} {:<7} {:>9} {:>9} {:>9} {:>7} {:>5} {:>5}",
+        "memory read bandwidth, all threads streaming: {gbps:.1} GB/s. MB/q: index bytes one \
+         query reads; mem ms: that at this bandwidth (a floor only for codes not already in the \
+         last-level cache); GMAC/s: multiply-accumulates done per second at p50, to set \
+         against the kernel level's peak"
+    );
+    println!(
+        "{:<18} {:<18} {:>4} {:>3} {:<6} {:<7} {:>9} {:>9} {:>9} {:>7} {:>5} {:>5} {:>7} {:>7} {:>7}",
         "gallery",
         "stage",
         "S",
@@ -629,12 +677,15 @@ pub fn run(b: SearchBench) -> Result<()> {
         "ref p50",
         "ref/us",
         "R@1",
-        "R@S"
+        "R@S",
+        "MB/q",
+        "mem ms",
+        "GMAC/s"
     );
     for r in &rows {
         let f = |v: Option<f64>| v.map(|x| format!("{x:.3}")).unwrap_or_else(|| "-".into());
         println!(
-            "{:<18} {:<18} {:>4} {:>3} {:<6} {:<7} {:>9.3} {:>9.3} {:>9} {:>7} {:>5} {:>5}",
+            "{:<18} {:<18} {:>4} {:>3} {:<6} {:<7} {:>9.3} {:>9.3} {:>9} {:>7} {:>5} {:>5} {:>7} {:>7} {:>7}",
             r.gallery,
             r.stage,
             r.s.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
@@ -652,6 +703,15 @@ pub fn run(b: SearchBench) -> Result<()> {
                 .unwrap_or_else(|| "-".into()),
             r.shortlist_recall
                 .map(|x| format!("{x:.2}"))
+                .unwrap_or_else(|| "-".into()),
+            r.mb_read_per_query
+                .map(|mb| format!("{mb:.1}"))
+                .unwrap_or_else(|| "-".into()),
+            r.mb_read_per_query
+                .map(|mb| format!("{:.3}", mb / gbps))
+                .unwrap_or_else(|| "-".into()),
+            r.gmac_per_query
+                .map(|g| format!("{:.1}", g / r.p50_ms * 1e3))
                 .unwrap_or_else(|| "-".into())
         );
     }
