@@ -147,3 +147,66 @@ impl SearchOpts {
         })
     }
 }
+
+/// Entries' `(id, path)` and their metadata, in the same order.
+pub type LoadedEntries = (Vec<(String, PathBuf)>, Vec<craterdex_engine::ImageMeta>);
+
+/// Crater entries to link: crops with ids and, when known, crater ids and positions.
+#[derive(Args, Clone)]
+pub struct EntriesOpts {
+    /// A CraterBench-R manifest (its query images, with crater ids and any positions), or a
+    /// directory of crops (ids are file names; metadata from --meta, or from DIR.csv beside
+    /// the directory when it exists).
+    #[arg(long)]
+    pub entries: PathBuf,
+    /// With a manifest: take its gallery images instead of its queries.
+    #[arg(long)]
+    pub gallery_side: bool,
+    /// Metadata of a directory's crops: CSV with an `id` column and any of crater_id,
+    /// source, view, lat, lon, diameter_km.
+    #[arg(long)]
+    pub meta: Option<PathBuf>,
+}
+
+impl EntriesOpts {
+    /// The entries' `(id, path)` and metadata, in the same order.
+    pub fn load(&self) -> Result<LoadedEntries> {
+        use anyhow::bail;
+        let e = &self.entries;
+        if e.is_dir() {
+            let items = craterdex_engine::inputs::images_in(e)?;
+            let beside = e.with_extension("csv");
+            let meta_path = self.meta.clone().or(beside.is_file().then_some(beside));
+            let known = match &meta_path {
+                Some(p) => craterdex_workflows::entries::read_meta_csv(p)?,
+                None => Default::default(),
+            };
+            let metas = items
+                .iter()
+                .map(|(id, path)| {
+                    let mut m = known.get(id).cloned().unwrap_or_default();
+                    m.id = id.clone();
+                    m.path = Some(path.display().to_string());
+                    m
+                })
+                .collect();
+            return Ok((items, metas));
+        }
+        if self.meta.is_some() {
+            bail!("--meta goes with a directory of crops; a manifest carries its own metadata");
+        }
+        let bench = craterdex_eval::manifest::load(e, None)?;
+        let items = if self.gallery_side {
+            bench.gallery_items()
+        } else {
+            bench.query_items()
+        };
+        let ids: Vec<String> = items.iter().map(|(id, _)| id.clone()).collect();
+        let metas = if self.gallery_side {
+            bench.gallery_metas(&ids)
+        } else {
+            bench.query_metas(&ids)
+        };
+        Ok((items, metas))
+    }
+}

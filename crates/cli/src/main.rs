@@ -41,6 +41,19 @@ enum Cmd {
         after_help = "Examples:\n  craterdex search --index idx crater.png\n  craterdex search --index idx --dir queries/ --json\n  craterdex search --index idx --manifest bench/splits/test.json --json"
     )]
     Search(cmd::search::SearchCmd),
+    /// Link new crater entries to a catalogue index: match, new or ambiguous.
+    #[command(
+        after_help = "Examples:\n  craterdex link --index catalogue-idx --entries new-crops/ --out links/\n  craterdex link --index idx --entries bench/splits/test.json --out links/ --insert-new"
+    )]
+    Link(cmd::link::LinkCmd),
+    /// Fit the link rule on labelled entries and store it with the index.
+    #[command(
+        after_help = "Example:\n  craterdex calibrate --index idx --entries bench/splits/test.json --target-precision 0.99"
+    )]
+    Calibrate(cmd::calibrate::CalibrateCmd),
+    /// Group an index's entries that show the same crater; write the merged catalogue.
+    #[command(after_help = "Example:\n  craterdex dedup --index idx --out dedup/")]
+    Dedup(cmd::dedup::DedupCmd),
     /// Serve an index over HTTP: JSON API under /v1, web page at /.
     #[command(
         after_help = "Examples:\n  craterdex serve --index idx\n  CRATERDEX_API_KEY=secret craterdex serve --index idx --addr 0.0.0.0:8080"
@@ -79,6 +92,9 @@ fn main() {
         Cmd::Extract(c) => cmd::extract::run(c),
         Cmd::Index(c) => cmd::index::run(c),
         Cmd::Search(c) => cmd::search::run(c),
+        Cmd::Link(c) => cmd::link::run(c),
+        Cmd::Calibrate(c) => cmd::calibrate::run(c),
+        Cmd::Dedup(c) => cmd::dedup::run(c),
         Cmd::Serve(c) => cmd::serve::run(c),
         Cmd::BenchBuild(c) => cmd::bench_build::run(c),
         Cmd::Eval(c) => cmd::eval::run(c),

@@ -431,3 +431,168 @@ fn eval_default_regime_ranks_like_index_build_and_search() {
         assert_eq!(ranked, from_eval[id], "query {id}");
     }
 }
+
+#[test]
+fn link_inserts_what_is_new_once_and_dedup_groups_exact_copies() {
+    let e = Env::new();
+    let ckpt = write_tiny_model(&e.root.join("ckpt"));
+    e.ok(&[
+        "model",
+        "fetch",
+        "--from",
+        ckpt.to_str().unwrap(),
+        "--name",
+        "tiny",
+    ]);
+    let model = e.path("home/models/tiny");
+    let (tile, cat) = write_tile(&e.root);
+    e.ok(&[
+        "bench-build",
+        "--tile",
+        tile.to_str().unwrap(),
+        "--craters",
+        cat.to_str().unwrap(),
+        "--out",
+        "bench",
+        "--query-craters",
+        "4",
+        "--min-diameter",
+        "10",
+    ]);
+    let manifest = e.path("bench/splits/test.json");
+    let common = ["--model", model.as_str(), "--size", "16"];
+    let mut args = vec![
+        "index",
+        "build",
+        "--manifest",
+        &manifest,
+        "--out",
+        "idx",
+        "--codec",
+        "f16",
+        "--k",
+        "4",
+    ];
+    args.extend(common);
+    e.ok(&args);
+    let live = || -> u64 {
+        let info: serde_json::Value =
+            serde_json::from_str(&e.ok(&["index", "info", "--index", "idx"])).unwrap();
+        info["images"].as_u64().unwrap()
+    };
+    let n = live();
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
+    let g0 = &m["gallery_images"][0];
+    let gallery_path = e.root.join("bench").join(g0["path"].as_str().unwrap());
+    // new observations: an exact copy of a catalogue entry and a blank crop, with a CSV of
+    // their metadata beside the directory
+    std::fs::create_dir_all(e.root.join("new")).unwrap();
+    std::fs::copy(&gallery_path, e.root.join("new/copy.png")).unwrap();
+    GrayImage::from_pixel(40, 40, Luma([7]))
+        .save(e.root.join("new/blank.png"))
+        .unwrap();
+    std::fs::write(
+        e.root.join("new.csv"),
+        "id,crater_id\ncopy,seen\nblank,unseen\n",
+    )
+    .unwrap();
+    // only a near-perfect score is a match here (the tiny model's scores mean nothing)
+    std::fs::write(
+        e.root.join("rule.json"),
+        r#"{"match_score":0.999,"new_score":0.998,"margin":0.0,"max_offset_radii":3.0,
+            "max_diameter_ratio":1.5,"body_radius_km":3389.5,"platt_a":10.0,"platt_b":-5.0,
+            "source":"test"}"#,
+    )
+    .unwrap();
+    let link = |out: &str| {
+        let mut args = vec![
+            "link",
+            "--index",
+            "idx",
+            "--entries",
+            "new",
+            "--out",
+            out,
+            "--insert-new",
+            "--rule",
+            "rule.json",
+        ];
+        args.extend(common);
+        e.ok(&args)
+    };
+    let said = link("links1");
+    assert!(said.contains("2 entries"), "{said}");
+    let rows: Vec<Vec<String>> = std::fs::read_to_string(e.root.join("links1/links.csv"))
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').map(str::to_string).collect())
+        .collect();
+    let copy = rows.iter().find(|r| r[0] == "copy").unwrap();
+    assert_eq!(copy[1], "seen");
+    assert_eq!(copy[2], "match", "{copy:?}");
+    assert_eq!(copy[4], g0["image_id"].as_str().unwrap());
+    assert_eq!(copy[11], "false");
+    let inserted = rows.iter().filter(|r| r[11] == "true").count() as u64;
+    assert_eq!(live(), n + inserted);
+    // a second run over the same entries adds nothing
+    link("links2");
+    assert_eq!(live(), n + inserted);
+    let gj: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(e.root.join("links2/links.geojson")).unwrap())
+            .unwrap();
+    assert_eq!(gj["features"].as_array().unwrap().len(), 2);
+
+    // an exact copy added to the index is grouped with its original by dedup
+    let mut args = vec!["index", "add", "--index", "idx", "--dir", "new"];
+    args.extend(common);
+    let o = e.run(&args);
+    // `blank` may already be in the index (inserted above): then add refuses the repeated id
+    if !o.status.success() {
+        std::fs::remove_file(e.root.join("new/blank.png")).unwrap();
+        e.ok(&args);
+    }
+    let said = e.ok(&[
+        "dedup",
+        "--index",
+        "idx",
+        "--out",
+        "dd",
+        "--rule",
+        "rule.json",
+    ]);
+    let groups = std::fs::read_to_string(e.root.join("dd/groups.csv")).unwrap();
+    let group_of = |id: &str| {
+        groups
+            .lines()
+            .find(|l| l.split(',').nth(1) == Some(id))
+            .map(|l| l.split(',').next().unwrap().to_string())
+    };
+    assert!(group_of("copy").is_some(), "{said}\n{groups}");
+    assert_eq!(group_of("copy"), group_of(g0["image_id"].as_str().unwrap()));
+    let merged = std::fs::read_to_string(e.root.join("dd/merged.csv")).unwrap();
+    let absorbed: usize = groups
+        .lines()
+        .skip(1)
+        .filter(|l| l.contains(",false,"))
+        .count();
+    assert_eq!(merged.lines().count() as u64 - 1, live() - absorbed as u64);
+
+    // calibration either fits or says why it cannot (never a panic)
+    let mut args = vec![
+        "calibrate",
+        "--index",
+        "idx",
+        "--entries",
+        &manifest,
+        "--dry-run",
+    ];
+    args.extend(common);
+    let o = e.run(&args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success() || err.contains("calibration needs"),
+        "{err}"
+    );
+}

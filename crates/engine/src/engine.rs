@@ -132,6 +132,21 @@ impl Engine {
             .unwrap_or_default()
     }
 
+    /// Extracts `(id, path)` images with the loaded model and encodes them for this index.
+    /// Returns the ids that were extracted (unreadable images are skipped with a note) and
+    /// their descriptors, in the same order.
+    pub fn encode_images(
+        &self,
+        items: &[(String, PathBuf)],
+        progress: &dyn Progress,
+    ) -> Result<(Vec<String>, Vec<Descriptors>)> {
+        let features = self
+            .extractor_or_err()?
+            .extract(items, "entries", progress)?;
+        let descs = self.encode(&features);
+        Ok((features.ids, descs))
+    }
+
     /// Extracts features of `(id, path)` images with the loaded model and searches them.
     pub fn search_images(
         &self,

@@ -96,11 +96,25 @@ impl Benchmark {
 
     /// Index metadata of the gallery images with these ids (in this order).
     pub fn gallery_metas(&self, ids: &[String]) -> Vec<ImageMeta> {
-        let by_id = positions(&self.manifest.gallery_images);
+        self.metas(&self.manifest.gallery_images, ids, |i| self.gallery_path(i))
+    }
+
+    /// Metadata of the query images with these ids (in this order), as entries to link.
+    pub fn query_metas(&self, ids: &[String]) -> Vec<ImageMeta> {
+        self.metas(&self.manifest.query_images, ids, |i| self.query_path(i))
+    }
+
+    fn metas(
+        &self,
+        entries: &[Entry],
+        ids: &[String],
+        path: impl Fn(usize) -> PathBuf,
+    ) -> Vec<ImageMeta> {
+        let by_id = positions(entries);
         ids.iter()
             .map(|id| {
                 let i = by_id[id.as_str()];
-                let e = &self.manifest.gallery_images[i];
+                let e = &entries[i];
                 ImageMeta {
                     id: id.clone(),
                     crater_id: Some(e.crater_id.clone()),
@@ -109,7 +123,7 @@ impl Benchmark {
                     lat: e.lat,
                     lon: e.lon,
                     diameter_km: e.diameter_km,
-                    path: Some(self.gallery_path(i).display().to_string()),
+                    path: Some(path(i).display().to_string()),
                 }
             })
             .collect()

@@ -2,11 +2,14 @@
 
 pub mod bench;
 pub mod bench_build;
+pub mod calibrate;
 pub mod cpu;
+pub mod dedup;
 pub mod demo;
 pub mod eval;
 pub mod extract;
 pub mod index;
+pub mod link;
 pub mod model;
 pub mod search;
 pub mod serve;

@@ -1,0 +1,65 @@
+//! `craterdex dedup`: groups of one index's entries that show the same crater, and the
+//! merged catalogue.
+
+use crate::output::Bars;
+use anyhow::Result;
+use clap::Args;
+use craterdex_engine::{Engine, ImageMeta};
+use craterdex_workflows::dedup::score_groups;
+use craterdex_workflows::{dedup, DedupOptions, LinkRule};
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub struct DedupCmd {
+    #[arg(long)]
+    pub index: PathBuf,
+    /// Where groups.csv, merged.csv and merged.geojson go.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Candidates looked at per entry.
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+    /// A rule file instead of the one stored with the index.
+    #[arg(long)]
+    pub rule: Option<PathBuf>,
+}
+
+pub fn run(c: DedupCmd) -> Result<()> {
+    let rule = match &c.rule {
+        Some(p) => LinkRule::load(p)?,
+        None => LinkRule::for_index(&c.index)?,
+    };
+    let engine = Engine::open(&c.index, None)?;
+    let opts = DedupOptions {
+        top_k: c.top,
+        ..DedupOptions::default()
+    };
+    let groups = dedup(&engine, &rule, &opts, &Bars::new())?;
+    let idx = engine.index();
+    let live: Vec<ImageMeta> = (0..idx.rows())
+        .map(|r| idx.meta(r))
+        .filter(|m| idx.row_of(&m.id).is_some())
+        .cloned()
+        .collect();
+    craterdex_workflows::output::write_dedup(&c.out, &groups, &live)?;
+    let absorbed: usize = groups.iter().map(|g| g.members.len() - 1).sum();
+    println!(
+        "{} entries: {} groups of the same crater; the merged catalogue has {} entries (rule: {})",
+        live.len(),
+        groups.len(),
+        live.len() - absorbed,
+        rule.source
+    );
+    if live.iter().any(|m| m.crater_id.is_some()) {
+        let s = score_groups(&groups, &live);
+        println!(
+            "against the index's crater ids: {} of {} groups found exactly, pair precision {:.4}, pair recall {:.4}",
+            s.found_exactly, s.true_groups, s.pair_precision, s.pair_recall
+        );
+    }
+    println!(
+        "wrote {}/groups.csv, merged.csv and merged.geojson",
+        c.out.display()
+    );
+    Ok(())
+}

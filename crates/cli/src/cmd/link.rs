@@ -1,0 +1,140 @@
+//! `craterdex link`: new crater entries against a catalogue index: match, new or
+//! ambiguous, with appearance and geometric evidence; `--insert-new` grows the index.
+
+use crate::args::{EntriesOpts, ModelOpts};
+use crate::output::Bars;
+use anyhow::Result;
+use clap::Args;
+use craterdex_engine::{Descriptors, Engine, ImageMeta};
+use craterdex_workflows::calibrate::decision_counts;
+use craterdex_workflows::{link, LinkOptions, LinkRule};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(Args)]
+pub struct LinkCmd {
+    /// The catalogue index (A).
+    #[arg(long)]
+    pub index: PathBuf,
+    #[command(flatten)]
+    pub entries: EntriesOpts,
+    /// Where links.csv and links.geojson go.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Add every entry decided `new` to the index, in order (atomically, batch by batch).
+    #[arg(long)]
+    pub insert_new: bool,
+    #[command(flatten)]
+    pub tuning: LinkTuning,
+    #[command(flatten)]
+    pub model: ModelOpts,
+}
+
+/// Search and geometry settings shared by link and calibrate.
+#[derive(Args)]
+pub struct LinkTuning {
+    /// Candidates looked at per entry.
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+    /// Stage-1 shortlist of the two-stage search.
+    #[arg(long, default_value_t = 100)]
+    pub shortlist: usize,
+    /// Entries searched (and inserted) at a time.
+    #[arg(long, default_value_t = 256)]
+    pub link_batch: usize,
+    /// Search radius: candidates farther than this many crater radii are excluded (both
+    /// positions known). Default: the rule's (3).
+    #[arg(long)]
+    pub max_offset_radii: Option<f64>,
+    /// Largest diameter ratio of a possible match. Default: the rule's (1.5).
+    #[arg(long)]
+    pub max_diameter_ratio: Option<f64>,
+    /// Radius of the body in km (default Mars, 3389.5; the Moon is 1737.4).
+    #[arg(long)]
+    pub body_radius_km: Option<f64>,
+    /// A rule file instead of the one stored with the index.
+    #[arg(long)]
+    pub rule: Option<PathBuf>,
+}
+
+impl LinkTuning {
+    pub fn rule(&self, index: &std::path::Path) -> Result<LinkRule> {
+        let mut rule = match &self.rule {
+            Some(p) => LinkRule::load(p)?,
+            None => LinkRule::for_index(index)?,
+        };
+        if let Some(v) = self.max_offset_radii {
+            rule.max_offset_radii = v;
+        }
+        if let Some(v) = self.max_diameter_ratio {
+            rule.max_diameter_ratio = v;
+        }
+        if let Some(v) = self.body_radius_km {
+            rule.body_radius_km = v;
+        }
+        rule.validate()?;
+        Ok(rule)
+    }
+
+    pub fn options(&self, insert_new: bool) -> LinkOptions {
+        LinkOptions {
+            top_k: self.top,
+            shortlist: self.shortlist,
+            batch: self.link_batch,
+            insert_new,
+        }
+    }
+}
+
+/// The engine over `index` with the model loaded, and the entries encoded for it.
+pub fn encoded_entries(
+    index: &std::path::Path,
+    entries: &EntriesOpts,
+    model: &ModelOpts,
+) -> Result<(Engine, Vec<(ImageMeta, Descriptors)>)> {
+    let (items, metas) = entries.load()?;
+    anyhow::ensure!(
+        !items.is_empty(),
+        "{}: no entries",
+        entries.entries.display()
+    );
+    let engine = Engine::open(index, None)?.with_extractor(Arc::new(model.load()?))?;
+    let (ids, descs) = engine.encode_images(&items, &Bars::new())?;
+    let mut by_id: HashMap<String, ImageMeta> =
+        metas.into_iter().map(|m| (m.id.clone(), m)).collect();
+    let encoded = ids
+        .iter()
+        .zip(descs)
+        .filter_map(|(id, d)| Some((by_id.remove(id)?, d)))
+        .collect();
+    Ok((engine, encoded))
+}
+
+pub fn run(c: LinkCmd) -> Result<()> {
+    let rule = c.tuning.rule(&c.index)?;
+    let (engine, entries) = encoded_entries(&c.index, &c.entries, &c.model)?;
+    let before = engine.index().live();
+    let (rows, engine) = link(
+        engine,
+        entries,
+        &rule,
+        &c.tuning.options(c.insert_new),
+        &Bars::new(),
+    )?;
+    craterdex_workflows::output::write_links(&c.out, &rows)?;
+    let counts = decision_counts(&rows)
+        .map(|(d, n)| format!("{n} {}", d.name()))
+        .join(", ");
+    println!("{} entries: {counts} (rule: {})", rows.len(), rule.source);
+    if c.insert_new {
+        println!(
+            "index {}: {} -> {} images",
+            c.index.display(),
+            before,
+            engine.index().live()
+        );
+    }
+    println!("wrote {}/links.csv and links.geojson", c.out.display());
+    Ok(())
+}

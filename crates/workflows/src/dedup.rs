@@ -1,0 +1,223 @@
+//! `dedup`: groups of one index's entries that show the same crater.
+//!
+//! Every live entry searches the index with its own descriptors. A pair is kept when each
+//! is among the other's candidates (mutual), its score reaches the rule's `match_score`
+//! and, where both have positions, geometry allows it. Kept pairs are merged strongest
+//! first into groups, except where a merge would put two entries of one source image in a
+//! group (one image shows one crater once). Each group proposes the member with the
+//! highest total score to the others as its surviving entry.
+
+use crate::link::candidates;
+use crate::rule::LinkRule;
+use anyhow::Result;
+use craterdex_engine::{Engine, Progress};
+use craterdex_index::{ImageMeta, Mode, SearchParams};
+use serde::Serialize;
+use std::collections::{BTreeSet, HashMap};
+
+#[derive(Clone, Debug)]
+pub struct DedupOptions {
+    pub top_k: usize,
+    pub shortlist: usize,
+    pub batch: usize,
+}
+
+impl Default for DedupOptions {
+    fn default() -> Self {
+        DedupOptions {
+            top_k: 10,
+            shortlist: 100,
+            batch: 256,
+        }
+    }
+}
+
+/// A group of entries of one crater; `members[survivor]` is the proposed entry to keep.
+#[derive(Clone, Debug, Serialize)]
+pub struct DedupGroup {
+    pub members: Vec<ImageMeta>,
+    pub survivor: usize,
+    /// The pairs that joined the group: (member, member, score).
+    pub pairs: Vec<(usize, usize, f32)>,
+}
+
+/// A pair of rows with their score, for the merge.
+type Pair = (usize, usize, f32);
+
+/// Mutual pairs over the rule, strongest first.
+fn mutual_pairs(
+    engine: &Engine,
+    rule: &LinkRule,
+    o: &DedupOptions,
+    progress: &dyn Progress,
+) -> Vec<Pair> {
+    let idx = engine.index();
+    let rows: Vec<usize> = (0..idx.rows())
+        .filter(|&r| idx.row_of(&idx.meta(r).id) == Some(r))
+        .collect();
+    let params = SearchParams {
+        top_k: o.top_k.max(1) + 1,
+        shortlist: o.shortlist.max(o.top_k + 1),
+        mode: Mode::TwoStage,
+        ..Default::default()
+    };
+    let mut seen: HashMap<(usize, usize), f32> = HashMap::new();
+    let mut pairs = Vec::new();
+    progress.start("dedup", rows.len());
+    for (done, chunk) in rows.chunks(o.batch.max(1)).enumerate() {
+        let descs: Vec<_> = chunk.iter().map(|&r| idx.descriptors_of(r)).collect();
+        for (&row, hits) in chunk.iter().zip(engine.search(&descs, &params)) {
+            for c in candidates(rule, idx.meta(row), &hits) {
+                if c.score < rule.match_score {
+                    continue;
+                }
+                let Some(other) = idx.row_of(&c.id) else {
+                    continue;
+                };
+                let key = (row.min(other), row.max(other));
+                // the second direction completes a mutual pair
+                match seen.remove(&key) {
+                    Some(s) => pairs.push((key.0, key.1, s.min(c.score))),
+                    None => {
+                        seen.insert(key, c.score);
+                    }
+                }
+            }
+        }
+        progress.advance(((done + 1) * o.batch.max(1)).min(rows.len()));
+    }
+    progress.finish();
+    pairs.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(&b.0)).then(a.1.cmp(&b.1)));
+    pairs
+}
+
+fn find(parent: &mut [usize], mut x: usize) -> usize {
+    while parent[x] != x {
+        parent[x] = parent[parent[x]];
+        x = parent[x];
+    }
+    x
+}
+
+/// The groups of two or more entries, largest first.
+pub fn dedup(
+    engine: &Engine,
+    rule: &LinkRule,
+    opts: &DedupOptions,
+    progress: &dyn Progress,
+) -> Result<Vec<DedupGroup>> {
+    let idx = engine.index();
+    let pairs = mutual_pairs(engine, rule, opts, progress);
+    let n = idx.rows();
+    let mut parent: Vec<usize> = (0..n).collect();
+    let mut sources: Vec<BTreeSet<String>> = (0..n)
+        .map(|r| idx.meta(r).source.iter().cloned().collect())
+        .collect();
+    let mut joined: Vec<Pair> = Vec::new();
+    for &(a, b, s) in &pairs {
+        let (ra, rb) = (find(&mut parent, a), find(&mut parent, b));
+        if ra == rb {
+            joined.push((a, b, s));
+            continue;
+        }
+        if !sources[ra].is_disjoint(&sources[rb]) {
+            continue;
+        }
+        let moved = std::mem::take(&mut sources[rb]);
+        sources[ra].extend(moved);
+        parent[rb] = ra;
+        joined.push((a, b, s));
+    }
+    let mut by_root: HashMap<usize, Vec<usize>> = HashMap::new();
+    for &(a, b, _) in &joined {
+        for r in [a, b] {
+            let root = find(&mut parent, r);
+            let members = by_root.entry(root).or_default();
+            if !members.contains(&r) {
+                members.push(r);
+            }
+        }
+    }
+    let mut groups: Vec<DedupGroup> = by_root
+        .into_values()
+        .map(|mut rows| {
+            rows.sort_unstable();
+            let pos = |r: usize| rows.iter().position(|&x| x == r).expect("member");
+            let group_pairs: Vec<(usize, usize, f32)> = joined
+                .iter()
+                .filter(|(a, _, _)| rows.contains(a))
+                .map(|&(a, b, s)| (pos(a), pos(b), s))
+                .collect();
+            let mut strength = vec![0.0f32; rows.len()];
+            for &(a, b, s) in &group_pairs {
+                strength[a] += s;
+                strength[b] += s;
+            }
+            let survivor = (0..rows.len())
+                .max_by(|&x, &y| strength[x].total_cmp(&strength[y]).then(y.cmp(&x)))
+                .unwrap_or(0);
+            DedupGroup {
+                members: rows.iter().map(|&r| idx.meta(r).clone()).collect(),
+                survivor,
+                pairs: group_pairs,
+            }
+        })
+        .collect();
+    groups.sort_by(|a, b| {
+        b.members
+            .len()
+            .cmp(&a.members.len())
+            .then_with(|| a.members[0].id.cmp(&b.members[0].id))
+    });
+    Ok(groups)
+}
+
+/// Quality against crater ids: pair precision and recall over all pairs within groups, and
+/// the share of true groups (crater ids with two or more live entries) found exactly.
+#[derive(Clone, Debug, Serialize)]
+pub struct DedupScore {
+    pub true_groups: usize,
+    pub found_exactly: usize,
+    pub pair_precision: f64,
+    pub pair_recall: f64,
+}
+
+pub fn score_groups(groups: &[DedupGroup], entries: &[ImageMeta]) -> DedupScore {
+    let mut truth: HashMap<&str, BTreeSet<&str>> = HashMap::new();
+    for m in entries {
+        if let Some(c) = &m.crater_id {
+            truth.entry(c).or_default().insert(&m.id);
+        }
+    }
+    let true_pairs: usize = truth.values().map(|g| g.len() * (g.len() - 1) / 2).sum();
+    let (mut predicted, mut correct) = (0usize, 0usize);
+    let mut found = 0;
+    for g in groups {
+        for i in 0..g.members.len() {
+            for j in i + 1..g.members.len() {
+                predicted += 1;
+                let same = g.members[i].crater_id.is_some()
+                    && g.members[i].crater_id == g.members[j].crater_id;
+                correct += same as usize;
+            }
+        }
+        let ids: BTreeSet<&str> = g.members.iter().map(|m| m.id.as_str()).collect();
+        if let Some(c) = g.members[0].crater_id.as_deref() {
+            found += (truth.get(c) == Some(&ids)) as usize;
+        }
+    }
+    DedupScore {
+        true_groups: truth.values().filter(|g| g.len() >= 2).count(),
+        found_exactly: found,
+        pair_precision: if predicted == 0 {
+            1.0
+        } else {
+            correct as f64 / predicted as f64
+        },
+        pair_recall: if true_pairs == 0 {
+            1.0
+        } else {
+            correct as f64 / true_pairs as f64
+        },
+    }
+}

@@ -1,0 +1,20 @@
+//! The scientists' jobs on top of the one pipeline: link new observations to a catalogue
+//! index (`match` / `new` / `ambiguous`, with appearance and geometric evidence), calibrate
+//! the decision rule on labelled pairs, deduplicate an index into groups of one crater,
+//! and grow a landmark database by inserting what is new.
+//!
+//! Owns the decision rule, its calibration, grouping and the CSV/GeoJSON outputs. Searches
+//! only through [`craterdex_engine::Engine`]; knows nothing of images, the CLI or HTTP.
+
+pub mod calibrate;
+pub mod dedup;
+pub mod entries;
+pub mod geometry;
+pub mod link;
+pub mod output;
+pub mod rule;
+
+pub use calibrate::{calibrate, Calibration};
+pub use dedup::{dedup, DedupGroup, DedupOptions};
+pub use link::{link, Candidate, Decision, LinkOptions, LinkRow};
+pub use rule::LinkRule;

@@ -1,0 +1,363 @@
+//! link, calibrate, insert-new and dedup on synthetic catalogues whose truth is known: two
+//! views of every crater in the index, noisy re-observations and unseen craters as queries.
+
+use craterdex_engine::{Engine, Silent};
+use craterdex_index::codec::{Codec, TokenCodec};
+use craterdex_index::{ImageMeta, Index};
+use craterdex_tokens::{Descriptors, Encoder, Recipe};
+use craterdex_workflows::dedup::score_groups;
+use craterdex_workflows::{calibrate, dedup, link, Decision, DedupOptions, LinkOptions, LinkRule};
+use rand::{Rng, SeedableRng};
+use std::path::Path;
+
+const D: usize = 32;
+const K: usize = 4;
+type Rng8 = rand_chacha::ChaCha8Rng;
+
+fn unit(rng: &mut Rng8, n: usize) -> Vec<f32> {
+    let mut v: Vec<f32> = (0..n * D).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+    for r in v.chunks_mut(D) {
+        let s = r.iter().map(|x| x * x).sum::<f32>().sqrt();
+        r.iter_mut().for_each(|x| *x /= s);
+    }
+    v
+}
+
+fn crater(rng: &mut Rng8) -> Descriptors {
+    Descriptors {
+        single: unit(rng, 1),
+        tokens: unit(rng, K),
+    }
+}
+
+fn noisy(d: &Descriptors, amount: f32, rng: &mut Rng8) -> Descriptors {
+    let mut f = |v: &[f32]| -> Vec<f32> {
+        let mut out: Vec<f32> = v
+            .iter()
+            .map(|x| x + rng.gen_range(-amount..amount))
+            .collect();
+        for r in out.chunks_mut(D) {
+            let s = r.iter().map(|x| x * x).sum::<f32>().sqrt();
+            r.iter_mut().for_each(|x| *x /= s);
+        }
+        out
+    };
+    Descriptors {
+        single: f(&d.single),
+        tokens: f(&d.tokens),
+    }
+}
+
+fn meta(id: &str, crater: usize, source: &str) -> ImageMeta {
+    ImageMeta {
+        id: id.into(),
+        crater_id: Some(format!("c{crater}")),
+        source: Some(source.into()),
+        // craters on a grid 0.5 degrees apart, 2 km across
+        lat: Some((crater / 40) as f64 * 0.5),
+        lon: Some((crater % 40) as f64 * 0.5),
+        diameter_km: Some(2.0),
+        ..Default::default()
+    }
+}
+
+struct Catalogue {
+    truth: Vec<Descriptors>,
+    entries: Vec<(ImageMeta, Descriptors)>,
+}
+
+/// `n` craters, two views each (images `a` and `b` of the crater).
+fn catalogue(n: usize, seed: u64) -> Catalogue {
+    let mut rng = Rng8::seed_from_u64(seed);
+    let truth: Vec<Descriptors> = (0..n).map(|_| crater(&mut rng)).collect();
+    let mut entries = Vec::new();
+    for (i, t) in truth.iter().enumerate() {
+        for v in ["a", "b"] {
+            entries.push((
+                meta(&format!("g{i}{v}"), i, &format!("img{i}{v}")),
+                noisy(t, 0.1, &mut rng),
+            ));
+        }
+    }
+    Catalogue { truth, entries }
+}
+
+fn build(dir: &Path, entries: &[(ImageMeta, Descriptors)]) -> Engine {
+    let sample: Vec<f32> = entries.iter().flat_map(|(_, d)| d.tokens.clone()).collect();
+    let codec = TokenCodec::train(Codec::Int8, D, &sample, 1).unwrap();
+    Index::create(
+        dir,
+        &Encoder::plain(Recipe::default()),
+        &codec,
+        None,
+        entries,
+        None,
+    )
+    .unwrap();
+    Engine::open(dir, None).unwrap()
+}
+
+/// Re-observations of craters `known` (noise growing with the index, so some are hard) and
+/// `unseen` craters no index entry shows.
+fn queries(
+    cat: &Catalogue,
+    known: std::ops::Range<usize>,
+    unseen: usize,
+    seed: u64,
+) -> Vec<(ImageMeta, Descriptors)> {
+    let mut rng = Rng8::seed_from_u64(seed);
+    let mut out = Vec::new();
+    for i in known {
+        let amount = 0.1 + 0.5 * (i % 10) as f32 / 10.0;
+        out.push((
+            meta(&format!("q{seed}-{i}"), i, &format!("new{seed}")),
+            noisy(&cat.truth[i], amount, &mut rng),
+        ));
+    }
+    for j in 0..unseen {
+        let mut m = meta(&format!("u{seed}-{j}"), 100_000 + j, &format!("new{seed}"));
+        m.lat = Some(80.0);
+        out.push((m, crater(&mut rng)));
+    }
+    out
+}
+
+fn no_geometry(mut q: Vec<(ImageMeta, Descriptors)>) -> Vec<(ImageMeta, Descriptors)> {
+    for (m, _) in &mut q {
+        m.lat = None;
+    }
+    q
+}
+
+#[test]
+fn calibrated_links_are_precise_and_unseen_craters_are_new() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cat = catalogue(200, 1);
+    let engine = build(&tmp.path().join("a"), &cat.entries);
+    let opts = LinkOptions::default();
+    // Calibration on appearance alone (labelled re-observations of craters 0..100, 50 unseen).
+    let calib = no_geometry(queries(&cat, 0..100, 50, 2));
+    let (rows, engine) = link(engine, calib, &LinkRule::default(), &opts, &Silent).unwrap();
+    let c = calibrate(&rows, &LinkRule::default(), 0.99).unwrap();
+    assert!(c.match_precision >= 0.99, "{c:?}");
+    assert!(c.match_recall > 0.5, "{c:?}");
+    assert!(c.rule.new_score <= c.rule.match_score);
+    c.rule.save(engine.index().dir().unwrap()).unwrap();
+    let rule = LinkRule::for_index(engine.index().dir().unwrap()).unwrap();
+    assert_eq!(rule, c.rule);
+
+    // Held-out craters 100..200 and 50 other unseen ones, with positions.
+    let test = queries(&cat, 100..200, 50, 3);
+    let (rows, _) = link(engine, test, &rule, &opts, &Silent).unwrap();
+    let known = &rows[..100];
+    let declared: Vec<_> = known
+        .iter()
+        .filter(|r| r.decision == Decision::Match)
+        .collect();
+    let right = declared
+        .iter()
+        .filter(|r| r.best.as_ref().unwrap().crater_id == r.query.crater_id)
+        .count();
+    assert!(
+        right as f64 >= 0.97 * declared.len() as f64,
+        "{right}/{}",
+        declared.len()
+    );
+    assert!(declared.len() >= 50, "{} matched", declared.len());
+    // Unseen craters lie far from every catalogue entry: geometry leaves no candidate.
+    assert!(rows[100..]
+        .iter()
+        .all(|r| r.decision == Decision::New && r.best.is_none()));
+    // Geometric evidence is reported for the matched ones: the same place, the same size.
+    let b = declared[0].best.as_ref().unwrap();
+    assert_eq!((b.offset_radii, b.diameter_ratio), (Some(0.0), Some(1.0)));
+}
+
+#[test]
+fn insert_new_grows_the_index_in_order_and_a_second_run_adds_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cat = catalogue(50, 4);
+    let dir = tmp.path().join("a");
+    let engine = build(&dir, &cat.entries);
+    let rule = LinkRule {
+        match_score: 0.8,
+        new_score: 0.6,
+        ..LinkRule::default()
+    };
+    // 20 new craters, each seen twice (the second sighting 5 entries later, so within one
+    // batch and across batches), mixed with 10 re-observations of known craters.
+    let mut rng = Rng8::seed_from_u64(5);
+    let fresh: Vec<Descriptors> = (0..20).map(|_| crater(&mut rng)).collect();
+    let mut stream = Vec::new();
+    for i in 0..25 {
+        if i < 20 {
+            let mut m = meta(&format!("s{i}"), 1000 + i, "pass1");
+            m.lat = None;
+            stream.push((m, noisy(&fresh[i], 0.05, &mut rng)));
+        }
+        if i >= 5 {
+            let mut m = meta(&format!("s{}-again", i - 5), 1000 + i - 5, "pass2");
+            m.lat = None;
+            stream.push((m, noisy(&fresh[i - 5], 0.05, &mut rng)));
+        }
+        if i % 5 == 0 {
+            let mut m = meta(&format!("k{i}"), i, "pass3");
+            m.lat = None;
+            stream.push((m, noisy(&cat.truth[i], 0.05, &mut rng)));
+        }
+    }
+    let opts = LinkOptions {
+        insert_new: true,
+        batch: 7,
+        ..LinkOptions::default()
+    };
+    let (rows, engine) = link(engine, stream.clone(), &rule, &opts, &Silent).unwrap();
+    let inserted: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.inserted)
+        .map(|r| r.query.id.as_str())
+        .collect();
+    let first_sightings: Vec<String> = (0..20).map(|i| format!("s{i}")).collect();
+    assert_eq!(inserted, first_sightings);
+    for r in rows.iter().filter(|r| r.query.id.ends_with("-again")) {
+        assert_eq!(r.decision, Decision::Match, "{}", r.query.id);
+        assert_eq!(r.best.as_ref().unwrap().crater_id, r.query.crater_id);
+    }
+    assert_eq!(engine.index().live(), 100 + 20);
+    assert_eq!(Index::open(&dir).unwrap().live(), 120);
+    let (rows, engine) = link(engine, stream, &rule, &opts, &Silent).unwrap();
+    assert!(rows.iter().all(|r| !r.inserted));
+    assert_eq!(engine.index().live(), 120);
+}
+
+#[test]
+fn dedup_finds_the_views_of_each_crater_and_never_merges_one_source_image() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cat = catalogue(150, 6);
+    // crater 0's two views come from one image: they must stay apart
+    cat.entries[1].0.source = cat.entries[0].0.source.clone();
+    let engine = build(&tmp.path().join("a"), &cat.entries);
+    let rule = LinkRule {
+        match_score: 0.8,
+        new_score: 0.6,
+        ..LinkRule::default()
+    };
+    let groups = dedup(&engine, &rule, &DedupOptions::default(), &Silent).unwrap();
+    let metas: Vec<ImageMeta> = cat.entries.iter().map(|(m, _)| m.clone()).collect();
+    let s = score_groups(&groups, &metas);
+    assert_eq!(s.true_groups, 150);
+    assert_eq!(s.pair_precision, 1.0, "{s:?}");
+    assert_eq!(s.found_exactly, 149, "{s:?}");
+    assert!(groups.iter().all(|g| g.members.len() == 2));
+    assert!(!groups
+        .iter()
+        .any(|g| g.members.iter().any(|m| m.id == "g0a")));
+    let dir = tmp.path().join("out");
+    craterdex_workflows::output::write_dedup(&dir, &groups, &metas).unwrap();
+    let merged = std::fs::read_to_string(dir.join("merged.csv")).unwrap();
+    // 149 groups and the two unmerged views of crater 0
+    assert_eq!(merged.lines().count(), 1 + 149 + 2);
+    let gj: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("merged.geojson")).unwrap()).unwrap();
+    assert_eq!(gj["features"].as_array().unwrap().len(), 151);
+    assert_eq!(gj["features"][0]["geometry"]["type"], "Point");
+}
+
+/// Entries for the crash test: 30 unseen craters, each in the stream once.
+fn growing_stream() -> Vec<(ImageMeta, Descriptors)> {
+    let mut rng = Rng8::seed_from_u64(11);
+    (0..30)
+        .map(|i| {
+            let mut m = meta(&format!("n{i}"), 5000 + i, "pass");
+            m.lat = None;
+            (m, crater(&mut rng))
+        })
+        .collect()
+}
+
+fn growing_options() -> LinkOptions {
+    LinkOptions {
+        insert_new: true,
+        batch: 10,
+        ..LinkOptions::default()
+    }
+}
+
+fn strict_rule() -> LinkRule {
+    LinkRule {
+        match_score: 0.8,
+        new_score: 0.6,
+        ..LinkRule::default()
+    }
+}
+
+/// Run in a child process by `a_killed_insert_new_leaves_a_complete_index_and_resumes`.
+#[test]
+#[ignore]
+fn child_linker() {
+    let Ok(dir) = std::env::var("CRATERDEX_CHILD_INDEX") else {
+        return;
+    };
+    let engine = Engine::open(Path::new(&dir), None).unwrap();
+    link(
+        engine,
+        growing_stream(),
+        &strict_rule(),
+        &growing_options(),
+        &Silent,
+    )
+    .unwrap();
+}
+
+/// `link --insert-new` killed inside an add, or between two batches' commits, leaves an
+/// index that opens with whole batches only; running the same link again completes it
+/// without adding anything twice.
+#[test]
+fn a_killed_insert_new_leaves_a_complete_index_and_resumes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cat = catalogue(40, 12);
+    for (point, committed_batches) in [
+        ("index-mid-segment", 0),
+        ("index-after-segment", 0),
+        ("durable-before-rename", 0),
+        ("link-after-batch", 1),
+    ] {
+        let dir = tmp.path().join(point);
+        build(&dir, &cat.entries);
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--ignored",
+                "--exact",
+                "child_linker",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("CRATERDEX_CHILD_INDEX", &dir)
+            .env("CRATERDEX_FAILPOINT", point)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(&format!("failpoint {point}")),
+            "{point}: the linker should have died there: {stderr}"
+        );
+        let idx = Index::open(&dir).unwrap_or_else(|e| panic!("{point}: unreadable: {e:#}"));
+        assert_eq!(idx.live(), 80 + 10 * committed_batches, "{point}");
+        drop(idx);
+        let engine = Engine::open(&dir, None).unwrap();
+        let (rows, engine) = link(
+            engine,
+            growing_stream(),
+            &strict_rule(),
+            &growing_options(),
+            &Silent,
+        )
+        .unwrap();
+        assert_eq!(
+            rows.iter().filter(|r| r.inserted).count(),
+            30 - 10 * committed_batches,
+            "{point}"
+        );
+        assert_eq!(engine.index().live(), 110, "{point}");
+    }
+}
