@@ -70,6 +70,14 @@ enum Cmd {
         after_help = "Example:\n  craterdex eval --manifest bench/splits/test.json --json results.json --report report.html"
     )]
     Eval(cmd::eval::EvalCmd),
+    /// The link, dedup and open-set benchmark: a second observation of each tile simulated
+    /// (rotation, resolution, photometry, missed and false detections, georeferencing
+    /// error), scored against appearance alone and geometry alone.
+    #[command(
+        name = "eval-link",
+        after_help = "Example:\n  craterdex eval-link --tile tile.png --craters tile.csv --out link-bench/"
+    )]
+    EvalLink(cmd::eval_link::EvalLinkCmd),
     /// Benchmarks: feature extraction and search speed against reference implementations.
     #[command(subcommand)]
     Bench(cmd::bench::BenchCmd),
@@ -98,6 +106,7 @@ fn main() {
         Cmd::Serve(c) => cmd::serve::run(c),
         Cmd::BenchBuild(c) => cmd::bench_build::run(c),
         Cmd::Eval(c) => cmd::eval::run(c),
+        Cmd::EvalLink(c) => cmd::eval_link::run(c),
         Cmd::Bench(c) => cmd::bench::run(c),
         Cmd::Demo(c) => cmd::demo::run(c),
         Cmd::Cpu(c) => cmd::cpu::run(c),

@@ -534,6 +534,8 @@ fn link_inserts_what_is_new_once_and_dedup_groups_exact_copies() {
     assert_eq!(copy[2], "match", "{copy:?}");
     assert_eq!(copy[4], g0["image_id"].as_str().unwrap());
     assert_eq!(copy[11], "false");
+    let review = std::fs::read_to_string(e.root.join("links1/review.html")).unwrap();
+    assert!(review.contains("data:image/png;base64,") && review.contains("copy"));
     let inserted = rows.iter().filter(|r| r[11] == "true").count() as u64;
     assert_eq!(live(), n + inserted);
     // a second run over the same entries adds nothing
@@ -595,4 +597,87 @@ fn link_inserts_what_is_new_once_and_dedup_groups_exact_copies() {
         o.status.success() || err.contains("calibration needs"),
         "{err}"
     );
+}
+
+#[test]
+fn eval_link_scores_the_rule_against_both_baselines() {
+    let e = Env::new();
+    let ckpt = write_tiny_model(&e.root.join("ckpt"));
+    e.ok(&[
+        "model",
+        "fetch",
+        "--from",
+        ckpt.to_str().unwrap(),
+        "--name",
+        "tiny",
+    ]);
+    let model = e.path("home/models/tiny");
+    // 144 craters on a textured tile, far enough apart that geometry alone can tell them
+    let craters: Vec<(f64, f64, f64)> = (0..144)
+        .map(|i| {
+            (
+                35.0 + (i % 12) as f64 * 30.0,
+                35.0 + (i / 12) as f64 * 30.0,
+                12.0 + (i % 5) as f64 * 2.0,
+            )
+        })
+        .collect();
+    let img = GrayImage::from_fn(400, 400, |x, y| {
+        let mut v = 140.0 + 30.0 * ((x as f64 * 0.31).sin() * (y as f64 * 0.17).cos());
+        for (i, &(cx, cy, d)) in craters.iter().enumerate() {
+            let r = ((x as f64 - cx).powi(2) + (y as f64 - cy).powi(2)).sqrt();
+            if r < d / 2.0 {
+                v -= 40.0 + 3.0 * (i % 7) as f64 * (r / d);
+            }
+        }
+        Luma([v.clamp(0.0, 255.0) as u8])
+    });
+    img.save(e.root.join("big.png")).unwrap();
+    let mut csv = String::from("long,lat,diameter\n");
+    for (x, y, d) in &craters {
+        csv.push_str(&format!("{x},{y},{d}\n"));
+    }
+    std::fs::write(e.root.join("big.csv"), csv).unwrap();
+    let out = e.ok(&[
+        "eval-link",
+        "--tile",
+        "big.png",
+        "--craters",
+        "big.csv",
+        "--out",
+        "lb",
+        "--model",
+        &model,
+        "--size",
+        "16",
+        "--min-diameter",
+        "10",
+    ]);
+    assert!(out.contains("geometry only"), "{out}");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(e.root.join("lb/results.json")).unwrap())
+            .unwrap();
+    let levels = r["levels"].as_array().unwrap();
+    assert_eq!(levels.len(), 2);
+    let f = |l: &serde_json::Value, m: &str, k: &str| l[m][k].as_f64().unwrap();
+    // a small georeferencing error: the nearest centre is the crater
+    assert!(
+        f(&levels[0], "geometry_only", "recall") > 0.8,
+        "{}",
+        levels[0]
+    );
+    // 4 median radii: the centre within 1 radius is rarely the right crater
+    assert!(
+        f(&levels[1], "geometry_only", "recall") < 0.3,
+        "{}",
+        levels[1]
+    );
+    for l in levels {
+        for m in ["craterdex", "appearance_only", "geometry_only_wide"] {
+            assert!((0.0..=1.0).contains(&f(l, m, "f1")), "{m}: {l}");
+        }
+    }
+    let auroc = r["open_set"]["new_auroc"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&auroc));
+    assert!(e.root.join("lb/observations/second-e4.csv").is_file());
 }

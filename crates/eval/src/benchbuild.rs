@@ -75,7 +75,7 @@ pub(crate) struct Tile {
 }
 
 impl Tile {
-    fn load(path: &Path) -> Result<Self> {
+    pub(crate) fn load(path: &Path) -> Result<Self> {
         let img = craterdex_model::preprocess::load_image(path)?.to_luma32f();
         Ok(Self {
             w: img.width() as usize,
@@ -139,7 +139,7 @@ impl Tile {
     }
 }
 
-fn save(path: &Path, side: usize, px: &[f32]) -> Result<()> {
+pub(crate) fn save(path: &Path, side: usize, px: &[f32]) -> Result<()> {
     let img = GrayImage::from_fn(side as u32, side as u32, |x, y| {
         Luma([(px[y as usize * side + x as usize].clamp(0.0, 1.0) * 255.0).round() as u8])
     });
@@ -182,13 +182,13 @@ fn gaussian_blur(px: &[f32], side: usize, sigma: f64) -> Vec<f32> {
     pass(&pass(px, true), false)
 }
 
-fn gauss(rng: &mut ChaCha8Rng) -> f32 {
+pub(crate) fn gauss(rng: &mut ChaCha8Rng) -> f32 {
     // Box-Muller
     let (u1, u2): (f64, f64) = (rng.gen_range(1e-12..1.0), rng.gen());
     ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
 }
 
-fn photometric(px: &mut Vec<f32>, side: usize, o: &BuildOptions, rng: &mut ChaCha8Rng) {
+pub(crate) fn photometric(px: &mut Vec<f32>, side: usize, o: &BuildOptions, rng: &mut ChaCha8Rng) {
     let b = rng.gen_range(-o.brightness..=o.brightness) as f32;
     let c = rng.gen_range(o.contrast.0..=o.contrast.1) as f32;
     let g = rng.gen_range(o.gamma.0..=o.gamma.1) as f32;

@@ -14,5 +14,6 @@ pub mod datasets;
 pub mod georef;
 pub mod manifest;
 pub mod metrics;
+pub mod observations;
 pub mod regimes;
 pub mod report;

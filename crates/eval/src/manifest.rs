@@ -123,6 +123,9 @@ impl Benchmark {
                     lat: e.lat,
                     lon: e.lon,
                     diameter_km: e.diameter_km,
+                    x: None,
+                    y: None,
+                    diameter_px: None,
                     path: Some(path(i).display().to_string()),
                 }
             })

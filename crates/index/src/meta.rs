@@ -18,6 +18,14 @@ pub struct ImageMeta {
     pub lon: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub diameter_km: Option<f64>,
+    /// Centre and diameter in pixels of one image frame (a tile or a mosaic), for catalogues
+    /// without coordinates on the body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub x: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub y: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diameter_px: Option<f64>,
     /// The image file, for thumbnails and reports.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,

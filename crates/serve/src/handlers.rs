@@ -494,7 +494,7 @@ pub async fn add_image(
         lat: parse_coord(&fields, "lat")?,
         lon: parse_coord(&fields, "lon")?,
         diameter_km: parse_coord(&fields, "diameter_km")?,
-        path: None,
+        ..ImageMeta::default()
     };
     let engine = image_engine(&svc)?;
     let (max_side, partial) = (

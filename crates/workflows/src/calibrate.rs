@@ -104,9 +104,9 @@ pub fn calibrate(rows: &[LinkRow], base: &LinkRule, target: f64) -> Result<Calib
     );
     let correct: Vec<f32> = pairs.iter().filter(|p| p.1).map(|p| p.0).collect();
     ensure!(
-        correct.len() >= 2 && correct.len() < pairs.len(),
-        "calibration needs labelled entries both with and without their crater as best \
-         candidate ({} of {} correct)",
+        correct.len() >= 2,
+        "calibration needs labelled entries whose best candidate is their own crater \
+         ({} of {} are)",
         correct.len(),
         pairs.len()
     );

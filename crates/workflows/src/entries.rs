@@ -1,5 +1,6 @@
 //! Entry metadata from a CSV beside a directory of crops: an `id` column (the image's id)
-//! and any of `crater_id`, `source`, `view`, `lat`, `lon`, `diameter_km`.
+//! and any of `crater_id`, `source`, `view`, `lat`, `lon`, `diameter_km` (a position on the
+//! body) or `x`, `y`, `diameter_px` (a position in one image frame shared by the entries).
 
 use anyhow::{bail, Context, Result};
 use craterdex_index::ImageMeta;
@@ -22,14 +23,14 @@ pub fn read_meta_csv(path: &Path) -> Result<HashMap<String, ImageMeta>> {
         bail!("{}: no `id` column (columns: {:?})", path.display(), header);
     };
     let text = ["crater_id", "source", "view"].map(col);
-    let nums = ["lat", "lon", "diameter_km"].map(col);
+    let nums = ["lat", "lon", "diameter_km", "x", "y", "diameter_px"].map(col);
     let mut out = HashMap::new();
     for (line, rec) in r.records().enumerate() {
         let at = || format!("{} line {}", path.display(), line + 2);
         let rec = rec.with_context(at)?;
         let get = |c: Option<usize>| c.and_then(|c| rec.get(c)).filter(|v| !v.is_empty());
         let id = get(Some(id_col)).with_context(|| format!("{}: empty id", at()))?;
-        let mut n = [None; 3];
+        let mut n = [None; 6];
         for (slot, c) in n.iter_mut().zip(nums) {
             if let Some(v) = get(c) {
                 let x: f64 = v
@@ -49,6 +50,9 @@ pub fn read_meta_csv(path: &Path) -> Result<HashMap<String, ImageMeta>> {
             lat: n[0],
             lon: n[1],
             diameter_km: n[2],
+            x: n[3],
+            y: n[4],
+            diameter_px: n[5],
             path: None,
         };
         if out.insert(id.to_string(), meta).is_some() {

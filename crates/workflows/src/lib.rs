@@ -9,6 +9,7 @@
 pub mod calibrate;
 pub mod dedup;
 pub mod entries;
+pub mod evaluate;
 pub mod geometry;
 pub mod link;
 pub mod output;

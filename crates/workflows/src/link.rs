@@ -95,7 +95,7 @@ pub fn candidates(rule: &LinkRule, query: &ImageMeta, hits: &[SearchHit]) -> Vec
         .filter_map(|h| {
             let ev = q
                 .zip(Position::of(&h.meta))
-                .map(|(a, b)| evidence(a, b, rule.body_radius_km));
+                .and_then(|(a, b)| evidence(a, b, rule.body_radius_km));
             if let Some((offset, ratio)) = ev {
                 if !rule.geometry_allows(offset, ratio) {
                     return None;

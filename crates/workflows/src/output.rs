@@ -35,7 +35,7 @@ fn write_geojson(path: &Path, features: Vec<Value>) -> Result<()> {
     craterdex_durable::write_atomic(path, &serde_json::to_vec_pretty(&doc)?)
 }
 
-const LINK_HEADER: [&str; 16] = [
+const LINK_HEADER: [&str; 19] = [
     "query",
     "query_crater_id",
     "decision",
@@ -51,6 +51,9 @@ const LINK_HEADER: [&str; 16] = [
     "lat",
     "lon",
     "diameter_km",
+    "x",
+    "y",
+    "diameter_px",
     "path",
 ];
 
@@ -77,6 +80,9 @@ pub fn write_links(dir: &Path, rows: &[LinkRow]) -> Result<()> {
                 opt(r.query.lat),
                 opt(r.query.lon),
                 opt(r.query.diameter_km),
+                opt(r.query.x),
+                opt(r.query.y),
+                opt(r.query.diameter_px),
                 opt(r.query.path.as_ref()),
             ]
         })
@@ -191,4 +197,119 @@ pub fn write_dedup(dir: &Path, groups: &[DedupGroup], live: &[ImageMeta]) -> Res
         merged,
     )?;
     write_geojson(&dir.join("merged.geojson"), features)
+}
+
+/// An image file as a data URI, its bytes as they are (browsers decode PNG, JPEG, GIF and
+/// WebP themselves); None when it cannot be read or is not one of those.
+fn data_uri(path: Option<&str>) -> Option<String> {
+    use base64::Engine as _;
+    let path = path?;
+    let ext = Path::new(path).extension()?.to_str()?.to_ascii_lowercase();
+    let mime = match ext.as_str() {
+        "png" => "image/png",
+        "jpg" | "jpeg" => "image/jpeg",
+        "gif" => "image/gif",
+        "webp" => "image/webp",
+        _ => return None,
+    };
+    let bytes = std::fs::read(path).ok()?;
+    // a review page of crops, not of whole tiles
+    if bytes.len() > 2 << 20 {
+        return None;
+    }
+    Some(format!(
+        "data:{mime};base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    ))
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+fn picture(meta: Option<&ImageMeta>) -> String {
+    match meta.and_then(|m| data_uri(m.path.as_deref())) {
+        Some(uri) => format!("<img src=\"{uri}\" width=\"128\" height=\"128\">"),
+        None => "<div class=\"none\">no image</div>".into(),
+    }
+}
+
+/// `review.html` in `dir`: the decisions a person should look at, side by side (query,
+/// best candidate, best candidate of another crater), ambiguous ones first, then the
+/// matches and new craters nearest their thresholds; at most `limit` rows, self-contained.
+pub fn write_review(dir: &Path, rows: &[LinkRow], limit: usize) -> Result<()> {
+    use crate::link::Decision;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let mut order: Vec<&LinkRow> = rows.iter().collect();
+    // ambiguous first; within a kind, the least certain (confidence nearest 0.5) first
+    let kind = |r: &LinkRow| match r.decision {
+        Decision::Ambiguous => 0,
+        Decision::Match => 1,
+        Decision::New => 2,
+    };
+    order.sort_by(|a, b| {
+        kind(a).cmp(&kind(b)).then(
+            (a.confidence - 0.5)
+                .abs()
+                .total_cmp(&(b.confidence - 0.5).abs()),
+        )
+    });
+    let mut html = String::from(
+        "<!doctype html><meta charset=\"utf-8\"><title>craterdex link review</title>\
+         <style>body{font:14px sans-serif;margin:2em}table{border-collapse:collapse}\
+         td{border-top:1px solid #ccc;padding:6px;vertical-align:top}\
+         .none{width:128px;height:128px;background:#eee;color:#888;text-align:center;line-height:128px}\
+         .ambiguous{color:#b60}.match{color:#070}.new{color:#00a}</style>\
+         <h1>Link decisions to review</h1>",
+    );
+    let counts = crate::calibrate::decision_counts(rows);
+    html.push_str(&format!(
+        "<p>{} entries: {}. Shown: {} rows, ambiguous first, then the least certain.</p>\
+         <table><tr><th>entry</th><th>best candidate</th><th>other crater</th><th>evidence</th></tr>",
+        rows.len(),
+        counts
+            .iter()
+            .map(|(d, n)| format!("{n} {}", d.name()))
+            .collect::<Vec<_>>()
+            .join(", "),
+        order.len().min(limit)
+    ));
+    for r in order.into_iter().take(limit) {
+        let b = r.best.as_ref();
+        let s = r.second.as_ref();
+        let label = |c: Option<&crate::link::Candidate>| {
+            c.map(|c| {
+                format!(
+                    "{}<br>score {:.3}{}",
+                    escape(&c.id),
+                    c.score,
+                    c.offset_radii
+                        .map(|o| format!(
+                            "<br>offset {o:.2} radii, diameter ratio {:.2}",
+                            c.diameter_ratio.unwrap_or(f64::NAN)
+                        ))
+                        .unwrap_or_default()
+                )
+            })
+            .unwrap_or_else(|| "none".into())
+        };
+        html.push_str(&format!(
+            "<tr><td>{}<br>{}</td><td>{}<br>{}</td><td>{}<br>{}</td>\
+             <td class=\"{}\"><b>{}</b><br>confidence {:.3}</td></tr>",
+            picture(Some(&r.query)),
+            escape(&r.query.id),
+            picture(b.map(|c| &c.meta)),
+            label(b),
+            picture(s.map(|c| &c.meta)),
+            label(s),
+            r.decision.name(),
+            r.decision.name(),
+            r.confidence
+        ));
+    }
+    html.push_str("</table>");
+    craterdex_durable::write_atomic(&dir.join("review.html"), html.as_bytes())
 }

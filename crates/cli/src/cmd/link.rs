@@ -19,7 +19,7 @@ pub struct LinkCmd {
     pub index: PathBuf,
     #[command(flatten)]
     pub entries: EntriesOpts,
-    /// Where links.csv and links.geojson go.
+    /// Where links.csv, links.geojson and review.html go.
     #[arg(long)]
     pub out: PathBuf,
     /// Add every entry decided `new` to the index, in order (atomically, batch by batch).
@@ -123,6 +123,7 @@ pub fn run(c: LinkCmd) -> Result<()> {
         &Bars::new(),
     )?;
     craterdex_workflows::output::write_links(&c.out, &rows)?;
+    craterdex_workflows::output::write_review(&c.out, &rows, 300)?;
     let counts = decision_counts(&rows)
         .map(|(d, n)| format!("{n} {}", d.name()))
         .join(", ");
@@ -135,6 +136,9 @@ pub fn run(c: LinkCmd) -> Result<()> {
             engine.index().live()
         );
     }
-    println!("wrote {}/links.csv and links.geojson", c.out.display());
+    println!(
+        "wrote {}/links.csv, links.geojson and review.html",
+        c.out.display()
+    );
     Ok(())
 }

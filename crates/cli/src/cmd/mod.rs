@@ -7,6 +7,7 @@ pub mod cpu;
 pub mod dedup;
 pub mod demo;
 pub mod eval;
+pub mod eval_link;
 pub mod extract;
 pub mod index;
 pub mod link;

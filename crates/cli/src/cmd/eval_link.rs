@@ -1,0 +1,146 @@
+//! `craterdex eval-link`: the link, dedup and open-set benchmark on real tiles. A second
+//! observation of each tile is simulated (`craterdex_eval::observations`), both are
+//! extracted with the model, and `craterdex_workflows::evaluate::link_benchmark` scores
+//! the calibrated rule against appearance alone and geometry alone.
+
+use crate::args::ModelOpts;
+use crate::output::Bars;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use craterdex_engine::inputs::images_in;
+use craterdex_engine::{ImageMeta, IndexRecipe};
+use craterdex_eval::observations::{second_csv_name, simulate, ObservationOptions};
+use craterdex_workflows::entries::read_meta_csv;
+use craterdex_workflows::evaluate::{link_benchmark, LinkBenchInput};
+use std::path::{Path, PathBuf};
+
+#[derive(Args)]
+pub struct EvalLinkCmd {
+    /// Image tile (repeat with --craters for several tiles).
+    #[arg(long, required = true)]
+    tile: Vec<PathBuf>,
+    /// Crater list in pixels for the tile at the same position (pycda CSV or NAC format).
+    #[arg(long)]
+    craters: Vec<PathBuf>,
+    /// Where the simulated observations and results.json go.
+    #[arg(long)]
+    out: PathBuf,
+    #[arg(long, default_value_t = 8.0)]
+    min_diameter: f64,
+    /// Georeferencing errors of the second observation, in median crater radii.
+    #[arg(long, value_delimiter = ',', default_value = "0.5,4")]
+    georef_errors: Vec<f64>,
+    /// Precision the calibrated `match` decisions aim at.
+    #[arg(long, default_value_t = 0.99)]
+    target_precision: f64,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    #[command(flatten)]
+    model: ModelOpts,
+}
+
+/// Metadata in the order of `ids`.
+fn metas_in_order(csv: &Path, ids: &[String], dir: &Path) -> Result<Vec<ImageMeta>> {
+    let mut by_id = read_meta_csv(csv)?;
+    ids.iter()
+        .map(|id| {
+            let mut m = by_id
+                .remove(id)
+                .with_context(|| format!("{}: no row for {id}", csv.display()))?;
+            m.path = Some(dir.join(format!("{id}.png")).display().to_string());
+            Ok(m)
+        })
+        .collect()
+}
+
+pub fn run(c: EvalLinkCmd) -> Result<()> {
+    if c.tile.len() != c.craters.len() {
+        bail!(
+            "give one --craters list per --tile ({} tiles, {} lists)",
+            c.tile.len(),
+            c.craters.len()
+        );
+    }
+    let sim = c.out.join("observations");
+    let o = ObservationOptions {
+        min_diameter: c.min_diameter,
+        georef_errors: c.georef_errors.clone(),
+        seed: c.seed,
+        ..Default::default()
+    };
+    let tiles: Vec<(PathBuf, PathBuf)> = c.tile.iter().cloned().zip(c.craters.clone()).collect();
+    let report = simulate(&tiles, &sim, &o)?;
+    eprintln!(
+        "observations: {} craters, {} first-observation crops, {} second ({} missed, {} false detections)",
+        report.craters, report.first, report.second, report.missed, report.false_detections
+    );
+    let bars = Bars::new();
+    let extractor = c.model.load()?;
+    let first = extractor.extract(&images_in(&sim.join("first"))?, "first observation", &bars)?;
+    let second = extractor.extract(
+        &images_in(&sim.join("second"))?,
+        "second observation",
+        &bars,
+    )?;
+    let first_metas = metas_in_order(&sim.join("first.csv"), &first.ids, &sim.join("first"))?;
+    let second_metas = c
+        .georef_errors
+        .iter()
+        .map(|&e| {
+            Ok((
+                e,
+                metas_in_order(
+                    &sim.join(second_csv_name(e)),
+                    &second.ids,
+                    &sim.join("second"),
+                )?,
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let result = link_benchmark(
+        LinkBenchInput {
+            first: &first,
+            first_metas,
+            second: &second,
+            second_metas,
+        },
+        &IndexRecipe::default(),
+        c.target_precision,
+        &bars,
+    )?;
+    println!(
+        "{:>6} {:>6}  {:<22} {:>9} {:>7} {:>6}",
+        "error", "radius", "method", "precision", "recall", "F1"
+    );
+    for l in &result.levels {
+        for (name, s) in [
+            ("craterdex", &l.craterdex),
+            ("appearance only", &l.appearance_only),
+            ("geometry only (1 r)", &l.geometry_only),
+            ("geometry only (radius)", &l.geometry_only_wide),
+        ] {
+            println!(
+                "{:>6} {:>6}  {:<22} {:>9.3} {:>7.3} {:>6.3}",
+                l.georef_error, l.search_radius, name, s.precision, s.recall, s.f1
+            );
+        }
+        println!(
+            "{:>6} {:>6}  dedup: {} of {} groups found exactly, pair precision {:.3}, recall {:.3}",
+            l.georef_error,
+            l.search_radius,
+            l.dedup.found_exactly,
+            l.dedup.true_groups,
+            l.dedup.pair_precision,
+            l.dedup.pair_recall
+        );
+    }
+    let os = &result.open_set;
+    println!(
+        "open set ({} entries, {} known): known/new accuracy {:.3}, new-crater AUROC {:.3}, top-1 on known {:.3}",
+        os.entries, os.known, os.known_new_accuracy, os.new_auroc, os.top1_known
+    );
+    let json = c.out.join("results.json");
+    craterdex_durable::write_atomic(&json, &serde_json::to_vec_pretty(&result)?)?;
+    eprintln!("wrote {}", json.display());
+    Ok(())
+}

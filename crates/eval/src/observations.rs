@@ -1,0 +1,309 @@
+//! A second observation of every tile, simulated from the real image, with the true
+//! correspondence: the benchmark for linking and deduplicating catalogues.
+//!
+//! First observation: a crop of 2x its diameter around every crater of at least
+//! `min_diameter` pixels. Second observation, per tile: the image seen rotated by a random
+//! angle and at another resolution (crops resampled by a random scale factor), with new
+//! brightness, contrast and gamma and blur or noise per crop; each crater detected with a
+//! jitter of its centre and diameter, some missed, and false detections added at random
+//! places. Its catalogue is georeferenced with an error: one shift per tile (random
+//! direction, a given multiple of the tile's median crater radius) for each error level.
+//! Sun azimuth is not changed: a 2-D image cannot relight a crater honestly.
+//!
+//! Positions are written in one pixel frame (`x`, `y`, `diameter_px`): a tile's pixels
+//! shifted by a million pixels per tile, so craters of different tiles are never near.
+//! Layout: `first/` and `first.csv`, `second/` and `second-e{error}.csv` per error level,
+//! `metadata.json`.
+
+use crate::benchbuild::{gauss, photometric, save, BuildOptions, Tile};
+use crate::catalogue::read_pixel_catalogue;
+use anyhow::{ensure, Context, Result};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// Pixels between the frames of two tiles.
+pub const FRAME_STRIDE: f64 = 1e6;
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ObservationOptions {
+    pub min_diameter: f64,
+    /// Crop side over crater diameter.
+    pub context: f64,
+    /// The second observation is rotated by up to this many degrees either way.
+    pub max_rotation_deg: f64,
+    /// Resolution of the second observation relative to the first.
+    pub scale: (f64, f64),
+    /// Detection jitter of centre (per axis) and diameter, as a fraction of the diameter.
+    pub jitter: f64,
+    /// Georeferencing errors, in median crater radii of the tile.
+    pub georef_errors: Vec<f64>,
+    pub missed: f64,
+    /// False detections, as a fraction of the tile's craters.
+    pub false_detections: f64,
+    pub seed: u64,
+}
+
+impl Default for ObservationOptions {
+    fn default() -> Self {
+        ObservationOptions {
+            min_diameter: 8.0,
+            context: 2.0,
+            max_rotation_deg: 15.0,
+            scale: (0.8, 1.25),
+            jitter: 0.05,
+            georef_errors: vec![0.5, 4.0],
+            missed: 0.1,
+            false_detections: 0.1,
+            seed: 0,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ObservationReport {
+    pub craters: usize,
+    pub first: usize,
+    pub second: usize,
+    pub missed: usize,
+    pub false_detections: usize,
+    pub skipped_outside: usize,
+}
+
+/// The CSV written for the second observation at one error level.
+pub fn second_csv_name(error: f64) -> String {
+    format!("second-e{error}.csv")
+}
+
+struct Row {
+    id: String,
+    crater_id: String,
+    source: String,
+    x: f64,
+    y: f64,
+    d: f64,
+}
+
+fn write_rows(path: &Path, rows: &[Row]) -> Result<()> {
+    let mut w =
+        csv::Writer::from_path(path).with_context(|| format!("cannot write {}", path.display()))?;
+    w.write_record(["id", "crater_id", "source", "x", "y", "diameter_px"])?;
+    for r in rows {
+        w.write_record([
+            r.id.clone(),
+            r.crater_id.clone(),
+            r.source.clone(),
+            format!("{:.3}", r.x),
+            format!("{:.3}", r.y),
+            format!("{:.3}", r.d),
+        ])?;
+    }
+    w.flush()?;
+    Ok(())
+}
+
+/// Simulates the two observations of `tiles` (image, pixel crater list) into `out`
+/// (replaced atomically).
+pub fn simulate(
+    tiles: &[(PathBuf, PathBuf)],
+    out: &Path,
+    o: &ObservationOptions,
+) -> Result<ObservationReport> {
+    ensure!(!tiles.is_empty(), "no tiles given");
+    ensure!(
+        o.scale.0 > 0.0 && o.scale.0 <= o.scale.1 && o.context > 0.0,
+        "invalid scale range {:?} or context {}",
+        o.scale,
+        o.context
+    );
+    let tmp = craterdex_durable::tempdir_beside(out)?;
+    std::fs::create_dir_all(tmp.join("first"))?;
+    std::fs::create_dir_all(tmp.join("second"))?;
+    let photo = BuildOptions::default();
+    let mut report = ObservationReport::default();
+    let mut first = Vec::new();
+    // per second-observation entry: its detected position and its tile's shift direction
+    // and median radius, so each error level writes its own catalogue
+    let mut second: Vec<(Row, f64, f64)> = Vec::new();
+    for (ti, (image, craters)) in tiles.iter().enumerate() {
+        let tile = Tile::load(image)?;
+        let stem = image
+            .file_stem()
+            .map(|s| s.to_string_lossy().to_string())
+            .unwrap_or_else(|| format!("tile{ti}"));
+        let mut rng = ChaCha8Rng::seed_from_u64(o.seed.wrapping_add(ti as u64));
+        let list: Vec<_> = read_pixel_catalogue(craters)?
+            .into_iter()
+            .filter(|c| c.diameter >= o.min_diameter)
+            .collect();
+        if list.is_empty() {
+            continue;
+        }
+        let mut diameters: Vec<f64> = list.iter().map(|c| c.diameter).collect();
+        diameters.sort_by(f64::total_cmp);
+        let median_radius = diameters[diameters.len() / 2] / 2.0;
+        let angle = rng
+            .gen_range(-o.max_rotation_deg..=o.max_rotation_deg)
+            .to_radians();
+        let scale = rng.gen_range(o.scale.0..=o.scale.1);
+        let direction = rng.gen_range(0.0..std::f64::consts::TAU);
+        let off = ti as f64 * FRAME_STRIDE;
+        let mut second_crop = |id: String,
+                               crater_id: String,
+                               x: f64,
+                               y: f64,
+                               d: f64,
+                               rng: &mut ChaCha8Rng|
+         -> Result<bool> {
+            let extent = o.context * d;
+            let side = (extent * scale).round().max(8.0) as usize;
+            let Some((side, mut px)) = tile.crop_to(x, y, extent, angle, side) else {
+                return Ok(false);
+            };
+            photometric(&mut px, side, &photo, rng);
+            save(&tmp.join(format!("second/{id}.png")), side, &px)?;
+            second.push((
+                Row {
+                    id,
+                    crater_id,
+                    source: format!("{stem}-obs2"),
+                    x: x + off,
+                    y,
+                    d,
+                },
+                direction,
+                median_radius,
+            ));
+            Ok(true)
+        };
+        for c in &list {
+            let crater_id = format!("{stem}-{}", c.id);
+            let Some((side, px)) = tile.crop(c.x, c.y, o.context * c.diameter, 0.0) else {
+                report.skipped_outside += 1;
+                continue;
+            };
+            let id = format!("{crater_id}-o1");
+            save(&tmp.join(format!("first/{id}.png")), side, &px)?;
+            first.push(Row {
+                id,
+                crater_id: crater_id.clone(),
+                source: format!("{stem}-obs1"),
+                x: c.x + off,
+                y: c.y,
+                d: c.diameter,
+            });
+            report.craters += 1;
+            if rng.gen_bool(o.missed.clamp(0.0, 1.0)) {
+                report.missed += 1;
+                continue;
+            }
+            let j = o.jitter * c.diameter;
+            let (x, y) = (
+                c.x + j * gauss(&mut rng) as f64,
+                c.y + j * gauss(&mut rng) as f64,
+            );
+            let d = (c.diameter * (1.0 + o.jitter * gauss(&mut rng) as f64)).max(1.0);
+            if !second_crop(format!("{crater_id}-o2"), crater_id, x, y, d, &mut rng)? {
+                report.skipped_outside += 1;
+            }
+        }
+        let n_false = (o.false_detections * list.len() as f64).round() as usize;
+        let mut k = 0;
+        for attempt in 0..n_false * 20 {
+            if k == n_false {
+                break;
+            }
+            let d = diameters[rng.gen_range(0..diameters.len())];
+            let (x, y) = (
+                rng.gen_range(0.0..tile.w as f64),
+                rng.gen_range(0.0..tile.h as f64),
+            );
+            let id = format!("{stem}-false{attempt}");
+            if second_crop(format!("{id}-o2"), id, x, y, d, &mut rng)? {
+                k += 1;
+            }
+        }
+        report.false_detections += k;
+    }
+    ensure!(
+        !first.is_empty(),
+        "no crater of at least {} px produced a crop",
+        o.min_diameter
+    );
+    report.first = first.len();
+    report.second = second.len();
+    write_rows(&tmp.join("first.csv"), &first)?;
+    for &e in &o.georef_errors {
+        let rows: Vec<Row> = second
+            .iter()
+            .map(|(r, dir, radius)| Row {
+                id: r.id.clone(),
+                crater_id: r.crater_id.clone(),
+                source: r.source.clone(),
+                x: r.x + e * radius * dir.cos(),
+                y: r.y + e * radius * dir.sin(),
+                d: r.d,
+            })
+            .collect();
+        write_rows(&tmp.join(second_csv_name(e)), &rows)?;
+    }
+    std::fs::write(
+        tmp.join("metadata.json"),
+        serde_json::to_vec_pretty(&serde_json::json!({"options": o, "report": report}))?,
+    )?;
+    craterdex_durable::replace_dir(&tmp, out)?;
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use image::{GrayImage, Luma};
+
+    #[test]
+    fn writes_both_observations_with_shifted_catalogues() {
+        let d = tempfile::tempdir().unwrap();
+        let tile = d.path().join("t.png");
+        GrayImage::from_fn(300, 300, |x, y| Luma([((x * 7 + y * 3) % 255) as u8]))
+            .save(&tile)
+            .unwrap();
+        let cat = d.path().join("t.csv");
+        let mut csv = String::from("long,lat,diameter\n");
+        for i in 0..20 {
+            csv.push_str(&format!("{},{},12\n", 60 + (i % 5) * 40, 60 + (i / 5) * 40));
+        }
+        std::fs::write(&cat, csv).unwrap();
+        let out = d.path().join("obs");
+        let o = ObservationOptions {
+            missed: 0.0,
+            false_detections: 0.2,
+            ..Default::default()
+        };
+        let r = simulate(&[(tile, cat)], &out, &o).unwrap();
+        assert_eq!((r.craters, r.first, r.missed), (20, 20, 0));
+        assert_eq!(r.false_detections, 4);
+        assert_eq!(r.second, 24);
+        let read = |name: &str| -> Vec<Vec<String>> {
+            std::fs::read_to_string(out.join(name))
+                .unwrap()
+                .lines()
+                .skip(1)
+                .map(|l| l.split(',').map(str::to_string).collect())
+                .collect()
+        };
+        let (small, large) = (read("second-e0.5.csv"), read("second-e4.csv"));
+        // the same detections; the larger error moves every centre 4 x 6 = 24 px, the
+        // smaller 3 px, in one direction
+        let shift = |a: &Vec<String>, b: &Vec<String>| {
+            let f = |v: &str| v.parse::<f64>().unwrap();
+            (f(&b[3]) - f(&a[3])).hypot(f(&b[4]) - f(&a[4]))
+        };
+        for (a, b) in small.iter().zip(&large) {
+            assert_eq!(a[0], b[0]);
+            assert!((shift(a, b) - 21.0).abs() < 1e-2, "{a:?} {b:?}");
+        }
+        assert_eq!(std::fs::read_dir(out.join("second")).unwrap().count(), 24);
+        assert!(image::open(out.join("first/t-00000-o1.png")).is_ok());
+    }
+}

@@ -1,0 +1,485 @@
+//! How good links are against the true correspondence, and the baseline catalogue merges
+//! use today (nearest centre within a tolerance and a diameter ratio).
+
+use crate::geometry::{evidence, Position};
+use crate::link::{Decision, LinkRow};
+use craterdex_index::ImageMeta;
+use serde::Serialize;
+use std::collections::{BTreeSet, HashMap};
+
+/// Pair quality of `match` decisions: an entry is known when its crater is in the index;
+/// a match is right when its best candidate is that crater.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct LinkScore {
+    pub entries: usize,
+    pub known: usize,
+    pub matched: usize,
+    pub correct: usize,
+    pub precision: f64,
+    pub recall: f64,
+    pub f1: f64,
+}
+
+impl LinkScore {
+    /// From (truth crater id, predicted crater id when matched) per entry.
+    pub fn from_predictions<'a>(
+        predictions: impl IntoIterator<Item = (Option<&'a str>, Option<&'a str>)>,
+        known_craters: &BTreeSet<String>,
+    ) -> LinkScore {
+        let mut s = LinkScore::default();
+        for (truth, predicted) in predictions {
+            s.entries += 1;
+            s.known += truth.is_some_and(|t| known_craters.contains(t)) as usize;
+            if let Some(p) = predicted {
+                s.matched += 1;
+                s.correct += (truth == Some(p)) as usize;
+            }
+        }
+        s.precision = if s.matched == 0 {
+            1.0
+        } else {
+            s.correct as f64 / s.matched as f64
+        };
+        s.recall = if s.known == 0 {
+            1.0
+        } else {
+            s.correct as f64 / s.known as f64
+        };
+        s.f1 = if s.precision + s.recall == 0.0 {
+            0.0
+        } else {
+            2.0 * s.precision * s.recall / (s.precision + s.recall)
+        };
+        s
+    }
+
+    pub fn of_rows(rows: &[LinkRow], known_craters: &BTreeSet<String>) -> LinkScore {
+        Self::from_predictions(
+            rows.iter().map(|r| {
+                let predicted = (r.decision == Decision::Match)
+                    .then(|| r.best.as_ref().and_then(|b| b.crater_id.as_deref()))
+                    .flatten();
+                (r.query.crater_id.as_deref(), predicted)
+            }),
+            known_craters,
+        )
+    }
+}
+
+/// A position as planar coordinates for the grid (km on the body, pixels in a frame) and
+/// its diameter in the same unit.
+fn planar(p: Position, body_radius_km: f64) -> (f64, f64, f64) {
+    match p {
+        Position::Body {
+            lat,
+            lon,
+            diameter_km,
+        } => {
+            let k = body_radius_km * std::f64::consts::PI / 180.0;
+            (lon * lat.to_radians().cos() * k, lat * k, diameter_km)
+        }
+        Position::Frame { x, y, diameter_px } => (x, y, diameter_px),
+    }
+}
+
+/// The geometry-only rule: for each query, the index entry with the nearest centre among
+/// those within `tolerance_radii` radii of the larger crater and a diameter ratio of at
+/// most `max_ratio`; None when there is none or the query has no position. A uniform grid
+/// over the index positions keeps it near-linear.
+pub fn geometry_only<'a>(
+    queries: &[ImageMeta],
+    index: &'a [ImageMeta],
+    tolerance_radii: f64,
+    max_ratio: f64,
+    body_radius_km: f64,
+) -> Vec<Option<&'a ImageMeta>> {
+    let placed: Vec<(usize, Position, (f64, f64, f64))> = index
+        .iter()
+        .enumerate()
+        .filter_map(|(i, m)| {
+            let p = Position::of(m)?;
+            Some((i, p, planar(p, body_radius_km)))
+        })
+        .collect();
+    // a match lies within tolerance x (larger diameter / 2), and the larger diameter is
+    // at most max_ratio x the query's, so a cell this size bounds the search for any query
+    // no larger than the largest entry
+    let dmax = placed.iter().map(|p| p.2 .2).fold(0.0, f64::max);
+    let cell = (tolerance_radii * dmax * max_ratio / 2.0).max(1e-9);
+    let mut grid: HashMap<(i64, i64), Vec<usize>> = HashMap::new();
+    for (k, p) in placed.iter().enumerate() {
+        let key = (
+            (p.2 .0 / cell).floor() as i64,
+            (p.2 .1 / cell).floor() as i64,
+        );
+        grid.entry(key).or_default().push(k);
+    }
+    queries
+        .iter()
+        .map(|q| {
+            let qp = Position::of(q)?;
+            let (x, y, _) = planar(qp, body_radius_km);
+            let (cx, cy) = ((x / cell).floor() as i64, (y / cell).floor() as i64);
+            let mut best: Option<(f64, usize)> = None;
+            for gx in cx - 1..=cx + 1 {
+                for gy in cy - 1..=cy + 1 {
+                    for &k in grid.get(&(gx, gy)).map(Vec::as_slice).unwrap_or(&[]) {
+                        let (i, p, _) = placed[k];
+                        let Some((offset, ratio)) = evidence(qp, p, body_radius_km) else {
+                            continue;
+                        };
+                        if offset <= tolerance_radii
+                            && ratio <= max_ratio
+                            && best.is_none_or(|b| offset < b.0)
+                        {
+                            best = Some((offset, i));
+                        }
+                    }
+                }
+            }
+            best.map(|(_, i)| &index[i])
+        })
+        .collect()
+}
+
+/// Area under the ROC curve of `score` separating `positives` from `negatives` (ties count
+/// half): the probability that a random positive outscores a random negative.
+pub fn auroc(positives: &[f64], negatives: &[f64]) -> f64 {
+    if positives.is_empty() || negatives.is_empty() {
+        return f64::NAN;
+    }
+    let mut all: Vec<(f64, bool)> = positives
+        .iter()
+        .map(|&s| (s, true))
+        .chain(negatives.iter().map(|&s| (s, false)))
+        .collect();
+    all.sort_by(|a, b| a.0.total_cmp(&b.0));
+    // Mann-Whitney: sum of the positives' (tie-averaged) ranks
+    let mut rank_sum = 0.0;
+    let mut i = 0;
+    while i < all.len() {
+        let mut j = i;
+        while j < all.len() && all[j].0 == all[i].0 {
+            j += 1;
+        }
+        let mid = (i + j + 1) as f64 / 2.0;
+        rank_sum += mid * all[i..j].iter().filter(|x| x.1).count() as f64;
+        i = j;
+    }
+    let (p, n) = (positives.len() as f64, negatives.len() as f64);
+    (rank_sum - p * (p + 1.0) / 2.0) / (p * n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(id: &str, crater: &str, x: f64, y: f64, d: f64) -> ImageMeta {
+        ImageMeta {
+            id: id.into(),
+            crater_id: Some(crater.into()),
+            x: Some(x),
+            y: Some(y),
+            diameter_px: Some(d),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn geometry_only_takes_the_nearest_allowed_centre() {
+        let index = vec![
+            at("a", "A", 0.0, 0.0, 10.0),
+            at("b", "B", 12.0, 0.0, 10.0),
+            at("c", "C", 3.0, 0.0, 30.0),
+            at("far", "F", 5000.0, 0.0, 10.0),
+        ];
+        let queries = vec![
+            at("q1", "B", 8.0, 0.0, 10.0),   // b is 4 px = 0.8 radii away, a 1.6
+            at("q2", "A", 1.0, 0.0, 10.0),   // c is nearer but 3x the size
+            at("q3", "X", 100.0, 0.0, 10.0), // nothing within a radius
+            ImageMeta::default(),
+        ];
+        let got: Vec<Option<&str>> = geometry_only(&queries, &index, 1.0, 1.5, 1.0)
+            .into_iter()
+            .map(|m| m.map(|m| m.id.as_str()))
+            .collect();
+        assert_eq!(got, vec![Some("b"), Some("a"), None, None]);
+    }
+
+    #[test]
+    fn scores_and_auroc() {
+        let known: BTreeSet<String> = ["A", "B"].map(String::from).into();
+        let s = LinkScore::from_predictions(
+            [
+                (Some("A"), Some("A")),
+                (Some("B"), Some("A")),
+                (Some("N"), None),
+                (Some("N2"), Some("B")),
+            ],
+            &known,
+        );
+        assert_eq!((s.known, s.matched, s.correct), (2, 3, 1));
+        assert!((s.precision - 1.0 / 3.0).abs() < 1e-12 && (s.recall - 0.5).abs() < 1e-12);
+        assert_eq!(auroc(&[3.0, 4.0], &[1.0, 2.0]), 1.0);
+        assert_eq!(auroc(&[1.0], &[1.0]), 0.5);
+        assert!((auroc(&[1.0, 3.0], &[2.0]) - 0.5).abs() < 1e-12);
+    }
+}
+
+/// One error level of the link benchmark.
+#[derive(Clone, Debug, Serialize)]
+pub struct LevelReport {
+    /// Georeferencing error in median crater radii.
+    pub georef_error: f64,
+    /// The search radius the combined rule used (radii of the larger crater).
+    pub search_radius: f64,
+    pub calibrated_rule: crate::LinkRule,
+    /// Appearance and geometry, the calibrated rule.
+    pub craterdex: LinkScore,
+    pub appearance_only: LinkScore,
+    /// Nearest centre within 1 radius, diameter ratio <= 1.5.
+    pub geometry_only: LinkScore,
+    /// Nearest centre within the search radius, diameter ratio <= 1.5.
+    pub geometry_only_wide: LinkScore,
+    pub dedup: crate::dedup::DedupScore,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct OpenSetReport {
+    pub entries: usize,
+    pub known: usize,
+    /// Share of entries whose known/new decision is right (`new` vs anything else).
+    pub known_new_accuracy: f64,
+    /// AUROC of the new-crater score (minus the best candidate's score; no candidate
+    /// left by geometry counts as certainly new).
+    pub new_auroc: f64,
+    /// Known entries whose best candidate is their crater.
+    pub top1_known: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct LinkBenchReport {
+    pub first_entries: usize,
+    pub second_entries: usize,
+    pub target_precision: f64,
+    pub levels: Vec<LevelReport>,
+    pub open_set: OpenSetReport,
+}
+
+/// What the link benchmark is given: the first observation's features and metadata (the
+/// catalogue) and the second observation's features with its metadata at each
+/// georeferencing error level.
+pub struct LinkBenchInput<'a> {
+    pub first: &'a craterdex_engine::FeatureSet,
+    pub first_metas: Vec<ImageMeta>,
+    pub second: &'a craterdex_engine::FeatureSet,
+    pub second_metas: Vec<(f64, Vec<ImageMeta>)>,
+}
+
+/// FNV-1a of a crater id: a split that does not depend on order.
+fn crater_hash(m: &ImageMeta) -> u64 {
+    m.crater_id
+        .as_deref()
+        .unwrap_or(&m.id)
+        .bytes()
+        .fold(0xcbf29ce484222325u64, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x100000001b3)
+        })
+}
+
+fn without_positions(entries: &[(ImageMeta, craterdex_tokens::Descriptors)]) -> Entries {
+    entries
+        .iter()
+        .map(|(m, d)| {
+            let m = ImageMeta {
+                x: None,
+                y: None,
+                diameter_px: None,
+                lat: None,
+                lon: None,
+                diameter_km: None,
+                ..m.clone()
+            };
+            (m, d.clone())
+        })
+        .collect()
+}
+
+type Entries = Vec<(ImageMeta, craterdex_tokens::Descriptors)>;
+
+/// Calibrates on `calib` (labelled), then links `test` with the calibrated rule.
+fn calibrate_then_link(
+    engine: craterdex_engine::Engine,
+    calib: Entries,
+    test: Entries,
+    base: &crate::LinkRule,
+    target: f64,
+    known: &BTreeSet<String>,
+) -> anyhow::Result<(craterdex_engine::Engine, crate::LinkRule, LinkScore)> {
+    let opts = crate::LinkOptions::default();
+    let silent = craterdex_engine::Silent;
+    let (rows, engine) = crate::link(engine, calib, base, &opts, &silent)?;
+    let rule = crate::calibrate(&rows, base, target)?.rule;
+    let (rows, engine) = crate::link(engine, test, &rule, &opts, &silent)?;
+    Ok((engine, rule, LinkScore::of_rows(&rows, known)))
+}
+
+/// Links the second observation to the first at every error level: the rule calibrated
+/// on half of the craters (split by crater id), scored on the other half, against
+/// appearance alone and geometry alone; dedup of both observations in one index; and an
+/// open-set stream against an index holding half of the craters.
+pub fn link_benchmark(
+    input: LinkBenchInput,
+    recipe: &craterdex_engine::IndexRecipe,
+    target_precision: f64,
+    progress: &dyn craterdex_engine::Progress,
+) -> anyhow::Result<LinkBenchReport> {
+    use crate::{dedup, link, DedupOptions, LinkOptions, LinkRule};
+    use craterdex_engine::{encode_all, Engine, Silent};
+    anyhow::ensure!(
+        !input.second_metas.is_empty(),
+        "no georeferencing error level"
+    );
+    let encoder = recipe.learn_encoder(input.first, None)?;
+    let first_descs = encode_all(&encoder, input.first);
+    let second_descs = encode_all(&encoder, input.second);
+    let dim = input.first.dim;
+    let catalogue = |metas: Vec<ImageMeta>, descs: Vec<craterdex_tokens::Descriptors>| {
+        recipe
+            .index_from_descriptors(&encoder, dim, descs, metas, None)
+            .and_then(|i| Engine::new(i, None))
+    };
+    let mut engine = catalogue(input.first_metas.clone(), first_descs.clone())?;
+    let opts = LinkOptions::default();
+    let known: BTreeSet<String> = input
+        .first_metas
+        .iter()
+        .filter_map(|m| m.crater_id.clone())
+        .collect();
+    let mut levels = Vec::new();
+    let mut small_rule = None;
+    progress.start("link benchmark", input.second_metas.len() + 1);
+    for (li, (error, metas)) in input.second_metas.iter().enumerate() {
+        let entries: Vec<(ImageMeta, craterdex_tokens::Descriptors)> = metas
+            .iter()
+            .cloned()
+            .zip(second_descs.iter().cloned())
+            .collect();
+        let (calib, test): (Vec<_>, Vec<_>) = entries
+            .iter()
+            .cloned()
+            .partition(|(m, _)| crater_hash(m).is_multiple_of(2));
+        let search_radius = 2.0 * error + 1.0;
+        let base = LinkRule {
+            max_offset_radii: search_radius,
+            ..LinkRule::default()
+        };
+        let (e, rule, combined) = calibrate_then_link(
+            engine,
+            calib.clone(),
+            test.clone(),
+            &base,
+            target_precision,
+            &known,
+        )?;
+        let (e, _, appearance) = calibrate_then_link(
+            e,
+            without_positions(&calib),
+            without_positions(&test),
+            &base,
+            target_precision,
+            &known,
+        )?;
+        engine = e;
+        let test_metas: Vec<ImageMeta> = test.iter().map(|(m, _)| m.clone()).collect();
+        let geometry = |tolerance: f64| {
+            let found = geometry_only(&test_metas, &input.first_metas, tolerance, 1.5, 1.0);
+            LinkScore::from_predictions(
+                test_metas.iter().zip(found).map(|(q, m)| {
+                    (
+                        q.crater_id.as_deref(),
+                        m.and_then(|m| m.crater_id.as_deref()),
+                    )
+                }),
+                &known,
+            )
+        };
+        let both = catalogue(
+            input.first_metas.iter().chain(metas).cloned().collect(),
+            first_descs.iter().chain(&second_descs).cloned().collect(),
+        )?;
+        let groups = dedup(&both, &rule, &DedupOptions::default(), &Silent)?;
+        let all_metas: Vec<ImageMeta> = input.first_metas.iter().chain(metas).cloned().collect();
+        if li == 0 {
+            small_rule = Some(rule.clone());
+        }
+        levels.push(LevelReport {
+            georef_error: *error,
+            search_radius,
+            calibrated_rule: rule,
+            craterdex: combined,
+            appearance_only: appearance,
+            geometry_only: geometry(1.0),
+            geometry_only_wide: geometry(search_radius),
+            dedup: crate::dedup::score_groups(&groups, &all_metas),
+        });
+        progress.advance(li + 1);
+    }
+    // open set: an index of half the craters; the test half of the second observation
+    // (smallest error) streams in, half of it known
+    let rule = small_rule.expect("one level at least");
+    let half: Vec<usize> = (0..input.first_metas.len())
+        .filter(|&i| (crater_hash(&input.first_metas[i]) >> 1).is_multiple_of(2))
+        .collect();
+    let half_known: BTreeSet<String> = half
+        .iter()
+        .filter_map(|&i| input.first_metas[i].crater_id.clone())
+        .collect();
+    let half_engine = catalogue(
+        half.iter().map(|&i| input.first_metas[i].clone()).collect(),
+        half.iter().map(|&i| first_descs[i].clone()).collect(),
+    )?;
+    let stream: Vec<(ImageMeta, craterdex_tokens::Descriptors)> = input.second_metas[0]
+        .1
+        .iter()
+        .cloned()
+        .zip(second_descs.iter().cloned())
+        .filter(|(m, _)| crater_hash(m) % 2 == 1)
+        .collect();
+    let (rows, _) = link(half_engine, stream, &rule, &opts, &Silent)?;
+    let is_known = |r: &LinkRow| {
+        r.query
+            .crater_id
+            .as_ref()
+            .is_some_and(|c| half_known.contains(c))
+    };
+    let new_score = |r: &LinkRow| r.best.as_ref().map_or(f64::INFINITY, |b| -(b.score as f64));
+    let (mut pos, mut neg) = (Vec::new(), Vec::new());
+    let (mut right, mut top1, mut n_known) = (0usize, 0usize, 0usize);
+    for r in &rows {
+        let known_here = is_known(r);
+        right += ((r.decision == Decision::New) != known_here) as usize;
+        if known_here {
+            n_known += 1;
+            neg.push(new_score(r));
+            top1 += (r.best.as_ref().and_then(|b| b.crater_id.as_ref())
+                == r.query.crater_id.as_ref()) as usize;
+        } else {
+            pos.push(new_score(r));
+        }
+    }
+    progress.finish();
+    Ok(LinkBenchReport {
+        first_entries: input.first_metas.len(),
+        second_entries: input.second.len(),
+        target_precision,
+        levels,
+        open_set: OpenSetReport {
+            entries: rows.len(),
+            known: n_known,
+            known_new_accuracy: right as f64 / rows.len().max(1) as f64,
+            new_auroc: auroc(&pos, &neg),
+            top1_known: top1 as f64 / n_known.max(1) as f64,
+        },
+    })
+}
