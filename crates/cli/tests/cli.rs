@@ -500,8 +500,9 @@ fn link_inserts_what_is_new_once_and_dedup_groups_exact_copies() {
     // only a near-perfect score is a match here (the tiny model's scores mean nothing)
     std::fs::write(
         e.root.join("rule.json"),
-        r#"{"match_score":0.999,"new_score":0.998,"margin":0.0,"max_offset_radii":3.0,
-            "max_diameter_ratio":1.5,"body_radius_km":3389.5,"platt_a":10.0,"platt_b":-5.0,
+        r#"{"match_confidence":0.5,"new_confidence":0.4,"max_offset_radii":3.0,
+            "max_diameter_ratio":1.5,"body_radius_km":3389.5,
+            "appearance_weights":[-999.0,1000.0],"geometry_weights":[-999.0,1000.0,0.0,0.0],
             "source":"test"}"#,
     )
     .unwrap();

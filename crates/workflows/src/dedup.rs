@@ -1,13 +1,13 @@
 //! `dedup`: groups of one index's entries that show the same crater.
 //!
 //! Every live entry searches the index with its own descriptors. A pair is kept when each
-//! is among the other's candidates (mutual), its score reaches the rule's `match_score`
-//! and, where both have positions, geometry allows it. Kept pairs are merged strongest
-//! first into groups, except where a merge would put two entries of one source image in a
-//! group (one image shows one crater once). Each group proposes the member with the
-//! highest total score to the others as its surviving entry.
+//! is among the other's candidates (mutual), its confidence reaches the rule's
+//! `match_confidence` and, where both have positions, geometry allows it. Kept pairs are
+//! merged most confident first into groups, except where a merge would put two entries of
+//! one source image in a group (one image shows one crater once). Each group proposes the
+//! member with the highest total confidence to the others as its surviving entry.
 
-use crate::link::candidates;
+use crate::link::{candidates, with_neighbours, Neighbours};
 use crate::rule::LinkRule;
 use anyhow::Result;
 use craterdex_engine::{Engine, Progress};
@@ -61,14 +61,16 @@ fn mutual_pairs(
         mode: Mode::TwoStage,
         ..Default::default()
     };
+    let near = Neighbours::of_index(idx, rule);
     let mut seen: HashMap<(usize, usize), f32> = HashMap::new();
     let mut pairs = Vec::new();
     progress.start("dedup", rows.len());
     for (done, chunk) in rows.chunks(o.batch.max(1)).enumerate() {
         let descs: Vec<_> = chunk.iter().map(|&r| idx.descriptors_of(r)).collect();
-        for (&row, hits) in chunk.iter().zip(engine.search(&descs, &params)) {
+        for ((&row, desc), hits) in chunk.iter().zip(&descs).zip(engine.search(&descs, &params)) {
+            let hits = with_neighbours(engine, &near, idx.meta(row), desc, hits);
             for c in candidates(rule, idx.meta(row), &hits) {
-                if c.score < rule.match_score {
+                if c.confidence < rule.match_confidence {
                     continue;
                 }
                 let Some(other) = idx.row_of(&c.id) else {
@@ -77,9 +79,9 @@ fn mutual_pairs(
                 let key = (row.min(other), row.max(other));
                 // the second direction completes a mutual pair
                 match seen.remove(&key) {
-                    Some(s) => pairs.push((key.0, key.1, s.min(c.score))),
+                    Some(s) => pairs.push((key.0, key.1, s.min(c.confidence as f32))),
                     None => {
-                        seen.insert(key, c.score);
+                        seen.insert(key, c.confidence as f32);
                     }
                 }
             }

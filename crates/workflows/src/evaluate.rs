@@ -1,11 +1,11 @@
 //! How good links are against the true correspondence, and the baseline catalogue merges
 //! use today (nearest centre within a tolerance and a diameter ratio).
 
-use crate::geometry::{evidence, Position};
+use crate::geometry::{Position, SpatialGrid};
 use crate::link::{Decision, LinkRow};
 use craterdex_index::ImageMeta;
 use serde::Serialize;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 /// Pair quality of `match` decisions: an entry is known when its crater is in the index;
 /// a match is right when its best candidate is that crater.
@@ -18,6 +18,9 @@ pub struct LinkScore {
     pub precision: f64,
     pub recall: f64,
     pub f1: f64,
+    /// Why the rule could not be calibrated, when it could not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub calibration_failed: Option<String>,
 }
 
 impl LinkScore {
@@ -66,26 +69,9 @@ impl LinkScore {
     }
 }
 
-/// A position as planar coordinates for the grid (km on the body, pixels in a frame) and
-/// its diameter in the same unit.
-fn planar(p: Position, body_radius_km: f64) -> (f64, f64, f64) {
-    match p {
-        Position::Body {
-            lat,
-            lon,
-            diameter_km,
-        } => {
-            let k = body_radius_km * std::f64::consts::PI / 180.0;
-            (lon * lat.to_radians().cos() * k, lat * k, diameter_km)
-        }
-        Position::Frame { x, y, diameter_px } => (x, y, diameter_px),
-    }
-}
-
 /// The geometry-only rule: for each query, the index entry with the nearest centre among
 /// those within `tolerance_radii` radii of the larger crater and a diameter ratio of at
-/// most `max_ratio`; None when there is none or the query has no position. A uniform grid
-/// over the index positions keeps it near-linear.
+/// most `max_ratio`; None when there is none or the query has no position.
 pub fn geometry_only<'a>(
     queries: &[ImageMeta],
     index: &'a [ImageMeta],
@@ -93,51 +79,20 @@ pub fn geometry_only<'a>(
     max_ratio: f64,
     body_radius_km: f64,
 ) -> Vec<Option<&'a ImageMeta>> {
-    let placed: Vec<(usize, Position, (f64, f64, f64))> = index
-        .iter()
-        .enumerate()
-        .filter_map(|(i, m)| {
-            let p = Position::of(m)?;
-            Some((i, p, planar(p, body_radius_km)))
-        })
-        .collect();
-    // a match lies within tolerance x (larger diameter / 2), and the larger diameter is
-    // at most max_ratio x the query's, so a cell this size bounds the search for any query
-    // no larger than the largest entry
-    let dmax = placed.iter().map(|p| p.2 .2).fold(0.0, f64::max);
-    let cell = (tolerance_radii * dmax * max_ratio / 2.0).max(1e-9);
-    let mut grid: HashMap<(i64, i64), Vec<usize>> = HashMap::new();
-    for (k, p) in placed.iter().enumerate() {
-        let key = (
-            (p.2 .0 / cell).floor() as i64,
-            (p.2 .1 / cell).floor() as i64,
-        );
-        grid.entry(key).or_default().push(k);
-    }
+    let grid = SpatialGrid::of(
+        index
+            .iter()
+            .enumerate()
+            .filter_map(|(i, m)| Some((i, Position::of(m)?))),
+        tolerance_radii,
+        max_ratio,
+        body_radius_km,
+    );
     queries
         .iter()
         .map(|q| {
-            let qp = Position::of(q)?;
-            let (x, y, _) = planar(qp, body_radius_km);
-            let (cx, cy) = ((x / cell).floor() as i64, (y / cell).floor() as i64);
-            let mut best: Option<(f64, usize)> = None;
-            for gx in cx - 1..=cx + 1 {
-                for gy in cy - 1..=cy + 1 {
-                    for &k in grid.get(&(gx, gy)).map(Vec::as_slice).unwrap_or(&[]) {
-                        let (i, p, _) = placed[k];
-                        let Some((offset, ratio)) = evidence(qp, p, body_radius_km) else {
-                            continue;
-                        };
-                        if offset <= tolerance_radii
-                            && ratio <= max_ratio
-                            && best.is_none_or(|b| offset < b.0)
-                        {
-                            best = Some((offset, i));
-                        }
-                    }
-                }
-            }
-            best.map(|(_, i)| &index[i])
+            let near = grid.near(Position::of(q)?);
+            near.first().map(|&(i, _, _)| &index[i])
         })
         .collect()
 }
@@ -250,8 +205,8 @@ pub struct OpenSetReport {
     pub known: usize,
     /// Share of entries whose known/new decision is right (`new` vs anything else).
     pub known_new_accuracy: f64,
-    /// AUROC of the new-crater score (minus the best candidate's score; no candidate
-    /// left by geometry counts as certainly new).
+    /// AUROC of the new-crater score (one minus the best candidate's confidence; no
+    /// candidate left by geometry counts as certainly new).
     pub new_auroc: f64,
     /// Known entries whose best candidate is their crater.
     pub top1_known: f64,
@@ -319,9 +274,18 @@ fn calibrate_then_link(
     let opts = crate::LinkOptions::default();
     let silent = craterdex_engine::Silent;
     let (rows, engine) = crate::link(engine, calib, base, &opts, &silent)?;
-    let rule = crate::calibrate(&rows, base, target)?.rule;
+    // a benchmark reports a calibration that cannot be made rather than stopping
+    let (rule, note) = match crate::calibrate(&rows, base, target) {
+        Ok(c) => (c.rule, None),
+        Err(e) => (
+            base.clone(),
+            Some(format!("{e:#}; the default rule was used")),
+        ),
+    };
     let (rows, engine) = crate::link(engine, test, &rule, &opts, &silent)?;
-    Ok((engine, rule, LinkScore::of_rows(&rows, known)))
+    let mut score = LinkScore::of_rows(&rows, known);
+    score.calibration_failed = note;
+    Ok((engine, rule, score))
 }
 
 /// Links the second observation to the first at every error level: the rule calibrated
@@ -453,7 +417,7 @@ pub fn link_benchmark(
             .as_ref()
             .is_some_and(|c| half_known.contains(c))
     };
-    let new_score = |r: &LinkRow| r.best.as_ref().map_or(f64::INFINITY, |b| -(b.score as f64));
+    let new_score = |r: &LinkRow| 1.0 - r.best.as_ref().map_or(0.0, |b| b.confidence);
     let (mut pos, mut neg) = (Vec::new(), Vec::new());
     let (mut right, mut top1, mut n_known) = (0usize, 0usize, 0usize);
     for r in &rows {

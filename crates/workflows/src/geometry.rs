@@ -87,6 +87,113 @@ pub fn evidence(a: Position, b: Position, radius_km: f64) -> Option<(f64, f64)> 
     Some((dist / (big / 2.0), big / small))
 }
 
+/// A position as planar coordinates (km on the body, pixels in a frame), its diameter in
+/// the same unit, and which kind of frame it is in.
+fn planar(p: Position, body_radius_km: f64) -> (f64, f64, f64, bool) {
+    match p {
+        Position::Body {
+            lat,
+            lon,
+            diameter_km,
+        } => {
+            let k = body_radius_km * std::f64::consts::PI / 180.0;
+            (lon * lat.to_radians().cos() * k, lat * k, diameter_km, true)
+        }
+        Position::Frame { x, y, diameter_px } => (x, y, diameter_px, false),
+    }
+}
+
+/// Items with positions on a uniform grid, to find the ones that can be the same crater
+/// as a position without looking at all of them (a grid, since craters of one catalogue
+/// are spread about evenly). Body positions are placed on a local equirectangular plane
+/// for the lookup only; offsets are always measured exactly.
+pub struct SpatialGrid {
+    reach_radii: f64,
+    max_ratio: f64,
+    body_radius_km: f64,
+    cell: f64,
+    cells: std::collections::HashMap<(i64, i64, bool), Vec<(usize, Position)>>,
+}
+
+impl SpatialGrid {
+    /// A grid for lookups within `reach_radii` radii of the larger crater and a diameter
+    /// ratio of at most `max_ratio`, sized for craters up to `largest` across (units of
+    /// the positions; larger ones are still found, the lookup just reads more cells).
+    pub fn new(reach_radii: f64, max_ratio: f64, body_radius_km: f64, largest: f64) -> Self {
+        SpatialGrid {
+            reach_radii,
+            max_ratio,
+            body_radius_km,
+            cell: (reach_radii * largest * max_ratio / 2.0).max(1e-9),
+            cells: Default::default(),
+        }
+    }
+
+    /// A grid of `items`, sized for the largest of them.
+    pub fn of(
+        items: impl IntoIterator<Item = (usize, Position)>,
+        reach_radii: f64,
+        max_ratio: f64,
+        body_radius_km: f64,
+    ) -> Self {
+        let items: Vec<(usize, Position)> = items.into_iter().collect();
+        let largest = items
+            .iter()
+            .map(|(_, p)| planar(*p, body_radius_km).2)
+            .fold(0.0, f64::max);
+        let mut g = SpatialGrid::new(reach_radii, max_ratio, body_radius_km, largest);
+        for (i, p) in items {
+            g.insert(i, p);
+        }
+        g
+    }
+
+    fn key(&self, p: Position) -> (i64, i64, bool) {
+        let (x, y, _, body) = planar(p, self.body_radius_km);
+        (
+            (x / self.cell).floor() as i64,
+            (y / self.cell).floor() as i64,
+            body,
+        )
+    }
+
+    pub fn insert(&mut self, item: usize, p: Position) {
+        let k = self.key(p);
+        self.cells.entry(k).or_default().push((item, p));
+    }
+
+    /// `(item, offset in radii, diameter ratio)` of every item that can be the crater at
+    /// `p`, nearest first.
+    pub fn near(&self, p: Position) -> Vec<(usize, f64, f64)> {
+        let (x, y, d, body) = planar(p, self.body_radius_km);
+        // the farthest a match can lie: reach x half the larger diameter, which is at most
+        // max_ratio x the query's
+        let span = ((self.reach_radii * d * self.max_ratio / 2.0) / self.cell).ceil() as i64;
+        let span = span.max(1);
+        let (cx, cy) = (
+            (x / self.cell).floor() as i64,
+            (y / self.cell).floor() as i64,
+        );
+        let mut out = Vec::new();
+        for gx in cx - span..=cx + span {
+            for gy in cy - span..=cy + span {
+                let Some(items) = self.cells.get(&(gx, gy, body)) else {
+                    continue;
+                };
+                for &(i, q) in items {
+                    if let Some((offset, ratio)) = evidence(p, q, self.body_radius_km) {
+                        if offset <= self.reach_radii && ratio <= self.max_ratio {
+                            out.push((i, offset, ratio));
+                        }
+                    }
+                }
+            }
+        }
+        out.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,5 +222,41 @@ mod tests {
         );
         // a position on the body and one in pixels cannot be compared
         assert_eq!(evidence(a, frame(0.0, 0.0, 1.0), 1.0), None);
+    }
+
+    #[test]
+    fn the_grid_finds_exactly_what_a_full_scan_finds() {
+        let frame = |x: f64, y: f64, d: f64| Position::Frame {
+            x,
+            y,
+            diameter_px: d,
+        };
+        let items: Vec<Position> = (0..400)
+            .map(|i| {
+                let f = i as f64;
+                frame(
+                    (f * 37.0) % 500.0,
+                    (f * 53.0) % 500.0,
+                    4.0 + (f * 7.0) % 30.0,
+                )
+            })
+            .collect();
+        let grid = SpatialGrid::of(items.iter().copied().enumerate(), 3.0, 1.5, 1.0);
+        for q in [
+            frame(250.0, 250.0, 10.0),
+            frame(3.0, 490.0, 30.0),
+            frame(100.0, 7.0, 5.0),
+        ] {
+            let mut want: Vec<(usize, f64, f64)> = items
+                .iter()
+                .enumerate()
+                .filter_map(|(i, &p)| {
+                    let (o, r) = evidence(q, p, 1.0)?;
+                    (o <= 3.0 && r <= 1.5).then_some((i, o, r))
+                })
+                .collect();
+            want.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+            assert_eq!(grid.near(q), want);
+        }
     }
 }

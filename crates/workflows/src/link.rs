@@ -1,11 +1,11 @@
 //! `link`: each new entry against a catalogue index, decided `match`, `new` or `ambiguous`
 //! by the [`LinkRule`]; optionally growing the index with what is new.
 
-use crate::geometry::{evidence, Position};
+use crate::geometry::{evidence, Position, SpatialGrid};
 use crate::rule::LinkRule;
 use anyhow::Result;
 use craterdex_engine::{Engine, Progress, SearchHit};
-use craterdex_index::{ImageMeta, Index, Mode, SearchParams};
+use craterdex_index::{Hit, ImageMeta, Index, Mode, SearchParams};
 use craterdex_tokens::Descriptors;
 use serde::Serialize;
 
@@ -38,6 +38,8 @@ pub struct Candidate {
     pub offset_radii: Option<f64>,
     /// Larger over smaller diameter (both positions known).
     pub diameter_ratio: Option<f64>,
+    /// The rule's probability that this is the query's crater.
+    pub confidence: f64,
     #[serde(skip)]
     pub meta: ImageMeta,
 }
@@ -54,6 +56,9 @@ pub struct LinkRow {
     pub second: Option<Candidate>,
     /// Added to the index by `--insert-new`.
     pub inserted: bool,
+    /// Every candidate geometry allowed, most confident first (what calibration fits on).
+    #[serde(skip)]
+    pub candidates: Vec<Candidate>,
 }
 
 #[derive(Clone, Debug)]
@@ -86,7 +91,8 @@ fn same_crater(a: &ImageMeta, b: &ImageMeta) -> bool {
     }
 }
 
-/// The candidates geometry allows, best first, with their evidence.
+/// The candidates geometry allows, with their evidence and confidence, most confident
+/// first.
 pub fn candidates(rule: &LinkRule, query: &ImageMeta, hits: &[SearchHit]) -> Vec<Candidate> {
     let q = Position::of(query);
     let mut out: Vec<Candidate> = hits
@@ -107,36 +113,38 @@ pub fn candidates(rule: &LinkRule, query: &ImageMeta, hits: &[SearchHit]) -> Vec
                 score: h.score,
                 offset_radii: ev.map(|e| e.0),
                 diameter_ratio: ev.map(|e| e.1),
+                confidence: rule.confidence(h.score, ev),
                 meta: h.meta.clone(),
             })
         })
         .collect();
-    out.sort_by(|a, b| b.score.total_cmp(&a.score));
+    sort_by_confidence(&mut out);
     out
 }
 
-/// Applies the rule to ranked candidates (best first).
+fn sort_by_confidence(c: &mut [Candidate]) {
+    c.sort_by(|a, b| {
+        b.confidence
+            .total_cmp(&a.confidence)
+            .then(b.score.total_cmp(&a.score))
+    });
+}
+
+/// Applies the rule to candidates (most confident first).
 pub fn decide(rule: &LinkRule, query: ImageMeta, cands: Vec<Candidate>) -> LinkRow {
-    let mut it = cands.into_iter();
-    let best = it.next();
-    let second = best
-        .as_ref()
-        .and_then(|b| it.find(|c| !same_crater(&c.meta, &b.meta)));
-    let (decision, confidence) = match &best {
-        None => (Decision::New, 0.0),
-        Some(b) => {
-            let close_rival = second
-                .as_ref()
-                .is_some_and(|s| rule.margin > 0.0 && b.score - s.score < rule.margin);
-            let d = if b.score < rule.new_score {
-                Decision::New
-            } else if b.score >= rule.match_score && !close_rival {
-                Decision::Match
-            } else {
-                Decision::Ambiguous
-            };
-            (d, rule.confidence(b.score))
-        }
+    let best = cands.first().cloned();
+    let second = best.as_ref().and_then(|b| {
+        cands
+            .iter()
+            .find(|c| !same_crater(&c.meta, &b.meta))
+            .cloned()
+    });
+    let confidence = best.as_ref().map_or(0.0, |b| b.confidence);
+    let decision = match &best {
+        None => Decision::New,
+        Some(_) if confidence >= rule.match_confidence => Decision::Match,
+        Some(_) if confidence < rule.new_confidence => Decision::New,
+        Some(_) => Decision::Ambiguous,
     };
     LinkRow {
         query,
@@ -145,7 +153,79 @@ pub fn decide(rule: &LinkRule, query: ImageMeta, cands: Vec<Candidate>) -> LinkR
         best,
         second,
         inserted: false,
+        candidates: cands,
     }
+}
+
+/// Geometric neighbours looked at per entry, besides the appearance hits.
+pub const MAX_NEIGHBOURS: usize = 20;
+
+/// The index rows with positions on a grid, for the candidates geometry proposes.
+pub struct Neighbours {
+    grid: SpatialGrid,
+}
+
+impl Neighbours {
+    pub fn of_index(index: &Index, rule: &LinkRule) -> Self {
+        let live = (0..index.rows()).filter(|&r| !index.is_deleted(r));
+        Neighbours {
+            grid: SpatialGrid::of(
+                live.filter_map(|r| Some((r, Position::of(index.meta(r))?))),
+                rule.max_offset_radii,
+                rule.max_diameter_ratio,
+                rule.body_radius_km,
+            ),
+        }
+    }
+
+    fn add(&mut self, index: &Index, rows: impl IntoIterator<Item = usize>) {
+        for r in rows {
+            if let Some(p) = Position::of(index.meta(r)) {
+                self.grid.insert(r, p);
+            }
+        }
+    }
+}
+
+/// The appearance hits of an entry and, when it has a position, the index entries that
+/// geometry allows (the nearest [`MAX_NEIGHBOURS`]) that appearance did not rank, scored
+/// by the same late interaction: so a crater that looks different in the new image is
+/// still a candidate where it should be.
+pub fn with_neighbours(
+    engine: &Engine,
+    near: &Neighbours,
+    meta: &ImageMeta,
+    desc: &Descriptors,
+    mut hits: Vec<SearchHit>,
+) -> Vec<SearchHit> {
+    let Some(p) = Position::of(meta) else {
+        return hits;
+    };
+    let seen: std::collections::HashSet<usize> = hits.iter().map(|h| h.row).collect();
+    let rows: Vec<usize> = near
+        .grid
+        .near(p)
+        .into_iter()
+        .map(|(r, _, _)| r)
+        .filter(|r| !seen.contains(r))
+        .take(MAX_NEIGHBOURS)
+        .collect();
+    if rows.is_empty() {
+        return hits;
+    }
+    let scores = engine.index().late_interaction(&desc.tokens, &rows);
+    let extra: Vec<Hit> = rows
+        .into_iter()
+        .zip(scores)
+        .map(|(row, score)| Hit {
+            row,
+            score,
+            stage1: None,
+            stage2: Some(score),
+        })
+        .collect();
+    hits.extend(engine.describe(&extra));
+    hits
 }
 
 fn params(o: &LinkOptions) -> SearchParams {
@@ -175,6 +255,7 @@ pub fn link(
     let mut engine = engine;
     let params = params(opts);
     let mut rows = Vec::with_capacity(entries.len());
+    let mut near = Neighbours::of_index(engine.index(), rule);
     progress.start("link", entries.len());
     let mut entries = entries.into_iter().peekable();
     while entries.peek().is_some() {
@@ -185,11 +266,12 @@ pub fn link(
         let mut fresh: Vec<(ImageMeta, Descriptors)> = Vec::new();
         let mut fresh_engine: Option<Engine> = None;
         for ((meta, desc), hits) in batch.into_iter().zip(results) {
+            let hits = with_neighbours(&engine, &near, &meta, &desc, hits);
             let mut cands = candidates(rule, &meta, &hits);
             if let Some(mini) = &fresh_engine {
                 let mini_hits = mini.search(std::slice::from_ref(&desc), &params);
                 cands.extend(candidates(rule, &meta, &mini_hits[0]));
-                cands.sort_by(|a, b| b.score.total_cmp(&a.score));
+                sort_by_confidence(&mut cands);
             }
             let mut row = decide(rule, meta, cands);
             let known_id = engine.index().row_of(&row.query.id).is_some()
@@ -206,6 +288,8 @@ pub fn link(
         }
         if !fresh.is_empty() {
             engine = engine.add(&fresh)?.1;
+            let idx = engine.index();
+            near.add(idx, fresh.iter().filter_map(|(m, _)| idx.row_of(&m.id)));
             craterdex_durable::failpoint("link-after-batch");
         }
     }

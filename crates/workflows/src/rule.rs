@@ -3,15 +3,18 @@
 //! For a query entry, the candidates are the index's best entries by appearance (two-stage
 //! late interaction). When the query and a candidate both have positions, the candidate is
 //! kept only if its centre lies within `max_offset_radii` radii of the larger crater and the
-//! diameter ratio is at most `max_diameter_ratio`. Of the kept candidates, the best decides:
+//! diameter ratio is at most `max_diameter_ratio` (the search radius). Each kept candidate
+//! gets a confidence, the probability that it is the query's crater:
 //!
-//! - `match` when its score is at least `match_score` and no candidate of another crater
-//!   scores within `margin` of it;
-//! - `new` when no candidate is kept or the best scores below `new_score`;
-//! - `ambiguous` otherwise: a person looks at it (the review page lists these first).
+//! - with positions on both sides, `sigmoid(b + w_s * score + w_o * offset_radii +
+//!   w_r * ln(diameter_ratio))` (`geometry_weights` = [b, w_s, w_o, w_r]);
+//! - otherwise `sigmoid(b + w_s * score)` (`appearance_weights` = [b, w_s]).
 //!
-//! `confidence` is the calibrated probability that the best candidate is the same crater,
-//! `1 / (1 + exp(-(a * score + b)))`, fitted on labelled pairs by `craterdex calibrate`.
+//! The most confident candidate decides: `match` at a confidence of at least
+//! `match_confidence`, `new` below `new_confidence` (or when no candidate is kept),
+//! `ambiguous` between (the review page lists these first). `craterdex calibrate` fits the
+//! weights by logistic regression on labelled pairs and picks the two thresholds for a
+//! target precision.
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -23,38 +26,43 @@ pub const RULE_FILE: &str = "link-rule.json";
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LinkRule {
-    pub match_score: f32,
-    pub new_score: f32,
-    pub margin: f32,
+    pub match_confidence: f64,
+    pub new_confidence: f64,
     pub max_offset_radii: f64,
     pub max_diameter_ratio: f64,
     /// Radius of the body the positions are on, in km.
     pub body_radius_km: f64,
-    /// Logistic calibration of the score: `p(same crater) = sigmoid(a * score + b)`.
-    pub platt_a: f64,
-    pub platt_b: f64,
+    /// [bias, score]
+    pub appearance_weights: [f64; 2],
+    /// [bias, score, offset in radii, ln diameter ratio]
+    pub geometry_weights: [f64; 4],
     /// How the rule was obtained (the calibration's summary, or "default").
     pub source: String,
 }
 
 impl Default for LinkRule {
-    /// What `craterdex calibrate --index craterdex-demo/index --entries
-    /// craterdex-demo/bench/splits/test.json --target-precision 0.99` gives on the demo
-    /// benchmark (default recipe, 196 labelled queries): indexes built with another recipe
+    /// Measured, default index recipe: the thresholds and appearance weights are what
+    /// `craterdex calibrate --index craterdex-demo/index --entries
+    /// craterdex-demo/bench/splits/test.json` (target precision 0.99) gives on the demo
+    /// benchmark; the geometry weights are `craterdex eval-link`'s calibration on the demo's
+    /// Mars tile at 4 radii of georeferencing error. Indexes built with another recipe
     /// score on another scale and should be calibrated.
     fn default() -> Self {
         LinkRule {
-            match_score: 0.708,
-            new_score: 0.467,
-            margin: 0.0,
+            match_confidence: 0.774,
+            new_confidence: 0.068,
             max_offset_radii: 3.0,
             max_diameter_ratio: 1.5,
             body_radius_km: crate::geometry::MARS_RADIUS_KM,
-            platt_a: 13.59,
-            platt_b: -6.70,
-            source: "default (the demo benchmark's calibration, default recipe)".into(),
+            appearance_weights: [-10.07, 15.96],
+            geometry_weights: [-6.06, 18.19, -0.27, -19.46],
+            source: "default (calibrated on the demo benchmark, default recipe)".into(),
         }
     }
+}
+
+fn sigmoid(z: f64) -> f64 {
+    1.0 / (1.0 + (-z).exp())
 }
 
 impl LinkRule {
@@ -83,21 +91,27 @@ impl LinkRule {
 
     pub fn validate(&self) -> Result<()> {
         anyhow::ensure!(
-            self.match_score.is_finite() && self.new_score.is_finite() && self.margin >= 0.0,
-            "scores must be finite and the margin non-negative"
+            (0.0..=1.0).contains(&self.match_confidence)
+                && (0.0..=1.0).contains(&self.new_confidence),
+            "confidences must lie in [0, 1]"
         );
         anyhow::ensure!(
-            self.new_score <= self.match_score,
-            "new_score {} above match_score {}",
-            self.new_score,
-            self.match_score
+            self.new_confidence <= self.match_confidence,
+            "new_confidence {} above match_confidence {}",
+            self.new_confidence,
+            self.match_confidence
+        );
+        anyhow::ensure!(
+            self.appearance_weights
+                .iter()
+                .chain(&self.geometry_weights)
+                .all(|w| w.is_finite()),
+            "weights must be finite"
         );
         anyhow::ensure!(
             self.max_offset_radii > 0.0
                 && self.max_diameter_ratio >= 1.0
-                && self.body_radius_km > 0.0
-                && self.platt_a.is_finite()
-                && self.platt_b.is_finite(),
+                && self.body_radius_km > 0.0,
             "geometry limits must be positive, the diameter ratio at least 1"
         );
         Ok(())
@@ -111,8 +125,17 @@ impl LinkRule {
         )
     }
 
-    pub fn confidence(&self, score: f32) -> f64 {
-        1.0 / (1.0 + (-(self.platt_a * score as f64 + self.platt_b)).exp())
+    /// The probability that a candidate with this appearance score, and this geometric
+    /// evidence when both positions are known, is the query's crater.
+    pub fn confidence(&self, score: f32, geometry: Option<(f64, f64)>) -> f64 {
+        let s = score as f64;
+        match geometry {
+            Some((offset, ratio)) => {
+                let w = &self.geometry_weights;
+                sigmoid(w[0] + w[1] * s + w[2] * offset + w[3] * ratio.ln())
+            }
+            None => sigmoid(self.appearance_weights[0] + self.appearance_weights[1] * s),
+        }
     }
 
     /// Whether a candidate at this offset and diameter ratio can be the same crater.

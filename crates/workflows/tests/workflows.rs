@@ -141,7 +141,7 @@ fn calibrated_links_are_precise_and_unseen_craters_are_new() {
     let c = calibrate(&rows, &LinkRule::default(), 0.99).unwrap();
     assert!(c.match_precision >= 0.99, "{c:?}");
     assert!(c.match_recall > 0.5, "{c:?}");
-    assert!(c.rule.new_score <= c.rule.match_score);
+    assert!(c.rule.new_confidence <= c.rule.match_confidence);
     c.rule.save(engine.index().dir().unwrap()).unwrap();
     let rule = LinkRule::for_index(engine.index().dir().unwrap()).unwrap();
     assert_eq!(rule, c.rule);
@@ -180,8 +180,10 @@ fn insert_new_grows_the_index_in_order_and_a_second_run_adds_nothing() {
     let dir = tmp.path().join("a");
     let engine = build(&dir, &cat.entries);
     let rule = LinkRule {
-        match_score: 0.8,
-        new_score: 0.6,
+        // confidence 0.5 at score 0.7; 0.99 from about 0.8
+        appearance_weights: [-35.0, 50.0],
+        match_confidence: 0.99,
+        new_confidence: 0.5,
         ..LinkRule::default()
     };
     // 20 new craters, each seen twice (the second sighting 5 entries later, so within one
@@ -238,8 +240,10 @@ fn dedup_finds_the_views_of_each_crater_and_never_merges_one_source_image() {
     cat.entries[1].0.source = cat.entries[0].0.source.clone();
     let engine = build(&tmp.path().join("a"), &cat.entries);
     let rule = LinkRule {
-        match_score: 0.8,
-        new_score: 0.6,
+        // confidence 0.5 at score 0.7; 0.99 from about 0.8
+        appearance_weights: [-35.0, 50.0],
+        match_confidence: 0.99,
+        new_confidence: 0.5,
         ..LinkRule::default()
     };
     let groups = dedup(&engine, &rule, &DedupOptions::default(), &Silent).unwrap();
@@ -285,8 +289,10 @@ fn growing_options() -> LinkOptions {
 
 fn strict_rule() -> LinkRule {
     LinkRule {
-        match_score: 0.8,
-        new_score: 0.6,
+        // confidence 0.5 at score 0.7; 0.99 from about 0.8
+        appearance_weights: [-35.0, 50.0],
+        match_confidence: 0.99,
+        new_confidence: 0.5,
         ..LinkRule::default()
     }
 }

@@ -120,8 +120,17 @@ pub fn run(c: EvalLinkCmd) -> Result<()> {
             ("geometry only (radius)", &l.geometry_only_wide),
         ] {
             println!(
-                "{:>6} {:>6}  {:<22} {:>9.3} {:>7.3} {:>6.3}",
-                l.georef_error, l.search_radius, name, s.precision, s.recall, s.f1
+                "{:>6} {:>6}  {:<22} {:>9.3} {:>7.3} {:>6.3}{}",
+                l.georef_error,
+                l.search_radius,
+                name,
+                s.precision,
+                s.recall,
+                s.f1,
+                s.calibration_failed
+                    .as_ref()
+                    .map(|w| format!("  (not calibrated: {w})"))
+                    .unwrap_or_default()
             );
         }
         println!(
