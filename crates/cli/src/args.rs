@@ -174,23 +174,7 @@ impl EntriesOpts {
         use anyhow::bail;
         let e = &self.entries;
         if e.is_dir() {
-            let items = craterdex_engine::inputs::images_in(e)?;
-            let beside = e.with_extension("csv");
-            let meta_path = self.meta.clone().or(beside.is_file().then_some(beside));
-            let known = match &meta_path {
-                Some(p) => craterdex_workflows::entries::read_meta_csv(p)?,
-                None => Default::default(),
-            };
-            let metas = items
-                .iter()
-                .map(|(id, path)| {
-                    let mut m = known.get(id).cloned().unwrap_or_default();
-                    m.id = id.clone();
-                    m.path = Some(path.display().to_string());
-                    m
-                })
-                .collect();
-            return Ok((items, metas));
+            return dir_entries(e, self.meta.as_deref());
         }
         if self.meta.is_some() {
             bail!("--meta goes with a directory of crops; a manifest carries its own metadata");
@@ -209,4 +193,29 @@ impl EntriesOpts {
         };
         Ok((items, metas))
     }
+}
+
+/// The images of a directory (ids are file names) with their metadata: from `meta`, or
+/// from `DIR.csv` beside the directory when it exists (an `id` column and any of
+/// crater_id, source, view, lat, lon, diameter_km, x, y, diameter_px).
+pub fn dir_entries(dir: &std::path::Path, meta: Option<&std::path::Path>) -> Result<LoadedEntries> {
+    let items = craterdex_engine::inputs::images_in(dir)?;
+    let beside = dir.with_extension("csv");
+    let meta_path = meta
+        .map(std::path::Path::to_path_buf)
+        .or(beside.is_file().then_some(beside));
+    let known = match &meta_path {
+        Some(p) => craterdex_workflows::entries::read_meta_csv(p)?,
+        None => Default::default(),
+    };
+    let metas = items
+        .iter()
+        .map(|(id, path)| {
+            let mut m = known.get(id).cloned().unwrap_or_default();
+            m.id = id.clone();
+            m.path = Some(path.display().to_string());
+            m
+        })
+        .collect();
+    Ok((items, metas))
 }

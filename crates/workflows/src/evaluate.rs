@@ -270,7 +270,12 @@ fn calibrate_then_link(
     base: &crate::LinkRule,
     target: f64,
     known: &BTreeSet<String>,
-) -> anyhow::Result<(craterdex_engine::Engine, crate::LinkRule, LinkScore)> {
+) -> anyhow::Result<(
+    craterdex_engine::Engine,
+    crate::LinkRule,
+    LinkScore,
+    Vec<LinkRow>,
+)> {
     let opts = crate::LinkOptions::default();
     let silent = craterdex_engine::Silent;
     let (rows, engine) = crate::link(engine, calib, base, &opts, &silent)?;
@@ -285,17 +290,19 @@ fn calibrate_then_link(
     let (rows, engine) = crate::link(engine, test, &rule, &opts, &silent)?;
     let mut score = LinkScore::of_rows(&rows, known);
     score.calibration_failed = note;
-    Ok((engine, rule, score))
+    Ok((engine, rule, score, rows))
 }
 
 /// Links the second observation to the first at every error level: the rule calibrated
 /// on half of the craters (split by crater id), scored on the other half, against
 /// appearance alone and geometry alone; dedup of both observations in one index; and an
-/// open-set stream against an index holding half of the craters.
+/// open-set stream against an index holding half of the craters. With `review_dir`, the
+/// review page of the last level's scored half goes there.
 pub fn link_benchmark(
     input: LinkBenchInput,
     recipe: &craterdex_engine::IndexRecipe,
     target_precision: f64,
+    review_dir: Option<&std::path::Path>,
     progress: &dyn craterdex_engine::Progress,
 ) -> anyhow::Result<LinkBenchReport> {
     use crate::{dedup, link, DedupOptions, LinkOptions, LinkRule};
@@ -338,7 +345,7 @@ pub fn link_benchmark(
             max_offset_radii: search_radius,
             ..LinkRule::default()
         };
-        let (e, rule, combined) = calibrate_then_link(
+        let (e, rule, combined, rows) = calibrate_then_link(
             engine,
             calib.clone(),
             test.clone(),
@@ -346,7 +353,11 @@ pub fn link_benchmark(
             target_precision,
             &known,
         )?;
-        let (e, _, appearance) = calibrate_then_link(
+        if let Some(dir) = review_dir {
+            // the last (largest) error level's decisions are the ones worth a look
+            crate::output::write_review(dir, &rows, 300)?;
+        }
+        let (e, _, appearance, _) = calibrate_then_link(
             e,
             without_positions(&calib),
             without_positions(&test),

@@ -8,10 +8,10 @@ use crate::output::Bars;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use craterdex_engine::inputs::images_in;
-use craterdex_engine::{ImageMeta, IndexRecipe};
+use craterdex_engine::{Extractor, ImageMeta, IndexRecipe};
 use craterdex_eval::observations::{second_csv_name, simulate, ObservationOptions};
 use craterdex_workflows::entries::read_meta_csv;
-use craterdex_workflows::evaluate::{link_benchmark, LinkBenchInput};
+use craterdex_workflows::evaluate::{link_benchmark, LinkBenchInput, LinkBenchReport};
 use std::path::{Path, PathBuf};
 
 #[derive(Args)]
@@ -53,29 +53,22 @@ fn metas_in_order(csv: &Path, ids: &[String], dir: &Path) -> Result<Vec<ImageMet
         .collect()
 }
 
-pub fn run(c: EvalLinkCmd) -> Result<()> {
-    if c.tile.len() != c.craters.len() {
-        bail!(
-            "give one --craters list per --tile ({} tiles, {} lists)",
-            c.tile.len(),
-            c.craters.len()
-        );
-    }
-    let sim = c.out.join("observations");
-    let o = ObservationOptions {
-        min_diameter: c.min_diameter,
-        georef_errors: c.georef_errors.clone(),
-        seed: c.seed,
-        ..Default::default()
-    };
-    let tiles: Vec<(PathBuf, PathBuf)> = c.tile.iter().cloned().zip(c.craters.clone()).collect();
-    let report = simulate(&tiles, &sim, &o)?;
+/// Simulates the observations of `tiles` under `out/observations`, extracts them and
+/// scores linking, dedup and the open set; the review page goes to `out/review.html`.
+pub fn link_benchmark_on_tiles(
+    tiles: &[(PathBuf, PathBuf)],
+    out: &Path,
+    o: &ObservationOptions,
+    extractor: &Extractor,
+    target_precision: f64,
+) -> Result<LinkBenchReport> {
+    let sim = out.join("observations");
+    let report = simulate(tiles, &sim, o)?;
     eprintln!(
-        "observations: {} craters, {} first-observation crops, {} second ({} missed, {} false detections)",
+        "      observations: {} craters, {} first-observation crops, {} second ({} missed, {} false detections)",
         report.craters, report.first, report.second, report.missed, report.false_detections
     );
     let bars = Bars::new();
-    let extractor = c.model.load()?;
     let first = extractor.extract(&images_in(&sim.join("first"))?, "first observation", &bars)?;
     let second = extractor.extract(
         &images_in(&sim.join("second"))?,
@@ -83,7 +76,7 @@ pub fn run(c: EvalLinkCmd) -> Result<()> {
         &bars,
     )?;
     let first_metas = metas_in_order(&sim.join("first.csv"), &first.ids, &sim.join("first"))?;
-    let second_metas = c
+    let second_metas = o
         .georef_errors
         .iter()
         .map(|&e| {
@@ -105,9 +98,19 @@ pub fn run(c: EvalLinkCmd) -> Result<()> {
             second_metas,
         },
         &IndexRecipe::default(),
-        c.target_precision,
+        target_precision,
+        Some(out),
         &bars,
     )?;
+    craterdex_durable::write_atomic(
+        &out.join("results.json"),
+        &serde_json::to_vec_pretty(&result)?,
+    )?;
+    Ok(result)
+}
+
+/// The benchmark's table.
+pub fn print_link_report(result: &LinkBenchReport) {
     println!(
         "{:>6} {:>6}  {:<22} {:>9} {:>7} {:>6}",
         "error", "radius", "method", "precision", "recall", "F1"
@@ -148,8 +151,26 @@ pub fn run(c: EvalLinkCmd) -> Result<()> {
         "open set ({} entries, {} known): known/new accuracy {:.3}, new-crater AUROC {:.3}, top-1 on known {:.3}",
         os.entries, os.known, os.known_new_accuracy, os.new_auroc, os.top1_known
     );
-    let json = c.out.join("results.json");
-    craterdex_durable::write_atomic(&json, &serde_json::to_vec_pretty(&result)?)?;
-    eprintln!("wrote {}", json.display());
+}
+
+pub fn run(c: EvalLinkCmd) -> Result<()> {
+    if c.tile.len() != c.craters.len() {
+        bail!(
+            "give one --craters list per --tile ({} tiles, {} lists)",
+            c.tile.len(),
+            c.craters.len()
+        );
+    }
+    let o = ObservationOptions {
+        min_diameter: c.min_diameter,
+        georef_errors: c.georef_errors.clone(),
+        seed: c.seed,
+        ..Default::default()
+    };
+    let tiles: Vec<(PathBuf, PathBuf)> = c.tile.iter().cloned().zip(c.craters.clone()).collect();
+    let extractor = c.model.load()?;
+    let result = link_benchmark_on_tiles(&tiles, &c.out, &o, &extractor, c.target_precision)?;
+    print_link_report(&result);
+    eprintln!("wrote {}/results.json and review.html", c.out.display());
     Ok(())
 }

@@ -1,10 +1,10 @@
 //! `craterdex index`: build, grow, shrink and inspect an index.
 
+use crate::args::dir_entries;
 use crate::args::{ModelOpts, RecipeOpts};
 use crate::output::{print_json, Bars};
 use anyhow::{bail, Result};
 use clap::Subcommand;
-use craterdex_engine::inputs::{images_in, metas_for};
 use craterdex_engine::{Engine, Index};
 use craterdex_eval::manifest;
 use std::path::PathBuf;
@@ -19,8 +19,13 @@ pub enum IndexCmd {
     Build {
         #[arg(long, group = "input")]
         manifest: Option<PathBuf>,
+        /// A directory of crops; their metadata from --meta or DIR.csv beside it.
         #[arg(long, group = "input")]
         dir: Option<PathBuf>,
+        /// Metadata of the --dir crops: CSV with an `id` column and any of crater_id,
+        /// source, view, lat, lon, diameter_km, x, y, diameter_px.
+        #[arg(long)]
+        meta: Option<PathBuf>,
         #[arg(long)]
         out: PathBuf,
         #[command(flatten)]
@@ -32,8 +37,11 @@ pub enum IndexCmd {
     Add {
         #[arg(long)]
         index: PathBuf,
+        /// A directory of crops; their metadata from --meta or DIR.csv beside it.
         #[arg(long)]
         dir: PathBuf,
+        #[arg(long)]
+        meta: Option<PathBuf>,
         #[command(flatten)]
         model: ModelOpts,
     },
@@ -55,6 +63,7 @@ pub fn run(c: IndexCmd) -> Result<()> {
         IndexCmd::Build {
             manifest: m,
             dir,
+            meta,
             out,
             recipe,
             model,
@@ -72,9 +81,9 @@ pub fn run(c: IndexCmd) -> Result<()> {
                     (f, metas, learn)
                 }
                 (None, Some(d)) => {
-                    let items = images_in(&d)?;
+                    let (items, metas) = dir_entries(&d, meta.as_deref())?;
                     let f = extractor.extract(&items, "images", &bars)?;
-                    let metas = metas_for(&items, &f.ids);
+                    let metas = metas_of(metas, &f.ids);
                     (f, metas, None)
                 }
                 _ => bail!("give --manifest or --dir"),
@@ -103,9 +112,17 @@ pub fn run(c: IndexCmd) -> Result<()> {
                 idx.token_bytes_per_image()
             );
         }
-        IndexCmd::Add { index, dir, model } => {
-            let engine = Engine::open(&index, None)?.with_extractor(Arc::new(model.load()?))?;
-            let (n, _) = engine.add_images(&images_in(&dir)?, &Bars::new())?;
+        IndexCmd::Add {
+            index,
+            dir,
+            meta,
+            model,
+        } => {
+            let extractor = Arc::new(model.load()?);
+            let engine = Engine::open(&index, None)?.with_extractor(extractor.clone())?;
+            let (items, metas) = dir_entries(&dir, meta.as_deref())?;
+            let f = extractor.extract(&items, "add", &Bars::new())?;
+            let (n, _) = engine.add_features(metas_of(metas, &f.ids), &f)?;
             println!("added {n} images to {}", index.display());
         }
         IndexCmd::Remove { index, ids } => {
@@ -124,4 +141,15 @@ pub fn run(c: IndexCmd) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The metadata of the images that were extracted, in their order (unreadable ones are
+/// skipped by extraction).
+fn metas_of(
+    metas: Vec<craterdex_engine::ImageMeta>,
+    ids: &[String],
+) -> Vec<craterdex_engine::ImageMeta> {
+    let mut by_id: std::collections::HashMap<String, craterdex_engine::ImageMeta> =
+        metas.into_iter().map(|m| (m.id.clone(), m)).collect();
+    ids.iter().filter_map(|id| by_id.remove(id)).collect()
 }
