@@ -76,7 +76,7 @@ pub(crate) struct Tile {
 
 impl Tile {
     pub(crate) fn load(path: &Path) -> Result<Self> {
-        let img = craterdex_model::preprocess::load_image(path)?.to_luma32f();
+        let img = craterdex_model::preprocess::load_tile(path)?.to_luma32f();
         Ok(Self {
             w: img.width() as usize,
             h: img.height() as usize,

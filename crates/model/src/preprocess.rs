@@ -65,7 +65,40 @@ pub fn decode_image(bytes: &[u8]) -> Result<DynamicImage> {
 }
 
 /// [`decode_image`], or with `allow_partial` whatever the decoders can make of the data.
+/// Images over [`MAX_CROP_PIXELS`] are refused from their header, before any decoding.
 pub fn decode_image_with(bytes: &[u8], allow_partial: bool) -> Result<DynamicImage> {
+    decode_checked(bytes, allow_partial, Some(MAX_CROP_PIXELS))
+}
+
+/// The most pixels a crater crop may have (32 megapixels, e.g. 5,792 x 5,792): more is not
+/// a crop but a tile, and a few header bytes claiming a 127-megapixel JPEG would otherwise
+/// make the decoder fill that many pixels (found by the `image` fuzz target).
+pub const MAX_CROP_PIXELS: u64 = 1 << 25;
+
+/// A whole tile (bench-build), any size: refused only when truncated or corrupt.
+pub fn load_tile(path: &Path) -> Result<DynamicImage> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    decode_checked(&bytes, false, None)
+        .with_context(|| format!("{} is not a usable image", path.display()))
+}
+
+fn decode_checked(
+    bytes: &[u8],
+    allow_partial: bool,
+    max_pixels: Option<u64>,
+) -> Result<DynamicImage> {
+    if let Some(max) = max_pixels {
+        let (w, h) = image::ImageReader::new(std::io::Cursor::new(bytes))
+            .with_guessed_format()
+            .context("not a readable image")?
+            .into_dimensions()
+            .context("not a readable image (JPEG, PNG, TIFF or PNM expected)")?;
+        anyhow::ensure!(
+            w as u64 * h as u64 <= max,
+            "a {w}x{h} image is larger than a crater crop can be ({max} pixels); cut tiles \
+             into crops with `craterdex bench-build`"
+        );
+    }
     if !allow_partial {
         check_complete(bytes)?;
     }
@@ -232,6 +265,18 @@ mod tests {
         strip.write_to(&mut png, image::ImageFormat::Png).unwrap();
         let e = format!("{:#}", decode_image(png.get_ref()).unwrap_err());
         assert!(e.contains("6500x1") && e.contains("64 times"), "{e}");
+        // Found by the `image` fuzz target: a JPEG header declaring 3860x33023 pixels with
+        // almost no data; decoding it (partially) filled 127 megapixels. Refused from the
+        // header now, before any decoding, in both modes.
+        let huge =
+            include_bytes!("../../../fuzz/seeds/image/regression-jpeg-3860x33023-header-timeout");
+        for partial in [false, true] {
+            let e = format!("{:#}", decode_image_with(huge, partial).unwrap_err());
+            assert!(
+                e.contains("3860x33023") && e.contains("larger than a crater crop"),
+                "{e}"
+            );
+        }
         // Built in code rather than decoded, such images still preprocess in bounded memory.
         for img in [strip, DynamicImage::ImageLuma8(GrayImage::new(0, 5))] {
             for mode in [ResizeMode::CenterCrop, ResizeMode::Squash] {
