@@ -82,14 +82,23 @@ pub fn parse_features(
     body: &[u8],
     content_type: &str,
 ) -> ApiResult<(Vec<f32>, Vec<f32>, Vec<f32>)> {
-    if content_type.starts_with("application/json") || body.first() == Some(&b'{') {
-        let b: FeaturesBody = serde_json::from_slice(body)
-            .map_err(|e| ApiError::bad_request(format!("bad features JSON: {e}")))?;
-        return Ok((b.cls, b.patches.0, b.attention));
-    }
     // A binary body is well-formed HTTP whatever its bytes, so what cannot be read from it
     // is unprocessable content (422), as with an undecodable image.
     let unusable = |m: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, m);
+    let declared_binary = content_type.starts_with("application/octet-stream");
+    if content_type.starts_with("application/json") || body.first() == Some(&b'{') {
+        let b: FeaturesBody = serde_json::from_slice(body).map_err(|e| {
+            let m = format!("bad features JSON: {e}");
+            // malformed JSON is a bad request; a body declared binary that merely starts
+            // like JSON is unusable content
+            if declared_binary {
+                unusable(m)
+            } else {
+                ApiError::bad_request(m)
+            }
+        })?;
+        return Ok((b.cls, b.patches.0, b.attention));
+    }
     let st = safetensors::SafeTensors::deserialize(body).map_err(|e| {
         unusable(format!(
             "the body is neither features JSON nor a safetensors file: {e}"

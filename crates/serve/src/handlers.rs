@@ -87,11 +87,13 @@ pub async fn openapi(State(svc): State<Svc>) -> Response {
             }
         }
     }
-    let upload_id = &mut doc["paths"]["/v1/images"]["post"]["requestBody"]["content"]
-        ["multipart/form-data"]["schema"]["properties"]["id"];
-    if upload_id.is_object() {
-        // An empty id asks for the default.
-        upload_id["pattern"] = json!(format!("^$|{ID_PATTERN}"));
+    for path in ["/v1/images", "/v1/link"] {
+        let upload_id = &mut doc["paths"][path]["post"]["requestBody"]["content"]
+            ["multipart/form-data"]["schema"]["properties"]["id"];
+        if upload_id.is_object() {
+            // An empty id asks for the default.
+            upload_id["pattern"] = json!(format!("^$|{ID_PATTERN}"));
+        }
     }
     if let Some(engine) = svc.snapshot() {
         let d = engine.index().feature_dim();
@@ -460,13 +462,17 @@ fn text_field(fields: &BTreeMap<String, String>, name: &str) -> ApiResult<Option
     }
 }
 
-pub async fn add_image(
-    State(svc): State<Svc>,
-    headers: HeaderMap,
-    mp: Result<Multipart, axum::extract::multipart::MultipartRejection>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
-    authorize(&svc, &headers, true)?;
-    let mp = mp.map_err(|e| ApiError::bad_request(e.body_text()))?;
+/// An entry uploaded as a multipart form: the decoded image, its metadata (the id defaults
+/// to `upload-<sha256 prefix>`) and its descriptors.
+struct EntryUpload {
+    up: crate::features::Upload,
+    meta: ImageMeta,
+    desc: Descriptors,
+}
+
+/// Reads and checks an entry form (`image` and the metadata fields), decodes the image and
+/// encodes it with the model.
+async fn read_entry(svc: &Svc, mp: Multipart) -> ApiResult<EntryUpload> {
     const KNOWN: [&str; 7] = [
         "id",
         "crater_id",
@@ -496,7 +502,7 @@ pub async fn add_image(
         diameter_km: parse_coord(&fields, "diameter_km")?,
         ..ImageMeta::default()
     };
-    let engine = image_engine(&svc)?;
+    let engine = image_engine(svc)?;
     let (max_side, partial) = (
         svc.config().max_image_side,
         svc.config().allow_partial_images,
@@ -507,32 +513,31 @@ pub async fn add_image(
         Ok((up, desc))
     })
     .await?;
-    let digest = craterdex_model::store::sha256_hex(&up.bytes);
     if meta.id.is_empty() {
+        let digest = craterdex_model::store::sha256_hex(&up.bytes);
         meta.id = format!("upload-{}", &digest[..16]);
     }
+    Ok(EntryUpload { up, meta, desc })
+}
+
+/// Why an id cannot be added to the index now, if it cannot.
+fn id_taken(engine: &Engine, id: &str) -> Option<String> {
+    if engine.index().row_of(id).is_some() {
+        return Some(format!("the index already has an image {id:?}"));
+    }
+    engine.index().was_removed(id).then(|| {
+        format!("{id:?} was removed; its id can be reused after a rebuild (craterdex index build)")
+    })
+}
+
+/// Stores the uploaded file and adds the entry through the index's atomic path; returns
+/// the images now searchable. Callers hold the writer lock and checked the id.
+async fn store_and_add(svc: &Svc, engine: Arc<Engine>, entry: EntryUpload) -> ApiResult<usize> {
+    let EntryUpload { up, mut meta, desc } = entry;
+    let digest = craterdex_model::store::sha256_hex(&up.bytes);
     let ext = up.format.extensions_str().first().copied().unwrap_or("img");
     let file = svc.config().upload_dir.join(format!("{digest}.{ext}"));
-
-    let _writer = svc.writer.lock().await;
-    let engine = engine_of(&svc)?;
-    if engine.index().row_of(&meta.id).is_some() {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            format!("the index already has an image {:?}", meta.id),
-        ));
-    }
-    if engine.index().was_removed(&meta.id) {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            format!(
-                "{:?} was removed; its id can be reused after a rebuild (craterdex index build)",
-                meta.id
-            ),
-        ));
-    }
     let svc2 = svc.clone();
-    let id = meta.id.clone();
     let live = blocking(move || {
         let dir = svc2.config().upload_dir.clone();
         std::fs::create_dir_all(&dir)
@@ -548,10 +553,122 @@ pub async fn add_image(
     })
     .await?;
     svc.counters.added.fetch_add(1, Ordering::Relaxed);
+    Ok(live)
+}
+
+pub async fn add_image(
+    State(svc): State<Svc>,
+    headers: HeaderMap,
+    mp: Result<Multipart, axum::extract::multipart::MultipartRejection>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    authorize(&svc, &headers, true)?;
+    let mp = mp.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let entry = read_entry(&svc, mp).await?;
+    let id = entry.meta.id.clone();
+    let _writer = svc.writer.lock().await;
+    let engine = engine_of(&svc)?;
+    if let Some(why) = id_taken(&engine, &id) {
+        return Err(ApiError::new(StatusCode::CONFLICT, why));
+    }
+    let live = store_and_add(&svc, engine, entry).await?;
     Ok((
         StatusCode::CREATED,
         Json(json!({"id": id, "images": live, "thumbnail": thumbnail_url(&id)})),
     ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkQuery {
+    /// Add the entry when it is decided `new` (needs the API key).
+    #[serde(default)]
+    insert: bool,
+}
+
+/// The index's link rule and the grid of its positions, built once per index version.
+fn link_context(
+    svc: &Service,
+    engine: &Arc<Engine>,
+) -> ApiResult<
+    Arc<(
+        craterdex_workflows::LinkRule,
+        craterdex_workflows::Neighbours,
+    )>,
+> {
+    let mut cache = svc.link_cache.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((made_for, ctx)) = cache.as_ref() {
+        if made_for.upgrade().is_some_and(|e| Arc::ptr_eq(&e, engine)) {
+            return Ok(ctx.clone());
+        }
+    }
+    let rule = match engine.index().dir() {
+        Some(dir) => craterdex_workflows::LinkRule::for_index(dir)
+            .map_err(|e| ApiError::internal(format!("{e:#}")))?,
+        None => craterdex_workflows::LinkRule::default(),
+    };
+    let near = craterdex_workflows::Neighbours::of_index(engine.index(), &rule);
+    let ctx = Arc::new((rule, near));
+    *cache = Some((Arc::downgrade(engine), ctx.clone()));
+    Ok(ctx)
+}
+
+pub async fn link_image(
+    State(svc): State<Svc>,
+    headers: HeaderMap,
+    q: Result<Query<LinkQuery>, QueryRejection>,
+    mp: Result<Multipart, axum::extract::multipart::MultipartRejection>,
+) -> ApiResult<Json<Value>> {
+    let Query(q) = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    authorize(&svc, &headers, q.insert)?;
+    let mp = mp.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let entry = read_entry(&svc, mp).await?;
+    let opts = craterdex_workflows::LinkOptions::default();
+    let decide = |engine: &Arc<Engine>, entry: &EntryUpload| -> ApiResult<_> {
+        let ctx = link_context(&svc, engine)?;
+        let row = craterdex_workflows::link_one(
+            engine,
+            &ctx.1,
+            &ctx.0,
+            &opts,
+            entry.meta.clone(),
+            &entry.desc,
+        );
+        Ok((row, ctx.0.source.clone()))
+    };
+    let (mut row, rule, live) = if q.insert {
+        // decided and added under the writer lock, so concurrent links see each other
+        let _writer = svc.writer.lock().await;
+        let engine = engine_of(&svc)?;
+        let (mut row, rule) = decide(&engine, &entry)?;
+        let mut live = engine.index().live();
+        if row.decision == craterdex_workflows::Decision::New
+            && id_taken(&engine, &entry.meta.id).is_none()
+        {
+            live = store_and_add(&svc, engine, entry).await?;
+            row.inserted = true;
+        }
+        (row, rule, live)
+    } else {
+        let engine = engine_of(&svc)?;
+        let (row, rule) = decide(&engine, &entry)?;
+        (row, rule, engine.index().live())
+    };
+    row.query.path = None;
+    let thumb = |c: &craterdex_workflows::Candidate| {
+        let mut v = json!(c);
+        v["thumbnail"] = json!(thumbnail_url(&c.id));
+        v
+    };
+    Ok(Json(json!({
+        "query": row.query,
+        "decision": row.decision,
+        "confidence": row.confidence,
+        "best": row.best.as_ref().map(thumb),
+        "second": row.second.as_ref().map(thumb),
+        "inserted": std::mem::take(&mut row.inserted),
+        "images": live,
+        "rule": rule,
+    })))
 }
 
 pub async fn remove_image(

@@ -95,7 +95,17 @@ pub struct Service {
     draining: AtomicBool,
     writer: tokio::sync::Mutex<()>,
     counters: Counters,
+    /// The link rule and position grid of the engine they were made for.
+    link_cache: std::sync::Mutex<LinkCache>,
 }
+
+type LinkCache = Option<(
+    std::sync::Weak<Engine>,
+    Arc<(
+        craterdex_workflows::LinkRule,
+        craterdex_workflows::Neighbours,
+    )>,
+)>;
 
 impl Service {
     /// A service that is not ready yet: call `load` (the server does it after binding, so
@@ -108,6 +118,7 @@ impl Service {
             draining: AtomicBool::new(false),
             writer: tokio::sync::Mutex::new(()),
             counters: Counters::default(),
+            link_cache: std::sync::Mutex::new(None),
         })
     }
 

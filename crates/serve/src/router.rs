@@ -31,6 +31,7 @@ pub fn router(svc: Svc) -> Router {
     let image_work = Router::new()
         .route("/v1/search/image", post(search_image))
         .route("/v1/images", post(add_image))
+        .route("/v1/link", post(link_image))
         .layer(shed(c.max_concurrent_images));
     let search_work = Router::new()
         .route("/v1/search/features", post(search_features))

@@ -498,6 +498,16 @@ async fn bad_requests_get_clear_4xx_errors() {
             .unwrap();
         assert_eq!(status(call_json(&svc, req).await), want, "{body}");
     }
+    // declared binary, merely starting like JSON: unusable content, as the schema allows any
+    // bytes there (found by schemathesis)
+    let req = Request::post("/v1/search/features")
+        .header("content-type", "application/octet-stream")
+        .body(Body::from("{"))
+        .unwrap();
+    assert_eq!(
+        status(call_json(&svc, req).await),
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
     let ones = vec![0.5f32; D];
     let body = json!({"cls": ones, "patches": vec![0.5f32; 3 * D], "attention": [1.0, 1.0]});
     let req = Request::post("/v1/search/features")
@@ -809,4 +819,65 @@ async fn run_reports_an_unreadable_index_and_stops() {
     .expect("run did not stop");
     let e = format!("{:#}", r.unwrap_err());
     assert!(e.contains("missing"), "{e}");
+}
+
+#[tokio::test]
+async fn link_decides_and_inserts_only_with_the_key_and_only_once() {
+    let f = fixture();
+    let svc = service(&f, |c| c.api_key = Some("s3cret".into()));
+    // an indexed image links to itself... or to its other view, which is the same crater
+    let known = std::fs::read(&f.images[3]).unwrap();
+    let form = |img: &[u8], id: &str| {
+        multipart(&[("image", Some("x.png"), img), ("id", None, id.as_bytes())])
+    };
+    let (s, v) = call_json(&svc, post_multipart("/v1/link", form(&known, "k3"), None)).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["inserted"], false);
+    assert!(["match", "new", "ambiguous"].contains(&v["decision"].as_str().unwrap()));
+    let best = &v["best"];
+    assert!(best["score"].as_f64().unwrap() > 0.99, "{v}");
+    assert!(best["thumbnail"]
+        .as_str()
+        .unwrap()
+        .starts_with("/v1/images/"));
+    assert!(v["rule"].as_str().unwrap().starts_with("default"));
+    // inserting needs the key; unknown query parameters are refused
+    let (s, _) = call_json(
+        &svc,
+        post_multipart("/v1/link?insert=true", form(&known, "k3"), None),
+    )
+    .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    let (s, _) = call_json(
+        &svc,
+        post_multipart("/v1/link?inserted=true", form(&known, "k3"), Some("s3cret")),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    // a new image: inserted exactly when decided new, and a second identical call adds nothing
+    let fresh = std::fs::read(&f.images[N]).unwrap();
+    let (s, v) = call_json(
+        &svc,
+        post_multipart("/v1/link?insert=true", form(&fresh, "l1"), Some("s3cret")),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let inserted = v["inserted"].as_bool().unwrap();
+    assert_eq!(inserted, v["decision"] == "new", "{v}");
+    assert_eq!(v["images"], N + inserted as usize);
+    assert_eq!(
+        Index::open(&f.index).unwrap().row_of("l1").is_some(),
+        inserted
+    );
+    let (s, v) = call_json(
+        &svc,
+        post_multipart("/v1/link?insert=true", form(&fresh, "l1"), Some("s3cret")),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["inserted"], false, "{v}");
+    assert_eq!(v["images"], N + inserted as usize);
+    if inserted {
+        assert_eq!(v["best"]["id"], "l1", "{v}");
+    }
 }

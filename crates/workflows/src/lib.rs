@@ -17,5 +17,5 @@ pub mod rule;
 
 pub use calibrate::{calibrate, Calibration};
 pub use dedup::{dedup, DedupGroup, DedupOptions};
-pub use link::{link, Candidate, Decision, LinkOptions, LinkRow};
+pub use link::{link, link_one, Candidate, Decision, LinkOptions, LinkRow, Neighbours};
 pub use rule::LinkRule;

@@ -237,6 +237,25 @@ fn params(o: &LinkOptions) -> SearchParams {
     }
 }
 
+/// One entry against the index, nothing inserted: what [`link`] decides for it. `near` is
+/// the index's [`Neighbours`] (build it once per index, not per entry).
+pub fn link_one(
+    engine: &Engine,
+    near: &Neighbours,
+    rule: &LinkRule,
+    opts: &LinkOptions,
+    meta: ImageMeta,
+    desc: &Descriptors,
+) -> LinkRow {
+    let hits = engine
+        .search(std::slice::from_ref(desc), &params(opts))
+        .pop()
+        .unwrap_or_default();
+    let hits = with_neighbours(engine, near, &meta, desc, hits);
+    let cands = candidates(rule, &meta, &hits);
+    decide(rule, meta, cands)
+}
+
 /// Links every entry to `engine`'s index. Returns one row per entry, in order, and the
 /// engine over the index as it is afterwards (grown when `insert_new`).
 ///
