@@ -70,6 +70,18 @@ enum Cmd {
         after_help = "Example:\n  craterdex eval --manifest bench/splits/test.json --json results.json --report report.html"
     )]
     Eval(cmd::eval::EvalCmd),
+    /// Rank the windows of a mosaic by their likeness to exemplar crater images.
+    #[command(
+        after_help = "Example:\n  craterdex bench-build --tile mosaic.png --windows 96 --out win\n  craterdex index build --dir win/windows --out win-index\n  craterdex discover --index win-index --query a.png b.png --out found/"
+    )]
+    Discover(cmd::discover::DiscoverCmd),
+    /// Discovery on real tiles scored as MarsRetrieval does (P@K, R@K, F1*, AUPRC) per
+    /// diameter class, against the single-vector baseline.
+    #[command(
+        name = "eval-discover",
+        after_help = "Example:\n  craterdex eval-discover --tile t.png --craters t.csv --out disc/ --classes 20-40,40-80"
+    )]
+    EvalDiscover(cmd::eval_discover::EvalDiscoverCmd),
     /// The link, dedup and open-set benchmark: a second observation of each tile simulated
     /// (rotation, resolution, photometry, missed and false detections, georeferencing
     /// error), scored against appearance alone and geometry alone.
@@ -107,6 +119,8 @@ fn main() {
         Cmd::BenchBuild(c) => cmd::bench_build::run(c),
         Cmd::Eval(c) => cmd::eval::run(c),
         Cmd::EvalLink(c) => cmd::eval_link::run(c),
+        Cmd::Discover(c) => cmd::discover::run(c),
+        Cmd::EvalDiscover(c) => cmd::eval_discover::run(c),
         Cmd::Bench(c) => cmd::bench::run(c),
         Cmd::Demo(c) => cmd::demo::run(c),
         Cmd::Cpu(c) => cmd::cpu::run(c),

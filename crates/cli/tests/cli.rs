@@ -682,3 +682,88 @@ fn eval_link_scores_the_rule_against_both_baselines() {
     assert!((0.0..=1.0).contains(&auroc));
     assert!(e.root.join("lb/observations/second-e4.csv").is_file());
 }
+
+#[test]
+fn discover_ranks_the_windows_of_a_tile_and_eval_discover_scores_them() {
+    let e = Env::new();
+    let ckpt = write_tiny_model(&e.root.join("ckpt"));
+    e.ok(&[
+        "model",
+        "fetch",
+        "--from",
+        ckpt.to_str().unwrap(),
+        "--name",
+        "tiny",
+    ]);
+    let model = e.path("home/models/tiny");
+    let (tile, cat) = write_tile(&e.root);
+    let said = e.ok(&[
+        "bench-build",
+        "--tile",
+        tile.to_str().unwrap(),
+        "--windows",
+        "40",
+        "--out",
+        "win",
+    ]);
+    // 260 x 200 px, 40-px windows every 20 px: 12 x 9
+    assert!(said.starts_with("108 windows"), "{said}");
+    let common = ["--model", model.as_str(), "--size", "16"];
+    let mut args = vec![
+        "index",
+        "build",
+        "--dir",
+        "win/windows",
+        "--out",
+        "win-index",
+        "--k",
+        "4",
+    ];
+    args.extend(common);
+    e.ok(&args);
+    // an exemplar that is one of the windows ranks that window first
+    let exemplar = e.path("win/windows/tile-40-20.png");
+    let mut args = vec![
+        "discover",
+        "--index",
+        "win-index",
+        "--query",
+        &exemplar,
+        "--out",
+        "found",
+    ];
+    args.extend(common);
+    e.ok(&args);
+    let ranked = std::fs::read_to_string(e.root.join("found/ranked.csv")).unwrap();
+    assert_eq!(ranked.lines().count(), 1 + 108);
+    let first: Vec<&str> = ranked.lines().nth(1).unwrap().split(',').collect();
+    assert_eq!(first[1], "tile-40-20", "{ranked}");
+    // positions carried from windows.csv: the window's centre
+    assert_eq!((first[4], first[5]), ("59.5", "39.5"));
+    let mut args = vec![
+        "eval-discover",
+        "--tile",
+        tile.to_str().unwrap(),
+        "--craters",
+        cat.to_str().unwrap(),
+        "--out",
+        "disc",
+        "--classes",
+        "10-20",
+        "--exemplars",
+        "2",
+    ];
+    args.extend(common);
+    let out = e.ok(&args);
+    assert!(
+        out.contains("single vector") && out.contains("AUPRC"),
+        "{out}"
+    );
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(e.root.join("disc/results.json")).unwrap())
+            .unwrap();
+    let auprc = r[0]["craterdex"]["auprc"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&auprc));
+    // 10 craters of 10-20 px (diameters 12-18), 2 of them the exemplars
+    assert_eq!(r[0]["craterdex"]["targets"], 8);
+}

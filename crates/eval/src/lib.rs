@@ -17,3 +17,4 @@ pub mod metrics;
 pub mod observations;
 pub mod regimes;
 pub mod report;
+pub mod tiles;

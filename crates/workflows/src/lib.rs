@@ -1,13 +1,16 @@
 //! The scientists' jobs on top of the one pipeline: link new observations to a catalogue
 //! index (`match` / `new` / `ambiguous`, with appearance and geometric evidence), calibrate
 //! the decision rule on labelled pairs, deduplicate an index into groups of one crater,
-//! and grow a landmark database by inserting what is new.
+//! grow a landmark database by inserting what is new, and rank a mosaic's windows by
+//! their likeness to exemplar craters; and the measures of each against the truth.
 //!
-//! Owns the decision rule, its calibration, grouping and the CSV/GeoJSON outputs. Searches
+//! Owns the decision rule, its calibration, grouping, discovery and the CSV/GeoJSON/HTML
+//! outputs. Searches
 //! only through [`craterdex_engine::Engine`]; knows nothing of images, the CLI or HTTP.
 
 pub mod calibrate;
 pub mod dedup;
+pub mod discover;
 pub mod entries;
 pub mod evaluate;
 pub mod geometry;

@@ -313,3 +313,44 @@ pub fn write_review(dir: &Path, rows: &[LinkRow], limit: usize) -> Result<()> {
     html.push_str("</table>");
     craterdex_durable::write_atomic(&dir.join("review.html"), html.as_bytes())
 }
+
+/// `ranked.csv` and `ranked.geojson` of a discovery, best first.
+pub fn write_discovered(dir: &Path, ranked: &[crate::discover::Discovered]) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let rows = ranked
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let m = &d.meta;
+            vec![
+                (i + 1).to_string(),
+                m.id.clone(),
+                format!("{:.5}", d.score),
+                opt(m.source.as_ref()),
+                opt(m.x),
+                opt(m.y),
+                opt(m.lat),
+                opt(m.lon),
+                opt(m.path.as_ref()),
+            ]
+        })
+        .collect();
+    write_csv(
+        &dir.join("ranked.csv"),
+        &[
+            "rank", "id", "score", "source", "x", "y", "lat", "lon", "path",
+        ],
+        rows,
+    )?;
+    let features = ranked
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            feature(
+                &d.meta,
+                json!({"rank": i + 1, "id": d.meta.id, "score": d.score}),
+            )
+        })
+        .collect();
+    write_geojson(&dir.join("ranked.geojson"), features)
+}

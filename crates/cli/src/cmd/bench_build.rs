@@ -42,9 +42,26 @@ pub struct BenchBuildCmd {
     rotate: bool,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Instead of a benchmark: cut the tiles into windows of this many pixels (for
+    /// `craterdex discover`), written as OUT/windows/ and OUT/windows.csv with their centres.
+    #[arg(long)]
+    windows: Option<usize>,
+    /// Pixels between windows (default: half a window).
+    #[arg(long)]
+    window_stride: Option<usize>,
 }
 
 pub fn run(c: BenchBuildCmd) -> Result<()> {
+    if let Some(size) = c.windows {
+        let stride = c.window_stride.unwrap_or(size / 2).max(1);
+        let w = craterdex_eval::tiles::cut(&c.tile, &c.out, size, stride)?;
+        println!(
+            "{} windows of {size} px every {stride} px -> {}/windows and windows.csv",
+            w.len(),
+            c.out.display()
+        );
+        return Ok(());
+    }
     if c.tile.len() != c.craters.len() {
         bail!(
             "give one --craters list per --tile ({} tiles, {} lists)",
