@@ -5,8 +5,8 @@
 //! their likeness to exemplar craters; and the measures of each against the truth.
 //!
 //! Owns the decision rule, its calibration, grouping, discovery and the CSV/GeoJSON/HTML
-//! outputs. Searches
-//! only through [`craterdex_engine::Engine`]; knows nothing of images, the CLI or HTTP.
+//! outputs. Searches only through [`craterdex_engine::Engine`]; knows nothing of image
+//! decoding, the CLI or HTTP.
 
 pub mod calibrate;
 pub mod dedup;
