@@ -574,6 +574,11 @@ fn link_inserts_what_is_new_once_and_dedup_groups_exact_copies() {
     };
     assert!(group_of("copy").is_some(), "{said}\n{groups}");
     assert_eq!(group_of("copy"), group_of(g0["image_id"].as_str().unwrap()));
+    let review = std::fs::read_to_string(e.root.join("dd/review.html")).unwrap();
+    assert!(
+        review.contains("class=\"keep\"") && review.contains("copy"),
+        "{review}"
+    );
     let merged = std::fs::read_to_string(e.root.join("dd/merged.csv")).unwrap();
     let absorbed: usize = groups
         .lines()

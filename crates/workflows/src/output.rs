@@ -354,3 +354,52 @@ pub fn write_discovered(dir: &Path, ranked: &[crate::discover::Discovered]) -> R
         .collect();
     write_geojson(&dir.join("ranked.geojson"), features)
 }
+
+/// `review.html` of a dedup: the groups a person should sign off, weakest first (by the
+/// least confident pair that joined the group), each member's crop side by side with the
+/// proposed survivor marked; at most `limit` groups, self-contained.
+pub fn write_dedup_review(dir: &Path, groups: &[DedupGroup], limit: usize) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let weakest = |g: &DedupGroup| g.pairs.iter().map(|p| p.2).fold(f32::INFINITY, f32::min);
+    let mut order: Vec<&DedupGroup> = groups.iter().collect();
+    order.sort_by(|a, b| weakest(a).total_cmp(&weakest(b)));
+    let mut html = format!(
+        "<!doctype html><meta charset=\"utf-8\"><title>craterdex dedup review</title>\
+         <style>body{{font:14px sans-serif;margin:2em}}.group{{border-top:1px solid #ccc;padding:8px 0}}\
+         figure{{display:inline-block;margin:0 8px 0 0;text-align:center}}\
+         .keep img{{outline:3px solid #070}}.none{{width:128px;height:128px;background:#eee;\
+         color:#888;text-align:center;line-height:128px}}</style>\
+         <h1>Duplicate groups to review</h1><p>{} groups; shown: {}, the least certain first. \
+         The proposed surviving entry is outlined.</p>",
+        groups.len(),
+        order.len().min(limit)
+    );
+    for g in order.into_iter().take(limit) {
+        let pairs = g
+            .pairs
+            .iter()
+            .map(|(a, b, s)| {
+                format!(
+                    "{} - {}: {s:.3}",
+                    escape(&g.members[*a].id),
+                    escape(&g.members[*b].id)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        html.push_str(&format!(
+            "<div class=\"group\"><p>weakest pair confidence {:.3} ({pairs})</p>",
+            weakest(g)
+        ));
+        for (i, m) in g.members.iter().enumerate() {
+            html.push_str(&format!(
+                "<figure class=\"{}\">{}<figcaption>{}</figcaption></figure>",
+                if i == g.survivor { "keep" } else { "" },
+                picture(Some(m)),
+                escape(&m.id)
+            ));
+        }
+        html.push_str("</div>");
+    }
+    craterdex_durable::write_atomic(&dir.join("review.html"), html.as_bytes())
+}

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 pub struct DedupCmd {
     #[arg(long)]
     pub index: PathBuf,
-    /// Where groups.csv, merged.csv and merged.geojson go.
+    /// Where groups.csv, merged.csv, merged.geojson and review.html go.
     #[arg(long)]
     pub out: PathBuf,
     /// Candidates looked at per entry.
@@ -42,6 +42,7 @@ pub fn run(c: DedupCmd) -> Result<()> {
         .cloned()
         .collect();
     craterdex_workflows::output::write_dedup(&c.out, &groups, &live)?;
+    craterdex_workflows::output::write_dedup_review(&c.out, &groups, 300)?;
     let absorbed: usize = groups.iter().map(|g| g.members.len() - 1).sum();
     println!(
         "{} entries: {} groups of the same crater; the merged catalogue has {} entries (rule: {})",
