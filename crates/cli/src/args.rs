@@ -219,3 +219,32 @@ pub fn dir_entries(dir: &std::path::Path, meta: Option<&std::path::Path>) -> Res
         .collect();
     Ok((items, metas))
 }
+
+/// Image tiles with their crater lists in pixels, given in pairs.
+#[derive(Args, Clone)]
+pub struct TileArgs {
+    /// Image tile (repeat with --craters for several tiles).
+    #[arg(long, required = true)]
+    pub tile: Vec<PathBuf>,
+    /// Crater list in pixels for the tile at the same position (pycda CSV or NAC format).
+    #[arg(long)]
+    pub craters: Vec<PathBuf>,
+}
+
+impl TileArgs {
+    /// `(tile, crater list)` pairs; fails unless each tile has its list.
+    pub fn pairs(&self) -> Result<Vec<(PathBuf, PathBuf)>> {
+        anyhow::ensure!(
+            self.tile.len() == self.craters.len(),
+            "give one --craters list per --tile ({} tiles, {} lists)",
+            self.tile.len(),
+            self.craters.len()
+        );
+        Ok(self
+            .tile
+            .iter()
+            .cloned()
+            .zip(self.craters.clone())
+            .collect())
+    }
+}

@@ -41,6 +41,19 @@ impl Env {
     fn path(&self, p: &str) -> String {
         self.root.join(p).display().to_string()
     }
+    /// A tiny generated checkpoint imported as model `tiny`; returns its directory.
+    fn tiny_model(&self) -> String {
+        let ckpt = write_tiny_model(&self.root.join("ckpt"));
+        self.ok(&[
+            "model",
+            "fetch",
+            "--from",
+            ckpt.to_str().unwrap(),
+            "--name",
+            "tiny",
+        ]);
+        self.path("home/models/tiny")
+    }
 }
 
 fn write_tiny_model(dir: &Path) -> PathBuf {
@@ -202,16 +215,7 @@ fn full_workflow_on_a_tiny_model() {
 #[test]
 fn extract_skips_bad_images_and_writes_numpy_readable_features() {
     let e = Env::new();
-    let ckpt = write_tiny_model(&e.root.join("ckpt"));
-    e.ok(&[
-        "model",
-        "fetch",
-        "--from",
-        ckpt.to_str().unwrap(),
-        "--name",
-        "tiny",
-    ]);
-    let model = e.path("home/models/tiny");
+    let model = e.tiny_model();
     let (tile, _) = write_tile(&e.root);
     std::fs::create_dir_all(e.root.join("imgs")).unwrap();
     std::fs::copy(&tile, e.root.join("imgs/a.png")).unwrap();
@@ -352,16 +356,7 @@ fn mosaics_without_gdal_say_how_to_get_it() {
 #[test]
 fn eval_default_regime_ranks_like_index_build_and_search() {
     let e = Env::new();
-    let ckpt = write_tiny_model(&e.root.join("ckpt"));
-    e.ok(&[
-        "model",
-        "fetch",
-        "--from",
-        ckpt.to_str().unwrap(),
-        "--name",
-        "tiny",
-    ]);
-    let model = e.path("home/models/tiny");
+    let model = e.tiny_model();
     let (tile, cat) = write_tile(&e.root);
     e.ok(&[
         "bench-build",
@@ -435,16 +430,7 @@ fn eval_default_regime_ranks_like_index_build_and_search() {
 #[test]
 fn link_inserts_what_is_new_once_and_dedup_groups_exact_copies() {
     let e = Env::new();
-    let ckpt = write_tiny_model(&e.root.join("ckpt"));
-    e.ok(&[
-        "model",
-        "fetch",
-        "--from",
-        ckpt.to_str().unwrap(),
-        "--name",
-        "tiny",
-    ]);
-    let model = e.path("home/models/tiny");
+    let model = e.tiny_model();
     let (tile, cat) = write_tile(&e.root);
     e.ok(&[
         "bench-build",
@@ -608,16 +594,7 @@ fn link_inserts_what_is_new_once_and_dedup_groups_exact_copies() {
 #[test]
 fn eval_link_scores_the_rule_against_both_baselines() {
     let e = Env::new();
-    let ckpt = write_tiny_model(&e.root.join("ckpt"));
-    e.ok(&[
-        "model",
-        "fetch",
-        "--from",
-        ckpt.to_str().unwrap(),
-        "--name",
-        "tiny",
-    ]);
-    let model = e.path("home/models/tiny");
+    let model = e.tiny_model();
     // 144 craters on a textured tile, far enough apart that geometry alone can tell them
     let craters: Vec<(f64, f64, f64)> = (0..144)
         .map(|i| {
@@ -691,16 +668,7 @@ fn eval_link_scores_the_rule_against_both_baselines() {
 #[test]
 fn discover_ranks_the_windows_of_a_tile_and_eval_discover_scores_them() {
     let e = Env::new();
-    let ckpt = write_tiny_model(&e.root.join("ckpt"));
-    e.ok(&[
-        "model",
-        "fetch",
-        "--from",
-        ckpt.to_str().unwrap(),
-        "--name",
-        "tiny",
-    ]);
-    let model = e.path("home/models/tiny");
+    let model = e.tiny_model();
     let (tile, cat) = write_tile(&e.root);
     let said = e.ok(&[
         "bench-build",

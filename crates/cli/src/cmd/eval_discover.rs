@@ -7,9 +7,9 @@
 //! centre). craterdex (late interaction, max over exemplars) against the single-vector
 //! baseline.
 
-use crate::args::ModelOpts;
+use crate::args::{ModelOpts, TileArgs};
 use crate::output::Bars;
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use clap::Args;
 use craterdex_engine::inputs::images_in;
 use craterdex_engine::{Engine, IndexRecipe};
@@ -24,12 +24,8 @@ use std::path::PathBuf;
 
 #[derive(Args)]
 pub struct EvalDiscoverCmd {
-    /// Image tile (repeat with --craters for several tiles).
-    #[arg(long, required = true)]
-    tile: Vec<PathBuf>,
-    /// Crater list in pixels for the tile at the same position.
-    #[arg(long)]
-    craters: Vec<PathBuf>,
+    #[command(flatten)]
+    tiles: TileArgs,
     #[arg(long)]
     out: PathBuf,
     /// Target classes: diameter ranges in pixels.
@@ -65,19 +61,13 @@ fn parse_class(s: &str) -> Result<(f64, f64)> {
 }
 
 pub fn run(c: EvalDiscoverCmd) -> Result<()> {
-    if c.tile.len() != c.craters.len() {
-        bail!(
-            "give one --craters list per --tile ({} tiles, {} lists)",
-            c.tile.len(),
-            c.craters.len()
-        );
-    }
+    let pairs = c.tiles.pairs()?;
+    let images: Vec<PathBuf> = pairs.iter().map(|(t, _)| t.clone()).collect();
     let extractor = std::sync::Arc::new(c.model.load()?);
     let bars = Bars::new();
-    let catalogues = c
-        .craters
+    let catalogues = pairs
         .iter()
-        .map(|p| read_pixel_catalogue(p))
+        .map(|(_, p)| read_pixel_catalogue(p))
         .collect::<Result<Vec<_>>>()?;
     let mut reports = Vec::new();
     for class in &c.classes {
@@ -86,7 +76,7 @@ pub fn run(c: EvalDiscoverCmd) -> Result<()> {
         let stride = window / 2;
         let radius = 0.75 * stride as f64;
         let dir = c.out.join(format!("class-{class}"));
-        let windows = craterdex_eval::tiles::cut(&c.tile, &dir.join("cut"), window, stride)?;
+        let windows = craterdex_eval::tiles::cut(&images, &dir.join("cut"), window, stride)?;
         let items = images_in(&dir.join("cut/windows"))?;
         let feats = extractor.extract(&items, &format!("windows {class} px"), &bars)?;
         let by_id = read_meta_csv(&dir.join("cut/windows.csv"))?;
@@ -122,8 +112,8 @@ pub fn run(c: EvalDiscoverCmd) -> Result<()> {
         );
         members.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(c.seed));
         let crops = craterdex_eval::tiles::crater_crops(
-            &c.tile,
-            &members[..c.exemplars * 4],
+            &images,
+            &members[..(c.exemplars * 4).min(members.len())],
             2.0,
             &dir.join("exemplars"),
         )?;

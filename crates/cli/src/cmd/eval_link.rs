@@ -3,9 +3,9 @@
 //! extracted with the model, and `craterdex_workflows::evaluate::link_benchmark` scores
 //! the calibrated rule against appearance alone and geometry alone.
 
-use crate::args::ModelOpts;
+use crate::args::{ModelOpts, TileArgs};
 use crate::output::Bars;
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Args;
 use craterdex_engine::inputs::images_in;
 use craterdex_engine::{Extractor, ImageMeta, IndexRecipe};
@@ -16,12 +16,8 @@ use std::path::{Path, PathBuf};
 
 #[derive(Args)]
 pub struct EvalLinkCmd {
-    /// Image tile (repeat with --craters for several tiles).
-    #[arg(long, required = true)]
-    tile: Vec<PathBuf>,
-    /// Crater list in pixels for the tile at the same position (pycda CSV or NAC format).
-    #[arg(long)]
-    craters: Vec<PathBuf>,
+    #[command(flatten)]
+    tiles: TileArgs,
     /// Where the simulated observations and results.json go.
     #[arg(long)]
     out: PathBuf,
@@ -154,20 +150,13 @@ pub fn print_link_report(result: &LinkBenchReport) {
 }
 
 pub fn run(c: EvalLinkCmd) -> Result<()> {
-    if c.tile.len() != c.craters.len() {
-        bail!(
-            "give one --craters list per --tile ({} tiles, {} lists)",
-            c.tile.len(),
-            c.craters.len()
-        );
-    }
+    let tiles = c.tiles.pairs()?;
     let o = ObservationOptions {
         min_diameter: c.min_diameter,
         georef_errors: c.georef_errors.clone(),
         seed: c.seed,
         ..Default::default()
     };
-    let tiles: Vec<(PathBuf, PathBuf)> = c.tile.iter().cloned().zip(c.craters.clone()).collect();
     let extractor = c.model.load()?;
     let result = link_benchmark_on_tiles(&tiles, &c.out, &o, &extractor, c.target_precision)?;
     print_link_report(&result);
