@@ -87,12 +87,15 @@ fn decode_checked(
     allow_partial: bool,
     max_pixels: Option<u64>,
 ) -> Result<DynamicImage> {
+    // Sizes come from the header, before any pixel is decoded: a few bytes can claim an
+    // image of any size (found by the `image` fuzz target).
+    let (w, h) = image::ImageReader::new(std::io::Cursor::new(bytes))
+        .with_guessed_format()
+        .context("not a readable image")?
+        .into_dimensions()
+        .context("not a readable image (JPEG, PNG, TIFF or PNM expected)")?;
+    check_shape(w, h)?;
     if let Some(max) = max_pixels {
-        let (w, h) = image::ImageReader::new(std::io::Cursor::new(bytes))
-            .with_guessed_format()
-            .context("not a readable image")?
-            .into_dimensions()
-            .context("not a readable image (JPEG, PNG, TIFF or PNM expected)")?;
         anyhow::ensure!(
             w as u64 * h as u64 <= max,
             "a {w}x{h} image is larger than a crater crop can be ({max} pixels); cut tiles \
@@ -104,12 +107,17 @@ fn decode_checked(
     }
     let img = image::load_from_memory(bytes)
         .context("not a readable image (JPEG, PNG, TIFF or PNM expected)")?;
-    let (w, h) = (img.width(), img.height());
+    // the decoder's own idea of the size must pass too
+    check_shape(img.width(), img.height())?;
+    Ok(img)
+}
+
+fn check_shape(w: u32, h: u32) -> Result<()> {
     anyhow::ensure!(
         w > 0 && h > 0 && w.max(h) <= MAX_ASPECT * w.min(h),
         "a {w}x{h} image: no crater crop is empty or more than {MAX_ASPECT} times as long as it is wide"
     );
-    Ok(img)
+    Ok(())
 }
 
 /// The most elongated image the loader accepts, and the most of one that preprocessing reads:
@@ -276,6 +284,14 @@ mod tests {
                 e.contains("3860x33023") && e.contains("larger than a crater crop"),
                 "{e}"
             );
+        }
+        // And one declaring 65506x242: within the pixel budget but 270 times as long as
+        // wide, refused from the header too rather than after decoding 16 megapixels.
+        let long =
+            include_bytes!("../../../fuzz/seeds/image/regression-jpeg-65506x242-header-timeout");
+        for partial in [false, true] {
+            let e = format!("{:#}", decode_image_with(long, partial).unwrap_err());
+            assert!(e.contains("65506x242") && e.contains("64 times"), "{e}");
         }
         // Built in code rather than decoded, such images still preprocess in bounded memory.
         for img in [strip, DynamicImage::ImageLuma8(GrayImage::new(0, 5))] {
