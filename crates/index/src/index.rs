@@ -390,6 +390,10 @@ impl Index {
     pub fn is_deleted(&self, row: usize) -> bool {
         self.deleted_rows[row]
     }
+    /// The rows of the images that can be found, in row order.
+    pub fn live_rows(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.rows()).filter(|&r| !self.deleted_rows[r])
+    }
     pub fn deleted_mask(&self) -> &[bool] {
         &self.deleted_rows
     }

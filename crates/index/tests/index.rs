@@ -598,8 +598,8 @@ fn int8_scores_from_codes_agree_with_decoded_tokens() {
             );
         }
         // the best live row by decoded scores is found
-        let best = (0..idx.rows())
-            .filter(|&r| !idx.is_deleted(r))
+        let best = idx
+            .live_rows()
             .max_by(|&a, &b| decoded(a).total_cmp(&decoded(b)))
             .unwrap();
         assert!(

@@ -7,7 +7,7 @@
 //! one source image in a group (one image shows one crater once). Each group proposes the
 //! member with the highest total confidence to the others as its surviving entry.
 
-use crate::link::{candidates, with_neighbours, Neighbours};
+use crate::link::{entry_candidates, Neighbours};
 use crate::rule::LinkRule;
 use anyhow::Result;
 use craterdex_engine::{Engine, Progress};
@@ -52,9 +52,7 @@ fn mutual_pairs(
     progress: &dyn Progress,
 ) -> Vec<Pair> {
     let idx = engine.index();
-    let rows: Vec<usize> = (0..idx.rows())
-        .filter(|&r| idx.row_of(&idx.meta(r).id) == Some(r))
-        .collect();
+    let rows: Vec<usize> = idx.live_rows().collect();
     let params = SearchParams {
         top_k: o.top_k.max(1) + 1,
         shortlist: o.shortlist.max(o.top_k + 1),
@@ -68,8 +66,7 @@ fn mutual_pairs(
     for (done, chunk) in rows.chunks(o.batch.max(1)).enumerate() {
         let descs: Vec<_> = chunk.iter().map(|&r| idx.descriptors_of(r)).collect();
         for ((&row, desc), hits) in chunk.iter().zip(&descs).zip(engine.search(&descs, &params)) {
-            let hits = with_neighbours(engine, &near, idx.meta(row), desc, hits);
-            for c in candidates(rule, idx.meta(row), &hits) {
+            for c in entry_candidates(engine, &near, rule, idx.meta(row), desc, hits) {
                 if c.confidence < rule.match_confidence {
                     continue;
                 }

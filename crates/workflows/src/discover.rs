@@ -56,7 +56,7 @@ pub fn discover(
 ) -> Result<Vec<Discovered>> {
     ensure!(!exemplars.is_empty(), "no exemplar to look for");
     let idx = engine.index();
-    let rows: Vec<usize> = (0..idx.rows()).filter(|&r| !idx.is_deleted(r)).collect();
+    let rows: Vec<usize> = idx.live_rows().collect();
     let mut fused = vec![
         match fuse {
             Fuse::Max => f32::NEG_INFINITY,

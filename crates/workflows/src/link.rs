@@ -167,10 +167,11 @@ pub struct Neighbours {
 
 impl Neighbours {
     pub fn of_index(index: &Index, rule: &LinkRule) -> Self {
-        let live = (0..index.rows()).filter(|&r| !index.is_deleted(r));
         Neighbours {
             grid: SpatialGrid::of(
-                live.filter_map(|r| Some((r, Position::of(index.meta(r))?))),
+                index
+                    .live_rows()
+                    .filter_map(|r| Some((r, Position::of(index.meta(r))?))),
                 rule.max_offset_radii,
                 rule.max_diameter_ratio,
                 rule.body_radius_km,
@@ -187,11 +188,24 @@ impl Neighbours {
     }
 }
 
+/// The candidates of an entry: its appearance `hits` with the geometric neighbours added
+/// ([`with_neighbours`]), filtered and scored by the rule ([`candidates`]).
+pub fn entry_candidates(
+    engine: &Engine,
+    near: &Neighbours,
+    rule: &LinkRule,
+    meta: &ImageMeta,
+    desc: &Descriptors,
+    hits: Vec<SearchHit>,
+) -> Vec<Candidate> {
+    candidates(rule, meta, &with_neighbours(engine, near, meta, desc, hits))
+}
+
 /// The appearance hits of an entry and, when it has a position, the index entries that
 /// geometry allows (the nearest [`MAX_NEIGHBOURS`]) that appearance did not rank, scored
 /// by the same late interaction: so a crater that looks different in the new image is
 /// still a candidate where it should be.
-pub fn with_neighbours(
+fn with_neighbours(
     engine: &Engine,
     near: &Neighbours,
     meta: &ImageMeta,
@@ -251,8 +265,7 @@ pub fn link_one(
         .search(std::slice::from_ref(desc), &params(opts))
         .pop()
         .unwrap_or_default();
-    let hits = with_neighbours(engine, near, &meta, desc, hits);
-    let cands = candidates(rule, &meta, &hits);
+    let cands = entry_candidates(engine, near, rule, &meta, desc, hits);
     decide(rule, meta, cands)
 }
 
@@ -285,8 +298,7 @@ pub fn link(
         let mut fresh: Vec<(ImageMeta, Descriptors)> = Vec::new();
         let mut fresh_engine: Option<Engine> = None;
         for ((meta, desc), hits) in batch.into_iter().zip(results) {
-            let hits = with_neighbours(&engine, &near, &meta, &desc, hits);
-            let mut cands = candidates(rule, &meta, &hits);
+            let mut cands = entry_candidates(&engine, &near, rule, &meta, &desc, hits);
             if let Some(mini) = &fresh_engine {
                 let mini_hits = mini.search(std::slice::from_ref(&desc), &params);
                 cands.extend(candidates(rule, &meta, &mini_hits[0]));

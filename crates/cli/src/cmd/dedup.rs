@@ -36,11 +36,7 @@ pub fn run(c: DedupCmd) -> Result<()> {
     };
     let groups = dedup(&engine, &rule, &opts, &Bars::new())?;
     let idx = engine.index();
-    let live: Vec<ImageMeta> = (0..idx.rows())
-        .map(|r| idx.meta(r))
-        .filter(|m| idx.row_of(&m.id).is_some())
-        .cloned()
-        .collect();
+    let live: Vec<ImageMeta> = idx.live_rows().map(|r| idx.meta(r).clone()).collect();
     craterdex_workflows::output::write_dedup(&c.out, &groups, &live)?;
     craterdex_workflows::output::write_dedup_review(&c.out, &groups, 300)?;
     let absorbed: usize = groups.iter().map(|g| g.members.len() - 1).sum();

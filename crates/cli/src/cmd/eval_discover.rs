@@ -7,7 +7,7 @@
 //! centre). craterdex (late interaction, max over exemplars) against the single-vector
 //! baseline.
 
-use crate::args::{ModelOpts, TileArgs};
+use crate::args::{csv_metas_in_order, ModelOpts, TileArgs};
 use crate::output::Bars;
 use anyhow::{ensure, Context, Result};
 use clap::Args;
@@ -16,7 +16,6 @@ use craterdex_engine::{Engine, IndexRecipe};
 use craterdex_eval::catalogue::read_pixel_catalogue;
 use craterdex_eval::observations::FRAME_STRIDE;
 use craterdex_workflows::discover::{discover, score_discovery, DiscoveryScore, Fuse, Scoring};
-use craterdex_workflows::entries::read_meta_csv;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::Serialize;
@@ -79,17 +78,11 @@ pub fn run(c: EvalDiscoverCmd) -> Result<()> {
         let windows = craterdex_eval::tiles::cut(&images, &dir.join("cut"), window, stride)?;
         let items = images_in(&dir.join("cut/windows"))?;
         let feats = extractor.extract(&items, &format!("windows {class} px"), &bars)?;
-        let by_id = read_meta_csv(&dir.join("cut/windows.csv"))?;
-        let metas = feats
-            .ids
-            .iter()
-            .map(|id| {
-                by_id
-                    .get(id)
-                    .cloned()
-                    .with_context(|| format!("no row for {id}"))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let metas = csv_metas_in_order(
+            &dir.join("cut/windows.csv"),
+            &feats.ids,
+            &dir.join("cut/windows"),
+        )?;
         let recipe = IndexRecipe::default();
         let encoder = recipe.learn_encoder(&feats, None)?;
         let index = recipe.index_in_memory(&encoder, &feats, metas, None)?;

@@ -3,14 +3,13 @@
 //! extracted with the model, and `craterdex_workflows::evaluate::link_benchmark` scores
 //! the calibrated rule against appearance alone and geometry alone.
 
-use crate::args::{ModelOpts, TileArgs};
+use crate::args::{csv_metas_in_order, ModelOpts, TileArgs};
 use crate::output::Bars;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
 use craterdex_engine::inputs::images_in;
-use craterdex_engine::{Extractor, ImageMeta, IndexRecipe};
+use craterdex_engine::{Extractor, IndexRecipe};
 use craterdex_eval::observations::{second_csv_name, simulate, ObservationOptions};
-use craterdex_workflows::entries::read_meta_csv;
 use craterdex_workflows::evaluate::{link_benchmark, LinkBenchInput, LinkBenchReport};
 use std::path::{Path, PathBuf};
 
@@ -35,20 +34,6 @@ pub struct EvalLinkCmd {
     model: ModelOpts,
 }
 
-/// Metadata in the order of `ids`.
-fn metas_in_order(csv: &Path, ids: &[String], dir: &Path) -> Result<Vec<ImageMeta>> {
-    let mut by_id = read_meta_csv(csv)?;
-    ids.iter()
-        .map(|id| {
-            let mut m = by_id
-                .remove(id)
-                .with_context(|| format!("{}: no row for {id}", csv.display()))?;
-            m.path = Some(dir.join(format!("{id}.png")).display().to_string());
-            Ok(m)
-        })
-        .collect()
-}
-
 /// Simulates the observations of `tiles` under `out/observations`, extracts them and
 /// scores linking, dedup and the open set; the review page goes to `out/review.html`.
 pub fn link_benchmark_on_tiles(
@@ -71,14 +56,14 @@ pub fn link_benchmark_on_tiles(
         "second observation",
         &bars,
     )?;
-    let first_metas = metas_in_order(&sim.join("first.csv"), &first.ids, &sim.join("first"))?;
+    let first_metas = csv_metas_in_order(&sim.join("first.csv"), &first.ids, &sim.join("first"))?;
     let second_metas = o
         .georef_errors
         .iter()
         .map(|&e| {
             Ok((
                 e,
-                metas_in_order(
+                csv_metas_in_order(
                     &sim.join(second_csv_name(e)),
                     &second.ids,
                     &sim.join("second"),

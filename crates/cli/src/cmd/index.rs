@@ -1,6 +1,6 @@
 //! `craterdex index`: build, grow, shrink and inspect an index.
 
-use crate::args::dir_entries;
+use crate::args::{dir_entries, metas_in_order};
 use crate::args::{ModelOpts, RecipeOpts};
 use crate::output::{print_json, Bars};
 use anyhow::{bail, Result};
@@ -83,7 +83,7 @@ pub fn run(c: IndexCmd) -> Result<()> {
                 (None, Some(d)) => {
                     let (items, metas) = dir_entries(&d, meta.as_deref())?;
                     let f = extractor.extract(&items, "images", &bars)?;
-                    let metas = metas_of(metas, &f.ids);
+                    let metas = metas_in_order(metas, &f.ids)?;
                     (f, metas, None)
                 }
                 _ => bail!("give --manifest or --dir"),
@@ -122,7 +122,7 @@ pub fn run(c: IndexCmd) -> Result<()> {
             let engine = Engine::open(&index, None)?.with_extractor(extractor.clone())?;
             let (items, metas) = dir_entries(&dir, meta.as_deref())?;
             let f = extractor.extract(&items, "add", &Bars::new())?;
-            let (n, _) = engine.add_features(metas_of(metas, &f.ids), &f)?;
+            let (n, _) = engine.add_features(metas_in_order(metas, &f.ids)?, &f)?;
             println!("added {n} images to {}", index.display());
         }
         IndexCmd::Remove { index, ids } => {
@@ -141,15 +141,4 @@ pub fn run(c: IndexCmd) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// The metadata of the images that were extracted, in their order (unreadable ones are
-/// skipped by extraction).
-fn metas_of(
-    metas: Vec<craterdex_engine::ImageMeta>,
-    ids: &[String],
-) -> Vec<craterdex_engine::ImageMeta> {
-    let mut by_id: std::collections::HashMap<String, craterdex_engine::ImageMeta> =
-        metas.into_iter().map(|m| (m.id.clone(), m)).collect();
-    ids.iter().filter_map(|id| by_id.remove(id)).collect()
 }

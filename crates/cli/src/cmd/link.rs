@@ -1,14 +1,13 @@
 //! `craterdex link`: new crater entries against a catalogue index: match, new or
 //! ambiguous, with appearance and geometric evidence; `--insert-new` grows the index.
 
-use crate::args::{EntriesOpts, ModelOpts};
+use crate::args::{metas_in_order, EntriesOpts, ModelOpts};
 use crate::output::Bars;
 use anyhow::Result;
 use clap::Args;
 use craterdex_engine::{Descriptors, Engine, ImageMeta};
 use craterdex_workflows::calibrate::decision_counts;
 use craterdex_workflows::{link, LinkOptions, LinkRule};
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -101,12 +100,9 @@ pub fn encoded_entries(
     );
     let engine = Engine::open(index, None)?.with_extractor(Arc::new(model.load()?))?;
     let (ids, descs) = engine.encode_images(&items, &Bars::new())?;
-    let mut by_id: HashMap<String, ImageMeta> =
-        metas.into_iter().map(|m| (m.id.clone(), m)).collect();
-    let encoded = ids
-        .iter()
+    let encoded = metas_in_order(metas, &ids)?
+        .into_iter()
         .zip(descs)
-        .filter_map(|(id, d)| Some((by_id.remove(id)?, d)))
         .collect();
     Ok((engine, encoded))
 }
