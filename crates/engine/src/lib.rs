@@ -3,7 +3,8 @@
 //!
 //! Owns: loading a model and extracting features with progress ([`Extractor`]), the build
 //! recipe that turns features into an index on disk or in memory ([`IndexRecipe`]), and
-//! searching and changing an index ([`Engine`]) with serialisable results ([`SearchHit`]).
+//! searching and changing an index ([`Engine`]) with serialisable results ([`SearchHit`]),
+//! and builds spread over many machines ([`BuildPlan`]: learn once, write parts, commit).
 //! Data flows one way, images -> features -> descriptors -> index -> results; this crate
 //! sits on model, tokens and index and must not know about benchmarks, reports, HTTP or the
 //! command line.
@@ -11,11 +12,13 @@
 mod engine;
 mod extractor;
 pub mod inputs;
+mod plan;
 mod progress;
 mod recipe;
 
 pub use engine::{Engine, QueryHits, SearchHit};
 pub use extractor::{ExtractSettings, Extractor, ModelSpec};
+pub use plan::{learn_sample, BuildPlan, LEARN_SAMPLE_IMAGES};
 pub use progress::{Progress, Silent};
 pub use recipe::{encode_all, feature_refs, IndexRecipe, IvfSetting, IVF_AUTO_MIN_IMAGES};
 

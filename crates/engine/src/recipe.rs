@@ -17,7 +17,8 @@ pub const IVF_AUTO_MIN_IMAGES: usize = 100_000;
 const CODEC_SAMPLE_IMAGES: usize = 4000;
 
 /// Whether stage 1 goes through IVF lists.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum IvfSetting {
     /// About 4 sqrt(n) lists from [`IVF_AUTO_MIN_IMAGES`] images up, exact below.
     #[default]
@@ -111,25 +112,29 @@ impl IndexRecipe {
         Encoder::learn(self.recipe.clone(), &sample, self.seed)
     }
 
-    /// Trains the codec (on the first images' tokens) and the IVF lists for `descs`.
-    fn train(
+    /// Trains the codec on the tokens of the first of `sample_descs`.
+    pub(crate) fn train_codec(
         &self,
         encoder: &Encoder,
-        descs: &[Descriptors],
+        sample_descs: &[Descriptors],
         feature_dim: usize,
-    ) -> Result<(TokenCodec, Option<(Ivf, usize)>)> {
-        let sample: Vec<f32> = descs
+    ) -> Result<TokenCodec> {
+        let sample: Vec<f32> = sample_descs
             .iter()
             .take(CODEC_SAMPLE_IMAGES)
             .flat_map(|d| d.tokens.iter().copied())
             .collect();
-        let codec = TokenCodec::train(
+        TokenCodec::train(
             self.codec,
             encoder.token_dim(feature_dim),
             &sample,
             self.seed,
-        )?;
-        let ivf = match self.ivf_lists(descs.len())? {
+        )
+    }
+
+    /// The IVF lists of `descs` and the lists a query scans, when the recipe asks for them.
+    fn train_ivf(&self, descs: &[Descriptors]) -> Result<Option<(Ivf, usize)>> {
+        Ok(match self.ivf_lists(descs.len())? {
             Some(lists) => {
                 let singles: Vec<f32> = descs
                     .iter()
@@ -140,12 +145,12 @@ impl IndexRecipe {
                 Some((ivf, nprobe))
             }
             None => None,
-        };
-        Ok((codec, ivf))
+        })
     }
 
     /// Builds the index of `feats` (with `metas`, in the same order) at `dir`, replacing
-    /// any index there once the new one is complete.
+    /// any index there once the new one is complete. The codec learns from the images at
+    /// `learn_from` (all when `None`), as the encoder did.
     pub fn write_index(
         &self,
         dir: &Path,
@@ -153,12 +158,20 @@ impl IndexRecipe {
         feats: &FeatureSet,
         metas: Vec<ImageMeta>,
         model: Option<String>,
+        learn_from: Option<&[usize]>,
         progress: &dyn Progress,
     ) -> Result<()> {
         progress.start("encode", feats.len());
         let descs = encode_all(encoder, feats);
         progress.finish();
-        let (codec, ivf) = self.train(encoder, &descs, feats.dim)?;
+        let codec = match learn_from {
+            Some(rows) => {
+                let sample: Vec<Descriptors> = rows.iter().map(|&r| descs[r].clone()).collect();
+                self.train_codec(encoder, &sample, feats.dim)?
+            }
+            None => self.train_codec(encoder, &descs, feats.dim)?,
+        };
+        let ivf = self.train_ivf(&descs)?;
         let images: Vec<(ImageMeta, Descriptors)> = metas.into_iter().zip(descs).collect();
         Index::create(
             dir,
@@ -192,7 +205,8 @@ impl IndexRecipe {
         metas: Vec<ImageMeta>,
         model: Option<String>,
     ) -> Result<Index> {
-        let (codec, ivf) = self.train(encoder, &descs, feature_dim)?;
+        let codec = self.train_codec(encoder, &descs, feature_dim)?;
+        let ivf = self.train_ivf(&descs)?;
         let images: Vec<(ImageMeta, Descriptors)> = metas.into_iter().zip(descs).collect();
         Index::in_memory(
             encoder,

@@ -52,18 +52,16 @@ fn read_file(path: &Path) -> Result<Vec<u8>> {
 }
 
 impl Index {
-    fn assemble(
-        encoder: &Encoder,
+    /// The manifest of a new index (no segments yet) of `single_dim`-d single vectors and
+    /// `k` tokens per image.
+    pub(crate) fn new_manifest(
+        encoder_bytes: &[u8],
         codec: &TokenCodec,
         model: Option<String>,
-        images: &[(ImageMeta, Descriptors)],
+        single_dim: usize,
+        k: usize,
         ivf: IvfChoice,
-    ) -> Result<Assembled> {
-        ensure!(!images.is_empty(), "cannot build an index from zero images");
-        check_unique(images.iter().map(|(m, _)| m.id.as_str()), &HashMap::new())?;
-        let single_dim = images[0].1.single.len();
-        let k = images[0].1.tokens.len() / codec.dim.max(1);
-        let encoder_bytes = serde_json::to_vec(encoder)?;
+    ) -> Result<Manifest> {
         let codebooks = (!codec.codebooks.is_empty())
             .then(|| FileSum::of(bytemuck::cast_slice(&codec.codebooks)));
         let ivf_info = match ivf {
@@ -81,8 +79,7 @@ impl Index {
             }
             None => None,
         };
-        let segment = SegmentData::encode(codec, k, single_dim, images, ivf.map(|(i, _)| i))?;
-        let manifest = Manifest {
+        Ok(Manifest {
             format: INDEX_FORMAT.into(),
             version: INDEX_VERSION,
             generation: 1,
@@ -91,12 +88,28 @@ impl Index {
             tokens_per_image: k,
             codec: codec.codec,
             model,
-            encoder: FileSum::of(&encoder_bytes),
+            encoder: FileSum::of(encoder_bytes),
             codebooks,
             segments: Vec::new(),
             deleted: BTreeSet::new(),
             ivf: ivf_info,
-        };
+        })
+    }
+
+    fn assemble(
+        encoder: &Encoder,
+        codec: &TokenCodec,
+        model: Option<String>,
+        images: &[(ImageMeta, Descriptors)],
+        ivf: IvfChoice,
+    ) -> Result<Assembled> {
+        ensure!(!images.is_empty(), "cannot build an index from zero images");
+        check_unique(images.iter().map(|(m, _)| m.id.as_str()), &HashMap::new())?;
+        let single_dim = images[0].1.single.len();
+        let k = images[0].1.tokens.len() / codec.dim.max(1);
+        let encoder_bytes = serde_json::to_vec(encoder)?;
+        let manifest = Self::new_manifest(&encoder_bytes, codec, model, single_dim, k, ivf)?;
+        let segment = SegmentData::encode(codec, k, single_dim, images, ivf.map(|(i, _)| i))?;
         Ok(Assembled {
             manifest,
             encoder_bytes,
@@ -115,28 +128,67 @@ impl Index {
         images: &[(ImageMeta, Descriptors)],
         ivf: IvfChoice,
     ) -> Result<()> {
-        let mut a = Self::assemble(encoder, codec, model, images, ivf)?;
+        let a = Self::assemble(encoder, codec, model, images, ivf)?;
+        Self::write_new(
+            dir,
+            a.manifest,
+            &a.encoder_bytes,
+            codec,
+            ivf,
+            std::iter::once(Ok(a.segment)),
+        )
+    }
+
+    /// Writes a complete index with `manifest` (no segments yet) and `segments` beside
+    /// `dir`, then swaps it in: a crash before the swap leaves the old index as it was.
+    /// Image ids must be unique across the segments.
+    pub(crate) fn write_new(
+        dir: &Path,
+        mut manifest: Manifest,
+        encoder_bytes: &[u8],
+        codec: &TokenCodec,
+        ivf: IvfChoice,
+        segments: impl Iterator<Item = Result<SegmentData>>,
+    ) -> Result<()> {
         let tmp = tempdir_beside(dir)?;
-        let write = |file: IndexFile, bytes: &[u8]| -> Result<()> {
-            let p = tmp.join(file.name());
-            std::fs::write(&p, bytes).with_context(|| format!("cannot write {}", p.display()))
-        };
-        write(IndexFile::Encoder, &a.encoder_bytes)?;
-        if a.manifest.codebooks.is_some() {
-            write(IndexFile::Codebooks, bytemuck::cast_slice(&codec.codebooks))?;
+        let written = (|| -> Result<()> {
+            let write = |file: IndexFile, bytes: &[u8]| -> Result<()> {
+                let p = tmp.join(file.name());
+                std::fs::write(&p, bytes).with_context(|| format!("cannot write {}", p.display()))
+            };
+            write(IndexFile::Encoder, encoder_bytes)?;
+            if manifest.codebooks.is_some() {
+                write(IndexFile::Codebooks, bytemuck::cast_slice(&codec.codebooks))?;
+            }
+            if let Some((ivf, _)) = ivf {
+                write(
+                    IndexFile::IvfCentroids,
+                    bytemuck::cast_slice(&ivf.centroids),
+                )?;
+            }
+            let mut seen: BTreeSet<String> = BTreeSet::new();
+            for (i, segment) in segments.enumerate() {
+                let segment = segment?;
+                for m in &segment.metas {
+                    ensure!(!m.id.is_empty(), "an image id is empty");
+                    ensure!(
+                        seen.insert(m.id.clone()),
+                        "image id {:?} appears twice",
+                        m.id
+                    );
+                }
+                let info = segment.write(&tmp, &segment_dir(i as u64 + 1), codec.has_scales())?;
+                manifest.segments.push(info);
+            }
+            ensure!(!seen.is_empty(), "cannot build an index from zero images");
+            // later adds number their segments after the ones written here
+            manifest.generation = manifest.segments.len() as u64;
+            write(IndexFile::Manifest, &serde_json::to_vec_pretty(&manifest)?)
+        })();
+        if let Err(e) = written {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(e);
         }
-        if let Some((ivf, _)) = ivf {
-            write(
-                IndexFile::IvfCentroids,
-                bytemuck::cast_slice(&ivf.centroids),
-            )?;
-        }
-        let seg = a.segment.write(&tmp, &segment_dir(1), codec.has_scales())?;
-        a.manifest.segments.push(seg);
-        write(
-            IndexFile::Manifest,
-            &serde_json::to_vec_pretty(&a.manifest)?,
-        )?;
         failpoint("index-before-swap");
         replace_dir(&tmp, dir)
     }

@@ -7,7 +7,8 @@
 //!
 //! Layout, after tantivy's: [`files`] names every file; `manifest` reads and writes
 //! `index.json`; `segment_writer` encodes and writes a segment; `segment` reads one; `index`
-//! holds an open index and its writes; `search` answers queries.
+//! holds an open index and its writes; [`parts`] joins segments written apart (a build
+//! spread over many machines) into one index; `search` answers queries.
 
 pub mod codec;
 pub mod files;
@@ -15,6 +16,7 @@ mod index;
 pub mod ivf;
 mod manifest;
 mod meta;
+pub mod parts;
 mod search;
 mod segment;
 mod segment_writer;

@@ -52,23 +52,13 @@ impl SegmentData {
                 codec.dim
             );
         }
-        let mut order: Vec<usize> = (0..images.len()).collect();
-        let mut assignment = Vec::new();
-        if let Some(ivf) = ivf {
-            let singles: Vec<f32> = images
-                .iter()
-                .flat_map(|(_, d)| d.single.iter().copied())
-                .collect();
-            assignment = ivf.assign(&singles);
-            order.sort_by_key(|&i| (assignment[i], i));
-        }
         // encoding (PQ above all) runs in parallel over chunks of images, then joins in order
-        let encoded: Vec<(Vec<u8>, Vec<f32>)> = order
+        let encoded: Vec<(Vec<u8>, Vec<f32>)> = images
             .par_chunks(256)
             .map(|chunk| {
                 let (mut p, mut sc) = (Vec::new(), Vec::new());
-                for &i in chunk {
-                    codec.encode(&images[i].1.tokens, &mut p, &mut sc);
+                for (_, desc) in chunk {
+                    codec.encode(&desc.tokens, &mut p, &mut sc);
                 }
                 (p, sc)
             })
@@ -80,19 +70,57 @@ impl SegmentData {
             scales.extend_from_slice(&sc);
         }
         let mut single = Vec::with_capacity(images.len() * single_dim);
-        let mut metas = Vec::with_capacity(images.len());
-        for &i in &order {
-            let (m, desc) = &images[i];
+        for (_, desc) in images {
             single.extend_from_slice(&desc.single);
-            metas.push(m.clone());
         }
-        Ok(Self {
+        let data = Self {
             single,
             payload,
             scales,
-            metas,
-            lists: ivf.map(|_| order.iter().map(|&i| assignment[i]).collect()),
+            metas: images.iter().map(|(m, _)| m.clone()).collect(),
+            lists: None,
+        };
+        Ok(match ivf {
+            Some(ivf) => data.grouped_by_lists(ivf),
+            None => data,
         })
+    }
+
+    /// The same rows grouped by IVF list (in their order within a list), each row's list
+    /// recorded.
+    pub fn grouped_by_lists(self, ivf: &Ivf) -> Self {
+        let n = self.metas.len();
+        if n == 0 {
+            return Self {
+                lists: Some(Vec::new()),
+                ..self
+            };
+        }
+        let ds = self.single.len() / n;
+        let (bytes_per_row, scales_per_row) = (self.payload.len() / n, self.scales.len() / n);
+        let assignment = ivf.assign(&self.single);
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by_key(|&i| (assignment[i], i));
+        let gather = |v: &[f32], w: usize| -> Vec<f32> {
+            order
+                .iter()
+                .flat_map(|&i| v[i * w..(i + 1) * w].iter().copied())
+                .collect()
+        };
+        Self {
+            single: gather(&self.single, ds),
+            payload: order
+                .iter()
+                .flat_map(|&i| {
+                    self.payload[i * bytes_per_row..(i + 1) * bytes_per_row]
+                        .iter()
+                        .copied()
+                })
+                .collect(),
+            scales: gather(&self.scales, scales_per_row),
+            metas: order.iter().map(|&i| self.metas[i].clone()).collect(),
+            lists: Some(order.iter().map(|&i| assignment[i]).collect()),
+        }
     }
 
     /// Writes the segment as `dir/name` and returns its manifest entry.

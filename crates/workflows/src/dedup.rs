@@ -9,9 +9,9 @@
 
 use crate::link::{entry_candidates, Neighbours};
 use crate::rule::LinkRule;
-use anyhow::Result;
+use anyhow::{Context, Result};
 use craterdex_engine::{Engine, Progress};
-use craterdex_index::{ImageMeta, Mode, SearchParams};
+use craterdex_index::{ImageMeta, Index, Mode, SearchParams};
 use serde::Serialize;
 use std::collections::{BTreeSet, HashMap};
 
@@ -44,50 +44,74 @@ pub struct DedupGroup {
 /// A pair of rows with their score, for the merge.
 type Pair = (usize, usize, f32);
 
-/// Mutual pairs over the rule, strongest first.
-fn mutual_pairs(
+/// One direction of a candidate pair: the entry `from` found `to` with `confidence`
+/// reaching the rule's `match_confidence` (ids, so that partitions run apart can be joined).
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct Edge {
+    pub from: String,
+    pub to: String,
+    pub confidence: f32,
+}
+
+/// The edges of the entries at `rows`, each searching the whole index with its own
+/// descriptors; geometric neighbours come from `near` ([`Neighbours::of_index`], or
+/// [`Neighbours::around`] the rows for one partition of a catalogue cut by position).
+pub fn edges(
     engine: &Engine,
+    near: &Neighbours,
     rule: &LinkRule,
     o: &DedupOptions,
+    rows: &[usize],
     progress: &dyn Progress,
-) -> Vec<Pair> {
+) -> Vec<Edge> {
     let idx = engine.index();
-    let rows: Vec<usize> = idx.live_rows().collect();
     let params = SearchParams {
         top_k: o.top_k.max(1) + 1,
         shortlist: o.shortlist.max(o.top_k + 1),
         mode: Mode::TwoStage,
         ..Default::default()
     };
-    let near = Neighbours::of_index(idx, rule);
-    let mut seen: HashMap<(usize, usize), f32> = HashMap::new();
-    let mut pairs = Vec::new();
+    let mut out = Vec::new();
     progress.start("dedup", rows.len());
     for (done, chunk) in rows.chunks(o.batch.max(1)).enumerate() {
         let descs: Vec<_> = chunk.iter().map(|&r| idx.descriptors_of(r)).collect();
         for ((&row, desc), hits) in chunk.iter().zip(&descs).zip(engine.search(&descs, &params)) {
-            for c in entry_candidates(engine, &near, rule, idx.meta(row), desc, hits) {
-                if c.confidence < rule.match_confidence {
-                    continue;
-                }
-                let Some(other) = idx.row_of(&c.id) else {
-                    continue;
-                };
-                let key = (row.min(other), row.max(other));
-                // the second direction completes a mutual pair
-                match seen.remove(&key) {
-                    Some(s) => pairs.push((key.0, key.1, s.min(c.confidence as f32))),
-                    None => {
-                        seen.insert(key, c.confidence as f32);
-                    }
+            let from = &idx.meta(row).id;
+            for c in entry_candidates(engine, near, rule, idx.meta(row), desc, hits) {
+                if c.confidence >= rule.match_confidence {
+                    out.push(Edge {
+                        from: from.clone(),
+                        to: c.id,
+                        confidence: c.confidence as f32,
+                    });
                 }
             }
         }
         progress.advance(((done + 1) * o.batch.max(1)).min(rows.len()));
     }
     progress.finish();
+    out
+}
+
+/// Mutual pairs of `edges` (both directions present; the weaker confidence), strongest
+/// first. Edges may come in any order.
+fn mutual_pairs(index: &Index, edges: &[Edge]) -> Result<Vec<Pair>> {
+    let mut directed: HashMap<(usize, usize), f32> = HashMap::new();
+    for e in edges {
+        let row = |id: &str| {
+            index
+                .row_of(id)
+                .with_context(|| format!("dedup edge names {id:?}, which the index does not hold"))
+        };
+        directed.insert((row(&e.from)?, row(&e.to)?), e.confidence);
+    }
+    let mut pairs: Vec<Pair> = directed
+        .iter()
+        .filter(|((a, b), _)| a < b)
+        .filter_map(|(&(a, b), &s)| Some((a, b, s.min(*directed.get(&(b, a))?))))
+        .collect();
     pairs.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(&b.0)).then(a.1.cmp(&b.1)));
-    pairs
+    Ok(pairs)
 }
 
 fn find(parent: &mut [usize], mut x: usize) -> usize {
@@ -106,7 +130,14 @@ pub fn dedup(
     progress: &dyn Progress,
 ) -> Result<Vec<DedupGroup>> {
     let idx = engine.index();
-    let pairs = mutual_pairs(engine, rule, opts, progress);
+    let rows: Vec<usize> = idx.live_rows().collect();
+    let near = Neighbours::of_index(idx, rule);
+    merge(idx, &edges(engine, &near, rule, opts, &rows, progress))
+}
+
+/// The groups that `edges` (of every live entry, from one run or from partitions) make.
+pub fn merge(idx: &Index, edges: &[Edge]) -> Result<Vec<DedupGroup>> {
+    let pairs = mutual_pairs(idx, edges)?;
     let n = idx.rows();
     let mut parent: Vec<usize> = (0..n).collect();
     let mut sources: Vec<BTreeSet<String>> = (0..n)

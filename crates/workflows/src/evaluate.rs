@@ -1,7 +1,7 @@
 //! How good links are against the true correspondence, and the baseline catalogue merges
 //! use today (nearest centre within a tolerance and a diameter ratio).
 
-use crate::geometry::{Position, SpatialGrid};
+use crate::geometry::{largest_diameter, Position, SpatialGrid};
 use crate::link::{Decision, LinkRow};
 use craterdex_index::ImageMeta;
 use serde::Serialize;
@@ -79,15 +79,13 @@ pub fn geometry_only<'a>(
     max_ratio: f64,
     body_radius_km: f64,
 ) -> Vec<Option<&'a ImageMeta>> {
-    let grid = SpatialGrid::of(
-        index
-            .iter()
-            .enumerate()
-            .filter_map(|(i, m)| Some((i, Position::of(m)?))),
-        tolerance_radii,
-        max_ratio,
-        body_radius_km,
-    );
+    let items: Vec<(usize, Position)> = index
+        .iter()
+        .enumerate()
+        .filter_map(|(i, m)| Some((i, Position::of(m)?)))
+        .collect();
+    let largest = largest_diameter(items.iter().map(|(_, p)| *p));
+    let grid = SpatialGrid::of(items, tolerance_radii, max_ratio, body_radius_km, largest);
     queries
         .iter()
         .map(|q| {

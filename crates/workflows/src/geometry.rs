@@ -103,6 +103,47 @@ fn planar(p: Position, body_radius_km: f64) -> (f64, f64, f64, bool) {
     }
 }
 
+/// The diameter (km on the body, pixels in a frame) of the largest of `positions`.
+pub fn largest_diameter(positions: impl IntoIterator<Item = Position>) -> f64 {
+    positions
+        .into_iter()
+        .map(|p| match p {
+            Position::Body { diameter_km, .. } => diameter_km,
+            Position::Frame { diameter_px, .. } => diameter_px,
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Whether `p` is on the body, and the band of latitude (degrees; body) or frame y
+/// (pixels) outside which no crater can be the one at `p`: a match lies within
+/// `reach_radii` radii of the larger crater, which is at most `max_ratio` times `p`'s, and
+/// a great-circle distance is at least the distance along a meridian (a frame distance at
+/// least the y difference). What lets a catalogue be cut into bands with a halo.
+pub fn reach_band(
+    p: Position,
+    reach_radii: f64,
+    max_ratio: f64,
+    body_radius_km: f64,
+) -> (bool, f64, f64) {
+    let (_, _, d, body) = planar(p, body_radius_km);
+    let reach = reach_radii * max_ratio * d / 2.0;
+    match p {
+        Position::Body { lat, .. } => {
+            let deg = reach / (body_radius_km * std::f64::consts::PI / 180.0);
+            (body, lat - deg, lat + deg)
+        }
+        Position::Frame { y, .. } => (body, y - reach, y + reach),
+    }
+}
+
+/// Whether `q` lies in a band of [`reach_band`].
+pub fn in_band(q: Position, band: (bool, f64, f64)) -> bool {
+    match q {
+        Position::Body { lat, .. } => band.0 && lat >= band.1 && lat <= band.2,
+        Position::Frame { y, .. } => !band.0 && y >= band.1 && y <= band.2,
+    }
+}
+
 /// Items with positions on a uniform grid, to find the ones that can be the same crater
 /// as a position without looking at all of them (a grid, since craters of one catalogue
 /// are spread about evenly). Body positions are placed on a local equirectangular plane
@@ -129,18 +170,14 @@ impl SpatialGrid {
         }
     }
 
-    /// A grid of `items`, sized for the largest of them.
+    /// A grid of `items`, sized for craters up to `largest` across.
     pub fn of(
         items: impl IntoIterator<Item = (usize, Position)>,
         reach_radii: f64,
         max_ratio: f64,
         body_radius_km: f64,
+        largest: f64,
     ) -> Self {
-        let items: Vec<(usize, Position)> = items.into_iter().collect();
-        let largest = items
-            .iter()
-            .map(|(_, p)| planar(*p, body_radius_km).2)
-            .fold(0.0, f64::max);
         let mut g = SpatialGrid::new(reach_radii, max_ratio, body_radius_km, largest);
         for (i, p) in items {
             g.insert(i, p);
@@ -241,7 +278,8 @@ mod tests {
                 )
             })
             .collect();
-        let grid = SpatialGrid::of(items.iter().copied().enumerate(), 3.0, 1.5, 1.0);
+        let largest = largest_diameter(items.iter().copied());
+        let grid = SpatialGrid::of(items.iter().copied().enumerate(), 3.0, 1.5, 1.0, largest);
         for q in [
             frame(250.0, 250.0, 10.0),
             frame(3.0, 490.0, 30.0),

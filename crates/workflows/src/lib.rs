@@ -19,6 +19,8 @@ pub mod output;
 pub mod rule;
 
 pub use calibrate::{calibrate, Calibration};
-pub use dedup::{dedup, DedupGroup, DedupOptions};
-pub use link::{link, link_one, Candidate, Decision, LinkOptions, LinkRow, Neighbours};
+pub use dedup::{dedup, DedupGroup, DedupOptions, Edge};
+pub use link::{
+    link, link_one, link_partition, Candidate, Decision, LinkOptions, LinkRow, Neighbours,
+};
 pub use rule::LinkRule;

@@ -1,7 +1,7 @@
 //! `link`: each new entry against a catalogue index, decided `match`, `new` or `ambiguous`
 //! by the [`LinkRule`]; optionally growing the index with what is new.
 
-use crate::geometry::{evidence, Position, SpatialGrid};
+use crate::geometry::{evidence, in_band, largest_diameter, reach_band, Position, SpatialGrid};
 use crate::rule::LinkRule;
 use anyhow::Result;
 use craterdex_engine::{Engine, Progress, SearchHit};
@@ -167,14 +167,54 @@ pub struct Neighbours {
 
 impl Neighbours {
     pub fn of_index(index: &Index, rule: &LinkRule) -> Self {
+        Self::of_rows(index, rule, |_| true)
+    }
+
+    /// The index rows that can be candidates of `entries` by geometry: those in the bands
+    /// of [`reach_band`] around them (the halo of a partition by position). Candidates
+    /// found through these are exactly those found through [`Neighbours::of_index`].
+    pub fn around(index: &Index, rule: &LinkRule, entries: &[ImageMeta]) -> Self {
+        let bands: Vec<(bool, f64, f64)> = entries
+            .iter()
+            .filter_map(Position::of)
+            .map(|p| {
+                reach_band(
+                    p,
+                    rule.max_offset_radii,
+                    rule.max_diameter_ratio,
+                    rule.body_radius_km,
+                )
+            })
+            .collect();
+        let hull = |body: bool| {
+            bands
+                .iter()
+                .filter(|b| b.0 == body)
+                .fold(None, |acc: Option<(bool, f64, f64)>, b| {
+                    Some(acc.map_or(*b, |a| (body, a.1.min(b.1), a.2.max(b.2))))
+                })
+        };
+        let (body, frame) = (hull(true), hull(false));
+        Self::of_rows(index, rule, |p| {
+            body.is_some_and(|b| in_band(p, b)) || frame.is_some_and(|f| in_band(p, f))
+        })
+    }
+
+    /// The live rows whose positions `keep` accepts, on a grid sized as for the whole index
+    /// (so that lookups read the same cells whichever rows are kept).
+    fn of_rows(index: &Index, rule: &LinkRule, keep: impl Fn(Position) -> bool) -> Self {
+        let positioned: Vec<(usize, Position)> = index
+            .live_rows()
+            .filter_map(|r| Some((r, Position::of(index.meta(r))?)))
+            .collect();
+        let largest = largest_diameter(positioned.iter().map(|(_, p)| *p));
         Neighbours {
             grid: SpatialGrid::of(
-                index
-                    .live_rows()
-                    .filter_map(|r| Some((r, Position::of(index.meta(r))?))),
+                positioned.into_iter().filter(|(_, p)| keep(*p)),
                 rule.max_offset_radii,
                 rule.max_diameter_ratio,
                 rule.body_radius_km,
+                largest,
             ),
         }
     }
@@ -267,6 +307,38 @@ pub fn link_one(
         .unwrap_or_default();
     let cands = entry_candidates(engine, near, rule, &meta, desc, hits);
     decide(rule, meta, cands)
+}
+
+/// What [`link`] decides for `entries` without inserting, when they are one partition of a
+/// larger set cut by position: geometric neighbours come from the index rows around these
+/// entries only ([`Neighbours::around`]), which are all the rows geometry could propose, so
+/// the rows are those of [`link`] over the whole set.
+pub fn link_partition(
+    engine: &Engine,
+    entries: &[(ImageMeta, Descriptors)],
+    rule: &LinkRule,
+    opts: &LinkOptions,
+    progress: &dyn Progress,
+) -> Result<Vec<LinkRow>> {
+    anyhow::ensure!(
+        !opts.insert_new,
+        "inserting new entries is one writer's job: link partitions without it, then insert"
+    );
+    let metas: Vec<ImageMeta> = entries.iter().map(|(m, _)| m.clone()).collect();
+    let near = Neighbours::around(engine.index(), rule, &metas);
+    let params = params(opts);
+    let mut rows = Vec::with_capacity(entries.len());
+    progress.start("link", entries.len());
+    for batch in entries.chunks(opts.batch.max(1)) {
+        let descs: Vec<Descriptors> = batch.iter().map(|(_, d)| d.clone()).collect();
+        for ((meta, desc), hits) in batch.iter().zip(engine.search(&descs, &params)) {
+            let cands = entry_candidates(engine, &near, rule, meta, desc, hits);
+            rows.push(decide(rule, meta.clone(), cands));
+        }
+        progress.advance(rows.len());
+    }
+    progress.finish();
+    Ok(rows)
 }
 
 /// Links every entry to `engine`'s index. Returns one row per entry, in order, and the

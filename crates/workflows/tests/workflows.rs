@@ -367,3 +367,118 @@ fn a_killed_insert_new_leaves_a_complete_index_and_resumes() {
         assert_eq!(engine.index().live(), 110, "{point}");
     }
 }
+
+/// Moves an entry of crater c to a crowded grid: 0.3 degrees apart, 20 km across, so each
+/// crater has geometric neighbours across any 1-degree band border.
+fn crowd(m: &mut ImageMeta) {
+    let c: usize = m.crater_id.as_ref().unwrap()[1..].parse().unwrap();
+    m.lat = Some((c / 20 % 10) as f64 * 0.3 - 1.35);
+    m.lon = Some((c % 20) as f64 * 0.3);
+    m.diameter_km = Some(20.0);
+}
+
+/// Entries cut into 1-degree latitude bands (and the entries without a position).
+fn bands(metas: &[ImageMeta]) -> Vec<Vec<usize>> {
+    let mut by_band: std::collections::BTreeMap<Option<i64>, Vec<usize>> = Default::default();
+    for (i, m) in metas.iter().enumerate() {
+        by_band
+            .entry(m.lat.map(|l| l.floor() as i64))
+            .or_default()
+            .push(i);
+    }
+    by_band.into_values().collect()
+}
+
+#[test]
+fn dedup_and_link_cut_into_bands_with_a_halo_equal_the_whole_run() {
+    use craterdex_workflows::dedup::{edges, merge};
+    use craterdex_workflows::{link_partition, Neighbours};
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cat = catalogue(200, 21);
+    let mut rng = Rng8::seed_from_u64(23);
+    for (i, (m, d)) in cat.entries.iter_mut().enumerate() {
+        crowd(m);
+        if i % 2 == 1 {
+            // the second view looks unrelated and lies 0.1 degrees (0.59 radii) south: only
+            // geometry pairs it, across a band border for the craters at 1.05 degrees
+            m.lat = m.lat.map(|l| l - 0.1);
+            *d = crater(&mut rng);
+        }
+    }
+    cat.entries[7].0.lat = None; // one entry without a position
+    let engine = build(&tmp.path().join("a"), &cat.entries);
+    let idx = engine.index();
+    let rule = LinkRule {
+        appearance_weights: [-35.0, 50.0],
+        // geometry decides: 0.9 within about 0.9 radii, whatever the appearance
+        geometry_weights: [4.0, 0.0, -2.0, 0.0],
+        match_confidence: 0.9,
+        new_confidence: 0.5,
+        ..LinkRule::default()
+    };
+    let opts = DedupOptions {
+        top_k: 3,
+        ..DedupOptions::default()
+    };
+    let whole = dedup(&engine, &rule, &opts, &Silent).unwrap();
+    assert!(whole.len() > 150, "{} groups", whole.len());
+    let metas: Vec<ImageMeta> = (0..idx.rows()).map(|r| idx.meta(r).clone()).collect();
+    let (mut with_halo, mut without_halo) = (Vec::new(), Vec::new());
+    let parts = bands(&metas);
+    assert!(parts.len() >= 4);
+    for rows in &parts {
+        let core: Vec<ImageMeta> = rows.iter().map(|&r| metas[r].clone()).collect();
+        let near = Neighbours::around(idx, &rule, &core);
+        with_halo.extend(edges(&engine, &near, &rule, &opts, rows, &Silent));
+        // the same band with the core's own rows only (no reach beyond them)
+        let mut shrunk = core.clone();
+        for m in &mut shrunk {
+            m.diameter_km = Some(1e-9);
+        }
+        let near = Neighbours::around(idx, &rule, &shrunk);
+        without_halo.extend(edges(&engine, &near, &rule, &opts, rows, &Silent));
+    }
+    with_halo.reverse(); // the order partitions finish in does not matter
+    let json = |g: &Vec<craterdex_workflows::DedupGroup>| serde_json::to_string(g).unwrap();
+    assert_eq!(json(&merge(idx, &with_halo).unwrap()), json(&whole));
+    let lost = merge(idx, &without_halo).unwrap();
+    assert!(
+        lost.len() + 15 <= whole.len(),
+        "without a halo {} groups, with {}",
+        lost.len(),
+        whole.len()
+    );
+
+    // link: another observation of every crater and of 20 unseen ones, cut into the same bands
+    let mut observed = queries(&cat, 0..200, 20, 22);
+    for (m, _) in observed.iter_mut().take(200) {
+        crowd(m);
+    }
+    let obs_metas: Vec<ImageMeta> = observed.iter().map(|(m, _)| m.clone()).collect();
+    let (whole_rows, _) = link(
+        Engine::open(&tmp.path().join("a"), None).unwrap(),
+        observed.clone(),
+        &rule,
+        &LinkOptions::default(),
+        &Silent,
+    )
+    .unwrap();
+    let mut cut_rows = vec![None; observed.len()];
+    for rows in bands(&obs_metas) {
+        let part: Vec<_> = rows.iter().map(|&r| observed[r].clone()).collect();
+        let decided =
+            link_partition(&engine, &part, &rule, &LinkOptions::default(), &Silent).unwrap();
+        for (r, row) in rows.into_iter().zip(decided) {
+            cut_rows[r] = Some(row);
+        }
+    }
+    let line = |r: &craterdex_workflows::LinkRow| serde_json::to_string(r).unwrap();
+    for (a, b) in whole_rows.iter().zip(&cut_rows) {
+        assert_eq!(line(a), line(b.as_ref().unwrap()));
+    }
+    let insert = LinkOptions {
+        insert_new: true,
+        ..LinkOptions::default()
+    };
+    assert!(link_partition(&engine, &observed, &rule, &insert, &Silent).is_err());
+}

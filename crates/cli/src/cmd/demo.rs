@@ -82,13 +82,15 @@ pub fn run(c: DemoCmd) -> Result<()> {
     let index_dir = c.out.join("index");
     // the shipped recipe, built as `craterdex index build --manifest` builds it
     let recipe = IndexRecipe::default();
-    let encoder = recipe.learn_encoder(&gallery, Some(&b.unqueried_gallery_rows(&gallery.ids)))?;
+    let learn_from = b.unqueried_gallery_rows(&gallery.ids);
+    let encoder = recipe.learn_encoder(&gallery, Some(&learn_from))?;
     recipe.write_index(
         &index_dir,
         &encoder,
         &gallery,
         b.gallery_metas(&gallery.ids),
         Some(extractor.fingerprint()),
+        Some(&learn_from),
         &bars,
     )?;
     let engine = Engine::open(&index_dir, Some(extractor.clone()))?;

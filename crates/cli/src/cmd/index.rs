@@ -5,8 +5,9 @@ use crate::args::{ModelOpts, RecipeOpts};
 use crate::output::{print_json, Bars};
 use anyhow::{bail, Result};
 use clap::Subcommand;
-use craterdex_engine::{Engine, Index};
+use craterdex_engine::{learn_sample, Engine, Index, LEARN_SAMPLE_IMAGES};
 use craterdex_eval::manifest;
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -14,7 +15,7 @@ use std::sync::Arc;
 pub enum IndexCmd {
     /// Build an index from a manifest's gallery or a directory of images.
     #[command(
-        after_help = "Examples:\n  craterdex index build --manifest bench/splits/test.json --out idx\n  craterdex index build --dir catalogue_crops/ --out idx --codec pq96\n\nFrom a manifest with query images, whitening is learned from the gallery images of craters\nthat no query looks for, as `craterdex eval` does, so that searching the manifest's queries\nmeasures what eval reports; from a directory, from every image."
+        after_help = "Examples:\n  craterdex index build --manifest bench/splits/test.json --out idx\n  craterdex index build --dir catalogue_crops/ --out idx --codec pq96\n\nFrom a manifest with query images, whitening is learned from the gallery images of craters\nthat no query looks for, as `craterdex eval` does, so that searching the manifest's queries\nmeasures what eval reports; from a directory, from every image up to 8,192 and from a seeded\nsample of 8,192 beyond (the sample `craterdex.dask.build_index` learns from too)."
     )]
     Build {
         #[arg(long, group = "input")]
@@ -84,13 +85,22 @@ pub fn run(c: IndexCmd) -> Result<()> {
                     let (items, metas) = dir_entries(&d, meta.as_deref())?;
                     let f = extractor.extract(&items, "images", &bars)?;
                     let metas = metas_in_order(metas, &f.ids)?;
-                    (f, metas, None)
+                    let learn = (items.len() > LEARN_SAMPLE_IMAGES).then(|| {
+                        let sampled: HashSet<&str> = learn_sample(items.len(), recipe.seed)
+                            .into_iter()
+                            .map(|i| items[i].0.as_str())
+                            .collect();
+                        (0..f.len())
+                            .filter(|&r| sampled.contains(f.ids[r].as_str()))
+                            .collect()
+                    });
+                    (f, metas, learn)
                 }
                 _ => bail!("give --manifest or --dir"),
             };
             if let Some(rows) = &learn_from {
                 eprintln!(
-                    "whitening learned from {} of {} gallery images (craters no query of the manifest looks for)",
+                    "whitening and codec learned from {} of {} images",
                     rows.len(),
                     feats.len()
                 );
@@ -102,6 +112,7 @@ pub fn run(c: IndexCmd) -> Result<()> {
                 &feats,
                 metas,
                 Some(extractor.fingerprint()),
+                learn_from.as_deref(),
                 &bars,
             )?;
             let idx = Index::open(&out)?;

@@ -1,0 +1,362 @@
+//! A build spread over many processes or machines. [`IndexRecipe::plan`] fixes what every
+//! part must share (the encoder's whitening and the codec, learned from a sample of the
+//! images, and the model), parts are extracted, encoded and written anywhere
+//! ([`BuildPlan::write_part`]), and [`BuildPlan::commit`] joins them into one index through
+//! the index's atomic path. On the same images it gives the index `index build` gives: the
+//! same ids in the same order, the same codes.
+
+use crate::progress::Progress;
+use crate::recipe::{encode_all, IndexRecipe, IvfSetting};
+use anyhow::{ensure, Context, Result};
+use craterdex_index::ivf::{default_nprobe, Ivf};
+use craterdex_index::parts::{commit_parts, part_singles, write_part};
+use craterdex_index::{Codec, ImageMeta, TokenCodec};
+use craterdex_model::extract::FeatureSet;
+use craterdex_tokens::{Descriptors, Encoder};
+use rand::seq::index::sample;
+use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// At most this many images teach the encoder its whitening and the codec its codebooks:
+/// whitening reads at most 100,000 tokens (16 from each of 6,250 images), so a larger
+/// sample would change nothing but the memory it takes.
+pub const LEARN_SAMPLE_IMAGES: usize = 8192;
+
+/// Which of `n` images (by position) an index learns from: all of them up to
+/// [`LEARN_SAMPLE_IMAGES`], else that many chosen at random with `seed`, in order.
+pub fn learn_sample(n: usize, seed: u64) -> Vec<usize> {
+    if n <= LEARN_SAMPLE_IMAGES {
+        return (0..n).collect();
+    }
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let mut rows = sample(&mut rng, n, LEARN_SAMPLE_IMAGES).into_vec();
+    rows.sort_unstable();
+    rows
+}
+
+const PLAN_FORMAT: &str = "craterdex-build-plan/1";
+
+/// What every part of one index shares. Saved as JSON, so that workers on other machines
+/// read the same encoder and codec.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct BuildPlan {
+    format: String,
+    /// Width of the backbone features the encoder takes.
+    pub feature_dim: usize,
+    pub encoder: Encoder,
+    pub codec: Codec,
+    codebooks: Vec<f32>,
+    /// The model fingerprint the index records (queries from another model are refused).
+    pub model: Option<String>,
+    pub ivf: IvfSetting,
+    pub nprobe: Option<usize>,
+    pub seed: u64,
+}
+
+impl IndexRecipe {
+    /// The plan of an index whose encoder is `encoder` and whose codec learns from
+    /// `sample_descs` (the first images that [`LEARN_SAMPLE_IMAGES`] allows are used).
+    pub fn plan_with(
+        &self,
+        encoder: Encoder,
+        feature_dim: usize,
+        sample_descs: &[Descriptors],
+        model: Option<String>,
+    ) -> Result<BuildPlan> {
+        let codec = self.train_codec(&encoder, sample_descs, feature_dim)?;
+        Ok(BuildPlan {
+            format: PLAN_FORMAT.into(),
+            feature_dim,
+            encoder,
+            codec: codec.codec,
+            codebooks: codec.codebooks,
+            model,
+            ivf: self.ivf,
+            nprobe: self.nprobe,
+            seed: self.seed,
+        })
+    }
+
+    /// The plan learned from `sample` (the features of [`learn_sample`]'s images): whitening
+    /// and codec both learn from all of it.
+    pub fn plan(&self, sample: &FeatureSet, model: Option<String>) -> Result<BuildPlan> {
+        let encoder = self.learn_encoder(sample, None)?;
+        let descs = encode_all(&encoder, sample);
+        self.plan_with(encoder, sample.dim, &descs, model)
+    }
+}
+
+impl BuildPlan {
+    pub fn save(&self, path: &Path) -> Result<()> {
+        craterdex_durable::write_atomic(path, &serde_json::to_vec(self)?)
+    }
+
+    pub fn load(path: &Path) -> Result<Self> {
+        let bytes =
+            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let plan: BuildPlan = serde_json::from_slice(&bytes)
+            .with_context(|| format!("{}: not a craterdex build plan", path.display()))?;
+        ensure!(
+            plan.format == PLAN_FORMAT,
+            "{}: format {:?}, this craterdex reads {PLAN_FORMAT:?}",
+            path.display(),
+            plan.format
+        );
+        plan.encoder
+            .validate()
+            .with_context(|| format!("{}: invalid encoder", path.display()))?;
+        let codec = plan.token_codec();
+        ensure!(
+            plan.codebooks.len() == codec.codebook_bytes() / 4,
+            "{}: {} codebook values, the codec needs {}",
+            path.display(),
+            plan.codebooks.len(),
+            codec.codebook_bytes() / 4
+        );
+        Ok(plan)
+    }
+
+    /// The codec every part encodes with.
+    pub fn token_codec(&self) -> TokenCodec {
+        TokenCodec {
+            codec: self.codec,
+            dim: self.encoder.token_dim(self.feature_dim),
+            codebooks: self.codebooks.clone(),
+            pq_tables: Default::default(),
+        }
+    }
+
+    /// Encodes `feats` (with `metas`, in the same order) and writes them as the part at
+    /// `dir`. Returns how many images it holds.
+    pub fn write_part(
+        &self,
+        dir: &Path,
+        feats: &FeatureSet,
+        metas: Vec<ImageMeta>,
+    ) -> Result<usize> {
+        ensure!(
+            feats.dim == self.feature_dim,
+            "the features are {}-d, the plan's encoder takes {}-d",
+            feats.dim,
+            self.feature_dim
+        );
+        ensure!(
+            metas.len() == feats.len(),
+            "{} metadata records for {} images",
+            metas.len(),
+            feats.len()
+        );
+        let images: Vec<(ImageMeta, Descriptors)> = metas
+            .into_iter()
+            .zip(encode_all(&self.encoder, feats))
+            .collect();
+        write_part(dir, &self.token_codec(), &images)
+    }
+
+    /// Joins `parts` (in order) into the index at `dir`, replacing any index there once the
+    /// new one is complete. IVF lists, where the recipe asks for them, are trained on every
+    /// part's single vectors, as a one-shot build trains them on all of its images.
+    pub fn commit(&self, dir: &Path, parts: &[PathBuf], progress: &dyn Progress) -> Result<usize> {
+        let codec = self.token_codec();
+        progress.start("read parts", parts.len());
+        let mut singles = Vec::new();
+        let lists = match self.ivf {
+            IvfSetting::Off => None,
+            _ => {
+                for (i, p) in parts.iter().enumerate() {
+                    singles.extend(part_singles(p, &codec)?);
+                    progress.advance(i + 1);
+                }
+                let dim = self.encoder.single_dim(self.feature_dim);
+                let recipe = IndexRecipe {
+                    ivf: self.ivf,
+                    ..Default::default()
+                };
+                recipe.ivf_lists(singles.len() / dim.max(1))?
+            }
+        };
+        progress.finish();
+        let ivf = match lists {
+            Some(lists) => {
+                let dim = self.encoder.single_dim(self.feature_dim);
+                let ivf = Ivf::train(&singles, dim, lists, self.seed)?;
+                let nprobe = self.nprobe.unwrap_or(default_nprobe(lists));
+                Some((ivf, nprobe))
+            }
+            None => None,
+        };
+        drop(singles);
+        commit_parts(
+            dir,
+            &self.encoder,
+            &codec,
+            self.model.clone(),
+            parts,
+            ivf.as_ref().map(|(i, n)| (i, *n)),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::progress::Silent;
+    use craterdex_index::Index;
+    use rand::Rng;
+
+    fn random_features(n: usize, seed: u64) -> FeatureSet {
+        let (d, t) = (16, 9);
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let mut v =
+            |len: usize| -> Vec<f32> { (0..len).map(|_| rng.gen_range(-1.0..1.0)).collect() };
+        FeatureSet {
+            ids: (0..n).map(|i| format!("img{i:03}")).collect(),
+            dim: d,
+            tokens: t,
+            cls: v(n * d),
+            patches: v(n * t * d),
+            attention: v(n * t).iter().map(|x| x.abs()).collect(),
+        }
+    }
+
+    fn metas(f: &FeatureSet) -> Vec<ImageMeta> {
+        f.ids
+            .iter()
+            .map(|id| ImageMeta {
+                id: id.clone(),
+                ..Default::default()
+            })
+            .collect()
+    }
+
+    /// Every image's id, single vector and stored token codes, by id.
+    fn contents(idx: &Index) -> Vec<(String, Vec<f32>, Vec<f32>)> {
+        let mut out: Vec<_> = idx
+            .live_rows()
+            .map(|r| {
+                let mut tokens = Vec::new();
+                idx.decode_tokens(r, &mut tokens);
+                (idx.meta(r).id.clone(), idx.single_of(r).to_vec(), tokens)
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    fn recipe(codec: Codec, ivf: IvfSetting) -> IndexRecipe {
+        let mut recipe = IndexRecipe {
+            codec,
+            ivf,
+            ..Default::default()
+        };
+        if let craterdex_tokens::Aggregation::Instance { k, .. } = &mut recipe.recipe.aggregation {
+            *k = 4;
+        }
+        recipe
+    }
+
+    #[test]
+    fn parts_committed_equal_a_one_shot_build() {
+        let feats = random_features(60, 1);
+        for (codec, ivf) in [
+            (Codec::Int8, IvfSetting::Off),
+            (Codec::F16, IvfSetting::Lists(3)),
+        ] {
+            let recipe = recipe(codec, ivf);
+            let tmp = tempfile::tempdir().unwrap();
+            let one_shot = tmp.path().join("one");
+            let encoder = recipe.learn_encoder(&feats, None).unwrap();
+            recipe
+                .write_index(
+                    &one_shot,
+                    &encoder,
+                    &feats,
+                    metas(&feats),
+                    None,
+                    None,
+                    &Silent,
+                )
+                .unwrap();
+
+            let plan_path = tmp.path().join("plan.json");
+            recipe.plan(&feats, None).unwrap().save(&plan_path).unwrap();
+            let plan = BuildPlan::load(&plan_path).unwrap();
+            // parts written out of order, one of them twice (a retried task)
+            let chunks: Vec<Vec<usize>> =
+                (0..4).map(|p| (p * 15..(p + 1) * 15).collect()).collect();
+            let parts: Vec<PathBuf> = (0..4)
+                .map(|p| tmp.path().join(format!("staging/part-{p}")))
+                .collect();
+            for p in [2, 0, 3, 1, 2] {
+                let f = feats.select(&chunks[p]);
+                assert_eq!(plan.write_part(&parts[p], &f, metas(&f)).unwrap(), 15);
+            }
+            let joined = tmp.path().join("joined");
+            assert_eq!(plan.commit(&joined, &parts, &Silent).unwrap(), 60);
+
+            let (a, b) = (
+                Index::open(&one_shot).unwrap(),
+                Index::open(&joined).unwrap(),
+            );
+            assert_eq!(b.segment_count(), 4);
+            assert_eq!(
+                a.ivf().map(|(i, n)| (i.centroids.clone(), n)),
+                b.ivf().map(|(i, n)| (i.centroids.clone(), n))
+            );
+            assert_eq!(contents(&a), contents(&b), "{codec:?} {ivf:?}");
+            assert_eq!(
+                serde_json::to_string(&a.encoder).unwrap(),
+                serde_json::to_string(&b.encoder).unwrap()
+            );
+        }
+    }
+
+    #[test]
+    fn an_incomplete_or_damaged_part_is_refused_and_the_old_index_kept() {
+        let feats = random_features(20, 2);
+        let recipe = recipe(Codec::Int8, IvfSetting::Off);
+        let plan = recipe.plan(&feats, None).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let (p0, p1) = (tmp.path().join("part-0"), tmp.path().join("part-1"));
+        let (a, b) = (
+            feats.select(&(0..10).collect::<Vec<_>>()),
+            feats.select(&(10..20).collect::<Vec<_>>()),
+        );
+        plan.write_part(&p0, &a, metas(&a)).unwrap();
+        plan.write_part(&p1, &b, metas(&b)).unwrap();
+        let out = tmp.path().join("index");
+        plan.commit(&out, std::slice::from_ref(&p0), &Silent).unwrap();
+
+        std::fs::remove_file(p1.join(craterdex_index::parts::PART_FILE)).unwrap();
+        let err = plan
+            .commit(&out, &[p0.clone(), p1.clone()], &Silent)
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("incomplete"), "{err:#}");
+        plan.write_part(&p1, &b, metas(&b)).unwrap();
+        let tokens = p1.join("tokens.bin");
+        let mut bytes = std::fs::read(&tokens).unwrap();
+        bytes[3] ^= 0x40;
+        std::fs::write(&tokens, bytes).unwrap();
+        let err = plan
+            .commit(&out, &[p0.clone(), p1.clone()], &Silent)
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("tokens.bin"), "{err:#}");
+        // the same part twice: ids repeat
+        let err = plan
+            .commit(&out, &[p0.clone(), p0.clone()], &Silent)
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("appears twice"), "{err:#}");
+        assert_eq!(Index::open(&out).unwrap().live(), 10);
+    }
+
+    #[test]
+    fn the_learn_sample_is_everything_up_to_the_limit_then_seeded() {
+        assert_eq!(learn_sample(5, 0), vec![0, 1, 2, 3, 4]);
+        let s = learn_sample(20_000, 3);
+        assert_eq!(s.len(), LEARN_SAMPLE_IMAGES);
+        assert!(s.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(s, learn_sample(20_000, 3));
+        assert_ne!(s, learn_sample(20_000, 4));
+    }
+}
