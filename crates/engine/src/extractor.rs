@@ -137,6 +137,43 @@ impl Extractor {
         Ok(res.features)
     }
 
+    /// Features of decoded images (arrays handed over from Python, uploads), named `ids`,
+    /// run through the model in batches.
+    pub fn features_of_images(
+        &self,
+        ids: &[String],
+        images: &[image::DynamicImage],
+    ) -> Result<FeatureSet> {
+        anyhow::ensure!(
+            ids.len() == images.len(),
+            "{} ids for {} images",
+            ids.len(),
+            images.len()
+        );
+        let pre = self.vit.preprocess(self.resize);
+        let mut out = FeatureSet {
+            ids: Vec::new(),
+            dim: self.vit.dim(),
+            tokens: 0,
+            cls: Vec::new(),
+            patches: Vec::new(),
+            attention: Vec::new(),
+        };
+        for (ids, batch) in ids
+            .chunks(self.settings.batch.max(1))
+            .zip(images.chunks(self.settings.batch.max(1)))
+        {
+            let tensors: Vec<_> = batch
+                .iter()
+                .map(|im| preprocess::to_tensor(im, &pre))
+                .collect();
+            for (id, f) in ids.iter().zip(self.vit.forward(&tensors)?) {
+                out.push(id.clone(), &f);
+            }
+        }
+        Ok(out)
+    }
+
     /// Features of one decoded image (an upload).
     pub fn features_of(&self, image: &image::DynamicImage) -> Result<ImageFeatures> {
         let tensor = preprocess::to_tensor(image, &self.vit.preprocess(self.resize));

@@ -18,7 +18,7 @@ mod recipe;
 
 pub use engine::{Engine, QueryHits, SearchHit};
 pub use extractor::{ExtractSettings, Extractor, ModelSpec};
-pub use plan::{learn_sample, BuildPlan, LEARN_SAMPLE_IMAGES};
+pub use plan::{learn_rows, learn_sample, BuildPlan, LEARN_SAMPLE_IMAGES};
 pub use progress::{Progress, Silent};
 pub use recipe::{encode_all, feature_refs, IndexRecipe, IvfSetting, IVF_AUTO_MIN_IMAGES};
 

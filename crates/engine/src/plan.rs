@@ -35,6 +35,23 @@ pub fn learn_sample(n: usize, seed: u64) -> Vec<usize> {
     rows
 }
 
+/// The rows of `extracted` (ids of the images that could be read, in input order) that
+/// [`learn_sample`] picks from the `inputs` ids; `None` when that is all of them.
+pub fn learn_rows(inputs: &[String], extracted: &[String], seed: u64) -> Option<Vec<usize>> {
+    if inputs.len() <= LEARN_SAMPLE_IMAGES {
+        return None;
+    }
+    let sampled: std::collections::HashSet<&str> = learn_sample(inputs.len(), seed)
+        .into_iter()
+        .map(|i| inputs[i].as_str())
+        .collect();
+    Some(
+        (0..extracted.len())
+            .filter(|&r| sampled.contains(extracted[r].as_str()))
+            .collect(),
+    )
+}
+
 const PLAN_FORMAT: &str = "craterdex-build-plan/1";
 
 /// What every part of one index shares. Saved as JSON, so that workers on other machines
@@ -326,7 +343,8 @@ mod tests {
         plan.write_part(&p0, &a, metas(&a)).unwrap();
         plan.write_part(&p1, &b, metas(&b)).unwrap();
         let out = tmp.path().join("index");
-        plan.commit(&out, std::slice::from_ref(&p0), &Silent).unwrap();
+        plan.commit(&out, std::slice::from_ref(&p0), &Silent)
+            .unwrap();
 
         std::fs::remove_file(p1.join(craterdex_index::parts::PART_FILE)).unwrap();
         let err = plan
@@ -358,5 +376,26 @@ mod tests {
         assert!(s.windows(2).all(|w| w[0] < w[1]));
         assert_eq!(s, learn_sample(20_000, 3));
         assert_ne!(s, learn_sample(20_000, 4));
+    }
+
+    #[test]
+    fn learn_rows_follow_the_sample_past_unreadable_images() {
+        let inputs: Vec<String> = (0..10_000).map(|i| format!("c{i}")).collect();
+        assert_eq!(learn_rows(&inputs[..100], &inputs[..99], 0), None);
+        // every third image could not be read
+        let extracted: Vec<String> = inputs
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i % 3 != 0)
+            .map(|(_, s)| s.clone())
+            .collect();
+        let rows = learn_rows(&inputs, &extracted, 5).unwrap();
+        let want: Vec<&str> = learn_sample(10_000, 5)
+            .into_iter()
+            .filter(|i| i % 3 != 0)
+            .map(|i| inputs[i].as_str())
+            .collect();
+        let got: Vec<&str> = rows.iter().map(|&r| extracted[r].as_str()).collect();
+        assert_eq!(got, want);
     }
 }

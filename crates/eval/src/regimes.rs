@@ -127,6 +127,27 @@ struct Search {
     params: SearchParams,
 }
 
+/// Runs every regime on the features of benchmark `b`'s gallery and queries (what `craterdex
+/// eval` and the Python `evaluate` do after extraction); `progress` as for [`run`].
+pub fn run_on_benchmark(
+    b: &crate::manifest::Benchmark,
+    gallery: &FeatureSet,
+    queries: &FeatureSet,
+    o: &EvalOptions,
+    progress: &dyn Fn(&str),
+) -> Result<Vec<RegimeResult>> {
+    let aligned = b.align(&gallery.ids, &queries.ids);
+    let input = EvalInput {
+        gallery,
+        queries,
+        gallery_metas: b.gallery_metas(&gallery.ids),
+        gallery_craters: &aligned.gallery_craters,
+        relevance: &aligned.relevance,
+        whitening_rows: b.unqueried_gallery_rows(&gallery.ids),
+    };
+    run(&input, o, progress)
+}
+
 /// Runs every regime; `progress` receives each regime's name as it starts.
 pub fn run(
     input: &EvalInput,

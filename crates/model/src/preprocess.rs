@@ -94,13 +94,9 @@ fn decode_checked(
         .context("not a readable image")?
         .into_dimensions()
         .context("not a readable image (JPEG, PNG, TIFF or PNM expected)")?;
-    check_shape(w, h)?;
-    if let Some(max) = max_pixels {
-        anyhow::ensure!(
-            w as u64 * h as u64 <= max,
-            "a {w}x{h} image is larger than a crater crop can be ({max} pixels); cut tiles \
-             into crops with `craterdex bench-build`"
-        );
+    match max_pixels {
+        Some(max) => check_crop_size(w, h, max)?,
+        None => check_shape(w, h)?,
     }
     if !allow_partial {
         check_complete(bytes)?;
@@ -110,6 +106,18 @@ fn decode_checked(
     // the decoder's own idea of the size must pass too
     check_shape(img.width(), img.height())?;
     Ok(img)
+}
+
+/// Fails unless a `w` x `h` image can be a crater crop: not empty, at most 64:1, at most
+/// `max` pixels (for images handed over decoded, as from Python, as for files).
+pub fn check_crop_size(w: u32, h: u32, max: u64) -> Result<()> {
+    check_shape(w, h)?;
+    anyhow::ensure!(
+        w as u64 * h as u64 <= max,
+        "a {w}x{h} image is larger than a crater crop can be ({max} pixels); cut tiles \
+         into crops with `craterdex bench-build`"
+    );
+    Ok(())
 }
 
 fn check_shape(w: u32, h: u32) -> Result<()> {

@@ -70,15 +70,6 @@ pub fn evaluate_features(
     queries: FeatureSet,
     o: &regimes::EvalOptions,
 ) -> Result<EvalOutcome> {
-    let aligned = b.align(&gallery.ids, &queries.ids);
-    let input = regimes::EvalInput {
-        gallery: &gallery,
-        queries: &queries,
-        gallery_metas: b.gallery_metas(&gallery.ids),
-        gallery_craters: &aligned.gallery_craters,
-        relevance: &aligned.relevance,
-        whitening_rows: b.unqueried_gallery_rows(&gallery.ids),
-    };
     let pb = indicatif::ProgressBar::new_spinner();
     let started = std::sync::Mutex::new((String::new(), std::time::Instant::now()));
     let log_done = || {
@@ -87,7 +78,7 @@ pub fn evaluate_features(
             eprintln!("  {:<28} {:>6.1}s", s.0, s.1.elapsed().as_secs_f64());
         }
     };
-    let results = regimes::run(&input, o, &|name| {
+    let results = regimes::run_on_benchmark(&b, &gallery, &queries, o, &|name| {
         log_done();
         *started.lock().unwrap() = (name.to_string(), std::time::Instant::now());
         pb.set_message(format!("evaluating {name}"));

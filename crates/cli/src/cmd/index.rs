@@ -5,9 +5,8 @@ use crate::args::{ModelOpts, RecipeOpts};
 use crate::output::{print_json, Bars};
 use anyhow::{bail, Result};
 use clap::Subcommand;
-use craterdex_engine::{learn_sample, Engine, Index, LEARN_SAMPLE_IMAGES};
+use craterdex_engine::{learn_rows, Engine, Index};
 use craterdex_eval::manifest;
-use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -85,15 +84,8 @@ pub fn run(c: IndexCmd) -> Result<()> {
                     let (items, metas) = dir_entries(&d, meta.as_deref())?;
                     let f = extractor.extract(&items, "images", &bars)?;
                     let metas = metas_in_order(metas, &f.ids)?;
-                    let learn = (items.len() > LEARN_SAMPLE_IMAGES).then(|| {
-                        let sampled: HashSet<&str> = learn_sample(items.len(), recipe.seed)
-                            .into_iter()
-                            .map(|i| items[i].0.as_str())
-                            .collect();
-                        (0..f.len())
-                            .filter(|&r| sampled.contains(f.ids[r].as_str()))
-                            .collect()
-                    });
+                    let ids: Vec<String> = items.iter().map(|(id, _)| id.clone()).collect();
+                    let learn = learn_rows(&ids, &f.ids, recipe.seed);
                     (f, metas, learn)
                 }
                 _ => bail!("give --manifest or --dir"),

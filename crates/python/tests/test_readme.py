@@ -1,0 +1,33 @@
+"""The README's Python example runs as written, on the output of `craterdex demo`."""
+
+import os
+import re
+
+import pytest
+
+from conftest import REPO, REAL_HOME
+
+
+def readme_python_blocks():
+    text = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    section = text.split("\n## Python", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+
+
+def test_the_readme_example_runs(tmp_path, monkeypatch):
+    demo = os.environ.get("CRATERDEX_DEMO_DIR")
+    if not demo:
+        pytest.skip("CRATERDEX_DEMO_DIR is not set (CI points it at its `craterdex demo` output)")
+    blocks = readme_python_blocks()
+    assert blocks, "README has no Python example"
+    os.symlink(os.path.abspath(demo), tmp_path / "craterdex-demo")
+    monkeypatch.chdir(tmp_path)
+    # the default model lives in the user's home, not the tests' fresh one
+    if REAL_HOME is None:
+        monkeypatch.delenv("CRATERDEX_HOME", raising=False)
+    else:
+        monkeypatch.setenv("CRATERDEX_HOME", REAL_HOME)
+    scope = {}
+    for code in blocks:
+        exec(compile(code, "README.md", "exec"), scope)
+    assert 0.3 < scope["found"] <= 1.0
