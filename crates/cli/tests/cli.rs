@@ -210,6 +210,78 @@ fn full_workflow_on_a_tiny_model() {
     assert!(std::fs::read_to_string(e.root.join("r.html"))
         .unwrap()
         .contains("<svg"));
+
+    // the same benchmark with a turned query split, and eval on both query sets
+    let tile_arg = tile.to_str().unwrap();
+    let cat_arg = cat.to_str().unwrap();
+    e.ok(&[
+        "bench-build",
+        "--tile",
+        tile_arg,
+        "--craters",
+        cat_arg,
+        "--out",
+        "turned",
+        "--query-craters",
+        "4",
+        "--min-diameter",
+        "10",
+        "--rotated-split",
+    ]);
+    assert_eq!(
+        std::fs::read(e.root.join("turned/splits/test.json")).unwrap(),
+        std::fs::read(e.root.join("bench/splits/test.json")).unwrap()
+    );
+    let upright = e.path("turned/splits/test.json");
+    let turned = e.path("turned/splits/test_rotated.json");
+    let mut args = vec![
+        "eval",
+        "--manifest",
+        &upright,
+        "--rotated",
+        &turned,
+        "--quick",
+        "--json",
+        "t.json",
+    ];
+    args.extend(common);
+    let printed = e.ok(&args);
+    assert!(
+        printed.contains("as built and turned (paired)"),
+        "{printed}"
+    );
+    let t: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(e.root.join("t.json")).unwrap()).unwrap();
+    let map = t["rotated"]["regimes"]["inst_fps_k32_white"]["mAP"]
+        .as_f64()
+        .unwrap();
+    assert!((0.0..=1.0).contains(&map), "{map}");
+    e.ok(&[
+        "bench-build",
+        "--tile",
+        tile_arg,
+        "--craters",
+        cat_arg,
+        "--out",
+        "other",
+        "--query-craters",
+        "4",
+        "--min-diameter",
+        "14",
+    ]);
+    let other = e.path("other/splits/test.json");
+    let mut args = vec![
+        "eval",
+        "--manifest",
+        &upright,
+        "--rotated",
+        &other,
+        "--quick",
+    ];
+    args.extend(common);
+    let o = e.run(&args);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("is not the gallery of"));
 }
 
 #[test]

@@ -29,6 +29,12 @@ pub struct BuildOptions {
     pub context: (f64, f64),
     pub shift: f64,
     pub rotate: bool,
+    /// Also write every query view turned by a seeded random angle and mirrored half of
+    /// the time (`splits/test_rotated.json`, same gallery): the same crater from another
+    /// orbit and under another sun azimuth, as far as a 2-D image allows (shading turns
+    /// and flips with the crater; nothing is relit).
+    #[serde(default)]
+    pub rotated_split: bool,
     pub brightness: f64,
     pub contrast: (f64, f64),
     pub gamma: (f64, f64),
@@ -47,6 +53,7 @@ impl Default for BuildOptions {
             context: (1.6, 3.6),
             shift: 0.15,
             rotate: false,
+            rotated_split: false,
             brightness: 0.08,
             contrast: (0.8, 1.25),
             gamma: (0.8, 1.25),
@@ -63,6 +70,10 @@ pub struct BuildReport {
     pub craters: usize,
     pub gallery_images: usize,
     pub query_images: usize,
+    /// Views in `splits/test_rotated.json` (a view whose turned crop leaves the tile is
+    /// missing there).
+    #[serde(default)]
+    pub rotated_query_images: usize,
     pub skipped_small: usize,
     pub skipped_outside: usize,
 }
@@ -335,6 +346,9 @@ pub fn build(inputs: &[Input], out: &Path, o: &BuildOptions) -> Result<BuildRepo
     for d in ["images/gallery", "images/query", "splits", "metadata"] {
         std::fs::create_dir_all(tmp.join(d))?;
     }
+    if o.rotated_split {
+        std::fs::create_dir_all(tmp.join("images/query_rotated"))?;
+    }
     let mut report = BuildReport::default();
     let mut tiles = Vec::new();
     let mut candidates = Vec::new();
@@ -396,6 +410,9 @@ pub fn build(inputs: &[Input], out: &Path, o: &BuildOptions) -> Result<BuildRepo
     };
     chosen.sort_unstable();
     let mut queries = Vec::new();
+    // its own stream, so that the unrotated split is the same with or without this one
+    let mut turn_rng = ChaCha8Rng::seed_from_u64(o.seed ^ 0x7075_726e);
+    let mut rotated = Vec::new();
     for &ci in &chosen {
         let cand = &candidates[ci];
         let t = &tiles[cand.tile];
@@ -424,22 +441,43 @@ pub fn build(inputs: &[Input], out: &Path, o: &BuildOptions) -> Result<BuildRepo
             } else {
                 0.0
             };
+            let (turn, mirror) = (
+                turn_rng.gen_range(0.0..std::f64::consts::TAU),
+                turn_rng.gen_bool(0.5),
+            );
+            let entry = |name: String, rel: String, view: String| Entry {
+                image_id: name,
+                path: rel,
+                crater_id: cand.id.clone(),
+                view_type: Some(view),
+                relevant_crater_ids: Some(relevant.clone()),
+                lat: cand.geo.as_ref().map(|g| g.lat),
+                lon: cand.geo.as_ref().map(|g| g.lon),
+                diameter_km: cand.geo.as_ref().map(|g| g.diameter_km),
+            };
             match t.crop(cand, dx, dy, ctx * d, angle) {
                 Some((side, mut px)) => {
+                    // the turned view gets the same photometric change
+                    let mut same_draws = rng.clone();
                     photometric(&mut px, side, o, &mut rng);
                     let name = format!("{}_q{v}", cand.id);
                     let rel = format!("images/query/{name}.png");
                     save(&tmp.join(&rel), side, &px)?;
-                    queries.push(Entry {
-                        image_id: name,
-                        path: rel,
-                        crater_id: cand.id.clone(),
-                        view_type: Some(format!("q{ctx:.2}x")),
-                        relevant_crater_ids: Some(relevant.clone()),
-                        lat: cand.geo.as_ref().map(|g| g.lat),
-                        lon: cand.geo.as_ref().map(|g| g.lon),
-                        diameter_km: cand.geo.as_ref().map(|g| g.diameter_km),
-                    });
+                    queries.push(entry(name.clone(), rel, format!("q{ctx:.2}x")));
+                    if o.rotated_split {
+                        if let Some((side, mut px)) = t.crop(cand, dx, dy, ctx * d, angle + turn) {
+                            if mirror {
+                                px.chunks_mut(side).for_each(<[f32]>::reverse);
+                            }
+                            photometric(&mut px, side, o, &mut same_draws);
+                            let name = format!("{name}r");
+                            let rel = format!("images/query_rotated/{name}.png");
+                            save(&tmp.join(&rel), side, &px)?;
+                            let how = if mirror { "m" } else { "" };
+                            let deg = turn.to_degrees();
+                            rotated.push(entry(name, rel, format!("q{ctx:.2}x-r{deg:.0}{how}")));
+                        }
+                    }
                 }
                 None => report.skipped_outside += 1,
             }
@@ -447,11 +485,24 @@ pub fn build(inputs: &[Input], out: &Path, o: &BuildOptions) -> Result<BuildRepo
     }
     report.gallery_images = gallery.len();
     report.query_images = queries.len();
+    report.rotated_query_images = rotated.len();
     ensure!(
         !gallery.is_empty(),
         "no crater produced a gallery crop (all smaller than {} px or too close to the edge)",
         o.min_diameter
     );
+    if o.rotated_split {
+        let manifest = Manifest {
+            split_name: "test_rotated".into(),
+            version: "craterdex-built-1".into(),
+            gallery_images: gallery.clone(),
+            query_images: rotated,
+        };
+        std::fs::write(
+            tmp.join("splits/test_rotated.json"),
+            serde_json::to_vec_pretty(&manifest)?,
+        )?;
+    }
     let manifest = Manifest {
         split_name: "test".into(),
         version: "craterdex-built-1".into(),
@@ -512,11 +563,51 @@ mod tests {
         assert_eq!(first.width(), 40);
         // seeded: the same options give the same images
         let out2 = d.path().join("bench2");
-        build(&[input], &out2, &o).unwrap();
+        build(std::slice::from_ref(&input), &out2, &o).unwrap();
         let q = &b.manifest.query_images[2].path;
         assert_eq!(
             std::fs::read(out.join(q)).unwrap(),
             std::fs::read(out2.join(q)).unwrap()
         );
+        assert!(!out.join("splits/test_rotated.json").exists());
+
+        // a turned split leaves the upright one as it was, and turns every view it can
+        let out3 = d.path().join("bench3");
+        let turned = BuildOptions {
+            rotated_split: true,
+            ..o.clone()
+        };
+        let r3 = build(&[input], &out3, &turned).unwrap();
+        assert_eq!(
+            std::fs::read(out3.join("splits/test.json")).unwrap(),
+            std::fs::read(out.join("splits/test.json")).unwrap()
+        );
+        for e in &b.manifest.query_images {
+            assert_eq!(
+                std::fs::read(out3.join(&e.path)).unwrap(),
+                std::fs::read(out.join(&e.path)).unwrap()
+            );
+        }
+        let t = crate::manifest::load(&out3.join("splits/test_rotated.json"), None).unwrap();
+        assert_eq!(r3.rotated_query_images, t.manifest.query_images.len());
+        assert!(r3.rotated_query_images >= 4, "{r3:?}");
+        assert_eq!(t.manifest.gallery_images, b.manifest.gallery_images);
+        for e in &t.manifest.query_images {
+            let upright = b
+                .manifest
+                .query_images
+                .iter()
+                .find(|u| format!("{}r", u.image_id) == e.image_id)
+                .expect("each turned view has its upright view");
+            assert_eq!(upright.crater_id, e.crater_id);
+            assert_eq!(upright.relevant_crater_ids, e.relevant_crater_ids);
+            assert!(e.view_type.as_deref().unwrap().contains("-r"));
+            let (a, b) = (
+                image::open(out3.join(&upright.path)).unwrap().to_luma8(),
+                image::open(out3.join(&e.path)).unwrap().to_luma8(),
+            );
+            assert_eq!(a.dimensions(), b.dimensions());
+            assert_ne!(a.as_raw(), b.as_raw());
+        }
     }
 }

@@ -38,8 +38,13 @@ pub struct BenchBuildCmd {
     /// Largest centre shift, in crater diameters.
     #[arg(long, default_value_t = 0.15)]
     shift: f64,
+    /// Turn every query view by a random angle.
     #[arg(long)]
     rotate: bool,
+    /// Also write the query views turned by a seeded random angle and mirrored half of the
+    /// time, as splits/test_rotated.json (same gallery; `craterdex eval --rotated` compares).
+    #[arg(long)]
+    rotated_split: bool,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Instead of a benchmark: cut the tiles into windows of this many pixels (for
@@ -76,6 +81,7 @@ pub fn run(c: BenchBuildCmd) -> Result<()> {
         context: (c.context_min, c.context_max),
         shift: c.shift,
         rotate: c.rotate,
+        rotated_split: c.rotated_split,
         seed: c.seed,
         ..Default::default()
     };
@@ -109,5 +115,13 @@ pub fn run(c: BenchBuildCmd) -> Result<()> {
         o.min_diameter,
         r.skipped_outside
     );
+    if o.rotated_split {
+        println!(
+            "{} turned query views in {} ({} turned crops left the image)",
+            r.rotated_query_images,
+            c.out.join("splits/test_rotated.json").display(),
+            r.query_images - r.rotated_query_images
+        );
+    }
     Ok(())
 }

@@ -26,6 +26,11 @@ pub struct EvalCmd {
     /// Fewer regimes (K 16 and 32, S 100, int8, no full LI, no k-means).
     #[arg(long)]
     quick: bool,
+    /// A second query set of the same gallery (`bench-build --rotated-split` writes
+    /// splits/test_rotated.json): every regime is also run on it, and the table shows what
+    /// turning the queries costs.
+    #[arg(long)]
+    rotated: Option<PathBuf>,
     #[command(flatten)]
     model: ModelOpts,
 }
@@ -217,7 +222,110 @@ pub fn run(c: EvalCmd) -> Result<()> {
         c.report.as_deref(),
         "craterdex evaluation",
         info,
-    )
+    )?;
+    if let Some(turned) = &c.rotated {
+        let b = manifest::load(turned, c.root.as_deref())?;
+        let same_gallery = b.manifest.gallery_images.len()
+            == out.benchmark.manifest.gallery_images.len()
+            && b.manifest
+                .gallery_images
+                .iter()
+                .zip(&out.benchmark.manifest.gallery_images)
+                .all(|(a, g)| a.image_id == g.image_id);
+        if !same_gallery {
+            bail!(
+                "{}: its gallery is not the gallery of {}",
+                turned.display(),
+                c.manifest.display()
+            );
+        }
+        let queries = c
+            .model
+            .load()?
+            .extract(&b.query_items(), "turned queries", &Bars::new())?;
+        let results = regimes::run_on_benchmark(&b, &out.gallery, &queries, &o, &|_| {})?;
+        println!(
+            "\n{}",
+            turned_table(&out.results, &out.queries.ids, &results, &queries.ids)
+        );
+        if let Some(j) = &c.json {
+            let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(j)?)?;
+            v["rotated"] = regimes::to_json(
+                &results,
+                serde_json::json!({"manifest": turned.display().to_string()}),
+            );
+            craterdex_durable::write_atomic(j, &serde_json::to_vec_pretty(&v)?)?;
+        }
+    }
+    Ok(())
+}
+
+/// Each regime's mAP and R@1 over the query views that exist both as built and turned
+/// (a turned crop that leaves the tile is missing), paired view by view, so that the loss
+/// is what turning costs and nothing else.
+fn turned_table(
+    upright: &[regimes::RegimeResult],
+    upright_ids: &[String],
+    turned: &[regimes::RegimeResult],
+    turned_ids: &[String],
+) -> String {
+    let position: std::collections::HashMap<&str, usize> = upright_ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| (id.as_str(), i))
+        .collect();
+    let pairs: Vec<(usize, usize)> = turned_ids
+        .iter()
+        .enumerate()
+        .filter_map(|(t, id)| Some((*position.get(id.strip_suffix('r')?)?, t)))
+        .collect();
+    let mut table = format!(
+        "{} query views as built and turned (paired)\n{:<30} {:>7} {:>7} {:>7} {:>6} {:>6}\n",
+        pairs.len(),
+        "regime",
+        "mAP",
+        "turned",
+        "loss",
+        "R@1",
+        "turned"
+    );
+    for u in upright {
+        let Some(r) = turned.iter().find(|r| r.name == u.name) else {
+            continue;
+        };
+        let by_query =
+            |res: &regimes::RegimeResult| -> std::collections::HashMap<usize, (f64, bool)> {
+                res.per_query
+                    .iter()
+                    .filter_map(|q| {
+                        Some((
+                            q.query,
+                            (q.average_precision?, q.first_relevant_rank == Some(1)),
+                        ))
+                    })
+                    .collect()
+            };
+        let (bu, bt) = (by_query(u), by_query(r));
+        let both: Vec<((f64, bool), (f64, bool))> = pairs
+            .iter()
+            .filter_map(|(i, t)| Some((*bu.get(i)?, *bt.get(t)?)))
+            .collect();
+        let n = both.len().max(1) as f64;
+        let map_u = both.iter().map(|(a, _)| a.0).sum::<f64>() / n;
+        let map_t = both.iter().map(|(_, b)| b.0).sum::<f64>() / n;
+        let r1_u = both.iter().filter(|(a, _)| a.1).count() as f64 / n;
+        let r1_t = both.iter().filter(|(_, b)| b.1).count() as f64 / n;
+        table.push_str(&format!(
+            "{:<30} {:>7.4} {:>7.4} {:>7.4} {:>6.3} {:>6.3}\n",
+            u.name,
+            map_u,
+            map_t,
+            map_u - map_t,
+            r1_u,
+            r1_t
+        ));
+    }
+    table
 }
 
 #[cfg(test)]
