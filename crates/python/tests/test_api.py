@@ -123,6 +123,16 @@ def test_link_and_dedup_return_tables(tiny, crops, tmp_path):
     assert (groups.groupby("group")["survivor"].sum() == 1).all()
     assert {"group", "id", "survivor", "crater_id"} <= set(groups.columns)
 
+    # growing the catalogue: a rule that calls everything new inserts every entry once
+    rule = idx.rule()
+    rule.update(appearance_weights=[-20.0, 0.0], geometry_weights=[-20.0, 0.0, 0.0, 0.0])
+    grown = idx.link(second, rule=rule, insert_new=True)
+    assert (grown["decision"] == "new").all() and grown["inserted"].all()
+    assert len(idx) == len(first) + len(second)
+    assert not idx.link(second, rule=rule, insert_new=True)["inserted"].any()
+    assert len(craterdex.Index.open(tmp_path / "i")) == len(first) + len(second)
+    assert idx.search(paths=[second["path"].iloc[3]], top_k=1)["id"].tolist() == [second["id"].iloc[3]]
+
 
 def test_the_gil_is_released_during_extraction(tiny):
     images = [helpers.crater_image(i % 50) for i in range(3000)]
