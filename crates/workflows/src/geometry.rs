@@ -205,23 +205,35 @@ impl SpatialGrid {
         let (x, y, d, body) = planar(p, self.body_radius_km);
         // the farthest a match can lie: reach x half the larger diameter, which is at most
         // max_ratio x the query's
-        let span = ((self.reach_radii * d * self.max_ratio / 2.0) / self.cell).ceil() as i64;
-        let span = span.max(1);
-        let (cx, cy) = (
-            (x / self.cell).floor() as i64,
-            (y / self.cell).floor() as i64,
-        );
+        let span = ((self.reach_radii * d * self.max_ratio / 2.0) / self.cell)
+            .ceil()
+            .max(1.0);
+        let (cx, cy) = ((x / self.cell).floor(), (y / self.cell).floor());
         let mut out = Vec::new();
-        for gx in cx - span..=cx + span {
-            for gy in cy - span..=cy + span {
-                let Some(items) = self.cells.get(&(gx, gy, body)) else {
-                    continue;
-                };
-                for &(i, q) in items {
-                    if let Some((offset, ratio)) = evidence(p, q, self.body_radius_km) {
-                        if offset <= self.reach_radii && ratio <= self.max_ratio {
-                            out.push((i, offset, ratio));
-                        }
+        let mut look = |items: &Vec<(usize, Position)>| {
+            for &(i, q) in items {
+                if let Some((offset, ratio)) = evidence(p, q, self.body_radius_km) {
+                    if offset <= self.reach_radii && ratio <= self.max_ratio {
+                        out.push((i, offset, ratio));
+                    }
+                }
+            }
+        };
+        // A window wider than the grid has cells (a huge diameter, say, from an upload)
+        // reads the cells there are instead, so a lookup never costs more than a scan.
+        if (2.0 * span + 1.0).powi(2) > self.cells.len() as f64 {
+            for (key, items) in &self.cells {
+                let (gx, gy) = (key.0 as f64, key.1 as f64);
+                if key.2 == body && (gx - cx).abs() <= span && (gy - cy).abs() <= span {
+                    look(items);
+                }
+            }
+        } else {
+            let (span, cx, cy) = (span as i64, cx as i64, cy as i64);
+            for gx in cx.saturating_sub(span)..=cx.saturating_add(span) {
+                for gy in cy.saturating_sub(span)..=cy.saturating_add(span) {
+                    if let Some(items) = self.cells.get(&(gx, gy, body)) {
+                        look(items);
                     }
                 }
             }
@@ -284,6 +296,15 @@ mod tests {
             frame(250.0, 250.0, 10.0),
             frame(3.0, 490.0, 30.0),
             frame(100.0, 7.0, 5.0),
+            // wider than the grid: the lookup scans the cells there are
+            frame(250.0, 250.0, 45.0),
+            frame(250.0, 250.0, 1e12),
+            frame(1e300, -1e300, 20.0),
+            Position::Body {
+                lat: 10.0,
+                lon: 20.0,
+                diameter_km: 1e15,
+            },
         ] {
             let mut want: Vec<(usize, f64, f64)> = items
                 .iter()
@@ -296,5 +317,15 @@ mod tests {
             want.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
             assert_eq!(grid.near(q), want);
         }
+        // an index without positions sizes its grid for craters of no size at all: a
+        // positioned query once looped over (10^10)^2 cells there (POST /v1/link hung;
+        // found by schemathesis)
+        let empty = SpatialGrid::of(std::iter::empty(), 3.0, 1.5, 1.0, 0.0);
+        let q = Position::Body {
+            lat: 10.0,
+            lon: 20.0,
+            diameter_km: 3.0,
+        };
+        assert!(empty.near(q).is_empty());
     }
 }
