@@ -249,23 +249,6 @@ impl TileArgs {
     }
 }
 
-/// The metadata of `ids` (the images extraction could read, in its order), from `metas`;
-/// fails naming an id without metadata.
-pub fn metas_in_order(
-    metas: impl IntoIterator<Item = craterdex_engine::ImageMeta>,
-    ids: &[String],
-) -> Result<Vec<craterdex_engine::ImageMeta>> {
-    let mut by_id: std::collections::HashMap<String, craterdex_engine::ImageMeta> =
-        metas.into_iter().map(|m| (m.id.clone(), m)).collect();
-    ids.iter()
-        .map(|id| {
-            by_id
-                .remove(id)
-                .ok_or_else(|| anyhow::anyhow!("no metadata for {id}"))
-        })
-        .collect()
-}
-
 /// The metadata of the crops `ids` in `dir` (`<id>.png`) from a CSV craterdex wrote beside
 /// them, in the order of `ids`; every id must have its row.
 pub fn csv_metas_in_order(
@@ -280,5 +263,5 @@ pub fn csv_metas_in_order(
             m.path = Some(dir.join(format!("{}.png", m.id)).display().to_string());
             m
         });
-    metas_in_order(metas, ids).with_context(|| csv.display().to_string())
+    craterdex_engine::inputs::metas_in_order(metas, ids).with_context(|| csv.display().to_string())
 }

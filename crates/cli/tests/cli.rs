@@ -41,6 +41,31 @@ impl Env {
     fn path(&self, p: &str) -> String {
         self.root.join(p).display().to_string()
     }
+    /// `bench-build` of the generated tile into `out`; returns what it printed.
+    fn bench_build(
+        &self,
+        (tile, cat): (&Path, &Path),
+        out: &str,
+        queries: &str,
+        min_diameter: &str,
+        extra: &[&str],
+    ) -> String {
+        let mut args = vec![
+            "bench-build",
+            "--tile",
+            tile.to_str().unwrap(),
+            "--craters",
+            cat.to_str().unwrap(),
+            "--out",
+            out,
+            "--query-craters",
+            queries,
+            "--min-diameter",
+            min_diameter,
+        ];
+        args.extend(extra);
+        self.ok(&args)
+    }
     /// A tiny generated checkpoint imported as model `tiny`; returns its directory.
     fn tiny_model(&self) -> String {
         let ckpt = write_tiny_model(&self.root.join("ckpt"));
@@ -114,19 +139,7 @@ fn full_workflow_on_a_tiny_model() {
     assert_eq!(info["hidden_size"], D);
 
     let (tile, cat) = write_tile(&e.root);
-    let built = e.ok(&[
-        "bench-build",
-        "--tile",
-        tile.to_str().unwrap(),
-        "--craters",
-        cat.to_str().unwrap(),
-        "--out",
-        "bench",
-        "--query-craters",
-        "4",
-        "--min-diameter",
-        "10",
-    ]);
+    let built = e.bench_build((&tile, &cat), "bench", "4", "10", &[]);
     assert!(built.contains("query images"), "{built}");
     let manifest = e.path("bench/splits/test.json");
     let common = ["--model", model.as_str(), "--size", "16"];
@@ -212,22 +225,7 @@ fn full_workflow_on_a_tiny_model() {
         .contains("<svg"));
 
     // the same benchmark with a turned query split, and eval on both query sets
-    let tile_arg = tile.to_str().unwrap();
-    let cat_arg = cat.to_str().unwrap();
-    e.ok(&[
-        "bench-build",
-        "--tile",
-        tile_arg,
-        "--craters",
-        cat_arg,
-        "--out",
-        "turned",
-        "--query-craters",
-        "4",
-        "--min-diameter",
-        "10",
-        "--rotated-split",
-    ]);
+    e.bench_build((&tile, &cat), "turned", "4", "10", &["--rotated-split"]);
     assert_eq!(
         std::fs::read(e.root.join("turned/splits/test.json")).unwrap(),
         std::fs::read(e.root.join("bench/splits/test.json")).unwrap()
@@ -256,19 +254,7 @@ fn full_workflow_on_a_tiny_model() {
         .as_f64()
         .unwrap();
     assert!((0.0..=1.0).contains(&map), "{map}");
-    e.ok(&[
-        "bench-build",
-        "--tile",
-        tile_arg,
-        "--craters",
-        cat_arg,
-        "--out",
-        "other",
-        "--query-craters",
-        "4",
-        "--min-diameter",
-        "14",
-    ]);
+    e.bench_build((&tile, &cat), "other", "4", "14", &[]);
     let other = e.path("other/splits/test.json");
     let mut args = vec![
         "eval",
@@ -430,19 +416,7 @@ fn eval_default_regime_ranks_like_index_build_and_search() {
     let e = Env::new();
     let model = e.tiny_model();
     let (tile, cat) = write_tile(&e.root);
-    e.ok(&[
-        "bench-build",
-        "--tile",
-        tile.to_str().unwrap(),
-        "--craters",
-        cat.to_str().unwrap(),
-        "--out",
-        "bench",
-        "--query-craters",
-        "5",
-        "--min-diameter",
-        "10",
-    ]);
+    e.bench_build((&tile, &cat), "bench", "5", "10", &[]);
     let manifest = e.path("bench/splits/test.json");
     let common = ["--model", model.as_str(), "--size", "16"];
     let mut args = vec![
@@ -504,19 +478,7 @@ fn link_inserts_what_is_new_once_and_dedup_groups_exact_copies() {
     let e = Env::new();
     let model = e.tiny_model();
     let (tile, cat) = write_tile(&e.root);
-    e.ok(&[
-        "bench-build",
-        "--tile",
-        tile.to_str().unwrap(),
-        "--craters",
-        cat.to_str().unwrap(),
-        "--out",
-        "bench",
-        "--query-craters",
-        "4",
-        "--min-diameter",
-        "10",
-    ]);
+    e.bench_build((&tile, &cat), "bench", "4", "10", &[]);
     let manifest = e.path("bench/splits/test.json");
     let common = ["--model", model.as_str(), "--size", "16"];
     let mut args = vec![

@@ -67,3 +67,20 @@ pub fn metas_for(items: &[(String, PathBuf)], ids: &[String]) -> Vec<ImageMeta> 
         })
         .collect()
 }
+
+/// The metadata of `ids` (the images extraction could read, in its order), from `metas`;
+/// fails naming an id without metadata.
+pub fn metas_in_order(
+    metas: impl IntoIterator<Item = ImageMeta>,
+    ids: &[String],
+) -> Result<Vec<ImageMeta>> {
+    let mut by_id: HashMap<String, ImageMeta> =
+        metas.into_iter().map(|m| (m.id.clone(), m)).collect();
+    ids.iter()
+        .map(|id| {
+            by_id
+                .remove(id)
+                .ok_or_else(|| anyhow::anyhow!("no metadata for {id}"))
+        })
+        .collect()
+}

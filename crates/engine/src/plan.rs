@@ -8,8 +8,7 @@
 use crate::progress::Progress;
 use crate::recipe::{encode_all, IndexRecipe, IvfSetting};
 use anyhow::{ensure, Context, Result};
-use craterdex_index::ivf::{default_nprobe, Ivf};
-use craterdex_index::parts::{commit_parts, part_singles, write_part};
+use craterdex_index::parts::{commit_parts, part_images, part_singles, write_part};
 use craterdex_index::{Codec, ImageMeta, TokenCodec};
 use craterdex_model::extract::FeatureSet;
 use craterdex_tokens::{Descriptors, Encoder};
@@ -176,34 +175,29 @@ impl BuildPlan {
     /// part's single vectors, as a one-shot build trains them on all of its images.
     pub fn commit(&self, dir: &Path, parts: &[PathBuf], progress: &dyn Progress) -> Result<usize> {
         let codec = self.token_codec();
-        progress.start("read parts", parts.len());
-        let mut singles = Vec::new();
-        let lists = match self.ivf {
-            IvfSetting::Off => None,
-            _ => {
+        let recipe = IndexRecipe {
+            ivf: self.ivf,
+            nprobe: self.nprobe,
+            seed: self.seed,
+            ..Default::default()
+        };
+        let mut images = 0;
+        for p in parts {
+            images += part_images(p)?;
+        }
+        let ivf = match recipe.ivf_lists(images)? {
+            None => None,
+            Some(_) => {
+                progress.start("read parts", parts.len());
+                let mut singles = Vec::new();
                 for (i, p) in parts.iter().enumerate() {
                     singles.extend(part_singles(p, &codec)?);
                     progress.advance(i + 1);
                 }
-                let dim = self.encoder.single_dim(self.feature_dim);
-                let recipe = IndexRecipe {
-                    ivf: self.ivf,
-                    ..Default::default()
-                };
-                recipe.ivf_lists(singles.len() / dim.max(1))?
+                progress.finish();
+                recipe.train_ivf_on(&singles, self.encoder.single_dim(self.feature_dim))?
             }
         };
-        progress.finish();
-        let ivf = match lists {
-            Some(lists) => {
-                let dim = self.encoder.single_dim(self.feature_dim);
-                let ivf = Ivf::train(&singles, dim, lists, self.seed)?;
-                let nprobe = self.nprobe.unwrap_or(default_nprobe(lists));
-                Some((ivf, nprobe))
-            }
-            None => None,
-        };
-        drop(singles);
         commit_parts(
             dir,
             &self.encoder,

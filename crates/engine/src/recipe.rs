@@ -134,13 +134,22 @@ impl IndexRecipe {
 
     /// The IVF lists of `descs` and the lists a query scans, when the recipe asks for them.
     fn train_ivf(&self, descs: &[Descriptors]) -> Result<Option<(Ivf, usize)>> {
-        Ok(match self.ivf_lists(descs.len())? {
+        if self.ivf_lists(descs.len())?.is_none() {
+            return Ok(None);
+        }
+        let singles: Vec<f32> = descs
+            .iter()
+            .flat_map(|d| d.single.iter().copied())
+            .collect();
+        self.train_ivf_on(&singles, descs[0].single.len())
+    }
+
+    /// The IVF lists of the `dim`-d single vectors `singles` (all of a gallery's, in
+    /// order) and the lists a query scans, when the recipe asks for them.
+    pub(crate) fn train_ivf_on(&self, singles: &[f32], dim: usize) -> Result<Option<(Ivf, usize)>> {
+        Ok(match self.ivf_lists(singles.len() / dim.max(1))? {
             Some(lists) => {
-                let singles: Vec<f32> = descs
-                    .iter()
-                    .flat_map(|d| d.single.iter().copied())
-                    .collect();
-                let ivf = Ivf::train(&singles, descs[0].single.len(), lists, self.seed)?;
+                let ivf = Ivf::train(singles, dim, lists, self.seed)?;
                 let nprobe = self.nprobe.unwrap_or(default_nprobe(lists));
                 Some((ivf, nprobe))
             }

@@ -78,7 +78,8 @@ struct Part {
     metas: Vec<ImageMeta>,
 }
 
-fn open_part(dir: &Path, codec: &TokenCodec) -> Result<(Part, usize, usize)> {
+/// The record that marks the part at `dir` complete.
+fn read_info(dir: &Path) -> Result<PartInfo> {
     let marker = dir.join(PART_FILE);
     let bytes = std::fs::read(&marker).with_context(|| {
         format!(
@@ -86,8 +87,16 @@ fn open_part(dir: &Path, codec: &TokenCodec) -> Result<(Part, usize, usize)> {
             dir.display()
         )
     })?;
-    let mut info: PartInfo = serde_json::from_slice(&bytes)
-        .with_context(|| format!("{}: malformed", marker.display()))?;
+    serde_json::from_slice(&bytes).with_context(|| format!("{}: malformed", marker.display()))
+}
+
+/// How many images the part at `dir` holds (from its record; nothing else is read).
+pub fn part_images(dir: &Path) -> Result<usize> {
+    Ok(read_info(dir)?.segment.count)
+}
+
+fn open_part(dir: &Path, codec: &TokenCodec) -> Result<(Part, usize, usize)> {
+    let mut info = read_info(dir)?;
     let (parent, name) = parent_and_name(dir)?;
     info.segment.name = name;
     let shape = Shape {
@@ -123,7 +132,8 @@ pub fn commit_parts(
     ivf: IvfChoice,
 ) -> Result<usize> {
     ensure!(!parts.is_empty(), "no parts to commit");
-    let (_, single_dim, k) = open_part(&parts[0], codec)?;
+    let first = read_info(&parts[0])?;
+    let (single_dim, k) = (first.single_dim, first.tokens_per_image);
     let encoder_bytes = serde_json::to_vec(encoder)?;
     let manifest = Index::new_manifest(&encoder_bytes, codec, model, single_dim, k, ivf)?;
     let mut images = 0;

@@ -8,6 +8,7 @@
 //! search work. Errors become `craterdex.CraterdexError` with the CLI's message.
 
 use anyhow::{bail, ensure, Context};
+use craterdex_engine::inputs::metas_in_order;
 use craterdex_engine::{
     learn_rows, BuildPlan, Codec, Engine, ExtractSettings, Extractor, FeatureSet, ImageMeta,
     IndexRecipe, IvfSetting, Mode, ModelSpec, Pooling, Precision, ResizeMode, SearchParams,
@@ -73,13 +74,6 @@ fn items_of(metas: &[ImageMeta]) -> PyResult<Vec<(String, PathBuf)>> {
             ))),
         })
         .collect()
-}
-
-/// The metadata of `ids` (the images that could be read) from the records, in that order.
-fn metas_in_order(metas: &[ImageMeta], ids: &[String]) -> Vec<ImageMeta> {
-    let by_id: std::collections::HashMap<&str, &ImageMeta> =
-        metas.iter().map(|m| (m.id.as_str(), m)).collect();
-    ids.iter().map(|id| by_id[id.as_str()].clone()).collect()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -409,7 +403,7 @@ impl PyIndex {
         let out2 = out.clone();
         let engine = py
             .detach(move || -> anyhow::Result<Engine> {
-                let metas = metas_in_order(&metas, &feats.ids);
+                let metas = metas_in_order(metas.iter().cloned(), &feats.ids)?;
                 let learn = learn_rows(&ids, &feats.ids, recipe.seed);
                 let encoder = recipe.learn_encoder(&feats, learn.as_deref())?;
                 recipe.write_index(
@@ -557,7 +551,9 @@ impl PyIndex {
         let mut guard = self.engine.write().unwrap_or_else(|e| e.into_inner());
         let engine: &Engine = &guard;
         let (n, grown) = py
-            .detach(|| engine.add_features(metas_in_order(&metas, &feats.ids), &feats))
+            .detach(|| {
+                engine.add_features(metas_in_order(metas.iter().cloned(), &feats.ids)?, &feats)
+            })
             .py_err()?;
         *guard = grown;
         Ok(n)
@@ -612,7 +608,7 @@ impl PyIndex {
         let (rows, grown) = py
             .detach(
                 || -> anyhow::Result<(Vec<craterdex_workflows::LinkRow>, Option<Engine>)> {
-                    let entries: Vec<_> = metas_in_order(&metas, &feats.ids)
+                    let entries: Vec<_> = metas_in_order(metas.iter().cloned(), &feats.ids)?
                         .into_iter()
                         .zip(engine.encode(&feats))
                         .collect();
@@ -793,7 +789,11 @@ fn write_part(
             );
         }
         let feats = x.extract(&items, "part", &Silent)?;
-        plan.write_part(&part_dir, &feats, metas_in_order(&metas, &feats.ids))
+        plan.write_part(
+            &part_dir,
+            &feats,
+            metas_in_order(metas.iter().cloned(), &feats.ids)?,
+        )
     })
     .py_err()
 }

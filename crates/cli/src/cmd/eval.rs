@@ -50,22 +50,28 @@ pub fn eval_options(quick: bool) -> regimes::EvalOptions {
     }
 }
 
-/// Extracts a benchmark once and runs every regime on it.
+/// Extracts a benchmark once with `extractor` and runs every regime on it.
 pub fn evaluate(
-    manifest_path: &std::path::Path,
-    root: Option<&std::path::Path>,
-    model: &ModelOpts,
+    b: manifest::Benchmark,
+    extractor: &craterdex_engine::Extractor,
     o: &regimes::EvalOptions,
 ) -> Result<EvalOutcome> {
-    let b = manifest::load(manifest_path, root)?;
-    if b.manifest.query_images.is_empty() {
-        bail!("{}: no query_images to evaluate", manifest_path.display());
-    }
-    let extractor = model.load()?;
     let bars = Bars::new();
     let gallery = extractor.extract(&b.gallery_items(), "gallery", &bars)?;
     let queries = extractor.extract(&b.query_items(), "queries", &bars)?;
     evaluate_features(b, gallery, queries, o)
+}
+
+/// The benchmark at `path`, refused when it has no query to evaluate.
+fn load_benchmark(
+    path: &std::path::Path,
+    root: Option<&std::path::Path>,
+) -> Result<manifest::Benchmark> {
+    let b = manifest::load(path, root)?;
+    if b.manifest.query_images.is_empty() {
+        bail!("{}: no query_images to evaluate", path.display());
+    }
+    Ok(b)
 }
 
 /// Runs every regime on features already extracted from benchmark `b`.
@@ -213,7 +219,30 @@ fn describe_run(v: &serde_json::Value) -> String {
 
 pub fn run(c: EvalCmd) -> Result<()> {
     let o = eval_options(c.quick);
-    let out = evaluate(&c.manifest, c.root.as_deref(), &c.model, &o)?;
+    let b = load_benchmark(&c.manifest, c.root.as_deref())?;
+    // a turned query set is checked before an hour of extraction, not after it
+    let turned = match &c.rotated {
+        Some(path) => {
+            let t = load_benchmark(path, c.root.as_deref())?;
+            let same_gallery = t.manifest.gallery_images.len() == b.manifest.gallery_images.len()
+                && t.manifest
+                    .gallery_images
+                    .iter()
+                    .zip(&b.manifest.gallery_images)
+                    .all(|(a, g)| a.image_id == g.image_id);
+            if !same_gallery {
+                bail!(
+                    "{}: its gallery is not the gallery of {}",
+                    path.display(),
+                    c.manifest.display()
+                );
+            }
+            Some((path, t))
+        }
+        None => None,
+    };
+    let extractor = c.model.load()?;
+    let out = evaluate(b, &extractor, &o)?;
     let info = serde_json::json!({"manifest": c.manifest.display().to_string(), "quick": c.quick});
     write_outputs(
         &out,
@@ -223,27 +252,9 @@ pub fn run(c: EvalCmd) -> Result<()> {
         "craterdex evaluation",
         info,
     )?;
-    if let Some(turned) = &c.rotated {
-        let b = manifest::load(turned, c.root.as_deref())?;
-        let same_gallery = b.manifest.gallery_images.len()
-            == out.benchmark.manifest.gallery_images.len()
-            && b.manifest
-                .gallery_images
-                .iter()
-                .zip(&out.benchmark.manifest.gallery_images)
-                .all(|(a, g)| a.image_id == g.image_id);
-        if !same_gallery {
-            bail!(
-                "{}: its gallery is not the gallery of {}",
-                turned.display(),
-                c.manifest.display()
-            );
-        }
-        let queries = c
-            .model
-            .load()?
-            .extract(&b.query_items(), "turned queries", &Bars::new())?;
-        let results = regimes::run_on_benchmark(&b, &out.gallery, &queries, &o, &|_| {})?;
+    if let Some((path, t)) = turned {
+        let queries = extractor.extract(&t.query_items(), "turned queries", &Bars::new())?;
+        let results = regimes::run_on_benchmark(&t, &out.gallery, &queries, &o, &|_| {})?;
         println!(
             "\n{}",
             turned_table(&out.results, &out.queries.ids, &results, &queries.ids)
@@ -252,7 +263,7 @@ pub fn run(c: EvalCmd) -> Result<()> {
             let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(j)?)?;
             v["rotated"] = regimes::to_json(
                 &results,
-                serde_json::json!({"manifest": turned.display().to_string()}),
+                serde_json::json!({"manifest": path.display().to_string()}),
             );
             craterdex_durable::write_atomic(j, &serde_json::to_vec_pretty(&v)?)?;
         }

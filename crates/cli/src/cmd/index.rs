@@ -1,10 +1,11 @@
 //! `craterdex index`: build, grow, shrink and inspect an index.
 
-use crate::args::{dir_entries, metas_in_order};
+use crate::args::dir_entries;
 use crate::args::{ModelOpts, RecipeOpts};
 use crate::output::{print_json, Bars};
 use anyhow::{bail, Result};
 use clap::Subcommand;
+use craterdex_engine::inputs::metas_in_order;
 use craterdex_engine::{learn_rows, Engine, Index};
 use craterdex_eval::manifest;
 use std::path::PathBuf;

@@ -1,10 +1,11 @@
 //! `craterdex link`: new crater entries against a catalogue index: match, new or
 //! ambiguous, with appearance and geometric evidence; `--insert-new` grows the index.
 
-use crate::args::{metas_in_order, EntriesOpts, ModelOpts};
+use crate::args::{EntriesOpts, ModelOpts};
 use crate::output::Bars;
 use anyhow::Result;
 use clap::Args;
+use craterdex_engine::inputs::metas_in_order;
 use craterdex_engine::{Descriptors, Engine, ImageMeta};
 use craterdex_workflows::calibrate::decision_counts;
 use craterdex_workflows::{link, LinkOptions, LinkRule};
