@@ -5,7 +5,7 @@ use anyhow::Result;
 use clap::Args;
 use craterdex_engine::{
     Aggregation, Codec, ExtractSettings, Extractor, IndexRecipe, IvfSetting, Mode, ModelSpec,
-    Pooling, Precision, Recipe, ResizeMode, SearchParams, SeedStrategy, Stage1,
+    Orientation, Pooling, Precision, Recipe, ResizeMode, SearchParams, SeedStrategy, Stage1,
 };
 use std::path::PathBuf;
 
@@ -27,6 +27,12 @@ pub struct ModelChoice {
     /// generation or later). Measured speed and accuracy: README, "Choosing a model".
     #[arg(long, default_value = "f32")]
     pub precision: Precision,
+    /// as-is (default); shading: turn every crop so that its crater's shading points one
+    /// way and add its mirror image (two forward passes per image, same bytes per image),
+    /// for queries seen from another orbit: turned or mirrored. An index records it and
+    /// its queries must use the same. Measured: README, "Turned queries".
+    #[arg(long, default_value = "as-is")]
+    pub orient: Orientation,
 }
 
 impl ModelChoice {
@@ -36,6 +42,7 @@ impl ModelChoice {
             size: self.size,
             precision: self.precision,
             resize: self.resize,
+            orientation: self.orient,
         }
     }
 }

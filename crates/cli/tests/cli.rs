@@ -473,6 +473,80 @@ fn eval_default_regime_ranks_like_index_build_and_search() {
     }
 }
 
+/// An index built from crops turned by their shading records it: its queries are turned the
+/// same way, a query without the option is refused with the option named, and a query
+/// turned by a quarter finds what the upright one finds.
+#[test]
+fn an_index_of_shading_oriented_crops_needs_and_serves_oriented_queries() {
+    let e = Env::new();
+    let model = e.tiny_model();
+    let (tile, cat) = write_tile(&e.root);
+    e.bench_build((&tile, &cat), "bench", "4", "10", &[]);
+    let manifest = e.path("bench/splits/test.json");
+    let common = ["--model", model.as_str(), "--size", "16"];
+    let mut args = vec![
+        "index",
+        "build",
+        "--manifest",
+        &manifest,
+        "--out",
+        "idx",
+        "--k",
+        "4",
+        "--orient",
+        "shading",
+    ];
+    args.extend(common);
+    e.ok(&args);
+    let info: serde_json::Value =
+        serde_json::from_str(&e.ok(&["index", "info", "--index", "idx"])).unwrap();
+    assert!(
+        info["model"].as_str().unwrap().ends_with("+shading"),
+        "{info}"
+    );
+
+    let gallery: Vec<String> = std::fs::read_dir(e.root.join("bench/images/gallery"))
+        .unwrap()
+        .map(|d| d.unwrap().path().display().to_string())
+        .collect();
+    let query = &gallery[0];
+    let mut args = vec!["search", "--index", "idx", query.as_str(), "--json"];
+    args.extend(common);
+    let o = e.run(&args);
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--orient shading"), "{err}");
+
+    let img = image::open(query).unwrap();
+    img.rotate90().save(e.root.join("turned.png")).unwrap();
+    let turned = e.path("turned.png");
+    let top = |q: &str| -> (String, f64) {
+        let mut args = vec![
+            "search",
+            "--index",
+            "idx",
+            q,
+            "--json",
+            "--top",
+            "1",
+            "--orient",
+            "shading",
+            "--mode",
+            "exhaustive",
+        ];
+        args.extend(common);
+        let v: serde_json::Value = serde_json::from_str(&e.ok(&args)).unwrap();
+        let hit = &v[0]["results"][0];
+        (
+            hit["id"].as_str().unwrap().to_string(),
+            hit["score"].as_f64().unwrap(),
+        )
+    };
+    let (upright, _) = top(query);
+    let (found, _) = top(&turned);
+    assert_eq!(upright, found);
+}
+
 #[test]
 fn link_inserts_what_is_new_once_and_dedup_groups_exact_copies() {
     let e = Env::new();

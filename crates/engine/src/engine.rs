@@ -45,7 +45,16 @@ pub struct Engine {
 /// Fails unless queries from `extractor` can search `index`: the same model (when the index
 /// records one) and the feature width its encoder expects.
 fn check_compatible(index: &Index, extractor: &Extractor) -> Result<()> {
-    index.check_model(&extractor.fingerprint())?;
+    let fingerprint = extractor.fingerprint();
+    if let Some(built) = index.model() {
+        // the same model with crops turned another way: say which option makes them match
+        let model = |fp: &str| fp.split('+').next().unwrap_or_default().to_string();
+        if built != fingerprint && model(built) == model(&fingerprint) {
+            let orient = built.split_once('+').map_or("as-is", |(_, o)| o);
+            bail!("the index was built with --orient {orient}; its queries need the same");
+        }
+    }
+    index.check_model(&fingerprint)?;
     let want = index.feature_dim();
     ensure!(
         extractor.dim() == want,

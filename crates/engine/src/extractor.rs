@@ -4,7 +4,9 @@
 use crate::progress::Progress;
 use anyhow::{bail, Context, Result};
 use craterdex_model::extract::{self, ExtractOptions, FeatureSet};
-use craterdex_model::{fetch, preprocess, ImageFeatures, Precision, ResizeMode, Vit};
+use craterdex_model::{
+    fetch, preprocess, ImageFeatures, Orientation, Precision, Preprocess, ResizeMode, Vit,
+};
 use std::path::PathBuf;
 
 /// Which backbone to run and how images are prepared for it.
@@ -16,6 +18,9 @@ pub struct ModelSpec {
     pub size: Option<usize>,
     pub precision: Precision,
     pub resize: ResizeMode,
+    /// How crops are turned before the model sees them (recorded in an index through the
+    /// model fingerprint, so its queries are turned the same way).
+    pub orientation: Orientation,
 }
 
 /// How extraction runs.
@@ -42,6 +47,7 @@ impl Default for ExtractSettings {
 pub struct Extractor {
     vit: Vit,
     resize: ResizeMode,
+    orientation: Orientation,
     settings: ExtractSettings,
 }
 
@@ -66,7 +72,7 @@ impl Extractor {
         let vit = craterdex_model::load(&dir, spec.size)
             .with_context(|| format!("cannot load the model in {}", dir.display()))?
             .with_precision(spec.precision)?;
-        Ok(Self::new(vit, spec.resize, settings))
+        Ok(Self::new(vit, spec.resize, settings).with_orientation(spec.orientation))
     }
 
     /// An extractor around a backbone already in memory.
@@ -74,7 +80,16 @@ impl Extractor {
         Self {
             vit,
             resize,
+            orientation: Orientation::AsIs,
             settings,
+        }
+    }
+
+    /// This extractor turning crops as `orientation` says.
+    pub fn with_orientation(self, orientation: Orientation) -> Self {
+        Self {
+            orientation,
+            ..self
         }
     }
 
@@ -84,9 +99,17 @@ impl Extractor {
     pub fn resize(&self) -> ResizeMode {
         self.resize
     }
-    /// The model's fingerprint: indexes record it and refuse queries from another model.
+    /// How images are prepared for the model.
+    pub fn preprocess(&self) -> Preprocess {
+        Preprocess {
+            orientation: self.orientation,
+            ..self.vit.preprocess(self.resize)
+        }
+    }
+    /// The model's fingerprint, and the orientation when crops are turned: indexes record
+    /// it and refuse queries whose features would not be comparable.
     pub fn fingerprint(&self) -> String {
-        self.vit.config().fingerprint()
+        fingerprint_with(&self.vit.config().fingerprint(), self.orientation)
     }
     /// Feature width.
     pub fn dim(&self) -> usize {
@@ -103,7 +126,7 @@ impl Extractor {
     ) -> Result<FeatureSet> {
         let opts = ExtractOptions {
             batch_size: self.settings.batch,
-            preprocess: self.vit.preprocess(self.resize),
+            preprocess: self.preprocess(),
             cache: self
                 .settings
                 .cache
@@ -150,7 +173,7 @@ impl Extractor {
             ids.len(),
             images.len()
         );
-        let pre = self.vit.preprocess(self.resize);
+        let pre = self.preprocess();
         let mut out = FeatureSet {
             ids: Vec::new(),
             dim: self.vit.dim(),
@@ -165,9 +188,11 @@ impl Extractor {
         {
             let tensors: Vec<_> = batch
                 .iter()
-                .map(|im| preprocess::to_tensor(im, &pre))
+                .flat_map(|im| preprocess::to_tensors(im, &pre))
                 .collect();
-            for (id, f) in ids.iter().zip(self.vit.forward(&tensors)?) {
+            let features =
+                ImageFeatures::group_views(self.vit.forward(&tensors)?, pre.orientation.views());
+            for (id, f) in ids.iter().zip(features) {
                 out.push(id.clone(), &f);
             }
         }
@@ -176,10 +201,19 @@ impl Extractor {
 
     /// Features of one decoded image (an upload).
     pub fn features_of(&self, image: &image::DynamicImage) -> Result<ImageFeatures> {
-        let tensor = preprocess::to_tensor(image, &self.vit.preprocess(self.resize));
-        self.vit
-            .forward(&[tensor])?
+        let pre = self.preprocess();
+        let views = self.vit.forward(&preprocess::to_tensors(image, &pre))?;
+        ImageFeatures::group_views(views, pre.orientation.views())
             .pop()
             .context("the model returned no features")
+    }
+}
+
+/// A model fingerprint as an index records it: with `orientation` unless crops are as is
+/// (so indexes built before orientations existed keep theirs).
+pub fn fingerprint_with(model: &str, orientation: Orientation) -> String {
+    match orientation {
+        Orientation::AsIs => model.to_string(),
+        o => format!("{model}+{}", o.name()),
     }
 }

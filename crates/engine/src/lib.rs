@@ -25,5 +25,5 @@ pub use recipe::{encode_all, feature_refs, IndexRecipe, IvfSetting, IVF_AUTO_MIN
 // What front ends need from the crates below to use the engine.
 pub use craterdex_index::{Codec, Hit, ImageMeta, Index, Mode, SearchParams, Stage1};
 pub use craterdex_model::extract::FeatureSet;
-pub use craterdex_model::{Precision, ResizeMode};
+pub use craterdex_model::{Orientation, Precision, ResizeMode};
 pub use craterdex_tokens::{Aggregation, Descriptors, Encoder, Pooling, Recipe, SeedStrategy};

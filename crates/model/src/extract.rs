@@ -272,7 +272,8 @@ pub fn extract(
 ) -> Result<Extraction> {
     let model_fp = vit.features_fingerprint();
     let prep_key = opts.preprocess.key();
-    let (dim, tokens) = (vit.dim(), vit.num_patches());
+    let views = opts.preprocess.orientation.views();
+    let (dim, tokens) = (vit.dim(), vit.num_patches() * views);
     let mut features = FeatureSet {
         dim,
         tokens,
@@ -285,7 +286,7 @@ pub fn extract(
         // Read, hash, look up the cache and preprocess in parallel.
         enum Prepared {
             Cached(ImageFeatures),
-            Tensor(Vec<f32>, Option<PathBuf>),
+            Tensor(Vec<Vec<f32>>, Option<PathBuf>),
             Failed(String),
         }
         let prepared: Vec<Prepared> = chunk
@@ -304,7 +305,7 @@ pub fn extract(
                 }
                 match preprocess::decode_image_with(&bytes, opts.allow_partial) {
                     Ok(img) => {
-                        Prepared::Tensor(preprocess::to_tensor(&img, &opts.preprocess), cpath)
+                        Prepared::Tensor(preprocess::to_tensors(&img, &opts.preprocess), cpath)
                     }
                     Err(e) => Prepared::Failed(format!("{e:#}")),
                 }
@@ -319,8 +320,9 @@ pub fn extract(
                     None
                 }
             })
+            .flatten()
             .collect();
-        let mut computed = vit.forward(&tensors)?.into_iter();
+        let mut computed = ImageFeatures::group_views(vit.forward(&tensors)?, views).into_iter();
         for ((id, path), p) in chunk.iter().zip(prepared) {
             match p {
                 Prepared::Cached(f) => {

@@ -19,7 +19,7 @@ pub mod testing;
 pub mod vit;
 
 pub use config::{Architecture, ModelConfig};
-pub use preprocess::{Preprocess, ResizeMode};
+pub use preprocess::{Orientation, Preprocess, ResizeMode};
 pub use vit::{ImageFeatures, Precision, Vit, VitWeights};
 
 use anyhow::Result;
@@ -40,6 +40,7 @@ impl Vit {
             mean: self.config().mean,
             std: self.config().std,
             resize,
+            orientation: Default::default(),
         }
     }
 }

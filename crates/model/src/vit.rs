@@ -119,6 +119,47 @@ pub struct ImageFeatures {
     pub attention: Vec<f32>,
 }
 
+impl ImageFeatures {
+    /// One image's features from the features of its views: the mean CLS token, every
+    /// view's patch tokens in order, and their attention scaled to keep its total.
+    pub fn of_views(views: Vec<ImageFeatures>) -> ImageFeatures {
+        let n = views.len().max(1) as f32;
+        let mut it = views.into_iter();
+        let mut out = it.next().unwrap_or(ImageFeatures {
+            cls: Vec::new(),
+            patches: Vec::new(),
+            attention: Vec::new(),
+        });
+        for v in it {
+            out.cls.iter_mut().zip(&v.cls).for_each(|(a, b)| *a += b);
+            out.patches.extend_from_slice(&v.patches);
+            out.attention.extend_from_slice(&v.attention);
+        }
+        if n > 1.0 {
+            out.cls.iter_mut().for_each(|a| *a /= n);
+            out.attention.iter_mut().for_each(|a| *a /= n);
+        }
+        out
+    }
+
+    /// The features of images whose views' features `forward` returned in order, `views`
+    /// per image.
+    pub fn group_views(forward: Vec<ImageFeatures>, views: usize) -> Vec<ImageFeatures> {
+        if views <= 1 {
+            return forward;
+        }
+        let mut out = Vec::with_capacity(forward.len() / views);
+        let mut it = forward.into_iter();
+        loop {
+            let group: Vec<_> = it.by_ref().take(views).collect();
+            if group.is_empty() {
+                return out;
+            }
+            out.push(Self::of_views(group));
+        }
+    }
+}
+
 /// Arithmetic of the forward pass's linear layers (patch embedding, qkv, projection, MLP).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Precision {

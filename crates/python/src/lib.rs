@@ -11,8 +11,8 @@ use anyhow::{bail, ensure, Context};
 use craterdex_engine::inputs::metas_in_order;
 use craterdex_engine::{
     learn_rows, BuildPlan, Codec, Engine, ExtractSettings, Extractor, FeatureSet, ImageMeta,
-    IndexRecipe, IvfSetting, Mode, ModelSpec, Pooling, Precision, ResizeMode, SearchParams,
-    SeedStrategy, Silent,
+    IndexRecipe, IvfSetting, Mode, ModelSpec, Orientation, Pooling, Precision, ResizeMode,
+    SearchParams, SeedStrategy, Silent,
 };
 use craterdex_workflows::{DedupOptions, LinkOptions, LinkRule};
 use numpy::{
@@ -183,13 +183,15 @@ fn ensure_len(ids: usize, images: usize) -> PyResult<()> {
 #[pymethods]
 impl PyModel {
     #[staticmethod]
-    #[pyo3(signature = (path=None, size=None, precision="f32", resize="squash", batch=16, cache=true))]
+    #[pyo3(signature = (path=None, size=None, precision="f32", resize="squash", orient="as-is", batch=16, cache=true))]
+    #[allow(clippy::too_many_arguments)]
     fn load(
         py: Python<'_>,
         path: Option<PathBuf>,
         size: Option<usize>,
         precision: &str,
         resize: &str,
+        orient: &str,
         batch: usize,
         cache: bool,
     ) -> PyResult<Self> {
@@ -198,6 +200,7 @@ impl PyModel {
             size,
             precision: parse::<Precision>("precision", precision)?,
             resize: parse::<ResizeMode>("resize", resize)?,
+            orientation: parse::<Orientation>("orient", orient)?,
         };
         let settings = ExtractSettings {
             batch: batch.max(1),

@@ -243,7 +243,11 @@ pub fn run(c: EvalCmd) -> Result<()> {
     };
     let extractor = c.model.load()?;
     let out = evaluate(b, &extractor, &o)?;
-    let info = serde_json::json!({"manifest": c.manifest.display().to_string(), "quick": c.quick});
+    let info = serde_json::json!({
+        "manifest": c.manifest.display().to_string(),
+        "quick": c.quick,
+        "model": extractor.fingerprint(),
+    });
     write_outputs(
         &out,
         c.json.as_deref(),

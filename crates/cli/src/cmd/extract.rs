@@ -47,7 +47,7 @@ pub fn run(c: ExtractCmd) -> Result<()> {
     meta.insert("model".to_string(), extractor.fingerprint());
     meta.insert(
         "preprocess".to_string(),
-        serde_json::to_string(&extractor.vit().preprocess(extractor.resize()))?,
+        serde_json::to_string(&extractor.preprocess())?,
     );
     feats.write(&c.out, c.f16, meta)?;
     eprintln!(

