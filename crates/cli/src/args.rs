@@ -93,9 +93,15 @@ pub struct RecipeOpts {
     /// Single vector for the shortlist: cls, gap, gem, max.
     #[arg(long, default_value = "cls")]
     pub pooling: Pooling,
-    /// Do not learn PCA whitening (reproduces the paper's unwhitened numbers).
+    /// Do not whiten (reproduces the paper's unwhitened numbers).
     #[arg(long)]
     pub no_whiten: bool,
+    /// Learn PCA whitening only. By default, where the metadata gives two images of one
+    /// crater (a manifest's 2x and 3x gallery views, a catalogue's crater_id column), the
+    /// whitening also learns from those matching pairs (README, "Whitening from the
+    /// catalogue's own pairs"); without such pairs it is PCA whitening either way.
+    #[arg(long)]
+    pub pca_whitening: bool,
     /// Approximate stage 1: IVF lists over the single vectors. "auto": about 4 sqrt(n) lists
     /// from 100,000 images up, exact below; "off"; or a number of lists.
     #[arg(long, default_value = "auto")]
@@ -116,6 +122,11 @@ impl RecipeOpts {
                     soft_m: 1,
                 },
                 whiten: !self.no_whiten,
+                whiten_pairs: if self.pca_whitening {
+                    None
+                } else {
+                    Recipe::default().whiten_pairs
+                },
                 ..Default::default()
             },
             codec: self.codec,

@@ -449,7 +449,7 @@ fn eval_default_regime_ranks_like_index_build_and_search() {
     let from_eval: std::collections::BTreeMap<String, Vec<String>> = csv
         .lines()
         .skip(1)
-        .filter(|l| l.starts_with("two_stage_s100_k32_int8_white,"))
+        .filter(|l| l.starts_with("two_stage_s100_k32_int8_pairwhite,"))
         .map(|l| {
             let cols: Vec<&str> = l.split(',').collect();
             (

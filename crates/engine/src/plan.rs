@@ -94,10 +94,15 @@ impl IndexRecipe {
         })
     }
 
-    /// The plan learned from `sample` (the features of [`learn_sample`]'s images): whitening
-    /// and codec both learn from all of it.
-    pub fn plan(&self, sample: &FeatureSet, model: Option<String>) -> Result<BuildPlan> {
-        let encoder = self.learn_encoder(sample, None)?;
+    /// The plan learned from `sample` (the features of [`learn_sample`]'s images, with their
+    /// `metas` in that order, or none): whitening and codec both learn from all of it.
+    pub fn plan(
+        &self,
+        sample: &FeatureSet,
+        metas: &[ImageMeta],
+        model: Option<String>,
+    ) -> Result<BuildPlan> {
+        let encoder = self.learn_encoder(sample, None, metas)?;
         let descs = encode_all(&encoder, sample);
         self.plan_with(encoder, sample.dim, &descs, model)
     }
@@ -213,6 +218,7 @@ impl BuildPlan {
 mod tests {
     use super::*;
     use crate::progress::Silent;
+    use crate::recipe::view_pairs;
     use craterdex_index::Index;
     use rand::Rng;
 
@@ -277,7 +283,7 @@ mod tests {
             let recipe = recipe(codec, ivf);
             let tmp = tempfile::tempdir().unwrap();
             let one_shot = tmp.path().join("one");
-            let encoder = recipe.learn_encoder(&feats, None).unwrap();
+            let encoder = recipe.learn_encoder(&feats, None, &[]).unwrap();
             recipe
                 .write_index(
                     &one_shot,
@@ -291,7 +297,11 @@ mod tests {
                 .unwrap();
 
             let plan_path = tmp.path().join("plan.json");
-            recipe.plan(&feats, None).unwrap().save(&plan_path).unwrap();
+            recipe
+                .plan(&feats, &[], None)
+                .unwrap()
+                .save(&plan_path)
+                .unwrap();
             let plan = BuildPlan::load(&plan_path).unwrap();
             // parts written out of order, one of them twice (a retried task)
             let chunks: Vec<Vec<usize>> =
@@ -327,7 +337,7 @@ mod tests {
     fn an_incomplete_or_damaged_part_is_refused_and_the_old_index_kept() {
         let feats = random_features(20, 2);
         let recipe = recipe(Codec::Int8, IvfSetting::Off);
-        let plan = recipe.plan(&feats, None).unwrap();
+        let plan = recipe.plan(&feats, &[], None).unwrap();
         let tmp = tempfile::tempdir().unwrap();
         let (p0, p1) = (tmp.path().join("part-0"), tmp.path().join("part-1"));
         let (a, b) = (
@@ -360,6 +370,42 @@ mod tests {
             .unwrap_err();
         assert!(format!("{err:#}").contains("appears twice"), "{err:#}");
         assert_eq!(Index::open(&out).unwrap().live(), 10);
+    }
+
+    #[test]
+    fn two_images_of_one_crater_make_whitening_pairs_when_the_recipe_asks() {
+        let craters = [
+            Some("a"),
+            None,
+            Some("b"),
+            Some("a"),
+            Some(""),
+            Some("b"),
+            Some("a"),
+        ];
+        assert_eq!(view_pairs(&craters), vec![(0, 3), (2, 5), (3, 6)]);
+        let feats = random_features(40, 3);
+        let mut with_craters = metas(&feats);
+        for (i, m) in with_craters.iter_mut().enumerate() {
+            m.crater_id = Some(format!("c{}", i / 2));
+        }
+        let recipe = IndexRecipe::default();
+        assert!(recipe.recipe.whiten_pairs.is_some());
+        let pca = IndexRecipe {
+            recipe: craterdex_tokens::Recipe {
+                whiten_pairs: None,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let paired = recipe.learn_encoder(&feats, None, &with_craters).unwrap();
+        // without crater ids, or with pairs switched off, it is PCA whitening
+        let unpaired = recipe.learn_encoder(&feats, None, &metas(&feats)).unwrap();
+        let pca_only = pca.learn_encoder(&feats, None, &with_craters).unwrap();
+        assert_eq!(unpaired.token_whitening, pca_only.token_whitening);
+        assert_eq!(unpaired.single_whitening, pca_only.single_whitening);
+        assert_ne!(paired.token_whitening, pca_only.token_whitening);
+        assert_ne!(paired.single_whitening, pca_only.single_whitening);
     }
 
     #[test]

@@ -98,18 +98,27 @@ impl IndexRecipe {
     }
 
     /// Learns the encoder's whitening (when the recipe whitens) from the images at
-    /// `learn_from` (all of `feats` when `None`), without labels.
+    /// `learn_from` (all of `feats` when `None`). `metas` (in `feats` order; may be empty)
+    /// name each image's crater: two images of one crater are a matching pair for pair
+    /// whitening, the only label it uses.
     pub fn learn_encoder(
         &self,
         feats: &FeatureSet,
         learn_from: Option<&[usize]>,
+        metas: &[ImageMeta],
     ) -> Result<Encoder> {
         let refs = feature_refs(feats);
-        let sample: Vec<FeatureRef> = match learn_from {
-            Some(rows) => rows.iter().map(|&r| refs[r]).collect(),
-            None => refs,
+        let rows: Vec<usize> = match learn_from {
+            Some(rows) => rows.to_vec(),
+            None => (0..refs.len()).collect(),
         };
-        Encoder::learn(self.recipe.clone(), &sample, self.seed)
+        let sample: Vec<FeatureRef> = rows.iter().map(|&r| refs[r]).collect();
+        let craters: Vec<Option<&str>> = rows
+            .iter()
+            .map(|&r| metas.get(r).and_then(|m| m.crater_id.as_deref()))
+            .collect();
+        let pairs = view_pairs(&craters);
+        Encoder::learn_with_pairs(self.recipe.clone(), &sample, &pairs, self.seed)
     }
 
     /// Trains the codec on the tokens of the first of `sample_descs`.
@@ -225,4 +234,19 @@ impl IndexRecipe {
             ivf.as_ref().map(|(i, n)| (i, *n)),
         )
     }
+}
+
+/// Pairs of positions whose images show one crater (consecutive views of each crater, in
+/// order); images without a crater id pair with nothing.
+pub fn view_pairs(craters: &[Option<&str>]) -> Vec<(usize, usize)> {
+    let mut last: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let mut pairs = Vec::new();
+    for (i, c) in craters.iter().enumerate() {
+        if let Some(c) = c.filter(|c| !c.is_empty()) {
+            if let Some(prev) = last.insert(c, i) {
+                pairs.push((prev, i));
+            }
+        }
+    }
+    pairs
 }

@@ -18,6 +18,7 @@ use craterdex_engine::{
     IndexRecipe, IvfSetting, Mode, Pooling, Recipe, SearchParams, SeedStrategy,
 };
 use craterdex_tokens::whitening::DEFAULT_REGULARISATION;
+use craterdex_tokens::DEFAULT_PAIR_BLEND;
 use rayon::prelude::*;
 use serde::Serialize;
 use std::collections::{BTreeSet, HashMap};
@@ -31,8 +32,8 @@ pub struct EvalOptions {
     pub full_li: bool,
     /// The shipped default recipe (int8 two-stage) and its IVF form.
     pub default_recipe: bool,
-    /// Which whitening variants to run: false = plain, true = `_white`.
-    pub whitening: Vec<bool>,
+    /// Which whitening variants to run.
+    pub whitening: Vec<Whiten>,
     pub whiten_reg: f32,
     pub seed: u64,
 }
@@ -51,7 +52,7 @@ impl Default for EvalOptions {
             ],
             full_li: true,
             default_recipe: true,
-            whitening: vec![false, true],
+            whitening: vec![Whiten::Off, Whiten::Pca, Whiten::Pairs],
             whiten_reg: DEFAULT_REGULARISATION,
             seed: 0,
         }
@@ -68,6 +69,37 @@ impl EvalOptions {
             codecs: vec![Codec::Int8],
             full_li: false,
             ..Default::default()
+        }
+    }
+}
+
+/// How a regime's descriptors are whitened, learned only from gallery images of craters no
+/// query looks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Whiten {
+    Off,
+    /// PCA whitening, unsupervised: `_white`.
+    Pca,
+    /// Learned from the gallery's two views of each crater, blended with PCA
+    /// ([`craterdex_tokens::DEFAULT_PAIR_BLEND`]; what `index build` learns): `_pairwhite`.
+    Pairs,
+}
+
+impl Whiten {
+    /// What the regime names end with.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Self::Off => "",
+            Self::Pca => "_white",
+            Self::Pairs => "_pairwhite",
+        }
+    }
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Off => "unwhitened",
+            Self::Pca => "PCA-whitened",
+            Self::Pairs => "pair-whitened",
         }
     }
 }
@@ -91,6 +123,7 @@ pub struct RegimeResult {
     pub name: String,
     pub family: Family,
     pub whitened: bool,
+    pub whitening: Whiten,
     #[serde(flatten)]
     pub summary: Summary,
     /// Tokens per image (token regimes).
@@ -163,14 +196,15 @@ pub fn run(
         .collect();
     let mut out = Vec::new();
     for &white in &o.whitening {
-        let suffix = if white { "_white" } else { "" };
+        let suffix = white.suffix();
         let base = |pooling: Pooling| IndexRecipe {
             recipe: Recipe {
                 pooling,
                 aggregation: Aggregation::None,
-                whiten: white,
+                whiten: white != Whiten::Off,
                 whiten_reg: o.whiten_reg,
                 whiten_dim: None,
+                whiten_pairs: (white == Whiten::Pairs).then_some(DEFAULT_PAIR_BLEND),
             },
             codec: Codec::F32,
             ivf: IvfSetting::Off,
@@ -231,7 +265,8 @@ pub fn run(
                 out.push(RegimeResult {
                     name: s.name,
                     family: s.family,
-                    whitened: white,
+                    whitened: white != Whiten::Off,
+                    whitening: white,
                     summary: summarise(&per_query),
                     k: s.k,
                     bytes_per_image: engine.index().token_bytes_per_image()
@@ -263,7 +298,11 @@ pub fn run(
             Pooling::Max,
         ] {
             let recipe = base(pooling);
-            let encoder = recipe.learn_encoder(input.gallery, Some(&input.whitening_rows))?;
+            let encoder = recipe.learn_encoder(
+                input.gallery,
+                Some(&input.whitening_rows),
+                &input.gallery_metas,
+            )?;
             let name = format!("{}{suffix}", pooling.name());
             score(
                 &recipe,

@@ -2,7 +2,7 @@
 //! the paper's findings checked on this run, and example queries with their top-5 before
 //! and after reranking (relevant framed green, others red). No external assets.
 
-use crate::regimes::{Family, RegimeResult};
+use crate::regimes::{Family, RegimeResult, Whiten};
 use base64::Engine;
 use std::collections::BTreeSet;
 use std::fmt::Write;
@@ -23,18 +23,14 @@ fn get<'a>(r: &'a [RegimeResult], name: &str) -> Option<&'a RegimeResult> {
 /// The findings of issue #4, per whitening variant present in `results`.
 pub fn findings(results: &[RegimeResult]) -> Vec<Finding> {
     let mut out = Vec::new();
-    let variants: BTreeSet<bool> = results.iter().map(|r| r.whitened).collect();
+    let variants: BTreeSet<Whiten> = results.iter().map(|r| r.whitening).collect();
     for white in variants {
-        let sfx = if white { "_white" } else { "" };
-        let tag = if white {
-            " (whitened)"
-        } else {
-            " (unwhitened)"
-        };
+        let sfx = white.suffix();
+        let tag = format!(" ({})", white.label());
         let map = |n: &str| get(results, &format!("{n}{sfx}")).map(|r| r.summary.map);
         let best_single = results
             .iter()
-            .filter(|r| r.whitened == white && r.family == Family::Single)
+            .filter(|r| r.whitening == white && r.family == Family::Single)
             .max_by(|a, b| a.summary.map.total_cmp(&b.summary.map));
         let mut add = |claim: String, v: Option<(bool, String)>| {
             let (holds, detail) = match v {
@@ -42,7 +38,7 @@ pub fn findings(results: &[RegimeResult]) -> Vec<Finding> {
                 None => (None, "not measured in this run".into()),
             };
             out.push(Finding {
-                claim: claim + tag,
+                claim: claim + &tag,
                 holds,
                 detail,
             });
@@ -77,7 +73,7 @@ pub fn findings(results: &[RegimeResult]) -> Vec<Finding> {
                 let best = results
                     .iter()
                     .filter(|r| {
-                        r.whitened == white
+                        r.whitening == white
                             && matches!(r.family, Family::InstAttn | Family::InstFps)
                             && r.k.is_some_and(|k| k >= 32)
                     })
@@ -237,6 +233,17 @@ const COLOURS: [&str; 8] = [
     "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf", "#7f7f7f",
 ];
 
+/// The whitening variants a plot draws, strongest first.
+const WHITENINGS: [Whiten; 3] = [Whiten::Pairs, Whiten::Pca, Whiten::Off];
+
+fn series_suffix(w: Whiten) -> &'static str {
+    match w {
+        Whiten::Off => "",
+        Whiten::Pca => " white",
+        Whiten::Pairs => " pair-white",
+    }
+}
+
 fn k_series(results: &[RegimeResult]) -> Vec<Series> {
     let mut out = Vec::new();
     let fams = [
@@ -246,27 +253,27 @@ fn k_series(results: &[RegimeResult]) -> Vec<Series> {
         (Family::KMeans, "k-means"),
     ];
     for (fi, (fam, label)) in fams.iter().enumerate() {
-        for white in [true, false] {
+        for white in WHITENINGS {
             let mut pts: Vec<(f64, f64)> = results
                 .iter()
-                .filter(|r| r.family == *fam && r.whitened == white)
+                .filter(|r| r.family == *fam && r.whitening == white)
                 .filter_map(|r| Some((r.k? as f64, r.summary.map)))
                 .collect();
             pts.sort_by(|a, b| a.0.total_cmp(&b.0));
             if !pts.is_empty() {
                 out.push(Series {
-                    label: format!("{label}{}", if white { " white" } else { "" }),
+                    label: format!("{label}{}", series_suffix(white)),
                     colour: COLOURS[fi],
-                    dashed: !white,
+                    dashed: white == Whiten::Off,
                     points: pts,
                 });
             }
         }
     }
-    for (i, white) in [true, false].iter().enumerate() {
+    for (i, white) in WHITENINGS.iter().enumerate() {
         if let Some(f) = results
             .iter()
-            .find(|r| r.family == Family::FullLi && r.whitened == *white)
+            .find(|r| r.family == Family::FullLi && r.whitening == *white)
         {
             let ks: Vec<f64> = results
                 .iter()
@@ -279,8 +286,8 @@ fn k_series(results: &[RegimeResult]) -> Vec<Series> {
                 ks.iter().cloned().reduce(f64::max),
             ) {
                 out.push(Series {
-                    label: format!("full LI{}", if *white { " white" } else { "" }),
-                    colour: COLOURS[6 + i],
+                    label: format!("full LI{}", series_suffix(*white)),
+                    colour: COLOURS[(5 + i) % COLOURS.len()],
                     dashed: true,
                     points: vec![(lo, f.summary.map), (hi, f.summary.map)],
                 });
@@ -292,25 +299,25 @@ fn k_series(results: &[RegimeResult]) -> Vec<Series> {
 
 fn bytes_series(results: &[RegimeResult]) -> Vec<Series> {
     let mut out = Vec::new();
-    for (i, white) in [true, false].iter().enumerate() {
+    for (i, white) in WHITENINGS.iter().enumerate() {
         let mut inst: Vec<(f64, f64)> = results
             .iter()
-            .filter(|r| r.family == Family::InstFps && r.whitened == *white)
+            .filter(|r| r.family == Family::InstFps && r.whitening == *white)
             .map(|r| (r.bytes_per_image as f64, r.summary.map))
             .collect();
         inst.sort_by(|a, b| a.0.total_cmp(&b.0));
         let mut codecs: Vec<(f64, f64)> = results
             .iter()
-            .filter(|r| r.family == Family::Codec && r.whitened == *white)
+            .filter(|r| r.family == Family::Codec && r.whitening == *white)
             .map(|r| (r.bytes_per_image as f64, r.summary.map))
             .collect();
         codecs.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let w = if *white { " white" } else { "" };
+        let w = series_suffix(*white);
         if !inst.is_empty() {
             out.push(Series {
                 label: format!("inst FPS f32{w}"),
                 colour: COLOURS[2 * i],
-                dashed: !white,
+                dashed: *white == Whiten::Off,
                 points: inst,
             });
         }
@@ -318,7 +325,7 @@ fn bytes_series(results: &[RegimeResult]) -> Vec<Series> {
             out.push(Series {
                 label: format!("K=32 codecs{w}"),
                 colour: COLOURS[2 * i + 1],
-                dashed: !white,
+                dashed: *white == Whiten::Off,
                 points: codecs,
             });
         }
@@ -465,6 +472,7 @@ mod tests {
             name: name.into(),
             family,
             whitened: false,
+            whitening: Whiten::Off,
             summary: Summary {
                 map,
                 ..Default::default()

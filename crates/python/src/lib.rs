@@ -312,6 +312,7 @@ struct RecipeArgs {
     seeds: String,
     pooling: String,
     whiten: bool,
+    pca_whitening: bool,
     ivf: String,
     nprobe: Option<usize>,
     seed: u64,
@@ -325,6 +326,7 @@ impl Default for RecipeArgs {
             seeds: "fps".into(),
             pooling: "cls".into(),
             whiten: true,
+            pca_whitening: false,
             ivf: "auto".into(),
             nprobe: None,
             seed: 0,
@@ -343,6 +345,9 @@ fn recipe_from_json(json: &str) -> PyResult<IndexRecipe> {
     };
     r.recipe.pooling = parse::<Pooling>("pooling", &a.pooling)?;
     r.recipe.whiten = a.whiten;
+    if a.pca_whitening {
+        r.recipe.whiten_pairs = None;
+    }
     r.recipe.aggregation = craterdex_engine::Aggregation::Instance {
         seeds: parse::<SeedStrategy>("seeds", &a.seeds)?,
         k: a.k,
@@ -408,7 +413,7 @@ impl PyIndex {
             .detach(move || -> anyhow::Result<Engine> {
                 let metas = metas_in_order(metas.iter().cloned(), &feats.ids)?;
                 let learn = learn_rows(&ids, &feats.ids, recipe.seed);
-                let encoder = recipe.learn_encoder(&feats, learn.as_deref())?;
+                let encoder = recipe.learn_encoder(&feats, learn.as_deref(), &metas)?;
                 recipe.write_index(
                     &out2,
                     &encoder,
@@ -758,12 +763,14 @@ fn make_plan(
     recipe_json: &str,
 ) -> PyResult<usize> {
     let recipe = recipe_from_json(recipe_json)?;
-    let items = items_of(&metas_from_json(meta_json)?)?;
+    let metas = metas_from_json(meta_json)?;
+    let items = items_of(&metas)?;
     let x = model.extractor.clone();
     py.detach(move || -> anyhow::Result<usize> {
         let feats = x.extract(&items, "sample", &Silent)?;
+        let metas = metas_in_order(metas, &feats.ids)?;
         recipe
-            .plan(&feats, Some(x.fingerprint()))?
+            .plan(&feats, &metas, Some(x.fingerprint()))?
             .save(&plan_path)?;
         Ok(feats.len())
     })

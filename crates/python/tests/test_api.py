@@ -73,9 +73,12 @@ def test_build_and_search_give_what_the_cli_gives(tiny, tiny_dir, cli, crops, tm
     queries = list(crops["path"][:5])
     hits = built.search(paths=queries, top_k=5)
     r = cli("search", "--index", tmp_path / "cli", "--model", tiny_dir, "--size", 16, "--json", "--top", 5, *queries)
-    want = [(q["query"], h["id"], round(h["score"], 5)) for q in json.loads(r.stdout) for h in q["results"]]
-    got = list(zip(hits["query"], hits["id"], hits["score"].round(5)))
-    assert got == want
+    want = [(q["query"], h["id"], h["score"]) for q in json.loads(r.stdout) for h in q["results"]]
+    got = list(zip(hits["query"], hits["id"], hits["score"]))
+    # the same hits in the same order; scores to float rounding (batches of another size
+    # sum in another order)
+    assert [w[:2] for w in want] == [g[:2] for g in got]
+    np.testing.assert_allclose([g[2] for g in got], [w[2] for w in want], rtol=0, atol=1e-4)
     assert list(hits.columns[:7]) == ["query", "rank", "id", "crater_id", "score", "stage1", "stage2"]
     # each crop finds itself first
     firsts = hits[hits["rank"] == 1]

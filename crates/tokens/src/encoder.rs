@@ -17,7 +17,16 @@ pub struct Recipe {
     pub whiten: bool,
     pub whiten_reg: f32,
     pub whiten_dim: Option<usize>,
+    /// Learn the whitening from matching pairs (two views of one crater) blended with PCA
+    /// by this weight ([`Whitening::learn_from_pairs`]) when the sample has such pairs; PCA
+    /// whitening otherwise (`None`: always).
+    #[serde(default)]
+    pub whiten_pairs: Option<f32>,
 }
+
+/// The blend of pair and total covariance the default recipe learns with: measured on the
+/// Mars and NAC benchmarks (scripts/pair_whitening.py; 0.5 and 0.65 within 0.002 mAP).
+pub const DEFAULT_PAIR_BLEND: f32 = 0.65;
 
 impl Default for Recipe {
     fn default() -> Self {
@@ -31,6 +40,7 @@ impl Default for Recipe {
             whiten: true,
             whiten_reg: DEFAULT_REGULARISATION,
             whiten_dim: None,
+            whiten_pairs: Some(DEFAULT_PAIR_BLEND),
         }
     }
 }
@@ -71,6 +81,64 @@ pub fn normalised_tokens(patches: &[f32], d: usize) -> (Vec<f32>, Vec<f32>) {
     (t, norms)
 }
 
+/// The differences of matching token pairs (mutual nearest unit tokens of the two views of
+/// each pair) and of the pairs' single vectors (`singles`: one row of `d` per image).
+fn pair_differences(
+    images: &[FeatureRef],
+    pairs: &[(usize, usize)],
+    singles: &[f32],
+    d: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let mut tokens = Vec::new();
+    let mut single = Vec::new();
+    for &(a, b) in pairs {
+        let (ta, _) = normalised_tokens(images[a].patches, d);
+        let (tb, _) = normalised_tokens(images[b].patches, d);
+        for (i, j) in mutual_nearest(&ta, &tb, d) {
+            let (x, y) = (&ta[i * d..(i + 1) * d], &tb[j * d..(j + 1) * d]);
+            tokens.extend(x.iter().zip(y).map(|(x, y)| x - y));
+        }
+        let (x, y) = (&singles[a * d..(a + 1) * d], &singles[b * d..(b + 1) * d]);
+        single.extend(x.iter().zip(y).map(|(x, y)| x - y));
+    }
+    (tokens, single)
+}
+
+/// Pairs `(i, j)` of rows of `a` and `b` (unit rows of `d`) that are each other's most
+/// similar.
+fn mutual_nearest(a: &[f32], b: &[f32], d: usize) -> Vec<(usize, usize)> {
+    let (na, nb) = (a.len() / d, b.len() / d);
+    if na == 0 || nb == 0 {
+        return Vec::new();
+    }
+    let mut sims = vec![0f32; na * nb];
+    let packed = craterdex_kernels::gemm::PackedF32::from_columns(b, nb, d, d);
+    craterdex_kernels::gemm::matmul_f32(a, na, d, &packed, &mut sims, nb, false);
+    let argmax = |it: &mut dyn Iterator<Item = f32>| {
+        it.enumerate()
+            .fold((0, f32::NEG_INFINITY), |best, (i, v)| {
+                if v > best.1 {
+                    (i, v)
+                } else {
+                    best
+                }
+            })
+            .0
+    };
+    let best_b: Vec<usize> = (0..na)
+        .map(|i| argmax(&mut sims[i * nb..(i + 1) * nb].iter().copied()))
+        .collect();
+    let best_a: Vec<usize> = (0..nb)
+        .map(|j| argmax(&mut (0..na).map(|i| sims[i * nb + j])))
+        .collect();
+    best_b
+        .iter()
+        .enumerate()
+        .filter(|&(i, &j)| best_a[j] == i)
+        .map(|(i, &j)| (i, j))
+        .collect()
+}
+
 /// How many tokens per image and images at most feed the whitening estimate.
 pub const WHITEN_TOKENS_PER_IMAGE: usize = 16;
 pub const WHITEN_MAX_SAMPLES: usize = 100_000;
@@ -87,6 +155,19 @@ impl Encoder {
 
     /// Learns the whitening of `recipe` (when on) from unlabelled gallery features.
     pub fn learn(recipe: Recipe, sample_images: &[FeatureRef], seed: u64) -> Result<Self> {
+        Self::learn_with_pairs(recipe, sample_images, &[], seed)
+    }
+
+    /// [`Encoder::learn`], and where the recipe asks for pair whitening and `pairs` (of
+    /// positions in `sample_images`, two views of one crater each) are given, whitening
+    /// learned from them: token pairs are the mutual nearest tokens of the two views, single
+    /// vector pairs the two views' single vectors.
+    pub fn learn_with_pairs(
+        recipe: Recipe,
+        sample_images: &[FeatureRef],
+        pairs: &[(usize, usize)],
+        seed: u64,
+    ) -> Result<Self> {
         if !recipe.whiten || sample_images.is_empty() {
             return Ok(Self::plain(recipe));
         }
@@ -104,22 +185,25 @@ impl Encoder {
             }
             singles.extend(pool(f.cls, f.patches, d, recipe.pooling));
         }
-        let token_whitening = Some(Whitening::learn(
-            &token_samples,
-            d,
-            recipe.whiten_reg,
-            recipe.whiten_dim,
-        )?);
-        let single_whitening = Some(Whitening::learn(
-            &singles,
-            d,
-            recipe.whiten_reg,
-            recipe.whiten_dim,
-        )?);
+        let learn = |samples: &[f32], differences: &[f32]| match recipe.whiten_pairs {
+            Some(alpha) if differences.len() >= 2 * d => Whitening::learn_from_pairs(
+                samples,
+                differences,
+                d,
+                recipe.whiten_reg,
+                alpha,
+                recipe.whiten_dim,
+            ),
+            _ => Whitening::learn(samples, d, recipe.whiten_reg, recipe.whiten_dim),
+        };
+        let (token_differences, single_differences) = match recipe.whiten_pairs {
+            Some(_) => pair_differences(sample_images, pairs, &singles, d),
+            None => (Vec::new(), Vec::new()),
+        };
         Ok(Self {
+            token_whitening: Some(learn(&token_samples, &token_differences)?),
+            single_whitening: Some(learn(&singles, &single_differences)?),
             recipe,
-            token_whitening,
-            single_whitening,
         })
     }
 

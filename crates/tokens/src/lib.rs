@@ -12,7 +12,7 @@ pub mod whitening;
 
 pub use aggregate::{aggregate, Aggregation, SeedStrategy};
 pub use descriptors::{pool, Pooling};
-pub use encoder::{Descriptors, Encoder, FeatureRef, Recipe};
+pub use encoder::{Descriptors, Encoder, FeatureRef, Recipe, DEFAULT_PAIR_BLEND};
 pub use whitening::Whitening;
 
 /// Scales `v` to unit length (a zero vector stays zero).

@@ -23,50 +23,69 @@ impl Whitening {
     /// Learns from `samples` (`n` rows of `d`, already L2-normalised). `reg` is `r` above;
     /// `dim_out` keeps the leading components (`None`: all).
     pub fn learn(samples: &[f32], d: usize, reg: f32, dim_out: Option<usize>) -> Result<Self> {
-        let n = samples.len() / d;
-        ensure!(n >= 2, "whitening needs at least two samples, got {n}");
-        let dim_out = dim_out.unwrap_or(d).min(d);
-        ensure!(dim_out > 0, "whitening output dimension must be positive");
-        let mut mean = vec![0f64; d];
-        samples
-            .chunks(d)
-            .for_each(|r| mean.iter_mut().zip(r).for_each(|(m, v)| *m += *v as f64));
-        mean.iter_mut().for_each(|m| *m /= n as f64);
-        let centred = DMatrix::<f64>::from_fn(n, d, |i, j| samples[i * d + j] as f64 - mean[j]);
-        let cov = (centred.transpose() * &centred) / (n as f64 - 1.0).max(1.0);
-        let eig = SymmetricEigen::new(cov);
-        let mut order: Vec<usize> = (0..d).collect();
-        order.sort_by(|&a, &b| {
-            eig.eigenvalues[b]
-                .total_cmp(&eig.eigenvalues[a])
-                .then(a.cmp(&b))
-        });
-        let wmax = eig.eigenvalues[order[0]].max(0.0);
-        let floor = reg as f64 * wmax + f64::MIN_POSITIVE;
+        let (mean, cov) = mean_and_covariance(samples, d)?;
+        let dim_out = output_width(d, dim_out)?;
+        let (values, vectors) = sorted_eigen(cov);
+        let floor = reg as f64 * values[0].max(0.0) + f64::MIN_POSITIVE;
         let mut proj = vec![0f32; d * dim_out];
-        for (col, &k) in order.iter().take(dim_out).enumerate() {
-            let scale = 1.0 / (eig.eigenvalues[k].max(0.0) + floor).sqrt();
-            // eigenvector sign is arbitrary: fix it so the largest entry is positive (determinism)
-            let v = eig.eigenvectors.column(k);
-            let sign = if v
-                .iter()
-                .fold(0f64, |m, x| if x.abs() > m.abs() { *x } else { m })
-                < 0.0
-            {
-                -1.0
-            } else {
-                1.0
-            };
+        for (col, v) in vectors.column_iter().take(dim_out).enumerate() {
+            let scale = 1.0 / (values[col].max(0.0) + floor).sqrt();
             for row in 0..d {
-                proj[row * dim_out + col] = (v[row] * sign * scale) as f32;
+                proj[row * dim_out + col] = (v[row] * scale) as f32;
             }
         }
-        Ok(Self {
-            dim_in: d,
+        Ok(Self::from_parts(d, dim_out, mean, proj))
+    }
+
+    /// Learned whitening (Radenovic et al.) from matching pairs: whitens by the covariance
+    /// `Cp` of `pair_differences` (rows `a - b` of two views of one instance), blended with
+    /// the samples' covariance `Ct` as `alpha Cp / tr Cp + (1 - alpha) Ct / tr Ct`
+    /// (regularised by `reg` of its largest eigenvalue), then rotates by PCA of the samples
+    /// in that space so that `dim_out` keeps the leading components. `alpha` 0 is PCA
+    /// whitening up to scale; 1 is the pairs alone.
+    pub fn learn_from_pairs(
+        samples: &[f32],
+        pair_differences: &[f32],
+        d: usize,
+        reg: f32,
+        alpha: f32,
+        dim_out: Option<usize>,
+    ) -> Result<Self> {
+        ensure!(
+            (0.0..=1.0).contains(&alpha),
+            "pair whitening blend {alpha} is not in [0, 1]"
+        );
+        let (mean, total) = mean_and_covariance(samples, d)?;
+        let (_, pairs) = mean_and_covariance(pair_differences, d)?;
+        let dim_out = output_width(d, dim_out)?;
+        let alpha = alpha as f64;
+        let blend = &pairs * (alpha / pairs.trace().max(f64::MIN_POSITIVE))
+            + &total * ((1.0 - alpha) / total.trace().max(f64::MIN_POSITIVE));
+        let (values, vectors) = sorted_eigen(blend);
+        let floor = reg as f64 * values[0].max(0.0) + f64::MIN_POSITIVE;
+        let inv_sqrt = DMatrix::from_diagonal(&nalgebra::DVector::from_iterator(
+            d,
+            values.iter().map(|w| 1.0 / (w.max(0.0) + floor).sqrt()),
+        ));
+        let to_white = &vectors * inv_sqrt * vectors.transpose();
+        let (_, rotation) = sorted_eigen(&to_white.transpose() * &total * &to_white);
+        let full = to_white * rotation;
+        let mut proj = vec![0f32; d * dim_out];
+        for col in 0..dim_out {
+            for row in 0..d {
+                proj[row * dim_out + col] = full[(row, col)] as f32;
+            }
+        }
+        Ok(Self::from_parts(d, dim_out, mean, proj))
+    }
+
+    fn from_parts(dim_in: usize, dim_out: usize, mean: Vec<f64>, proj: Vec<f32>) -> Self {
+        Self {
+            dim_in,
             dim_out,
             mean: mean.iter().map(|&m| m as f32).collect(),
             proj,
-        })
+        }
     }
 
     /// Fails unless the parameters agree with each other (a whitening read from a file may
@@ -139,6 +158,61 @@ impl Whitening {
         out.chunks_mut(self.dim_out).for_each(l2_normalize);
         out
     }
+}
+
+/// The mean and sample covariance of `n` rows of `d`.
+fn mean_and_covariance(rows: &[f32], d: usize) -> Result<(Vec<f64>, DMatrix<f64>)> {
+    let n = rows.len() / d.max(1);
+    ensure!(n >= 2, "whitening needs at least two samples, got {n}");
+    let mut mean = vec![0f64; d];
+    rows.chunks(d)
+        .for_each(|r| mean.iter_mut().zip(r).for_each(|(m, v)| *m += *v as f64));
+    mean.iter_mut().for_each(|m| *m /= n as f64);
+    let centred = DMatrix::<f64>::from_fn(n, d, |i, j| rows[i * d + j] as f64 - mean[j]);
+    let cov = (centred.transpose() * &centred) / (n as f64 - 1.0).max(1.0);
+    Ok((mean, cov))
+}
+
+fn output_width(d: usize, dim_out: Option<usize>) -> Result<usize> {
+    let dim_out = dim_out.unwrap_or(d).min(d);
+    ensure!(dim_out > 0, "whitening output dimension must be positive");
+    Ok(dim_out)
+}
+
+/// Eigenvalues of a symmetric matrix, largest first, and their eigenvectors as columns in
+/// that order, each signed so that its largest entry is positive (the sign is arbitrary;
+/// fixing it makes learning deterministic).
+fn sorted_eigen(m: DMatrix<f64>) -> (Vec<f64>, DMatrix<f64>) {
+    let d = m.nrows();
+    let eig = SymmetricEigen::new(m);
+    let mut order: Vec<usize> = (0..d).collect();
+    order.sort_by(|&a, &b| {
+        eig.eigenvalues[b]
+            .total_cmp(&eig.eigenvalues[a])
+            .then(a.cmp(&b))
+    });
+    let values = order.iter().map(|&k| eig.eigenvalues[k]).collect();
+    let signs: Vec<f64> = order
+        .iter()
+        .map(|&k| {
+            let largest = eig.eigenvectors.column(k).iter().fold(0f64, |m, x| {
+                if x.abs() > m.abs() {
+                    *x
+                } else {
+                    m
+                }
+            });
+            if largest < 0.0 {
+                -1.0
+            } else {
+                1.0
+            }
+        })
+        .collect();
+    let vectors = DMatrix::from_fn(d, d, |row, col| {
+        eig.eigenvectors[(row, order[col])] * signs[col]
+    });
+    (values, vectors)
 }
 
 #[cfg(test)]
@@ -258,5 +332,72 @@ mod tests {
     #[test]
     fn too_few_samples_is_an_error() {
         assert!(Whitening::learn(&[1.0, 0.0], 2, 1e-3, None).is_err());
+    }
+
+    /// Views of instances whose identity lives in dimensions 0-5 and whose nuisance (what
+    /// changes between two views of one instance) is strong in dimension 6.
+    fn two_views(n: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let mut g = |s: f32| rng.gen_range(-1.0f32..1.0) * s;
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for _ in 0..n {
+            let id: Vec<f32> = (0..8)
+                .map(|k| g([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.05, 0.3][k]))
+                .collect();
+            for view in [&mut a, &mut b] {
+                let nuisance: Vec<f32> = (0..8)
+                    .map(|k| g([0.2, 0.2, 0.2, 0.2, 0.2, 0.2, 3.0, 0.3][k]))
+                    .collect();
+                view.extend(id.iter().zip(nuisance).map(|(i, n)| i + n));
+            }
+        }
+        (a, b)
+    }
+
+    /// How often view `a` of an instance finds its own view `b` first by cosine after `w`.
+    fn top1(w: &Whitening, a: &[f32], b: &[f32]) -> f64 {
+        let (wa, wb) = (w.apply_rows(a), w.apply_rows(b));
+        let d = w.dim_out;
+        let n = a.len() / w.dim_in;
+        let hits = (0..n)
+            .filter(|&i| {
+                let q = &wa[i * d..(i + 1) * d];
+                let best = (0..n)
+                    .map(|j| {
+                        (
+                            j,
+                            q.iter()
+                                .zip(&wb[j * d..(j + 1) * d])
+                                .map(|(x, y)| x * y)
+                                .sum::<f32>(),
+                        )
+                    })
+                    .fold((0, f32::MIN), |m, (j, s)| if s > m.1 { (j, s) } else { m });
+                best.0 == i
+            })
+            .count();
+        hits as f64 / n as f64
+    }
+
+    #[test]
+    fn pair_whitening_suppresses_what_changes_between_views() {
+        let d = 8;
+        let (a, b) = two_views(400, 5);
+        let samples: Vec<f32> = a.iter().chain(&b).copied().collect();
+        let diffs: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x - y).collect();
+        let pca = Whitening::learn(&samples, d, 1e-3, None).unwrap();
+        let pairs = Whitening::learn_from_pairs(&samples, &diffs, d, 1e-3, 1.0, None).unwrap();
+        pairs.validate().unwrap();
+        // measured on new instances, not the ones it learned from
+        let (qa, qb) = two_views(300, 6);
+        let (p, q) = (top1(&pca, &qa, &qb), top1(&pairs, &qa, &qb));
+        assert!(q > p + 0.2, "pairs {q} vs PCA {p}");
+        // blend 0 is PCA whitening: the same rankings
+        let blend0 = Whitening::learn_from_pairs(&samples, &diffs, d, 1e-3, 0.0, None).unwrap();
+        assert!((top1(&blend0, &qa, &qb) - p).abs() < 1e-9);
+        // a dimension cut keeps the leading components
+        let cut = Whitening::learn_from_pairs(&samples, &diffs, d, 1e-3, 0.5, Some(2)).unwrap();
+        assert_eq!((cut.dim_out, cut.proj.len()), (2, 16));
+        assert!(Whitening::learn_from_pairs(&samples, &diffs, d, 1e-3, 1.5, None).is_err());
     }
 }

@@ -309,7 +309,7 @@ pub fn link_benchmark(
         !input.second_metas.is_empty(),
         "no georeferencing error level"
     );
-    let encoder = recipe.learn_encoder(input.first, None)?;
+    let encoder = recipe.learn_encoder(input.first, None, &[])?;
     let first_descs = encode_all(&encoder, input.first);
     let second_descs = encode_all(&encoder, input.second);
     let dim = input.first.dim;

@@ -133,11 +133,11 @@ pub fn write_outputs(
     if let Some(r) = report {
         let b = &out.benchmark;
         let a = b.align(&out.gallery.ids, &out.queries.ids);
-        let white = out
-            .results
-            .iter()
-            .any(|r| r.name == "two_stage_s100_k32_white");
-        let (before, after) = if white {
+        // the examples show the strongest whitening the run has
+        let has = |name: &str| out.results.iter().any(|r| r.name == name);
+        let (before, after) = if has("two_stage_s100_k32_pairwhite") {
+            ("cls_pairwhite", "two_stage_s100_k32_pairwhite")
+        } else if has("two_stage_s100_k32_white") {
             ("cls_white", "two_stage_s100_k32_white")
         } else {
             ("cls", "two_stage_s100_k32")

@@ -98,7 +98,7 @@ pub fn run(c: IndexCmd) -> Result<()> {
                     feats.len()
                 );
             }
-            let encoder = recipe.learn_encoder(&feats, learn_from.as_deref())?;
+            let encoder = recipe.learn_encoder(&feats, learn_from.as_deref(), &metas)?;
             recipe.write_index(
                 &out,
                 &encoder,

@@ -107,14 +107,16 @@ def _features_args(features: Mapping[str, Any]):
 class Recipe:
     """How an index is built (``craterdex index build``'s options): token ``codec``
     (f32, f16, int8, pq96, pq48, ...), ``k`` instance tokens per image, ``seeds`` (fps,
-    attn, random, norm, normattn), stage-1 ``pooling`` (cls, gap, gem, max), PCA ``whiten``,
-    IVF lists (``ivf``: auto, off or a number; ``nprobe`` scanned per query) and ``seed``."""
+    attn, random, norm, normattn), stage-1 ``pooling`` (cls, gap, gem, max), ``whiten``
+    (learned from the entries' matching pairs, two images with one ``crater_id``, blended
+    with PCA; PCA only with ``pca_whitening``), IVF lists (``ivf``: auto, off or a number; ``nprobe`` scanned per query) and ``seed``."""
 
     codec: str = "int8"
     k: int = 32
     seeds: str = "fps"
     pooling: str = "cls"
     whiten: bool = True
+    pca_whitening: bool = False
     ivf: str = "auto"
     nprobe: Optional[int] = None
     seed: int = 0

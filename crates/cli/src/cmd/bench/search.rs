@@ -606,7 +606,7 @@ pub fn run(b: SearchBench) -> Result<()> {
                 Extractor::load(&ModelSpec::default(), ExtractSettings::default(), &bars)?;
             let gf = extractor.extract(&bench.gallery_items(), "gallery", &bars)?;
             let qf = extractor.extract(&bench.query_items(), "queries", &bars)?;
-            let enc = IndexRecipe::default().learn_encoder(&gf, None)?;
+            let enc = IndexRecipe::default().learn_encoder(&gf, None, &[])?;
             let gallery: Vec<(ImageMeta, Descriptors)> = bench
                 .gallery_metas(&gf.ids)
                 .into_iter()
