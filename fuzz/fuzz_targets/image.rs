@@ -2,7 +2,9 @@
 //! image crate's limits) and the model's preprocessing. Nothing may panic or allocate
 //! without bound.
 #![no_main]
-use craterdex_model::preprocess::{decode_image_with, to_tensor, Preprocess, ResizeMode};
+use craterdex_model::preprocess::{
+    decode_image_with, to_tensor, to_tensors, Orientation, Preprocess, ResizeMode,
+};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -11,10 +13,18 @@ fuzz_target!(|data: &[u8]| {
         mean: [0.5; 3],
         std: [0.25; 3],
         resize: ResizeMode::CenterCrop,
+        orientation: Orientation::AsIs,
+    };
+    let turned = Preprocess {
+        orientation: Orientation::Shading,
+        ..prep.clone()
     };
     for allow_partial in [false, true] {
         if let Ok(img) = decode_image_with(data, allow_partial) {
             assert_eq!(to_tensor(&img, &prep).len(), 3 * 28 * 28);
+            let views = to_tensors(&img, &turned);
+            assert_eq!(views.len(), 2);
+            assert!(views.iter().all(|v| v.len() == 3 * 28 * 28));
         }
     }
 });
