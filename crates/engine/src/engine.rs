@@ -1,7 +1,7 @@
 //! [`Engine`]: one index, its encoder, and optionally the model that makes its queries.
 //! Every front end asks it for ranked hits; none wires model, tokens and index itself.
 
-use crate::extractor::Extractor;
+use crate::extractor::{split_fingerprint, Extractor};
 use crate::progress::Progress;
 use crate::recipe::encode_all;
 use anyhow::{bail, ensure, Context, Result};
@@ -48,10 +48,13 @@ fn check_compatible(index: &Index, extractor: &Extractor) -> Result<()> {
     let fingerprint = extractor.fingerprint();
     if let Some(built) = index.model() {
         // the same model with crops turned another way: say which option makes them match
-        let model = |fp: &str| fp.split('+').next().unwrap_or_default().to_string();
-        if built != fingerprint && model(built) == model(&fingerprint) {
-            let orient = built.split_once('+').map_or("as-is", |(_, o)| o);
-            bail!("the index was built with --orient {orient}; its queries need the same");
+        let ((model, orient), (built_model, built_orient)) =
+            (split_fingerprint(&fingerprint), split_fingerprint(built));
+        if model == built_model && orient != built_orient {
+            bail!(
+                "the index was built with --orient {}; its queries need the same",
+                built_orient.name()
+            );
         }
     }
     index.check_model(&fingerprint)?;

@@ -96,9 +96,6 @@ impl Extractor {
     pub fn vit(&self) -> &Vit {
         &self.vit
     }
-    pub fn resize(&self) -> ResizeMode {
-        self.resize
-    }
     /// How images are prepared for the model.
     pub fn preprocess(&self) -> Preprocess {
         Preprocess {
@@ -211,9 +208,37 @@ impl Extractor {
 
 /// A model fingerprint as an index records it: with `orientation` unless crops are as is
 /// (so indexes built before orientations existed keep theirs).
-pub fn fingerprint_with(model: &str, orientation: Orientation) -> String {
+fn fingerprint_with(model: &str, orientation: Orientation) -> String {
     match orientation {
         Orientation::AsIs => model.to_string(),
         o => format!("{model}+{}", o.name()),
+    }
+}
+
+/// The model and orientation of a fingerprint [`fingerprint_with`] made (a model name may
+/// itself hold a `+`: only a known orientation's suffix is taken off).
+pub(crate) fn split_fingerprint(fingerprint: &str) -> (&str, Orientation) {
+    [Orientation::Shading]
+        .into_iter()
+        .find_map(|o| {
+            fingerprint
+                .strip_suffix(o.name())
+                .and_then(|m| m.strip_suffix('+'))
+                .map(|m| (m, o))
+        })
+        .unwrap_or((fingerprint, Orientation::AsIs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fingerprint_splits_back_into_model_and_orientation() {
+        for model in ["dinov2-abc123", "a+b-abc123", "x+shading-1"] {
+            for o in [Orientation::AsIs, Orientation::Shading] {
+                assert_eq!(split_fingerprint(&fingerprint_with(model, o)), (model, o));
+            }
+        }
     }
 }

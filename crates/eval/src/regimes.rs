@@ -122,7 +122,6 @@ pub enum Family {
 pub struct RegimeResult {
     pub name: String,
     pub family: Family,
-    pub whitened: bool,
     pub whitening: Whiten,
     #[serde(flatten)]
     pub summary: Summary,
@@ -265,7 +264,6 @@ pub fn run(
                 out.push(RegimeResult {
                     name: s.name,
                     family: s.family,
-                    whitened: white != Whiten::Off,
                     whitening: white,
                     summary: summarise(&per_query),
                     k: s.k,
@@ -464,7 +462,10 @@ fn results_of(rankings: &[Vec<usize>], input: &EvalInput) -> (Vec<QueryResult>, 
 pub fn to_json(results: &[RegimeResult], extra: serde_json::Value) -> serde_json::Value {
     let mut regimes = serde_json::Map::new();
     for r in results {
-        regimes.insert(r.name.clone(), serde_json::to_value(r).unwrap_or_default());
+        let mut v = serde_json::to_value(r).unwrap_or_default();
+        // kept for readers of runs from before the whitening variants
+        v["whitened"] = (r.whitening != Whiten::Off).into();
+        regimes.insert(r.name.clone(), v);
     }
     serde_json::json!({"regimes": regimes, "run": extra})
 }

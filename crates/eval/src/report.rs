@@ -471,7 +471,6 @@ mod tests {
         RegimeResult {
             name: name.into(),
             family,
-            whitened: false,
             whitening: Whiten::Off,
             summary: Summary {
                 map,

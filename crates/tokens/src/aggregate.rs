@@ -121,7 +121,8 @@ fn top_k_by(scores: &[f32], k: usize) -> Vec<usize> {
     idx
 }
 
-fn argmax(v: &[f32]) -> usize {
+/// The first position of the largest value (0 for an empty slice).
+pub(crate) fn argmax(v: &[f32]) -> usize {
     v.iter()
         .enumerate()
         .fold(0, |best, (i, x)| if *x > v[best] { i } else { best })

@@ -1,7 +1,7 @@
 //! The recipe that turns one image's features into its searchable descriptors, and the
 //! whitening learned for it. Gallery and queries go through the same [`Encoder`].
 
-use crate::aggregate::{aggregate, Aggregation, SeedStrategy, TokenView};
+use crate::aggregate::{aggregate, argmax, Aggregation, SeedStrategy, TokenView};
 use crate::descriptors::{pool, Pooling};
 use crate::l2_normalize;
 use crate::whitening::{Whitening, DEFAULT_REGULARISATION};
@@ -114,23 +114,16 @@ fn mutual_nearest(a: &[f32], b: &[f32], d: usize) -> Vec<(usize, usize)> {
     let mut sims = vec![0f32; na * nb];
     let packed = craterdex_kernels::gemm::PackedF32::from_columns(b, nb, d, d);
     craterdex_kernels::gemm::matmul_f32(a, na, d, &packed, &mut sims, nb, false);
-    let argmax = |it: &mut dyn Iterator<Item = f32>| {
-        it.enumerate()
-            .fold((0, f32::NEG_INFINITY), |best, (i, v)| {
-                if v > best.1 {
-                    (i, v)
-                } else {
-                    best
-                }
-            })
-            .0
-    };
-    let best_b: Vec<usize> = (0..na)
-        .map(|i| argmax(&mut sims[i * nb..(i + 1) * nb].iter().copied()))
-        .collect();
-    let best_a: Vec<usize> = (0..nb)
-        .map(|j| argmax(&mut (0..na).map(|i| sims[i * nb + j])))
-        .collect();
+    let best_b: Vec<usize> = sims.chunks(nb).map(argmax).collect();
+    // the best row of every column, in one pass over the rows (first best kept, as argmax)
+    let mut best_a = vec![0usize; nb];
+    for (i, row) in sims.chunks(nb).enumerate() {
+        for (j, &s) in row.iter().enumerate() {
+            if s > sims[best_a[j] * nb + j] {
+                best_a[j] = i;
+            }
+        }
+    }
     best_b
         .iter()
         .enumerate()
