@@ -35,15 +35,18 @@ fuzz_target!(|data: &[u8]| {
         }
         for mode in [Mode::Stage1, Mode::TwoStage, Mode::Exhaustive] {
             for stage1 in [Stage1::Auto, Stage1::Exact, Stage1::Probe(3)] {
-                let p = SearchParams {
-                    top_k: 5,
-                    shortlist: 10,
-                    mode,
-                    stage1,
-                };
-                for hits in idx.search(std::slice::from_ref(&query), &p) {
-                    for h in hits {
-                        let _ = idx.meta(h.row);
+                for group_views in [false, true] {
+                    let p = SearchParams {
+                        top_k: 5,
+                        shortlist: 10,
+                        mode,
+                        stage1,
+                        group_views,
+                    };
+                    for hits in idx.search(std::slice::from_ref(&query), &p) {
+                        for h in hits {
+                            let _ = idx.meta(h.row);
+                        }
                     }
                 }
             }

@@ -153,6 +153,11 @@ pub struct SearchOpts {
     /// IVF lists to scan in stage 1 (default: the index's); 0 scans every image exactly.
     #[arg(long)]
     pub nprobe: Option<usize>,
+    /// List hits image by image, by their own score, rather than crater by crater (by default
+    /// the views of one crater, images sharing a crater_id, follow one another, ranked by the
+    /// best of them).
+    #[arg(long)]
+    pub ungrouped: bool,
 }
 
 impl SearchOpts {
@@ -162,6 +167,7 @@ impl SearchOpts {
             shortlist: self.shortlist,
             mode: self.mode.parse::<Mode>()?,
             stage1: Stage1::from_nprobe(self.nprobe),
+            group_views: !self.ungrouped,
         })
     }
 }

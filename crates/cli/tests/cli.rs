@@ -435,44 +435,51 @@ fn eval_default_regime_ranks_like_index_build_and_search() {
     args.extend(common);
     e.ok(&args);
     e.index_build(&model, &manifest, "idx", &[]);
-    let mut args = vec![
-        "search",
-        "--index",
-        "idx",
-        "--manifest",
-        &manifest,
-        "--json",
-        "--top",
-        "10",
-    ];
-    args.extend(common);
-    let searched: serde_json::Value = serde_json::from_str(&e.ok(&args)).unwrap();
-
     let csv = std::fs::read_to_string(e.root.join("pq.csv")).unwrap();
-    let from_eval: std::collections::BTreeMap<String, Vec<String>> = csv
-        .lines()
-        .skip(1)
-        .filter(|l| l.starts_with("two_stage_s100_k32_int8_pairwhite,"))
-        .map(|l| {
-            let cols: Vec<&str> = l.split(',').collect();
-            (
-                cols[1].to_string(),
-                cols[5].split(' ').map(String::from).collect(),
-            )
-        })
-        .collect();
-    let queries = searched.as_array().unwrap();
-    assert!(queries.len() >= 8, "{} queries", queries.len());
-    assert_eq!(from_eval.len(), queries.len());
-    for q in queries {
-        let id = q["query"].as_str().unwrap();
-        let ranked: Vec<String> = q["results"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|h| h["id"].as_str().unwrap().to_string())
+    // search lists views crater by crater unless told --ungrouped: each form must rank as the
+    // eval regime of the same name
+    for (regime, flag) in [
+        ("two_stage_s100_k32_int8_pairwhite_grouped", None),
+        ("two_stage_s100_k32_int8_pairwhite", Some("--ungrouped")),
+    ] {
+        let mut args = vec![
+            "search",
+            "--index",
+            "idx",
+            "--manifest",
+            &manifest,
+            "--json",
+            "--top",
+            "10",
+        ];
+        args.extend(flag);
+        args.extend(common);
+        let searched: serde_json::Value = serde_json::from_str(&e.ok(&args)).unwrap();
+        let from_eval: std::collections::BTreeMap<String, Vec<String>> = csv
+            .lines()
+            .skip(1)
+            .filter(|l| l.starts_with(&format!("{regime},")))
+            .map(|l| {
+                let cols: Vec<&str> = l.split(',').collect();
+                (
+                    cols[1].to_string(),
+                    cols[5].split(' ').map(String::from).collect(),
+                )
+            })
             .collect();
-        assert_eq!(ranked, from_eval[id], "query {id}");
+        let queries = searched.as_array().unwrap();
+        assert!(queries.len() >= 8, "{} queries", queries.len());
+        assert_eq!(from_eval.len(), queries.len(), "{regime}");
+        for q in queries {
+            let id = q["query"].as_str().unwrap();
+            let ranked: Vec<String> = q["results"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|h| h["id"].as_str().unwrap().to_string())
+                .collect();
+            assert_eq!(ranked, from_eval[id], "{regime}: query {id}");
+        }
     }
 }
 

@@ -9,7 +9,9 @@
 //! `inst_fps_k32_{f16,int8,pq96,pq48}` (exhaustive, per codec); `two_stage_s100_k32_int8`, the
 //! shipped default recipe; `two_stage_s100_k32_int8_ivf`, the same with IVF stage 1. Each also
 //! with whitening, suffixed `_white`, learned only from gallery images of craters that no
-//! query finds relevant.
+//! query finds relevant. The single vectors, `inst_fps_k32` and the two-stage regimes are also
+//! run with their hits listed crater by crater ([`SearchParams::group_views`], what `search`
+//! does by default), suffixed `_grouped`.
 
 use crate::metrics::{evaluate_ranking, shortlist_recall, summarise, QueryResult, Summary};
 use anyhow::Result;
@@ -133,6 +135,11 @@ pub struct RegimeResult {
     /// Shortlist recall R@S (two-stage regimes).
     #[serde(rename = "R@S", skip_serializing_if = "Option::is_none")]
     pub shortlist_recall: Option<f64>,
+    /// Hits listed crater by crater (`_grouped`).
+    pub grouped: bool,
+    /// Milliseconds per query, one query at a time for its 10 best (the mean over up to
+    /// [`TIMED_QUERIES`] queries, on this machine's threads and kernel level).
+    pub query_ms: f64,
     #[serde(skip)]
     pub per_query: Vec<QueryResult>,
     /// The 10 best gallery positions per query.
@@ -151,12 +158,46 @@ pub struct EvalInput<'a> {
     pub whitening_rows: Vec<usize>,
 }
 
+/// Queries timed one at a time per regime.
+pub const TIMED_QUERIES: usize = 32;
+
 /// One index form of a regime, searched once for a ranking of the whole gallery.
+#[derive(Clone)]
 struct Search {
     name: String,
     family: Family,
     k: Option<usize>,
     params: SearchParams,
+}
+
+impl Search {
+    /// The search and its `_grouped` form.
+    fn and_grouped(self) -> [Search; 2] {
+        let grouped = Search {
+            name: format!("{}_grouped", self.name),
+            params: SearchParams {
+                group_views: true,
+                ..self.params
+            },
+            ..self.clone()
+        };
+        [self, grouped]
+    }
+}
+
+/// Mean milliseconds per query of `engine` answering `queries` one at a time for their 10
+/// best, as a user's single query runs.
+fn query_ms(engine: &Engine, queries: &[Descriptors], params: &SearchParams) -> f64 {
+    let timed = &queries[..queries.len().min(TIMED_QUERIES)];
+    let params = SearchParams {
+        top_k: 10,
+        ..*params
+    };
+    let t = std::time::Instant::now();
+    for q in timed {
+        std::hint::black_box(engine.search(std::slice::from_ref(q), &params));
+    }
+    t.elapsed().as_secs_f64() * 1e3 / timed.len().max(1) as f64
 }
 
 /// Runs every regime on the features of benchmark `b`'s gallery and queries (what `craterdex
@@ -240,27 +281,29 @@ pub fn run(
                     .map(|h| h.iter().map(|h| positions[h.id.as_str()]).collect())
                     .collect();
                 let (per_query, top) = results_of(&rankings, input);
-                // R@S: a relevant image among the candidates stage 1 passed to reranking
-                let shortlist_recall = (s.params.mode == Mode::TwoStage).then(|| {
-                    let reranked: Vec<QueryResult> = hits
-                        .iter()
-                        .enumerate()
-                        .map(|(q, h)| {
-                            let shortlist: Vec<usize> = h
-                                .iter()
-                                .filter(|h| h.stage2.is_some())
-                                .map(|h| positions[h.id.as_str()])
-                                .collect();
-                            evaluate_ranking(
-                                q,
-                                &shortlist,
-                                input.gallery_craters,
-                                &input.relevance[q],
-                            )
-                        })
-                        .collect();
-                    shortlist_recall(&reranked, s.params.shortlist)
-                });
+                // R@S: a relevant image among the candidates stage 1 passed to reranking (a
+                // property of stage 1: grouping only reorders, so its rows leave it out)
+                let shortlist_recall = (s.params.mode == Mode::TwoStage && !s.params.group_views)
+                    .then(|| {
+                        let reranked: Vec<QueryResult> = hits
+                            .iter()
+                            .enumerate()
+                            .map(|(q, h)| {
+                                let shortlist: Vec<usize> = h
+                                    .iter()
+                                    .filter(|h| h.stage2.is_some())
+                                    .map(|h| positions[h.id.as_str()])
+                                    .collect();
+                                evaluate_ranking(
+                                    q,
+                                    &shortlist,
+                                    input.gallery_craters,
+                                    &input.relevance[q],
+                                )
+                            })
+                            .collect();
+                        shortlist_recall(&reranked, s.params.shortlist)
+                    });
                 out.push(RegimeResult {
                     name: s.name,
                     family: s.family,
@@ -274,6 +317,8 @@ pub fn run(
                             engine.index().single_dim() * 4
                         },
                     shortlist_recall,
+                    grouped: s.params.group_views,
+                    query_ms: query_ms(&engine, queries, &s.params),
                     per_query,
                     top,
                 });
@@ -284,7 +329,8 @@ pub fn run(
             top_k: n,
             shortlist,
             mode,
-            ..Default::default()
+            stage1: Default::default(),
+            group_views: false,
         };
 
         // single vectors: stage 1 of an index without tokens
@@ -307,12 +353,14 @@ pub fn run(
                 &encoder,
                 encode_all(&encoder, input.gallery),
                 &encode_all(&encoder, input.queries),
-                vec![Search {
+                Search {
                     name,
                     family: Family::Single,
                     k: None,
                     params: rank_all(Mode::Stage1, 0),
-                }],
+                }
+                .and_grouped()
+                .into(),
                 &mut out,
             )?;
             if pooling == Pooling::Cls {
@@ -367,11 +415,15 @@ pub fn run(
                 let (encoder, g, q) = tokens(aggregation);
                 let mut searches = vec![exhaustive(format!("{prefix}_k{k}{suffix}"), family, k)];
                 if k == 32 && family == Family::InstFps {
-                    searches.extend(o.shortlists.iter().map(|&s| Search {
-                        name: format!("two_stage_s{s}_k32{suffix}"),
-                        family: Family::TwoStage,
-                        k: Some(32),
-                        params: rank_all(Mode::TwoStage, s),
+                    searches = searches.remove(0).and_grouped().into();
+                    searches.extend(o.shortlists.iter().flat_map(|&s| {
+                        Search {
+                            name: format!("two_stage_s{s}_k32{suffix}"),
+                            family: Family::TwoStage,
+                            k: Some(32),
+                            params: rank_all(Mode::TwoStage, s),
+                        }
+                        .and_grouped()
                     }));
                 }
                 score(&f32_recipe, &encoder, g, &q, searches, &mut out)?;
@@ -432,7 +484,7 @@ pub fn run(
                 &encoder,
                 g32.clone(),
                 &q32,
-                vec![search(name)],
+                search(name).and_grouped().into(),
                 &mut out,
             )?;
             let ivf = IndexRecipe {
@@ -440,7 +492,14 @@ pub fn run(
                 ..shipped
             };
             let name = format!("two_stage_s100_k32_int8_ivf{suffix}");
-            score(&ivf, &encoder, g32, &q32, vec![search(name)], &mut out)?;
+            score(
+                &ivf,
+                &encoder,
+                g32,
+                &q32,
+                search(name).and_grouped().into(),
+                &mut out,
+            )?;
         }
     }
     Ok(out)
@@ -506,12 +565,12 @@ pub fn per_query_csv(
 /// The paper-style table.
 pub fn table(results: &[RegimeResult]) -> String {
     let mut s = format!(
-        "{:<34} {:>6} {:>6} {:>6} {:>6} {:>8} {:>6}\n",
-        "regime", "R@1", "R@5", "R@10", "mAP", "bytes", "R@S"
+        "{:<42} {:>6} {:>6} {:>6} {:>6} {:>8} {:>6} {:>8}\n",
+        "regime", "R@1", "R@5", "R@10", "mAP", "bytes", "R@S", "ms/query"
     );
     for r in results {
         s.push_str(&format!(
-            "{:<34} {:>6.3} {:>6.3} {:>6.3} {:>6.3} {:>8} {:>6}\n",
+            "{:<42} {:>6.3} {:>6.3} {:>6.3} {:>6.3} {:>8} {:>6} {:>8.2}\n",
             r.name,
             r.summary.r1,
             r.summary.r5,
@@ -520,7 +579,8 @@ pub fn table(results: &[RegimeResult]) -> String {
             r.bytes_per_image,
             r.shortlist_recall
                 .map(|v| format!("{v:.3}"))
-                .unwrap_or_default()
+                .unwrap_or_default(),
+            r.query_ms
         ));
     }
     s

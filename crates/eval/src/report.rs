@@ -1,4 +1,5 @@
-//! A self-contained HTML report: the table, mAP-vs-K and mAP-vs-bytes plots (inline SVG),
+//! A self-contained HTML report: the table, the ablation of the levers beyond the paper
+//! (whitening, view grouping), mAP-vs-K, mAP-vs-bytes and mAP-vs-latency plots (inline SVG),
 //! the paper's findings checked on this run, and example queries with their top-5 before
 //! and after reranking (relevant framed green, others red). No external assets.
 
@@ -30,7 +31,7 @@ pub fn findings(results: &[RegimeResult]) -> Vec<Finding> {
         let map = |n: &str| get(results, &format!("{n}{sfx}")).map(|r| r.summary.map);
         let best_single = results
             .iter()
-            .filter(|r| r.whitening == white && r.family == Family::Single)
+            .filter(|r| r.whitening == white && r.family == Family::Single && !r.grouped)
             .max_by(|a, b| a.summary.map.total_cmp(&b.summary.map));
         let mut add = |claim: String, v: Option<(bool, String)>| {
             let (holds, detail) = match v {
@@ -115,6 +116,8 @@ struct Series {
     colour: &'static str,
     dashed: bool,
     points: Vec<(f64, f64)>,
+    /// What each point is, shown on hover (the series label when empty).
+    names: Vec<String>,
 }
 
 /// A line chart with a log2 or log10 x axis.
@@ -173,8 +176,12 @@ fn svg_plot(title: &str, xlabel: &str, series: &[Series], log_base: f64) -> Stri
             h - mb + 14.0,
             if t >= 1000.0 {
                 format!("{:.0}K", t / 1000.0)
-            } else {
+            } else if t >= 10.0 {
                 format!("{t:.0}")
+            } else if t >= 1.0 {
+                format!("{t:.1}")
+            } else {
+                format!("{t:.2}")
             }
         );
     }
@@ -203,14 +210,14 @@ fn svg_plot(title: &str, xlabel: &str, series: &[Series], log_base: f64) -> Stri
             se.colour,
             path.join(" ")
         );
-        for &(x, y) in &se.points {
+        for (i, &(x, y)) in se.points.iter().enumerate() {
             let _ = write!(
                 s,
-                r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{}"><title>{} {x}: {y:.3}</title></circle>"#,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{}"><title>{} {x:.3}: {y:.3}</title></circle>"#,
                 sx(x),
                 sy(y),
                 se.colour,
-                se.label
+                esc(se.names.get(i).unwrap_or(&se.label))
             );
         }
         let ly = mt + 14.0 * i as f64 + 6.0;
@@ -256,7 +263,7 @@ fn k_series(results: &[RegimeResult]) -> Vec<Series> {
         for white in WHITENINGS {
             let mut pts: Vec<(f64, f64)> = results
                 .iter()
-                .filter(|r| r.family == *fam && r.whitening == white)
+                .filter(|r| r.family == *fam && r.whitening == white && !r.grouped)
                 .filter_map(|r| Some((r.k? as f64, r.summary.map)))
                 .collect();
             pts.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -266,6 +273,7 @@ fn k_series(results: &[RegimeResult]) -> Vec<Series> {
                     colour: COLOURS[fi],
                     dashed: white == Whiten::Off,
                     points: pts,
+                    names: vec![],
                 });
             }
         }
@@ -290,6 +298,7 @@ fn k_series(results: &[RegimeResult]) -> Vec<Series> {
                     colour: COLOURS[(5 + i) % COLOURS.len()],
                     dashed: true,
                     points: vec![(lo, f.summary.map), (hi, f.summary.map)],
+                    names: vec![],
                 });
             }
         }
@@ -302,13 +311,13 @@ fn bytes_series(results: &[RegimeResult]) -> Vec<Series> {
     for (i, white) in WHITENINGS.iter().enumerate() {
         let mut inst: Vec<(f64, f64)> = results
             .iter()
-            .filter(|r| r.family == Family::InstFps && r.whitening == *white)
+            .filter(|r| r.family == Family::InstFps && r.whitening == *white && !r.grouped)
             .map(|r| (r.bytes_per_image as f64, r.summary.map))
             .collect();
         inst.sort_by(|a, b| a.0.total_cmp(&b.0));
         let mut codecs: Vec<(f64, f64)> = results
             .iter()
-            .filter(|r| r.family == Family::Codec && r.whitening == *white)
+            .filter(|r| r.family == Family::Codec && r.whitening == *white && !r.grouped)
             .map(|r| (r.bytes_per_image as f64, r.summary.map))
             .collect();
         codecs.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -319,6 +328,7 @@ fn bytes_series(results: &[RegimeResult]) -> Vec<Series> {
                 colour: COLOURS[2 * i],
                 dashed: *white == Whiten::Off,
                 points: inst,
+                names: vec![],
             });
         }
         if !codecs.is_empty() {
@@ -327,6 +337,106 @@ fn bytes_series(results: &[RegimeResult]) -> Vec<Series> {
                 colour: COLOURS[2 * i + 1],
                 dashed: *white == Whiten::Off,
                 points: codecs,
+                names: vec![],
+            });
+        }
+    }
+    out
+}
+
+/// The regimes the ablation and the cost plots compare: the paper's single vector and
+/// instance tokens, the best single vector of #14, and the shipped recipe with its IVF form.
+const CANDIDATES: [&str; 5] = [
+    "cls",
+    "max",
+    "inst_fps_k32",
+    "two_stage_s100_k32_int8",
+    "two_stage_s100_k32_int8_ivf",
+];
+
+/// The lever settings of the ablation, in the order they were added.
+const LEVERS: [(Whiten, bool, &str); 4] = [
+    (Whiten::Off, false, "paper (no whitening)"),
+    (Whiten::Pca, false, "+ PCA whitening"),
+    (Whiten::Pairs, false, "+ pair whitening"),
+    (Whiten::Pairs, true, "+ view grouping"),
+];
+
+fn candidate<'a>(
+    results: &'a [RegimeResult],
+    base: &str,
+    white: Whiten,
+    grouped: bool,
+) -> Option<&'a RegimeResult> {
+    let name = format!(
+        "{base}{}{}",
+        white.suffix(),
+        if grouped { "_grouped" } else { "" }
+    );
+    get(results, &name)
+}
+
+/// Per-lever ablation: each candidate regime with the levers added one at a time (mAP, R@1),
+/// and its cost.
+fn ablation_table(results: &[RegimeResult]) -> String {
+    let mut h = String::from("<table><tr><th>regime</th>");
+    for (_, _, label) in LEVERS {
+        let _ = write!(h, "<th>{}</th>", esc(label));
+    }
+    h.push_str("<th>bytes/image</th><th>ms/query</th></tr>");
+    let mut rows = 0;
+    for base in CANDIDATES {
+        let cells: Vec<Option<&RegimeResult>> = LEVERS
+            .iter()
+            .map(|&(w, g, _)| candidate(results, base, w, g))
+            .collect();
+        let Some(last) = cells.iter().rev().flatten().next() else {
+            continue;
+        };
+        rows += 1;
+        let _ = write!(h, "<tr><td>{base}</td>");
+        for c in &cells {
+            match c {
+                Some(r) => {
+                    let _ = write!(
+                        h,
+                        "<td>{:.3} <small>({:.3})</small></td>",
+                        r.summary.map, r.summary.r1
+                    );
+                }
+                None => h.push_str("<td></td>"),
+            }
+        }
+        let _ = write!(
+            h,
+            "<td>{}</td><td>{:.2}</td></tr>",
+            last.bytes_per_image, last.query_ms
+        );
+    }
+    h.push_str("</table>");
+    if rows == 0 {
+        return String::new();
+    }
+    h
+}
+
+/// The candidates at each lever setting, as points (cost, mAP); `cost` says which.
+fn candidate_series(results: &[RegimeResult], cost: impl Fn(&RegimeResult) -> f64) -> Vec<Series> {
+    let mut out = Vec::new();
+    for (i, &(white, grouped, label)) in LEVERS.iter().enumerate() {
+        let mut pts: Vec<(f64, f64, String)> = CANDIDATES
+            .iter()
+            .filter_map(|b| candidate(results, b, white, grouped))
+            .map(|r| (cost(r), r.summary.map, r.name.clone()))
+            .collect();
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        if !pts.is_empty() {
+            out.push(Series {
+                label: label.trim_start_matches("+ ").into(),
+                colour: COLOURS[i],
+                dashed: white == Whiten::Off,
+                points: pts.iter().map(|p| (p.0, p.1)).collect(),
+                names: pts.into_iter().map(|p| p.2).collect(),
             });
         }
     }
@@ -419,11 +529,28 @@ figcaption{{font-size:10px;max-width:96px;overflow:hidden}} .row{{margin:6px 0}}
         &bytes_series(results),
         10.0,
     ));
-    h.push_str("<h2>All regimes</h2><table><tr><th>regime</th><th>R@1</th><th>R@5</th><th>R@10</th><th>mAP</th><th>K</th><th>bytes/image</th><th>R@S</th></tr>");
+    let ablation = ablation_table(results);
+    if !ablation.is_empty() {
+        h.push_str("<h2>Levers beyond the paper</h2><p>mAP (R@1) of each candidate with the levers added one at a time; whitening is learned only from gallery craters no query looks for. View grouping lists the views of one crater together, ranked by the best of them: the first hit changes only when a view that stage 1 missed scores best, and the crater's other view follows it. Bytes and milliseconds per query (one query at a time, 10 results) are those of the last column.</p>");
+        h.push_str(&ablation);
+        h.push_str(&svg_plot(
+            "candidates: mAP vs query latency",
+            "ms per query (log scale)",
+            &candidate_series(results, |r| r.query_ms),
+            10.0,
+        ));
+        h.push_str(&svg_plot(
+            "candidates: mAP vs stored bytes per image",
+            "bytes per image (log scale)",
+            &candidate_series(results, |r| r.bytes_per_image as f64),
+            10.0,
+        ));
+    }
+    h.push_str("<h2>All regimes</h2><table><tr><th>regime</th><th>R@1</th><th>R@5</th><th>R@10</th><th>mAP</th><th>K</th><th>bytes/image</th><th>R@S</th><th>ms/query</th></tr>");
     for r in results {
         let _ = write!(
             h,
-            "<tr><td>{}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.2}</td></tr>",
             r.name,
             r.summary.r1,
             r.summary.r5,
@@ -431,7 +558,8 @@ figcaption{{font-size:10px;max-width:96px;overflow:hidden}} .row{{margin:6px 0}}
             r.summary.map,
             r.k.map(|k| k.to_string()).unwrap_or_default(),
             r.bytes_per_image,
-            r.shortlist_recall.map(|v| format!("{v:.3}")).unwrap_or_default()
+            r.shortlist_recall.map(|v| format!("{v:.3}")).unwrap_or_default(),
+            r.query_ms
         );
     }
     h.push_str("</table>");
@@ -479,6 +607,8 @@ mod tests {
             k,
             bytes_per_image: k.unwrap_or(1) * 1536,
             shortlist_recall: None,
+            grouped: false,
+            query_ms: 1.0,
             per_query: vec![],
             top: vec![],
         }

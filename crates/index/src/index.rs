@@ -28,6 +28,9 @@ pub struct Index {
     metas: Vec<ImageMeta>,
     deleted_rows: Vec<bool>,
     rows_by_id: HashMap<String, usize>,
+    /// Live rows of every crater seen in more than one image; made on the first search that
+    /// groups views, so opening an index does not pay for it.
+    views: std::sync::OnceLock<HashMap<String, Vec<usize>>>,
 }
 
 /// The IVF stage 1 to build with: centroids, and the `nprobe` queries use by default.
@@ -251,6 +254,7 @@ impl Index {
             metas,
             deleted_rows,
             rows_by_id,
+            views: std::sync::OnceLock::new(),
         }
     }
 
@@ -471,11 +475,33 @@ impl Index {
             .collect()
     }
 
-    fn segment_of(&self, row: usize) -> &Segment {
+    pub(crate) fn segment_of(&self, row: usize) -> &Segment {
         let i = self
             .segments
             .partition_point(|s| s.first_row + s.count <= row);
         &self.segments[i]
+    }
+
+    /// The other live rows showing `row`'s crater (none without a crater id).
+    pub fn other_views(&self, row: usize) -> impl Iterator<Item = usize> + '_ {
+        let views = self.views.get_or_init(|| {
+            let mut by_crater: HashMap<String, Vec<usize>> = HashMap::new();
+            for (r, m) in self.metas.iter().enumerate() {
+                if let (false, Some(c)) = (self.deleted_rows[r], &m.crater_id) {
+                    by_crater.entry(c.clone()).or_default().push(r);
+                }
+            }
+            by_crater.retain(|_, rows| rows.len() > 1);
+            by_crater
+        });
+        self.metas[row]
+            .crater_id
+            .as_ref()
+            .and_then(|c| views.get(c))
+            .into_iter()
+            .flatten()
+            .copied()
+            .filter(move |&r| r != row)
     }
 
     /// The single vector of `row` as stored.

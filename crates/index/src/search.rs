@@ -16,6 +16,7 @@ use craterdex_kernels::int8::I8Query;
 use craterdex_tokens::Descriptors;
 use rayon::prelude::*;
 use serde::Serialize;
+use std::collections::{HashMap, HashSet};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -59,6 +60,13 @@ pub struct SearchParams {
     pub shortlist: usize,
     pub mode: Mode,
     pub stage1: Stage1,
+    /// Lists results crater by crater: a hit ranks by the best score among the indexed views
+    /// of its crater (images sharing a `crater_id`), and a crater's views follow one another,
+    /// best first. Views of listed craters that the search did not reach (not on the
+    /// shortlist, or past `top_k`) are scored as the mode scores (two-stage: late
+    /// interaction) and listed with them; such a view can come first when it scores best.
+    /// Every hit keeps its own score.
+    pub group_views: bool,
 }
 
 impl std::str::FromStr for Mode {
@@ -90,6 +98,7 @@ impl Default for SearchParams {
             shortlist: 100,
             mode: Mode::TwoStage,
             stage1: Stage1::Auto,
+            group_views: true,
         }
     }
 }
@@ -119,6 +128,29 @@ fn hits_of(lists: Vec<Vec<Scored>>, mode: Mode) -> Vec<Vec<Hit>> {
                 .collect()
         })
         .collect()
+}
+
+/// Orders `hits` crater by crater: by the best score among a crater's hits, then the
+/// crater's hits together, best first; a hit without a crater is a crater of its own.
+/// Ties keep the order of rows, so the result does not depend on the order given.
+fn order_by_crater<'m>(hits: &mut [Hit], crater_of: impl Fn(usize) -> Option<&'m str>) {
+    let mut best: HashMap<&str, (f32, usize)> = HashMap::new();
+    for h in hits.iter() {
+        if let Some(c) = crater_of(h.row) {
+            let b = best.entry(c).or_insert((h.score, h.row));
+            if h.score > b.0 || (h.score == b.0 && h.row < b.1) {
+                *b = (h.score, h.row);
+            }
+        }
+    }
+    let key = |h: &Hit| crater_of(h.row).map_or((h.score, h.row), |c| best[c]);
+    hits.sort_by(|a, b| {
+        let (ka, kb) = (key(a), key(b));
+        kb.0.total_cmp(&ka.0)
+            .then(ka.1.cmp(&kb.1))
+            .then(b.score.total_cmp(&a.score))
+            .then(a.row.cmp(&b.row))
+    });
 }
 
 /// Runs `scan` over the probed lists: on one thread, or split over the pool (one query
@@ -447,9 +479,13 @@ impl Index {
         shortlist: usize,
         k: usize,
         parallel: bool,
+        group_views: bool,
     ) -> Vec<Hit> {
         let (head, tail) = candidates.split_at(shortlist.min(candidates.len()));
-        let rows: Vec<usize> = head.iter().map(|s| s.row).collect();
+        let mut rows: Vec<usize> = head.iter().map(|s| s.row).collect();
+        if group_views {
+            rows.extend(self.missing_views(&rows));
+        }
         let query = self.token_query(tokens);
         let scores = if parallel && rows.len() >= 32 {
             let per = rows.len().div_ceil(rayon::current_num_threads());
@@ -465,25 +501,111 @@ impl Index {
             self.score_rows(&query, &rows, &mut out);
             out
         };
-        let mut hits: Vec<Hit> = head
+        let stage1 = head
+            .iter()
+            .map(|s| Some(s.score))
+            .chain(std::iter::repeat(None));
+        let mut hits: Vec<Hit> = rows
             .iter()
             .zip(scores)
-            .map(|(s, li)| Hit {
-                row: s.row,
+            .zip(stage1)
+            .map(|((&row, li), stage1)| Hit {
+                row,
                 score: li,
-                stage1: Some(s.score),
+                stage1,
                 stage2: Some(li),
             })
             .collect();
-        hits.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.row.cmp(&b.row)));
-        hits.extend(tail.iter().map(|s| Hit {
-            row: s.row,
-            score: s.score,
-            stage1: Some(s.score),
-            stage2: None,
-        }));
+        if group_views {
+            self.order_by_crater(&mut hits);
+        } else {
+            hits.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.row.cmp(&b.row)));
+        }
+        let reranked: HashSet<usize> = rows[head.len()..].iter().copied().collect();
+        hits.extend(
+            tail.iter()
+                .filter(|s| !reranked.contains(&s.row))
+                .map(|s| Hit {
+                    row: s.row,
+                    score: s.score,
+                    stage1: Some(s.score),
+                    stage2: None,
+                }),
+        );
         hits.truncate(k);
         hits
+    }
+
+    /// Live rows of the craters of `rows` that `rows` lacks, each once.
+    fn missing_views(&self, rows: &[usize]) -> Vec<usize> {
+        let mut seen: HashSet<usize> = rows.iter().copied().collect();
+        let mut out = Vec::new();
+        for &r in rows {
+            out.extend(self.other_views(r).filter(|&v| seen.insert(v)));
+        }
+        out
+    }
+
+    fn order_by_crater(&self, hits: &mut [Hit]) {
+        order_by_crater(hits, |row| self.meta(row).crater_id.as_deref());
+    }
+
+    /// Adds the views missing from `hits` (scored by `score_rows`), orders crater by crater
+    /// and keeps `k`: the same `k` as grouping the whole ranking, since a crater in the first
+    /// `k` places has its best view among the `k` best hits.
+    fn group_hits(
+        &self,
+        mut hits: Vec<Hit>,
+        k: usize,
+        score_rows: impl Fn(&[usize]) -> Vec<f32>,
+        mode: Mode,
+    ) -> Vec<Hit> {
+        let rows: Vec<usize> = hits.iter().map(|h| h.row).collect();
+        let missing = self.missing_views(&rows);
+        let scores = score_rows(&missing);
+        hits.extend(
+            hits_of(
+                vec![missing
+                    .into_iter()
+                    .zip(scores)
+                    .map(|(row, score)| Scored { row, score })
+                    .collect()],
+                mode,
+            )
+            .remove(0),
+        );
+        self.order_by_crater(&mut hits);
+        hits.truncate(k);
+        hits
+    }
+
+    /// Single-vector scores of one query (`single`) against `rows`, as stage 1 scores them.
+    fn stage1_rows(&self, single: &[f32], rows: &[usize]) -> Vec<f32> {
+        let d = self.single_dim();
+        let mut out = Vec::with_capacity(rows.len());
+        if self.codec.codec == Codec::Int8 {
+            let query = Int8Queries::new(single, d);
+            let mut products = Vec::new();
+            for &r in rows {
+                let seg = self.segment_of(r);
+                let local = r - seg.first_row;
+                query.score_rows(
+                    seg.single_int8(d),
+                    local,
+                    local + 1,
+                    &mut products,
+                    |_, _, s| out.push(s),
+                );
+            }
+        } else {
+            let query = F32Query::new(single, d);
+            let mut dots = Vec::new();
+            for &r in rows {
+                query.dots(self.single_of(r), &mut dots);
+                out.push(dots[0]);
+            }
+        }
+        out
     }
 
     /// Searches many queries at once (parallel over queries).
@@ -492,30 +614,56 @@ impl Index {
             return Vec::new();
         }
         let single = queries.len() == 1;
+        let (k, group) = (params.top_k, params.group_views);
         match params.mode {
-            Mode::Exhaustive => hits_of(self.exhaustive(queries, params.top_k), Mode::Exhaustive),
+            Mode::Exhaustive => {
+                let hits = hits_of(self.exhaustive(queries, k), Mode::Exhaustive);
+                if !group {
+                    return hits;
+                }
+                queries
+                    .par_iter()
+                    .zip(hits)
+                    .map(|(q, h)| {
+                        let li = |rows: &[usize]| self.late_interaction(&q.tokens, rows);
+                        self.group_hits(h, k, li, Mode::Exhaustive)
+                    })
+                    .collect()
+            }
             Mode::Stage1 | Mode::TwoStage => {
                 let singles: Vec<f32> = queries
                     .iter()
                     .flat_map(|q| q.single.iter().copied())
                     .collect();
                 let s = if params.mode == Mode::Stage1 {
-                    params.top_k
+                    k
                 } else {
-                    params.shortlist.max(params.top_k)
+                    params.shortlist.max(k)
                 };
                 let lists = self.stage1(&singles, s, params.stage1);
                 if params.mode == Mode::Stage1 {
-                    return hits_of(lists, Mode::Stage1);
+                    let hits = hits_of(lists, Mode::Stage1);
+                    if !group {
+                        return hits;
+                    }
+                    return queries
+                        .par_iter()
+                        .zip(hits)
+                        .map(|(q, h)| {
+                            let dot = |rows: &[usize]| self.stage1_rows(&q.single, rows);
+                            self.group_hits(h, k, dot, Mode::Stage1)
+                        })
+                        .collect();
                 }
-                let (shortlist, k) = (params.shortlist, params.top_k);
+                let shortlist = params.shortlist;
                 if single {
-                    return vec![self.rerank(&queries[0].tokens, &lists[0], shortlist, k, true)];
+                    let q = &queries[0];
+                    return vec![self.rerank(&q.tokens, &lists[0], shortlist, k, true, group)];
                 }
                 queries
                     .par_iter()
                     .zip(lists.par_iter())
-                    .map(|(q, l)| self.rerank(&q.tokens, l, shortlist, k, false))
+                    .map(|(q, l)| self.rerank(&q.tokens, l, shortlist, k, false, group))
                     .collect()
             }
         }

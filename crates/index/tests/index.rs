@@ -636,3 +636,127 @@ fn int8_scores_from_codes_agree_with_decoded_tokens() {
         );
     }
 }
+
+/// Images `2i` and `2i + 1` show one crater; `first` of them go into the first segment and
+/// the rest are added, so some craters have a view in each segment.
+fn paired_index(dir: &Path, n: usize, first: usize, codec: Codec) -> Vec<(ImageMeta, Descriptors)> {
+    let mut imgs = images(n, 11, "v");
+    for (i, (m, _)) in imgs.iter_mut().enumerate() {
+        m.crater_id = Some(format!("c{}", i / 2));
+    }
+    build(dir, &imgs[..first], codec);
+    Index::add(dir, &imgs[first..]).unwrap();
+    imgs
+}
+
+/// The whole ranking grouped the slow way: each row keyed by its crater's best score.
+fn grouped_slowly(idx: &Index, all: &[craterdex_index::Hit], k: usize) -> Vec<usize> {
+    let crater = |row: usize| idx.meta(row).crater_id.clone().unwrap();
+    let best = |row: usize| {
+        all.iter()
+            .filter(|h| crater(h.row) == crater(row))
+            .map(|h| (h.score, std::cmp::Reverse(h.row)))
+            .max_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
+            .unwrap()
+    };
+    let mut rows: Vec<(f32, usize, f32, usize)> = all
+        .iter()
+        .map(|h| {
+            let (s, std::cmp::Reverse(r)) = best(h.row);
+            (s, r, h.score, h.row)
+        })
+        .collect();
+    rows.sort_by(|a, b| {
+        b.0.total_cmp(&a.0)
+            .then(a.1.cmp(&b.1))
+            .then(b.2.total_cmp(&a.2))
+            .then(a.3.cmp(&b.3))
+    });
+    rows.into_iter().take(k).map(|r| r.3).collect()
+}
+
+#[test]
+fn grouped_views_follow_the_best_view_of_their_crater() {
+    let n = 240;
+    for codec in [Codec::F32, Codec::Int8] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("idx");
+        let imgs = paired_index(&dir, n, 151, codec);
+        let idx = Index::open(&dir).unwrap();
+        assert_eq!(idx.segment_count(), 2);
+        // row 150 is in the first segment, its other view (151) in the second
+        for target in [10usize, 151, 150] {
+            let q = near_duplicate(&imgs[target].1, target as u64);
+            let sibling = target ^ 1;
+            for mode in [Mode::Stage1, Mode::Exhaustive, Mode::TwoStage] {
+                let params = |top_k: usize, group_views: bool| SearchParams {
+                    top_k,
+                    shortlist: 20,
+                    mode,
+                    group_views,
+                    ..Default::default()
+                };
+                let q = std::slice::from_ref(&q);
+                let grouped = &idx.search(q, &params(10, true))[0];
+                let plain = &idx.search(q, &params(10, false))[0];
+                let what = format!("{codec:?} {mode:?} target {target}");
+                assert_eq!(grouped[0], plain[0], "{what}: the first hit is unchanged");
+                assert_eq!(grouped[0].row, target, "{what}");
+                assert_eq!(
+                    grouped[1].row, sibling,
+                    "{what}: the other view comes second"
+                );
+                assert_eq!(grouped.len(), 10);
+                if mode != Mode::TwoStage {
+                    // every row's score is what the ungrouped search gives it
+                    let all = &idx.search(q, &params(n, false))[0];
+                    for h in grouped.iter() {
+                        let same = all.iter().find(|a| a.row == h.row).unwrap();
+                        assert!((same.score - h.score).abs() < 1e-5, "{what}: row {}", h.row);
+                    }
+                    let rows: Vec<usize> = grouped.iter().map(|h| h.row).collect();
+                    assert_eq!(rows, grouped_slowly(&idx, all, 10), "{what}");
+                } else {
+                    // the sibling was not on the shortlist: scored by late interaction alone
+                    let exhaustive = &idx.search(
+                        q,
+                        &SearchParams {
+                            mode: Mode::Exhaustive,
+                            ..params(n, false)
+                        },
+                    )[0];
+                    let li = exhaustive.iter().find(|h| h.row == sibling).unwrap().score;
+                    assert!((grouped[1].score - li).abs() < 1e-5, "{what}");
+                    assert!(grouped[1].stage2.is_some());
+                }
+                // craters are contiguous and ordered by their best view
+                let crater = |h: &craterdex_index::Hit| idx.meta(h.row).crater_id.clone();
+                let mut seen: Vec<Option<String>> = Vec::new();
+                let mut last_best = f32::INFINITY;
+                for h in grouped.iter() {
+                    if seen.last() != Some(&crater(h)) {
+                        assert!(!seen.contains(&crater(h)), "{what}: crater split");
+                        assert!(h.score <= last_best + 1e-6, "{what}");
+                        last_best = h.score;
+                        seen.push(crater(h));
+                    }
+                }
+            }
+        }
+        // a removed view is not brought back by its crater
+        Index::remove(&dir, &["v11".into()]).unwrap();
+        let idx = Index::open(&dir).unwrap();
+        let q = near_duplicate(&imgs[10].1, 10);
+        for mode in [Mode::Stage1, Mode::Exhaustive, Mode::TwoStage] {
+            let hits = &idx.search(
+                std::slice::from_ref(&q),
+                &SearchParams {
+                    mode,
+                    ..Default::default()
+                },
+            )[0];
+            assert_eq!(hits[0].row, 10);
+            assert!(hits.iter().all(|h| h.row != 11), "{codec:?} {mode:?}");
+        }
+    }
+}

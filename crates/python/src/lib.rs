@@ -361,12 +361,14 @@ fn search_params(
     mode: &str,
     shortlist: usize,
     nprobe: Option<usize>,
+    group_views: bool,
 ) -> PyResult<SearchParams> {
     Ok(SearchParams {
         top_k: top_k.max(1),
         shortlist: shortlist.max(1),
         mode: parse::<Mode>("mode", mode)?,
         stage1: craterdex_engine::Stage1::from_nprobe(nprobe),
+        group_views,
     })
 }
 
@@ -500,7 +502,8 @@ impl PyIndex {
 
     /// Searches with images (numpy arrays or paths) or features; results as JSON
     /// (`[{"query": ..., "results": [hit, ...]}, ...]`).
-    #[pyo3(signature = (ids, images=None, paths=None, features=None, top_k=10, mode="two-stage", shortlist=100, nprobe=None))]
+    #[pyo3(signature = (ids, images=None, paths=None, features=None, top_k=10, mode="two-stage", shortlist=100, nprobe=None, group_views=true))]
+    #[allow(clippy::too_many_arguments)]
     fn search_json(
         &self,
         py: Python<'_>,
@@ -512,8 +515,9 @@ impl PyIndex {
         mode: &str,
         shortlist: usize,
         nprobe: Option<usize>,
+        group_views: bool,
     ) -> PyResult<String> {
-        let params = search_params(top_k, mode, shortlist, nprobe)?;
+        let params = search_params(top_k, mode, shortlist, nprobe, group_views)?;
         let feats = match features {
             Some((cls, patches, attention)) => features_from_numpy(ids, cls, patches, attention)?,
             None => {

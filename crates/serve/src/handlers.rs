@@ -135,6 +135,7 @@ pub struct SearchQuery {
     shortlist: Option<usize>,
     mode: Option<String>,
     nprobe: Option<usize>,
+    group_views: Option<bool>,
 }
 
 fn search_params(
@@ -154,6 +155,7 @@ fn search_params(
             None => d.mode,
         },
         stage1: Stage1::from_nprobe(q.nprobe),
+        group_views: q.group_views.unwrap_or(d.group_views),
     };
     if p.top_k == 0 || p.top_k > c.max_top_k {
         return Err(ApiError::bad_request(format!(

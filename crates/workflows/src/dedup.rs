@@ -69,6 +69,8 @@ pub fn edges(
         top_k: o.top_k.max(1) + 1,
         shortlist: o.shortlist.max(o.top_k + 1),
         mode: Mode::TwoStage,
+        // duplicates are other images: the entry's own crater's views would take their places
+        group_views: false,
         ..Default::default()
     };
     let mut out = Vec::new();

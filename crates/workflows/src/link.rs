@@ -287,6 +287,8 @@ fn params(o: &LinkOptions) -> SearchParams {
         top_k: o.top_k.max(1),
         shortlist: o.shortlist.max(o.top_k),
         mode: Mode::TwoStage,
+        // candidates are judged image by image (the rule is calibrated on them)
+        group_views: false,
         ..Default::default()
     }
 }

@@ -349,15 +349,18 @@ class Index:
         mode: str = "two-stage",
         shortlist: int = 100,
         nprobe: Optional[int] = None,
+        group_views: bool = True,
     ) -> pd.DataFrame:
         """Ranked hits for query images (numpy arrays or ``paths``) or ``features``.
 
         ``mode``: ``two-stage`` (single-vector shortlist of ``shortlist``, reranked by late
-        interaction), ``stage1`` or ``exhaustive``. Returns one row per hit: ``query``,
+        interaction), ``stage1`` or ``exhaustive``. ``group_views``: hits come crater by
+        crater (the views of one ``crater_id`` together, ranked by the best of them); False
+        lists them image by image. Returns one row per hit: ``query``,
         ``rank``, ``id``, ``crater_id``, ``score``, ``stage1``, ``stage2`` and the hit's
         metadata columns.
         """
-        kw = dict(top_k=top_k, mode=mode, shortlist=shortlist, nprobe=nprobe)
+        kw = dict(top_k=top_k, mode=mode, shortlist=shortlist, nprobe=nprobe, group_views=group_views)
         if features is not None:
             fids, (c, p, a) = _features_args(features)
             return _hits_frame(self._native.search_json(fids, features=(c, p, a), **kw))

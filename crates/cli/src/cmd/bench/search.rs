@@ -489,6 +489,7 @@ fn scale(b: &SearchBench, n: usize, work: &Path, rows: &mut Vec<Row>) -> Result<
             shortlist: 100,
             mode,
             stage1: how,
+            ..Default::default()
         };
         let probe = match how {
             Stage1::Auto => nprobe,
