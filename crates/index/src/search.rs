@@ -112,19 +112,24 @@ pub struct Hit {
     pub stage2: Option<f32>,
 }
 
-/// Results of a one-stage search: the score is stage 1's or stage 2's, by `mode`.
-fn hits_of(lists: Vec<Vec<Scored>>, mode: Mode) -> Vec<Vec<Hit>> {
+/// A hit of a one-stage search: the score is stage 1's or stage 2's, by `mode`.
+fn one_stage_hit(row: usize, score: f32, mode: Mode) -> Hit {
     let stage1 = mode == Mode::Stage1;
+    Hit {
+        row,
+        score,
+        stage1: stage1.then_some(score),
+        stage2: (!stage1).then_some(score),
+    }
+}
+
+/// Results of a one-stage search.
+fn hits_of(lists: Vec<Vec<Scored>>, mode: Mode) -> Vec<Vec<Hit>> {
     lists
         .into_iter()
         .map(|l| {
             l.into_iter()
-                .map(|s| Hit {
-                    row: s.row,
-                    score: s.score,
-                    stage1: stage1.then_some(s.score),
-                    stage2: (!stage1).then_some(s.score),
-                })
+                .map(|s| one_stage_hit(s.row, s.score, mode))
                 .collect()
         })
         .collect()
@@ -133,24 +138,30 @@ fn hits_of(lists: Vec<Vec<Scored>>, mode: Mode) -> Vec<Vec<Hit>> {
 /// Orders `hits` crater by crater: by the best score among a crater's hits, then the
 /// crater's hits together, best first; a hit without a crater is a crater of its own.
 /// Ties keep the order of rows, so the result does not depend on the order given.
-fn order_by_crater<'m>(hits: &mut [Hit], crater_of: impl Fn(usize) -> Option<&'m str>) {
+fn order_by_crater<'m>(hits: &mut Vec<Hit>, crater_of: impl Fn(usize) -> Option<&'m str>) {
+    let craters: Vec<Option<&str>> = hits.iter().map(|h| crater_of(h.row)).collect();
     let mut best: HashMap<&str, (f32, usize)> = HashMap::new();
-    for h in hits.iter() {
-        if let Some(c) = crater_of(h.row) {
+    for (h, c) in hits.iter().zip(&craters) {
+        if let Some(c) = c {
             let b = best.entry(c).or_insert((h.score, h.row));
             if h.score > b.0 || (h.score == b.0 && h.row < b.1) {
                 *b = (h.score, h.row);
             }
         }
     }
-    let key = |h: &Hit| crater_of(h.row).map_or((h.score, h.row), |c| best[c]);
-    hits.sort_by(|a, b| {
-        let (ka, kb) = (key(a), key(b));
+    // (the crater's best score and row, then the hit's own): one key per hit, not per comparison
+    let mut keyed: Vec<((f32, usize), Hit)> = hits
+        .drain(..)
+        .zip(craters)
+        .map(|(h, c)| (c.map_or((h.score, h.row), |c| best[c]), h))
+        .collect();
+    keyed.sort_by(|(ka, a), (kb, b)| {
         kb.0.total_cmp(&ka.0)
             .then(ka.1.cmp(&kb.1))
             .then(b.score.total_cmp(&a.score))
             .then(a.row.cmp(&b.row))
     });
+    hits.extend(keyed.into_iter().map(|(_, h)| h));
 }
 
 /// Runs `scan` over the probed lists: on one thread, or split over the pool (one query
@@ -546,7 +557,7 @@ impl Index {
         out
     }
 
-    fn order_by_crater(&self, hits: &mut [Hit]) {
+    fn order_by_crater(&self, hits: &mut Vec<Hit>) {
         order_by_crater(hits, |row| self.meta(row).crater_id.as_deref());
     }
 
@@ -564,15 +575,10 @@ impl Index {
         let missing = self.missing_views(&rows);
         let scores = score_rows(&missing);
         hits.extend(
-            hits_of(
-                vec![missing
-                    .into_iter()
-                    .zip(scores)
-                    .map(|(row, score)| Scored { row, score })
-                    .collect()],
-                mode,
-            )
-            .remove(0),
+            missing
+                .into_iter()
+                .zip(scores)
+                .map(|(row, score)| one_stage_hit(row, score, mode)),
         );
         self.order_by_crater(&mut hits);
         hits.truncate(k);
