@@ -20,13 +20,12 @@ cache when an eval of the same benchmark ran before. Needs `pip install ./crates
 """
 
 import argparse
-import json
 import os
 import tempfile
 
 import numpy as np
-import pandas as pd
 
+import bench_features
 import craterdex
 
 REG = 1e-3
@@ -83,14 +82,7 @@ def main():
     ap.add_argument("--bench", required=True)
     ap.add_argument("--alphas", default="1.0,0.65,0.5,0.35")
     a = ap.parse_args()
-    m = json.load(open(os.path.join(a.bench, "splits", "test.json")))
-    gallery, queries = m["gallery_images"], m["query_images"]
-    g = pd.DataFrame({"id": [e["image_id"] for e in gallery], "crater_id": [e["crater_id"] for e in gallery],
-                      "path": [os.path.join(a.bench, e["path"]) for e in gallery]})
-    model = craterdex.Model.load()
-    print(craterdex.cpu())
-    gf = model.extract(list(g["path"]), ids=list(g["id"]))
-    qf = model.extract([os.path.join(a.bench, q["path"]) for q in queries], ids=[q["image_id"] for q in queries])
+    g, queries, gf, qf = bench_features.load(a.bench)
     gp, qp = l2(gf["patches"].astype(np.float64)), l2(qf["patches"].astype(np.float64))
     gc, qc = l2(gf["cls"].astype(np.float64)), l2(qf["cls"].astype(np.float64))
     d = gc.shape[1]
@@ -123,7 +115,7 @@ def main():
                                     recipe=craterdex.Recipe(codec="f32", ivf="off", whiten=False))
         out = []
         for mode in ("exhaustive", "stage1"):
-            hits = idx.search(features=wq, top_k=len(g), mode=mode).sort_values(["query", "rank"])
+            hits = idx.search(features=wq, top_k=len(g), mode=mode, group_views=False).sort_values(["query", "rank"])
             ranked = hits.groupby("query")["crater_id"].apply(list)
             out.append(np.mean([average_precision(ranked[q["image_id"]], set(q["relevant_crater_ids"]))
                                 for q in queries]))

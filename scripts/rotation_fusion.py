@@ -64,7 +64,7 @@ def run(index, craters_of, model, bench, queries, n_variants):
         f = model.extract(variants(img, n_variants))
         feats_s += time.perf_counter() - t
         t = time.perf_counter()
-        hits = index.search(features=f, top_k=len(craters_of), mode="exhaustive")
+        hits = index.search(features=f, top_k=len(craters_of), mode="exhaustive", group_views=False)
         search_s += time.perf_counter() - t
         best = hits.groupby("id")["score"].max().sort_values(ascending=False, kind="stable")
         craters = list(craters_of.loc[best.index])

@@ -23,13 +23,12 @@ label. Features come from the feature cache when an eval of the benchmark ran be
 """
 
 import argparse
-import json
 import os
 import tempfile
 
 import numpy as np
-import pandas as pd
 
+import bench_features
 import craterdex
 
 
@@ -58,14 +57,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bench", required=True)
     a = ap.parse_args()
-    m = json.load(open(os.path.join(a.bench, "splits", "test.json")))
-    gallery, queries = m["gallery_images"], m["query_images"]
-    g = pd.DataFrame({"id": [e["image_id"] for e in gallery], "crater_id": [e["crater_id"] for e in gallery],
-                      "path": [os.path.join(a.bench, e["path"]) for e in gallery]})
-    model = craterdex.Model.load()
-    print(craterdex.cpu())
-    gf = model.extract(list(g["path"]), ids=list(g["id"]))
-    qf = model.extract([os.path.join(a.bench, q["path"]) for q in queries], ids=[q["image_id"] for q in queries])
+    g, queries, gf, qf = bench_features.load(a.bench)
     idx = craterdex.Index.build(os.path.join(tempfile.mkdtemp(prefix="craterdex-fusion-"), "idx"), g, features=gf,
                                 recipe=craterdex.Recipe(ivf="off"))
     pos = {i: n for n, i in enumerate(g["id"])}
