@@ -68,6 +68,14 @@ impl Env {
     }
     /// `index build` of the benchmark at `manifest` into `out` with the tiny model at
     /// `model` (16 px), plus `extra` options; returns what it printed.
+    /// The test tile's benchmark in `bench/` (`queries` query craters, craters >= 10 px):
+    /// its manifest path.
+    fn tile_benchmark(&self, queries: &str) -> String {
+        let (tile, cat) = write_tile(&self.root);
+        self.bench_build((&tile, &cat), "bench", queries, "10", &[]);
+        self.path("bench/splits/test.json")
+    }
+
     fn index_build(&self, model: &str, manifest: &str, out: &str, extra: &[&str]) -> String {
         let mut args = vec![
             "index",
@@ -420,9 +428,7 @@ fn mosaics_without_gdal_say_how_to_get_it() {
 fn eval_default_regime_ranks_like_index_build_and_search() {
     let e = Env::new();
     let model = e.tiny_model();
-    let (tile, cat) = write_tile(&e.root);
-    e.bench_build((&tile, &cat), "bench", "5", "10", &[]);
-    let manifest = e.path("bench/splits/test.json");
+    let manifest = e.tile_benchmark("5");
     let common = ["--model", model.as_str(), "--size", "16"];
     let mut args = vec![
         "eval",
@@ -490,9 +496,7 @@ fn eval_default_regime_ranks_like_index_build_and_search() {
 fn an_index_of_shading_oriented_crops_needs_and_serves_oriented_queries() {
     let e = Env::new();
     let model = e.tiny_model();
-    let (tile, cat) = write_tile(&e.root);
-    e.bench_build((&tile, &cat), "bench", "4", "10", &[]);
-    let manifest = e.path("bench/splits/test.json");
+    let manifest = e.tile_benchmark("4");
     let common = ["--model", model.as_str(), "--size", "16"];
     e.index_build(
         &model,
@@ -547,9 +551,7 @@ fn an_index_of_shading_oriented_crops_needs_and_serves_oriented_queries() {
 fn link_inserts_what_is_new_once_and_dedup_groups_exact_copies() {
     let e = Env::new();
     let model = e.tiny_model();
-    let (tile, cat) = write_tile(&e.root);
-    e.bench_build((&tile, &cat), "bench", "4", "10", &[]);
-    let manifest = e.path("bench/splits/test.json");
+    let manifest = e.tile_benchmark("4");
     let common = ["--model", model.as_str(), "--size", "16"];
     e.index_build(&model, &manifest, "idx", &["--codec", "f16", "--k", "4"]);
     let live = || -> u64 {
