@@ -254,6 +254,8 @@ fn full_workflow_on_a_tiny_model() {
         "--quick",
         "--json",
         "t.json",
+        "--report",
+        "t.html",
     ];
     args.extend(common);
     let printed = e.ok(&args);
@@ -267,6 +269,26 @@ fn full_workflow_on_a_tiny_model() {
         .as_f64()
         .unwrap();
     assert!((0.0..=1.0).contains(&map), "{map}");
+    // a turned view exists only where its upright view does, so every one is paired and the
+    // paired turned mAP is the turned run's own
+    let turned_views = serde_json::from_str::<serde_json::Value>(
+        &std::fs::read_to_string(e.root.join("turned/splits/test_rotated.json")).unwrap(),
+    )
+    .unwrap()["query_images"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(t["turned_paired"]["paired_views"], turned_views);
+    let paired = t["turned_paired"]["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["regime"] == "inst_fps_k32_white")
+        .unwrap();
+    assert!((paired["map_turned"].as_f64().unwrap() - map).abs() < 1e-9);
+    let html = std::fs::read_to_string(e.root.join("t.html")).unwrap();
+    assert!(html.contains("<h2>Turned queries</h2>"));
+    assert!(html.contains("inst_fps_k32_pairwhite_grouped"));
     e.bench_build((&tile, &cat), "other", "4", "14", &[]);
     let other = e.path("other/splits/test.json");
     let mut args = vec![

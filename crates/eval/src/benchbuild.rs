@@ -20,6 +20,9 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
+/// A turned query view's image id is its upright view's id with this suffix.
+pub const TURNED_SUFFIX: &str = "r";
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct BuildOptions {
     pub gallery_scales: Vec<f64>,
@@ -470,7 +473,7 @@ pub fn build(inputs: &[Input], out: &Path, o: &BuildOptions) -> Result<BuildRepo
                                 px.chunks_mut(side).for_each(<[f32]>::reverse);
                             }
                             photometric(&mut px, side, o, &mut same_draws);
-                            let name = format!("{name}r");
+                            let name = format!("{name}{TURNED_SUFFIX}");
                             let rel = format!("images/query_rotated/{name}.png");
                             save(&tmp.join(&rel), side, &px)?;
                             let how = if mirror { "m" } else { "" };

@@ -18,3 +18,4 @@ pub mod observations;
 pub mod regimes;
 pub mod report;
 pub mod tiles;
+pub mod turned;

@@ -1,9 +1,11 @@
 //! A self-contained HTML report: the table, the ablation of the levers beyond the paper
 //! (whitening, view grouping), mAP-vs-K, mAP-vs-bytes and mAP-vs-latency plots (inline SVG),
-//! the paper's findings checked on this run, and example queries with their top-5 before
-//! and after reranking (relevant framed green, others red). No external assets.
+//! what turning the queries costs (when the run had a turned query set), the paper's
+//! findings checked on this run, and example queries with their top-5 before and after
+//! reranking (relevant framed green, others red). No external assets.
 
 use crate::regimes::{Family, RegimeResult, Whiten};
+use crate::turned::{Turned, TurnedRow};
 use base64::Engine;
 use std::collections::BTreeSet;
 use std::fmt::Write;
@@ -16,6 +18,10 @@ pub struct Finding {
     pub holds: Option<bool>,
     pub detail: String,
 }
+
+/// The turned-query loss (mAP) the report marks as held: a match from another orbit should
+/// cost at most this much.
+const TURNED_LOSS_GOAL: f64 = 0.03;
 
 fn get<'a>(r: &'a [RegimeResult], name: &str) -> Option<&'a RegimeResult> {
     r.iter().find(|x| x.name == name)
@@ -368,12 +374,15 @@ fn candidate<'a>(
     white: Whiten,
     grouped: bool,
 ) -> Option<&'a RegimeResult> {
-    let name = format!(
+    get(results, &candidate_name(base, white, grouped))
+}
+
+fn candidate_name(base: &str, white: Whiten, grouped: bool) -> String {
+    format!(
         "{base}{}{}",
         white.suffix(),
         if grouped { "_grouped" } else { "" }
-    );
-    get(results, &name)
+    )
 }
 
 /// Per-lever ablation: each candidate regime with the levers added one at a time (mAP, R@1),
@@ -417,6 +426,77 @@ fn ablation_table(results: &[RegimeResult]) -> String {
     if rows == 0 {
         return String::new();
     }
+    h
+}
+
+/// The candidates with each lever on turned queries: turned mAP and the loss against the
+/// same views as built, green where the loss is at most [`TURNED_LOSS_GOAL`].
+fn turned_ablation_table(t: &Turned) -> String {
+    let row = |name: &str| t.rows.iter().find(|r| r.regime == name);
+    let mut h = String::from("<table><tr><th>regime</th>");
+    for (_, _, label) in LEVERS {
+        let _ = write!(h, "<th>{}</th>", esc(label));
+    }
+    h.push_str("</tr>");
+    let mut rows = 0;
+    for base in CANDIDATES {
+        let cells: Vec<Option<&TurnedRow>> = LEVERS
+            .iter()
+            .map(|&(w, g, _)| row(&candidate_name(base, w, g)))
+            .collect();
+        if cells.iter().all(Option::is_none) {
+            continue;
+        }
+        rows += 1;
+        let _ = write!(h, "<tr><td>{base}</td>");
+        for c in &cells {
+            match c {
+                Some(r) => {
+                    let _ = write!(
+                        h,
+                        r#"<td>{:.3} <small class="{}">({:+.3})</small></td>"#,
+                        r.map_turned,
+                        if r.loss() <= TURNED_LOSS_GOAL {
+                            "ok"
+                        } else {
+                            "no"
+                        },
+                        -r.loss()
+                    );
+                }
+                None => h.push_str("<td></td>"),
+            }
+        }
+        h.push_str("</tr>");
+    }
+    h.push_str("</table>");
+    if rows == 0 {
+        return String::new();
+    }
+    h
+}
+
+/// Every regime on the paired views, as built and turned.
+fn turned_table(t: &Turned) -> String {
+    let mut h = String::from("<table><tr><th>regime</th><th>mAP</th><th>turned</th><th>loss</th><th>R@1</th><th>turned</th></tr>");
+    for r in &t.rows {
+        let _ = write!(
+            h,
+            r#"<tr><td>{}</td><td>{:.3}</td><td>{:.3}</td><td class="{}">{:.3}</td><td>{:.3}</td><td>{:.3}</td></tr>"#,
+            r.regime,
+            r.map,
+            r.map_turned,
+            if r.loss() <= TURNED_LOSS_GOAL {
+                "ok"
+            } else {
+                "no"
+            },
+            r.loss(),
+            r.r1,
+            r.r1_turned
+        );
+    }
+    h.push_str("</table>");
     h
 }
 
@@ -486,6 +566,7 @@ pub fn render(
     title: &str,
     intro: &str,
     results: &[RegimeResult],
+    turned: Option<&Turned>,
     ex: Option<&Examples>,
     before: &str,
     after: &str,
@@ -545,6 +626,12 @@ figcaption{{font-size:10px;max-width:96px;overflow:hidden}} .row{{margin:6px 0}}
             &candidate_series(results, |r| r.bytes_per_image as f64),
             10.0,
         ));
+    }
+    if let Some(t) = turned.filter(|t| !t.rows.is_empty()) {
+        let _ = write!(h, "<h2>Turned queries</h2><p>The same {} query views turned by a seeded random angle, half of them mirrored (<code>bench-build --rotated-split</code>), searched against the same gallery and paired view by view. The first table is the lever ablation on turned queries: turned mAP, and in brackets its change from the same views as built (green: a loss of at most {TURNED_LOSS_GOAL}). How features are extracted (<code>--orient</code>) is part of the model line above.</p>", t.paired_views);
+        h.push_str(&turned_ablation_table(t));
+        h.push_str("<p></p>");
+        h.push_str(&turned_table(t));
     }
     h.push_str("<h2>All regimes</h2><table><tr><th>regime</th><th>R@1</th><th>R@5</th><th>R@10</th><th>mAP</th><th>K</th><th>bytes/image</th><th>R@S</th><th>ms/query</th></tr>");
     for r in results {
@@ -630,7 +717,7 @@ mod tests {
             f.iter().map(|f| f.holds).collect::<Vec<_>>(),
             vec![Some(true), Some(true), Some(false), Some(false), Some(true)]
         );
-        let html = render("t", "i", &res, None, "cls", "two_stage_s100_k32");
+        let html = render("t", "i", &res, None, None, "cls", "two_stage_s100_k32");
         assert!(html.contains("<svg") && html.contains("does not hold"));
         assert!(!html.contains("src=\"http"), "no external assets");
     }

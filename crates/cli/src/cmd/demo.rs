@@ -165,6 +165,7 @@ pub fn run(c: DemoCmd) -> Result<()> {
     });
     super::eval::write_outputs(
         &out,
+        None,
         Some(&json),
         Some(&c.out.join("per_query.csv")),
         Some(&report),

@@ -6,7 +6,7 @@ use crate::output::Bars;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use craterdex_engine::FeatureSet;
-use craterdex_eval::{manifest, regimes};
+use craterdex_eval::{manifest, regimes, turned};
 use std::path::PathBuf;
 
 #[derive(Args)]
@@ -106,9 +106,18 @@ pub fn evaluate_features(
     })
 }
 
+/// Every regime run again on a turned query set of the same gallery.
+pub struct TurnedOutcome {
+    pub manifest: PathBuf,
+    pub results: Vec<regimes::RegimeResult>,
+    /// Paired with the upright run view by view.
+    pub comparison: turned::Turned,
+}
+
 /// Writes the table, JSON, per-query CSV and HTML report of an evaluation.
 pub fn write_outputs(
     out: &EvalOutcome,
+    turned_run: Option<&TurnedOutcome>,
     json: Option<&std::path::Path>,
     per_query: Option<&std::path::Path>,
     report: Option<&std::path::Path>,
@@ -116,11 +125,19 @@ pub fn write_outputs(
     run_info: serde_json::Value,
 ) -> Result<()> {
     println!("{}", regimes::table(&out.results));
+    if let Some(t) = turned_run {
+        println!("\n{}", turned::table(&t.comparison));
+    }
     if let Some(j) = json {
-        craterdex_durable::write_atomic(
-            j,
-            &serde_json::to_vec_pretty(&regimes::to_json(&out.results, run_info.clone()))?,
-        )?;
+        let mut v = regimes::to_json(&out.results, run_info.clone());
+        if let Some(t) = turned_run {
+            v["rotated"] = regimes::to_json(
+                &t.results,
+                serde_json::json!({"manifest": t.manifest.display().to_string()}),
+            );
+            v["turned_paired"] = serde_json::to_value(&t.comparison)?;
+        }
+        craterdex_durable::write_atomic(j, &serde_json::to_vec_pretty(&v)?)?;
         eprintln!("wrote {}", j.display());
     }
     if let Some(p) = per_query {
@@ -169,8 +186,15 @@ pub fn write_outputs(
             out.queries.len(),
             describe_run(&run_info)
         );
-        let html =
-            craterdex_eval::report::render(title, &intro, &out.results, Some(&ex), before, after);
+        let html = craterdex_eval::report::render(
+            title,
+            &intro,
+            &out.results,
+            turned_run.map(|t| &t.comparison),
+            Some(&ex),
+            before,
+            after,
+        );
         craterdex_durable::write_atomic(r, html.as_bytes())?;
         eprintln!("wrote {}", r.display());
     }
@@ -243,6 +267,20 @@ pub fn run(c: EvalCmd) -> Result<()> {
     };
     let extractor = c.model.load()?;
     let out = evaluate(b, &extractor, &o)?;
+    let turned_run = match turned {
+        Some((path, t)) => {
+            let queries = extractor.extract(&t.query_items(), "turned queries", &Bars::new())?;
+            let results = regimes::run_on_benchmark(&t, &out.gallery, &queries, &o, &|_| {})?;
+            let comparison =
+                turned::compare(&out.results, &out.queries.ids, &results, &queries.ids);
+            Some(TurnedOutcome {
+                manifest: path.clone(),
+                results,
+                comparison,
+            })
+        }
+        None => None,
+    };
     let info = serde_json::json!({
         "manifest": c.manifest.display().to_string(),
         "quick": c.quick,
@@ -250,97 +288,13 @@ pub fn run(c: EvalCmd) -> Result<()> {
     });
     write_outputs(
         &out,
+        turned_run.as_ref(),
         c.json.as_deref(),
         c.per_query.as_deref(),
         c.report.as_deref(),
         "craterdex evaluation",
         info,
-    )?;
-    if let Some((path, t)) = turned {
-        let queries = extractor.extract(&t.query_items(), "turned queries", &Bars::new())?;
-        let results = regimes::run_on_benchmark(&t, &out.gallery, &queries, &o, &|_| {})?;
-        println!(
-            "\n{}",
-            turned_table(&out.results, &out.queries.ids, &results, &queries.ids)
-        );
-        if let Some(j) = &c.json {
-            let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(j)?)?;
-            v["rotated"] = regimes::to_json(
-                &results,
-                serde_json::json!({"manifest": path.display().to_string()}),
-            );
-            craterdex_durable::write_atomic(j, &serde_json::to_vec_pretty(&v)?)?;
-        }
-    }
-    Ok(())
-}
-
-/// Each regime's mAP and R@1 over the query views that exist both as built and turned
-/// (a turned crop that leaves the tile is missing), paired view by view, so that the loss
-/// is what turning costs and nothing else.
-fn turned_table(
-    upright: &[regimes::RegimeResult],
-    upright_ids: &[String],
-    turned: &[regimes::RegimeResult],
-    turned_ids: &[String],
-) -> String {
-    let position: std::collections::HashMap<&str, usize> = upright_ids
-        .iter()
-        .enumerate()
-        .map(|(i, id)| (id.as_str(), i))
-        .collect();
-    let pairs: Vec<(usize, usize)> = turned_ids
-        .iter()
-        .enumerate()
-        .filter_map(|(t, id)| Some((*position.get(id.strip_suffix('r')?)?, t)))
-        .collect();
-    let mut table = format!(
-        "{} query views as built and turned (paired)\n{:<30} {:>7} {:>7} {:>7} {:>6} {:>6}\n",
-        pairs.len(),
-        "regime",
-        "mAP",
-        "turned",
-        "loss",
-        "R@1",
-        "turned"
-    );
-    for u in upright {
-        let Some(r) = turned.iter().find(|r| r.name == u.name) else {
-            continue;
-        };
-        let by_query =
-            |res: &regimes::RegimeResult| -> std::collections::HashMap<usize, (f64, bool)> {
-                res.per_query
-                    .iter()
-                    .filter_map(|q| {
-                        Some((
-                            q.query,
-                            (q.average_precision?, q.first_relevant_rank == Some(1)),
-                        ))
-                    })
-                    .collect()
-            };
-        let (bu, bt) = (by_query(u), by_query(r));
-        let both: Vec<((f64, bool), (f64, bool))> = pairs
-            .iter()
-            .filter_map(|(i, t)| Some((*bu.get(i)?, *bt.get(t)?)))
-            .collect();
-        let n = both.len().max(1) as f64;
-        let map_u = both.iter().map(|(a, _)| a.0).sum::<f64>() / n;
-        let map_t = both.iter().map(|(_, b)| b.0).sum::<f64>() / n;
-        let r1_u = both.iter().filter(|(a, _)| a.1).count() as f64 / n;
-        let r1_t = both.iter().filter(|(_, b)| b.1).count() as f64 / n;
-        table.push_str(&format!(
-            "{:<30} {:>7.4} {:>7.4} {:>7.4} {:>6.3} {:>6.3}\n",
-            u.name,
-            map_u,
-            map_t,
-            map_u - map_t,
-            r1_u,
-            r1_t
-        ));
-    }
-    table
+    )
 }
 
 #[cfg(test)]
