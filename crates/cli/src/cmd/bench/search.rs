@@ -67,7 +67,8 @@ fn unit_rows(rng: &mut rand_chacha::ChaCha8Rng, rows: usize, d: usize) -> Vec<f3
 }
 
 /// Random unit descriptors, and queries that are noisy copies (cosine ~0.7) of random
-/// gallery images, returned with their targets.
+/// gallery images, returned with their targets. Images pair up into craters (2i and 2i+1),
+/// as a catalogue's 2x and 3x views do, so that grouped search has views to list.
 fn synthetic(
     n: usize,
     nq: usize,
@@ -80,7 +81,7 @@ fn synthetic(
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(i as u64);
             let meta = ImageMeta {
                 id: format!("g{i}"),
-                crater_id: Some(format!("c{i}")),
+                crater_id: Some(format!("c{}", i / 2)),
                 ..Default::default()
             };
             (
@@ -197,6 +198,40 @@ fn reference(
     Ok((engine, map))
 }
 
+/// The stage name of grouped two-stage rows (the `search` default); the other rows list
+/// image by image, as the reference does.
+const GROUPED_STAGE: &str = "two_stage_grouped";
+
+/// What listing views crater by crater costs: grouped over ungrouped two-stage p50 (S 100,
+/// one query at a time), per gallery and codec.
+fn grouping_ratios(rows: &[Row]) -> Vec<String> {
+    let p50 = |r: &Row, stage: &str| {
+        rows.iter()
+            .find(|o| {
+                o.gallery == r.gallery
+                    && o.codec == r.codec
+                    && o.mode == "single"
+                    && o.s == Some(100)
+                    && o.stage == stage
+            })
+            .map(|o| o.p50_ms)
+    };
+    rows.iter()
+        .filter(|r| r.stage == GROUPED_STAGE && r.mode == "single")
+        .filter_map(|r| {
+            let plain = p50(r, "two_stage")?;
+            Some(format!(
+                "{} {}: grouped {:.3} ms / ungrouped {:.3} ms = {:.2}x",
+                r.gallery,
+                r.codec,
+                r.p50_ms,
+                plain,
+                r.p50_ms / plain
+            ))
+        })
+        .collect()
+}
+
 struct Setup<'a> {
     name: &'a str,
     k: usize,
@@ -215,20 +250,23 @@ fn time_index(
 ) {
     let nq = queries.len();
     let single_n = s.single.min(nq);
-    let mut cases: Vec<(&str, Option<usize>, Mode)> = Vec::new();
+    // (stage, S, mode, views grouped by crater)
+    let mut cases: Vec<(&str, Option<usize>, Mode, bool)> = Vec::new();
     if stage1_too {
-        cases.push(("stage1", Some(100), Mode::Stage1));
+        cases.push(("stage1", Some(100), Mode::Stage1, false));
     }
     cases.extend([
-        ("two_stage", Some(100), Mode::TwoStage),
-        ("two_stage", Some(500), Mode::TwoStage),
-        ("exhaustive", None, Mode::Exhaustive),
+        ("two_stage", Some(100), Mode::TwoStage, false),
+        (GROUPED_STAGE, Some(100), Mode::TwoStage, true),
+        ("two_stage", Some(500), Mode::TwoStage, false),
+        ("exhaustive", None, Mode::Exhaustive, false),
     ]);
-    for (stage, sz, mode) in cases {
+    for (stage, sz, mode, group_views) in cases {
         let params = SearchParams {
             top_k: 10,
             shortlist: sz.unwrap_or(0),
             mode,
+            group_views,
             ..Default::default()
         };
         let (single_q, batch_q, reps) = if mode == Mode::Exhaustive {
@@ -489,7 +527,7 @@ fn scale(b: &SearchBench, n: usize, work: &Path, rows: &mut Vec<Row>) -> Result<
             shortlist: 100,
             mode,
             stage1: how,
-            ..Default::default()
+            group_views: false,
         };
         let probe = match how {
             Stage1::Auto => nprobe,
@@ -716,9 +754,60 @@ pub fn run(b: SearchBench) -> Result<()> {
                 .unwrap_or_else(|| "-".into())
         );
     }
+    let ratios = grouping_ratios(&rows);
+    if !ratios.is_empty() {
+        println!("view grouping (two-stage S 100, single query p50):");
+        for r in ratios {
+            println!("  {r}");
+        }
+    }
     if let Some(j) = &b.json {
         craterdex_durable::write_atomic(j, &serde_json::to_vec_pretty(&rows)?)?;
         eprintln!("wrote {}", j.display());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(gallery: &str, stage: &str, codec: &str, mode: &str, p50_ms: f64) -> Row {
+        Row {
+            gallery: gallery.into(),
+            stage: stage.into(),
+            s: Some(100),
+            k: 32,
+            codec: codec.into(),
+            mode: mode.into(),
+            p50_ms,
+            p95_ms: p50_ms,
+            reference_p50_ms: None,
+            recall_at_1: None,
+            shortlist_recall: None,
+            mb_read_per_query: None,
+            gmac_per_query: None,
+        }
+    }
+
+    #[test]
+    fn grouping_is_set_against_the_ungrouped_run_of_its_own_gallery_and_codec() {
+        let rows = vec![
+            row("a", "two_stage", "int8", "single", 2.0),
+            row("a", "two_stage", "int8", "batch", 1.0),
+            row("a", "two_stage", "f16", "single", 8.0),
+            row("b", "two_stage", "int8", "single", 10.0),
+            row("a", GROUPED_STAGE, "int8", "single", 3.0),
+            row("a", GROUPED_STAGE, "int8", "batch", 9.0),
+            row("b", GROUPED_STAGE, "int8", "single", 12.0),
+            row("c", GROUPED_STAGE, "int8", "single", 1.0),
+        ];
+        assert_eq!(
+            grouping_ratios(&rows),
+            vec![
+                "a int8: grouped 3.000 ms / ungrouped 2.000 ms = 1.50x",
+                "b int8: grouped 12.000 ms / ungrouped 10.000 ms = 1.20x",
+            ]
+        );
+    }
 }
