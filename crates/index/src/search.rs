@@ -536,12 +536,7 @@ impl Index {
         hits.extend(
             tail.iter()
                 .filter(|s| !reranked.contains(&s.row))
-                .map(|s| Hit {
-                    row: s.row,
-                    score: s.score,
-                    stage1: Some(s.score),
-                    stage2: None,
-                }),
+                .map(|s| one_stage_hit(s.row, s.score, Mode::Stage1)),
         );
         hits.truncate(k);
         hits
@@ -561,19 +556,38 @@ impl Index {
         order_by_crater(hits, |row| self.meta(row).crater_id.as_deref());
     }
 
-    /// Adds the views missing from `hits` (scored by `score_rows`), orders crater by crater
-    /// and keeps `k`: the same `k` as grouping the whole ranking, since a crater in the first
-    /// `k` places has its best view among the `k` best hits.
+    /// Groups the hits of a one-stage search (`mode`) per query: adds the views missing from
+    /// each list, scored as `mode` scores, orders crater by crater and keeps `k`: the same `k`
+    /// as grouping the whole ranking, since a crater in the first `k` places has its best
+    /// view among the `k` best hits.
     fn group_hits(
         &self,
+        queries: &[Descriptors],
+        lists: Vec<Vec<Hit>>,
+        k: usize,
+        mode: Mode,
+    ) -> Vec<Vec<Hit>> {
+        queries
+            .par_iter()
+            .zip(lists)
+            .map(|(q, hits)| self.group_query_hits(q, hits, k, mode))
+            .collect()
+    }
+
+    fn group_query_hits(
+        &self,
+        q: &Descriptors,
         mut hits: Vec<Hit>,
         k: usize,
-        score_rows: impl Fn(&[usize]) -> Vec<f32>,
         mode: Mode,
     ) -> Vec<Hit> {
         let rows: Vec<usize> = hits.iter().map(|h| h.row).collect();
         let missing = self.missing_views(&rows);
-        let scores = score_rows(&missing);
+        let scores = if mode == Mode::Stage1 {
+            self.stage1_rows(&q.single, &missing)
+        } else {
+            self.late_interaction(&q.tokens, &missing)
+        };
         hits.extend(
             missing
                 .into_iter()
@@ -627,14 +641,7 @@ impl Index {
                 if !group {
                     return hits;
                 }
-                queries
-                    .par_iter()
-                    .zip(hits)
-                    .map(|(q, h)| {
-                        let li = |rows: &[usize]| self.late_interaction(&q.tokens, rows);
-                        self.group_hits(h, k, li, Mode::Exhaustive)
-                    })
-                    .collect()
+                self.group_hits(queries, hits, k, Mode::Exhaustive)
             }
             Mode::Stage1 | Mode::TwoStage => {
                 let singles: Vec<f32> = queries
@@ -652,14 +659,7 @@ impl Index {
                     if !group {
                         return hits;
                     }
-                    return queries
-                        .par_iter()
-                        .zip(hits)
-                        .map(|(q, h)| {
-                            let dot = |rows: &[usize]| self.stage1_rows(&q.single, rows);
-                            self.group_hits(h, k, dot, Mode::Stage1)
-                        })
-                        .collect();
+                    return self.group_hits(queries, hits, k, Mode::Stage1);
                 }
                 let shortlist = params.shortlist;
                 if single {
