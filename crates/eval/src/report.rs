@@ -385,42 +385,35 @@ fn candidate_name(base: &str, white: Whiten, grouped: bool) -> String {
     )
 }
 
-/// Per-lever ablation: each candidate regime with the levers added one at a time (mAP, R@1),
-/// and its cost.
-fn ablation_table(results: &[RegimeResult]) -> String {
+/// A table of the candidates (rows) with the levers added one at a time (columns): `cell`
+/// shows a regime `find` has, `row_end` closes a row from its cells (the extra columns of
+/// `extra_heads`). Empty when no candidate was run.
+fn lever_table<'a, T: 'a>(
+    extra_heads: &str,
+    find: impl Fn(&str) -> Option<&'a T>,
+    cell: impl Fn(&T) -> String,
+    row_end: impl Fn(&[Option<&'a T>]) -> String,
+) -> String {
     let mut h = String::from("<table><tr><th>regime</th>");
     for (_, _, label) in LEVERS {
         let _ = write!(h, "<th>{}</th>", esc(label));
     }
-    h.push_str("<th>bytes/image</th><th>ms/query</th></tr>");
+    let _ = write!(h, "{extra_heads}</tr>");
     let mut rows = 0;
     for base in CANDIDATES {
-        let cells: Vec<Option<&RegimeResult>> = LEVERS
+        let cells: Vec<Option<&T>> = LEVERS
             .iter()
-            .map(|&(w, g, _)| candidate(results, base, w, g))
+            .map(|&(w, g, _)| find(&candidate_name(base, w, g)))
             .collect();
-        let Some(last) = cells.iter().rev().flatten().next() else {
+        if cells.iter().all(Option::is_none) {
             continue;
-        };
+        }
         rows += 1;
         let _ = write!(h, "<tr><td>{base}</td>");
         for c in &cells {
-            match c {
-                Some(r) => {
-                    let _ = write!(
-                        h,
-                        "<td>{:.3} <small>({:.3})</small></td>",
-                        r.summary.map, r.summary.r1
-                    );
-                }
-                None => h.push_str("<td></td>"),
-            }
+            let _ = write!(h, "<td>{}</td>", c.map(&cell).unwrap_or_default());
         }
-        let _ = write!(
-            h,
-            "<td>{}</td><td>{:.2}</td></tr>",
-            last.bytes_per_image, last.query_ms
-        );
+        let _ = write!(h, "{}</tr>", row_end(&cells));
     }
     h.push_str("</table>");
     if rows == 0 {
@@ -429,51 +422,41 @@ fn ablation_table(results: &[RegimeResult]) -> String {
     h
 }
 
+/// Per-lever ablation: each candidate regime with the levers added one at a time (mAP, R@1),
+/// and its cost.
+fn ablation_table(results: &[RegimeResult]) -> String {
+    lever_table(
+        "<th>bytes/image</th><th>ms/query</th>",
+        |name| get(results, name),
+        |r| format!("{:.3} <small>({:.3})</small>", r.summary.map, r.summary.r1),
+        |cells| {
+            let last = cells.iter().rev().flatten().next();
+            last.map(|r| format!("<td>{}</td><td>{:.2}</td>", r.bytes_per_image, r.query_ms))
+                .unwrap_or_default()
+        },
+    )
+}
+
 /// The candidates with each lever on turned queries: turned mAP and the loss against the
 /// same views as built, green where the loss is at most [`TURNED_LOSS_GOAL`].
 fn turned_ablation_table(t: &Turned) -> String {
-    let row = |name: &str| t.rows.iter().find(|r| r.regime == name);
-    let mut h = String::from("<table><tr><th>regime</th>");
-    for (_, _, label) in LEVERS {
-        let _ = write!(h, "<th>{}</th>", esc(label));
-    }
-    h.push_str("</tr>");
-    let mut rows = 0;
-    for base in CANDIDATES {
-        let cells: Vec<Option<&TurnedRow>> = LEVERS
-            .iter()
-            .map(|&(w, g, _)| row(&candidate_name(base, w, g)))
-            .collect();
-        if cells.iter().all(Option::is_none) {
-            continue;
-        }
-        rows += 1;
-        let _ = write!(h, "<tr><td>{base}</td>");
-        for c in &cells {
-            match c {
-                Some(r) => {
-                    let _ = write!(
-                        h,
-                        r#"<td>{:.3} <small class="{}">({:+.3})</small></td>"#,
-                        r.map_turned,
-                        if r.loss() <= TURNED_LOSS_GOAL {
-                            "ok"
-                        } else {
-                            "no"
-                        },
-                        -r.loss()
-                    );
-                }
-                None => h.push_str("<td></td>"),
-            }
-        }
-        h.push_str("</tr>");
-    }
-    h.push_str("</table>");
-    if rows == 0 {
-        return String::new();
-    }
-    h
+    lever_table(
+        "",
+        |name| t.rows.iter().find(|r| r.regime == name),
+        |r: &TurnedRow| {
+            format!(
+                r#"{:.3} <small class="{}">({:+.3})</small>"#,
+                r.map_turned,
+                if r.loss() <= TURNED_LOSS_GOAL {
+                    "ok"
+                } else {
+                    "no"
+                },
+                -r.loss()
+            )
+        },
+        |_| String::new(),
+    )
 }
 
 /// Every regime on the paired views, as built and turned.
