@@ -29,8 +29,9 @@ pub struct ModelChoice {
     pub precision: Precision,
     /// as-is (default); shading: turn every crop so that its crater's shading points one
     /// way and add its mirror image (two forward passes per image, same bytes per image),
-    /// for queries seen from another orbit: turned or mirrored. An index records it and
-    /// its queries must use the same. Measured: README, "Turned queries".
+    /// for queries seen from another orbit: turned or mirrored; shading-spread: the same at
+    /// the shading angle and 20 degrees either side (six forward passes per image). An index
+    /// records it and its queries must use the same. Measured: README, "Turned queries".
     #[arg(long, default_value = "as-is")]
     pub orient: Orientation,
 }

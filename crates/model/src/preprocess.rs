@@ -69,13 +69,21 @@ pub enum Orientation {
     /// mirrored gives the same pair of views (up to interpolation), so its tokens do not
     /// depend on the orbit's heading; the price is what a crater's own chirality told.
     Shading,
+    /// [`Orientation::Shading`] at three angles: the dipole's and [`SHADING_SPREAD`] either
+    /// side of it, each also mirrored (six views), for crops whose dipole disagrees with their
+    /// gallery views' by up to about that much.
+    ShadingSpread,
 }
+
+/// The angle either side of the dipole that [`Orientation::ShadingSpread`] also looks at.
+pub const SHADING_SPREAD: f32 = 20.0 * std::f32::consts::PI / 180.0;
 
 impl Orientation {
     pub fn name(self) -> &'static str {
         match self {
             Self::AsIs => "as-is",
             Self::Shading => "shading",
+            Self::ShadingSpread => "shading-spread",
         }
     }
     /// How many views of each image the model sees; their tokens are concatenated.
@@ -83,6 +91,7 @@ impl Orientation {
         match self {
             Self::AsIs => 1,
             Self::Shading => 2,
+            Self::ShadingSpread => 6,
         }
     }
 }
@@ -93,7 +102,8 @@ impl std::str::FromStr for Orientation {
         match s {
             "as-is" => Ok(Self::AsIs),
             "shading" => Ok(Self::Shading),
-            _ => anyhow::bail!("unknown orientation {s:?}: use as-is or shading"),
+            "shading-spread" => Ok(Self::ShadingSpread),
+            _ => anyhow::bail!("unknown orientation {s:?}: use as-is, shading or shading-spread"),
         }
     }
 }
@@ -214,6 +224,17 @@ pub fn to_tensors(img: &DynamicImage, p: &Preprocess) -> Vec<Vec<f32>> {
             let turned = turn(&square, -shading_angle(&square));
             let mirrored = image::imageops::flip_vertical(&turned);
             vec![normalise(&turned, p), normalise(&mirrored, p)]
+        }
+        Orientation::ShadingSpread => {
+            let angle = shading_angle(&square);
+            [-SHADING_SPREAD, 0.0, SHADING_SPREAD]
+                .into_iter()
+                .flat_map(|spread| {
+                    let turned = turn(&square, -(angle + spread));
+                    let mirrored = image::imageops::flip_vertical(&turned);
+                    [normalise(&turned, p), normalise(&mirrored, p)]
+                })
+                .collect()
         }
     }
 }
@@ -539,6 +560,32 @@ mod tests {
         assert!(d > 0.1, "{d}");
         // and the mirror view is no copy of the turned one
         assert!(mean_abs_difference(&views[0], &views[1]) > 0.05);
+    }
+
+    #[test]
+    fn spread_views_do_not_depend_on_how_the_crop_was_turned_or_mirrored() {
+        let p = Preprocess {
+            orientation: Orientation::ShadingSpread,
+            ..prep(64, ResizeMode::Squash)
+        };
+        let img = crater(64, 0.7);
+        let views = to_tensors(&img, &p);
+        assert_eq!(views.len(), p.orientation.views());
+        // the middle pair is the plain shading pair
+        let plain = to_tensors(&img, &shaded(64));
+        assert!(mean_abs_difference(&views[2], &plain[0]) < 1e-6);
+        assert!(mean_abs_difference(&views[3], &plain[1]) < 1e-6);
+        // a mirrored crop gives the same six views: the mirror of the view at -spread is
+        // the view at +spread
+        let mirrored = to_tensors(&img.fliph(), &p);
+        for (i, j) in [(0, 5), (1, 4), (2, 3), (3, 2), (4, 1), (5, 0)] {
+            let d = mean_abs_difference(&views[i], &mirrored[j]);
+            assert!(d < 0.05, "view {i} vs mirrored {j}: {d}");
+        }
+        let quarter = to_tensors(&img.rotate90(), &p);
+        for (v, w) in views.iter().zip(&quarter) {
+            assert!(mean_abs_difference(v, w) < 0.05);
+        }
     }
 
     #[test]
