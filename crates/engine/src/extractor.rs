@@ -218,8 +218,9 @@ fn fingerprint_with(model: &str, orientation: Orientation) -> String {
 /// The model and orientation of a fingerprint [`fingerprint_with`] made (a model name may
 /// itself hold a `+`: only a known orientation's suffix is taken off).
 pub(crate) fn split_fingerprint(fingerprint: &str) -> (&str, Orientation) {
-    [Orientation::ShadingSpread, Orientation::Shading]
+    Orientation::ALL
         .into_iter()
+        .filter(|&o| o != Orientation::AsIs)
         .find_map(|o| {
             fingerprint
                 .strip_suffix(o.name())
@@ -236,11 +237,7 @@ mod tests {
     #[test]
     fn a_fingerprint_splits_back_into_model_and_orientation() {
         for model in ["dinov2-abc123", "a+b-abc123", "x+shading-1"] {
-            for o in [
-                Orientation::AsIs,
-                Orientation::Shading,
-                Orientation::ShadingSpread,
-            ] {
+            for o in Orientation::ALL {
                 assert_eq!(split_fingerprint(&fingerprint_with(model, o)), (model, o));
             }
         }

