@@ -511,25 +511,35 @@ fn eval_default_regime_ranks_like_index_build_and_search() {
     }
 }
 
-/// An index built from crops turned by their shading records it: its queries are turned the
-/// same way, a query without the option is refused with the option named, and a query
-/// turned by a quarter finds what the upright one finds.
 #[test]
 fn an_index_of_shading_oriented_crops_needs_and_serves_oriented_queries() {
+    index_of_oriented_crops_needs_and_serves_oriented_queries("shading", &["as-is"]);
+}
+
+#[test]
+fn an_index_of_shading_spread_crops_needs_and_serves_oriented_queries() {
+    index_of_oriented_crops_needs_and_serves_oriented_queries(
+        "shading-spread",
+        &["as-is", "shading"],
+    );
+}
+
+/// An index built from crops turned by their shading records it: its queries are turned the
+/// same way, a query with any other orientation (`wrong`) is refused with the index's option
+/// named, and a query turned by a quarter finds what the upright one finds.
+fn index_of_oriented_crops_needs_and_serves_oriented_queries(orient: &str, wrong: &[&str]) {
     let e = Env::new();
     let model = e.tiny_model();
     let manifest = e.tile_benchmark("4");
     let common = ["--model", model.as_str(), "--size", "16"];
-    e.index_build(
-        &model,
-        &manifest,
-        "idx",
-        &["--k", "4", "--orient", "shading"],
-    );
+    e.index_build(&model, &manifest, "idx", &["--k", "4", "--orient", orient]);
     let info: serde_json::Value =
         serde_json::from_str(&e.ok(&["index", "info", "--index", "idx"])).unwrap();
     assert!(
-        info["model"].as_str().unwrap().ends_with("+shading"),
+        info["model"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!("+{orient}")),
         "{info}"
     );
 
@@ -538,12 +548,15 @@ fn an_index_of_shading_oriented_crops_needs_and_serves_oriented_queries() {
         .map(|d| d.unwrap().path().display().to_string())
         .collect();
     let query = &gallery[0];
-    let mut args = vec!["search", "--index", "idx", query.as_str(), "--json"];
-    args.extend(common);
-    let o = e.run(&args);
-    assert_eq!(o.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("--orient shading"), "{err}");
+    for wrong in wrong {
+        let mut args = vec!["search", "--index", "idx", query.as_str(), "--json"];
+        args.extend(["--orient", wrong]);
+        args.extend(common);
+        let o = e.run(&args);
+        assert_eq!(o.status.code(), Some(1), "--orient {wrong}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(&format!("--orient {orient};")), "{err}");
+    }
 
     let img = image::open(query).unwrap();
     img.rotate90().save(e.root.join("turned.png")).unwrap();
@@ -558,7 +571,7 @@ fn an_index_of_shading_oriented_crops_needs_and_serves_oriented_queries() {
             "--top",
             "1",
             "--orient",
-            "shading",
+            orient,
             "--mode",
             "exhaustive",
         ];
