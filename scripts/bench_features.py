@@ -1,5 +1,5 @@
 """A CraterBench-R benchmark and its features through the Python package, for the
-measurement scripts beside this file (`pair_whitening.py`, `score_fusion.py`)."""
+measurement scripts beside this file (`pair_whitening.py`, `score_fusion.py`, `footprint_seeds.py`)."""
 
 import json
 import os
@@ -9,10 +9,15 @@ import pandas as pd
 import craterdex
 
 
+def manifest(bench):
+    """The benchmark's splits/test.json."""
+    return json.load(open(os.path.join(bench, "splits", "test.json")))
+
+
 def load(bench):
     """The gallery table (id, crater_id, path), the query entries of splits/test.json, and the
     features of gallery and queries (from the feature cache when an eval of `bench` ran)."""
-    m = json.load(open(os.path.join(bench, "splits", "test.json")))
+    m = manifest(bench)
     gallery, queries = m["gallery_images"], m["query_images"]
     g = pd.DataFrame({"id": [e["image_id"] for e in gallery], "crater_id": [e["crater_id"] for e in gallery],
                       "path": [os.path.join(bench, e["path"]) for e in gallery]})
