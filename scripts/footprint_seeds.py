@@ -22,15 +22,11 @@ Needs `pip install ./crates/python`.
 """
 
 import argparse
-import os
 import re
-import tempfile
 
 import numpy as np
 
 import bench_features
-import craterdex
-from pair_whitening import average_precision, l2, pca_whitening
 
 
 def context(view_type):
@@ -60,28 +56,17 @@ def main():
     view_of = {e["image_id"]: e["view_type"] for e in bench_features.manifest(a.bench)["gallery_images"]}
     gctx = np.array([context(view_of[i]) for i in gf["ids"]])
     qctx = np.array([context(q["view_type"]) for q in queries])
-    gp, qp = l2(gf["patches"].astype(np.float64)), l2(qf["patches"].astype(np.float64))
-    t = gp.shape[1]
+    gw, qw = bench_features.pca_whitened_tokens(gf["patches"], qf["patches"])
+    t = gw.shape[1]
     gdist = np.array([distance_in_radii(t, c) for c in gctx])
     qdist = np.array([distance_in_radii(t, c) for c in qctx])
-    rng = np.random.default_rng(0)
-    mu, proj = pca_whitening(np.concatenate([p[rng.choice(len(p), min(64, len(p)), replace=False)] for p in gp]))
-    gw = l2((gp - mu) @ proj).astype(np.float32)
-    qw = l2((qp - mu) @ proj).astype(np.float32)
     print(f"{len(g)} gallery images, {len(queries)} queries, {t} patch tokens each")
 
     def measure(name, seeds, gatt, qatt):
-        def feats(ids, cls, patches, att):
-            return {"ids": ids, "cls": cls, "patches": patches, "attention": att.astype(np.float32)}
-        idx = craterdex.Index.build(os.path.join(tempfile.mkdtemp(prefix="craterdex-footprint-"), "idx"), g,
-                                    features=feats(list(gf["ids"]), gf["cls"], gw, gatt),
-                                    recipe=craterdex.Recipe(codec="f32", ivf="off", whiten=False, seeds=seeds))
-        wq = feats([q["image_id"] for q in queries], qf["cls"], qw, qatt)
-        hits = idx.search(features=wq, top_k=len(g), mode="exhaustive", group_views=False)
-        ranked = hits.sort_values(["query", "rank"]).groupby("query")["crater_id"].apply(list)
-        aps = [average_precision(ranked[q["image_id"]], set(q["relevant_crater_ids"])) for q in queries]
-        r1 = [ranked[q["image_id"]][0] in q["relevant_crater_ids"] for q in queries]
-        print(f"{name:<24} {np.mean(aps):8.4f} {np.mean(r1):8.3f}", flush=True)
+        gallery = dict(gf, patches=gw, attention=gatt.astype(np.float32))
+        query = dict(qf, patches=qw, attention=qatt.astype(np.float32))
+        m, r1 = bench_features.exhaustive_late_interaction(g, queries, gallery, query, seeds=seeds)
+        print(f"{name:<24} {m:8.4f} {r1:8.3f}", flush=True)
 
     print(f"{'seeds':<24} {'mAP':>8} {'R@1':>8}")
     measure("fps", "fps", gf["attention"], qf["attention"])

@@ -27,25 +27,7 @@ import numpy as np
 
 import bench_features
 import craterdex
-
-REG = 1e-3
-
-
-def l2(x):
-    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
-
-
-def sorted_eig(c):
-    w, v = np.linalg.eigh(c)
-    order = np.argsort(-w)
-    return w[order], v[:, order]
-
-
-def pca_whitening(samples):
-    mu = samples.mean(0)
-    w, v = sorted_eig(np.cov((samples - mu).T))
-    w = np.maximum(w, 0) + REG * w.max()
-    return mu, v / np.sqrt(w)
+from bench_features import REG, average_precision, l2, pca_whitening, sorted_eig
 
 
 def pair_whitening(samples, a, b, alpha):
@@ -65,16 +47,6 @@ def mutual_nearest(a, b):
     ab, ba = s.argmax(1), s.argmax(0)
     i = np.nonzero(ba[ab] == np.arange(len(a)))[0]
     return i, ab[i]
-
-
-def average_precision(ranked, relevant):
-    hits, total = 0, 0.0
-    n = sum(c in relevant for c in ranked)
-    for i, c in enumerate(ranked, 1):
-        if c in relevant:
-            hits += 1
-            total += hits / i
-    return total / n
 
 
 def main():
