@@ -89,12 +89,20 @@ impl Orientation {
             Self::ShadingSpread => "shading-spread",
         }
     }
+    /// The angles off the crater's shading dipole at which the crop is turned (each seen
+    /// also mirrored); none for a crop seen as stored.
+    fn turns(self) -> &'static [f32] {
+        match self {
+            Self::AsIs => &[],
+            Self::Shading => &[0.0],
+            Self::ShadingSpread => &[-SHADING_SPREAD, 0.0, SHADING_SPREAD],
+        }
+    }
     /// How many views of each image the model sees; their tokens are concatenated.
     pub fn views(self) -> usize {
-        match self {
-            Self::AsIs => 1,
-            Self::Shading => 2,
-            Self::ShadingSpread => 6,
+        match self.turns().len() {
+            0 => 1,
+            turns => 2 * turns,
         }
     }
 }
@@ -222,25 +230,19 @@ pub fn to_tensor(img: &DynamicImage, p: &Preprocess) -> Vec<f32> {
 /// ([`Orientation::views`] of them, in order).
 pub fn to_tensors(img: &DynamicImage, p: &Preprocess) -> Vec<Vec<f32>> {
     let square = resized(img, p);
-    match p.orientation {
-        Orientation::AsIs => vec![normalise(&square, p)],
-        Orientation::Shading => {
-            let turned = turn(&square, -shading_angle(&square));
-            let mirrored = image::imageops::flip_vertical(&turned);
-            vec![normalise(&turned, p), normalise(&mirrored, p)]
-        }
-        Orientation::ShadingSpread => {
-            let angle = shading_angle(&square);
-            [-SHADING_SPREAD, 0.0, SHADING_SPREAD]
-                .into_iter()
-                .flat_map(|spread| {
-                    let turned = turn(&square, -(angle + spread));
-                    let mirrored = image::imageops::flip_vertical(&turned);
-                    [normalise(&turned, p), normalise(&mirrored, p)]
-                })
-                .collect()
-        }
+    let turns = p.orientation.turns();
+    if turns.is_empty() {
+        return vec![normalise(&square, p)];
     }
+    let angle = shading_angle(&square);
+    turns
+        .iter()
+        .flat_map(|spread| {
+            let turned = turn(&square, -(angle + spread));
+            let mirrored = image::imageops::flip_vertical(&turned);
+            [normalise(&turned, p), normalise(&mirrored, p)]
+        })
+        .collect()
 }
 
 /// The image at the model's input size, squashed or centre-cropped.
