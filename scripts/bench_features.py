@@ -50,13 +50,17 @@ def pca_whitening(samples):
     return mu, v / np.sqrt(w)
 
 
-def pca_whitened_tokens(gallery_patches, *others, per_image=64, seed=0):
-    """Unit patch tokens whitened by PCA learned from `per_image` random tokens of every gallery
-    image (the index's learn sample), gallery first, then each of `others`, as float32."""
+def token_sample(patches, per_image=64, seed=0):
+    """`per_image` random tokens of every image (the index's whitening learn sample)."""
     rng = np.random.default_rng(seed)
+    return np.concatenate([p[rng.choice(len(p), min(per_image, len(p)), replace=False)] for p in patches])
+
+
+def pca_whitened_tokens(gallery_patches, *others):
+    """Unit patch tokens whitened by PCA learned from a token sample of the gallery, gallery
+    first, then each of `others`, as float32."""
     unit = [l2(p.astype(np.float64)) for p in (gallery_patches, *others)]
-    sample = np.concatenate([p[rng.choice(len(p), min(per_image, len(p)), replace=False)] for p in unit[0]])
-    mu, proj = pca_whitening(sample)
+    mu, proj = pca_whitening(token_sample(unit[0]))
     return [l2((p - mu) @ proj).astype(np.float32) for p in unit]
 
 
@@ -70,13 +74,18 @@ def average_precision(ranked, relevant):
     return total / n
 
 
-def exhaustive_late_interaction(g, queries, gallery, query, seeds="fps"):
-    """mAP and R@1 of exhaustive late interaction over f32 instance tokens of features that are
-    already whitened (dicts as `Model.extract` returns; the index adds no whitening)."""
-    idx = craterdex.Index.build(os.path.join(tempfile.mkdtemp(prefix="craterdex-measure-"), "idx"), g,
-                                features=gallery, recipe=craterdex.Recipe(codec="f32", ivf="off", whiten=False,
-                                                                          seeds=seeds))
-    hits = idx.search(features=query, top_k=len(g), mode="exhaustive", group_views=False)
+def prewhitened_index(g, gallery, seeds="fps"):
+    """An f32 index of gallery features that are already whitened (a dict as `Model.extract`
+    returns; the index adds no whitening and no IVF)."""
+    return craterdex.Index.build(os.path.join(tempfile.mkdtemp(prefix="craterdex-measure-"), "idx"), g,
+                                 features=gallery, recipe=craterdex.Recipe(codec="f32", ivf="off", whiten=False,
+                                                                           seeds=seeds))
+
+
+def ranking_metrics(idx, g, queries, query, mode="exhaustive"):
+    """mAP and R@1 of `query` features (prepared as the index's) searched in `mode`, every
+    gallery image ranked, views not grouped."""
+    hits = idx.search(features=query, top_k=len(g), mode=mode, group_views=False)
     ranked = hits.sort_values(["query", "rank"]).groupby("query")["crater_id"].apply(list)
     aps = [average_precision(ranked[q["image_id"]], set(q["relevant_crater_ids"])) for q in queries]
     r1 = [ranked[q["image_id"]][0] in q["relevant_crater_ids"] for q in queries]

@@ -20,14 +20,11 @@ cache when an eval of the same benchmark ran before. Needs `pip install ./crates
 """
 
 import argparse
-import os
-import tempfile
 
 import numpy as np
 
 import bench_features
-import craterdex
-from bench_features import REG, average_precision, l2, pca_whitening, sorted_eig
+from bench_features import REG, l2, pca_whitening, sorted_eig
 
 
 def pair_whitening(samples, a, b, alpha):
@@ -58,8 +55,7 @@ def main():
     gp, qp = l2(gf["patches"].astype(np.float64)), l2(qf["patches"].astype(np.float64))
     gc, qc = l2(gf["cls"].astype(np.float64)), l2(qf["cls"].astype(np.float64))
     d = gc.shape[1]
-    rng = np.random.default_rng(0)
-    token_samples = np.concatenate([p[rng.choice(len(p), min(64, len(p)), replace=False)] for p in gp])
+    token_samples = bench_features.token_sample(gp)
 
     queried = {c for q in queries for c in q["relevant_crater_ids"]}
     views = g[~g["crater_id"].isin(queried)].groupby("crater_id").groups  # labels of g: its rows
@@ -83,14 +79,8 @@ def main():
                                         "patches": l2((p - tmu) @ tproj).astype(np.float32), "attention": att}
         wg = feats(list(g["id"]), gc, gp, gf["attention"])
         wq = feats([q["image_id"] for q in queries], qc, qp, qf["attention"])
-        idx = craterdex.Index.build(os.path.join(tempfile.mkdtemp(prefix="craterdex-pairs-"), "idx"), g, features=wg,
-                                    recipe=craterdex.Recipe(codec="f32", ivf="off", whiten=False))
-        out = []
-        for mode in ("exhaustive", "stage1"):
-            hits = idx.search(features=wq, top_k=len(g), mode=mode, group_views=False).sort_values(["query", "rank"])
-            ranked = hits.groupby("query")["crater_id"].apply(list)
-            out.append(np.mean([average_precision(ranked[q["image_id"]], set(q["relevant_crater_ids"]))
-                                for q in queries]))
+        idx = bench_features.prewhitened_index(g, wg)
+        out = [bench_features.ranking_metrics(idx, g, queries, wq, mode)[0] for mode in ("exhaustive", "stage1")]
         print(f"{name:<22} {out[0]:10.4f} {out[1]:10.4f}", flush=True)
 
     print(f"{'whitening':<22} {'LI mAP':>10} {'CLS mAP':>10}")
