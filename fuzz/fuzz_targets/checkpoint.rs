@@ -4,7 +4,7 @@
 //! import that succeeds is loaded at a small input size and run on one image. Nothing may
 //! panic or allocate without bound.
 #![no_main]
-use craterdex_model::fetch::import_file;
+use craterdex_model::import::import_file;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -75,7 +75,11 @@ impl ModelOpts {
 
     /// Loads the model (fetching the default one on first use).
     pub fn load(&self) -> Result<Extractor> {
-        Extractor::load(&self.choice.spec(), self.settings(), &Bars::new())
+        Ok(Extractor::load(
+            &self.choice.spec(),
+            self.settings(),
+            &Bars::new(),
+        )?)
     }
 }
 

@@ -1,19 +1,29 @@
-//! craterdex: a thin command line over the craterdex crates. This file only parses,
-//! dispatches and maps errors to exit codes (1 for a failed command, 2 for bad usage, from
-//! clap); each command lives in `cmd/`, output formatting in `output.rs`.
+//! craterdex: a thin command line over the craterdex crates. This file only parses and
+//! dispatches; `failure.rs` maps errors to hints and exit codes (2 for bad usage, from clap,
+//! one per kind of failure otherwise); each command lives in `cmd/`, output formatting in
+//! `output.rs`.
 
 mod args;
 mod cmd;
+mod failure;
 mod output;
 
 use clap::{Parser, Subcommand};
+
+/// The end of `craterdex --help`; the exit codes are `failure::exit_code`'s.
+const AFTER_HELP: &str =
+    "Start with `craterdex demo`: default model, sample Mars tile, benchmark, index, \
+evaluation, HTML report.
+Data and models are cached in $CRATERDEX_HOME (default ~/.cache/craterdex).
+Exit codes: 0 success; 1 failure; 2 bad usage; 3 invalid input; 4 not found; 5 conflict (an id \
+already taken); 6 corrupt data; 7 unsupported on this machine or build; 8 I/O failure.";
 
 #[derive(Parser)]
 #[command(
     name = "craterdex",
     version,
     about = "Find the same physical crater again across planetary images.",
-    after_help = "Start with `craterdex demo`: default model, sample Mars tile, benchmark, index, evaluation, HTML report.\nData and models are cached in $CRATERDEX_HOME (default ~/.cache/craterdex)."
+    after_help = AFTER_HELP
 )]
 struct Cli {
     /// Worker threads (default: all cores).
@@ -126,7 +136,6 @@ fn main() {
         Cmd::Cpu(c) => cmd::cpu::run(c),
     };
     if let Err(e) = result {
-        eprintln!("error: {e:#}");
-        std::process::exit(1);
+        std::process::exit(failure::report(&e));
     }
 }

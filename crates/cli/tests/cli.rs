@@ -406,17 +406,21 @@ fn extract_skips_bad_images_and_writes_numpy_readable_features() {
 fn bad_input_gives_clear_errors_and_exit_codes() {
     let e = Env::new();
     let o = e.run(&["index", "info", "--index", "nowhere"]);
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(4), "a missing index is not found");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("nowhere/index.json"), "{err}");
     let o = e.run(&["search", "--index", "idx", "--mode", "sideways", "x.png"]);
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&o.stderr).contains("unknown mode"));
     let o = e.run(&["index", "build", "--codec", "zip", "--out", "x"]);
     assert_eq!(o.status.code(), Some(2), "usage errors exit 2");
     std::fs::write(e.root.join("m.json"), r#"{"images": []}"#).unwrap();
     let o = e.run(&["eval", "--manifest", "m.json"]);
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        o.status.code(),
+        Some(3),
+        "a malformed manifest is invalid input"
+    );
     assert!(String::from_utf8_lossy(&o.stderr).contains("found keys [\"images\"]"));
     let o = e.run(&["model", "fetch", "--from", "missing.safetensors"]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("missing.safetensors"));
@@ -436,7 +440,11 @@ fn mosaics_without_gdal_say_how_to_get_it() {
         "--out",
         "b",
     ]);
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        o.status.code(),
+        Some(7),
+        "mosaics are unsupported without gdal"
+    );
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
         err.contains("m.tif") && err.contains("--features gdal"),
@@ -553,9 +561,13 @@ fn index_of_oriented_crops_needs_and_serves_oriented_queries(orient: &str, wrong
         args.extend(["--orient", wrong]);
         args.extend(common);
         let o = e.run(&args);
-        assert_eq!(o.status.code(), Some(1), "--orient {wrong}");
+        assert_eq!(o.status.code(), Some(3), "--orient {wrong}");
         let err = String::from_utf8_lossy(&o.stderr);
-        assert!(err.contains(&format!("--orient {orient};")), "{err}");
+        assert!(err.contains(&format!("oriented {orient};")), "{err}");
+        assert!(
+            err.contains(&format!("hint: search it with --orient {orient},")),
+            "{err}"
+        );
     }
 
     let img = image::open(query).unwrap();

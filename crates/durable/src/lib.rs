@@ -2,16 +2,19 @@
 //!
 //! Owns: atomic file replacement (temporary sibling, fsync, rename) and atomic directory
 //! replacement (complete sibling directory swapped in). Knows nothing of what is written.
+//! Its only failures are file operations: [`IoError`] names the action and the path.
 
-use anyhow::{bail, Context, Result};
+use craterdex_errors::IoContext;
+pub use craterdex_errors::IoError;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+
+pub type Result<T> = std::result::Result<T, IoError>;
 
 /// Replaces `path` with `bytes`: readers see the old file or the new one, never a mix.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("cannot create {}", parent.display()))?;
+        std::fs::create_dir_all(parent).io("create", parent)?;
     }
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(format!(".tmp-{}", std::process::id()));
@@ -23,42 +26,55 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     })();
     if let Err(e) = written {
         let _ = std::fs::remove_file(&tmp);
-        return Err(e).with_context(|| format!("cannot write {}", tmp.display()));
+        return Err(IoError::new("write", &tmp, e));
     }
     failpoint("durable-before-rename");
-    std::fs::rename(&tmp, path)
-        .with_context(|| format!("cannot move {} into place", path.display()))?;
+    std::fs::rename(&tmp, path).io("move into place", path)?;
     if let Some(parent) = path.parent() {
         sync_dir(parent);
     }
     Ok(())
 }
 
+/// Writes `bytes` to `path` directly: for files inside a directory that is built beside its
+/// final place and moved there whole ([`tempdir_beside`], [`replace_dir`]).
+pub fn write_new(path: &Path, bytes: impl AsRef<[u8]>) -> Result<()> {
+    std::fs::write(path, bytes).io("write", path)
+}
+
+/// Creates `dir` and its parents.
+pub fn create_dir_all(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).io("create", dir)
+}
+
 /// A fresh, empty directory beside `target` (same filesystem, so a rename is atomic).
 pub fn tempdir_beside(target: &Path) -> Result<PathBuf> {
-    let name = target
-        .file_name()
-        .context("target has no file name")?
-        .to_string_lossy()
-        .to_string();
+    let name = match target.file_name() {
+        Some(n) => n.to_string_lossy().to_string(),
+        None => {
+            let why = std::io::Error::new(std::io::ErrorKind::InvalidInput, "no file name");
+            return Err(IoError::new("write beside", target, why));
+        }
+    };
     let parent = match target.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    std::fs::create_dir_all(&parent)
-        .with_context(|| format!("cannot create {}", parent.display()))?;
+    std::fs::create_dir_all(&parent).io("create", &parent)?;
     for attempt in 0..1000 {
         let tmp = parent.join(format!(".{name}.tmp-{}-{attempt}", std::process::id()));
         match std::fs::create_dir(&tmp) {
             Ok(()) => return Ok(tmp),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e).with_context(|| format!("cannot create {}", tmp.display())),
+            Err(e) => return Err(IoError::new("create", &tmp, e)),
         }
     }
-    bail!(
-        "cannot create a temporary directory beside {}",
-        target.display()
-    )
+    let taken = std::io::Error::new(std::io::ErrorKind::AlreadyExists, "every name is taken");
+    Err(IoError::new(
+        "create a temporary directory beside",
+        target,
+        taken,
+    ))
 }
 
 /// Flushes every file in `dir` and the directory itself to disk.
@@ -93,16 +109,13 @@ pub fn replace_dir(tmp: &Path, dir: &Path) -> Result<()> {
             let _ = std::fs::remove_dir_all(tmp);
         } else {
             let old = tempdir_beside(dir)?;
-            std::fs::remove_dir(&old)?;
-            std::fs::rename(dir, &old)
-                .with_context(|| format!("cannot move {} aside", dir.display()))?;
-            std::fs::rename(tmp, dir)
-                .with_context(|| format!("cannot move new data into {}", dir.display()))?;
+            std::fs::remove_dir(&old).io("remove", &old)?;
+            std::fs::rename(dir, &old).io("move aside", dir)?;
+            std::fs::rename(tmp, dir).io("move new data into", dir)?;
             let _ = std::fs::remove_dir_all(&old);
         }
     } else {
-        std::fs::rename(tmp, dir)
-            .with_context(|| format!("cannot move new data into {}", dir.display()))?;
+        std::fs::rename(tmp, dir).io("move new data into", dir)?;
     }
     if let Some(parent) = dir.parent() {
         sync_dir(parent);

@@ -1,10 +1,11 @@
 //! [`Engine`]: one index, its encoder, and optionally the model that makes its queries.
 //! Every front end asks it for ranked hits; none wires model, tokens and index itself.
 
+use crate::error::{Error, Result};
 use crate::extractor::{split_fingerprint, Extractor};
 use crate::progress::Progress;
 use crate::recipe::encode_all;
-use anyhow::{bail, ensure, Context, Result};
+use craterdex_errors::ensure;
 use craterdex_index::{Hit, ImageMeta, Index, SearchParams};
 use craterdex_model::extract::FeatureSet;
 use craterdex_tokens::{Descriptors, FeatureRef};
@@ -51,18 +52,20 @@ fn check_compatible(index: &Index, extractor: &Extractor) -> Result<()> {
         let ((model, orient), (built_model, built_orient)) =
             (split_fingerprint(&fingerprint), split_fingerprint(built));
         if model == built_model && orient != built_orient {
-            bail!(
-                "the index was built with --orient {}; its queries need the same",
-                built_orient.name()
-            );
+            return Err(Error::Orientation {
+                built: built_orient,
+                loaded: orient,
+            });
         }
     }
     index.check_model(&fingerprint)?;
     let want = index.feature_dim();
     ensure!(
         extractor.dim() == want,
-        "the model gives {}-d features, the index expects {want}-d",
-        extractor.dim()
+        Error::Invalid(format!(
+            "the model gives {}-d features, the index expects {want}-d",
+            extractor.dim()
+        ))
     );
     Ok(())
 }
@@ -100,7 +103,7 @@ impl Engine {
     fn extractor_or_err(&self) -> Result<&Extractor> {
         self.extractor
             .as_deref()
-            .context("no model is loaded: image queries need one")
+            .ok_or(Error::NoModel("image queries"))
     }
 
     /// Descriptors of features under the index's encoder.
@@ -194,7 +197,7 @@ impl Engine {
         let row = self
             .index
             .row_of(id)
-            .with_context(|| format!("no image {id:?} in the index"))?;
+            .ok_or_else(|| Error::NoSuchImage(id.to_string()))?;
         let desc = self.index.descriptors_of(row);
         Ok(self
             .search(std::slice::from_ref(&desc), params)
@@ -225,7 +228,7 @@ impl Engine {
     fn dir(&self) -> Result<&Path> {
         match self.index.dir() {
             Some(d) => Ok(d),
-            None => bail!("an index held in memory cannot be changed"),
+            None => Err(Error::InMemory),
         }
     }
 
@@ -245,9 +248,11 @@ impl Engine {
     ) -> Result<(usize, Engine)> {
         ensure!(
             metas.len() == features.len(),
-            "{} metadata records for {} images",
-            metas.len(),
-            features.len()
+            Error::Invalid(format!(
+                "{} metadata records for {} images",
+                metas.len(),
+                features.len()
+            ))
         );
         let images: Vec<(ImageMeta, Descriptors)> =
             metas.into_iter().zip(self.encode(features)).collect();

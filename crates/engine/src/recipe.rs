@@ -2,8 +2,8 @@
 //! the token codec and the stage-1 IVF lists. `index build`, the service, the evaluation and
 //! the benchmarks all build through [`IndexRecipe`].
 
+use crate::error::Result;
 use crate::progress::Progress;
-use anyhow::{bail, Result};
 use craterdex_index::ivf::{default_lists, default_nprobe, Ivf};
 use craterdex_index::{Codec, ImageMeta, Index, TokenCodec};
 use craterdex_model::extract::FeatureSet;
@@ -28,14 +28,18 @@ pub enum IvfSetting {
 }
 
 impl std::str::FromStr for IvfSetting {
-    type Err = anyhow::Error;
+    type Err = crate::Error;
     fn from_str(s: &str) -> Result<Self> {
         Ok(match s {
             "auto" => IvfSetting::Auto,
             "off" | "none" => IvfSetting::Off,
             v => match v.parse::<usize>() {
                 Ok(n) if n >= 1 => IvfSetting::Lists(n),
-                _ => bail!("--ivf {v:?}: use auto, off, or a number of lists"),
+                _ => {
+                    return Err(crate::Error::Invalid(format!(
+                        "ivf {v:?}: use auto, off, or a number of lists"
+                    )))
+                }
             },
         })
     }
@@ -92,7 +96,9 @@ impl IndexRecipe {
             IvfSetting::Off => None,
             IvfSetting::Lists(lists) if lists <= n => Some(lists),
             IvfSetting::Lists(lists) => {
-                bail!("--ivf {lists}: more lists than the {n} images of the gallery")
+                return Err(crate::Error::Invalid(format!(
+                    "ivf: {lists} lists, more than the {n} images of the gallery"
+                )))
             }
         })
     }
@@ -118,7 +124,12 @@ impl IndexRecipe {
             .map(|&r| metas.get(r).and_then(|m| m.crater_id.as_deref()))
             .collect();
         let pairs = view_pairs(&craters);
-        Encoder::learn_with_pairs(self.recipe.clone(), &sample, &pairs, self.seed)
+        Ok(Encoder::learn_with_pairs(
+            self.recipe.clone(),
+            &sample,
+            &pairs,
+            self.seed,
+        )?)
     }
 
     /// Trains the codec on the tokens of the first of `sample_descs`.
@@ -133,12 +144,12 @@ impl IndexRecipe {
             .take(CODEC_SAMPLE_IMAGES)
             .flat_map(|d| d.tokens.iter().copied())
             .collect();
-        TokenCodec::train(
+        Ok(TokenCodec::train(
             self.codec,
             encoder.token_dim(feature_dim),
             &sample,
             self.seed,
-        )
+        )?)
     }
 
     /// The IVF lists of `descs` and the lists a query scans, when the recipe asks for them.
@@ -191,14 +202,14 @@ impl IndexRecipe {
         };
         let ivf = self.train_ivf(&descs)?;
         let images: Vec<(ImageMeta, Descriptors)> = metas.into_iter().zip(descs).collect();
-        Index::create(
+        Ok(Index::create(
             dir,
             encoder,
             &codec,
             model,
             &images,
             ivf.as_ref().map(|(i, n)| (i, *n)),
-        )
+        )?)
     }
 
     /// The same index as [`IndexRecipe::write_index`], held in memory.
@@ -226,13 +237,13 @@ impl IndexRecipe {
         let codec = self.train_codec(encoder, &descs, feature_dim)?;
         let ivf = self.train_ivf(&descs)?;
         let images: Vec<(ImageMeta, Descriptors)> = metas.into_iter().zip(descs).collect();
-        Index::in_memory(
+        Ok(Index::in_memory(
             encoder,
             &codec,
             model,
             &images,
             ivf.as_ref().map(|(i, n)| (i, *n)),
-        )
+        )?)
     }
 }
 

@@ -12,8 +12,9 @@
 //! duplicate detections of the same crater.
 
 use crate::catalogue::{read_pixel_catalogue, Crater, GeoCrater};
+use crate::error::{Error, Result};
 use crate::manifest::{Entry, Manifest};
-use anyhow::{ensure, Context, Result};
+use craterdex_errors::{ensure, IoError};
 use image::{GrayImage, Luma};
 use rand::{seq::index::sample, Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -158,7 +159,8 @@ pub(crate) fn save(path: &Path, side: usize, px: &[f32]) -> Result<()> {
         Luma([(px[y as usize * side + x as usize].clamp(0.0, 1.0) * 255.0).round() as u8])
     });
     img.save(path)
-        .with_context(|| format!("cannot write {}", path.display()))
+        .map_err(|e| IoError::new("write", path, std::io::Error::other(e)))?;
+    Ok(())
 }
 
 fn gaussian_blur(px: &[f32], side: usize, sigma: f64) -> Vec<f32> {
@@ -308,10 +310,12 @@ fn open_input(input: &Input) -> Result<(Source, String, Vec<SourceCrater>)> {
             let placed = r.place(&geo)?;
             ensure!(
                 !placed.is_empty(),
-                "none of the {} craters of {} lies on {}",
-                geo.len(),
-                catalogue.display(),
-                raster.display()
+                Error::Invalid(format!(
+                    "none of the {} craters of {} lies on {}",
+                    geo.len(),
+                    catalogue.display(),
+                    raster.display()
+                ))
             );
             let list = placed
                 .into_iter()
@@ -324,33 +328,35 @@ fn open_input(input: &Input) -> Result<(Source, String, Vec<SourceCrater>)> {
             Ok((Source::Raster(r), stem(raster), list))
         }
         #[cfg(not(feature = "gdal"))]
-        Input::Mosaic { raster, .. } => anyhow::bail!(
+        Input::Mosaic { raster, .. } => Err(Error::Unsupported(format!(
             "{}: georeferenced mosaics need GDAL; this craterdex was built without it \
-             (install libgdal-dev and build with `cargo build --release --features gdal`)",
+                 (install libgdal-dev and build with `cargo build --release --features gdal`)",
             raster.display()
-        ),
+        ))),
     }
 }
 
 /// Builds a benchmark into `out` (replaced atomically): `images/gallery`, `images/query`,
 /// `splits/test.json`, `metadata/build.json`.
 pub fn build(inputs: &[Input], out: &Path, o: &BuildOptions) -> Result<BuildReport> {
-    ensure!(!inputs.is_empty(), "no tiles given");
+    ensure!(!inputs.is_empty(), Error::Invalid("no tiles given".into()));
     ensure!(
         o.views > 0 && !o.gallery_scales.is_empty(),
-        "need at least one query view and one gallery scale"
+        Error::Invalid("need at least one query view and one gallery scale".to_string())
     );
     ensure!(
         o.context.0 > 0.0 && o.context.0 <= o.context.1,
-        "context range {:?} is not a valid range",
-        o.context
+        Error::Invalid(format!(
+            "context range {:?} is not a valid range",
+            o.context
+        ))
     );
     let tmp = craterdex_durable::tempdir_beside(out)?;
     for d in ["images/gallery", "images/query", "splits", "metadata"] {
-        std::fs::create_dir_all(tmp.join(d))?;
+        craterdex_durable::create_dir_all(&tmp.join(d))?;
     }
     if o.rotated_split {
-        std::fs::create_dir_all(tmp.join("images/query_rotated"))?;
+        craterdex_durable::create_dir_all(&tmp.join("images/query_rotated"))?;
     }
     let mut report = BuildReport::default();
     let mut tiles = Vec::new();
@@ -491,8 +497,10 @@ pub fn build(inputs: &[Input], out: &Path, o: &BuildOptions) -> Result<BuildRepo
     report.rotated_query_images = rotated.len();
     ensure!(
         !gallery.is_empty(),
-        "no crater produced a gallery crop (all smaller than {} px or too close to the edge)",
-        o.min_diameter
+        Error::Invalid(format!(
+            "no crater produced a gallery crop (all smaller than {} px or too close to the edge)",
+            o.min_diameter
+        ))
     );
     if o.rotated_split {
         let manifest = Manifest {
@@ -501,8 +509,8 @@ pub fn build(inputs: &[Input], out: &Path, o: &BuildOptions) -> Result<BuildRepo
             gallery_images: gallery.clone(),
             query_images: rotated,
         };
-        std::fs::write(
-            tmp.join("splits/test_rotated.json"),
+        craterdex_durable::write_new(
+            &tmp.join("splits/test_rotated.json"),
             serde_json::to_vec_pretty(&manifest)?,
         )?;
     }
@@ -512,13 +520,13 @@ pub fn build(inputs: &[Input], out: &Path, o: &BuildOptions) -> Result<BuildRepo
         gallery_images: gallery,
         query_images: queries,
     };
-    std::fs::write(
-        tmp.join("splits/test.json"),
+    craterdex_durable::write_new(
+        &tmp.join("splits/test.json"),
         serde_json::to_vec_pretty(&manifest)?,
     )?;
     let sources: Vec<(String, String)> = inputs.iter().map(Input::describe).collect();
-    std::fs::write(
-        tmp.join("metadata/build.json"),
+    craterdex_durable::write_new(
+        &tmp.join("metadata/build.json"),
         serde_json::to_vec_pretty(
             &serde_json::json!({"options": o, "report": report, "sources": sources}),
         )?,

@@ -6,7 +6,8 @@
 //! (`CRATER_ID, LAT_CIRC_IMG, LON_CIRC_IMG, DIAM_CIRC_IMG`) or plain `id, lat, lon,
 //! diameter_km`. Comma or tab separated; header names are case-insensitive.
 
-use anyhow::{bail, Context, Result};
+use crate::error::{Error, Result};
+use craterdex_errors::{ensure, IoContext, OrInvalid};
 use std::path::Path;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -30,7 +31,7 @@ type CsvFile = (csv::Reader<std::io::Cursor<Vec<u8>>>, Vec<String>);
 
 /// A CSV reader (comma or tab, found from the header line) and its lower-case headers.
 fn open_csv(path: &Path) -> Result<CsvFile> {
-    let text = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let text = std::fs::read(path).io("read", path)?;
     let first = text.split(|&b| b == b'\n').next().unwrap_or_default();
     let delim = if first.contains(&b'\t') { b'\t' } else { b',' };
     let mut rdr = csv::ReaderBuilder::new()
@@ -39,7 +40,7 @@ fn open_csv(path: &Path) -> Result<CsvFile> {
         .from_reader(std::io::Cursor::new(text));
     let headers: Vec<String> = rdr
         .headers()
-        .with_context(|| format!("{}: no header line", path.display()))?
+        .or_invalid_with(|| format!("{}: no header line", path.display()))?
         .iter()
         .map(|h| h.to_ascii_lowercase())
         .collect();
@@ -48,10 +49,10 @@ fn open_csv(path: &Path) -> Result<CsvFile> {
 
 fn number(path: &Path, rec: &csv::StringRecord, line: usize, col: usize) -> Result<f64> {
     let s = rec.get(col).unwrap_or_default();
-    s.parse::<f64>()
+    Ok(s.parse::<f64>()
         .ok()
         .filter(|v| v.is_finite())
-        .with_context(|| format!("{}: line {line}: {s:?} is not a number", path.display()))
+        .or_invalid_with(|| format!("{}: line {line}: {s:?} is not a number", path.display()))?)
 }
 
 pub fn read_geo_catalogue(path: &Path) -> Result<Vec<GeoCrater>> {
@@ -66,17 +67,17 @@ pub fn read_geo_catalogue(path: &Path) -> Result<Vec<GeoCrater>> {
         find(&["lon_circ_img", "lon_elli_img", "lon", "longitude"]),
         find(&["diam_circ_img", "diameter_km", "diam_km"]),
     ) else {
-        bail!(
+        return Err(Error::Invalid(format!(
             "{}: a catalogue in degrees and km needs latitude, longitude and diameter columns \
              (LAT_CIRC_IMG, LON_CIRC_IMG, DIAM_CIRC_IMG, or lat, lon, diameter_km); found {headers:?}",
             path.display()
-        );
+        )));
     };
     let id = find(&["crater_id", "id"]);
     let mut out = Vec::new();
     for (i, rec) in rdr.records().enumerate() {
         let line = i + 2;
-        let rec = rec.with_context(|| format!("{}: line {line}", path.display()))?;
+        let rec = rec.or_invalid_with(|| format!("{}: line {line}", path.display()))?;
         let c = GeoCrater {
             id: id
                 .and_then(|c| rec.get(c))
@@ -86,12 +87,14 @@ pub fn read_geo_catalogue(path: &Path) -> Result<Vec<GeoCrater>> {
             lon: number(path, &rec, line, lon)?,
             diameter_km: number(path, &rec, line, diam)?,
         };
-        anyhow::ensure!(
+        ensure!(
             c.lat.abs() <= 90.0 && c.diameter_km > 0.0,
-            "{}: line {line}: latitude {} or diameter {} km out of range",
-            path.display(),
-            c.lat,
-            c.diameter_km
+            Error::Invalid(format!(
+                "{}: line {line}: latitude {} or diameter {} km out of range",
+                path.display(),
+                c.lat,
+                c.diameter_km
+            ))
         );
         out.push(c);
     }
@@ -108,11 +111,14 @@ pub fn read_pixel_catalogue(path: &Path) -> Result<Vec<Crater>> {
     let layout = match (col("long"), col("lat"), col("diameter"), col("c_x"), col("cy").or(col("c_y")), col("w"), col("h"), col("id")) {
         (Some(x), Some(y), Some(d), ..) => Layout::Pycda(x, y, d),
         (_, _, _, Some(cx), Some(cy), Some(w), Some(h), Some(id)) => Layout::Nac(id, cx, cy, w, h),
-        _ => bail!("{}: unknown crater list; expected columns long,lat,diameter (pycda, pixels) or ID,X,Y,W,H,C_X,CY (NAC); found {headers:?}", path.display()),
+        _ => return Err(Error::Invalid(format!(
+            "{}: unknown crater list; expected columns long,lat,diameter (pycda, pixels) or ID,X,Y,W,H,C_X,CY (NAC); found {headers:?}",
+            path.display()
+        ))),
     };
     let mut out = Vec::new();
     for (i, rec) in rdr.records().enumerate() {
-        let rec = rec.with_context(|| format!("{}: line {}", path.display(), i + 2))?;
+        let rec = rec.or_invalid_with(|| format!("{}: line {}", path.display(), i + 2))?;
         let num = |c: usize| number(path, &rec, i + 2, c);
         out.push(match layout {
             Layout::Pycda(x, y, d) => Crater {

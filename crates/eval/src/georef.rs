@@ -11,7 +11,8 @@
 
 use crate::benchbuild::Tile;
 use crate::catalogue::{Crater, GeoCrater};
-use anyhow::{ensure, Context, Result};
+use crate::error::{Error, Result};
+use craterdex_errors::{ensure, OrInvalid};
 use gdal::raster::{GdalDataType, ResampleAlg};
 use gdal::spatial_ref::{AxisMappingStrategy, CoordTransform};
 use gdal::Dataset;
@@ -45,36 +46,35 @@ impl Raster {
     pub fn open(path: &Path) -> Result<Self> {
         let ctx = || format!("{}", path.display());
         let ds = Dataset::open(path)
-            .with_context(|| format!("{}: GDAL cannot open it as a raster", path.display()))?;
-        let geotransform = ds.geo_transform().with_context(|| {
+            .or_invalid_with(|| format!("{}: GDAL cannot open it as a raster", path.display()))?;
+        let geotransform = ds.geo_transform().or_invalid_with(|| {
             format!(
                 "{}: no geotransform (not a georeferenced mosaic)",
                 path.display()
             )
         })?;
-        let mut srs = ds.spatial_ref().with_context(|| {
+        let mut srs = ds.spatial_ref().or_invalid_with(|| {
             format!(
                 "{}: no coordinate reference system (not a georeferenced mosaic)",
                 path.display()
             )
         })?;
         srs.set_axis_mapping_strategy(AxisMappingStrategy::TraditionalGisOrder);
-        let mut geographic = srs.geog_cs().with_context(ctx)?;
+        let mut geographic = srs.geog_cs().or_invalid_with(ctx)?;
         geographic.set_axis_mapping_strategy(AxisMappingStrategy::TraditionalGisOrder);
-        let to_projected = CoordTransform::new(&geographic, &srs).with_context(ctx)?;
-        let radius_m = srs.semi_major().with_context(ctx)?;
+        let to_projected = CoordTransform::new(&geographic, &srs).or_invalid_with(ctx)?;
+        let radius_m = srs.semi_major().or_invalid_with(ctx)?;
         ensure!(
             radius_m > 0.0,
-            "{}: the body's radius is unknown",
-            path.display()
+            Error::Invalid(format!("{}: the body's radius is unknown", path.display()))
         );
         let size = ds.raster_size();
         let (nodata, offset, scale) = {
-            let band = ds.rasterband(1).with_context(ctx)?;
+            let band = ds.rasterband(1).or_invalid_with(ctx)?;
             let (offset, scale) = match band.band_type() {
                 GdalDataType::UInt8 => (0.0, 1.0 / 255.0),
                 _ => {
-                    let mm = band.compute_raster_min_max(true).with_context(|| {
+                    let mm = band.compute_raster_min_max(true).or_invalid_with(|| {
                         format!("{}: cannot find the value range", path.display())
                     })?;
                     (mm.min, 1.0 / (mm.max - mm.min).max(f64::MIN_POSITIVE))
@@ -100,7 +100,9 @@ impl Raster {
         let (mut x, mut y) = (lon.to_vec(), lat.to_vec());
         self.to_projected
             .transform_coords(&mut x, &mut y, &mut [])
-            .with_context(|| format!("{}: cannot project crater positions", self.path.display()))?;
+            .or_invalid_with(|| {
+                format!("{}: cannot project crater positions", self.path.display())
+            })?;
         let g = &self.geotransform;
         let det = g[1] * g[5] - g[2] * g[4];
         Ok(x.iter()

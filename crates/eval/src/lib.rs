@@ -9,7 +9,7 @@
 
 pub mod benchbuild;
 pub mod catalogue;
-pub mod datasets;
+mod error;
 #[cfg(feature = "gdal")]
 pub mod georef;
 pub mod manifest;
@@ -19,3 +19,5 @@ pub mod regimes;
 pub mod report;
 pub mod tiles;
 pub mod turned;
+
+pub use error::{Error, Result};

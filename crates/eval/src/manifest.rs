@@ -6,7 +6,8 @@
 //! manifest sits in `splits/`). Relevance per query: its `relevant_crater_ids`, else
 //! `metadata/query_relevance.json`, else its own crater id.
 
-use anyhow::{bail, ensure, Context, Result};
+use crate::error::{Error, Result};
+use craterdex_errors::{ensure, IoContext, OrInvalid};
 use craterdex_index::ImageMeta;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -185,17 +186,17 @@ fn entry_list(v: &serde_json::Value, key: &str, file: &Path) -> Result<Vec<Entry
     };
     let arr = list
         .as_array()
-        .with_context(|| format!("{}: {key:?} is not a list", file.display()))?;
+        .or_invalid_with(|| format!("{}: {key:?} is not a list", file.display()))?;
     arr.iter()
         .enumerate()
         .map(|(i, e)| {
             let keys: Vec<&String> = e.as_object().map(|o| o.keys().collect()).unwrap_or_default();
-            serde_json::from_value::<Entry>(e.clone()).with_context(|| {
+            Ok(serde_json::from_value::<Entry>(e.clone()).or_invalid_with(|| {
                 format!(
                     "{}: {key}[{i}] needs image_id, path and crater_id (strings); found keys {keys:?}",
                     file.display()
                 )
-            })
+            })?)
         })
         .collect()
 }
@@ -204,10 +205,8 @@ fn entry_list(v: &serde_json::Value, key: &str, file: &Path) -> Result<Vec<Entry
 /// id to a list of ids (or to an object holding one under `filtered`/`relevant`/...), or a
 /// list of objects with a query crater id and a list of relevant ids.
 fn relevance_file(path: &Path) -> Result<BTreeMap<String, Vec<String>>> {
-    let v: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?,
-    )
-    .with_context(|| format!("{} is not JSON", path.display()))?;
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).io("read", path)?)
+        .or_invalid_with(|| format!("{} is not JSON", path.display()))?;
     const LIST_KEYS: [&str; 5] = [
         "relevant_crater_ids",
         "filtered",
@@ -240,7 +239,7 @@ fn relevance_file(path: &Path) -> Result<BTreeMap<String, Vec<String>>> {
     match body {
         serde_json::Value::Object(map) => {
             for (k, x) in map {
-                let list = ids(x).with_context(|| {
+                let list = ids(x).or_invalid_with(|| {
                     format!(
                         "{}: entry {k:?} holds no list of crater ids (looked for {LIST_KEYS:?})",
                         path.display()
@@ -262,11 +261,19 @@ fn relevance_file(path: &Path) -> Result<BTreeMap<String, Vec<String>>> {
                     (Some(id), Some(list)) => {
                         out.insert(id.to_string(), list);
                     }
-                    _ => bail!("{}: item {i} needs one of {ID_KEYS:?} and one of {LIST_KEYS:?}; found keys {keys:?}", path.display()),
+                    _ => return Err(Error::Invalid(format!(
+                        "{}: item {i} needs one of {ID_KEYS:?} and one of {LIST_KEYS:?}; found keys {keys:?}",
+                        path.display()
+                    ))),
                 }
             }
         }
-        _ => bail!("{}: expected an object or a list", path.display()),
+        _ => {
+            return Err(crate::Error::Invalid(format!(
+                "{}: expected an object or a list",
+                path.display()
+            )))
+        }
     }
     Ok(out)
 }
@@ -274,17 +281,19 @@ fn relevance_file(path: &Path) -> Result<BTreeMap<String, Vec<String>>> {
 /// Loads a manifest. `root` overrides the dataset root. Every missing image is reported
 /// together, before anything else happens.
 pub fn load(path: &Path, root: Option<&Path>) -> Result<Benchmark> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let bytes = std::fs::read(path).io("read", path)?;
     let v: serde_json::Value = serde_json::from_slice(&bytes)
-        .with_context(|| format!("{} is not JSON", path.display()))?;
+        .or_invalid_with(|| format!("{} is not JSON", path.display()))?;
     let keys: Vec<String> = v
         .as_object()
         .map(|o| o.keys().cloned().collect())
         .unwrap_or_default();
     ensure!(
         v.get("gallery_images").is_some(),
-        "{}: expected a CraterBench-R manifest with \"gallery_images\" (and \"query_images\"); found keys {keys:?}",
-        path.display()
+        Error::Invalid(format!(
+            "{}: expected a CraterBench-R manifest with \"gallery_images\" (and \"query_images\"); found keys {keys:?}",
+            path.display()
+        ))
     );
     let manifest = Manifest {
         split_name: v
@@ -327,13 +336,13 @@ pub fn load(path: &Path, root: Option<&Path>) -> Result<Benchmark> {
         .collect();
     if !missing.is_empty() {
         let shown: Vec<&String> = missing.iter().take(20).collect();
-        bail!(
+        return Err(crate::Error::Invalid(format!(
             "{}: {} of {} images are missing under {} (first: {shown:?})",
             path.display(),
             missing.len(),
             manifest.gallery_images.len() + manifest.query_images.len(),
             root.display()
-        );
+        )));
     }
     let rel_path = root.join("metadata/query_relevance.json");
     let rel_file = if rel_path.exists() {

@@ -17,7 +17,8 @@
 
 use crate::benchbuild::{gauss, photometric, save, BuildOptions, Tile};
 use crate::catalogue::read_pixel_catalogue;
-use anyhow::{ensure, Context, Result};
+use crate::error::{Error, Result};
+use craterdex_errors::{ensure, IoContext};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -86,8 +87,7 @@ struct Row {
 }
 
 fn write_rows(path: &Path, rows: &[Row]) -> Result<()> {
-    let mut w =
-        csv::Writer::from_path(path).with_context(|| format!("cannot write {}", path.display()))?;
+    let mut w = csv::Writer::from_path(path)?;
     w.write_record(["id", "crater_id", "source", "x", "y", "diameter_px"])?;
     for r in rows {
         w.write_record([
@@ -99,7 +99,7 @@ fn write_rows(path: &Path, rows: &[Row]) -> Result<()> {
             format!("{:.3}", r.d),
         ])?;
     }
-    w.flush()?;
+    w.flush().io("write", path)?;
     Ok(())
 }
 
@@ -110,16 +110,17 @@ pub fn simulate(
     out: &Path,
     o: &ObservationOptions,
 ) -> Result<ObservationReport> {
-    ensure!(!tiles.is_empty(), "no tiles given");
+    ensure!(!tiles.is_empty(), Error::Invalid("no tiles given".into()));
     ensure!(
         o.scale.0 > 0.0 && o.scale.0 <= o.scale.1 && o.context > 0.0,
-        "invalid scale range {:?} or context {}",
-        o.scale,
-        o.context
+        Error::Invalid(format!(
+            "invalid scale range {:?} or context {}",
+            o.scale, o.context
+        ))
     );
     let tmp = craterdex_durable::tempdir_beside(out)?;
-    std::fs::create_dir_all(tmp.join("first"))?;
-    std::fs::create_dir_all(tmp.join("second"))?;
+    craterdex_durable::create_dir_all(&tmp.join("first"))?;
+    craterdex_durable::create_dir_all(&tmp.join("second"))?;
     let photo = BuildOptions::default();
     let mut report = ObservationReport::default();
     let mut first = Vec::new();
@@ -228,8 +229,10 @@ pub fn simulate(
     }
     ensure!(
         !first.is_empty(),
-        "no crater of at least {} px produced a crop",
-        o.min_diameter
+        Error::Invalid(format!(
+            "no crater of at least {} px produced a crop",
+            o.min_diameter
+        ))
     );
     report.first = first.len();
     report.second = second.len();
@@ -248,8 +251,8 @@ pub fn simulate(
             .collect();
         write_rows(&tmp.join(second_csv_name(e)), &rows)?;
     }
-    std::fs::write(
-        tmp.join("metadata.json"),
+    craterdex_durable::write_new(
+        &tmp.join("metadata.json"),
         serde_json::to_vec_pretty(&serde_json::json!({"options": o, "report": report}))?,
     )?;
     craterdex_durable::replace_dir(&tmp, out)?;

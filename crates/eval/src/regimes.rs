@@ -13,8 +13,8 @@
 //! run with their hits listed crater by crater ([`SearchParams::group_views`], what `search`
 //! does by default), suffixed `_grouped`.
 
+use crate::error::Result;
 use crate::metrics::{evaluate_ranking, shortlist_recall, summarise, QueryResult, Summary};
-use anyhow::Result;
 use craterdex_engine::{
     encode_all, Aggregation, Codec, Descriptors, Encoder, Engine, FeatureSet, ImageMeta,
     IndexRecipe, IvfSetting, Mode, Pooling, Recipe, SearchParams, SeedStrategy,

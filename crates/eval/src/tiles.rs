@@ -4,8 +4,9 @@
 //! Layout: `windows/` and `windows.csv` (id, source, x, y, diameter_px = the window side).
 
 use crate::benchbuild::{save, Tile};
+use crate::error::{Error, Result};
 use crate::observations::FRAME_STRIDE;
-use anyhow::{ensure, Context, Result};
+use craterdex_errors::{ensure, IoContext};
 use std::path::{Path, PathBuf};
 
 /// One window: its id and centre in the common frame.
@@ -21,13 +22,14 @@ pub struct Window {
 pub fn cut(images: &[PathBuf], out: &Path, size: usize, stride: usize) -> Result<Vec<Window>> {
     ensure!(
         size >= 8 && stride >= 1,
-        "windows of {size} px every {stride} px: the side must be at least 8 px"
+        Error::Invalid(format!(
+            "windows of {size} px every {stride} px: the side must be at least 8 px"
+        ))
     );
     let tmp = craterdex_durable::tempdir_beside(out)?;
-    std::fs::create_dir_all(tmp.join("windows"))?;
+    craterdex_durable::create_dir_all(&tmp.join("windows"))?;
     let mut windows = Vec::new();
-    let mut csv = csv::Writer::from_path(tmp.join("windows.csv"))
-        .with_context(|| format!("cannot write into {}", out.display()))?;
+    let mut csv = csv::Writer::from_path(tmp.join("windows.csv"))?;
     csv.write_record(["id", "source", "x", "y", "diameter_px"])?;
     for (i, image) in images.iter().enumerate() {
         let tile = Tile::load(image)?;
@@ -37,10 +39,12 @@ pub fn cut(images: &[PathBuf], out: &Path, size: usize, stride: usize) -> Result
             .unwrap_or_else(|| format!("image{i}"));
         ensure!(
             tile.w >= size && tile.h >= size,
-            "{} is {}x{}, smaller than one {size}-px window",
-            image.display(),
-            tile.w,
-            tile.h
+            Error::Invalid(format!(
+                "{} is {}x{}, smaller than one {size}-px window",
+                image.display(),
+                tile.w,
+                tile.h
+            ))
         );
         let half = size as f64 / 2.0;
         for top in (0..=tile.h - size).step_by(stride) {
@@ -72,9 +76,12 @@ pub fn cut(images: &[PathBuf], out: &Path, size: usize, stride: usize) -> Result
             }
         }
     }
-    csv.flush()?;
+    csv.flush().io("write", &tmp.join("windows.csv"))?;
     drop(csv);
-    ensure!(!windows.is_empty(), "no window fits the images");
+    ensure!(
+        !windows.is_empty(),
+        Error::Invalid("no window fits the images".into())
+    );
     craterdex_durable::replace_dir(&tmp, out)?;
     Ok(windows)
 }
@@ -87,7 +94,7 @@ pub fn crater_crops(
     context: f64,
     dir: &Path,
 ) -> Result<Vec<(String, PathBuf)>> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    std::fs::create_dir_all(dir).io("create", dir)?;
     let mut loaded: Vec<Option<Tile>> = images.iter().map(|_| None).collect();
     let mut out = Vec::new();
     for (i, id, x, y, d) in craters {

@@ -3,7 +3,8 @@
 //! asymmetrically — the query stays f32 and meets the reconstructed document tokens, which
 //! equals summing per-sub-vector lookup tables.
 
-use anyhow::{bail, ensure, Result};
+use crate::error::{Error, Result};
+use craterdex_errors::ensure;
 use half::f16;
 use rand::{seq::index::sample, Rng, SeedableRng};
 use rayon::prelude::*;
@@ -31,7 +32,7 @@ impl Codec {
 }
 
 impl std::str::FromStr for Codec {
-    type Err = anyhow::Error;
+    type Err = crate::Error;
     fn from_str(s: &str) -> Result<Self> {
         Ok(match s {
             "f32" => Codec::F32,
@@ -42,7 +43,11 @@ impl std::str::FromStr for Codec {
                 .and_then(|m| m.trim_start_matches(':').parse().ok())
             {
                 Some(m) if m > 0 => Codec::Pq { m },
-                _ => bail!("unknown codec {s:?}: use f32, f16, int8 or pqM (e.g. pq96)"),
+                _ => {
+                    return Err(crate::Error::Invalid(format!(
+                        "unknown codec {s:?}: use f32, f16, int8 or pqM (e.g. pq96)"
+                    )))
+                }
             },
         })
     }
@@ -110,12 +115,16 @@ impl TokenCodec {
             Codec::Pq { m } => {
                 ensure!(
                     dim.is_multiple_of(m),
-                    "PQ needs the token dimension {dim} to be divisible by m = {m}"
+                    Error::Invalid(format!(
+                        "PQ needs the token dimension {dim} to be divisible by m = {m}"
+                    ))
                 );
                 let n = sample_tokens.len() / dim;
                 ensure!(
                     n >= PQ_CENTROIDS,
-                    "PQ training needs at least {PQ_CENTROIDS} tokens, got {n}"
+                    Error::Invalid(format!(
+                        "PQ training needs at least {PQ_CENTROIDS} tokens, got {n}"
+                    ))
                 );
                 train_pq(sample_tokens, dim, m, seed)
             }

@@ -4,6 +4,7 @@
 //! checksummed segments. Indexes can also be held in memory only (evaluation).
 
 use crate::codec::TokenCodec;
+use crate::error::{Error, Result};
 use crate::files::{segment_dir, IndexFile};
 use crate::ivf::Ivf;
 use crate::manifest::{FileSum, IvfInfo, Manifest, INDEX_FORMAT, INDEX_VERSION};
@@ -11,8 +12,8 @@ use crate::meta::ImageMeta;
 use crate::segment::{Segment, Shape};
 use crate::segment_writer::SegmentData;
 use crate::single_int8::Int8Vectors;
-use anyhow::{ensure, Context, Result};
 use craterdex_durable::{failpoint, replace_dir, tempdir_beside};
+use craterdex_errors::{ensure, IoContext};
 use craterdex_tokens::{Descriptors, Encoder};
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -51,7 +52,7 @@ fn le_f32s(bytes: &[u8]) -> Vec<f32> {
 }
 
 fn read_file(path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
+    Ok(std::fs::read(path).io("read", path)?)
 }
 
 impl Index {
@@ -71,8 +72,10 @@ impl Index {
             Some((ivf, nprobe)) => {
                 ensure!(
                     ivf.dim == single_dim,
-                    "IVF centroids are {}-d, single vectors {single_dim}-d",
-                    ivf.dim
+                    Error::Invalid(format!(
+                        "IVF centroids are {}-d, single vectors {single_dim}-d",
+                        ivf.dim
+                    ))
                 );
                 Some(IvfInfo {
                     lists: ivf.lists(),
@@ -106,7 +109,10 @@ impl Index {
         images: &[(ImageMeta, Descriptors)],
         ivf: IvfChoice,
     ) -> Result<Assembled> {
-        ensure!(!images.is_empty(), "cannot build an index from zero images");
+        ensure!(
+            !images.is_empty(),
+            Error::Invalid("cannot build an index from zero images".into())
+        );
         check_unique(images.iter().map(|(m, _)| m.id.as_str()), &HashMap::new())?;
         let single_dim = images[0].1.single.len();
         let k = images[0].1.tokens.len() / codec.dim.max(1);
@@ -157,7 +163,7 @@ impl Index {
         let written = (|| -> Result<()> {
             let write = |file: IndexFile, bytes: &[u8]| -> Result<()> {
                 let p = tmp.join(file.name());
-                std::fs::write(&p, bytes).with_context(|| format!("cannot write {}", p.display()))
+                Ok(std::fs::write(&p, bytes).io("write", &p)?)
             };
             write(IndexFile::Encoder, encoder_bytes)?;
             if manifest.codebooks.is_some() {
@@ -173,17 +179,22 @@ impl Index {
             for (i, segment) in segments.enumerate() {
                 let segment = segment?;
                 for m in &segment.metas {
-                    ensure!(!m.id.is_empty(), "an image id is empty");
+                    ensure!(
+                        !m.id.is_empty(),
+                        Error::Invalid("an image id is empty".into())
+                    );
                     ensure!(
                         seen.insert(m.id.clone()),
-                        "image id {:?} appears twice",
-                        m.id
+                        Error::Invalid(format!("image id {:?} appears twice", m.id))
                     );
                 }
                 let info = segment.write(&tmp, &segment_dir(i as u64 + 1), codec.has_scales())?;
                 manifest.segments.push(info);
             }
-            ensure!(!seen.is_empty(), "cannot build an index from zero images");
+            ensure!(
+                !seen.is_empty(),
+                Error::Invalid("cannot build an index from zero images".into())
+            );
             // later adds number their segments after the ones written here
             manifest.generation = manifest.segments.len() as u64;
             write(IndexFile::Manifest, &serde_json::to_vec_pretty(&manifest)?)
@@ -193,7 +204,7 @@ impl Index {
             return Err(e);
         }
         failpoint("index-before-swap");
-        replace_dir(&tmp, dir)
+        Ok(replace_dir(&tmp, dir)?)
     }
 
     /// The same index as [`Index::create`] would write, held in memory only (it cannot be
@@ -269,19 +280,21 @@ impl Index {
         let enc_bytes = read_file(&epath)?;
         manifest.encoder.check(&epath, &enc_bytes, verify)?;
         let encoder: Encoder = serde_json::from_slice(&enc_bytes)
-            .with_context(|| format!("{}: malformed encoder", epath.display()))?;
+            .map_err(|e| Error::Corrupt(format!("{}: malformed encoder: {e}", epath.display())))?;
         let width = encoder
             .validate()
-            .with_context(|| format!("{}: invalid encoder", epath.display()))?;
+            .map_err(|e| Error::Corrupt(format!("{}: invalid encoder: {e}", epath.display())))?;
         if let Some(d) = width {
             ensure!(
                 encoder.token_dim(d) == manifest.token_dim && encoder.single_dim(d) == manifest.single_dim,
-                "{}: the encoder gives {}-d tokens and {}-d single vectors, the manifest says {} and {}",
-                epath.display(),
-                encoder.token_dim(d),
-                encoder.single_dim(d),
-                manifest.token_dim,
-                manifest.single_dim
+                Error::Corrupt(format!(
+                    "{}: the encoder gives {}-d tokens and {}-d single vectors, the manifest says {} and {}",
+                    epath.display(),
+                    encoder.token_dim(d),
+                    encoder.single_dim(d),
+                    manifest.token_dim,
+                    manifest.single_dim
+                ))
             );
         }
         let mut codec = TokenCodec {
@@ -296,10 +309,12 @@ impl Index {
             sum.check(&cpath, &b, verify)?;
             ensure!(
                 b.len() == codec.codebook_bytes(),
-                "{}: {} bytes, the codec needs {}",
-                cpath.display(),
-                b.len(),
-                codec.codebook_bytes()
+                Error::Corrupt(format!(
+                    "{}: {} bytes, the codec needs {}",
+                    cpath.display(),
+                    b.len(),
+                    codec.codebook_bytes()
+                ))
             );
             codec.codebooks = le_f32s(&b);
         }
@@ -310,11 +325,13 @@ impl Index {
                 info.centroids.check(&p, &b, verify)?;
                 ensure!(
                     b.len() == info.lists * manifest.single_dim * 4,
-                    "{}: {} bytes for {} lists of {}-d",
-                    p.display(),
-                    b.len(),
-                    info.lists,
-                    manifest.single_dim
+                    Error::Corrupt(format!(
+                        "{}: {} bytes for {} lists of {}-d",
+                        p.display(),
+                        b.len(),
+                        info.lists,
+                        manifest.single_dim
+                    ))
                 );
                 Some(Ivf {
                     dim: manifest.single_dim,
@@ -362,7 +379,12 @@ impl Index {
             .map(|(m, _)| m.id.as_str())
             .filter(|id| idx.manifest.deleted.contains(*id))
             .collect();
-        ensure!(re_added.is_empty(), "ids {re_added:?} were removed earlier; re-adding a removed id needs a rebuild (craterdex index build)");
+        ensure!(
+            re_added.is_empty(),
+            Error::Conflict(format!(
+                "ids {re_added:?} were removed earlier; a removed id can be used again only once the index is rebuilt"
+            ))
+        );
         let mut manifest = idx.manifest.clone();
         manifest.generation += 1;
         let data = SegmentData::encode(
@@ -532,7 +554,9 @@ impl Index {
                 .map_or("the index".to_string(), |d| d.display().to_string());
             ensure!(
                 m == fingerprint,
-                "{name} was built with model {m}, but {fingerprint} is loaded; use the index's model",
+                Error::Invalid(format!(
+                    "{name} was built with model {m}, but {fingerprint} is loaded; use the index's model"
+                ))
             );
         }
         Ok(())
@@ -610,11 +634,17 @@ fn check_unique<'a>(
 ) -> Result<()> {
     let mut seen = BTreeSet::new();
     for id in ids {
-        ensure!(!id.is_empty(), "an image id is empty");
-        ensure!(seen.insert(id), "image id {id:?} appears twice");
+        ensure!(
+            !id.is_empty(),
+            Error::Invalid("an image id is empty".into())
+        );
+        ensure!(
+            seen.insert(id),
+            Error::Invalid(format!("image id {id:?} appears twice"))
+        );
         ensure!(
             !existing.contains_key(id),
-            "image id {id:?} is already in the index"
+            Error::Conflict(format!("image id {id:?} is already in the index"))
         );
     }
     Ok(())

@@ -8,8 +8,9 @@
 //! the centroids and the per-segment lists (HNSW needs a graph of ~M x 8 bytes per image,
 //! rebuilt or patched on every change, and a million sequential inserts to build).
 
+use crate::error::{Error, Result};
 use crate::topk::TopK;
-use anyhow::{ensure, Result};
+use craterdex_errors::ensure;
 use craterdex_kernels::f32::F32Query;
 use rand::{seq::index::sample, SeedableRng};
 use rayon::prelude::*;
@@ -48,7 +49,9 @@ impl Ivf {
         let n = vectors.len() / dim;
         ensure!(
             lists >= 1 && n >= lists,
-            "IVF with {lists} lists needs at least {lists} images, got {n}"
+            Error::Invalid(format!(
+                "IVF with {lists} lists needs at least {lists} images, got {n}"
+            ))
         );
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
         let take = n.min(lists * SAMPLES_PER_LIST);
@@ -138,7 +141,9 @@ impl InvertedLists {
         for &l in assignment {
             ensure!(
                 (l as usize) < lists,
-                "list id {l} out of range (index has {lists} lists)"
+                Error::Corrupt(format!(
+                    "list id {l} out of range (index has {lists} lists)"
+                ))
             );
             offsets[l as usize + 1] += 1;
         }

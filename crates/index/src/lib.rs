@@ -11,6 +11,7 @@
 //! spread over many machines) into one index; `search` answers queries.
 
 pub mod codec;
+mod error;
 pub mod files;
 mod index;
 pub mod ivf;
@@ -24,6 +25,7 @@ mod single_int8;
 mod topk;
 
 pub use codec::{Codec, TokenCodec};
+pub use error::{Error, Result};
 pub use index::{Index, IvfChoice};
 pub use manifest::{INDEX_FORMAT, INDEX_VERSION};
 pub use meta::ImageMeta;

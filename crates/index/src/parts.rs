@@ -5,13 +5,14 @@
 //! `part.json` exists; a part written again (a retried task) is replaced whole.
 
 use crate::codec::TokenCodec;
+use crate::error::{Error, Result};
 use crate::index::{Index, IvfChoice};
 use crate::manifest::SegmentInfo;
 use crate::meta::ImageMeta;
 use crate::segment::{Segment, Shape};
 use crate::segment_writer::SegmentData;
-use anyhow::{ensure, Context, Result};
 use craterdex_durable::write_atomic;
+use craterdex_errors::{ensure, IoContext, OrInvalid};
 use craterdex_tokens::{Descriptors, Encoder};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -29,7 +30,7 @@ struct PartInfo {
 fn parent_and_name(dir: &Path) -> Result<(PathBuf, String)> {
     let name = dir
         .file_name()
-        .with_context(|| format!("{}: a part needs a directory name", dir.display()))?
+        .or_invalid_with(|| format!("{}: a part needs a directory name", dir.display()))?
         .to_string_lossy()
         .to_string();
     let parent = match dir.parent() {
@@ -48,8 +49,10 @@ pub fn write_part(
 ) -> Result<usize> {
     ensure!(
         !images.is_empty(),
-        "{}: a part needs at least one image",
-        dir.display()
+        Error::Invalid(format!(
+            "{}: a part needs at least one image",
+            dir.display()
+        ))
     );
     let single_dim = images[0].1.single.len();
     let k = images[0].1.tokens.len() / codec.dim.max(1);
@@ -57,11 +60,9 @@ pub fn write_part(
     let (parent, name) = parent_and_name(dir)?;
     let marker = dir.join(PART_FILE);
     if marker.exists() {
-        std::fs::remove_file(&marker)
-            .with_context(|| format!("cannot remove {}", marker.display()))?;
+        std::fs::remove_file(&marker).io("remove", &marker)?;
     }
-    std::fs::create_dir_all(&parent)
-        .with_context(|| format!("cannot create {}", parent.display()))?;
+    std::fs::create_dir_all(&parent).io("create", &parent)?;
     let segment = data.write(&parent, &name, codec.has_scales())?;
     let info = PartInfo {
         single_dim,
@@ -81,13 +82,14 @@ struct Part {
 /// The record that marks the part at `dir` complete.
 fn read_info(dir: &Path) -> Result<PartInfo> {
     let marker = dir.join(PART_FILE);
-    let bytes = std::fs::read(&marker).with_context(|| {
+    let bytes = std::fs::read(&marker).or_invalid_with(|| {
         format!(
             "{}: the part is incomplete (no {PART_FILE}); write it again",
             dir.display()
         )
     })?;
-    serde_json::from_slice(&bytes).with_context(|| format!("{}: malformed", marker.display()))
+    serde_json::from_slice(&bytes)
+        .map_err(|e| Error::Corrupt(format!("{}: malformed: {e}", marker.display())))
 }
 
 /// How many images the part at `dir` holds (from its record; nothing else is read).
@@ -131,7 +133,10 @@ pub fn commit_parts(
     parts: &[PathBuf],
     ivf: IvfChoice,
 ) -> Result<usize> {
-    ensure!(!parts.is_empty(), "no parts to commit");
+    ensure!(
+        !parts.is_empty(),
+        Error::Invalid("no parts to commit".into())
+    );
     let first = read_info(&parts[0])?;
     let (single_dim, k) = (first.single_dim, first.tokens_per_image);
     let encoder_bytes = serde_json::to_vec(encoder)?;
@@ -141,8 +146,10 @@ pub fn commit_parts(
         let (part, ds, kk) = open_part(p, codec)?;
         ensure!(
             ds == single_dim && kk == k,
-            "{}: {kk} tokens and {ds}-d single vectors per image, the first part has {k} and {single_dim}",
-            p.display()
+            Error::Invalid(format!(
+                "{}: {kk} tokens and {ds}-d single vectors per image, the first part has {k} and {single_dim}",
+                p.display()
+            ))
         );
         images += part.metas.len();
         let data = SegmentData {

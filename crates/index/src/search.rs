@@ -70,13 +70,17 @@ pub struct SearchParams {
 }
 
 impl std::str::FromStr for Mode {
-    type Err = anyhow::Error;
-    fn from_str(s: &str) -> anyhow::Result<Self> {
+    type Err = crate::Error;
+    fn from_str(s: &str) -> crate::Result<Self> {
         Ok(match s {
             "two-stage" | "two_stage" => Mode::TwoStage,
             "stage1" | "single" => Mode::Stage1,
             "exhaustive" | "li" => Mode::Exhaustive,
-            _ => anyhow::bail!("unknown mode {s:?}: use two-stage, stage1 or exhaustive"),
+            _ => {
+                return Err(crate::Error::Invalid(format!(
+                    "unknown mode {s:?}: use two-stage, stage1 or exhaustive"
+                )))
+            }
         })
     }
 }

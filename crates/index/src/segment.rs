@@ -1,13 +1,14 @@
 //! Reading one segment: its arrays memory-mapped from disk (checked against the manifest),
 //! or held in memory for an index that was never written.
 
+use crate::error::{Error, Result};
 use crate::files::SegmentFile;
 use crate::ivf::InvertedLists;
 use crate::manifest::SegmentInfo;
 use crate::meta::ImageMeta;
 use crate::segment_writer::SegmentData;
 use crate::single_int8::Int8Vectors;
-use anyhow::{ensure, Context, Result};
+use craterdex_errors::{ensure, IoContext, ResultExt};
 use memmap2::Mmap;
 use std::path::Path;
 use std::sync::OnceLock;
@@ -41,10 +42,10 @@ impl std::ops::Deref for Bytes {
 }
 
 fn map(path: &Path) -> Result<Mmap> {
-    let f = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let f = std::fs::File::open(path).io("open", path)?;
     // SAFETY: segment files are immutable once named by a manifest; craterdex never rewrites
     // them (a rebuild writes a new directory and swaps it in).
-    unsafe { Mmap::map(&f) }.with_context(|| format!("cannot map {}", path.display()))
+    Ok(unsafe { Mmap::map(&f) }.io("map", path)?)
 }
 
 /// The shape of the index a segment belongs to.
@@ -83,15 +84,21 @@ impl Segment {
         let n = info.count;
         let open = |file: SegmentFile, expect: Option<usize>| -> Result<Mmap> {
             let p = sdir.join(file.name());
-            let sum = info.files.get(file.name()).with_context(|| {
-                format!("{}: manifest lists no {}", sdir.display(), file.name())
+            let sum = info.files.get(file.name()).ok_or_else(|| {
+                Error::Corrupt(format!(
+                    "{}: manifest lists no {}",
+                    sdir.display(),
+                    file.name()
+                ))
             })?;
             if let Some(expect) = expect {
                 ensure!(
                     sum.bytes as usize == expect,
-                    "{}: manifest size {} disagrees with {n} images",
-                    p.display(),
-                    sum.bytes
+                    Error::Corrupt(format!(
+                        "{}: manifest size {} disagrees with {n} images",
+                        p.display(),
+                        sum.bytes
+                    ))
                 );
             }
             let m = map(&p)?;
@@ -106,7 +113,10 @@ impl Segment {
             elements(shape.tokens_per_image),
         );
         let (Some(single_bytes), Some(token_bytes), Some(scale_bytes)) = sizes else {
-            anyhow::bail!("{}: {n} images overflow the array sizes", sdir.display());
+            return Err(crate::Error::Corrupt(format!(
+                "{}: {n} images overflow the array sizes",
+                sdir.display()
+            )));
         };
         let single = open(SegmentFile::Single, Some(single_bytes))?;
         let tokens = open(SegmentFile::Tokens, Some(token_bytes))?;
@@ -122,21 +132,23 @@ impl Segment {
             .filter(|l| !l.is_empty())
             .enumerate()
         {
-            metas.push(serde_json::from_slice::<ImageMeta>(line).with_context(|| {
-                format!(
-                    "{}/{} line {}: malformed",
+            metas.push(serde_json::from_slice::<ImageMeta>(line).map_err(|e| {
+                Error::Corrupt(format!(
+                    "{}/{} line {}: malformed: {e}",
                     sdir.display(),
                     SegmentFile::Meta.name(),
                     line_no + 1
-                )
+                ))
             })?);
         }
         ensure!(
             metas.len() == n,
-            "{}/{}: {} records, expected {n}",
-            sdir.display(),
-            SegmentFile::Meta.name(),
-            metas.len()
+            Error::Corrupt(format!(
+                "{}/{}: {} records, expected {n}",
+                sdir.display(),
+                SegmentFile::Meta.name(),
+                metas.len()
+            ))
         );
         let lists =
             match shape.lists {

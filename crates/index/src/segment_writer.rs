@@ -3,12 +3,13 @@
 //! ([`SegmentData::write`]: a temporary directory, synced, renamed into place).
 
 use crate::codec::TokenCodec;
+use crate::error::{Error, Result};
 use crate::files::SegmentFile;
 use crate::ivf::Ivf;
 use crate::manifest::{FileSum, SegmentInfo};
 use crate::meta::ImageMeta;
-use anyhow::{ensure, Context, Result};
 use craterdex_durable::{failpoint, sync_tree, tempdir_beside};
+use craterdex_errors::{ensure, IoContext};
 use craterdex_tokens::Descriptors;
 use rayon::prelude::*;
 use std::collections::BTreeMap;
@@ -40,16 +41,20 @@ impl SegmentData {
         for (m, desc) in images {
             ensure!(
                 desc.single.len() == single_dim,
-                "image {}: single vector has {} values, index expects {single_dim}",
-                m.id,
-                desc.single.len()
+                Error::Invalid(format!(
+                    "image {}: single vector has {} values, index expects {single_dim}",
+                    m.id,
+                    desc.single.len()
+                ))
             );
             ensure!(
                 desc.tokens.len() == k * codec.dim,
-                "image {}: {} token values, index expects {k} tokens x {}",
-                m.id,
-                desc.tokens.len(),
-                codec.dim
+                Error::Invalid(format!(
+                    "image {}: {} token values, index expects {k} tokens x {}",
+                    m.id,
+                    desc.tokens.len(),
+                    codec.dim
+                ))
             );
         }
         // encoding (PQ above all) runs in parallel over chunks of images, then joins in order
@@ -134,8 +139,7 @@ impl SegmentData {
         let mut files = BTreeMap::new();
         let mut put = |file: SegmentFile, bytes: &[u8]| -> Result<()> {
             let path = tmp.join(file.name());
-            std::fs::write(&path, bytes)
-                .with_context(|| format!("cannot write {}", path.display()))?;
+            std::fs::write(&path, bytes).io("write", &path)?;
             files.insert(file.name().to_string(), FileSum::of(bytes));
             Ok(())
         };
@@ -153,11 +157,9 @@ impl SegmentData {
         let target = dir.join(name);
         if target.exists() {
             // an unreferenced leftover of an interrupted add
-            std::fs::remove_dir_all(&target)
-                .with_context(|| format!("cannot remove stale {}", target.display()))?;
+            std::fs::remove_dir_all(&target).io("remove the stale", &target)?;
         }
-        std::fs::rename(&tmp, &target)
-            .with_context(|| format!("cannot move segment into {}", target.display()))?;
+        std::fs::rename(&tmp, &target).io("move a segment into", &target)?;
         Ok(SegmentInfo {
             name: name.to_string(),
             count: self.metas.len(),

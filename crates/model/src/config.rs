@@ -1,6 +1,7 @@
 //! The JSON config stored beside the weights of an imported model.
 
-use anyhow::{Context, Result};
+use crate::error::{Error, Result};
+use craterdex_errors::{ensure, IoContext};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -53,16 +54,21 @@ pub struct ModelConfig {
 
 impl ModelConfig {
     pub fn read(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        let cfg: Self = serde_json::from_str(&text)
-            .with_context(|| format!("{} is not a craterdex model config", path.display()))?;
-        anyhow::ensure!(
+        let text = std::fs::read_to_string(path).io("read", path)?;
+        let cfg: Self = serde_json::from_str(&text).map_err(|e| {
+            Error::Invalid(format!(
+                "{} is not a craterdex model config: {e}",
+                path.display()
+            ))
+        })?;
+        ensure!(
             cfg.format == MODEL_FORMAT,
-            "{}: format {:?}, this craterdex reads {:?}",
-            path.display(),
-            cfg.format,
-            MODEL_FORMAT
+            Error::Invalid(format!(
+                "{}: format {:?}, this craterdex reads {:?}",
+                path.display(),
+                cfg.format,
+                MODEL_FORMAT
+            ))
         );
         Ok(cfg)
     }

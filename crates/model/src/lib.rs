@@ -7,8 +7,9 @@
 //! Knows nothing of descriptors, indexes, benchmarks or crater catalogues.
 
 pub mod config;
+mod error;
 pub mod extract;
-pub mod fetch;
+pub mod import;
 pub mod layouts;
 pub mod onnx;
 pub mod preprocess;
@@ -19,10 +20,10 @@ pub mod testing;
 pub mod vit;
 
 pub use config::{Architecture, ModelConfig};
+pub use error::{Error, Result};
 pub use preprocess::{Orientation, Preprocess, ResizeMode};
 pub use vit::{ImageFeatures, Precision, Vit, VitWeights};
 
-use anyhow::Result;
 use std::path::Path;
 
 /// Loads a model directory into a runnable backbone at `input_size` (the config's default when `None`).

@@ -3,7 +3,8 @@
 //! Only the protobuf fields we need are declared; prost skips the rest, so no protoc and no
 //! full ONNX schema are required.
 
-use anyhow::{bail, Context, Result};
+use crate::error::{Error, Result};
+use craterdex_errors::{IoContext, OrInvalid, ResultExt};
 use prost::Message;
 use std::collections::HashMap;
 use std::path::Path;
@@ -68,24 +69,23 @@ pub struct OnnxGraph {
 
 impl OnnxGraph {
     pub fn read(path: &Path) -> Result<Self> {
-        let bytes =
-            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let bytes = std::fs::read(path).io("read", path)?;
         Self::decode(&bytes)
             .with_context(|| format!("{} is not a readable ONNX model", path.display()))
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self> {
-        let model = ModelProto::decode(bytes).context("protobuf decoding failed")?;
+        let model = ModelProto::decode(bytes).or_invalid("protobuf decoding failed")?;
         let Some(graph) = model.graph else {
-            bail!("the model has no graph")
+            return Err(Error::Invalid("the model has no graph".into()));
         };
         let mut initializers = HashMap::new();
         for t in graph.initializer {
             if t.data_location == 1 {
-                bail!(
+                return Err(Error::Invalid(format!(
                     "initializer {} uses external data, which is not supported",
                     t.name
-                );
+                )));
             }
             let dims: Vec<usize> = t.dims.iter().map(|&d| d.max(0) as usize).collect();
             let data = match t.data_type {
@@ -104,12 +104,12 @@ impl OnnxGraph {
             };
             let expected: usize = dims.iter().product();
             if data.len() != expected {
-                bail!(
+                return Err(Error::Invalid(format!(
                     "initializer {} holds {} values for shape {:?}",
                     t.name,
                     data.len(),
                     dims
-                );
+                )));
             }
             initializers.insert(t.name, OnnxTensor { dims, data });
         }

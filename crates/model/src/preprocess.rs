@@ -7,7 +7,8 @@
 //! — then normalised per channel with the model's mean and std (ImageNet unless the model
 //! config says otherwise). The tensor is CHW, f32.
 
-use anyhow::{Context, Result};
+use crate::error::{Error, Result};
+use craterdex_errors::{ensure, IoContext, OrInvalid, ResultExt};
 use image::{imageops::FilterType, DynamicImage, Rgb32FImage};
 use std::path::Path;
 
@@ -22,12 +23,14 @@ pub enum ResizeMode {
 }
 
 impl std::str::FromStr for ResizeMode {
-    type Err = anyhow::Error;
+    type Err = crate::Error;
     fn from_str(s: &str) -> Result<Self> {
         match s {
             "squash" => Ok(Self::Squash),
             "center-crop" | "centre-crop" => Ok(Self::CenterCrop),
-            _ => anyhow::bail!("unknown resize mode {s:?}: use squash or center-crop"),
+            _ => Err(Error::Invalid(format!(
+                "unknown resize mode {s:?}: use squash or center-crop"
+            ))),
         }
     }
 }
@@ -108,21 +111,21 @@ impl Orientation {
 }
 
 impl std::str::FromStr for Orientation {
-    type Err = anyhow::Error;
+    type Err = crate::Error;
     fn from_str(s: &str) -> Result<Self> {
-        Self::ALL
+        Ok(Self::ALL
             .into_iter()
             .find(|o| o.name() == s)
-            .with_context(|| {
+            .or_invalid_with(|| {
                 let names: Vec<&str> = Self::ALL.iter().map(|o| o.name()).collect();
                 format!("unknown orientation {s:?}: use one of {}", names.join(", "))
-            })
+            })?)
     }
 }
 
 /// Reads and decodes an image file, refusing truncated or corrupt data (see [`decode_image`]).
 pub fn load_image(path: &Path) -> Result<DynamicImage> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let bytes = std::fs::read(path).io("read", path)?;
     decode_image(&bytes).with_context(|| format!("{} is not a usable image", path.display()))
 }
 
@@ -147,7 +150,7 @@ pub const MAX_CROP_PIXELS: u64 = 1 << 25;
 
 /// A whole tile (bench-build), any size: refused only when truncated or corrupt.
 pub fn load_tile(path: &Path) -> Result<DynamicImage> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let bytes = std::fs::read(path).io("read", path)?;
     decode_checked(&bytes, false, None)
         .with_context(|| format!("{} is not a usable image", path.display()))
 }
@@ -161,9 +164,9 @@ fn decode_checked(
     // image of any size (found by the `image` fuzz target).
     let (w, h) = image::ImageReader::new(std::io::Cursor::new(bytes))
         .with_guessed_format()
-        .context("not a readable image")?
+        .or_invalid("not a readable image")?
         .into_dimensions()
-        .context("not a readable image (JPEG, PNG, TIFF or PNM expected)")?;
+        .or_invalid("not a readable image (JPEG, PNG, TIFF or PNM expected)")?;
     match max_pixels {
         Some(max) => check_crop_size(w, h, max)?,
         None => check_shape(w, h)?,
@@ -172,7 +175,7 @@ fn decode_checked(
         check_complete(bytes)?;
     }
     let img = image::load_from_memory(bytes)
-        .context("not a readable image (JPEG, PNG, TIFF or PNM expected)")?;
+        .or_invalid("not a readable image (JPEG, PNG, TIFF or PNM expected)")?;
     // the decoder's own idea of the size must pass too
     check_shape(img.width(), img.height())?;
     Ok(img)
@@ -182,18 +185,22 @@ fn decode_checked(
 /// `max` pixels (for images handed over decoded, as from Python, as for files).
 pub fn check_crop_size(w: u32, h: u32, max: u64) -> Result<()> {
     check_shape(w, h)?;
-    anyhow::ensure!(
+    ensure!(
         w as u64 * h as u64 <= max,
-        "a {w}x{h} image is larger than a crater crop can be ({max} pixels); cut tiles \
+        Error::Invalid(format!(
+            "a {w}x{h} image is larger than a crater crop can be ({max} pixels); cut tiles \
          into crops with `craterdex bench-build`"
+        ))
     );
     Ok(())
 }
 
 fn check_shape(w: u32, h: u32) -> Result<()> {
-    anyhow::ensure!(
+    ensure!(
         w > 0 && h > 0 && w.max(h) <= MAX_ASPECT * w.min(h),
-        "a {w}x{h} image: no crater crop is empty or more than {MAX_ASPECT} times as long as it is wide"
+        Error::Invalid(format!(
+            "a {w}x{h} image: no crater crop is empty or more than {MAX_ASPECT} times as long as it is wide"
+        ))
     );
     Ok(())
 }
@@ -212,11 +219,10 @@ pub fn check_complete(bytes: &[u8]) -> Result<()> {
     let opts = zune_core::options::DecoderOptions::default().set_strict_mode(true);
     let mut decoder =
         zune_jpeg::JpegDecoder::new_with_options(zune_core::bytestream::ZCursor::new(bytes), opts);
-    decoder.decode().map(|_| ()).map_err(|e| {
-        anyhow::anyhow!(
-            "truncated or corrupt JPEG ({e:?}); --allow-partial-images uses what can be decoded"
-        )
-    })
+    decoder
+        .decode()
+        .map(|_| ())
+        .map_err(|e| Error::Truncated(format!("truncated or corrupt JPEG ({e:?})")))
 }
 
 /// The normalised `[3, size, size]` CHW tensor of an image, as stored (the orientation is

@@ -4,8 +4,9 @@
 //! leaves a half-written model where a reader would find it.
 
 use crate::config::ModelConfig;
+use crate::error::{Error, Result};
 use crate::vit::{BlockWeights, VitWeights};
-use anyhow::{ensure, Context, Result};
+use craterdex_errors::{ensure, IoContext, OrInvalid, ResultExt};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -20,10 +21,9 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 pub fn sha256_file(path: &Path) -> Result<String> {
-    let mut f =
-        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut f = std::fs::File::open(path).io("open", path)?;
     let mut h = Sha256::new();
-    std::io::copy(&mut f, &mut h).with_context(|| format!("cannot read {}", path.display()))?;
+    std::io::copy(&mut f, &mut h).io("read", path)?;
     Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
@@ -83,14 +83,14 @@ pub fn weights_to_safetensors(w: &VitWeights) -> Result<Vec<u8>> {
 
 pub fn weights_from_safetensors(bytes: &[u8], depth: usize) -> Result<VitWeights> {
     let st = safetensors::SafeTensors::deserialize(bytes)
-        .context("weights file is not valid safetensors")?;
+        .or_invalid("weights file is not valid safetensors")?;
     let get = |name: &str| -> Result<Vec<f32>> {
         let t = st
             .tensor(name)
-            .with_context(|| format!("weights file has no tensor {name}"))?;
+            .or_invalid_with(|| format!("weights file has no tensor {name}"))?;
         ensure!(
             t.dtype() == safetensors::Dtype::F32,
-            "tensor {name} is not f32"
+            Error::Invalid(format!("tensor {name} is not f32"))
         );
         Ok(t.data()
             .chunks_exact(4)
@@ -139,13 +139,14 @@ pub fn write_model_dir(
     weights.validate(&config)?;
     let bytes = weights_to_safetensors(weights)?;
     config.weights_sha256 = sha256_hex(&bytes);
-    let parent = dir.parent().context("model directory has no parent")?;
-    std::fs::create_dir_all(parent)
-        .with_context(|| format!("cannot create {}", parent.display()))?;
+    let parent = dir.parent().or_invalid("model directory has no parent")?;
+    std::fs::create_dir_all(parent).io("create", parent)?;
     let tmp = craterdex_durable::tempdir_beside(dir)?;
-    std::fs::write(tmp.join(WEIGHTS_FILE), &bytes)
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::write(tmp.join(CONFIG_FILE), serde_json::to_vec_pretty(&config)?)?;
+    let weights_path = tmp.join(WEIGHTS_FILE);
+    std::fs::write(&weights_path, &bytes).io("write", &weights_path)?;
+    let config_path = tmp.join(CONFIG_FILE);
+    let config_bytes = serde_json::to_vec_pretty(&config).map_err(Error::invalid)?;
+    std::fs::write(&config_path, config_bytes).io("write", &config_path)?;
     craterdex_durable::replace_dir(&tmp, dir)?;
     Ok(config)
 }
@@ -154,15 +155,16 @@ pub fn write_model_dir(
 pub fn read_model_dir(dir: &Path, verify: bool) -> Result<(ModelConfig, VitWeights)> {
     let config = ModelConfig::read(&dir.join(CONFIG_FILE))?;
     let wpath = dir.join(WEIGHTS_FILE);
-    let bytes =
-        std::fs::read(&wpath).with_context(|| format!("cannot read {}", wpath.display()))?;
+    let bytes = std::fs::read(&wpath).io("read", &wpath)?;
     if verify {
         let got = sha256_hex(&bytes);
         ensure!(
             got == config.weights_sha256,
-            "{}: sha256 {got} does not match the config's {}; the model is damaged, fetch it again",
-            wpath.display(),
-            config.weights_sha256
+            Error::Corrupt(format!(
+                "{}: sha256 {got} does not match the config's {}; the model is damaged, import or fetch it again",
+                wpath.display(),
+                config.weights_sha256
+            ))
         );
     }
     let weights = weights_from_safetensors(&bytes, config.depth)

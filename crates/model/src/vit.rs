@@ -6,7 +6,8 @@
 //! layer is `x W + b`, and q, k, v are fused into one `[D, 3D]` matrix.
 
 use crate::config::ModelConfig;
-use anyhow::{bail, ensure, Result};
+use crate::error::{Error, Result};
+use craterdex_errors::ensure;
 use craterdex_kernels::amx::{self, PackedBf16};
 use craterdex_kernels::gemm::{self, PackedF32, PackedI8Linear};
 use craterdex_kernels::nn;
@@ -54,15 +55,19 @@ impl VitWeights {
         let check = |name: &str, v: &[f32], n: usize| -> Result<()> {
             ensure!(
                 v.len() == n,
-                "weight {name} has {} values, expected {n}",
-                v.len()
+                Error::Invalid(format!(
+                    "weight {name} has {} values, expected {n}",
+                    v.len()
+                ))
             );
             Ok(())
         };
         ensure!(
             c.num_heads > 0 && d.is_multiple_of(c.num_heads),
-            "hidden size {d} is not divisible by {} heads",
-            c.num_heads
+            Error::Invalid(format!(
+                "hidden size {d} is not divisible by {} heads",
+                c.num_heads
+            ))
         );
         check("cls_token", &self.cls_token, d)?;
         check(
@@ -76,9 +81,11 @@ impl VitWeights {
         check("norm.bias", &self.norm_b, d)?;
         ensure!(
             self.blocks.len() == c.depth,
-            "{} blocks, config says {}",
-            self.blocks.len(),
-            c.depth
+            Error::Invalid(format!(
+                "{} blocks, config says {}",
+                self.blocks.len(),
+                c.depth
+            ))
         );
         for (i, b) in self.blocks.iter().enumerate() {
             let n = |s: &str| format!("blocks.{i}.{s}");
@@ -98,7 +105,10 @@ impl VitWeights {
                 match ls {
                     Some(v) => check(&n(s), v, d)?,
                     None if c.layer_scale => {
-                        bail!("{} missing although the model uses layer scale", n(s))
+                        return Err(Error::Invalid(format!(
+                            "{} missing although the model uses layer scale",
+                            n(s)
+                        )))
                     }
                     None => {}
                 }
@@ -186,13 +196,15 @@ impl Precision {
 }
 
 impl std::str::FromStr for Precision {
-    type Err = anyhow::Error;
+    type Err = crate::Error;
     fn from_str(s: &str) -> Result<Self> {
         match s {
             "f32" | "fp32" => Ok(Precision::F32),
             "bf16" => Ok(Precision::Bf16),
             "int8" | "i8" => Ok(Precision::Int8),
-            _ => bail!("unknown precision {s:?}: use f32, int8 or bf16"),
+            _ => Err(Error::Invalid(format!(
+                "unknown precision {s:?}: use f32, int8 or bf16"
+            ))),
         }
     }
 }
@@ -487,8 +499,10 @@ impl Vit {
         let grid = input_size / config.patch_size;
         ensure!(
             grid >= 1,
-            "input size {input_size} is smaller than the patch size {}",
-            config.patch_size
+            Error::Invalid(format!(
+                "input size {input_size} is smaller than the patch size {}",
+                config.patch_size
+            ))
         );
         let (d, h, p) = (config.hidden_size, config.mlp_hidden, config.patch_size);
         let pos_embed = resample_pos_embed(&weights.pos_embed, d, config.pos_grid, grid);
@@ -543,20 +557,27 @@ impl Vit {
         }
         ensure!(
             self.precision == Precision::F32,
-            "a {} model cannot be switched to {}; load it again",
-            self.precision.name(),
-            precision.name()
+            Error::Invalid(format!(
+                "a {} model cannot be switched to {}; load it again",
+                self.precision.name(),
+                precision.name()
+            ))
         );
         if precision == Precision::Bf16 {
             ensure!(
                 amx::available(),
-                "--precision bf16 needs a CPU with AMX (Intel Xeon 4th generation or later) \
-                 and Linux 5.16+; use --precision int8 or f32 here"
+                Error::Unsupported(
+                    "bf16 precision needs a CPU with AMX tiles (Intel Xeon 4th generation or \
+                     later) and Linux 5.16+; int8 and f32 run here"
+                        .into()
+                )
             );
             let (d, h) = (self.config.hidden_size, self.config.mlp_hidden);
             ensure!(
                 PackedBf16::fits(d) && PackedBf16::fits(h),
-                "bf16 needs layer widths that are multiples of 16 (this model: {d}, {h})"
+                Error::Unsupported(format!(
+                    "bf16 needs layer widths that are multiples of 16 (this model: {d}, {h})"
+                ))
             );
         }
         self.embed.proj.set_precision(precision);
@@ -601,8 +622,10 @@ impl Vit {
         for (i, im) in images.iter().enumerate() {
             ensure!(
                 im.len() == 3 * s * s,
-                "image {i} of the batch has {} values, expected 3x{s}x{s}",
-                im.len()
+                Error::Invalid(format!(
+                    "image {i} of the batch has {} values, expected 3x{s}x{s}",
+                    im.len()
+                ))
             );
         }
         if images.is_empty() {

@@ -2,7 +2,7 @@
 //! model whose forward pass matches a naive reference written with PyTorch semantics
 //! (`Linear` weights `[out, in]`, `y = x W^T + b`).
 
-use craterdex_model::{fetch, layouts::transpose};
+use craterdex_model::{import, layouts::transpose};
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -325,7 +325,7 @@ fn check(
     if let Some(cfg) = hf_config {
         std::fs::write(tmp.path().join("config.json"), cfg).unwrap();
     }
-    let (dir, cfg) = fetch::import_file(&path, "tiny", &tmp.path().join("models")).unwrap();
+    let (dir, cfg) = import::import_file(&path, "tiny", &tmp.path().join("models")).unwrap();
     assert_eq!(
         (
             cfg.hidden_size,
@@ -424,7 +424,7 @@ fn bf16_checkpoints_are_read() {
     let path = tmp.path().join("m.safetensors");
     let meta = meta_checkpoint(true, 5);
     write_safetensors(&path, &meta, "", true);
-    let (_, cfg) = fetch::import_file(&path, "tiny-bf16", tmp.path()).unwrap();
+    let (_, cfg) = import::import_file(&path, "tiny-bf16", tmp.path()).unwrap();
     assert_eq!(cfg.hidden_size, D);
 }
 
@@ -437,7 +437,7 @@ fn unknown_layout_is_a_clear_error() {
     write_safetensors(&path, &m, "", false);
     let err = format!(
         "{:#}",
-        fetch::import_file(&path, "x", tmp.path()).unwrap_err()
+        import::import_file(&path, "x", tmp.path()).unwrap_err()
     );
     assert!(
         err.contains("x.safetensors") && err.contains("unrecognised checkpoint layout"),

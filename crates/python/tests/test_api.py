@@ -36,21 +36,23 @@ def test_extract_from_arrays_and_files_agree(tiny, tmp_path):
     assert rgb["cls"].shape == (1, helpers.D)
 
 
-def test_bad_input_raises_the_cli_message(tiny, tiny_dir, cli, tmp_path):
-    with pytest.raises(CraterdexError) as e:
+def test_bad_input_raises_the_cli_message_as_the_class_of_its_kind(tiny, tiny_dir, cli, tmp_path):
+    with pytest.raises(craterdex.NotFoundError) as e:
         craterdex.Index.open(tmp_path / "missing")
+    assert isinstance(e.value, CraterdexError) and isinstance(e.value, LookupError)
+    assert e.value.kind == "not_found"
     r = cli("index", "info", "--index", tmp_path / "missing", ok=False)
-    assert r.returncode == 1
+    assert r.returncode == 4, "the CLI's exit code for not found"
     assert r.stderr.strip() == f"error: {e.value}"
-    with pytest.raises(CraterdexError, match=r"\[H, W\]"):
+    with pytest.raises(craterdex.InvalidInputError, match=r"\[H, W\]"):
         tiny.extract([np.zeros((4, 4, 2), dtype=np.uint8)])
-    with pytest.raises(CraterdexError, match="64 times"):
+    with pytest.raises(ValueError, match="64 times"):
         tiny.extract([np.zeros((1, 200), dtype=np.uint8)])
-    with pytest.raises(CraterdexError, match="uint8 or uint16"):
+    with pytest.raises(craterdex.InvalidInputError, match="uint8 or uint16"):
         tiny.extract([np.zeros((8, 8), dtype=np.float32)])
     bad = tmp_path / "bad.png"
     bad.write_bytes(b"not an image")
-    with pytest.raises(CraterdexError, match="no image could be read"):
+    with pytest.raises(craterdex.InvalidInputError, match="no image could be read"):
         tiny.extract([bad])
     with pytest.raises(CraterdexError, match="unknown resize mode"):
         craterdex.Model.load(tiny_dir, resize="bogus")
@@ -89,7 +91,7 @@ def test_add_remove_and_feature_searches(tiny, crops, tmp_path):
     idx = craterdex.Index.build(tmp_path / "i", crops.iloc[:30], model=tiny)
     assert idx.add(crops.iloc[30:]) == len(crops) - 30
     assert len(idx) == len(crops)
-    with pytest.raises(CraterdexError, match="already in the index"):
+    with pytest.raises(craterdex.ConflictError, match="already in the index"):
         idx.add(crops.iloc[:1])
     assert idx.remove(["c000v0", "no-such-id"]) == 1
     assert len(idx) == len(crops) - 1
@@ -97,7 +99,7 @@ def test_add_remove_and_feature_searches(tiny, crops, tmp_path):
     assert "c000v0" not in set(hits["id"])
     reopened = craterdex.Index.open(tmp_path / "i")
     assert len(reopened) == len(crops) - 1
-    with pytest.raises(CraterdexError, match="no model is loaded"):
+    with pytest.raises(craterdex.UnsupportedError, match="no model is loaded"):
         reopened.search(paths=[crops["path"][0]])
 
     f = tiny.extract(list(crops["path"][:6]), ids=list(crops["id"][:6]))

@@ -696,7 +696,7 @@ pub async fn remove_image(
 fn write_and_swap(
     svc: &Service,
     engine: &Engine,
-    write: impl FnOnce(&Engine) -> anyhow::Result<(usize, Engine)>,
+    write: impl FnOnce(&Engine) -> craterdex_engine::Result<(usize, Engine)>,
 ) -> ApiResult<usize> {
     let (_, changed) = write(engine).map_err(|e| ApiError::internal(format!("{e:#}")))?;
     let live = changed.index().live();

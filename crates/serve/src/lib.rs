@@ -131,9 +131,8 @@ impl Service {
                 Ok(())
             }
             Err(e) => {
-                *self.load_error.write().unwrap_or_else(|e| e.into_inner()) =
-                    Some(format!("{e:#}"));
-                Err(e)
+                *self.load_error.write().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+                Err(e.into())
             }
         }
     }

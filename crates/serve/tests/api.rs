@@ -32,7 +32,7 @@ struct Fixture {
 fn tiny_model(root: &Path) -> PathBuf {
     let ckpt = craterdex_model::testing::write_tiny_checkpoint(&root.join("ckpt"), D, 4, 4);
     let (dir, _) =
-        craterdex_model::fetch::import_file(&ckpt, "tiny", &root.join("models")).unwrap();
+        craterdex_model::import::import_file(&ckpt, "tiny", &root.join("models")).unwrap();
     dir
 }
 

@@ -38,17 +38,19 @@ impl SeedStrategy {
 }
 
 impl std::str::FromStr for SeedStrategy {
-    type Err = anyhow::Error;
-    fn from_str(s: &str) -> anyhow::Result<Self> {
+    type Err = crate::Error;
+    fn from_str(s: &str) -> crate::Result<Self> {
         Ok(match s {
             "attn" | "attention" => SeedStrategy::Attention,
             "fps" => SeedStrategy::Fps,
             "random" => SeedStrategy::Random { seed: 0 },
             "norm" => SeedStrategy::Norm,
             "normattn" | "norm-attention" => SeedStrategy::NormAttention,
-            _ => anyhow::bail!(
-                "unknown seed strategy {s:?}: use attn, fps, random, norm or normattn"
-            ),
+            _ => {
+                return Err(crate::Error::Invalid(format!(
+                    "unknown seed strategy {s:?}: use attn, fps, random, norm or normattn"
+                )))
+            }
         })
     }
 }

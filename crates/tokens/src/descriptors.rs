@@ -30,14 +30,16 @@ impl Pooling {
 }
 
 impl std::str::FromStr for Pooling {
-    type Err = anyhow::Error;
-    fn from_str(s: &str) -> anyhow::Result<Self> {
+    type Err = crate::Error;
+    fn from_str(s: &str) -> crate::Result<Self> {
         match s {
             "cls" => Ok(Pooling::Cls),
             "gap" => Ok(Pooling::Gap),
             "gem" => Ok(Pooling::Gem { p: 3.0 }),
             "max" => Ok(Pooling::Max),
-            _ => anyhow::bail!("unknown pooling {s:?}: use cls, gap, gem or max"),
+            _ => Err(crate::Error::Invalid(format!(
+                "unknown pooling {s:?}: use cls, gap, gem or max"
+            ))),
         }
     }
 }

@@ -3,9 +3,10 @@
 
 use crate::aggregate::{aggregate, argmax, Aggregation, SeedStrategy, TokenView};
 use crate::descriptors::{pool, Pooling};
+use crate::error::{Error, Result};
 use crate::l2_normalize;
 use crate::whitening::{Whitening, DEFAULT_REGULARISATION};
-use anyhow::Result;
+use craterdex_errors::ensure;
 use rand::{seq::index::sample, SeedableRng};
 use serde::{Deserialize, Serialize};
 
@@ -210,9 +211,12 @@ impl Encoder {
             .flatten()
         {
             w.validate()?;
-            anyhow::ensure!(
+            ensure!(
                 width.is_none_or(|d| d == w.dim_in),
-                "the token and single-vector whitenings expect different feature widths"
+                Error::Invalid(
+                    "the token and single-vector whitenings expect different feature widths"
+                        .to_string()
+                )
             );
             width = Some(w.dim_in);
         }
@@ -221,12 +225,21 @@ impl Encoder {
             Aggregation::Raw { k, .. } | Aggregation::KMeans { k, .. } => k,
             Aggregation::Instance { k, soft_m, .. } => k.max(soft_m),
         };
-        anyhow::ensure!(k <= 4096, "the recipe asks for {k} tokens per image");
+        ensure!(
+            k <= 4096,
+            Error::Invalid(format!("the recipe asks for {k} tokens per image"))
+        );
         if let Aggregation::KMeans { iterations, .. } = self.recipe.aggregation {
-            anyhow::ensure!(iterations <= 1000, "k-means with {iterations} iterations");
+            ensure!(
+                iterations <= 1000,
+                Error::Invalid(format!("k-means with {iterations} iterations"))
+            );
         }
         if let Pooling::Gem { p } = self.recipe.pooling {
-            anyhow::ensure!(p.is_finite() && p > 0.0, "GeM with p = {p}");
+            ensure!(
+                p.is_finite() && p > 0.0,
+                Error::Invalid(format!("GeM with p = {p}"))
+            );
         }
         Ok(width)
     }

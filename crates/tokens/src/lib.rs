@@ -8,11 +8,13 @@
 pub mod aggregate;
 pub mod descriptors;
 pub mod encoder;
+mod error;
 pub mod whitening;
 
 pub use aggregate::{aggregate, Aggregation, SeedStrategy};
 pub use descriptors::{pool, Pooling};
 pub use encoder::{Descriptors, Encoder, FeatureRef, Recipe, DEFAULT_PAIR_BLEND};
+pub use error::{Error, Result};
 pub use whitening::Whitening;
 
 /// Scales `v` to unit length (a zero vector stays zero).

@@ -1,8 +1,9 @@
 //! Unsupervised PCA whitening learned from unlabelled samples (../shared/notes/method.md):
 //! `C = V diag(w) V^T`, `W = V diag(1 / sqrt(w + r * max(w)))`, `t -> l2((t - mu) W)`.
 
+use crate::error::{Error, Result};
 use crate::l2_normalize;
-use anyhow::{ensure, Result};
+use craterdex_errors::ensure;
 use craterdex_kernels::gemm::{matmul_f32, PackedF32};
 use nalgebra::{DMatrix, SymmetricEigen};
 use serde::{Deserialize, Serialize};
@@ -53,7 +54,7 @@ impl Whitening {
     ) -> Result<Self> {
         ensure!(
             (0.0..=1.0).contains(&alpha),
-            "pair whitening blend {alpha} is not in [0, 1]"
+            Error::Invalid(format!("pair whitening blend {alpha} is not in [0, 1]"))
         );
         let (mean, total) = mean_and_covariance(samples, d)?;
         let (_, pairs) = mean_and_covariance(pair_differences, d)?;
@@ -96,26 +97,31 @@ impl Whitening {
                 && self.dim_out > 0
                 && self.dim_out <= self.dim_in
                 && self.dim_in <= 1 << 16,
-            "whitening widths {} -> {} out of range",
-            self.dim_in,
-            self.dim_out
+            Error::Invalid(format!(
+                "whitening widths {} -> {} out of range",
+                self.dim_in, self.dim_out
+            ))
         );
         ensure!(
             self.mean.len() == self.dim_in,
-            "whitening mean has {} values for width {}",
-            self.mean.len(),
-            self.dim_in
+            Error::Invalid(format!(
+                "whitening mean has {} values for width {}",
+                self.mean.len(),
+                self.dim_in
+            ))
         );
         ensure!(
             self.proj.len() == self.dim_in * self.dim_out,
-            "whitening projection has {} values, {} x {} expected",
-            self.proj.len(),
-            self.dim_in,
-            self.dim_out
+            Error::Invalid(format!(
+                "whitening projection has {} values, {} x {} expected",
+                self.proj.len(),
+                self.dim_in,
+                self.dim_out
+            ))
         );
         ensure!(
             self.mean.iter().chain(&self.proj).all(|v| v.is_finite()),
-            "whitening parameters are not all finite"
+            Error::Invalid("whitening parameters are not all finite".into())
         );
         Ok(())
     }
@@ -163,7 +169,10 @@ impl Whitening {
 /// The mean and sample covariance of `n` rows of `d`.
 fn mean_and_covariance(rows: &[f32], d: usize) -> Result<(Vec<f64>, DMatrix<f64>)> {
     let n = rows.len() / d.max(1);
-    ensure!(n >= 2, "whitening needs at least two samples, got {n}");
+    ensure!(
+        n >= 2,
+        Error::Invalid(format!("whitening needs at least two samples, got {n}"))
+    );
     let mut mean = vec![0f64; d];
     rows.chunks(d)
         .for_each(|r| mean.iter_mut().zip(r).for_each(|(m, v)| *m += *v as f64));
@@ -175,7 +184,10 @@ fn mean_and_covariance(rows: &[f32], d: usize) -> Result<(Vec<f64>, DMatrix<f64>
 
 fn output_width(d: usize, dim_out: Option<usize>) -> Result<usize> {
     let dim_out = dim_out.unwrap_or(d).min(d);
-    ensure!(dim_out > 0, "whitening output dimension must be positive");
+    ensure!(
+        dim_out > 0,
+        Error::Invalid("whitening output dimension must be positive".into())
+    );
     Ok(dim_out)
 }
 

@@ -9,9 +9,10 @@
 //! - `new_confidence` is the confidence below which at most `1 - target` of the correct
 //!   best candidates fall, so a known crater is rarely called new.
 
+use crate::error::{Error, Result};
 use crate::link::{Candidate, Decision, LinkRow};
 use crate::rule::LinkRule;
-use anyhow::{ensure, Result};
+use craterdex_errors::ensure;
 use serde::Serialize;
 
 /// A calibrated rule and what it does on the pairs it was fitted on.
@@ -155,7 +156,9 @@ fn is_right(row: &LinkRow, c: &Candidate) -> bool {
 pub fn calibrate(rows: &[LinkRow], base: &LinkRule, target: f64) -> Result<Calibration> {
     ensure!(
         (0.5..1.0).contains(&target),
-        "the target precision must be in [0.5, 1), got {target}"
+        Error::Invalid(format!(
+            "the target precision must be in [0.5, 1), got {target}"
+        ))
     );
     let labelled: Vec<&LinkRow> = rows
         .iter()
@@ -163,9 +166,11 @@ pub fn calibrate(rows: &[LinkRow], base: &LinkRule, target: f64) -> Result<Calib
         .collect();
     ensure!(
         labelled.len() >= 20,
-        "{} labelled entries with a candidate: calibration needs at least 20 (entries and \
+        Error::Calibration(format!(
+            "{} labelled entries with a candidate: calibration needs at least 20 (entries and \
          index entries with crater ids)",
-        labelled.len()
+            labelled.len()
+        ))
     );
     let (mut ax, mut ay, mut gx, mut gy) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for r in &labelled {
@@ -210,10 +215,12 @@ pub fn calibrate(rows: &[LinkRow], base: &LinkRule, target: f64) -> Result<Calib
     let correct: Vec<f64> = best.iter().filter(|p| p.1).map(|p| p.0).collect();
     ensure!(
         correct.len() >= 2,
-        "calibration needs labelled entries whose best candidate is their own crater \
+        Error::Calibration(format!(
+            "calibration needs labelled entries whose best candidate is their own crater \
          ({} of {} are)",
-        correct.len(),
-        best.len()
+            correct.len(),
+            best.len()
+        ))
     );
     let m = match_threshold(&best, target);
     // no threshold that precise: nothing is matched without review

@@ -7,10 +7,11 @@
 //! one source image in a group (one image shows one crater once). Each group proposes the
 //! member with the highest total confidence to the others as its surviving entry.
 
+use crate::error::Result;
 use crate::link::{entry_candidates, Neighbours};
 use crate::rule::LinkRule;
-use anyhow::{Context, Result};
 use craterdex_engine::{Engine, Progress};
+use craterdex_errors::OrInvalid;
 use craterdex_index::{ImageMeta, Index, Mode, SearchParams};
 use serde::Serialize;
 use std::collections::{BTreeSet, HashMap};
@@ -101,9 +102,9 @@ fn mutual_pairs(index: &Index, edges: &[Edge]) -> Result<Vec<Pair>> {
     let mut directed: HashMap<(usize, usize), f32> = HashMap::new();
     for e in edges {
         let row = |id: &str| {
-            index
-                .row_of(id)
-                .with_context(|| format!("dedup edge names {id:?}, which the index does not hold"))
+            index.row_of(id).or_invalid_with(|| {
+                format!("dedup edge names {id:?}, which the index does not hold")
+            })
         };
         directed.insert((row(&e.from)?, row(&e.to)?), e.confidence);
     }

@@ -4,8 +4,9 @@
 //! tolerance radius of a catalogue crater of the target class not matched by a better
 //! ranked tile.
 
-use anyhow::{ensure, Result};
+use crate::error::{Error, Result};
 use craterdex_engine::Engine;
+use craterdex_errors::ensure;
 use craterdex_index::{ImageMeta, Stage1};
 use craterdex_tokens::Descriptors;
 use serde::Serialize;
@@ -21,12 +22,14 @@ pub enum Fuse {
 }
 
 impl std::str::FromStr for Fuse {
-    type Err = anyhow::Error;
+    type Err = crate::Error;
     fn from_str(s: &str) -> Result<Self> {
         match s {
             "max" => Ok(Fuse::Max),
             "mean" => Ok(Fuse::Mean),
-            _ => anyhow::bail!("fuse must be max or mean, not {s:?}"),
+            _ => Err(crate::Error::Invalid(format!(
+                "fuse must be max or mean, not {s:?}"
+            ))),
         }
     }
 }
@@ -54,7 +57,10 @@ pub fn discover(
     fuse: Fuse,
     scoring: Scoring,
 ) -> Result<Vec<Discovered>> {
-    ensure!(!exemplars.is_empty(), "no exemplar to look for");
+    ensure!(
+        !exemplars.is_empty(),
+        Error::Invalid("no exemplar to look for".into())
+    );
     let idx = engine.index();
     let rows: Vec<usize> = idx.live_rows().collect();
     let mut fused = vec![

@@ -2,7 +2,8 @@
 //! and any of `crater_id`, `source`, `view`, `lat`, `lon`, `diameter_km` (a position on the
 //! body) or `x`, `y`, `diameter_px` (a position in one image frame shared by the entries).
 
-use anyhow::{bail, Context, Result};
+use crate::error::Result;
+use craterdex_errors::{IoError, OrInvalid};
 use craterdex_index::ImageMeta;
 use std::collections::HashMap;
 use std::path::Path;
@@ -13,23 +14,27 @@ pub fn read_meta_csv(path: &Path) -> Result<HashMap<String, ImageMeta>> {
     let mut r = csv::ReaderBuilder::new()
         .trim(csv::Trim::All)
         .from_path(path)
-        .with_context(|| format!("cannot read {}", path.display()))?;
+        .map_err(|e| IoError::new("read", path, std::io::Error::other(e)))?;
     let header = r
         .headers()
-        .with_context(|| format!("{}: no header line", path.display()))?
+        .or_invalid_with(|| format!("{}: no header line", path.display()))?
         .clone();
     let col = |name: &str| header.iter().position(|h| h.eq_ignore_ascii_case(name));
     let Some(id_col) = col("id") else {
-        bail!("{}: no `id` column (columns: {:?})", path.display(), header);
+        return Err(crate::Error::Invalid(format!(
+            "{}: no `id` column (columns: {:?})",
+            path.display(),
+            header
+        )));
     };
     let text = ["crater_id", "source", "view"].map(col);
     let nums = ["lat", "lon", "diameter_km", "x", "y", "diameter_px"].map(col);
     let mut out = HashMap::new();
     for (line, rec) in r.records().enumerate() {
         let at = || format!("{} line {}", path.display(), line + 2);
-        let rec = rec.with_context(at)?;
+        let rec = rec.or_invalid_with(at)?;
         let get = |c: Option<usize>| c.and_then(|c| rec.get(c)).filter(|v| !v.is_empty());
-        let id = get(Some(id_col)).with_context(|| format!("{}: empty id", at()))?;
+        let id = get(Some(id_col)).or_invalid_with(|| format!("{}: empty id", at()))?;
         let mut n = [None; 6];
         for (slot, c) in n.iter_mut().zip(nums) {
             if let Some(v) = get(c) {
@@ -37,7 +42,7 @@ pub fn read_meta_csv(path: &Path) -> Result<HashMap<String, ImageMeta>> {
                     .parse()
                     .ok()
                     .filter(|x: &f64| x.is_finite())
-                    .with_context(|| format!("{}: {v:?} is not a number", at()))?;
+                    .or_invalid_with(|| format!("{}: {v:?} is not a number", at()))?;
                 *slot = Some(x);
             }
         }
@@ -56,7 +61,10 @@ pub fn read_meta_csv(path: &Path) -> Result<HashMap<String, ImageMeta>> {
             path: None,
         };
         if out.insert(id.to_string(), meta).is_some() {
-            bail!("{}: id {id:?} appears twice", at());
+            return Err(crate::Error::Invalid(format!(
+                "{}: id {id:?} appears twice",
+                at()
+            )));
         }
     }
     Ok(out)

@@ -1,8 +1,10 @@
 //! How good links are against the true correspondence, and the baseline catalogue merges
 //! use today (nearest centre within a tolerance and a diameter ratio).
 
+use crate::error::Error;
 use crate::geometry::{largest_diameter, Position, SpatialGrid};
 use crate::link::{Decision, LinkRow};
+use craterdex_errors::ensure;
 use craterdex_index::ImageMeta;
 use serde::Serialize;
 use std::collections::BTreeSet;
@@ -268,7 +270,7 @@ fn calibrate_then_link(
     base: &crate::LinkRule,
     target: f64,
     known: &BTreeSet<String>,
-) -> anyhow::Result<(
+) -> crate::Result<(
     craterdex_engine::Engine,
     crate::LinkRule,
     LinkScore,
@@ -302,12 +304,12 @@ pub fn link_benchmark(
     target_precision: f64,
     review_dir: Option<&std::path::Path>,
     progress: &dyn craterdex_engine::Progress,
-) -> anyhow::Result<LinkBenchReport> {
+) -> crate::Result<LinkBenchReport> {
     use crate::{dedup, link, DedupOptions, LinkOptions, LinkRule};
     use craterdex_engine::{encode_all, Engine, Silent};
-    anyhow::ensure!(
+    ensure!(
         !input.second_metas.is_empty(),
-        "no georeferencing error level"
+        Error::Invalid("no georeferencing error level".into())
     );
     let encoder = recipe.learn_encoder(input.first, None, &[])?;
     let first_descs = encode_all(&encoder, input.first);

@@ -12,6 +12,7 @@ pub mod calibrate;
 pub mod dedup;
 pub mod discover;
 pub mod entries;
+mod error;
 pub mod evaluate;
 pub mod geometry;
 pub mod link;
@@ -20,6 +21,7 @@ pub mod rule;
 
 pub use calibrate::{calibrate, Calibration};
 pub use dedup::{dedup, DedupGroup, DedupOptions, Edge};
+pub use error::{Error, Result};
 pub use link::{
     link, link_one, link_partition, Candidate, Decision, LinkOptions, LinkRow, Neighbours,
 };

@@ -1,10 +1,11 @@
 //! `link`: each new entry against a catalogue index, decided `match`, `new` or `ambiguous`
 //! by the [`LinkRule`]; optionally growing the index with what is new.
 
+use crate::error::{Error, Result};
 use crate::geometry::{evidence, in_band, largest_diameter, reach_band, Position, SpatialGrid};
 use crate::rule::LinkRule;
-use anyhow::Result;
 use craterdex_engine::{Engine, Progress, SearchHit};
+use craterdex_errors::ensure;
 use craterdex_index::{Hit, ImageMeta, Index, Mode, SearchParams};
 use craterdex_tokens::Descriptors;
 use serde::Serialize;
@@ -322,9 +323,12 @@ pub fn link_partition(
     opts: &LinkOptions,
     progress: &dyn Progress,
 ) -> Result<Vec<LinkRow>> {
-    anyhow::ensure!(
+    ensure!(
         !opts.insert_new,
-        "inserting new entries is one writer's job: link partitions without it, then insert"
+        Error::Invalid(
+            "inserting new entries is one writer's job: link partitions without it, then insert"
+                .to_string()
+        )
     );
     let metas: Vec<ImageMeta> = entries.iter().map(|(m, _)| m.clone()).collect();
     let near = Neighbours::around(engine.index(), rule, &metas);

@@ -1,8 +1,9 @@
 //! The tables scientists open: CSV for spreadsheets and pandas, GeoJSON points for QGIS.
 
 use crate::dedup::DedupGroup;
+use crate::error::Result;
 use crate::link::LinkRow;
-use anyhow::{Context, Result};
+use craterdex_errors::{IoContext, OrInvalid};
 use craterdex_index::ImageMeta;
 use serde_json::{json, Value};
 use std::path::Path;
@@ -17,8 +18,8 @@ fn write_csv(path: &Path, header: &[&str], rows: Vec<Vec<String>>) -> Result<()>
     for r in rows {
         w.write_record(r)?;
     }
-    let bytes = w.into_inner().context("csv buffer")?;
-    craterdex_durable::write_atomic(path, &bytes)
+    let bytes = w.into_inner().or_invalid("csv buffer")?;
+    Ok(craterdex_durable::write_atomic(path, &bytes)?)
 }
 
 /// A GeoJSON point feature (null geometry where the entry has no position).
@@ -32,7 +33,10 @@ fn feature(meta: &ImageMeta, properties: Value) -> Value {
 
 fn write_geojson(path: &Path, features: Vec<Value>) -> Result<()> {
     let doc = json!({"type": "FeatureCollection", "features": features});
-    craterdex_durable::write_atomic(path, &serde_json::to_vec_pretty(&doc)?)
+    Ok(craterdex_durable::write_atomic(
+        path,
+        &serde_json::to_vec_pretty(&doc)?,
+    )?)
 }
 
 const LINK_HEADER: [&str; 19] = [
@@ -59,7 +63,7 @@ const LINK_HEADER: [&str; 19] = [
 
 /// `links.csv` and `links.geojson` in `dir`.
 pub fn write_links(dir: &Path, rows: &[LinkRow]) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    std::fs::create_dir_all(dir).io("create", dir)?;
     let table = rows
         .iter()
         .map(|r| {
@@ -112,7 +116,7 @@ pub fn write_links(dir: &Path, rows: &[LinkRow]) -> Result<()> {
 /// merged catalogue: every surviving entry of a group, listing the ids it absorbs, and
 /// every entry of `live` in no group) in `dir`.
 pub fn write_dedup(dir: &Path, groups: &[DedupGroup], live: &[ImageMeta]) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    std::fs::create_dir_all(dir).io("create", dir)?;
     let mut members = Vec::new();
     let mut merged = Vec::new();
     let mut features = Vec::new();
@@ -242,7 +246,7 @@ fn picture(meta: Option<&ImageMeta>) -> String {
 /// matches and new craters nearest their thresholds; at most `limit` rows, self-contained.
 pub fn write_review(dir: &Path, rows: &[LinkRow], limit: usize) -> Result<()> {
     use crate::link::Decision;
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    std::fs::create_dir_all(dir).io("create", dir)?;
     let mut order: Vec<&LinkRow> = rows.iter().collect();
     // ambiguous first; within a kind, the least certain (confidence nearest 0.5) first
     let kind = |r: &LinkRow| match r.decision {
@@ -311,12 +315,15 @@ pub fn write_review(dir: &Path, rows: &[LinkRow], limit: usize) -> Result<()> {
         ));
     }
     html.push_str("</table>");
-    craterdex_durable::write_atomic(&dir.join("review.html"), html.as_bytes())
+    Ok(craterdex_durable::write_atomic(
+        &dir.join("review.html"),
+        html.as_bytes(),
+    )?)
 }
 
 /// `ranked.csv` and `ranked.geojson` of a discovery, best first.
 pub fn write_discovered(dir: &Path, ranked: &[crate::discover::Discovered]) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    std::fs::create_dir_all(dir).io("create", dir)?;
     let rows = ranked
         .iter()
         .enumerate()
@@ -359,7 +366,7 @@ pub fn write_discovered(dir: &Path, ranked: &[crate::discover::Discovered]) -> R
 /// least confident pair that joined the group), each member's crop side by side with the
 /// proposed survivor marked; at most `limit` groups, self-contained.
 pub fn write_dedup_review(dir: &Path, groups: &[DedupGroup], limit: usize) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    std::fs::create_dir_all(dir).io("create", dir)?;
     let weakest = |g: &DedupGroup| g.pairs.iter().map(|p| p.2).fold(f32::INFINITY, f32::min);
     let mut order: Vec<&DedupGroup> = groups.iter().collect();
     order.sort_by(|a, b| weakest(a).total_cmp(&weakest(b)));
@@ -401,5 +408,8 @@ pub fn write_dedup_review(dir: &Path, groups: &[DedupGroup], limit: usize) -> Re
         }
         html.push_str("</div>");
     }
-    craterdex_durable::write_atomic(&dir.join("review.html"), html.as_bytes())
+    Ok(craterdex_durable::write_atomic(
+        &dir.join("review.html"),
+        html.as_bytes(),
+    )?)
 }

@@ -16,7 +16,8 @@
 //! weights by logistic regression on labelled pairs and picks the two thresholds for a
 //! target precision.
 
-use anyhow::{Context, Result};
+use crate::error::{Error, Result};
+use craterdex_errors::{ensure, IoContext, OrInvalid, ResultExt};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -80,49 +81,51 @@ impl LinkRule {
     }
 
     pub fn load(path: &Path) -> Result<LinkRule> {
-        let bytes =
-            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let bytes = std::fs::read(path).io("read", path)?;
         let rule: LinkRule = serde_json::from_slice(&bytes)
-            .with_context(|| format!("{}: not a link rule", path.display()))?;
+            .or_invalid_with(|| format!("{}: not a link rule", path.display()))?;
         rule.validate()
             .with_context(|| format!("{}: invalid link rule", path.display()))?;
         Ok(rule)
     }
 
     pub fn validate(&self) -> Result<()> {
-        anyhow::ensure!(
+        ensure!(
             (0.0..=1.0).contains(&self.match_confidence)
                 && (0.0..=1.0).contains(&self.new_confidence),
-            "confidences must lie in [0, 1]"
+            Error::Invalid("confidences must lie in [0, 1]".into())
         );
-        anyhow::ensure!(
+        ensure!(
             self.new_confidence <= self.match_confidence,
-            "new_confidence {} above match_confidence {}",
-            self.new_confidence,
-            self.match_confidence
+            Error::Invalid(format!(
+                "new_confidence {} above match_confidence {}",
+                self.new_confidence, self.match_confidence
+            ))
         );
-        anyhow::ensure!(
+        ensure!(
             self.appearance_weights
                 .iter()
                 .chain(&self.geometry_weights)
                 .all(|w| w.is_finite()),
-            "weights must be finite"
+            Error::Invalid("weights must be finite".into())
         );
-        anyhow::ensure!(
+        ensure!(
             self.max_offset_radii > 0.0
                 && self.max_diameter_ratio >= 1.0
                 && self.body_radius_km > 0.0,
-            "geometry limits must be positive, the diameter ratio at least 1"
+            Error::Invalid(
+                "geometry limits must be positive, the diameter ratio at least 1".to_string()
+            )
         );
         Ok(())
     }
 
     /// Stores the rule beside the index's files (atomically).
     pub fn save(&self, index_dir: &Path) -> Result<()> {
-        craterdex_durable::write_atomic(
+        Ok(craterdex_durable::write_atomic(
             &Self::path_in(index_dir),
             &serde_json::to_vec_pretty(self)?,
-        )
+        )?)
     }
 
     /// The probability that a candidate with this appearance score, and this geometric

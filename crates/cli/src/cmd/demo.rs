@@ -5,8 +5,9 @@ use crate::output::Bars;
 use anyhow::Result;
 use clap::Args;
 use craterdex_engine::{Engine, IndexRecipe, SearchParams};
-use craterdex_eval::{benchbuild, datasets, metrics};
-use craterdex_model::fetch;
+use craterdex_eval::{benchbuild, metrics};
+use craterdex_fetch as fetch;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -51,7 +52,7 @@ pub fn run(c: DemoCmd) -> Result<()> {
         2,
         "data: the pycda Mars tile with 409 labelled craters (PyPI pycda 0.1.16)",
     );
-    let (tile, labels) = datasets::pycda_mars_tile()?;
+    let (tile, labels) = fetch::pycda_mars_tile()?;
     eprintln!("      {} and {}", tile.display(), labels.display());
 
     step(3, "benchmark: gallery crops at 2x and 3x diameter, query views with new context, shift and lighting");
@@ -140,7 +141,7 @@ pub fn run(c: DemoCmd) -> Result<()> {
         6,
         "workflows: a second observation of the tile simulated; link, dedup and open set against geometry alone",
     );
-    let (tile, labels) = datasets::pycda_mars_tile()?;
+    let (tile, labels) = fetch::pycda_mars_tile()?;
     let link_dir = c.out.join("link");
     let link = super::eval_link::link_benchmark_on_tiles(
         &[(tile, labels)],

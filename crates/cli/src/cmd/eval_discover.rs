@@ -67,7 +67,7 @@ pub fn run(c: EvalDiscoverCmd) -> Result<()> {
     let catalogues = pairs
         .iter()
         .map(|(_, p)| read_pixel_catalogue(p))
-        .collect::<Result<Vec<_>>>()?;
+        .collect::<Result<Vec<_>, _>>()?;
     let mut reports = Vec::new();
     for class in &c.classes {
         let (lo, hi) = parse_class(class)?;

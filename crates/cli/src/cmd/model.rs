@@ -2,7 +2,8 @@
 
 use anyhow::Result;
 use clap::Subcommand;
-use craterdex_model::{fetch, store};
+use craterdex_fetch as fetch;
+use craterdex_model::{import, store};
 use std::path::PathBuf;
 
 #[derive(Subcommand)]
@@ -54,7 +55,7 @@ pub fn run(m: ModelCmd) -> Result<()> {
                             .map(|s| s.to_string_lossy().to_string())
                             .unwrap_or_else(|| "imported".into())
                     });
-                    fetch::import_file(&path, &name, &fetch::models_dir())?
+                    import::import_file(&path, &name, &fetch::models_dir())?
                 }
                 (None, Some(repo)) => fetch::fetch_hf(
                     &repo,

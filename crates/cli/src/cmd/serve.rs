@@ -86,7 +86,7 @@ pub fn run(c: ServeCmd) -> Result<()> {
                 cache: false,
                 ..Default::default()
             };
-            Extractor::load(&spec, settings, &Bars::new()).map(Some)
+            Ok(Some(Extractor::load(&spec, settings, &Bars::new())?))
         }),
     )
 }

@@ -9,7 +9,9 @@ search work runs in Rust with the GIL released.
 >>> index = craterdex.Index.build("idx", entries, model=model)  # entries: DataFrame(id, path, ...)
 >>> index.search(paths=["new_crop.png"], top_k=5)             # a DataFrame of hits
 
-Errors are :class:`CraterdexError` with the message the CLI prints.
+Errors are :class:`CraterdexError`, one subclass per kind (``craterdex.errors``:
+``InvalidInputError``, ``NotFoundError``, ``ConflictError``, ``CorruptDataError``,
+``UnsupportedError``, ``CraterdexIOError``), with the library's message.
 """
 
 from __future__ import annotations
@@ -23,10 +25,24 @@ import numpy as np
 import pandas as pd
 
 from . import _native
-from ._native import CraterdexError
+from .errors import (
+    ConflictError,
+    CorruptDataError,
+    CraterdexError,
+    CraterdexIOError,
+    InvalidInputError,
+    NotFoundError,
+    UnsupportedError,
+)
 
 __all__ = [
     "CraterdexError",
+    "InvalidInputError",
+    "NotFoundError",
+    "ConflictError",
+    "CorruptDataError",
+    "UnsupportedError",
+    "CraterdexIOError",
     "Model",
     "Index",
     "Recipe",
@@ -58,7 +74,7 @@ def _records(entries: Union[pd.DataFrame, Sequence[Mapping[str, Any]]]) -> str:
     """Entry metadata as the JSON records the engine reads (unknown columns dropped)."""
     df = pd.DataFrame(entries) if not isinstance(entries, pd.DataFrame) else entries
     if "id" not in df.columns:
-        raise CraterdexError("entries need an `id` column")
+        raise InvalidInputError("entries need an `id` column")
     out = []
     cols = [c for c in META_COLUMNS if c in df.columns]
     for row in df[cols].itertuples(index=False, name=None):
@@ -87,7 +103,7 @@ def entries_from_dir(directory: PathLike, meta: Optional[PathLike] = None) -> pd
                 rid = os.path.splitext(os.path.relpath(p, root))[0].replace(os.sep, "/")
                 rows.append({"id": rid, "path": p})
     if not rows:
-        raise CraterdexError(f"{root}: no images (jpg, png, tif, pgm) found")
+        raise InvalidInputError(f"{root}: no images (jpg, png, tif, pgm) found")
     df = pd.DataFrame(rows).sort_values("id", kind="stable").reset_index(drop=True)
     meta_path = os.fspath(meta) if meta is not None else root.rstrip("/\\") + ".csv"
     if os.path.isfile(meta_path):
@@ -370,7 +386,7 @@ class Index:
             qids = list(ids) if ids is not None else paths
             return _hits_frame(self._native.search_json([str(i) for i in qids], paths=paths, **kw))
         if images is None:
-            raise CraterdexError("give images, paths or features")
+            raise InvalidInputError("give images, paths or features")
         _, arrays = _split_images(images)
         qids = list(ids) if ids is not None else [str(i) for i in range(len(arrays))]
         return _hits_frame(self._native.search_json([str(i) for i in qids], images=arrays, **kw))

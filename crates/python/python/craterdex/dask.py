@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from . import CraterdexError, Index, Model, Recipe, _native, _records, _groups_frame, _link_frame
+from . import InvalidInputError, Index, Model, Recipe, _native, _records, _groups_frame, _link_frame
 
 __all__ = ["build_index", "link", "dedup", "bands"]
 
@@ -68,7 +68,7 @@ def build_index(
     ``keep_parts``). ``timings``, when given, receives the seconds of each phase: ``plan``
     (the learn sample extracted and learned from, in one task), ``parts`` and ``commit``."""
     if len(entries) == 0:
-        raise CraterdexError("cannot build an index from zero images")
+        raise InvalidInputError("cannot build an index from zero images")
     model = model or Model.load()
     out = os.path.abspath(os.fspath(out))
     staging = out.rstrip("/") + ".parts"

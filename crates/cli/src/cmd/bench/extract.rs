@@ -6,7 +6,8 @@ use crate::output::{bar, Bars};
 use anyhow::{bail, Context, Result};
 use craterdex_engine::inputs::images_in;
 use craterdex_engine::{Extractor, ModelSpec, Precision};
-use craterdex_model::{fetch, preprocess, Vit};
+use craterdex_fetch as fetch;
+use craterdex_model::{preprocess, Vit};
 use std::path::PathBuf;
 use std::time::Instant;
 

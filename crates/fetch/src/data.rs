@@ -1,7 +1,7 @@
 //! Sample data fetched from package registries: the pycda Mars tile (MIT).
 
-use anyhow::{Context, Result};
-use craterdex_model::fetch::{cache_dir, pip_download};
+use crate::{cache_dir, pip_download, Error, Result};
+use craterdex_errors::{ensure, IoContext};
 use std::io::Read;
 use std::path::PathBuf;
 
@@ -27,30 +27,32 @@ pub fn pycda_mars_tile() -> Result<(PathBuf, PathBuf)> {
         &cache_dir().join("downloads"),
     )?;
     let tmp = craterdex_durable::tempdir_beside(&dir)?;
-    let f =
-        std::fs::File::open(&sdist).with_context(|| format!("cannot open {}", sdist.display()))?;
+    let f = std::fs::File::open(&sdist).io("open", &sdist)?;
     let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(f));
     let mut found = 0;
-    for entry in archive
-        .entries()
-        .with_context(|| format!("{} is not a tar.gz", sdist.display()))?
-    {
-        let mut entry = entry?;
-        let path = entry.path()?.to_path_buf();
+    let not_tar = |e: std::io::Error| {
+        Error::Corrupt(format!("{} is not a readable tar.gz: {e}", sdist.display()))
+    };
+    for entry in archive.entries().map_err(not_tar)? {
+        let mut entry = entry.map_err(not_tar)?;
+        let path = entry.path().map_err(not_tar)?.to_path_buf();
         if let Some(name) = MEMBERS
             .iter()
             .find(|m| path.ends_with(format!("sample_imgs/{m}")))
         {
             let mut buf = Vec::new();
-            entry.read_to_end(&mut buf)?;
-            std::fs::write(tmp.join(name), buf)?;
+            entry.read_to_end(&mut buf).map_err(not_tar)?;
+            let member = tmp.join(name);
+            std::fs::write(&member, buf).io("write", &member)?;
             found += 1;
         }
     }
-    anyhow::ensure!(
+    ensure!(
         found == MEMBERS.len(),
-        "{} lacks the sample tile or its labels",
-        sdist.display()
+        Error::Corrupt(format!(
+            "{} lacks the sample tile or its labels",
+            sdist.display()
+        ))
     );
     craterdex_durable::replace_dir(&tmp, &dir)?;
     Ok((tile, labels))

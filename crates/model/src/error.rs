@@ -1,0 +1,69 @@
+//! What can go wrong turning checkpoints and images into features.
+
+use craterdex_errors::{prefix, ErrorKind, HasKind, Invalid, IoError, Prefix};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An image, checkpoint, features file or option that cannot be used: the message names
+    /// it and says why.
+    #[error("{0}")]
+    Invalid(String),
+    /// An image that decodes only in part (a JPEG cut short or with bad entropy data);
+    /// allowing partial images uses what can be decoded.
+    #[error("{0}")]
+    Truncated(String),
+    /// A model directory whose files do not check out (weights that fail their checksum):
+    /// import or fetch the model again.
+    #[error("{0}")]
+    Corrupt(String),
+    /// Valid, but not on this machine (bf16 linear layers without AMX tiles).
+    #[error("{0}")]
+    Unsupported(String),
+    #[error(transparent)]
+    Io(#[from] IoError),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl HasKind for Error {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Invalid(_) | Error::Truncated(_) => ErrorKind::InvalidInput,
+            Error::Corrupt(_) => ErrorKind::Corrupt,
+            Error::Unsupported(_) => ErrorKind::Unsupported,
+            Error::Io(e) => e.kind(),
+        }
+    }
+}
+
+impl Error {
+    /// An invalid-input error from anything printable (a parser's own error, say).
+    pub fn invalid(e: impl std::fmt::Display) -> Self {
+        Error::Invalid(e.to_string())
+    }
+}
+
+impl From<Invalid> for Error {
+    fn from(e: Invalid) -> Self {
+        Error::Invalid(e.0)
+    }
+}
+
+/// Tensor views and files of features: a shape that does not fit its data.
+impl From<safetensors::SafeTensorError> for Error {
+    fn from(e: safetensors::SafeTensorError) -> Self {
+        Error::Invalid(format!("safetensors: {e}"))
+    }
+}
+
+impl Prefix for Error {
+    fn prefixed(self, p: &str) -> Self {
+        match self {
+            Error::Invalid(m) => Error::Invalid(prefix(p, &m)),
+            Error::Truncated(m) => Error::Truncated(prefix(p, &m)),
+            Error::Corrupt(m) => Error::Corrupt(prefix(p, &m)),
+            Error::Unsupported(m) => Error::Unsupported(prefix(p, &m)),
+            Error::Io(e) => Error::Io(e.prefixed(p)),
+        }
+    }
+}
