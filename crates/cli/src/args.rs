@@ -1,13 +1,27 @@
-//! Argument groups shared by several commands, each turned into the engine's own settings.
+//! Argument groups shared by several commands. Each becomes the engine's typed options
+//! (`ModelOptions`, `RecipeOptions`, `SearchOptions`): values are parsed by the options' own
+//! spelling (`FromStr`, the values listed from the types) and defaults are the options'
+//! `Default`, so the command line, Python and the service cannot drift apart.
 
 use crate::output::Bars;
 use anyhow::Result;
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Args;
 use craterdex_engine::{
-    Aggregation, Codec, ExtractSettings, Extractor, IndexRecipe, IvfSetting, Mode, ModelSpec,
-    Orientation, Pooling, Precision, Recipe, ResizeMode, SearchParams, SeedStrategy, Stage1,
+    Codec, Extractor, IvfSetting, Mode, ModelOptions, Orientation, Pooling, Precision,
+    RecipeOptions, ResizeMode, SearchOptions, SeedStrategy, Whitening,
 };
 use std::path::PathBuf;
+use std::str::FromStr;
+use strum::VariantNames;
+
+/// A value parser for an option whose values are `names` (the help lists them).
+fn one_of<T>(names: impl IntoIterator<Item = &'static str>) -> impl TypedValueParser<Value = T>
+where
+    T: FromStr<Err = craterdex_errors::Invalid> + Clone + Send + Sync + 'static,
+{
+    PossibleValuesParser::new(names).try_map(|s| s.parse::<T>())
+}
 
 /// Which model, at what input size, resize and precision: everything that runs the model.
 #[derive(Args, Clone)]
@@ -18,34 +32,25 @@ pub struct ModelChoice {
     /// Input size in pixels (default: the model's, 224).
     #[arg(long)]
     pub size: Option<usize>,
-    /// squash (default) or center-crop.
-    #[arg(long, default_value = "squash")]
+    /// How images are brought to the model's square input.
+    #[arg(long, value_parser = one_of::<ResizeMode>(ResizeMode::VARIANTS.iter().copied()),
+          default_value_t = ModelOptions::default().resize)]
     pub resize: ResizeMode,
-    /// f32 (default); int8: linear layers on integers (activations quantised per row and
-    /// group of 64, 8-bit weights), exact products on every kernel level, fastest with
-    /// AVX-512 VNNI or AMX; or bf16: linear layers in bf16 on AMX tiles (Intel Xeon 4th
-    /// generation or later). Measured speed and accuracy: README, "Choosing a model".
-    #[arg(long, default_value = "f32")]
+    /// f32; int8: linear layers on integers (activations quantised per row and group of 64,
+    /// 8-bit weights), exact products on every kernel level, fastest with AVX-512 VNNI or
+    /// AMX; or bf16: linear layers in bf16 on AMX tiles (Intel Xeon 4th generation or
+    /// later). Measured speed and accuracy: docs/performance.md.
+    #[arg(long, value_parser = one_of::<Precision>(Precision::VARIANTS.iter().copied()),
+          default_value_t = ModelOptions::default().precision)]
     pub precision: Precision,
-    /// as-is (default); shading: turn every crop so that its crater's shading points one
-    /// way and add its mirror image (two forward passes per image, same bytes per image),
-    /// for queries seen from another orbit: turned or mirrored; shading-spread: the same at
-    /// the shading angle and 20 degrees either side (six forward passes per image). An index
-    /// records it and its queries must use the same. Measured: README, "Turned queries".
-    #[arg(long, default_value = "as-is")]
+    /// as-is; shading: turn every crop so that its crater's shading points one way and add
+    /// its mirror image (two forward passes per image, same bytes per image), for queries
+    /// seen from another orbit: turned or mirrored; shading-spread: the same at the shading
+    /// angle and 20 degrees either side (six forward passes per image). An index records it
+    /// and its queries must use the same. Measured: docs/results.md, "Turned queries".
+    #[arg(long, value_parser = one_of::<Orientation>(Orientation::VARIANTS.iter().copied()),
+          default_value_t = ModelOptions::default().orient)]
     pub orient: Orientation,
-}
-
-impl ModelChoice {
-    pub fn spec(&self) -> ModelSpec {
-        ModelSpec {
-            dir: self.model.clone(),
-            size: self.size,
-            precision: self.precision,
-            resize: self.resize,
-            orientation: self.orient,
-        }
-    }
 }
 
 /// [`ModelChoice`] plus how extraction runs.
@@ -53,7 +58,8 @@ impl ModelChoice {
 pub struct ModelOpts {
     #[command(flatten)]
     pub choice: ModelChoice,
-    #[arg(long, default_value_t = 16)]
+    /// Images per forward pass.
+    #[arg(long, default_value_t = ModelOptions::default().batch)]
     pub batch: usize,
     /// Bypass the on-disk feature cache.
     #[arg(long)]
@@ -64,81 +70,92 @@ pub struct ModelOpts {
     pub allow_partial_images: bool,
 }
 
+impl ModelChoice {
+    /// The options of a model that runs without the on-disk feature cache (the service).
+    pub fn options(&self) -> ModelOptions {
+        ModelOptions {
+            model: self.model.clone(),
+            size: self.size,
+            precision: self.precision,
+            resize: self.resize,
+            orient: self.orient,
+            cache: false,
+            ..Default::default()
+        }
+    }
+}
+
 impl ModelOpts {
-    pub fn settings(&self) -> ExtractSettings {
-        ExtractSettings {
+    pub fn options(&self) -> ModelOptions {
+        ModelOptions {
             batch: self.batch,
             cache: !self.no_cache,
-            allow_partial: self.allow_partial_images,
+            allow_partial_images: self.allow_partial_images,
+            ..self.choice.options()
         }
     }
 
     /// Loads the model (fetching the default one on first use).
     pub fn load(&self) -> Result<Extractor> {
-        Ok(Extractor::load(
-            &self.choice.spec(),
-            self.settings(),
-            &Bars::new(),
-        )?)
+        Ok(Extractor::load(&self.options(), &Bars::new())?)
     }
 }
 
 /// The index build recipe.
 #[derive(Args, Clone)]
 pub struct RecipeOpts {
-    /// Token codec: f32, f16, int8, pq96, pq48, ...
-    #[arg(long, default_value = "int8")]
+    /// Token codec: f32, f16, int8 or pqM (M subquantisers: pq96, pq48, ...).
+    #[arg(long, value_parser = Codec::from_str, default_value_t = RecipeOptions::default().codec)]
     pub codec: Codec,
     /// Instance tokens per image.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = RecipeOptions::default().k)]
     pub k: usize,
-    /// Seeds: fps, attn, random, norm, normattn.
-    #[arg(long, default_value = "fps")]
+    /// How the instance tokens' seeds are chosen.
+    #[arg(long, value_parser = one_of::<SeedStrategy>(SeedStrategy::OPTIONS.iter().map(SeedStrategy::name)),
+          default_value_t = RecipeOptions::default().seeds)]
     pub seeds: SeedStrategy,
-    /// Single vector for the shortlist: cls, gap, gem, max.
-    #[arg(long, default_value = "cls")]
+    /// The single vector of the stage-1 shortlist.
+    #[arg(long, value_parser = one_of::<Pooling>(Pooling::OPTIONS.iter().map(Pooling::name)),
+          default_value_t = RecipeOptions::default().pooling)]
     pub pooling: Pooling,
-    /// Do not whiten (reproduces the paper's unwhitened numbers).
-    #[arg(long)]
+    /// What the whitening learns from: pairs (the gallery's matching pairs, two images of one
+    /// crater as a manifest's 2x and 3x views or a crater_id column give, blended with PCA;
+    /// PCA alone where no two images share a crater), pca, or none (the paper's unwhitened
+    /// setting). Measured: docs/results.md, "Whitening from the catalogue's own pairs".
+    #[arg(long, value_parser = one_of::<Whitening>(Whitening::VARIANTS.iter().copied()),
+          default_value_t = RecipeOptions::default().whitening)]
+    pub whitening: Whitening,
+    /// Same as --whitening none.
+    #[arg(long, hide = true, conflicts_with_all = ["whitening", "pca_whitening"])]
     pub no_whiten: bool,
-    /// Learn PCA whitening only. By default, where the metadata gives two images of one
-    /// crater (a manifest's 2x and 3x gallery views, a catalogue's crater_id column), the
-    /// whitening also learns from those matching pairs (README, "Whitening from the
-    /// catalogue's own pairs"); without such pairs it is PCA whitening either way.
-    #[arg(long)]
+    /// Same as --whitening pca.
+    #[arg(long, hide = true, conflicts_with = "whitening")]
     pub pca_whitening: bool,
     /// Approximate stage 1: IVF lists over the single vectors. "auto": about 4 sqrt(n) lists
     /// from 100,000 images up, exact below; "off"; or a number of lists.
-    #[arg(long, default_value = "auto")]
-    pub ivf: String,
+    #[arg(long, value_parser = IvfSetting::from_str, default_value_t = RecipeOptions::default().ivf)]
+    pub ivf: IvfSetting,
     /// IVF lists scanned per query by default (default: lists / 32, at least 8).
     #[arg(long)]
     pub nprobe: Option<usize>,
 }
 
 impl RecipeOpts {
-    pub fn recipe(&self) -> Result<IndexRecipe> {
-        Ok(IndexRecipe {
-            recipe: Recipe {
-                pooling: self.pooling,
-                aggregation: Aggregation::Instance {
-                    seeds: self.seeds,
-                    k: self.k,
-                    soft_m: 1,
-                },
-                whiten: !self.no_whiten,
-                whiten_pairs: if self.pca_whitening {
-                    None
-                } else {
-                    Recipe::default().whiten_pairs
-                },
-                ..Default::default()
-            },
+    pub fn options(&self) -> RecipeOptions {
+        RecipeOptions {
             codec: self.codec,
-            ivf: self.ivf.parse::<IvfSetting>()?,
+            k: self.k,
+            seeds: self.seeds,
+            pooling: self.pooling,
+            whitening: match (self.no_whiten, self.pca_whitening) {
+                (true, _) => Whitening::None,
+                (_, true) => Whitening::Pca,
+                _ => self.whitening,
+            },
+            ivf: self.ivf,
             nprobe: self.nprobe,
-            seed: 0,
-        })
+            ..Default::default()
+        }
     }
 }
 
@@ -146,15 +163,16 @@ impl RecipeOpts {
 #[derive(Args, Clone)]
 pub struct SearchOpts {
     /// Results per query.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = SearchOptions::default().top_k)]
     pub top: usize,
     /// Shortlist size S: the S best by stage 1 are reranked; results past S (when --top is
     /// larger) follow in stage-1 order.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = SearchOptions::default().shortlist)]
     pub shortlist: usize,
-    /// two-stage (default), stage1 or exhaustive.
-    #[arg(long, default_value = "two-stage")]
-    pub mode: String,
+    /// How hits are ranked.
+    #[arg(long, value_parser = one_of::<Mode>(Mode::VARIANTS.iter().copied()),
+          default_value_t = SearchOptions::default().mode)]
+    pub mode: Mode,
     /// IVF lists to scan in stage 1 (default: the index's); 0 scans every image exactly.
     #[arg(long)]
     pub nprobe: Option<usize>,
@@ -166,19 +184,16 @@ pub struct SearchOpts {
 }
 
 impl SearchOpts {
-    pub fn params(&self) -> Result<SearchParams> {
-        Ok(SearchParams {
+    pub fn options(&self) -> SearchOptions {
+        SearchOptions {
             top_k: self.top,
             shortlist: self.shortlist,
-            mode: self.mode.parse::<Mode>()?,
-            stage1: Stage1::from_nprobe(self.nprobe),
+            mode: self.mode,
+            nprobe: self.nprobe,
             group_views: !self.ungrouped,
-        })
+        }
     }
 }
-
-/// Entries' `(id, path)` and their metadata, in the same order.
-pub type LoadedEntries = (Vec<(String, PathBuf)>, Vec<craterdex_engine::ImageMeta>);
 
 /// Crater entries to link: crops with ids and, when known, crater ids and positions.
 #[derive(Args, Clone)]
@@ -199,7 +214,7 @@ pub struct EntriesOpts {
 
 impl EntriesOpts {
     /// The entries' `(id, path)` and metadata, in the same order.
-    pub fn load(&self) -> Result<LoadedEntries> {
+    pub fn load(&self) -> Result<craterdex_engine::Entries> {
         use anyhow::bail;
         let e = &self.entries;
         if e.is_dir() {
@@ -220,14 +235,21 @@ impl EntriesOpts {
         } else {
             bench.query_metas(&ids)
         };
-        Ok((items, metas))
+        Ok(craterdex_engine::Entries {
+            items,
+            metas,
+            learn: Default::default(),
+        })
     }
 }
 
 /// The images of a directory (ids are file names) with their metadata: from `meta`, or
 /// from `DIR.csv` beside the directory when it exists (an `id` column and any of
 /// crater_id, source, view, lat, lon, diameter_km, x, y, diameter_px).
-pub fn dir_entries(dir: &std::path::Path, meta: Option<&std::path::Path>) -> Result<LoadedEntries> {
+pub fn dir_entries(
+    dir: &std::path::Path,
+    meta: Option<&std::path::Path>,
+) -> Result<craterdex_engine::Entries> {
     let items = craterdex_engine::inputs::images_in(dir)?;
     let beside = dir.with_extension("csv");
     let meta_path = meta
@@ -246,7 +268,11 @@ pub fn dir_entries(dir: &std::path::Path, meta: Option<&std::path::Path>) -> Res
             m
         })
         .collect();
-    Ok((items, metas))
+    Ok(craterdex_engine::Entries {
+        items,
+        metas,
+        learn: Default::default(),
+    })
 }
 
 /// Image tiles with their crater lists in pixels, given in pairs.

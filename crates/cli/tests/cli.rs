@@ -301,7 +301,7 @@ fn full_workflow_on_a_tiny_model() {
     ];
     args.extend(common);
     let o = e.run(&args);
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&o.stderr).contains("is not the gallery of"));
 }
 
@@ -410,8 +410,12 @@ fn bad_input_gives_clear_errors_and_exit_codes() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("nowhere/index.json"), "{err}");
     let o = e.run(&["search", "--index", "idx", "--mode", "sideways", "x.png"]);
-    assert_eq!(o.status.code(), Some(3));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("unknown mode"));
+    assert_eq!(o.status.code(), Some(2), "an unknown value is bad usage");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("sideways") && err.contains("two-stage"),
+        "the values are listed: {err}"
+    );
     let o = e.run(&["index", "build", "--codec", "zip", "--out", "x"]);
     assert_eq!(o.status.code(), Some(2), "usage errors exit 2");
     std::fs::write(e.root.join("m.json"), r#"{"images": []}"#).unwrap();

@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 /// One result: the indexed image, its scores and what the index knows about it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SearchHit {
     /// 1-based.
     pub rank: usize,
@@ -22,7 +23,9 @@ pub struct SearchHit {
     pub crater_id: Option<String>,
     /// The score the ranking used (stage 2 where the image was reranked, else stage 1).
     pub score: f32,
+    /// The single-vector score.
     pub stage1: Option<f32>,
+    /// The late-interaction (MaxSim) score.
     pub stage2: Option<f32>,
     pub meta: ImageMeta,
     /// The image's row in the index.
@@ -134,19 +137,6 @@ impl Engine {
             .collect()
     }
 
-    /// The descriptors of one image's features under the index's encoder.
-    pub fn encode_ref(&self, f: FeatureRef) -> Descriptors {
-        self.index.encoder.encode(f)
-    }
-
-    /// Ranked hits for the features of one image given as slices.
-    pub fn search_feature_ref(&self, f: FeatureRef, params: &SearchParams) -> Vec<SearchHit> {
-        let desc = self.encode_ref(f);
-        self.search(std::slice::from_ref(&desc), params)
-            .pop()
-            .unwrap_or_default()
-    }
-
     /// Extracts `(id, path)` images with the loaded model and encodes them for this index.
     /// Returns the ids that were extracted (unreadable images are skipped with a note) and
     /// their descriptors, in the same order.
@@ -175,21 +165,14 @@ impl Engine {
         Ok(self.search_features(&features, params))
     }
 
-    /// Searches with one decoded image (an upload).
-    pub fn search_image(
-        &self,
-        image: &image::DynamicImage,
-        params: &SearchParams,
-    ) -> Result<Vec<SearchHit>> {
+    /// The descriptors of one decoded image (an upload) under the index's encoder.
+    pub fn encode_image(&self, image: &image::DynamicImage) -> Result<Descriptors> {
         let f = self.extractor_or_err()?.features_of(image)?;
-        Ok(self.search_feature_ref(
-            FeatureRef {
-                cls: &f.cls,
-                patches: &f.patches,
-                attention: &f.attention,
-            },
-            params,
-        ))
+        Ok(self.index.encoder.encode(FeatureRef {
+            cls: &f.cls,
+            patches: &f.patches,
+            attention: &f.attention,
+        }))
     }
 
     /// Searches with the stored descriptors of an indexed image.
@@ -240,34 +223,47 @@ impl Engine {
         Ok((n, self.reopened()?))
     }
 
-    /// Adds the features of new images (metadata in the same order).
+    /// Each image's record with its descriptors, in the order of `features`; `metas` (any
+    /// order) holds a record for every image.
+    pub fn encode_with_metas(
+        &self,
+        metas: Vec<ImageMeta>,
+        features: &FeatureSet,
+    ) -> Result<Vec<(ImageMeta, Descriptors)>> {
+        let metas = crate::inputs::metas_in_order(metas, &features.ids)?;
+        Ok(metas.into_iter().zip(self.encode(features)).collect())
+    }
+
+    /// Reads `entries` with the loaded model: each readable image's record with its
+    /// descriptors (unreadable images are skipped with a note).
+    pub fn encode_entries(
+        &self,
+        entries: &crate::Entries,
+        progress: &dyn Progress,
+    ) -> Result<Vec<(ImageMeta, Descriptors)>> {
+        let features = self
+            .extractor_or_err()?
+            .extract(&entries.items, "entries", progress)?;
+        self.encode_with_metas(entries.metas.clone(), &features)
+    }
+
+    /// Adds the features of new images; `metas` (any order) holds each one's record.
     pub fn add_features(
         &self,
         metas: Vec<ImageMeta>,
         features: &FeatureSet,
     ) -> Result<(usize, Engine)> {
-        ensure!(
-            metas.len() == features.len(),
-            Error::Invalid(format!(
-                "{} metadata records for {} images",
-                metas.len(),
-                features.len()
-            ))
-        );
-        let images: Vec<(ImageMeta, Descriptors)> =
-            metas.into_iter().zip(self.encode(features)).collect();
-        self.add(&images)
+        self.add(&self.encode_with_metas(metas, features)?)
     }
 
-    /// Extracts and adds `(id, path)` images; their metadata records id and path.
-    pub fn add_images(
+    /// Reads `entries` with the loaded model and adds them (unreadable images are skipped
+    /// with a note).
+    pub fn add_entries(
         &self,
-        items: &[(String, PathBuf)],
+        entries: &crate::Entries,
         progress: &dyn Progress,
     ) -> Result<(usize, Engine)> {
-        let features = self.extractor_or_err()?.extract(items, "add", progress)?;
-        let metas = crate::inputs::metas_for(items, &features.ids);
-        self.add_features(metas, &features)
+        self.add(&self.encode_entries(entries, progress)?)
     }
 
     /// Removes images by id; returns how many were present and the engine afterwards.

@@ -2,47 +2,23 @@
 //! with the on-disk cache and a progress report. The only place a model is loaded.
 
 use crate::error::{Error, Result};
+use crate::options::ModelOptions;
 use crate::progress::Progress;
 use craterdex_errors::{ensure, ResultExt};
 use craterdex_fetch as fetch;
 use craterdex_model::extract::{self, ExtractOptions, FeatureSet};
-use craterdex_model::{
-    preprocess, ImageFeatures, Orientation, Precision, Preprocess, ResizeMode, Vit,
-};
+use craterdex_model::{preprocess, ImageFeatures, Orientation, Preprocess, ResizeMode, Vit};
 use std::path::PathBuf;
-
-/// Which backbone to run and how images are prepared for it.
-#[derive(Clone, Debug, Default)]
-pub struct ModelSpec {
-    /// A model directory (`None`: the default model, fetched from PyPI on first use).
-    pub dir: Option<PathBuf>,
-    /// Input size in pixels (`None`: the model's own).
-    pub size: Option<usize>,
-    pub precision: Precision,
-    pub resize: ResizeMode,
-    /// How crops are turned before the model sees them (recorded in an index through the
-    /// model fingerprint, so its queries are turned the same way).
-    pub orientation: Orientation,
-}
+use strum::IntoEnumIterator;
 
 /// How extraction runs.
 #[derive(Clone, Debug)]
-pub struct ExtractSettings {
-    pub batch: usize,
+struct ExtractSettings {
+    batch: usize,
     /// Use the per-image feature cache under `$CRATERDEX_HOME/features`.
-    pub cache: bool,
+    cache: bool,
     /// Use what can be decoded of truncated or corrupt images (default: skip and list them).
-    pub allow_partial: bool,
-}
-
-impl Default for ExtractSettings {
-    fn default() -> Self {
-        Self {
-            batch: 16,
-            cache: true,
-            allow_partial: false,
-        }
-    }
+    allow_partial: bool,
 }
 
 /// A loaded backbone ready to turn images into features.
@@ -54,13 +30,12 @@ pub struct Extractor {
 }
 
 impl Extractor {
-    /// Loads `spec`'s model; the default model is fetched first when it is missing.
-    pub fn load(
-        spec: &ModelSpec,
-        settings: ExtractSettings,
-        progress: &dyn Progress,
-    ) -> Result<Self> {
-        let dir = match &spec.dir {
+    /// Loads the model `options` name; the default model is fetched first when it is
+    /// missing.
+    pub fn load(options: &ModelOptions, progress: &dyn Progress) -> Result<Self> {
+        options.check()?;
+        let spec = options;
+        let dir = match &spec.model {
             Some(d) => d.clone(),
             None => {
                 let dir = fetch::default_model_dir();
@@ -74,24 +49,21 @@ impl Extractor {
         let vit = craterdex_model::load(&dir, spec.size)
             .with_context(|| format!("cannot load the model in {}", dir.display()))?
             .with_precision(spec.precision)?;
-        Ok(Self::new(vit, spec.resize, settings).with_orientation(spec.orientation))
+        Ok(Self::new(vit, options))
     }
 
-    /// An extractor around a backbone already in memory.
-    pub fn new(vit: Vit, resize: ResizeMode, settings: ExtractSettings) -> Self {
+    /// An extractor around a backbone already in memory, preparing images and running as
+    /// `options` say (their model, size and precision are the backbone's own).
+    pub fn new(vit: Vit, options: &ModelOptions) -> Self {
         Self {
             vit,
-            resize,
-            orientation: Orientation::AsIs,
-            settings,
-        }
-    }
-
-    /// This extractor turning crops as `orientation` says.
-    pub fn with_orientation(self, orientation: Orientation) -> Self {
-        Self {
-            orientation,
-            ..self
+            resize: options.resize,
+            orientation: options.orient,
+            settings: ExtractSettings {
+                batch: options.batch.max(1),
+                cache: options.cache,
+                allow_partial: options.allow_partial_images,
+            },
         }
     }
 
@@ -226,8 +198,7 @@ fn fingerprint_with(model: &str, orientation: Orientation) -> String {
 /// The model and orientation of a fingerprint [`fingerprint_with`] made (a model name may
 /// itself hold a `+`: only a known orientation's suffix is taken off).
 pub(crate) fn split_fingerprint(fingerprint: &str) -> (&str, Orientation) {
-    Orientation::ALL
-        .into_iter()
+    Orientation::iter()
         .filter(|&o| o != Orientation::AsIs)
         .find_map(|o| {
             fingerprint
@@ -245,7 +216,7 @@ mod tests {
     #[test]
     fn a_fingerprint_splits_back_into_model_and_orientation() {
         for model in ["dinov2-abc123", "a+b-abc123", "x+shading-1"] {
-            for o in Orientation::ALL {
+            for o in Orientation::iter() {
                 assert_eq!(split_fingerprint(&fingerprint_with(model, o)), (model, o));
             }
         }

@@ -9,20 +9,28 @@
 //! sits on model, tokens and index and must not know about benchmarks, reports, HTTP or the
 //! command line.
 
+mod build;
 mod engine;
 mod error;
 mod extractor;
+mod info;
 pub mod inputs;
+mod options;
 mod plan;
 mod progress;
 mod recipe;
+mod shared;
 
+pub use build::{Entries, LearnFrom};
 pub use engine::{Engine, QueryHits, SearchHit};
 pub use error::{Error, Result};
-pub use extractor::{ExtractSettings, Extractor, ModelSpec};
+pub use extractor::Extractor;
+pub use info::{IndexInfo, IvfInfo};
+pub use options::{Defaults, ModelOptions, RecipeOptions, SearchLimits, SearchOptions, Whitening};
 pub use plan::{learn_rows, learn_sample, BuildPlan, LEARN_SAMPLE_IMAGES};
 pub use progress::{Progress, Silent};
 pub use recipe::{encode_all, feature_refs, IndexRecipe, IvfSetting, IVF_AUTO_MIN_IMAGES};
+pub use shared::SharedEngine;
 
 // What front ends need from the crates below to use the engine.
 pub use craterdex_index::{Codec, Hit, ImageMeta, Index, Mode, SearchParams, Stage1};

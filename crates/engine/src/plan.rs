@@ -52,7 +52,7 @@ pub fn learn_rows(inputs: &[String], extracted: &[String], seed: u64) -> Option<
     )
 }
 
-const PLAN_FORMAT: &str = "craterdex-build-plan/1";
+const PLAN_FORMAT: &str = "craterdex-build-plan/2";
 
 /// What every part of one index shares. Saved as JSON, so that workers on other machines
 /// read the same encoder and codec.
@@ -110,6 +110,47 @@ impl IndexRecipe {
 }
 
 impl BuildPlan {
+    /// Learns the plan of a build from the sample `entries`, read with `extractor` (whose
+    /// model the index will record), and saves it at `path`; returns how many images it
+    /// learned from.
+    pub fn learn(
+        path: &Path,
+        entries: &crate::Entries,
+        recipe: &IndexRecipe,
+        extractor: &crate::Extractor,
+        progress: &dyn Progress,
+    ) -> Result<usize> {
+        let feats = extractor.extract(&entries.items, "sample", progress)?;
+        let metas = crate::inputs::metas_in_order(entries.metas.clone(), &feats.ids)?;
+        recipe
+            .plan(&feats, &metas, Some(extractor.fingerprint()))?
+            .save(path)?;
+        Ok(feats.len())
+    }
+
+    /// Reads `entries` with `extractor`, which must run the plan's model, and writes them
+    /// as the part at `dir`; returns how many images it holds.
+    pub fn write_entries(
+        &self,
+        dir: &Path,
+        entries: &crate::Entries,
+        extractor: &crate::Extractor,
+        progress: &dyn Progress,
+    ) -> Result<usize> {
+        if let Some(m) = &self.model {
+            ensure!(
+                *m == extractor.fingerprint(),
+                Error::Invalid(format!(
+                    "the plan was learned with model {m}, this worker runs {}",
+                    extractor.fingerprint()
+                ))
+            );
+        }
+        let feats = extractor.extract(&entries.items, "part", progress)?;
+        let metas = crate::inputs::metas_in_order(entries.metas.clone(), &feats.ids)?;
+        self.write_part(dir, &feats, metas)
+    }
+
     pub fn save(&self, path: &Path) -> Result<()> {
         Ok(craterdex_durable::write_atomic(
             path,

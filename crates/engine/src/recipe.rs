@@ -16,9 +16,17 @@ pub const IVF_AUTO_MIN_IMAGES: usize = 100_000;
 /// Images whose tokens train the codec (PQ codebooks).
 const CODEC_SAMPLE_IMAGES: usize = 4000;
 
-/// Whether stage 1 goes through IVF lists.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
+/// Whether stage 1 goes through IVF lists: `auto`, `off` or a number of lists.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    serde_with::SerializeDisplay,
+    serde_with::DeserializeFromStr,
+)]
 pub enum IvfSetting {
     /// About 4 sqrt(n) lists from [`IVF_AUTO_MIN_IMAGES`] images up, exact below.
     #[default]
@@ -27,16 +35,26 @@ pub enum IvfSetting {
     Lists(usize),
 }
 
+impl std::fmt::Display for IvfSetting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            IvfSetting::Auto => f.write_str("auto"),
+            IvfSetting::Off => f.write_str("off"),
+            IvfSetting::Lists(n) => write!(f, "{n}"),
+        }
+    }
+}
+
 impl std::str::FromStr for IvfSetting {
-    type Err = crate::Error;
-    fn from_str(s: &str) -> Result<Self> {
-        Ok(match s {
+    type Err = craterdex_errors::Invalid;
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        Ok(match s.trim() {
             "auto" => IvfSetting::Auto,
             "off" | "none" => IvfSetting::Off,
             v => match v.parse::<usize>() {
                 Ok(n) if n >= 1 => IvfSetting::Lists(n),
                 _ => {
-                    return Err(crate::Error::Invalid(format!(
+                    return Err(craterdex_errors::Invalid(format!(
                         "ivf {v:?}: use auto, off, or a number of lists"
                     )))
                 }
@@ -45,8 +63,9 @@ impl std::str::FromStr for IvfSetting {
     }
 }
 
-/// The build recipe. `Default` is what craterdex ships: CLS shortlist, 32 FPS instance
-/// tokens, int8, PCA whitening, IVF from 100,000 images.
+/// The whole build recipe, what evaluation regimes vary too; users set
+/// [`crate::RecipeOptions`], whose `Default` makes `IndexRecipe::default()`: what craterdex
+/// ships.
 #[derive(Clone, Debug)]
 pub struct IndexRecipe {
     pub recipe: Recipe,
@@ -59,13 +78,9 @@ pub struct IndexRecipe {
 
 impl Default for IndexRecipe {
     fn default() -> Self {
-        Self {
-            recipe: Recipe::default(),
-            codec: Codec::Int8,
-            ivf: IvfSetting::Auto,
-            nprobe: None,
-            seed: 0,
-        }
+        crate::RecipeOptions::default()
+            .recipe()
+            .expect("the default options make a recipe")
     }
 }
 

@@ -165,6 +165,41 @@ impl<T> OrInvalid<T> for Option<T> {
     }
 }
 
+/// Parses an option value: one of `variants` as they display (their one spelling), or one of
+/// the older `aliases`; otherwise an [`Invalid`] naming the option and every value it takes.
+pub fn parse_named<T: Copy + std::fmt::Display>(
+    what: &str,
+    s: &str,
+    variants: impl IntoIterator<Item = T>,
+    aliases: &[(&str, T)],
+) -> Result<T, Invalid> {
+    let s = s.trim();
+    let variants: Vec<T> = variants.into_iter().collect();
+    variants
+        .iter()
+        .copied()
+        .find(|v| v.to_string().eq_ignore_ascii_case(s))
+        .or_else(|| {
+            aliases
+                .iter()
+                .find(|(a, _)| a.eq_ignore_ascii_case(s))
+                .map(|(_, v)| *v)
+        })
+        .ok_or_else(|| {
+            let names: Vec<String> = variants.iter().map(|v| v.to_string()).collect();
+            Invalid(format!("unknown {what} {s:?}: use {}", one_of(&names)))
+        })
+}
+
+/// `a, b or c`.
+pub fn one_of(names: &[String]) -> String {
+    match names {
+        [] => String::new(),
+        [one] => one.clone(),
+        [rest @ .., last] => format!("{} or {last}", rest.join(", ")),
+    }
+}
+
 /// Returns early with `err` (converted into the function's error) unless `cond` holds.
 #[macro_export]
 macro_rules! ensure {
@@ -200,6 +235,36 @@ mod tests {
             std::io::Error::from(std::io::ErrorKind::PermissionDenied),
         );
         assert_eq!(denied.kind(), ErrorKind::Io);
+    }
+
+    #[test]
+    fn option_values_parse_by_name_or_alias_and_errors_list_every_value() {
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        enum Fruit {
+            Apple,
+            Pear,
+        }
+        impl std::fmt::Display for Fruit {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(match self {
+                    Fruit::Apple => "apple",
+                    Fruit::Pear => "pear",
+                })
+            }
+        }
+        let all = [Fruit::Apple, Fruit::Pear];
+        let aliases = [("malus", Fruit::Apple)];
+        assert_eq!(
+            parse_named("fruit", "PEAR ", all, &aliases).unwrap(),
+            Fruit::Pear
+        );
+        assert_eq!(
+            parse_named("fruit", "malus", all, &aliases).unwrap(),
+            Fruit::Apple
+        );
+        let e = parse_named("fruit", "plum", all, &aliases).unwrap_err();
+        assert_eq!(e.to_string(), "unknown fruit \"plum\": use apple or pear");
+        assert_eq!(one_of(&["a".into(), "b".into(), "c".into()]), "a, b or c");
     }
 
     #[test]

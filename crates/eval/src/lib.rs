@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod observations;
 pub mod regimes;
 pub mod report;
+pub mod run;
 pub mod tiles;
 pub mod turned;
 

@@ -7,6 +7,7 @@
 //! `metadata/query_relevance.json`, else its own crater id.
 
 use crate::error::{Error, Result};
+use craterdex_engine::{Entries, LearnFrom};
 use craterdex_errors::{ensure, IoContext, OrInvalid};
 use craterdex_index::ImageMeta;
 use serde::{Deserialize, Serialize};
@@ -136,6 +137,25 @@ impl Benchmark {
     /// Positions in `gallery_ids` of the images whose crater no query finds relevant: the
     /// only ones an index built from this benchmark, or its evaluation, learns whitening
     /// from (unsupervised, but never from the craters being looked for).
+    /// The gallery as the entries of a new index. Whitening and codec learn from the images
+    /// of craters that no query looks for, as evaluation does, so that searching the
+    /// manifest's queries measures what `eval` reports (without queries: the usual sample).
+    pub fn gallery_entries(&self) -> Entries {
+        let items = self.gallery_items();
+        let ids: Vec<String> = items.iter().map(|(id, _)| id.clone()).collect();
+        let learn = if self.manifest.query_images.is_empty() {
+            LearnFrom::Sample
+        } else {
+            let rows = self.unqueried_gallery_rows(&ids);
+            LearnFrom::Ids(rows.into_iter().map(|r| ids[r].clone()).collect())
+        };
+        Entries {
+            metas: self.gallery_metas(&ids),
+            items,
+            learn,
+        }
+    }
+
     pub fn unqueried_gallery_rows(&self, gallery_ids: &[String]) -> Vec<usize> {
         let queried = self.query_crater_ids();
         let by_id = positions(&self.manifest.gallery_images);

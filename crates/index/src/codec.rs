@@ -31,9 +31,17 @@ impl Codec {
     }
 }
 
+impl std::fmt::Display for Codec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+/// `f32`, `f16`, `int8` or `pqM` (M subquantisers, e.g. `pq96`).
 impl std::str::FromStr for Codec {
-    type Err = crate::Error;
-    fn from_str(s: &str) -> Result<Self> {
+    type Err = craterdex_errors::Invalid;
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        let s = s.trim();
         Ok(match s {
             "f32" => Codec::F32,
             "f16" | "fp16" => Codec::F16,
@@ -44,7 +52,7 @@ impl std::str::FromStr for Codec {
             {
                 Some(m) if m > 0 => Codec::Pq { m },
                 _ => {
-                    return Err(crate::Error::Invalid(format!(
+                    return Err(craterdex_errors::Invalid(format!(
                         "unknown codec {s:?}: use f32, f16, int8 or pqM (e.g. pq96)"
                     )))
                 }

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 /// What is known about one indexed image.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ImageMeta {
     pub id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]

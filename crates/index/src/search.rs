@@ -18,11 +18,27 @@ use rayon::prelude::*;
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How a search ranks: `two-stage`, `stage1` or `exhaustive`.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    strum::Display,
+    strum::EnumIter,
+    strum::VariantNames,
+    strum::IntoStaticStr,
+    serde_with::SerializeDisplay,
+    serde_with::DeserializeFromStr,
+)]
+#[strum(serialize_all = "kebab-case")]
 pub enum Mode {
     /// Single-vector search only.
     Stage1,
     /// Shortlist then rerank.
+    #[default]
     TwoStage,
     /// MaxSim against every image.
     Exhaustive,
@@ -70,30 +86,39 @@ pub struct SearchParams {
 }
 
 impl std::str::FromStr for Mode {
-    type Err = crate::Error;
-    fn from_str(s: &str) -> crate::Result<Self> {
-        Ok(match s {
-            "two-stage" | "two_stage" => Mode::TwoStage,
-            "stage1" | "single" => Mode::Stage1,
-            "exhaustive" | "li" => Mode::Exhaustive,
-            _ => {
-                return Err(crate::Error::Invalid(format!(
-                    "unknown mode {s:?}: use two-stage, stage1 or exhaustive"
-                )))
-            }
-        })
+    type Err = craterdex_errors::Invalid;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        use strum::IntoEnumIterator;
+        let aliases = [
+            ("two_stage", Mode::TwoStage),
+            ("single", Mode::Stage1),
+            ("li", Mode::Exhaustive),
+        ];
+        craterdex_errors::parse_named("mode", s, Mode::iter(), &aliases)
     }
 }
 
 impl Mode {
     pub fn name(self) -> &'static str {
-        match self {
-            Mode::Stage1 => "stage1",
-            Mode::TwoStage => "two-stage",
-            Mode::Exhaustive => "exhaustive",
-        }
+        self.into()
     }
 }
+
+/// The schema of a mode: one of its spellings.
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for Mode {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use strum::VariantNames;
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::Type::String)
+            .enum_values(Some(Mode::VARIANTS.iter().copied()))
+            .default(Some(Mode::default().name().into()))
+            .into()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for Mode {}
 
 impl Default for SearchParams {
     fn default() -> Self {

@@ -2,9 +2,25 @@
 //! by `CRATERDEX_KERNEL` so that every path can be tested and benchmarked on one machine.
 
 use std::sync::OnceLock;
+use strum::IntoEnumIterator;
 
-/// Kernel levels, each a superset of the one before it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// Kernel levels, each a superset of the one before it. Spelled as `CRATERDEX_KERNEL` takes
+/// them: `portable`, `avx2`, `avx512`, `amx`.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    strum::Display,
+    strum::EnumIter,
+    strum::VariantNames,
+    strum::IntoStaticStr,
+)]
+#[strum(serialize_all = "lowercase")]
 pub enum Level {
     /// Plain Rust that the compiler vectorises for the build target (any CPU, ARM included).
     Portable,
@@ -18,34 +34,19 @@ pub enum Level {
     Amx,
 }
 
-pub const ALL: [Level; 4] = [Level::Portable, Level::Avx2, Level::Avx512, Level::Amx];
-
 /// The environment variable that caps the level.
 pub const ENV: &str = "CRATERDEX_KERNEL";
 
 impl Level {
     pub fn name(self) -> &'static str {
-        match self {
-            Level::Portable => "portable",
-            Level::Avx2 => "avx2",
-            Level::Avx512 => "avx512",
-            Level::Amx => "amx",
-        }
-    }
-}
-
-impl std::fmt::Display for Level {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
+        self.into()
     }
 }
 
 impl std::str::FromStr for Level {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        ALL.into_iter()
-            .find(|l| l.name().eq_ignore_ascii_case(s.trim()))
-            .ok_or_else(|| format!("unknown kernel level {s:?}: use portable, avx2, avx512 or amx"))
+    type Err = craterdex_errors::Invalid;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        craterdex_errors::parse_named("kernel level", s, Level::iter(), &[])
     }
 }
 
@@ -105,7 +106,7 @@ pub fn active() -> Level {
 
 /// Every level this CPU can run, lowest first (what a test run per level should cover).
 pub fn supported() -> Vec<Level> {
-    ALL.into_iter().filter(|&l| l <= detected()).collect()
+    Level::iter().filter(|&l| l <= detected()).collect()
 }
 
 /// Whether the int8 dot products of the AVX-512 level have VNNI (`vpdpbusd`).
@@ -181,7 +182,7 @@ mod tests {
 
     #[test]
     fn levels_parse_order_and_cap() {
-        assert_eq!("AVX2".parse::<Level>(), Ok(Level::Avx2));
+        assert_eq!("AVX2".parse::<Level>().unwrap(), Level::Avx2);
         assert!("sse9".parse::<Level>().is_err());
         assert!(Level::Portable < Level::Avx2 && Level::Avx512 < Level::Amx);
         assert!(active() <= detected());

@@ -12,6 +12,12 @@ pub enum Error {
     /// allowing partial images uses what can be decoded.
     #[error("{0}")]
     Truncated(String),
+    /// Bytes that are no image craterdex reads (JPEG, PNG, TIFF, PNM).
+    #[error("{0}")]
+    NotAnImage(String),
+    /// An image over the size limits (pixels, or pixels per side).
+    #[error("{0}")]
+    TooLarge(String),
     /// A model directory whose files do not check out (weights that fail their checksum):
     /// import or fetch the model again.
     #[error("{0}")]
@@ -28,7 +34,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl HasKind for Error {
     fn kind(&self) -> ErrorKind {
         match self {
-            Error::Invalid(_) | Error::Truncated(_) => ErrorKind::InvalidInput,
+            Error::Invalid(_) | Error::Truncated(_) | Error::NotAnImage(_) | Error::TooLarge(_) => {
+                ErrorKind::InvalidInput
+            }
             Error::Corrupt(_) => ErrorKind::Corrupt,
             Error::Unsupported(_) => ErrorKind::Unsupported,
             Error::Io(e) => e.kind(),
@@ -61,6 +69,8 @@ impl Prefix for Error {
         match self {
             Error::Invalid(m) => Error::Invalid(prefix(p, &m)),
             Error::Truncated(m) => Error::Truncated(prefix(p, &m)),
+            Error::NotAnImage(m) => Error::NotAnImage(prefix(p, &m)),
+            Error::TooLarge(m) => Error::TooLarge(prefix(p, &m)),
             Error::Corrupt(m) => Error::Corrupt(prefix(p, &m)),
             Error::Unsupported(m) => Error::Unsupported(prefix(p, &m)),
             Error::Io(e) => Error::Io(e.prefixed(p)),

@@ -8,12 +8,27 @@
 //! config says otherwise). The tensor is CHW, f32.
 
 use crate::error::{Error, Result};
-use craterdex_errors::{ensure, IoContext, OrInvalid, ResultExt};
+use craterdex_errors::{ensure, parse_named, Invalid, IoContext, ResultExt};
 use image::{imageops::FilterType, DynamicImage, Rgb32FImage};
 use std::path::Path;
+use strum::IntoEnumIterator;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
+/// How an image is brought to the model's square input: `squash` or `center-crop`.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Default,
+    strum::Display,
+    strum::EnumIter,
+    strum::VariantNames,
+    strum::IntoStaticStr,
+    serde_with::SerializeDisplay,
+    serde_with::DeserializeFromStr,
+)]
+#[strum(serialize_all = "kebab-case")]
 pub enum ResizeMode {
     /// Resize both sides to the input size, ignoring the aspect ratio.
     #[default]
@@ -23,15 +38,10 @@ pub enum ResizeMode {
 }
 
 impl std::str::FromStr for ResizeMode {
-    type Err = crate::Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "squash" => Ok(Self::Squash),
-            "center-crop" | "centre-crop" => Ok(Self::CenterCrop),
-            _ => Err(Error::Invalid(format!(
-                "unknown resize mode {s:?}: use squash or center-crop"
-            ))),
-        }
+    type Err = Invalid;
+    fn from_str(s: &str) -> std::result::Result<Self, Invalid> {
+        let aliases = [("centre-crop", Self::CenterCrop)];
+        parse_named("resize mode", s, Self::iter(), &aliases)
     }
 }
 
@@ -60,9 +70,22 @@ impl Preprocess {
     }
 }
 
-/// How a crop is turned before the model sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
+/// How a crop is turned before the model sees it: `as-is`, `shading` or `shading-spread`.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Default,
+    strum::Display,
+    strum::EnumIter,
+    strum::VariantNames,
+    strum::IntoStaticStr,
+    serde_with::SerializeDisplay,
+    serde_with::DeserializeFromStr,
+)]
+#[strum(serialize_all = "kebab-case")]
 pub enum Orientation {
     /// As stored: one view.
     #[default]
@@ -82,15 +105,8 @@ pub enum Orientation {
 pub const SHADING_SPREAD: f32 = 20.0 * std::f32::consts::PI / 180.0;
 
 impl Orientation {
-    /// Every orientation, so that parsing, error messages and fingerprints share one list.
-    pub const ALL: [Orientation; 3] = [Self::AsIs, Self::Shading, Self::ShadingSpread];
-
     pub fn name(self) -> &'static str {
-        match self {
-            Self::AsIs => "as-is",
-            Self::Shading => "shading",
-            Self::ShadingSpread => "shading-spread",
-        }
+        self.into()
     }
     /// The angles off the crater's shading dipole at which the crop is turned (each seen
     /// also mirrored); none for a crop seen as stored.
@@ -111,15 +127,9 @@ impl Orientation {
 }
 
 impl std::str::FromStr for Orientation {
-    type Err = crate::Error;
-    fn from_str(s: &str) -> Result<Self> {
-        Ok(Self::ALL
-            .into_iter()
-            .find(|o| o.name() == s)
-            .or_invalid_with(|| {
-                let names: Vec<&str> = Self::ALL.iter().map(|o| o.name()).collect();
-                format!("unknown orientation {s:?}: use one of {}", names.join(", "))
-            })?)
+    type Err = Invalid;
+    fn from_str(s: &str) -> std::result::Result<Self, Invalid> {
+        parse_named("orientation", s, Self::iter(), &[])
     }
 }
 
@@ -140,7 +150,82 @@ pub fn decode_image(bytes: &[u8]) -> Result<DynamicImage> {
 /// [`decode_image`], or with `allow_partial` whatever the decoders can make of the data.
 /// Images over [`MAX_CROP_PIXELS`] are refused from their header, before any decoding.
 pub fn decode_image_with(bytes: &[u8], allow_partial: bool) -> Result<DynamicImage> {
-    decode_checked(bytes, allow_partial, Some(MAX_CROP_PIXELS))
+    let limits = DecodeLimits {
+        allow_partial,
+        ..DecodeLimits::crop()
+    };
+    Ok(decode(bytes, &limits)?.image)
+}
+
+/// What [`decode`] accepts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeLimits {
+    /// Most pixels (`None`: any number; still not empty and at most 64:1).
+    pub max_pixels: Option<u64>,
+    /// Longest side in pixels.
+    pub max_side: Option<u32>,
+    /// Use what can be decoded of truncated or corrupt data.
+    pub allow_partial: bool,
+}
+
+impl DecodeLimits {
+    /// A crater crop: at most [`MAX_CROP_PIXELS`].
+    pub fn crop() -> Self {
+        Self {
+            max_pixels: Some(MAX_CROP_PIXELS),
+            max_side: None,
+            allow_partial: false,
+        }
+    }
+}
+
+/// A decoded image and the format it came in.
+pub struct Decoded {
+    pub image: DynamicImage,
+    pub format: image::ImageFormat,
+}
+
+/// The one way craterdex decodes outside bytes (files, uploads): the format sniffed from
+/// the data, the size read from the header and checked before any pixel is decoded (a few
+/// bytes can claim an image of any size; found by the `image` fuzz target), data the
+/// decoders would only partly read refused unless allowed ([`check_complete`]), and the
+/// decoder itself held to the same limits.
+pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<Decoded> {
+    let reader = image::ImageReader::new(std::io::Cursor::new(bytes))
+        .with_guessed_format()
+        .map_err(|e| Error::NotAnImage(format!("not a readable image: {e}")))?;
+    let Some(format) = reader.format() else {
+        return Err(Error::NotAnImage(
+            "not an image: JPEG, PNG, TIFF or PNM expected".into(),
+        ));
+    };
+    let unreadable =
+        |e: image::ImageError| Error::Invalid(format!("cannot read the {format:?} image: {e}"));
+    let (w, h) = reader.into_dimensions().map_err(unreadable)?;
+    if let Some(max) = limits.max_side {
+        ensure!(
+            w <= max && h <= max,
+            Error::TooLarge(format!(
+                "the image is {w}x{h} pixels; at most {max} per side is accepted"
+            ))
+        );
+    }
+    match limits.max_pixels {
+        Some(max) => check_crop_size(w, h, max)?,
+        None => check_shape(w, h)?,
+    }
+    if !limits.allow_partial {
+        check_complete(bytes)?;
+    }
+    let mut reader = image::ImageReader::with_format(std::io::Cursor::new(bytes), format);
+    let mut decoder_limits = image::Limits::default();
+    decoder_limits.max_image_width = limits.max_side;
+    decoder_limits.max_image_height = limits.max_side;
+    reader.limits(decoder_limits);
+    let image = reader.decode().map_err(unreadable)?;
+    // the decoder's own idea of the size must pass too
+    check_shape(image.width(), image.height())?;
+    Ok(Decoded { image, format })
 }
 
 /// The most pixels a crater crop may have (32 megapixels, e.g. 5,792 x 5,792): more is not
@@ -151,34 +236,13 @@ pub const MAX_CROP_PIXELS: u64 = 1 << 25;
 /// A whole tile (bench-build), any size: refused only when truncated or corrupt.
 pub fn load_tile(path: &Path) -> Result<DynamicImage> {
     let bytes = std::fs::read(path).io("read", path)?;
-    decode_checked(&bytes, false, None)
-        .with_context(|| format!("{} is not a usable image", path.display()))
-}
-
-fn decode_checked(
-    bytes: &[u8],
-    allow_partial: bool,
-    max_pixels: Option<u64>,
-) -> Result<DynamicImage> {
-    // Sizes come from the header, before any pixel is decoded: a few bytes can claim an
-    // image of any size (found by the `image` fuzz target).
-    let (w, h) = image::ImageReader::new(std::io::Cursor::new(bytes))
-        .with_guessed_format()
-        .or_invalid("not a readable image")?
-        .into_dimensions()
-        .or_invalid("not a readable image (JPEG, PNG, TIFF or PNM expected)")?;
-    match max_pixels {
-        Some(max) => check_crop_size(w, h, max)?,
-        None => check_shape(w, h)?,
-    }
-    if !allow_partial {
-        check_complete(bytes)?;
-    }
-    let img = image::load_from_memory(bytes)
-        .or_invalid("not a readable image (JPEG, PNG, TIFF or PNM expected)")?;
-    // the decoder's own idea of the size must pass too
-    check_shape(img.width(), img.height())?;
-    Ok(img)
+    let limits = DecodeLimits {
+        max_pixels: None,
+        ..DecodeLimits::crop()
+    };
+    Ok(decode(&bytes, &limits)
+        .with_context(|| format!("{} is not a usable image", path.display()))?
+        .image)
 }
 
 /// Fails unless a `w` x `h` image can be a crater crop: not empty, at most 64:1, at most
@@ -187,9 +251,9 @@ pub fn check_crop_size(w: u32, h: u32, max: u64) -> Result<()> {
     check_shape(w, h)?;
     ensure!(
         w as u64 * h as u64 <= max,
-        Error::Invalid(format!(
+        Error::TooLarge(format!(
             "a {w}x{h} image is larger than a crater crop can be ({max} pixels); cut tiles \
-         into crops with `craterdex bench-build`"
+             into crater crops first"
         ))
     );
     Ok(())
@@ -609,12 +673,12 @@ mod tests {
 
     #[test]
     fn every_orientation_parses_back_from_its_name_and_a_wrong_name_lists_them() {
-        for o in Orientation::ALL {
+        for o in Orientation::iter() {
             assert_eq!(o.name().parse::<Orientation>().unwrap(), o);
         }
         let message = "sideways".parse::<Orientation>().unwrap_err().to_string();
         assert!(message.contains("\"sideways\""), "{message}");
-        for o in Orientation::ALL {
+        for o in Orientation::iter() {
             assert!(message.contains(o.name()), "{message}");
         }
     }

@@ -12,6 +12,7 @@ use craterdex_kernels::amx::{self, PackedBf16};
 use craterdex_kernels::gemm::{self, PackedF32, PackedI8Linear};
 use craterdex_kernels::nn;
 use rayon::prelude::*;
+use strum::IntoEnumIterator;
 
 /// The weights of one transformer block.
 #[derive(Clone, Debug)]
@@ -170,8 +171,23 @@ impl ImageFeatures {
     }
 }
 
-/// Arithmetic of the forward pass's linear layers (patch embedding, qkv, projection, MLP).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Arithmetic of the forward pass's linear layers (patch embedding, qkv, projection, MLP):
+/// `f32`, `bf16` or `int8`.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Default,
+    strum::Display,
+    strum::EnumIter,
+    strum::VariantNames,
+    strum::IntoStaticStr,
+    serde_with::SerializeDisplay,
+    serde_with::DeserializeFromStr,
+)]
+#[strum(serialize_all = "lowercase")]
 pub enum Precision {
     /// f32 throughout.
     #[default]
@@ -187,25 +203,15 @@ pub enum Precision {
 
 impl Precision {
     pub fn name(self) -> &'static str {
-        match self {
-            Precision::F32 => "f32",
-            Precision::Bf16 => "bf16",
-            Precision::Int8 => "int8",
-        }
+        self.into()
     }
 }
 
 impl std::str::FromStr for Precision {
-    type Err = crate::Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "f32" | "fp32" => Ok(Precision::F32),
-            "bf16" => Ok(Precision::Bf16),
-            "int8" | "i8" => Ok(Precision::Int8),
-            _ => Err(Error::Invalid(format!(
-                "unknown precision {s:?}: use f32, int8 or bf16"
-            ))),
-        }
+    type Err = craterdex_errors::Invalid;
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        let aliases = [("fp32", Precision::F32), ("i8", Precision::Int8)];
+        craterdex_errors::parse_named("precision", s, Self::iter(), &aliases)
     }
 }
 

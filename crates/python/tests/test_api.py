@@ -54,8 +54,30 @@ def test_bad_input_raises_the_cli_message_as_the_class_of_its_kind(tiny, tiny_di
     bad.write_bytes(b"not an image")
     with pytest.raises(craterdex.InvalidInputError, match="no image could be read"):
         tiny.extract([bad])
-    with pytest.raises(CraterdexError, match="unknown resize mode"):
+    with pytest.raises(craterdex.InvalidInputError, match="unknown resize mode"):
         craterdex.Model.load(tiny_dir, resize="bogus")
+    with pytest.raises(craterdex.InvalidInputError, match="unknown codec"):
+        craterdex.Index.build(tmp_path / "r", [{"id": "a", "path": str(bad)}], model=tiny,
+                              recipe=craterdex.Recipe(codec="zip"))
+
+
+def test_options_are_the_engines_own_with_its_defaults_and_bounds(tiny, crops, tmp_path):
+    import inspect
+
+    # the signatures carry the engine's defaults
+    search = inspect.signature(craterdex.Index.search).parameters
+    assert search["top_k"].default == craterdex.DEFAULTS["engine"]["search"]["top_k"] == 10
+    assert search["mode"].default == "two-stage"
+    assert craterdex.Recipe().whitening == "pairs" and craterdex.Recipe().codec == "int8"
+    assert inspect.signature(craterdex.Model.load).parameters["orient"].default == "as-is"
+    idx = craterdex.Index.build(tmp_path / "i", crops.iloc[:8], model=tiny)
+    # one bound check, one message, as the CLI and the service give it
+    with pytest.raises(craterdex.InvalidInputError, match="top_k must be between 1 and"):
+        idx.search(paths=[crops["path"][0]], top_k=0)
+    with pytest.raises(craterdex.InvalidInputError, match="unknown mode"):
+        idx.search(paths=[crops["path"][0]], mode="sideways")
+    info = idx.info()
+    assert info["codec"] == "int8" and info["images"] == 8 and info["image_search"] is True
 
 
 def test_build_and_search_give_what_the_cli_gives(tiny, tiny_dir, cli, crops, tmp_path):
@@ -103,7 +125,7 @@ def test_add_remove_and_feature_searches(tiny, crops, tmp_path):
         reopened.search(paths=[crops["path"][0]])
 
     f = tiny.extract(list(crops["path"][:6]), ids=list(crops["id"][:6]))
-    fidx = craterdex.Index.build(tmp_path / "f", crops.iloc[:6], features=f, recipe=craterdex.Recipe(whiten=False, codec="f32"))
+    fidx = craterdex.Index.build(tmp_path / "f", crops.iloc[:6], features=f, recipe=craterdex.Recipe(whitening="none", codec="f32"))
     self_hits = fidx.search(features=f, top_k=1, mode="exhaustive")
     assert list(self_hits["id"]) == list(crops["id"][:6])
     arrays = [helpers.crater_image(i) for i in range(3)]

@@ -1,15 +1,11 @@
-//! What requests carry: backbone features (a safetensors body as `craterdex extract` writes,
-//! or JSON), image uploads (format sniffed, dimensions checked before decoding) and the
-//! fields of multipart forms.
+//! Backbone features posted for a search: a safetensors body as `craterdex extract` writes
+//! it, or JSON; checked against the index's feature width.
 
 use crate::error::{ApiError, ApiResult};
-use axum::body::Bytes;
-use axum::extract::Multipart;
 use axum::http::StatusCode;
-use craterdex_model::extract::FEATURE_DTYPES;
+use craterdex_model::extract::{FeatureSet, FEATURE_DTYPES};
 use craterdex_model::layouts;
 use serde::Deserialize;
-use std::io::Cursor;
 
 /// Numbers given as a flat list `[T*D]` or as nested lists `[T][D]`, read straight into one
 /// vector (an untagged enum would buffer the whole document first: 3x slower).
@@ -118,11 +114,11 @@ pub fn parse_features(
     Ok((read("cls")?, read("patch_tokens")?, read("attention")?))
 }
 
-/// Checks the shapes against the index's feature width.
+/// The features of one image, checked against the index's feature width.
 pub fn check_features(
     (cls, patches, attention): (Vec<f32>, Vec<f32>, Vec<f32>),
     dim: usize,
-) -> ApiResult<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+) -> ApiResult<FeatureSet> {
     let bad = |m: String| Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, m));
     if cls.len() != dim {
         return bad(format!(
@@ -151,83 +147,12 @@ pub fn check_features(
     {
         return bad("features contain NaN or infinite values".into());
     }
-    Ok((cls, patches, attention))
-}
-
-/// A checked, decoded upload.
-pub struct Upload {
-    pub bytes: Bytes,
-    pub image: image::DynamicImage,
-    pub format: image::ImageFormat,
-}
-
-pub fn decode_upload(bytes: Bytes, max_side: u32, allow_partial: bool) -> ApiResult<Upload> {
-    let reader = image::ImageReader::new(Cursor::new(&bytes[..]))
-        .with_guessed_format()
-        .map_err(ApiError::internal)?;
-    let Some(format) = reader.format() else {
-        return Err(ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "not an image: JPEG, PNG, TIFF or PNM expected",
-        ));
-    };
-    let unreadable = |e: image::ImageError| {
-        ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            format!("cannot read the {format:?} image: {e}"),
-        )
-    };
-    let (w, h) = image::ImageReader::with_format(Cursor::new(&bytes[..]), format)
-        .into_dimensions()
-        .map_err(unreadable)?;
-    if w > max_side || h > max_side {
-        return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("the image is {w}x{h} pixels; at most {max_side} per side is accepted"),
-        ));
-    }
-    if !allow_partial {
-        craterdex_model::preprocess::check_complete(&bytes).map_err(|e| {
-            ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                format!("cannot use the {format:?} image: {e:#}"),
-            )
-        })?;
-    }
-    let mut reader = image::ImageReader::with_format(Cursor::new(&bytes[..]), format);
-    let mut limits = image::Limits::default();
-    limits.max_image_width = Some(max_side);
-    limits.max_image_height = Some(max_side);
-    reader.limits(limits);
-    let image = reader.decode().map_err(unreadable)?;
-    Ok(Upload {
-        bytes,
-        image,
-        format,
+    Ok(FeatureSet {
+        ids: vec!["query".into()],
+        dim,
+        tokens: t,
+        cls,
+        patches,
+        attention,
     })
-}
-
-/// The fields of a multipart upload: the file part `image` and any text parts.
-pub async fn read_multipart(
-    mut mp: Multipart,
-    known: &[&str],
-) -> ApiResult<(Option<Bytes>, std::collections::BTreeMap<String, String>)> {
-    let mp_err =
-        |e: axum::extract::multipart::MultipartError| ApiError::new(e.status(), e.body_text());
-    let mut image = None;
-    let mut fields = std::collections::BTreeMap::new();
-    while let Some(field) = mp.next_field().await.map_err(mp_err)? {
-        let name = field.name().unwrap_or("").to_string();
-        if name == "image" || (image.is_none() && field.file_name().is_some()) {
-            image = Some(field.bytes().await.map_err(mp_err)?);
-        } else if !known.contains(&name.as_str()) {
-            return Err(ApiError::bad_request(format!(
-                "unknown form field {name:?}; expected image and {known:?}"
-            )));
-        } else {
-            let text = field.text().await.map_err(mp_err)?;
-            fields.insert(name, text);
-        }
-    }
-    Ok((image, fields))
 }

@@ -1,35 +1,44 @@
 //! craterdex-serve: the search service behind `craterdex serve`.
 //!
 //! Owns: the JSON HTTP API under `/v1` (search by uploaded image, by precomputed backbone
-//! features or by an indexed image; statistics, health and readiness; adding and removing
-//! images behind an API key), its OpenAPI document, the web page, and the service's limits
+//! features or by an indexed image; linking an upload to the catalogue; statistics, health
+//! and readiness; adding and removing images behind an API key), its OpenAPI document
+//! (generated from the request and response types), the web page, and the service's limits
 //! (upload size, image dimensions, request timeout, a concurrency limit that sheds load with
-//! 503, graceful shutdown). Every search and write goes through one craterdex-engine
-//! `Engine` (the index, its encoder and, for images, the model). Knows nothing of
+//! 503, graceful shutdown). Every search and write goes through one
+//! [`craterdex_engine::SharedEngine`]: a request takes a snapshot of the engine, and a write
+//! goes through the index's atomic path and swaps the engine over the changed index in
+//! whole, so a search sees the index wholly before or wholly after a write. Knows nothing of
 //! benchmarks, evaluation or the command line.
 //!
-//! Reads and writes: every request takes a snapshot (`Arc<Engine>`) of the open index. A write
-//! goes through the index's atomic path (new segment or new manifest, then rename), is
-//! serialised by one writer lock, and then the engine over the reopened index replaces the
-//! snapshot, so a search sees the index either wholly before or wholly after a write.
-//!
-//! Modules: `router` (routes and limits), `handlers`, `features` (request bodies), `auth`
-//! (keys and ids), `error` (the JSON error shape).
+//! Modules: `router` (routes and limits); the resources `search`, `images`, `link` and
+//! `status`; `api` (request and response types), `openapi` (the document generated from
+//! them), `upload` (multipart forms and images), `features` (feature bodies), `auth` (keys
+//! and ids), `error` (failures and their statuses).
 
+mod api;
 mod auth;
-pub mod error;
-pub mod features;
-mod handlers;
+mod error;
+mod features;
+mod images;
+mod link;
+mod openapi;
 mod router;
+mod search;
+mod status;
+mod upload;
 
-use anyhow::{Context, Result};
-use craterdex_engine::{Engine, Extractor};
+pub use error::{ApiError, Error};
+pub use openapi::document;
+pub use router::router;
+
+use craterdex_engine::{Engine, Extractor, SearchLimits, SharedEngine};
+use craterdex_errors::{IoContext, IoError};
+use error::ApiResult;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
-
-pub use router::router;
 
 type Svc = Arc<Service>;
 
@@ -50,8 +59,8 @@ pub struct Config {
     pub max_concurrent: usize,
     /// Requests running the vision transformer at once (image search, adding images).
     pub max_concurrent_images: usize,
-    pub max_top_k: usize,
-    pub max_shortlist: usize,
+    /// The largest searches a request may ask for.
+    pub limits: SearchLimits,
     /// Use what can be decoded of truncated or corrupt uploads (default: 422).
     pub allow_partial_images: bool,
 }
@@ -70,8 +79,11 @@ impl Config {
             request_timeout: Duration::from_secs(30),
             max_concurrent: 64,
             max_concurrent_images: 8,
-            max_top_k: 1000,
-            max_shortlist: 10_000,
+            limits: SearchLimits {
+                max_top_k: 1000,
+                max_shortlist: 10_000,
+                max_nprobe: 1_000_000,
+            },
             allow_partial_images: false,
         }
     }
@@ -87,25 +99,21 @@ struct Counters {
     client_errors: AtomicU64,
 }
 
+impl Counters {
+    fn count(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// Shared state of a running service.
 pub struct Service {
     config: Config,
-    engine: RwLock<Option<Arc<Engine>>>,
+    engine: OnceLock<SharedEngine>,
     load_error: RwLock<Option<String>>,
     draining: AtomicBool,
-    writer: tokio::sync::Mutex<()>,
     counters: Counters,
-    /// The link rule and position grid of the engine they were made for.
-    link_cache: std::sync::Mutex<LinkCache>,
+    link_context: link::ContextCache,
 }
-
-type LinkCache = Option<(
-    std::sync::Weak<Engine>,
-    Arc<(
-        craterdex_workflows::LinkRule,
-        craterdex_workflows::Neighbours,
-    )>,
-)>;
 
 impl Service {
     /// A service that is not ready yet: call `load` (the server does it after binding, so
@@ -113,26 +121,26 @@ impl Service {
     pub fn new(config: Config) -> Arc<Self> {
         Arc::new(Self {
             config,
-            engine: RwLock::new(None),
+            engine: OnceLock::new(),
             load_error: RwLock::new(None),
             draining: AtomicBool::new(false),
-            writer: tokio::sync::Mutex::new(()),
             counters: Counters::default(),
-            link_cache: std::sync::Mutex::new(None),
+            link_context: Default::default(),
         })
     }
 
     /// Opens the index (verifying checksums) for queries from `extractor` (image searches
     /// and adds; without one, feature and similar-image searches only).
-    pub fn load(&self, extractor: Option<Extractor>) -> Result<()> {
+    pub fn load(&self, extractor: Option<Extractor>) -> Result<(), craterdex_engine::Error> {
         match Engine::open(&self.config.index_dir, extractor.map(Arc::new)) {
             Ok(engine) => {
-                self.replace_engine(engine);
+                // a second load keeps the first engine: the service loads once
+                let _ = self.engine.set(SharedEngine::new(engine));
                 Ok(())
             }
             Err(e) => {
                 *self.load_error.write().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
-                Err(e.into())
+                Err(e)
             }
         }
     }
@@ -141,16 +149,16 @@ impl Service {
         &self.config
     }
 
-    /// The current engine snapshot, if loaded.
-    fn snapshot(&self) -> Option<Arc<Engine>> {
+    /// The engine, once loaded (503 before).
+    fn shared(&self) -> ApiResult<&SharedEngine> {
         self.engine
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+            .get()
+            .ok_or_else(|| ApiError::unavailable("the index is still loading; see /v1/ready"))
     }
 
-    fn replace_engine(&self, engine: Engine) {
-        *self.engine.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(engine));
+    /// The engine as it is now.
+    fn snapshot(&self) -> ApiResult<Arc<Engine>> {
+        Ok(self.shared()?.snapshot())
     }
 
     /// Marks the service as shutting down: readiness fails, in-flight requests finish.
@@ -159,29 +167,33 @@ impl Service {
     }
 }
 
+/// What loads the model before the index opens (run off the async threads).
+pub type Loader = Box<dyn FnOnce() -> Result<Option<Extractor>, craterdex_engine::Error> + Send>;
+
 /// Serves until `shutdown` resolves, then stops accepting connections and waits for
-/// in-flight requests. `load` runs after the listener is bound (readiness reports it).
+/// in-flight requests. `load` runs after the listener is bound (readiness reports it); a
+/// failed load stops the server with that error.
 pub async fn run(
     listener: tokio::net::TcpListener,
     service: Arc<Service>,
-    load: Box<dyn FnOnce() -> Result<Option<Extractor>> + Send>,
+    load: Loader,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<()> {
-    // A failed load (unreadable index, wrong model) stops the server with that error.
+) -> Result<(), Error> {
     let load_failed = Arc::new(tokio::sync::Notify::new());
     let loader = service.clone();
     let failed = load_failed.clone();
     let loading = tokio::spawn(async move {
-        let r = tokio::task::spawn_blocking(move || loader.load(load()?))
-            .await
-            .context("the loader panicked")
-            .and_then(|r| r);
+        let r = match tokio::task::spawn_blocking(move || loader.load(load()?)).await {
+            Ok(r) => r.map_err(Error::Load),
+            Err(e) => Err(Error::Loader(e.to_string())),
+        };
         if r.is_err() {
             failed.notify_one();
         }
         r
     });
     let drain = service.clone();
+    let local = listener.local_addr().ok();
     let app = router(service);
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
@@ -192,8 +204,11 @@ pub async fn run(
             drain.start_draining();
         })
         .await
-        .context("server error")?;
-    loading.await.context("the loader panicked")?
+        .map_err(|e| {
+            let addr = local.map(|a| a.to_string()).unwrap_or_default();
+            IoError::new("serve on", std::path::Path::new(&addr), e)
+        })?;
+    loading.await.map_err(|e| Error::Loader(e.to_string()))?
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
@@ -219,20 +234,17 @@ pub async fn shutdown_signal() {
 }
 
 /// Binds `addr`, serves until Ctrl-C or SIGTERM, and returns once in-flight requests are done.
-pub fn serve_blocking(
-    addr: &str,
-    config: Config,
-    load: Box<dyn FnOnce() -> Result<Option<Extractor>> + Send>,
-) -> Result<()> {
+pub fn serve_blocking(addr: &str, config: Config, load: Loader) -> Result<(), Error> {
+    let here = std::path::Path::new(addr);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .context("cannot start the async runtime")?;
+        .io("start the async runtime for", here)?;
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
-            .with_context(|| format!("cannot listen on {addr}"))?;
-        let local = listener.local_addr()?;
+            .io("listen on", here)?;
+        let local = listener.local_addr().io("listen on", here)?;
         eprintln!(
             "craterdex serve: http://{local}/ (API under /v1, document at /v1/openapi.json); loading {}",
             config.index_dir.display()

@@ -2,7 +2,10 @@
 //! client errors.
 
 use crate::error::ApiError;
-use crate::handlers::*;
+use crate::images::{add_image, image_meta, remove_image, thumbnail};
+use crate::link::link_image;
+use crate::search::{search_features, search_image, search_similar};
+use crate::status::{health, openapi, ready, stats};
 use crate::Svc;
 use axum::error_handling::HandleErrorLayer;
 use axum::extract::{DefaultBodyLimit, State};
@@ -10,7 +13,6 @@ use axum::http::StatusCode;
 use axum::response::{Html, Response};
 use axum::routing::{get, post};
 use axum::{BoxError, Router};
-use std::sync::atomic::Ordering;
 use tower::limit::GlobalConcurrencyLimitLayer;
 use tower::ServiceBuilder;
 use tower_http::timeout::TimeoutLayer;
@@ -67,7 +69,7 @@ async fn count_client_errors(
 ) -> Response {
     let resp = next.run(req).await;
     if resp.status().is_client_error() {
-        svc.counters.client_errors.fetch_add(1, Ordering::Relaxed);
+        crate::Counters::count(&svc.counters.client_errors);
     }
     resp
 }

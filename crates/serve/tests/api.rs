@@ -42,11 +42,11 @@ fn load_model(dir: &Path) -> Vit {
 
 /// The model as the service runs it (no feature cache).
 fn extractor(dir: &Path) -> craterdex_engine::Extractor {
-    let settings = craterdex_engine::ExtractSettings {
+    let options = craterdex_engine::ModelOptions {
         cache: false,
         ..Default::default()
     };
-    craterdex_engine::Extractor::new(load_model(dir), Default::default(), settings)
+    craterdex_engine::Extractor::new(load_model(dir), &options)
 }
 
 fn write_image(path: &Path, seed: u64, side: u32) {

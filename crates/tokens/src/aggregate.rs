@@ -26,6 +26,15 @@ pub enum SeedStrategy {
 }
 
 impl SeedStrategy {
+    /// The strategies a user names (`random` with seed 0).
+    pub const OPTIONS: [SeedStrategy; 5] = [
+        SeedStrategy::Fps,
+        SeedStrategy::Attention,
+        SeedStrategy::Random { seed: 0 },
+        SeedStrategy::Norm,
+        SeedStrategy::NormAttention,
+    ];
+
     pub fn name(&self) -> &'static str {
         match self {
             SeedStrategy::Attention => "attn",
@@ -37,21 +46,20 @@ impl SeedStrategy {
     }
 }
 
+impl std::fmt::Display for SeedStrategy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl std::str::FromStr for SeedStrategy {
-    type Err = crate::Error;
-    fn from_str(s: &str) -> crate::Result<Self> {
-        Ok(match s {
-            "attn" | "attention" => SeedStrategy::Attention,
-            "fps" => SeedStrategy::Fps,
-            "random" => SeedStrategy::Random { seed: 0 },
-            "norm" => SeedStrategy::Norm,
-            "normattn" | "norm-attention" => SeedStrategy::NormAttention,
-            _ => {
-                return Err(crate::Error::Invalid(format!(
-                    "unknown seed strategy {s:?}: use attn, fps, random, norm or normattn"
-                )))
-            }
-        })
+    type Err = craterdex_errors::Invalid;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let aliases = [
+            ("attention", SeedStrategy::Attention),
+            ("norm-attention", SeedStrategy::NormAttention),
+        ];
+        craterdex_errors::parse_named("seed strategy", s, Self::OPTIONS, &aliases)
     }
 }
 

@@ -18,7 +18,18 @@ pub enum Pooling {
     Max,
 }
 
+/// The exponent of [`Pooling::Gem`] when a user names `gem`.
+pub const GEM_P: f32 = 3.0;
+
 impl Pooling {
+    /// The poolings a user names.
+    pub const OPTIONS: [Pooling; 4] = [
+        Pooling::Cls,
+        Pooling::Gap,
+        Pooling::Gem { p: GEM_P },
+        Pooling::Max,
+    ];
+
     pub fn name(&self) -> &'static str {
         match self {
             Pooling::Cls => "cls",
@@ -29,18 +40,28 @@ impl Pooling {
     }
 }
 
-impl std::str::FromStr for Pooling {
-    type Err = crate::Error;
-    fn from_str(s: &str) -> crate::Result<Self> {
-        match s {
-            "cls" => Ok(Pooling::Cls),
-            "gap" => Ok(Pooling::Gap),
-            "gem" => Ok(Pooling::Gem { p: 3.0 }),
-            "max" => Ok(Pooling::Max),
-            _ => Err(crate::Error::Invalid(format!(
-                "unknown pooling {s:?}: use cls, gap, gem or max"
-            ))),
+/// `gem` stands for GeM at [`GEM_P`]; another exponent is written `gem:P`.
+impl std::fmt::Display for Pooling {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Pooling::Gem { p } if *p != GEM_P => write!(f, "gem:{p}"),
+            other => f.write_str(other.name()),
         }
+    }
+}
+
+impl std::str::FromStr for Pooling {
+    type Err = craterdex_errors::Invalid;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Some(p) = s.trim().strip_prefix("gem:") {
+            return match p.parse::<f32>() {
+                Ok(p) if p.is_finite() && p > 0.0 => Ok(Pooling::Gem { p }),
+                _ => Err(craterdex_errors::Invalid(format!(
+                    "pooling {s:?}: GeM needs a positive exponent"
+                ))),
+            };
+        }
+        craterdex_errors::parse_named("pooling", s, Self::OPTIONS, &[])
     }
 }
 

@@ -16,10 +16,15 @@ use craterdex_index::{ImageMeta, Index, Mode, SearchParams};
 use serde::Serialize;
 use std::collections::{BTreeSet, HashMap};
 
-#[derive(Clone, Debug)]
+/// How `dedup` runs; `Default` is what the command line and Python use.
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct DedupOptions {
+    /// Candidates looked at per entry.
     pub top_k: usize,
+    /// Stage-1 shortlist of the two-stage search.
     pub shortlist: usize,
+    /// Entries searched at a time.
     pub batch: usize,
 }
 

@@ -264,21 +264,16 @@ type Entries = Vec<(ImageMeta, craterdex_tokens::Descriptors)>;
 
 /// Calibrates on `calib` (labelled), then links `test` with the calibrated rule.
 fn calibrate_then_link(
-    engine: craterdex_engine::Engine,
+    engine: &craterdex_engine::Engine,
     calib: Entries,
     test: Entries,
     base: &crate::LinkRule,
     target: f64,
     known: &BTreeSet<String>,
-) -> crate::Result<(
-    craterdex_engine::Engine,
-    crate::LinkRule,
-    LinkScore,
-    Vec<LinkRow>,
-)> {
+) -> crate::Result<(crate::LinkRule, LinkScore, Vec<LinkRow>)> {
     let opts = crate::LinkOptions::default();
     let silent = craterdex_engine::Silent;
-    let (rows, engine) = crate::link(engine, calib, base, &opts, &silent)?;
+    let (rows, _) = crate::link(engine, calib, base, &opts, &silent)?;
     // a benchmark reports a calibration that cannot be made rather than stopping
     let (rule, note) = match crate::calibrate(&rows, base, target) {
         Ok(c) => (c.rule, None),
@@ -287,10 +282,10 @@ fn calibrate_then_link(
             Some(format!("{e:#}; the default rule was used")),
         ),
     };
-    let (rows, engine) = crate::link(engine, test, &rule, &opts, &silent)?;
+    let (rows, _) = crate::link(engine, test, &rule, &opts, &silent)?;
     let mut score = LinkScore::of_rows(&rows, known);
     score.calibration_failed = note;
-    Ok((engine, rule, score, rows))
+    Ok((rule, score, rows))
 }
 
 /// Links the second observation to the first at every error level: the rule calibrated
@@ -320,7 +315,7 @@ pub fn link_benchmark(
             .index_from_descriptors(&encoder, dim, descs, metas, None)
             .and_then(|i| Engine::new(i, None))
     };
-    let mut engine = catalogue(input.first_metas.clone(), first_descs.clone())?;
+    let engine = catalogue(input.first_metas.clone(), first_descs.clone())?;
     let opts = LinkOptions::default();
     let known: BTreeSet<String> = input
         .first_metas
@@ -345,8 +340,8 @@ pub fn link_benchmark(
             max_offset_radii: search_radius,
             ..LinkRule::default()
         };
-        let (e, rule, combined, rows) = calibrate_then_link(
-            engine,
+        let (rule, combined, rows) = calibrate_then_link(
+            &engine,
             calib.clone(),
             test.clone(),
             &base,
@@ -357,15 +352,14 @@ pub fn link_benchmark(
             // the last (largest) error level's decisions are the ones worth a look
             crate::output::write_review(dir, &rows, 300)?;
         }
-        let (e, _, appearance, _) = calibrate_then_link(
-            e,
+        let (_, appearance, _) = calibrate_then_link(
+            &engine,
             without_positions(&calib),
             without_positions(&test),
             &base,
             target_precision,
             &known,
         )?;
-        engine = e;
         let test_metas: Vec<ImageMeta> = test.iter().map(|(m, _)| m.clone()).collect();
         let geometry = |tolerance: f64| {
             let found = geometry_only(&test_metas, &input.first_metas, tolerance, 1.5, 1.0);
@@ -421,7 +415,7 @@ pub fn link_benchmark(
         .zip(second_descs.iter().cloned())
         .filter(|(m, _)| crater_hash(m) % 2 == 1)
         .collect();
-    let (rows, _) = link(half_engine, stream, &rule, &opts, &Silent)?;
+    let (rows, _) = link(&half_engine, stream, &rule, &opts, &Silent)?;
     let is_known = |r: &LinkRow| {
         r.query
             .crater_id

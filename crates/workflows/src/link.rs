@@ -11,6 +11,7 @@ use craterdex_tokens::Descriptors;
 use serde::Serialize;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Decision {
     Match,
@@ -30,6 +31,7 @@ impl Decision {
 
 /// An index entry that may be the query's crater, with the evidence for it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Candidate {
     pub id: String,
     pub crater_id: Option<String>,
@@ -40,6 +42,7 @@ pub struct Candidate {
     /// Larger over smaller diameter (both positions known).
     pub diameter_ratio: Option<f64>,
     /// The rule's probability that this is the query's crater.
+    #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 1))]
     pub confidence: f64,
     #[serde(skip)]
     pub meta: ImageMeta,
@@ -62,7 +65,9 @@ pub struct LinkRow {
     pub candidates: Vec<Candidate>,
 }
 
-#[derive(Clone, Debug)]
+/// How `link` runs; `Default` is what the command line, Python and the service use.
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct LinkOptions {
     /// Candidates looked at per entry.
     pub top_k: usize,
@@ -347,8 +352,8 @@ pub fn link_partition(
     Ok(rows)
 }
 
-/// Links every entry to `engine`'s index. Returns one row per entry, in order, and the
-/// engine over the index as it is afterwards (grown when `insert_new`).
+/// Links every entry to `engine`'s index. Returns one row per entry, in order, and, when
+/// entries were inserted (`insert_new`), the engine over the grown index.
 ///
 /// With `insert_new`, an entry decided `new` is added before any later entry is decided:
 /// within a batch, later entries are also searched against the batch's new entries (an
@@ -356,13 +361,13 @@ pub fn link_partition(
 /// the batch's new entries are then added in one atomic step. An entry whose id is already
 /// in the index is never added again, so a second run over the same entries adds nothing.
 pub fn link(
-    engine: Engine,
+    engine: &Engine,
     entries: Vec<(ImageMeta, Descriptors)>,
     rule: &LinkRule,
     opts: &LinkOptions,
     progress: &dyn Progress,
-) -> Result<(Vec<LinkRow>, Engine)> {
-    let mut engine = engine;
+) -> Result<(Vec<LinkRow>, Option<Engine>)> {
+    let mut grown: Option<Engine> = None;
     let params = params(opts);
     let mut rows = Vec::with_capacity(entries.len());
     let mut near = Neighbours::of_index(engine.index(), rule);
@@ -371,12 +376,13 @@ pub fn link(
     while entries.peek().is_some() {
         let batch: Vec<(ImageMeta, Descriptors)> =
             entries.by_ref().take(opts.batch.max(1)).collect();
+        let engine = grown.as_ref().unwrap_or(engine);
         let descs: Vec<Descriptors> = batch.iter().map(|(_, d)| d.clone()).collect();
         let results = engine.search(&descs, &params);
         let mut fresh: Vec<(ImageMeta, Descriptors)> = Vec::new();
         let mut fresh_engine: Option<Engine> = None;
         for ((meta, desc), hits) in batch.into_iter().zip(results) {
-            let mut cands = entry_candidates(&engine, &near, rule, &meta, &desc, hits);
+            let mut cands = entry_candidates(engine, &near, rule, &meta, &desc, hits);
             if let Some(mini) = &fresh_engine {
                 let mini_hits = mini.search(std::slice::from_ref(&desc), &params);
                 cands.extend(candidates(rule, &meta, &mini_hits[0]));
@@ -396,12 +402,13 @@ pub fn link(
             progress.advance(rows.len());
         }
         if !fresh.is_empty() {
-            engine = engine.add(&fresh)?.1;
-            let idx = engine.index();
+            let added = engine.add(&fresh)?.1;
+            let idx = added.index();
             near.add(idx, fresh.iter().filter_map(|(m, _)| idx.row_of(&m.id)));
+            grown = Some(added);
             craterdex_durable::failpoint("link-after-batch");
         }
     }
     progress.finish();
-    Ok((rows, engine))
+    Ok((rows, grown))
 }

@@ -137,7 +137,8 @@ fn calibrated_links_are_precise_and_unseen_craters_are_new() {
     let opts = LinkOptions::default();
     // Calibration on appearance alone (labelled re-observations of craters 0..100, 50 unseen).
     let calib = no_geometry(queries(&cat, 0..100, 50, 2));
-    let (rows, engine) = link(engine, calib, &LinkRule::default(), &opts, &Silent).unwrap();
+    let (rows, grown) = link(&engine, calib, &LinkRule::default(), &opts, &Silent).unwrap();
+    assert!(grown.is_none(), "nothing inserted, nothing grown");
     let c = calibrate(&rows, &LinkRule::default(), 0.99).unwrap();
     assert!(c.match_precision >= 0.99, "{c:?}");
     assert!(c.match_recall > 0.5, "{c:?}");
@@ -148,7 +149,7 @@ fn calibrated_links_are_precise_and_unseen_craters_are_new() {
 
     // Held-out craters 100..200 and 50 other unseen ones, with positions.
     let test = queries(&cat, 100..200, 50, 3);
-    let (rows, _) = link(engine, test, &rule, &opts, &Silent).unwrap();
+    let (rows, _) = link(&engine, test, &rule, &opts, &Silent).unwrap();
     let known = &rows[..100];
     let declared: Vec<_> = known
         .iter()
@@ -213,7 +214,8 @@ fn insert_new_grows_the_index_in_order_and_a_second_run_adds_nothing() {
         batch: 7,
         ..LinkOptions::default()
     };
-    let (rows, engine) = link(engine, stream.clone(), &rule, &opts, &Silent).unwrap();
+    let (rows, grown) = link(&engine, stream.clone(), &rule, &opts, &Silent).unwrap();
+    let engine = grown.expect("new craters were inserted");
     let inserted: Vec<&str> = rows
         .iter()
         .filter(|r| r.inserted)
@@ -227,8 +229,9 @@ fn insert_new_grows_the_index_in_order_and_a_second_run_adds_nothing() {
     }
     assert_eq!(engine.index().live(), 100 + 20);
     assert_eq!(Index::open(&dir).unwrap().live(), 120);
-    let (rows, engine) = link(engine, stream, &rule, &opts, &Silent).unwrap();
+    let (rows, grown) = link(&engine, stream, &rule, &opts, &Silent).unwrap();
     assert!(rows.iter().all(|r| !r.inserted));
+    assert!(grown.is_none());
     assert_eq!(engine.index().live(), 120);
 }
 
@@ -306,7 +309,7 @@ fn child_linker() {
     };
     let engine = Engine::open(Path::new(&dir), None).unwrap();
     link(
-        engine,
+        &engine,
         growing_stream(),
         &strict_rule(),
         &growing_options(),
@@ -351,14 +354,15 @@ fn a_killed_insert_new_leaves_a_complete_index_and_resumes() {
         assert_eq!(idx.live(), 80 + 10 * committed_batches, "{point}");
         drop(idx);
         let engine = Engine::open(&dir, None).unwrap();
-        let (rows, engine) = link(
-            engine,
+        let (rows, grown) = link(
+            &engine,
             growing_stream(),
             &strict_rule(),
             &growing_options(),
             &Silent,
         )
         .unwrap();
+        let engine = grown.unwrap_or(engine);
         assert_eq!(
             rows.iter().filter(|r| r.inserted).count(),
             30 - 10 * committed_batches,
@@ -456,7 +460,7 @@ fn dedup_and_link_cut_into_bands_with_a_halo_equal_the_whole_run() {
     }
     let obs_metas: Vec<ImageMeta> = observed.iter().map(|(m, _)| m.clone()).collect();
     let (whole_rows, _) = link(
-        Engine::open(&tmp.path().join("a"), None).unwrap(),
+        &Engine::open(&tmp.path().join("a"), None).unwrap(),
         observed.clone(),
         &rule,
         &LinkOptions::default(),

@@ -32,7 +32,7 @@ pub fn run(c: CalibrateCmd) -> Result<()> {
     let base = c.tuning.rule(&c.index)?;
     let (engine, entries) = encoded_entries(&c.index, &c.entries, &c.model)?;
     let (rows, _) = link(
-        engine,
+        &engine,
         entries,
         &base,
         &c.tuning.options(false),

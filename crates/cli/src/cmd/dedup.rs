@@ -17,7 +17,7 @@ pub struct DedupCmd {
     #[arg(long)]
     pub out: PathBuf,
     /// Candidates looked at per entry.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = DedupOptions::default().top_k)]
     pub top: usize,
     /// A rule file instead of the one stored with the index.
     #[arg(long)]

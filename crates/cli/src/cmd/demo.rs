@@ -82,20 +82,16 @@ pub fn run(c: DemoCmd) -> Result<()> {
     let gallery = extractor.extract(&b.gallery_items(), "gallery", &bars)?;
     let index_dir = c.out.join("index");
     // the shipped recipe, built as `craterdex index build --manifest` builds it
-    let recipe = IndexRecipe::default();
-    let learn_from = b.unqueried_gallery_rows(&gallery.ids);
-    let metas = b.gallery_metas(&gallery.ids);
-    let encoder = recipe.learn_encoder(&gallery, Some(&learn_from), &metas)?;
-    recipe.write_index(
+    let entries = b.gallery_entries();
+    let engine = Engine::build_from_features(
         &index_dir,
-        &encoder,
         &gallery,
-        metas,
-        Some(extractor.fingerprint()),
-        Some(&learn_from),
+        entries.metas,
+        &entries.learn,
+        &IndexRecipe::default(),
+        Some(extractor.clone()),
         &bars,
     )?;
-    let engine = Engine::open(&index_dir, Some(extractor.clone()))?;
     let queries = extractor.extract(&b.query_items(), "queries", &bars)?;
     let t = Instant::now();
     let hits = engine.search_features(
@@ -134,8 +130,11 @@ pub fn run(c: DemoCmd) -> Result<()> {
         5,
         "evaluation: every regime of the paper, unwhitened, PCA- and pair-whitened",
     );
-    let opts = super::eval::eval_options(c.quick);
-    let out = super::eval::evaluate_features(b, gallery, queries, &opts)?;
+    let opts = craterdex_eval::run::eval_options(c.quick);
+    let regimes = super::eval::RegimeProgress::new();
+    let out =
+        craterdex_eval::run::evaluate_features(b, gallery, queries, &opts, &|n| regimes.start(n))?;
+    drop(regimes);
 
     step(
         6,
@@ -164,7 +163,7 @@ pub fn run(c: DemoCmd) -> Result<()> {
         "index_two_stage_s100_k32_int8_pairwhite_grouped": {"R@1": recall(1), "R@5": recall(5), "R@10": recall(10), "ms_per_query": per_query_ms},
         "workflows (link/results.json, review page link/review.html)": workflow_summary(&link),
     });
-    super::eval::write_outputs(
+    craterdex_eval::run::write_outputs(
         &out,
         None,
         Some(&json),

@@ -5,8 +5,7 @@ use crate::args::{ModelOpts, RecipeOpts};
 use crate::output::{print_json, Bars};
 use anyhow::{bail, Result};
 use clap::Subcommand;
-use craterdex_engine::inputs::metas_in_order;
-use craterdex_engine::{learn_rows, Engine, Index};
+use craterdex_engine::Engine;
 use craterdex_eval::manifest;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -15,7 +14,7 @@ use std::sync::Arc;
 pub enum IndexCmd {
     /// Build an index from a manifest's gallery or a directory of images.
     #[command(
-        after_help = "Examples:\n  craterdex index build --manifest bench/splits/test.json --out idx\n  craterdex index build --dir catalogue_crops/ --out idx --codec pq96\n\nFrom a manifest with query images, whitening is learned from the gallery images of craters\nthat no query looks for, as `craterdex eval` does, so that searching the manifest's queries\nmeasures what eval reports; from a directory, from every image up to 8,192 and from a seeded\nsample of 8,192 beyond (the sample `craterdex.dask.build_index` learns from too)."
+        after_help = "Examples:\n  craterdex index build --manifest bench/splits/test.json --out idx\n  craterdex index build --dir catalogue_crops/ --out idx --codec pq96\n\nFrom a manifest with query images, whitening is learned from the gallery images of craters\nthat no query looks for, as `craterdex eval` does, so that searching the manifest's queries\nmeasures what eval reports; otherwise from every image up to 8,192 and from a seeded sample\nof 8,192 beyond (the sample `craterdex.dask.build_index` learns from too)."
     )]
     Build {
         #[arg(long, group = "input")]
@@ -69,51 +68,20 @@ pub fn run(c: IndexCmd) -> Result<()> {
             recipe,
             model,
         } => {
-            let recipe = recipe.recipe()?;
-            let extractor = model.load()?;
-            let bars = Bars::new();
-            let (feats, metas, learn_from) = match (m, dir) {
-                (Some(m), _) => {
-                    let b = manifest::load(&m, None)?;
-                    let f = extractor.extract(&b.gallery_items(), "gallery", &bars)?;
-                    let metas = b.gallery_metas(&f.ids);
-                    let learn = (!b.manifest.query_images.is_empty())
-                        .then(|| b.unqueried_gallery_rows(&f.ids));
-                    (f, metas, learn)
-                }
-                (None, Some(d)) => {
-                    let (items, metas) = dir_entries(&d, meta.as_deref())?;
-                    let f = extractor.extract(&items, "images", &bars)?;
-                    let metas = metas_in_order(metas, &f.ids)?;
-                    let ids: Vec<String> = items.iter().map(|(id, _)| id.clone()).collect();
-                    let learn = learn_rows(&ids, &f.ids, recipe.seed);
-                    (f, metas, learn)
-                }
+            let recipe = recipe.options().recipe()?;
+            let entries = match (m, dir) {
+                (Some(m), _) => manifest::load(&m, None)?.gallery_entries(),
+                (None, Some(d)) => dir_entries(&d, meta.as_deref())?,
                 _ => bail!("give --manifest or --dir"),
             };
-            if let Some(rows) = &learn_from {
-                eprintln!(
-                    "whitening and codec learned from {} of {} images",
-                    rows.len(),
-                    feats.len()
-                );
-            }
-            let encoder = recipe.learn_encoder(&feats, learn_from.as_deref(), &metas)?;
-            recipe.write_index(
-                &out,
-                &encoder,
-                &feats,
-                metas,
-                Some(extractor.fingerprint()),
-                learn_from.as_deref(),
-                &bars,
-            )?;
-            let idx = Index::open(&out)?;
+            let extractor = Arc::new(model.load()?);
+            let engine = Engine::build(&out, &entries, &recipe, extractor, &Bars::new())?;
+            let info = engine.info();
             println!(
                 "indexed {} images into {} ({} bytes of tokens per image)",
-                idx.live(),
+                info.images,
                 out.display(),
-                idx.token_bytes_per_image()
+                info.token_bytes_per_image
             );
         }
         IndexCmd::Add {
@@ -122,27 +90,16 @@ pub fn run(c: IndexCmd) -> Result<()> {
             meta,
             model,
         } => {
-            let extractor = Arc::new(model.load()?);
-            let engine = Engine::open(&index, None)?.with_extractor(extractor.clone())?;
-            let (items, metas) = dir_entries(&dir, meta.as_deref())?;
-            let f = extractor.extract(&items, "add", &Bars::new())?;
-            let (n, _) = engine.add_features(metas_in_order(metas, &f.ids)?, &f)?;
+            let engine = Engine::open(&index, None)?.with_extractor(Arc::new(model.load()?))?;
+            let entries = dir_entries(&dir, meta.as_deref())?;
+            let (n, _) = engine.add_entries(&entries, &Bars::new())?;
             println!("added {n} images to {}", index.display());
         }
         IndexCmd::Remove { index, ids } => {
             let (n, _) = Engine::open(&index, None)?.remove(&ids)?;
             println!("removed {n} of {} ids from {}", ids.len(), index.display());
         }
-        IndexCmd::Info { index } => {
-            let idx = Index::open(&index)?;
-            print_json(&serde_json::json!({
-                "images": idx.live(), "removed": idx.rows() - idx.live(), "segments": idx.segment_count(),
-                "model": idx.model(), "codec": idx.codec.codec.name(), "tokens_per_image": idx.tokens_per_image(),
-                "token_dim": idx.token_dim(), "single_dim": idx.single_dim(), "token_bytes_per_image": idx.token_bytes_per_image(),
-                "recipe": idx.encoder.recipe,
-                "ivf": idx.ivf().map(|(ivf, nprobe)| serde_json::json!({"lists": ivf.lists(), "nprobe": nprobe})),
-            }))?;
-        }
+        IndexCmd::Info { index } => print_json(&Engine::open(&index, None)?.info())?,
     }
     Ok(())
 }

@@ -5,7 +5,6 @@ use crate::args::{EntriesOpts, ModelOpts};
 use crate::output::Bars;
 use anyhow::Result;
 use clap::Args;
-use craterdex_engine::inputs::metas_in_order;
 use craterdex_engine::{Descriptors, Engine, ImageMeta};
 use craterdex_workflows::calibrate::decision_counts;
 use craterdex_workflows::{link, LinkOptions, LinkRule};
@@ -35,13 +34,13 @@ pub struct LinkCmd {
 #[derive(Args)]
 pub struct LinkTuning {
     /// Candidates looked at per entry.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = LinkOptions::default().top_k)]
     pub top: usize,
     /// Stage-1 shortlist of the two-stage search.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = LinkOptions::default().shortlist)]
     pub shortlist: usize,
     /// Entries searched (and inserted) at a time.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = LinkOptions::default().batch)]
     pub link_batch: usize,
     /// Search radius: candidates farther than this many crater radii are excluded (both
     /// positions known). Default: the rule's (3).
@@ -93,18 +92,14 @@ pub fn encoded_entries(
     entries: &EntriesOpts,
     model: &ModelOpts,
 ) -> Result<(Engine, Vec<(ImageMeta, Descriptors)>)> {
-    let (items, metas) = entries.load()?;
+    let loaded = entries.load()?;
     anyhow::ensure!(
-        !items.is_empty(),
+        !loaded.items.is_empty(),
         "{}: no entries",
         entries.entries.display()
     );
     let engine = Engine::open(index, None)?.with_extractor(Arc::new(model.load()?))?;
-    let (ids, descs) = engine.encode_images(&items, &Bars::new())?;
-    let encoded = metas_in_order(metas, &ids)?
-        .into_iter()
-        .zip(descs)
-        .collect();
+    let encoded = engine.encode_entries(&loaded, &Bars::new())?;
     Ok((engine, encoded))
 }
 
@@ -112,13 +107,14 @@ pub fn run(c: LinkCmd) -> Result<()> {
     let rule = c.tuning.rule(&c.index)?;
     let (engine, entries) = encoded_entries(&c.index, &c.entries, &c.model)?;
     let before = engine.index().live();
-    let (rows, engine) = link(
-        engine,
+    let (rows, grown) = link(
+        &engine,
         entries,
         &rule,
         &c.tuning.options(c.insert_new),
         &Bars::new(),
     )?;
+    let engine = grown.unwrap_or(engine);
     craterdex_workflows::output::write_links(&c.out, &rows)?;
     craterdex_workflows::output::write_review(&c.out, &rows, 300)?;
     let counts = decision_counts(&rows)

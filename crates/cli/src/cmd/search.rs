@@ -31,7 +31,7 @@ pub struct SearchCmd {
 }
 
 pub fn run(c: SearchCmd) -> Result<()> {
-    let params = c.search.params()?;
+    let params = c.search.options().params(&Default::default())?;
     let mut items: Vec<(String, PathBuf)> = c
         .images
         .iter()

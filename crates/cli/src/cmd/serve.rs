@@ -4,7 +4,7 @@ use crate::args::ModelChoice;
 use crate::output::Bars;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use craterdex_engine::{ExtractSettings, Extractor};
+use craterdex_engine::Extractor;
 use std::path::PathBuf;
 
 #[derive(Args)]
@@ -73,7 +73,7 @@ pub fn run(c: ServeCmd) -> Result<()> {
     if c.no_model && c.model.model.is_some() {
         bail!("--no-model and --model exclude each other");
     }
-    let spec = c.model.spec();
+    let options = c.model.options();
     let no_model = c.no_model;
     craterdex_serve::serve_blocking(
         &c.addr,
@@ -82,11 +82,8 @@ pub fn run(c: ServeCmd) -> Result<()> {
             if no_model {
                 return Ok(None);
             }
-            let settings = ExtractSettings {
-                cache: false,
-                ..Default::default()
-            };
-            Ok(Some(Extractor::load(&spec, settings, &Bars::new())?))
+            Extractor::load(&options, &Bars::new()).map(Some)
         }),
-    )
+    )?;
+    Ok(())
 }

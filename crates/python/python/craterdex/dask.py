@@ -31,7 +31,8 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from . import InvalidInputError, Index, Model, Recipe, _native, _records, _groups_frame, _link_frame
+from . import (_DEDUP, _LINK, InvalidInputError, Index, Model, Recipe, _groups_frame, _link_frame, _native,
+               _records)
 
 __all__ = ["build_index", "link", "dedup", "bands"]
 
@@ -117,18 +118,19 @@ def bands(entries: pd.DataFrame, band_degrees: float = 2.0, *, unpositioned_size
     return out
 
 
-def _dedup_task(index_path: str, ids: List[str], rule: Optional[str], top_k: int, shortlist: int) -> str:
-    return _native.Index.open(index_path).dedup_json(rule_json=rule, top_k=top_k, shortlist=shortlist, ids=ids)
+def _dedup_task(index_path: str, ids: List[str], rule: Optional[str], options: str) -> str:
+    return _native.Index.open(index_path).dedup_json(rule_json=rule, options_json=options, ids=ids)
 
 
 def dedup(client, index_path: str, *, band_degrees: float = 2.0, rule: Optional[Dict[str, Any]] = None,
-          top_k: int = 10, shortlist: int = 100) -> pd.DataFrame:
+          top_k: int = _DEDUP["top_k"], shortlist: int = _DEDUP["shortlist"]) -> pd.DataFrame:
     """``craterdex dedup`` of the index at ``index_path``, one task per latitude band; the
     groups are those of :meth:`craterdex.Index.dedup` on one machine."""
     index = _native.Index.open(os.fspath(index_path))
     meta = pd.DataFrame(json.loads(index.metadata_json()))
     rule_json = None if rule is None else json.dumps(rule)
-    futures = [client.submit(_dedup_task, index.path, meta["id"].iloc[rows].tolist(), rule_json, top_k, shortlist,
+    options = json.dumps(dict(top_k=top_k, shortlist=shortlist))
+    futures = [client.submit(_dedup_task, index.path, meta["id"].iloc[rows].tolist(), rule_json, options,
                              pure=False, retries=3)
                for rows in bands(meta, band_degrees)]
     edges: List[Dict[str, Any]] = []
@@ -137,14 +139,14 @@ def dedup(client, index_path: str, *, band_degrees: float = 2.0, rule: Optional[
     return _groups_frame(index.dedup_merge_json(json.dumps(edges)))
 
 
-def _link_task(index_path: str, records: str, model: Model, rule: Optional[str], top_k: int, shortlist: int) -> str:
+def _link_task(index_path: str, records: str, model: Model, rule: Optional[str], options: str) -> str:
     idx = _native.Index.open(index_path, model=model._native)
-    return idx.link_json(records, rule_json=rule, top_k=top_k, shortlist=shortlist, partition=True)
+    return idx.link_json(records, rule_json=rule, options_json=options, partition=True)
 
 
 def link(client, index_path: str, entries: pd.DataFrame, *, model: Optional[Model] = None,
-         band_degrees: float = 2.0, rule: Optional[Dict[str, Any]] = None, top_k: int = 10,
-         shortlist: int = 100) -> pd.DataFrame:
+         band_degrees: float = 2.0, rule: Optional[Dict[str, Any]] = None, top_k: int = _LINK["top_k"],
+         shortlist: int = _LINK["shortlist"]) -> pd.DataFrame:
     """``craterdex link`` of ``entries`` (``id``, ``path``, positions) against the index
     at ``index_path``, one task per latitude band (images extracted on the workers).
     Rows come in the order of ``entries`` and equal :meth:`craterdex.Index.link`'s without
@@ -152,8 +154,9 @@ def link(client, index_path: str, entries: pd.DataFrame, *, model: Optional[Mode
     model = model or Model.load()
     rule_json = None if rule is None else json.dumps(rule)
     parts = bands(entries, band_degrees)
+    options = json.dumps(dict(top_k=top_k, shortlist=shortlist))
     futures = [client.submit(_link_task, os.fspath(index_path), _records(entries.iloc[rows]), model, rule_json,
-                             top_k, shortlist, pure=False, retries=3)
+                             options, pure=False, retries=3)
                for rows in parts]
     by_id: Dict[str, Dict[str, Any]] = {}
     for text in client.gather(futures):

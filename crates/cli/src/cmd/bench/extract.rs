@@ -5,7 +5,7 @@ use super::{percentile, proc_status_kb, ExtractBench};
 use crate::output::{bar, Bars};
 use anyhow::{bail, Context, Result};
 use craterdex_engine::inputs::images_in;
-use craterdex_engine::{Extractor, ModelSpec, Precision};
+use craterdex_engine::{Extractor, ModelOptions, Precision};
 use craterdex_fetch as fetch;
 use craterdex_model::{preprocess, Vit};
 use std::path::PathBuf;
@@ -16,7 +16,7 @@ fn peak_rss_mb() -> f64 {
 }
 
 pub fn run(b: ExtractBench) -> Result<()> {
-    let spec = b.model.choice.spec();
+    let options = b.model.options();
     let mut items = images_in(&b.dir)?;
     if items.len() < b.images {
         bail!(
@@ -37,11 +37,11 @@ pub fn run(b: ExtractBench) -> Result<()> {
     let mut engines = Vec::new();
     let mut tensors = Vec::new();
     for &precision in &precisions {
-        let spec = ModelSpec {
+        let options = ModelOptions {
             precision,
-            ..spec.clone()
+            ..options.clone()
         };
-        let extractor = Extractor::load(&spec, b.model.settings(), &Bars::new())?;
+        let extractor = Extractor::load(&options, &Bars::new())?;
         if tensors.is_empty() {
             let prep = extractor.vit().preprocess(b.model.choice.resize);
             tensors = items

@@ -4,7 +4,7 @@
 use super::SearchBench;
 use crate::output::{bar, Bars};
 use anyhow::{Context, Result};
-use craterdex_engine::{encode_all, ExtractSettings, Extractor, IndexRecipe, ModelSpec};
+use craterdex_engine::{encode_all, Extractor, IndexRecipe};
 use craterdex_index::codec::{Codec, TokenCodec};
 use craterdex_index::{ImageMeta, Index};
 use craterdex_index::{Mode, SearchParams};
@@ -641,8 +641,7 @@ pub fn run(b: SearchBench) -> Result<()> {
         if let Some(m) = &b.real {
             let bench = craterdex_eval::manifest::load(m, None)?;
             let bars = Bars::new();
-            let extractor =
-                Extractor::load(&ModelSpec::default(), ExtractSettings::default(), &bars)?;
+            let extractor = Extractor::load(&Default::default(), &bars)?;
             let gf = extractor.extract(&bench.gallery_items(), "gallery", &bars)?;
             let qf = extractor.extract(&bench.query_items(), "queries", &bars)?;
             let enc = IndexRecipe::default().learn_encoder(&gf, None, &[])?;

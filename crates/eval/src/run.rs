@@ -1,0 +1,260 @@
+//! An evaluation run end to end, as `craterdex eval`, the demo and Python's `evaluate` run
+//! it: a benchmark loaded (and refused without queries), its gallery and queries extracted
+//! once, every regime run, optionally again on a turned query set of the same gallery, and
+//! the outputs written (table, JSON, per-query CSV, HTML report).
+
+use crate::error::{Error, Result};
+use crate::{manifest, regimes, turned};
+use craterdex_engine::{Extractor, FeatureSet, Progress};
+use craterdex_errors::ensure;
+use std::path::{Path, PathBuf};
+
+pub struct EvalOutcome {
+    pub results: Vec<regimes::RegimeResult>,
+    pub benchmark: manifest::Benchmark,
+    pub gallery: FeatureSet,
+    pub queries: FeatureSet,
+}
+
+/// The regimes of a quick run, or all of them.
+pub fn eval_options(quick: bool) -> regimes::EvalOptions {
+    if quick {
+        regimes::EvalOptions::quick()
+    } else {
+        regimes::EvalOptions::default()
+    }
+}
+
+/// Extracts a benchmark once with `extractor` and runs every regime on it; `on_regime`
+/// hears each regime's name as it starts.
+pub fn evaluate(
+    b: manifest::Benchmark,
+    extractor: &Extractor,
+    o: &regimes::EvalOptions,
+    progress: &dyn Progress,
+    on_regime: &dyn Fn(&str),
+) -> Result<EvalOutcome> {
+    let gallery = extractor.extract(&b.gallery_items(), "gallery", progress)?;
+    let queries = extractor.extract(&b.query_items(), "queries", progress)?;
+    evaluate_features(b, gallery, queries, o, on_regime)
+}
+
+/// The benchmark at `path`, refused when it has no query to evaluate.
+pub fn load_benchmark(path: &Path, root: Option<&Path>) -> Result<manifest::Benchmark> {
+    let b = manifest::load(path, root)?;
+    ensure!(
+        !b.manifest.query_images.is_empty(),
+        Error::Invalid(format!("{}: no query_images to evaluate", path.display()))
+    );
+    Ok(b)
+}
+
+/// The turned query set at `path`, refused unless its gallery is `upright`'s.
+pub fn load_turned(
+    path: &Path,
+    root: Option<&Path>,
+    upright: &manifest::Benchmark,
+) -> Result<manifest::Benchmark> {
+    let t = load_benchmark(path, root)?;
+    let (a, b) = (&t.manifest.gallery_images, &upright.manifest.gallery_images);
+    let same_gallery = a.len() == b.len() && a.iter().zip(b).all(|(a, g)| a.image_id == g.image_id);
+    ensure!(
+        same_gallery,
+        Error::Invalid(format!(
+            "{}: its gallery is not the gallery of the benchmark evaluated",
+            path.display()
+        ))
+    );
+    Ok(t)
+}
+
+/// Every regime run again on the queries of `turned` (a turned set of the same gallery),
+/// paired with the upright run view by view.
+pub fn evaluate_turned(
+    upright: &EvalOutcome,
+    turned: &manifest::Benchmark,
+    manifest_path: &Path,
+    extractor: &Extractor,
+    o: &regimes::EvalOptions,
+    progress: &dyn Progress,
+) -> Result<TurnedOutcome> {
+    let queries = extractor.extract(&turned.query_items(), "turned queries", progress)?;
+    let results = regimes::run_on_benchmark(turned, &upright.gallery, &queries, o, &|_| {})?;
+    let comparison = turned::compare(
+        &upright.results,
+        &upright.queries.ids,
+        &results,
+        &queries.ids,
+    );
+    Ok(TurnedOutcome {
+        manifest: manifest_path.to_path_buf(),
+        results,
+        comparison,
+    })
+}
+
+/// Runs every regime on features already extracted from benchmark `b`.
+pub fn evaluate_features(
+    b: manifest::Benchmark,
+    gallery: FeatureSet,
+    queries: FeatureSet,
+    o: &regimes::EvalOptions,
+    on_regime: &dyn Fn(&str),
+) -> Result<EvalOutcome> {
+    let results = regimes::run_on_benchmark(&b, &gallery, &queries, o, on_regime)?;
+    Ok(EvalOutcome {
+        results,
+        benchmark: b,
+        gallery,
+        queries,
+    })
+}
+
+/// Every regime run again on a turned query set of the same gallery.
+pub struct TurnedOutcome {
+    pub manifest: PathBuf,
+    pub results: Vec<regimes::RegimeResult>,
+    /// Paired with the upright run view by view.
+    pub comparison: turned::Turned,
+}
+
+/// Writes the table, JSON, per-query CSV and HTML report of an evaluation.
+pub fn write_outputs(
+    out: &EvalOutcome,
+    turned_run: Option<&TurnedOutcome>,
+    json: Option<&Path>,
+    per_query: Option<&Path>,
+    report: Option<&Path>,
+    title: &str,
+    run_info: serde_json::Value,
+) -> Result<()> {
+    println!("{}", regimes::table(&out.results));
+    if let Some(t) = turned_run {
+        println!("\n{}", turned::table(&t.comparison));
+    }
+    if let Some(j) = json {
+        let mut v = regimes::to_json(&out.results, run_info.clone());
+        if let Some(t) = turned_run {
+            v["rotated"] = regimes::to_json(
+                &t.results,
+                serde_json::json!({"manifest": t.manifest.display().to_string()}),
+            );
+            v["turned_paired"] = serde_json::to_value(&t.comparison)?;
+        }
+        craterdex_durable::write_atomic(j, &serde_json::to_vec_pretty(&v)?)?;
+        eprintln!("wrote {}", j.display());
+    }
+    if let Some(p) = per_query {
+        craterdex_durable::write_atomic(
+            p,
+            regimes::per_query_csv(&out.results, &out.queries.ids, &out.gallery.ids).as_bytes(),
+        )?;
+        eprintln!("wrote {}", p.display());
+    }
+    if let Some(r) = report {
+        let b = &out.benchmark;
+        let a = b.align(&out.gallery.ids, &out.queries.ids);
+        // the examples show the strongest whitening the run has
+        let has = |name: &str| out.results.iter().any(|r| r.name == name);
+        let (before, after) = if has("two_stage_s100_k32_pairwhite") {
+            ("cls_pairwhite", "two_stage_s100_k32_pairwhite")
+        } else if has("two_stage_s100_k32_white") {
+            ("cls_white", "two_stage_s100_k32_white")
+        } else {
+            ("cls", "two_stage_s100_k32")
+        };
+        // show queries where reranking changed the top result, then others, 8 in all
+        let (bi, ai) = (
+            out.results.iter().position(|r| r.name == before),
+            out.results.iter().position(|r| r.name == after),
+        );
+        let mut show: Vec<usize> = (0..out.queries.len()).collect();
+        if let (Some(bi), Some(ai)) = (bi, ai) {
+            let changed =
+                |q: &usize| out.results[bi].top[*q].first() != out.results[ai].top[*q].first();
+            show.sort_by_key(|q| !changed(q));
+        }
+        show.truncate(8);
+        show.sort_unstable();
+        let ex = crate::report::Examples {
+            query_paths: &a.query_paths,
+            query_ids: &out.queries.ids,
+            gallery_paths: &a.gallery_paths,
+            gallery_craters: &a.gallery_craters,
+            relevance: &a.relevance,
+            show,
+        };
+        let intro = format!(
+            "{} gallery and {} query images. {}",
+            out.gallery.len(),
+            out.queries.len(),
+            describe_run(&run_info)
+        );
+        let html = crate::report::render(
+            title,
+            &intro,
+            &out.results,
+            turned_run.map(|t| &t.comparison),
+            Some(&ex),
+            before,
+            after,
+        );
+        craterdex_durable::write_atomic(r, html.as_bytes())?;
+        eprintln!("wrote {}", r.display());
+    }
+    Ok(())
+}
+
+/// `key: value; key: a 0.916, b 0.975` from a run description, for people to read.
+pub fn describe_run(v: &serde_json::Value) -> String {
+    fn scalar(v: &serde_json::Value) -> String {
+        match v {
+            serde_json::Value::Number(n) => n
+                .as_f64()
+                .map(|f| {
+                    if f.fract() == 0.0 {
+                        format!("{f}")
+                    } else {
+                        format!("{f:.3}")
+                    }
+                })
+                .unwrap_or_default(),
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Bool(b) => (if *b { "yes" } else { "no" }).into(),
+            other => other.to_string(),
+        }
+    }
+    match v.as_object() {
+        Some(map) => map
+            .iter()
+            .map(|(k, v)| match v.as_object() {
+                Some(inner) => format!(
+                    "{}: {}",
+                    k.replace('_', " "),
+                    inner
+                        .iter()
+                        .map(|(ik, iv)| format!("{} {}", ik.replace('_', " "), scalar(iv)))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                None => format!("{}: {}", k.replace('_', " "), scalar(v)),
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+        None => scalar(v),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::describe_run;
+
+    #[test]
+    fn run_descriptions_read_as_text() {
+        let v = serde_json::json!({"model": "m", "quick": true, "index_x": {"R@1": 0.91596, "ms": 2.0}});
+        assert_eq!(
+            describe_run(&v),
+            "index x: R@1 0.916, ms 2; model: m; quick: yes"
+        );
+    }
+}

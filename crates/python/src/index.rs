@@ -1,0 +1,319 @@
+//! `craterdex.Index`: an index on disk, shared by the calls of one Python session through one
+//! engine handle (reads take a snapshot; writes go through the index's atomic path and swap
+//! the engine in whole).
+
+use crate::convert::{
+    features_from_numpy, metas_from_json, named_features, options_from_json, to_json,
+    FeatureArrays, NamedFeatures,
+};
+use crate::failure::{invalid, no_model, Fallible, OrPy};
+use crate::model::PyModel;
+use craterdex_engine::{
+    Engine, Entries, FeatureSet, ImageMeta, LearnFrom, RecipeOptions, SearchOptions, SharedEngine,
+    Silent,
+};
+use craterdex_workflows::{DedupOptions, LinkOptions, LinkRule};
+use numpy::{IntoPyArray, PyArrayMethods};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use std::path::PathBuf;
+
+#[pyclass(name = "Index", module = "craterdex._native", frozen)]
+pub struct PyIndex {
+    dir: PathBuf,
+    engine: SharedEngine,
+}
+
+impl PyIndex {
+    fn new(dir: PathBuf, engine: Engine) -> Self {
+        Self {
+            dir,
+            engine: SharedEngine::new(engine),
+        }
+    }
+
+    /// The features of entries: posted, or read from their `path` with the index's model.
+    fn entry_features(
+        &self,
+        py: Python<'_>,
+        metas: &[ImageMeta],
+        features: Option<NamedFeatures<'_>>,
+        what: &str,
+    ) -> Fallible<FeatureSet> {
+        if let Some(f) = features {
+            return named_features(f);
+        }
+        let x = self.engine.snapshot().extractor().cloned();
+        let x = x.ok_or_else(|| no_model(what))?;
+        let items = Entries::from_metas(metas.to_vec())?.items;
+        Ok(py.detach(move || x.extract(&items, "entries", &Silent))?)
+    }
+
+    fn rule(&self, json: Option<&str>) -> Fallible<LinkRule> {
+        match json {
+            Some(j) => options_from_json("link rule", j),
+            None => Ok(LinkRule::for_index(&self.dir)?),
+        }
+    }
+}
+
+#[pymethods]
+impl PyIndex {
+    /// Builds an index at `out` from `meta_json` records (with `path`, or with `features`).
+    #[staticmethod]
+    #[pyo3(signature = (out, meta_json, model=None, features=None, recipe_json="{}"))]
+    fn build(
+        py: Python<'_>,
+        out: PathBuf,
+        meta_json: &str,
+        model: Option<&PyModel>,
+        features: Option<NamedFeatures<'_>>,
+        recipe_json: &str,
+    ) -> PyResult<Self> {
+        let options: RecipeOptions = options_from_json("recipe", recipe_json).py_err()?;
+        let recipe = options.recipe().py_err()?;
+        let metas = metas_from_json(meta_json).py_err()?;
+        let extractor = model.map(|m| m.extractor.clone());
+        let dir = out.clone();
+        let engine = match features {
+            Some(f) => {
+                let feats = named_features(f).py_err()?;
+                py.detach(move || {
+                    Engine::build_from_features(
+                        &dir,
+                        &feats,
+                        metas,
+                        &LearnFrom::Sample,
+                        &recipe,
+                        extractor,
+                        &Silent,
+                    )
+                })
+            }
+            None => {
+                let x = extractor
+                    .ok_or_else(|| invalid("give a model to read the images, or features"))
+                    .py_err()?;
+                let entries = Entries::from_metas(metas).py_err()?;
+                py.detach(move || Engine::build(&dir, &entries, &recipe, x, &Silent))
+            }
+        }
+        .py_err()?;
+        Ok(Self::new(out, engine))
+    }
+
+    #[staticmethod]
+    #[pyo3(signature = (path, model=None))]
+    fn open(py: Python<'_>, path: PathBuf, model: Option<&PyModel>) -> PyResult<Self> {
+        let x = model.map(|m| m.extractor.clone());
+        let p = path.clone();
+        let engine = py.detach(move || Engine::open(&p, x)).py_err()?;
+        Ok(Self::new(path, engine))
+    }
+
+    #[getter]
+    fn path(&self) -> String {
+        self.dir.display().to_string()
+    }
+
+    fn __len__(&self) -> usize {
+        self.engine.snapshot().index().live()
+    }
+
+    /// What the index holds, as `craterdex index info` prints it (JSON).
+    fn info_json(&self) -> PyResult<String> {
+        to_json(&self.engine.snapshot().info()).py_err()
+    }
+
+    /// Every live image's metadata, as JSON records.
+    fn metadata_json(&self) -> PyResult<String> {
+        let e = self.engine.snapshot();
+        let idx = e.index();
+        let metas: Vec<&ImageMeta> = idx.live_rows().map(|r| idx.meta(r)).collect();
+        to_json(&metas).py_err()
+    }
+
+    /// The stored descriptors of indexed images: single vectors `[N, Ds]` and decoded
+    /// instance tokens `[N, K, Dt]`.
+    fn descriptors<'py>(&self, py: Python<'py>, ids: Vec<String>) -> PyResult<Bound<'py, PyDict>> {
+        let e = self.engine.snapshot();
+        let idx = e.index();
+        let (k, dt, ds) = (idx.tokens_per_image(), idx.token_dim(), idx.single_dim());
+        let mut single = Vec::with_capacity(ids.len() * ds);
+        let mut tokens = vec![0f32; ids.len() * k * dt];
+        for (i, id) in ids.iter().enumerate() {
+            let row = idx
+                .row_of(id)
+                .ok_or_else(|| craterdex_engine::Error::NoSuchImage(id.clone()))
+                .py_err()?;
+            single.extend_from_slice(idx.single_of(row));
+            idx.decode_tokens_into(row, &mut tokens[i * k * dt..(i + 1) * k * dt]);
+        }
+        let out = PyDict::new(py);
+        out.set_item("single", single.into_pyarray(py).reshape([ids.len(), ds])?)?;
+        out.set_item(
+            "tokens",
+            tokens.into_pyarray(py).reshape([ids.len(), k, dt])?,
+        )?;
+        Ok(out)
+    }
+
+    /// Searches with images (numpy arrays or paths) or features, as `options_json` (a
+    /// `SearchOptions`) says; results as JSON (`[{"query": ..., "results": [hit, ...]}, ...]`).
+    #[pyo3(signature = (ids, images=None, paths=None, features=None, options_json="{}"))]
+    fn search_json(
+        &self,
+        py: Python<'_>,
+        ids: Vec<String>,
+        images: Option<Vec<Bound<'_, PyAny>>>,
+        paths: Option<Vec<PathBuf>>,
+        features: Option<FeatureArrays<'_>>,
+        options_json: &str,
+    ) -> PyResult<String> {
+        let options: SearchOptions = options_from_json("search options", options_json).py_err()?;
+        let params = options.params(&Default::default()).py_err()?;
+        let engine = self.engine.snapshot();
+        let feats = match features {
+            Some((cls, patches, attention)) => {
+                features_from_numpy(ids, cls, patches, attention).py_err()?
+            }
+            None => {
+                let x = engine
+                    .extractor()
+                    .cloned()
+                    .ok_or_else(|| no_model("image queries"))
+                    .py_err()?;
+                PyModel { extractor: x }
+                    .features(py, ids, images, paths)
+                    .py_err()?
+            }
+        };
+        let hits = py.detach(|| engine.search_features(&feats, &params));
+        to_json(&hits).py_err()
+    }
+
+    /// Adds images from `meta_json` records (with `path`, or with `features`); returns how
+    /// many were added.
+    #[pyo3(signature = (meta_json, features=None))]
+    fn add(
+        &self,
+        py: Python<'_>,
+        meta_json: &str,
+        features: Option<NamedFeatures<'_>>,
+    ) -> PyResult<usize> {
+        let metas = metas_from_json(meta_json).py_err()?;
+        let feats = self
+            .entry_features(py, &metas, features, "adding images")
+            .py_err()?;
+        py.detach(|| {
+            self.engine.write(|e| {
+                let (n, grown) = e.add_features(metas, &feats)?;
+                Ok::<_, craterdex_engine::Error>((n, Some(grown)))
+            })
+        })
+        .py_err()
+    }
+
+    /// Removes images by id; returns how many were present.
+    fn remove(&self, py: Python<'_>, ids: Vec<String>) -> PyResult<usize> {
+        py.detach(|| {
+            self.engine.write(|e| {
+                let (n, shrunk) = e.remove(&ids)?;
+                Ok::<_, craterdex_engine::Error>((n, Some(shrunk)))
+            })
+        })
+        .py_err()
+    }
+
+    /// Links entries (`meta_json` records with `path`, or `features`) to this index, as
+    /// `options_json` (a `LinkOptions`) says; rows as JSON. `partition`: one part of a set cut
+    /// by position (no insertion; see `craterdex.dask.link`).
+    #[pyo3(signature = (meta_json, features=None, rule_json=None, options_json="{}", partition=false))]
+    fn link_json(
+        &self,
+        py: Python<'_>,
+        meta_json: &str,
+        features: Option<NamedFeatures<'_>>,
+        rule_json: Option<&str>,
+        options_json: &str,
+        partition: bool,
+    ) -> PyResult<String> {
+        let metas = metas_from_json(meta_json).py_err()?;
+        let rule = self.rule(rule_json).py_err()?;
+        let opts: LinkOptions = options_from_json("link options", options_json).py_err()?;
+        let feats = self
+            .entry_features(py, &metas, features, "linking images")
+            .py_err()?;
+        let rows = py
+            .detach(|| -> Fallible<_> {
+                if partition || !opts.insert_new {
+                    let engine = self.engine.snapshot();
+                    let entries = engine.encode_with_metas(metas, &feats)?;
+                    return Ok(if partition {
+                        craterdex_workflows::link_partition(
+                            &engine, &entries, &rule, &opts, &Silent,
+                        )?
+                    } else {
+                        craterdex_workflows::link(&engine, entries, &rule, &opts, &Silent)?.0
+                    });
+                }
+                Ok(self.engine.write(|engine| {
+                    let entries = engine.encode_with_metas(metas, &feats)?;
+                    craterdex_workflows::link(engine, entries, &rule, &opts, &Silent)
+                })?)
+            })
+            .py_err()?;
+        to_json(&rows).py_err()
+    }
+
+    /// Groups of entries of one crater (JSON), over all live entries, or the dedup edges of
+    /// the entries `ids` only (one partition; see `craterdex.dask.dedup`).
+    #[pyo3(signature = (rule_json=None, options_json="{}", ids=None))]
+    fn dedup_json(
+        &self,
+        py: Python<'_>,
+        rule_json: Option<&str>,
+        options_json: &str,
+        ids: Option<Vec<String>>,
+    ) -> PyResult<String> {
+        let rule = self.rule(rule_json).py_err()?;
+        let opts: DedupOptions = options_from_json("dedup options", options_json).py_err()?;
+        let engine = self.engine.snapshot();
+        py.detach(|| -> Fallible<String> {
+            let Some(ids) = ids else {
+                return to_json(&craterdex_workflows::dedup(&engine, &rule, &opts, &Silent)?);
+            };
+            let idx = engine.index();
+            let rows = ids
+                .iter()
+                .map(|id| {
+                    idx.row_of(id)
+                        .ok_or_else(|| craterdex_engine::Error::NoSuchImage(id.clone()).into())
+                })
+                .collect::<Fallible<Vec<usize>>>()?;
+            let core: Vec<ImageMeta> = rows.iter().map(|&r| idx.meta(r).clone()).collect();
+            let near = craterdex_workflows::Neighbours::around(idx, &rule, &core);
+            let edges =
+                craterdex_workflows::dedup::edges(&engine, &near, &rule, &opts, &rows, &Silent);
+            to_json(&edges)
+        })
+        .py_err()
+    }
+
+    /// The groups that dedup edges of every live entry (JSON, from partitions) make.
+    fn dedup_merge_json(&self, py: Python<'_>, edges_json: &str) -> PyResult<String> {
+        let edges: Vec<craterdex_workflows::Edge> =
+            options_from_json("dedup edges", edges_json).py_err()?;
+        let engine = self.engine.snapshot();
+        let groups = py
+            .detach(|| craterdex_workflows::dedup::merge(engine.index(), &edges))
+            .py_err()?;
+        to_json(&groups).py_err()
+    }
+
+    /// The decision rule this index uses (its calibrated `link-rule.json`, else the
+    /// default), as JSON.
+    fn rule_json(&self) -> PyResult<String> {
+        to_json(&self.rule(None).py_err()?).py_err()
+    }
+}

@@ -1,0 +1,117 @@
+//! Whole jobs: evaluation of a benchmark, builds in parts (plan, parts, commit), and what
+//! the package reads from the engine (defaults, the CPU's kernel level).
+
+use crate::convert::{metas_from_json, options_from_json, to_json};
+use crate::failure::{invalid, Fallible, OrPy};
+use crate::model::PyModel;
+use craterdex_engine::{BuildPlan, Defaults, Entries, RecipeOptions, Silent};
+use craterdex_workflows::{DedupOptions, LinkOptions};
+use pyo3::prelude::*;
+use std::path::PathBuf;
+
+/// Every regime of the CraterBench-R protocol on a manifest; results as JSON.
+#[pyfunction]
+#[pyo3(signature = (manifest, model, quick=true, root=None))]
+pub fn evaluate_json(
+    py: Python<'_>,
+    manifest: PathBuf,
+    model: &PyModel,
+    quick: bool,
+    root: Option<PathBuf>,
+) -> PyResult<String> {
+    let x = model.extractor.clone();
+    py.detach(move || -> Fallible<String> {
+        use craterdex_eval::{regimes, run};
+        let b = run::load_benchmark(&manifest, root.as_deref())?;
+        let out = run::evaluate(b, &x, &run::eval_options(quick), &Silent, &|_| {})?;
+        let info = serde_json::json!({"manifest": manifest.display().to_string(), "model": x.fingerprint()});
+        Ok(regimes::to_json(&out.results, info).to_string())
+    })
+    .py_err()
+}
+
+/// Positions (in input order) of the images a build of `n` learns from.
+#[pyfunction]
+#[pyo3(signature = (n, seed=0))]
+pub fn learn_sample(n: usize, seed: u64) -> Vec<usize> {
+    craterdex_engine::learn_sample(n, seed)
+}
+
+/// Learns a build plan from the sample's images (`meta_json` records with `path`) and
+/// saves it at `plan_path`; returns how many images it learned from.
+#[pyfunction]
+#[pyo3(signature = (plan_path, meta_json, model, recipe_json="{}"))]
+pub fn make_plan(
+    py: Python<'_>,
+    plan_path: PathBuf,
+    meta_json: &str,
+    model: &PyModel,
+    recipe_json: &str,
+) -> PyResult<usize> {
+    let options: RecipeOptions = options_from_json("recipe", recipe_json).py_err()?;
+    let entries = Entries::from_metas(metas_from_json(meta_json).py_err()?).py_err()?;
+    let x = model.extractor.clone();
+    py.detach(move || -> Fallible<usize> {
+        Ok(BuildPlan::learn(
+            &plan_path,
+            &entries,
+            &options.recipe()?,
+            &x,
+            &Silent,
+        )?)
+    })
+    .py_err()
+}
+
+/// Extracts, encodes and writes one part (`meta_json` records with `path`) of a build.
+#[pyfunction]
+pub fn write_part(
+    py: Python<'_>,
+    plan_path: PathBuf,
+    part_dir: PathBuf,
+    meta_json: &str,
+    model: &PyModel,
+) -> PyResult<usize> {
+    let entries = Entries::from_metas(metas_from_json(meta_json).py_err()?).py_err()?;
+    let x = model.extractor.clone();
+    py.detach(move || -> Fallible<usize> {
+        Ok(BuildPlan::load(&plan_path)?.write_entries(&part_dir, &entries, &x, &Silent)?)
+    })
+    .py_err()
+}
+
+/// Joins the parts (in order) into the index at `out`; returns the number of images.
+#[pyfunction]
+pub fn commit_parts(
+    py: Python<'_>,
+    plan_path: PathBuf,
+    out: PathBuf,
+    parts: Vec<PathBuf>,
+) -> PyResult<usize> {
+    py.detach(move || -> Fallible<usize> {
+        if parts.is_empty() {
+            return Err(invalid("no parts to commit"));
+        }
+        Ok(BuildPlan::load(&plan_path)?.commit(&out, &parts, &Silent)?)
+    })
+    .py_err()
+}
+
+/// The CPU and the kernel level in use (portable, avx2, avx512, amx), as `craterdex cpu`
+/// prints them: every speed measured from Python should say which level produced it.
+#[pyfunction]
+pub fn cpu() -> String {
+    craterdex_kernels::level::describe()
+}
+
+/// Every option's default (JSON), which the package's signatures read: `model`, `recipe`,
+/// `search`, `link` and `dedup`.
+#[pyfunction]
+pub fn defaults_json() -> PyResult<String> {
+    let defaults = serde_json::json!({
+        "engine": Defaults::default(),
+        "link": LinkOptions::default(),
+        "dedup": DedupOptions::default(),
+    });
+    to_json(&defaults).py_err()
+}

@@ -1,0 +1,264 @@
+//! What the API takes and answers, as Rust types: the handlers build these, and the OpenAPI
+//! document is generated from them (`openapi.rs`), so the two cannot drift apart.
+
+use craterdex_engine::{ImageMeta, IndexInfo, SearchHit};
+use craterdex_workflows::{Candidate, Decision};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+/// An indexed image, named in the path.
+#[allow(dead_code)] // a schema: the id is read by `auth::path_id`
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct ImageId {
+    /// The image id: an opaque key of segments of letters, digits and `-_.:+`, none
+    /// starting with a dot, joined by `/` (percent-encoded in the path; `auth::valid_id`).
+    #[param(
+        pattern = "^[A-Za-z0-9_:+-][A-Za-z0-9._:+-]*(/[A-Za-z0-9_:+-][A-Za-z0-9._:+-]*)*$",
+        max_length = 256
+    )]
+    pub id: String,
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ThumbnailQuery {
+    /// Longest side in pixels (never enlarged beyond the image's own).
+    #[param(minimum = 16, maximum = 512, default = 160)]
+    pub size: Option<u32>,
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct LinkQuery {
+    /// Add the entry when it is decided `new` (needs the API key); decided and added under
+    /// the writer lock, so concurrent links see each other.
+    #[serde(default)]
+    #[param(default = false)]
+    pub insert: bool,
+}
+
+/// An image upload for a search.
+#[allow(dead_code)] // a schema: the form is read part by part (`upload.rs`)
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ImageForm {
+    /// JPEG, PNG, TIFF or PNM.
+    #[schema(value_type = String, format = Binary)]
+    pub image: Vec<u8>,
+}
+
+/// An image upload with what is known of its crater (an add or a link).
+#[allow(dead_code)] // a schema: the form is read part by part (`upload.rs`)
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EntryForm {
+    /// JPEG, PNG, TIFF or PNM.
+    #[schema(value_type = String, format = Binary)]
+    pub image: Vec<u8>,
+    /// Default: `upload-<sha256 prefix>`.
+    #[schema(
+        nullable = false,
+        max_length = 256,
+        pattern = "^$|^[A-Za-z0-9_:+-][A-Za-z0-9._:+-]*(/[A-Za-z0-9_:+-][A-Za-z0-9._:+-]*)*$"
+    )]
+    pub id: Option<String>,
+    #[schema(
+        nullable = false,
+        max_length = 256,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*$"
+    )]
+    pub crater_id: Option<String>,
+    #[schema(
+        nullable = false,
+        max_length = 256,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*$"
+    )]
+    pub source: Option<String>,
+    #[schema(
+        nullable = false,
+        max_length = 256,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*$"
+    )]
+    pub view: Option<String>,
+    #[schema(nullable = false)]
+    pub lat: Option<f64>,
+    #[schema(nullable = false)]
+    pub lon: Option<f64>,
+    #[schema(nullable = false)]
+    pub diameter_km: Option<f64>,
+}
+
+/// Backbone features of one image as JSON.
+#[allow(dead_code)] // a schema: the body is read by `features::parse_features`
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Features {
+    /// `[D]` CLS token after the final norm.
+    pub cls: Vec<f32>,
+    /// `[T, D]` patch tokens, flat or nested.
+    #[schema(schema_with = patches_schema)]
+    pub patches: Vec<f32>,
+    /// `[T]` last-layer CLS-to-patch attention.
+    pub attention: Vec<f32>,
+}
+
+fn patches_schema() -> utoipa::openapi::Schema {
+    use utoipa::openapi::{schema::ArrayBuilder, ObjectBuilder, OneOfBuilder, Type};
+    let number = || ObjectBuilder::new().schema_type(Type::Number);
+    OneOfBuilder::new()
+        .description(Some("[T, D] patch tokens, flat or nested"))
+        .item(ArrayBuilder::new().items(number()))
+        .item(ArrayBuilder::new().items(ArrayBuilder::new().items(number())))
+        .build()
+        .into()
+}
+
+/// What a search was asked with.
+#[derive(Serialize, ToSchema)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum QueryInfo {
+    /// An uploaded image.
+    Image {
+        width: u32,
+        height: u32,
+        bytes: usize,
+    },
+    /// Posted backbone features.
+    Features,
+    /// An indexed image's stored descriptors.
+    Indexed { id: String },
+}
+
+/// The search as it ran.
+#[derive(Serialize, ToSchema)]
+pub struct SearchEcho {
+    #[schema(value_type = String)]
+    pub mode: craterdex_engine::Mode,
+    pub top_k: usize,
+    /// The shortlist size S (two-stage only).
+    pub shortlist: Option<usize>,
+}
+
+/// Milliseconds per step.
+#[derive(Serialize, ToSchema)]
+pub struct Timing {
+    /// The forward pass of an uploaded image.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub features: Option<f64>,
+    /// Encoding posted features into descriptors.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub encode: Option<f64>,
+    pub search: f64,
+}
+
+/// A hit and where its thumbnail is.
+#[derive(Serialize, ToSchema)]
+pub struct ApiHit {
+    #[serde(flatten)]
+    pub hit: SearchHit,
+    pub thumbnail: String,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct SearchResponse {
+    pub query: QueryInfo,
+    pub params: SearchEcho,
+    pub timing_ms: Timing,
+    pub results: Vec<ApiHit>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ImageResponse {
+    pub id: String,
+    pub meta: ImageMeta,
+    pub thumbnail: String,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct AddedResponse {
+    pub id: String,
+    /// Images the index now holds.
+    pub images: usize,
+    pub thumbnail: String,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct RemovedResponse {
+    pub removed: String,
+    /// Images the index now holds.
+    pub images: usize,
+}
+
+/// A link candidate and where its thumbnail is.
+#[derive(Serialize, ToSchema)]
+pub struct LinkCandidate {
+    #[serde(flatten)]
+    pub candidate: Candidate,
+    pub thumbnail: String,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct LinkResponse {
+    pub query: ImageMeta,
+    pub decision: Decision,
+    #[schema(minimum = 0, maximum = 1)]
+    pub confidence: f64,
+    pub best: Option<LinkCandidate>,
+    /// The best candidate of another crater than `best`.
+    pub second: Option<LinkCandidate>,
+    pub inserted: bool,
+    /// Images the index now holds.
+    pub images: usize,
+    /// Where the decision rule came from (its calibration, or the default).
+    pub rule: String,
+}
+
+/// Requests answered since the server started.
+#[derive(Serialize, ToSchema)]
+pub struct Requests {
+    pub searches: u64,
+    pub image_searches: u64,
+    pub added: u64,
+    pub removed: u64,
+    pub client_errors: u64,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct StatsResponse {
+    #[serde(flatten)]
+    pub index: IndexInfo,
+    pub writes_enabled: bool,
+    pub requests: Requests,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct HealthResponse {
+    pub status: String,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ReadyResponse {
+    pub ready: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub images: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image_search: Option<bool>,
+    /// Why the server is not ready.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Every failed request: `{"error": {"status", "message"}}`.
+#[derive(Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ErrorDetail {
+    pub status: u16,
+    pub message: String,
+}

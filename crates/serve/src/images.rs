@@ -1,0 +1,227 @@
+//! Indexed images: their metadata and thumbnails, and adding and removing them through the
+//! index's atomic path (the engine's writer, one write at a time).
+
+use crate::api::{
+    AddedResponse, EntryForm, ErrorBody, ImageId, ImageResponse, RemovedResponse, ThumbnailQuery,
+};
+use crate::auth::{authorize, path_id};
+use crate::error::{ApiError, ApiResult};
+use crate::search::{blocking, thumbnail_url};
+use crate::upload::{read_entry, EntryUpload};
+use crate::{Counters, Service, Svc};
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Multipart, Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use craterdex_engine::{Engine, ImageMeta};
+use craterdex_errors::IoContext;
+use craterdex_model::preprocess;
+use std::io::Cursor;
+
+fn live_row(engine: &Engine, id: &str) -> ApiResult<usize> {
+    engine
+        .index()
+        .row_of(id)
+        .ok_or_else(|| ApiError::not_found(format!("no image {id:?} in the index")))
+}
+
+/// Metadata of an indexed image.
+#[utoipa::path(
+    get,
+    path = "/v1/images/{id}",
+    params(ImageId),
+    responses(
+        (status = 200, description = "metadata", body = ImageResponse),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 503, body = ErrorBody),
+    )
+)]
+pub async fn image_meta(
+    State(svc): State<Svc>,
+    headers: HeaderMap,
+    id: Result<Path<String>, PathRejection>,
+) -> ApiResult<Json<ImageResponse>> {
+    authorize(&svc, &headers, false)?;
+    let id = path_id(id)?;
+    let engine = svc.snapshot()?;
+    let meta = engine.index().meta(live_row(&engine, &id)?).clone();
+    Ok(Json(ImageResponse {
+        thumbnail: thumbnail_url(&meta.id),
+        id: meta.id.clone(),
+        meta,
+    }))
+}
+
+/// PNG thumbnail of an indexed image.
+#[utoipa::path(
+    get,
+    path = "/v1/images/{id}/thumbnail",
+    params(ImageId, ThumbnailQuery),
+    responses(
+        (status = 200, description = "PNG", content_type = "image/png"),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 503, body = ErrorBody),
+    )
+)]
+pub async fn thumbnail(
+    State(svc): State<Svc>,
+    headers: HeaderMap,
+    id: Result<Path<String>, PathRejection>,
+    q: Result<Query<ThumbnailQuery>, QueryRejection>,
+) -> ApiResult<Response> {
+    authorize(&svc, &headers, false)?;
+    let id = path_id(id)?;
+    let Query(q) = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let size = q.size.unwrap_or(160);
+    if !(16..=512).contains(&size) {
+        return Err(ApiError::bad_request("size must be between 16 and 512"));
+    }
+    let engine = svc.snapshot()?;
+    let row = live_row(&engine, &id)?;
+    // The file comes from the index's own metadata, never from the request.
+    let Some(path) = engine.index().meta(row).path.clone() else {
+        return Err(ApiError::not_found(format!(
+            "no image file is recorded for {id:?}"
+        )));
+    };
+    let png = blocking(move || {
+        let img = preprocess::load_image(std::path::Path::new(&path)).map_err(|e| {
+            ApiError::not_found(format!("the image file of {id:?} cannot be read: {e}"))
+        })?;
+        // Never enlarged: small crops are shown at their own size.
+        let side = size.min(img.width().max(img.height()));
+        let thumb = img.thumbnail(side, side).to_rgb8();
+        let mut out = Cursor::new(Vec::new());
+        thumb
+            .write_to(&mut out, image::ImageFormat::Png)
+            .map_err(ApiError::internal)?;
+        Ok(out.into_inner())
+    })
+    .await?;
+    Ok((
+        [
+            (header::CONTENT_TYPE, HeaderValue::from_static("image/png")),
+            (
+                header::CACHE_CONTROL,
+                HeaderValue::from_static("max-age=3600"),
+            ),
+        ],
+        png,
+    )
+        .into_response())
+}
+
+/// Why an id cannot be added to the index now, if it cannot.
+pub fn id_taken(engine: &Engine, id: &str) -> Option<ApiError> {
+    let index = engine.index();
+    let why = if index.row_of(id).is_some() {
+        format!("the index already has an image {id:?}")
+    } else if index.was_removed(id) {
+        format!("{id:?} was removed; its id can be used again once the index is rebuilt")
+    } else {
+        return None;
+    };
+    Some(ApiError::new(StatusCode::CONFLICT, why))
+}
+
+/// Stores the uploaded file (named by its SHA-256) and returns the entry's metadata with
+/// that path, for thumbnails.
+pub fn store_upload(svc: &Service, entry: &EntryUpload) -> ApiResult<ImageMeta> {
+    let up = &entry.upload;
+    let digest = craterdex_model::store::sha256_hex(&up.bytes);
+    let ext = up.format.extensions_str().first().copied().unwrap_or("img");
+    let dir = &svc.config().upload_dir;
+    std::fs::create_dir_all(dir).io("create", dir)?;
+    let file = dir.join(format!("{digest}.{ext}"));
+    craterdex_durable::write_atomic(&file, &up.bytes)?;
+    let path = std::fs::canonicalize(&file).unwrap_or(file);
+    Ok(ImageMeta {
+        path: Some(path.display().to_string()),
+        ..entry.meta.clone()
+    })
+}
+
+/// Add an image to the index (API key).
+#[utoipa::path(
+    post,
+    path = "/v1/images",
+    request_body(content = EntryForm, content_type = "multipart/form-data"),
+    security(("apiKey" = []), ("bearer" = [])),
+    responses(
+        (status = 201, description = "added", body = AddedResponse),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 403, body = ErrorBody), (status = 409, body = ErrorBody),
+        (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
+        (status = 422, body = ErrorBody), (status = 501, body = ErrorBody),
+        (status = 503, body = ErrorBody),
+    )
+)]
+pub async fn add_image(
+    State(svc): State<Svc>,
+    headers: HeaderMap,
+    mp: Result<Multipart, axum::extract::multipart::MultipartRejection>,
+) -> ApiResult<(StatusCode, Json<AddedResponse>)> {
+    authorize(&svc, &headers, true)?;
+    let mp = mp.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let entry = read_entry(&svc, mp).await?;
+    let id = entry.meta.id.clone();
+    let svc2 = svc.clone();
+    let images = blocking(move || {
+        svc2.shared()?.write(|engine| -> ApiResult<_> {
+            if let Some(taken) = id_taken(engine, &entry.meta.id) {
+                return Err(taken);
+            }
+            let meta = store_upload(&svc2, &entry)?;
+            let (_, grown) = engine.add(&[(meta, entry.desc)])?;
+            Ok((grown.index().live(), Some(grown)))
+        })
+    })
+    .await?;
+    Counters::count(&svc.counters.added);
+    Ok((
+        StatusCode::CREATED,
+        Json(AddedResponse {
+            thumbnail: thumbnail_url(&id),
+            id,
+            images,
+        }),
+    ))
+}
+
+/// Remove an image from the index (API key).
+#[utoipa::path(
+    delete,
+    path = "/v1/images/{id}",
+    params(ImageId),
+    security(("apiKey" = []), ("bearer" = [])),
+    responses(
+        (status = 200, description = "removed", body = RemovedResponse),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 503, body = ErrorBody),
+    )
+)]
+pub async fn remove_image(
+    State(svc): State<Svc>,
+    headers: HeaderMap,
+    id: Result<Path<String>, PathRejection>,
+) -> ApiResult<Json<RemovedResponse>> {
+    authorize(&svc, &headers, true)?;
+    let id = path_id(id)?;
+    let svc2 = svc.clone();
+    let id2 = id.clone();
+    let images = blocking(move || {
+        svc2.shared()?.write(|engine| -> ApiResult<_> {
+            live_row(engine, &id2)?;
+            let (_, shrunk) = engine.remove(&[id2])?;
+            Ok((shrunk.index().live(), Some(shrunk)))
+        })
+    })
+    .await?;
+    Counters::count(&svc.counters.removed);
+    Ok(Json(RemovedResponse {
+        removed: id,
+        images,
+    }))
+}

@@ -1,0 +1,121 @@
+//! Linking an uploaded crater image to the catalogue: match, new or ambiguous, with the
+//! evidence, by the index's calibrated rule; with `insert=true` a new crater is added, decided
+//! and added under the engine's writer so concurrent links see each other.
+
+use crate::api::{EntryForm, ErrorBody, LinkCandidate, LinkQuery, LinkResponse};
+use crate::auth::authorize;
+use crate::error::{ApiError, ApiResult};
+use crate::images::{id_taken, store_upload};
+use crate::search::{blocking, thumbnail_url};
+use crate::upload::{read_entry, EntryUpload};
+use crate::{Counters, Service, Svc};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Multipart, Query, State};
+use axum::http::HeaderMap;
+use axum::Json;
+use craterdex_engine::Engine;
+use craterdex_workflows::{Candidate, Decision, LinkOptions, LinkRow, LinkRule, Neighbours};
+use std::sync::{Arc, Mutex, Weak};
+
+/// The index's link rule and the grid of its positions, made once per engine version.
+type Context = Arc<(LinkRule, Neighbours)>;
+
+#[derive(Default)]
+pub struct ContextCache(Mutex<Option<(Weak<Engine>, Context)>>);
+
+fn context(svc: &Service, engine: &Arc<Engine>) -> ApiResult<Context> {
+    let mut cache = svc.link_context.0.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((made_for, ctx)) = cache.as_ref() {
+        if made_for.upgrade().is_some_and(|e| Arc::ptr_eq(&e, engine)) {
+            return Ok(ctx.clone());
+        }
+    }
+    let rule = match engine.index().dir() {
+        Some(dir) => LinkRule::for_index(dir)?,
+        None => LinkRule::default(),
+    };
+    let near = Neighbours::of_index(engine.index(), &rule);
+    let ctx = Arc::new((rule, near));
+    *cache = Some((Arc::downgrade(engine), ctx.clone()));
+    Ok(ctx)
+}
+
+/// The decision for one entry against `engine`, and where its rule came from.
+fn decide(
+    svc: &Service,
+    engine: &Arc<Engine>,
+    entry: &EntryUpload,
+) -> ApiResult<(LinkRow, String)> {
+    let ctx = context(svc, engine)?;
+    let (rule, near) = (&ctx.0, &ctx.1);
+    let opts = LinkOptions::default();
+    let row =
+        craterdex_workflows::link_one(engine, near, rule, &opts, entry.meta.clone(), &entry.desc);
+    Ok((row, rule.source.clone()))
+}
+
+fn with_thumbnail(c: Candidate) -> LinkCandidate {
+    LinkCandidate {
+        thumbnail: thumbnail_url(&c.id),
+        candidate: c,
+    }
+}
+
+/// Link an image of a crater to the index: match, new or ambiguous, with the evidence
+/// (`insert=true` adds it when new; API key).
+#[utoipa::path(
+    post,
+    path = "/v1/link",
+    params(LinkQuery),
+    request_body(content = EntryForm, content_type = "multipart/form-data"),
+    security((), ("apiKey" = []), ("bearer" = [])),
+    responses(
+        (status = 200, description = "the decision", body = LinkResponse),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 403, body = ErrorBody), (status = 413, body = ErrorBody),
+        (status = 415, body = ErrorBody), (status = 422, body = ErrorBody),
+        (status = 501, body = ErrorBody), (status = 503, body = ErrorBody),
+    )
+)]
+pub async fn link_image(
+    State(svc): State<Svc>,
+    headers: HeaderMap,
+    q: Result<Query<LinkQuery>, QueryRejection>,
+    mp: Result<Multipart, axum::extract::multipart::MultipartRejection>,
+) -> ApiResult<Json<LinkResponse>> {
+    let Query(q) = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    authorize(&svc, &headers, q.insert)?;
+    let mp = mp.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let entry = read_entry(&svc, mp).await?;
+    let svc2 = svc.clone();
+    let (mut row, rule, images) = blocking(move || {
+        if !q.insert {
+            let engine = svc2.snapshot()?;
+            let (row, rule) = decide(&svc2, &engine, &entry)?;
+            return Ok((row, rule, engine.index().live()));
+        }
+        svc2.shared()?.write(|engine| -> ApiResult<_> {
+            let (mut row, rule) = decide(&svc2, engine, &entry)?;
+            if row.decision != Decision::New || id_taken(engine, &entry.meta.id).is_some() {
+                return Ok(((row, rule, engine.index().live()), None));
+            }
+            let meta = store_upload(&svc2, &entry)?;
+            let (_, grown) = engine.add(&[(meta, entry.desc.clone())])?;
+            row.inserted = true;
+            Counters::count(&svc2.counters.added);
+            Ok(((row, rule, grown.index().live()), Some(grown)))
+        })
+    })
+    .await?;
+    row.query.path = None;
+    Ok(Json(LinkResponse {
+        query: row.query,
+        decision: row.decision,
+        confidence: row.confidence,
+        best: row.best.take().map(with_thumbnail),
+        second: row.second.take().map(with_thumbnail),
+        inserted: row.inserted,
+        images,
+        rule,
+    }))
+}

@@ -1,0 +1,234 @@
+//! Searches: by an uploaded image, by posted backbone features, and by an indexed image's
+//! stored descriptors. Each runs on a snapshot of the engine, off the async threads.
+
+use crate::api::{
+    ApiHit, ErrorBody, Features, ImageForm, ImageId, QueryInfo, SearchEcho, SearchResponse, Timing,
+};
+use crate::auth::{authorize, path_id};
+use crate::error::{ApiError, ApiResult};
+use crate::features::{check_features, parse_features};
+use crate::upload::{decode, read_multipart};
+use crate::{Counters, Service, Svc};
+use axum::body::Bytes;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Multipart, Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::Json;
+use craterdex_engine::{Engine, Mode, SearchHit, SearchOptions, SearchParams};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Runs CPU work off the async threads.
+pub async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> ApiResult<T> + Send + 'static,
+) -> ApiResult<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(ApiError::internal)?
+}
+
+/// The search a query string asks for, within the service's limits (a malformed or
+/// out-of-range parameter is a bad request).
+fn search_params(
+    svc: &Service,
+    q: Result<Query<SearchOptions>, QueryRejection>,
+) -> ApiResult<SearchParams> {
+    let Query(options) = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    options
+        .params(&svc.config().limits)
+        .map_err(|e| ApiError::bad_request(e.to_string()))
+}
+
+/// The engine, refused with 501 when the server runs without a model.
+pub fn image_engine(svc: &Service) -> ApiResult<Arc<Engine>> {
+    let engine = svc.snapshot()?;
+    if engine.extractor().is_none() {
+        return Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "this server has no model loaded; search with features instead",
+        ));
+    }
+    Ok(engine)
+}
+
+/// Everything but unreserved URL characters is escaped, `/` included: an id is one segment.
+const ID_ESCAPES: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
+pub fn thumbnail_url(id: &str) -> String {
+    format!(
+        "/v1/images/{}/thumbnail",
+        percent_encoding::utf8_percent_encode(id, ID_ESCAPES)
+    )
+}
+
+fn ms(t: Instant) -> f64 {
+    (t.elapsed().as_secs_f64() * 1e6).round() / 1e3
+}
+
+fn response(
+    hits: Vec<SearchHit>,
+    p: &SearchParams,
+    query: QueryInfo,
+    timing_ms: Timing,
+) -> Json<SearchResponse> {
+    let results = hits
+        .into_iter()
+        .map(|hit| ApiHit {
+            thumbnail: thumbnail_url(&hit.id),
+            hit,
+        })
+        .collect();
+    Json(SearchResponse {
+        query,
+        params: SearchEcho {
+            mode: p.mode,
+            top_k: p.top_k,
+            shortlist: (p.mode == Mode::TwoStage).then_some(p.shortlist),
+        },
+        timing_ms,
+        results,
+    })
+}
+
+fn first(mut hits: Vec<Vec<SearchHit>>) -> Vec<SearchHit> {
+    hits.pop().unwrap_or_default()
+}
+
+/// Search with an uploaded image (needs a model).
+#[utoipa::path(
+    post,
+    path = "/v1/search/image",
+    params(SearchOptions),
+    request_body(content = ImageForm, content_type = "multipart/form-data"),
+    responses(
+        (status = 200, description = "ranked results", body = SearchResponse),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
+        (status = 422, body = ErrorBody), (status = 501, body = ErrorBody),
+        (status = 503, body = ErrorBody),
+    )
+)]
+pub async fn search_image(
+    State(svc): State<Svc>,
+    headers: HeaderMap,
+    q: Result<Query<SearchOptions>, QueryRejection>,
+    mp: Result<Multipart, axum::extract::multipart::MultipartRejection>,
+) -> ApiResult<Json<SearchResponse>> {
+    authorize(&svc, &headers, false)?;
+    let p = search_params(&svc, q)?;
+    let mp = mp.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let (bytes, _) = read_multipart(mp, &[]).await?;
+    let engine = image_engine(&svc)?;
+    Counters::count(&svc.counters.image_searches);
+    let svc2 = svc.clone();
+    blocking(move || {
+        let t = Instant::now();
+        let up = decode(&svc2, bytes)?;
+        let desc = engine.encode_image(&up.image)?;
+        let features = ms(t);
+        let t = Instant::now();
+        let hits = first(engine.search(std::slice::from_ref(&desc), &p));
+        let timing = Timing {
+            features: Some(features),
+            encode: None,
+            search: ms(t),
+        };
+        let query = QueryInfo::Image {
+            width: up.image.width(),
+            height: up.image.height(),
+            bytes: up.bytes.len(),
+        };
+        Ok(response(hits, &p, query, timing))
+    })
+    .await
+}
+
+/// Search with precomputed backbone features: JSON, or a safetensors file as `craterdex
+/// extract` writes it for one image (`cls`, `patch_tokens`, `attention`; f32 or f16; faster
+/// to send and parse).
+#[utoipa::path(
+    post,
+    path = "/v1/search/features",
+    params(SearchOptions),
+    request_body(content(
+        (Features = "application/json"),
+        (Vec<u8> = "application/octet-stream"),
+    )),
+    responses(
+        (status = 200, description = "ranked results", body = SearchResponse),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 422, body = ErrorBody), (status = 503, body = ErrorBody),
+    )
+)]
+pub async fn search_features(
+    State(svc): State<Svc>,
+    headers: HeaderMap,
+    q: Result<Query<SearchOptions>, QueryRejection>,
+    body: Bytes,
+) -> ApiResult<Json<SearchResponse>> {
+    authorize(&svc, &headers, false)?;
+    let p = search_params(&svc, q)?;
+    let engine = svc.snapshot()?;
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let features = check_features(
+        parse_features(&body, content_type)?,
+        engine.index().feature_dim(),
+    )?;
+    Counters::count(&svc.counters.searches);
+    blocking(move || {
+        let t = Instant::now();
+        let descs = engine.encode(&features);
+        let encode = ms(t);
+        let t = Instant::now();
+        let hits = first(engine.search(&descs, &p));
+        let timing = Timing {
+            features: None,
+            encode: Some(encode),
+            search: ms(t),
+        };
+        Ok(response(hits, &p, QueryInfo::Features, timing))
+    })
+    .await
+}
+
+/// Search with an indexed image's stored descriptors.
+#[utoipa::path(
+    get,
+    path = "/v1/images/{id}/similar",
+    params(ImageId, SearchOptions),
+    responses(
+        (status = 200, description = "ranked results", body = SearchResponse),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 503, body = ErrorBody),
+    )
+)]
+pub async fn search_similar(
+    State(svc): State<Svc>,
+    headers: HeaderMap,
+    id: Result<Path<String>, PathRejection>,
+    q: Result<Query<SearchOptions>, QueryRejection>,
+) -> ApiResult<Json<SearchResponse>> {
+    authorize(&svc, &headers, false)?;
+    let id = path_id(id)?;
+    let p = search_params(&svc, q)?;
+    let engine = svc.snapshot()?;
+    Counters::count(&svc.counters.searches);
+    blocking(move || {
+        let t = Instant::now();
+        let hits = engine.similar(&id, &p)?;
+        let timing = Timing {
+            features: None,
+            encode: None,
+            search: ms(t),
+        };
+        Ok(response(hits, &p, QueryInfo::Indexed { id }, timing))
+    })
+    .await
+}

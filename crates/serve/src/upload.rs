@@ -1,0 +1,150 @@
+//! Uploads: multipart forms (the `image` file part and text fields), the entry an add or a
+//! link carries, and the image itself, decoded the one way craterdex decodes images
+//! (`craterdex_model::preprocess::decode`).
+
+use crate::auth::valid_id;
+use crate::error::{ApiError, ApiResult};
+use crate::Service;
+use axum::body::Bytes;
+use axum::extract::Multipart;
+use craterdex_engine::{Descriptors, ImageMeta};
+use craterdex_model::preprocess::{self, DecodeLimits, MAX_CROP_PIXELS};
+use std::collections::BTreeMap;
+
+/// A decoded upload and its bytes (kept for the upload directory and thumbnails).
+pub struct Upload {
+    pub bytes: Bytes,
+    pub image: image::DynamicImage,
+    pub format: image::ImageFormat,
+}
+
+/// Decodes an upload within the service's limits.
+pub fn decode(svc: &Service, bytes: Bytes) -> ApiResult<Upload> {
+    let limits = DecodeLimits {
+        max_pixels: Some(MAX_CROP_PIXELS),
+        max_side: Some(svc.config().max_image_side),
+        allow_partial: svc.config().allow_partial_images,
+    };
+    let decoded = preprocess::decode(&bytes, &limits)?;
+    Ok(Upload {
+        bytes,
+        image: decoded.image,
+        format: decoded.format,
+    })
+}
+
+/// The fields of a multipart upload: the file part `image` and the text parts `known`.
+pub async fn read_multipart(
+    mut mp: Multipart,
+    known: &[&str],
+) -> ApiResult<(Bytes, BTreeMap<String, String>)> {
+    let mp_err =
+        |e: axum::extract::multipart::MultipartError| ApiError::new(e.status(), e.body_text());
+    let mut image = None;
+    let mut fields = BTreeMap::new();
+    while let Some(field) = mp.next_field().await.map_err(mp_err)? {
+        let name = field.name().unwrap_or("").to_string();
+        if name == "image" || (image.is_none() && field.file_name().is_some()) {
+            image = Some(field.bytes().await.map_err(mp_err)?);
+        } else if !known.contains(&name.as_str()) {
+            let expected = if known.is_empty() {
+                "expected only image".to_string()
+            } else {
+                format!("expected image and {known:?}")
+            };
+            return Err(ApiError::bad_request(format!(
+                "unknown form field {name:?}; {expected}"
+            )));
+        } else {
+            let text = field.text().await.map_err(mp_err)?;
+            fields.insert(name, text);
+        }
+    }
+    let image = image
+        .ok_or_else(|| ApiError::bad_request("multipart form without an `image` file part"))?;
+    Ok((image, fields))
+}
+
+/// The text fields of an entry form.
+const ENTRY_FIELDS: [&str; 7] = [
+    "id",
+    "crater_id",
+    "source",
+    "view",
+    "lat",
+    "lon",
+    "diameter_km",
+];
+
+fn number_field(fields: &BTreeMap<String, String>, name: &str) -> ApiResult<Option<f64>> {
+    match fields.get(name).map(|s| s.trim()).filter(|s| !s.is_empty()) {
+        None => Ok(None),
+        Some(s) => s
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite())
+            .map(Some)
+            .ok_or_else(|| ApiError::bad_request(format!("{name}: {s:?} is not a number"))),
+    }
+}
+
+/// Free text is checked as sent: trimming first would let a trailing control character
+/// (form feed, vertical tab) through the check the schema documents.
+fn text_field(fields: &BTreeMap<String, String>, name: &str) -> ApiResult<Option<String>> {
+    match fields
+        .get(name)
+        .map(String::as_str)
+        .filter(|s| !s.is_empty())
+    {
+        None => Ok(None),
+        Some(s) if s.chars().count() <= 256 && !s.chars().any(char::is_control) => {
+            Ok(Some(s.to_string()))
+        }
+        Some(_) => Err(ApiError::bad_request(format!(
+            "{name}: at most 256 characters, no control characters"
+        ))),
+    }
+}
+
+/// An entry uploaded as a multipart form: the decoded image, its metadata (the id defaults
+/// to `upload-<sha256 prefix>`) and its descriptors.
+pub struct EntryUpload {
+    pub upload: Upload,
+    pub meta: ImageMeta,
+    pub desc: Descriptors,
+}
+
+/// Reads and checks an entry form, decodes the image and encodes it with the engine's model.
+pub async fn read_entry(svc: &crate::Svc, mp: Multipart) -> ApiResult<EntryUpload> {
+    let (bytes, fields) = read_multipart(mp, &ENTRY_FIELDS).await?;
+    // Unlike the free-text fields an id is not trimmed: it is a key matched exactly.
+    let id = fields.get("id").filter(|id| !id.is_empty()).cloned();
+    if let Some(id) = &id {
+        if !valid_id(id) {
+            return Err(ApiError::bad_request(format!("invalid image id {id:?}")));
+        }
+    }
+    let mut meta = ImageMeta {
+        id: id.unwrap_or_default(),
+        crater_id: text_field(&fields, "crater_id")?,
+        source: text_field(&fields, "source")?,
+        view: text_field(&fields, "view")?,
+        lat: number_field(&fields, "lat")?,
+        lon: number_field(&fields, "lon")?,
+        diameter_km: number_field(&fields, "diameter_km")?,
+        ..ImageMeta::default()
+    };
+    let engine = crate::search::image_engine(svc)?;
+    let svc2 = svc.clone();
+    let (upload, desc) = crate::search::blocking(move || {
+        let upload = decode(&svc2, bytes)?;
+        let desc = engine.encode_image(&upload.image)?;
+        Ok((upload, desc))
+    })
+    .await?;
+    if meta.id.is_empty() {
+        let digest = craterdex_model::store::sha256_hex(&upload.bytes);
+        meta.id = format!("upload-{}", &digest[..16]);
+    }
+    Ok(EntryUpload { upload, meta, desc })
+}
