@@ -15,6 +15,7 @@ pub mod georef;
 pub mod manifest;
 pub mod metrics;
 pub mod observations;
+pub mod regime;
 pub mod regimes;
 pub mod report;
 pub mod run;

@@ -15,6 +15,7 @@
 
 use crate::error::Result;
 use crate::metrics::{evaluate_ranking, shortlist_recall, summarise, QueryResult, Summary};
+pub use crate::regime::{Family, RegimeId, Tokens, Whiten};
 use craterdex_engine::{
     encode_all, Aggregation, Codec, Descriptors, Encoder, Engine, FeatureSet, ImageMeta,
     IndexRecipe, IvfSetting, Mode, Pooling, Recipe, SearchParams, SeedStrategy,
@@ -75,56 +76,10 @@ impl EvalOptions {
     }
 }
 
-/// How a regime's descriptors are whitened, learned only from gallery images of craters no
-/// query looks for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Whiten {
-    Off,
-    /// PCA whitening, unsupervised: `_white`.
-    Pca,
-    /// Learned from the gallery's two views of each crater, blended with PCA
-    /// ([`craterdex_tokens::DEFAULT_PAIR_BLEND`]; what `index build` learns): `_pairwhite`.
-    Pairs,
-}
-
-impl Whiten {
-    /// What the regime names end with.
-    pub fn suffix(self) -> &'static str {
-        match self {
-            Self::Off => "",
-            Self::Pca => "_white",
-            Self::Pairs => "_pairwhite",
-        }
-    }
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Off => "unwhitened",
-            Self::Pca => "PCA-whitened",
-            Self::Pairs => "pair-whitened",
-        }
-    }
-}
-
-/// The regime family, for plots.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Family {
-    Single,
-    Raw,
-    InstAttn,
-    InstFps,
-    KMeans,
-    FullLi,
-    TwoStage,
-    Codec,
-}
-
 #[derive(Clone, Debug, Serialize)]
 pub struct RegimeResult {
-    pub name: String,
-    pub family: Family,
-    pub whitening: Whiten,
+    #[serde(rename = "name")]
+    pub id: RegimeId,
     #[serde(flatten)]
     pub summary: Summary,
     /// Tokens per image (token regimes).
@@ -135,8 +90,6 @@ pub struct RegimeResult {
     /// Shortlist recall R@S (two-stage regimes).
     #[serde(rename = "R@S", skip_serializing_if = "Option::is_none")]
     pub shortlist_recall: Option<f64>,
-    /// Hits listed crater by crater (`_grouped`).
-    pub grouped: bool,
     /// Milliseconds per query, one query at a time for its 10 best (the mean over up to
     /// [`TIMED_QUERIES`] queries, on this machine's threads and kernel level).
     pub query_ms: f64,
@@ -164,17 +117,25 @@ pub const TIMED_QUERIES: usize = 32;
 /// One index form of a regime, searched once for a ranking of the whole gallery.
 #[derive(Clone)]
 struct Search {
-    name: String,
-    family: Family,
+    id: RegimeId,
+    /// Tokens per image (for every-token regimes, the patch count).
     k: Option<usize>,
     params: SearchParams,
 }
 
 impl Search {
+    fn new(id: RegimeId, params: SearchParams) -> Self {
+        Self {
+            k: id.k(),
+            id,
+            params,
+        }
+    }
+
     /// The search and its `_grouped` form.
     fn and_grouped(self) -> [Search; 2] {
         let grouped = Search {
-            name: format!("{}_grouped", self.name),
+            id: self.id.grouped(true),
             params: SearchParams {
                 group_views: true,
                 ..self.params
@@ -236,7 +197,6 @@ pub fn run(
         .collect();
     let mut out = Vec::new();
     for &white in &o.whitening {
-        let suffix = white.suffix();
         let base = |pooling: Pooling| IndexRecipe {
             recipe: Recipe {
                 pooling,
@@ -261,7 +221,7 @@ pub fn run(
          -> Result<()> {
             // the build counts towards the index's first regime
             if let Some(first) = searches.first() {
-                progress(&first.name);
+                progress(&first.id.to_string());
             }
             let index = recipe.index_from_descriptors(
                 encoder,
@@ -273,7 +233,7 @@ pub fn run(
             let engine = Engine::new(index, None)?;
             for (i, s) in searches.into_iter().enumerate() {
                 if i > 0 {
-                    progress(&s.name);
+                    progress(&s.id.to_string());
                 }
                 let hits = engine.search(queries, &s.params);
                 let rankings: Vec<Vec<usize>> = hits
@@ -305,9 +265,7 @@ pub fn run(
                         shortlist_recall(&reranked, s.params.shortlist)
                     });
                 out.push(RegimeResult {
-                    name: s.name,
-                    family: s.family,
-                    whitening: white,
+                    id: s.id,
                     summary: summarise(&per_query),
                     k: s.k,
                     bytes_per_image: engine.index().token_bytes_per_image()
@@ -317,7 +275,6 @@ pub fn run(
                             engine.index().single_dim() * 4
                         },
                     shortlist_recall,
-                    grouped: s.params.group_views,
                     query_ms: query_ms(&engine, queries, &s.params),
                     per_query,
                     top,
@@ -347,20 +304,15 @@ pub fn run(
                 Some(&input.whitening_rows),
                 &input.gallery_metas,
             )?;
-            let name = format!("{}{suffix}", pooling.name());
+            let id = RegimeId::of(Tokens::Single(pooling)).whitened(white);
             score(
                 &recipe,
                 &encoder,
                 encode_all(&encoder, input.gallery),
                 &encode_all(&encoder, input.queries),
-                Search {
-                    name,
-                    family: Family::Single,
-                    k: None,
-                    params: rank_all(Mode::Stage1, 0),
-                }
-                .and_grouped()
-                .into(),
+                Search::new(id, rank_all(Mode::Stage1, 0))
+                    .and_grouped()
+                    .into(),
                 &mut out,
             )?;
             if pooling == Pooling::Cls {
@@ -376,26 +328,23 @@ pub fn run(
             let q = encode_all(&encoder, input.queries);
             (encoder, g, q)
         };
-        let exhaustive = |name: String, family: Family, k: usize| Search {
-            name,
-            family,
-            k: Some(k),
-            params: rank_all(Mode::Exhaustive, 0),
-        };
+        let exhaustive =
+            |id: RegimeId| Search::new(id.whitened(white), rank_all(Mode::Exhaustive, 0));
         let f32_recipe = base(Pooling::Cls);
         for &k in &o.ks {
-            for (prefix, family, aggregation) in [
+            for (id, aggregation) in [
                 (
-                    "raw_attn",
-                    Family::Raw,
+                    RegimeId::of(Tokens::Raw(k)),
                     Aggregation::Raw {
                         seeds: SeedStrategy::Attention,
                         k,
                     },
                 ),
                 (
-                    "inst_attn",
-                    Family::InstAttn,
+                    RegimeId::of(Tokens::Instance {
+                        seeds: SeedStrategy::Attention,
+                        k,
+                    }),
                     Aggregation::Instance {
                         seeds: SeedStrategy::Attention,
                         k,
@@ -403,8 +352,7 @@ pub fn run(
                     },
                 ),
                 (
-                    "inst_fps",
-                    Family::InstFps,
+                    RegimeId::fps(k),
                     Aggregation::Instance {
                         seeds: SeedStrategy::Fps,
                         k,
@@ -413,17 +361,16 @@ pub fn run(
                 ),
             ] {
                 let (encoder, g, q) = tokens(aggregation);
-                let mut searches = vec![exhaustive(format!("{prefix}_k{k}{suffix}"), family, k)];
-                if k == 32 && family == Family::InstFps {
+                let mut searches = vec![exhaustive(id)];
+                if id == RegimeId::fps(32) {
                     searches = searches.remove(0).and_grouped().into();
                     searches.extend(o.shortlists.iter().flat_map(|&s| {
-                        Search {
-                            name: format!("two_stage_s{s}_k32{suffix}"),
-                            family: Family::TwoStage,
-                            k: Some(32),
-                            params: rank_all(Mode::TwoStage, s),
-                        }
-                        .and_grouped()
+                        let two_stage = RegimeId {
+                            shortlist: Some(s),
+                            ..id
+                        };
+                        Search::new(two_stage.whitened(white), rank_all(Mode::TwoStage, s))
+                            .and_grouped()
                     }));
                 }
                 score(&f32_recipe, &encoder, g, &q, searches, &mut out)?;
@@ -435,13 +382,15 @@ pub fn run(
                 iterations: 20,
                 seed: o.seed,
             });
-            let s = exhaustive(format!("kmeans_k{k}{suffix}"), Family::KMeans, k);
+            let s = exhaustive(RegimeId::of(Tokens::KMeans(k)));
             score(&f32_recipe, &encoder, g, &q, vec![s], &mut out)?;
         }
         if o.full_li {
             let (encoder, g, q) = tokens(Aggregation::Full);
-            let t = input.gallery.tokens;
-            let s = exhaustive(format!("full_li{suffix}"), Family::FullLi, t);
+            let s = Search {
+                k: Some(input.gallery.tokens),
+                ..exhaustive(RegimeId::of(Tokens::Full))
+            };
             score(&f32_recipe, &encoder, g, &q, vec![s], &mut out)?;
         }
         // K = 32 FPS instance tokens under each codec, and the shipped default recipe
@@ -457,14 +406,17 @@ pub fn run(
             (cls_encoder.clone(), Vec::new(), Vec::new())
         };
         for &codec in &o.codecs {
-            let name = format!("inst_fps_k32_{}{suffix}", codec.name());
             let recipe = IndexRecipe {
                 codec,
                 ..f32_recipe.clone()
             };
-            let s = exhaustive(name.clone(), Family::Codec, 32);
+            let s = exhaustive(RegimeId {
+                codec: Some(codec),
+                ..RegimeId::fps(32)
+            });
+            let id = s.id;
             if let Err(e) = score(&recipe, &encoder, g32.clone(), &q32, vec![s], &mut out) {
-                eprintln!("skipping {name}: {e:#}");
+                eprintln!("skipping {id}: {e}");
             }
         }
         if o.default_recipe {
@@ -472,32 +424,30 @@ pub fn run(
                 codec: Codec::Int8,
                 ..f32_recipe.clone()
             };
-            let search = |name: String| Search {
-                name,
-                family: Family::TwoStage,
-                k: Some(32),
-                params: rank_all(Mode::TwoStage, 100),
-            };
-            let name = format!("two_stage_s100_k32_int8{suffix}");
+            let search =
+                |id: RegimeId| Search::new(id.whitened(white), rank_all(Mode::TwoStage, 100));
             score(
                 &shipped,
                 &encoder,
                 g32.clone(),
                 &q32,
-                search(name).and_grouped().into(),
+                search(RegimeId::shipped()).and_grouped().into(),
                 &mut out,
             )?;
             let ivf = IndexRecipe {
                 ivf: IvfSetting::Lists(craterdex_index::ivf::default_lists(n).min(n)),
                 ..shipped
             };
-            let name = format!("two_stage_s100_k32_int8_ivf{suffix}");
+            let with_ivf = RegimeId {
+                ivf: true,
+                ..RegimeId::shipped()
+            };
             score(
                 &ivf,
                 &encoder,
                 g32,
                 &q32,
-                search(name).and_grouped().into(),
+                search(with_ivf).and_grouped().into(),
                 &mut out,
             )?;
         }
@@ -522,9 +472,12 @@ pub fn to_json(results: &[RegimeResult], extra: serde_json::Value) -> serde_json
     let mut regimes = serde_json::Map::new();
     for r in results {
         let mut v = serde_json::to_value(r).unwrap_or_default();
+        v["family"] = serde_json::to_value(r.id.family()).unwrap_or_default();
+        v["whitening"] = serde_json::to_value(r.id.whitening).unwrap_or_default();
+        v["grouped"] = r.id.grouped.into();
         // kept for readers of runs from before the whitening variants
-        v["whitened"] = (r.whitening != Whiten::Off).into();
-        regimes.insert(r.name.clone(), v);
+        v["whitened"] = (r.id.whitening != Whiten::Off).into();
+        regimes.insert(r.id.to_string(), v);
     }
     serde_json::json!({"regimes": regimes, "run": extra})
 }
@@ -546,7 +499,7 @@ pub fn per_query_csv(
                 .collect();
             s.push_str(&format!(
                 "{},{},{},{},{},{}\n",
-                r.name,
+                r.id,
                 query_ids[q.query],
                 q.first_relevant_rank
                     .map(|v| v.to_string())
@@ -571,7 +524,7 @@ pub fn table(results: &[RegimeResult]) -> String {
     for r in results {
         s.push_str(&format!(
             "{:<42} {:>6.3} {:>6.3} {:>6.3} {:>6.3} {:>8} {:>6} {:>8.2}\n",
-            r.name,
+            r.id.to_string(),
             r.summary.r1,
             r.summary.r5,
             r.summary.r10,

@@ -4,7 +4,8 @@
 //! findings checked on this run, and example queries with their top-5 before and after
 //! reranking (relevant framed green, others red). No external assets.
 
-use crate::regimes::{Family, RegimeResult, Whiten};
+use crate::regime::{Family, RegimeId, Tokens, Whiten};
+use crate::regimes::RegimeResult;
 use crate::turned::{Turned, TurnedRow};
 use base64::Engine;
 use std::collections::BTreeSet;
@@ -23,22 +24,34 @@ pub struct Finding {
 /// cost at most this much.
 const TURNED_LOSS_GOAL: f64 = 0.03;
 
-fn get<'a>(r: &'a [RegimeResult], name: &str) -> Option<&'a RegimeResult> {
-    r.iter().find(|x| x.name == name)
+fn get(r: &[RegimeResult], id: RegimeId) -> Option<&RegimeResult> {
+    r.iter().find(|x| x.id == id)
 }
 
-/// The findings of issue #4, per whitening variant present in `results`.
+/// The paper's findings, per whitening variant present in `results`. Each compares like
+/// with like: the paper lists hits image by image, so only ungrouped regimes take part.
 pub fn findings(results: &[RegimeResult]) -> Vec<Finding> {
     let mut out = Vec::new();
-    let variants: BTreeSet<Whiten> = results.iter().map(|r| r.whitening).collect();
+    let variants: BTreeSet<Whiten> = results.iter().map(|r| r.id.whitening).collect();
     for white in variants {
-        let sfx = white.suffix();
         let tag = format!(" ({})", white.label());
-        let map = |n: &str| get(results, &format!("{n}{sfx}")).map(|r| r.summary.map);
+        let map = |id: RegimeId| get(results, id.whitened(white)).map(|r| r.summary.map);
+        let ungrouped = |r: &&RegimeResult| r.id.whitening == white && !r.id.grouped;
         let best_single = results
             .iter()
-            .filter(|r| r.whitening == white && r.family == Family::Single && !r.grouped)
+            .filter(ungrouped)
+            .filter(|r| r.id.family() == Family::Single)
             .max_by(|a, b| a.summary.map.total_cmp(&b.summary.map));
+        let full_li = map(RegimeId::of(Tokens::Full));
+        let inst = |seeds, k| RegimeId::of(Tokens::Instance { seeds, k });
+        let int8 = RegimeId {
+            codec: Some(craterdex_engine::Codec::Int8),
+            ..RegimeId::fps(32)
+        };
+        let two_stage = RegimeId {
+            shortlist: Some(100),
+            ..RegimeId::fps(32)
+        };
         let mut add = |claim: String, v: Option<(bool, String)>| {
             let (holds, detail) = match v {
                 Some((h, d)) => (Some(h), d),
@@ -52,19 +65,19 @@ pub fn findings(results: &[RegimeResult]) -> Vec<Finding> {
         };
         add(
             "full-token LI beats the best single vector".into(),
-            map("full_li").zip(best_single).map(|(f, b)| {
+            full_li.zip(best_single).map(|(f, b)| {
                 (
                     f > b.summary.map,
-                    format!("full_li {f:.3} vs {} {:.3}", b.name, b.summary.map),
+                    format!("full_li {f:.3} vs {} {:.3}", b.id, b.summary.map),
                 )
             }),
         );
         add(
             "instance tokens beat raw selection at K=16 (some seed strategy)".into(),
-            map("raw_attn_k16").and_then(|raw| {
-                let best = map("inst_attn_k16")
+            map(RegimeId::of(Tokens::Raw(16))).and_then(|raw| {
+                let best = map(inst(craterdex_engine::SeedStrategy::Attention, 16))
                     .into_iter()
-                    .chain(map("inst_fps_k16"))
+                    .chain(map(RegimeId::fps(16)))
                     .fold(f64::MIN, f64::max);
                 (best > f64::MIN).then(|| {
                     (
@@ -76,42 +89,38 @@ pub fn findings(results: &[RegimeResult]) -> Vec<Finding> {
         );
         add(
             "instance tokens at K>=32 come within 0.01 mAP of full LI".into(),
-            map("full_li").and_then(|f| {
+            full_li.and_then(|f| {
                 let best = results
                     .iter()
+                    .filter(ungrouped)
                     .filter(|r| {
-                        r.whitening == white
-                            && matches!(r.family, Family::InstAttn | Family::InstFps)
+                        matches!(r.id.family(), Family::InstAttn | Family::InstFps)
                             && r.k.is_some_and(|k| k >= 32)
                     })
                     .max_by(|a, b| a.summary.map.total_cmp(&b.summary.map))?;
                 Some((
                     best.summary.map >= f - 0.01,
-                    format!("{} {:.3} vs full_li {f:.3}", best.name, best.summary.map),
+                    format!("{} {:.3} vs full_li {f:.3}", best.id, best.summary.map),
                 ))
             }),
         );
         add(
             "two-stage at S=100 recovers >= 85% of exhaustive LI mAP".into(),
-            map("two_stage_s100_k32")
-                .zip(map("inst_fps_k32"))
-                .map(|(t, e)| {
-                    (
-                        t >= 0.85 * e,
-                        format!("{t:.3} / {e:.3} = {:.1}%", 100.0 * t / e.max(1e-12)),
-                    )
-                }),
+            map(two_stage).zip(map(RegimeId::fps(32))).map(|(t, e)| {
+                (
+                    t >= 0.85 * e,
+                    format!("{t:.3} / {e:.3} = {:.1}%", 100.0 * t / e.max(1e-12)),
+                )
+            }),
         );
         add(
             "int8 costs <= 0.005 mAP".into(),
-            map("inst_fps_k32_int8")
-                .zip(map("inst_fps_k32"))
-                .map(|(i, f)| {
-                    (
-                        f - i <= 0.005,
-                        format!("int8 {i:.3} vs f32 {f:.3} (delta {:+.4})", i - f),
-                    )
-                }),
+            map(int8).zip(map(RegimeId::fps(32))).map(|(i, f)| {
+                (
+                    f - i <= 0.005,
+                    format!("int8 {i:.3} vs f32 {f:.3} (delta {:+.4})", i - f),
+                )
+            }),
         );
     }
     out
@@ -269,7 +278,7 @@ fn k_series(results: &[RegimeResult]) -> Vec<Series> {
         for white in WHITENINGS {
             let mut pts: Vec<(f64, f64)> = results
                 .iter()
-                .filter(|r| r.family == *fam && r.whitening == white && !r.grouped)
+                .filter(|r| r.id.family() == *fam && r.id.whitening == white && !r.id.grouped)
                 .filter_map(|r| Some((r.k? as f64, r.summary.map)))
                 .collect();
             pts.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -287,7 +296,7 @@ fn k_series(results: &[RegimeResult]) -> Vec<Series> {
     for (i, white) in WHITENINGS.iter().enumerate() {
         if let Some(f) = results
             .iter()
-            .find(|r| r.family == Family::FullLi && r.whitening == *white)
+            .find(|r| r.id.family() == Family::FullLi && r.id.whitening == *white)
         {
             let ks: Vec<f64> = results
                 .iter()
@@ -317,13 +326,15 @@ fn bytes_series(results: &[RegimeResult]) -> Vec<Series> {
     for (i, white) in WHITENINGS.iter().enumerate() {
         let mut inst: Vec<(f64, f64)> = results
             .iter()
-            .filter(|r| r.family == Family::InstFps && r.whitening == *white && !r.grouped)
+            .filter(|r| {
+                r.id.family() == Family::InstFps && r.id.whitening == *white && !r.id.grouped
+            })
             .map(|r| (r.bytes_per_image as f64, r.summary.map))
             .collect();
         inst.sort_by(|a, b| a.0.total_cmp(&b.0));
         let mut codecs: Vec<(f64, f64)> = results
             .iter()
-            .filter(|r| r.family == Family::Codec && r.whitening == *white && !r.grouped)
+            .filter(|r| r.id.family() == Family::Codec && r.id.whitening == *white && !r.id.grouped)
             .map(|r| (r.bytes_per_image as f64, r.summary.map))
             .collect();
         codecs.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -352,13 +363,18 @@ fn bytes_series(results: &[RegimeResult]) -> Vec<Series> {
 
 /// The regimes the ablation and the cost plots compare: the paper's single vector and
 /// instance tokens, the best single vector of #14, and the shipped recipe with its IVF form.
-const CANDIDATES: [&str; 5] = [
-    "cls",
-    "max",
-    "inst_fps_k32",
-    "two_stage_s100_k32_int8",
-    "two_stage_s100_k32_int8_ivf",
-];
+fn candidates() -> [RegimeId; 5] {
+    [
+        RegimeId::of(Tokens::Single(craterdex_engine::Pooling::Cls)),
+        RegimeId::of(Tokens::Single(craterdex_engine::Pooling::Max)),
+        RegimeId::fps(32),
+        RegimeId::shipped(),
+        RegimeId {
+            ivf: true,
+            ..RegimeId::shipped()
+        },
+    ]
+}
 
 /// The lever settings of the ablation, in the order they were added.
 const LEVERS: [(Whiten, bool, &str); 4] = [
@@ -368,29 +384,12 @@ const LEVERS: [(Whiten, bool, &str); 4] = [
     (Whiten::Pairs, true, "+ view grouping"),
 ];
 
-fn candidate<'a>(
-    results: &'a [RegimeResult],
-    base: &str,
-    white: Whiten,
-    grouped: bool,
-) -> Option<&'a RegimeResult> {
-    get(results, &candidate_name(base, white, grouped))
-}
-
-fn candidate_name(base: &str, white: Whiten, grouped: bool) -> String {
-    format!(
-        "{base}{}{}",
-        white.suffix(),
-        if grouped { "_grouped" } else { "" }
-    )
-}
-
 /// A table of the candidates (rows) with the levers added one at a time (columns): `cell`
 /// shows a regime `find` has, `row_end` closes a row from its cells (the extra columns of
 /// `extra_heads`). Empty when no candidate was run.
 fn lever_table<'a, T: 'a>(
     extra_heads: &str,
-    find: impl Fn(&str) -> Option<&'a T>,
+    find: impl Fn(RegimeId) -> Option<&'a T>,
     cell: impl Fn(&T) -> String,
     row_end: impl Fn(&[Option<&'a T>]) -> String,
 ) -> String {
@@ -400,10 +399,10 @@ fn lever_table<'a, T: 'a>(
     }
     let _ = write!(h, "{extra_heads}</tr>");
     let mut rows = 0;
-    for base in CANDIDATES {
+    for base in candidates() {
         let cells: Vec<Option<&T>> = LEVERS
             .iter()
-            .map(|&(w, g, _)| find(&candidate_name(base, w, g)))
+            .map(|&(w, g, _)| find(base.whitened(w).grouped(g)))
             .collect();
         if cells.iter().all(Option::is_none) {
             continue;
@@ -427,7 +426,7 @@ fn lever_table<'a, T: 'a>(
 fn ablation_table(results: &[RegimeResult]) -> String {
     lever_table(
         "<th>bytes/image</th><th>ms/query</th>",
-        |name| get(results, name),
+        |id| get(results, id),
         |r| format!("{:.3} <small>({:.3})</small>", r.summary.map, r.summary.r1),
         |cells| {
             let last = cells.iter().rev().flatten().next();
@@ -442,7 +441,7 @@ fn ablation_table(results: &[RegimeResult]) -> String {
 fn turned_ablation_table(t: &Turned) -> String {
     lever_table(
         "",
-        |name| t.rows.iter().find(|r| r.regime == name),
+        |id| t.rows.iter().find(|r| r.regime == id),
         |r: &TurnedRow| {
             format!(
                 r#"{:.3} <small class="{}">({:+.3})</small>"#,
@@ -487,10 +486,10 @@ fn turned_table(t: &Turned) -> String {
 fn candidate_series(results: &[RegimeResult], cost: impl Fn(&RegimeResult) -> f64) -> Vec<Series> {
     let mut out = Vec::new();
     for (i, &(white, grouped, label)) in LEVERS.iter().enumerate() {
-        let mut pts: Vec<(f64, f64, String)> = CANDIDATES
-            .iter()
-            .filter_map(|b| candidate(results, b, white, grouped))
-            .map(|r| (cost(r), r.summary.map, r.name.clone()))
+        let mut pts: Vec<(f64, f64, String)> = candidates()
+            .into_iter()
+            .filter_map(|b| get(results, b.whitened(white).grouped(grouped)))
+            .map(|r| (cost(r), r.summary.map, r.id.to_string()))
             .collect();
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));
         if !pts.is_empty() {
@@ -551,8 +550,8 @@ pub fn render(
     results: &[RegimeResult],
     turned: Option<&Turned>,
     ex: Option<&Examples>,
-    before: &str,
-    after: &str,
+    before: RegimeId,
+    after: RegimeId,
 ) -> String {
     let mut h = String::new();
     let _ = write!(
@@ -621,7 +620,7 @@ figcaption{{font-size:10px;max-width:96px;overflow:hidden}} .row{{margin:6px 0}}
         let _ = write!(
             h,
             "<tr><td>{}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.2}</td></tr>",
-            r.name,
+            r.id,
             r.summary.r1,
             r.summary.r5,
             r.summary.r10,
@@ -634,7 +633,7 @@ figcaption{{font-size:10px;max-width:96px;overflow:hidden}} .row{{margin:6px 0}}
     }
     h.push_str("</table>");
     if let (Some(ex), Some(b), Some(a)) = (ex, get(results, before), get(results, after)) {
-        let _ = write!(h, "<h2>Example queries</h2><p>Top-5 by <b>{}</b> (before) and <b>{}</b> (after reranking). Green: same crater; red: another crater.</p>", esc(before), esc(after));
+        let _ = write!(h, "<h2>Example queries</h2><p>Top-5 by <b>{}</b> (before) and <b>{}</b> (after reranking). Green: same crater; red: another crater.</p>", esc(&before.to_string()), esc(&after.to_string()));
         for &q in &ex.show {
             let _ = write!(
                 h,
@@ -665,11 +664,9 @@ mod tests {
     use super::*;
     use crate::metrics::Summary;
 
-    fn r(name: &str, family: Family, k: Option<usize>, map: f64) -> RegimeResult {
+    fn r(name: &str, k: Option<usize>, map: f64) -> RegimeResult {
         RegimeResult {
-            name: name.into(),
-            family,
-            whitening: Whiten::Off,
+            id: name.parse().unwrap(),
             summary: Summary {
                 map,
                 ..Default::default()
@@ -677,7 +674,6 @@ mod tests {
             k,
             bytes_per_image: k.unwrap_or(1) * 1536,
             shortlist_recall: None,
-            grouped: false,
             query_ms: 1.0,
             per_query: vec![],
             top: vec![],
@@ -687,20 +683,33 @@ mod tests {
     #[test]
     fn findings_are_computed_from_results() {
         let res = vec![
-            r("cls", Family::Single, None, 0.4),
-            r("full_li", Family::FullLi, Some(256), 0.7),
-            r("raw_attn_k16", Family::Raw, Some(16), 0.5),
-            r("inst_fps_k16", Family::InstFps, Some(16), 0.6),
-            r("inst_fps_k32", Family::InstFps, Some(32), 0.68),
-            r("two_stage_s100_k32", Family::TwoStage, Some(32), 0.5),
-            r("inst_fps_k32_int8", Family::Codec, Some(32), 0.679),
+            r("cls", None, 0.4),
+            r("full_li", Some(256), 0.7),
+            r("raw_attn_k16", Some(16), 0.5),
+            r("inst_fps_k16", Some(16), 0.6),
+            r("inst_fps_k32", Some(32), 0.68),
+            // grouped lists views crater by crater: not comparable with the paper's numbers
+            r("inst_fps_k32_grouped", Some(32), 0.9),
+            r("cls_grouped", None, 0.95),
+            r("two_stage_s100_k32", Some(32), 0.5),
+            r("inst_fps_k32_int8", Some(32), 0.679),
         ];
         let f = findings(&res);
         assert_eq!(
             f.iter().map(|f| f.holds).collect::<Vec<_>>(),
             vec![Some(true), Some(true), Some(false), Some(false), Some(true)]
         );
-        let html = render("t", "i", &res, None, None, "cls", "two_stage_s100_k32");
+        assert!(f[0].detail.contains("vs cls 0.400"), "{}", f[0].detail);
+        assert!(
+            f[2].detail.starts_with("inst_fps_k32 0.680"),
+            "{}",
+            f[2].detail
+        );
+        let (cls, two_stage) = (
+            "cls".parse().unwrap(),
+            "two_stage_s100_k32".parse().unwrap(),
+        );
+        let html = render("t", "i", &res, None, None, cls, two_stage);
         assert!(html.contains("<svg") && html.contains("does not hold"));
         assert!(!html.contains("src=\"http"), "no external assets");
     }

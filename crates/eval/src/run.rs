@@ -4,6 +4,7 @@
 //! the outputs written (table, JSON, per-query CSV, HTML report).
 
 use crate::error::{Error, Result};
+use crate::regime::{RegimeId, Tokens, Whiten};
 use crate::{manifest, regimes, turned};
 use craterdex_engine::{Extractor, FeatureSet, Progress};
 use craterdex_errors::ensure;
@@ -155,18 +156,21 @@ pub fn write_outputs(
         let b = &out.benchmark;
         let a = b.align(&out.gallery.ids, &out.queries.ids);
         // the examples show the strongest whitening the run has
-        let has = |name: &str| out.results.iter().any(|r| r.name == name);
-        let (before, after) = if has("two_stage_s100_k32_pairwhite") {
-            ("cls_pairwhite", "two_stage_s100_k32_pairwhite")
-        } else if has("two_stage_s100_k32_white") {
-            ("cls_white", "two_stage_s100_k32_white")
-        } else {
-            ("cls", "two_stage_s100_k32")
+        let cls = RegimeId::of(Tokens::Single(craterdex_engine::Pooling::Cls));
+        let two_stage = RegimeId {
+            shortlist: Some(100),
+            ..RegimeId::fps(32)
         };
+        let has = |id: RegimeId| out.results.iter().any(|r| r.id == id);
+        let white = [Whiten::Pairs, Whiten::Pca]
+            .into_iter()
+            .find(|&w| has(two_stage.whitened(w)))
+            .unwrap_or(Whiten::Off);
+        let (before, after) = (cls.whitened(white), two_stage.whitened(white));
         // show queries where reranking changed the top result, then others, 8 in all
         let (bi, ai) = (
-            out.results.iter().position(|r| r.name == before),
-            out.results.iter().position(|r| r.name == after),
+            out.results.iter().position(|r| r.id == before),
+            out.results.iter().position(|r| r.id == after),
         );
         let mut show: Vec<usize> = (0..out.queries.len()).collect();
         if let (Some(bi), Some(ai)) = (bi, ai) {

@@ -5,6 +5,7 @@
 //! sets differ; comparing their plain means would mix the loss with a change of queries.
 
 use crate::benchbuild::TURNED_SUFFIX;
+use crate::regime::RegimeId;
 use crate::regimes::RegimeResult;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -12,7 +13,7 @@ use std::collections::HashMap;
 /// One regime on the paired query views.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct TurnedRow {
-    pub regime: String,
+    pub regime: RegimeId,
     pub map: f64,
     pub map_turned: f64,
     #[serde(rename = "R@1")]
@@ -82,7 +83,7 @@ pub fn compare(
     let rows = upright
         .iter()
         .filter_map(|u| {
-            let t = turned.iter().find(|r| r.name == u.name)?;
+            let t = turned.iter().find(|r| r.id == u.id)?;
             let (bu, bt) = (by_query(u), by_query(t));
             let both: Vec<(Outcome, Outcome)> = pairs
                 .iter()
@@ -101,7 +102,7 @@ pub fn compare(
             };
             let ((map, r1), (map_turned, r1_turned)) = (means(false), means(true));
             Some(TurnedRow {
-                regime: u.name.clone(),
+                regime: u.id,
                 map,
                 map_turned,
                 r1,
@@ -124,7 +125,7 @@ pub fn table(t: &Turned) -> String {
     for r in &t.rows {
         s.push_str(&format!(
             "{:<42} {:>7.4} {:>7.4} {:>7.4} {:>6.3} {:>6.3}\n",
-            r.regime,
+            r.regime.to_string(),
             r.map,
             r.map_turned,
             r.loss(),
@@ -139,18 +140,14 @@ pub fn table(t: &Turned) -> String {
 mod tests {
     use super::*;
     use crate::metrics::{QueryResult, Summary};
-    use crate::regimes::{Family, Whiten};
 
     fn regime(name: &str, per_query: Vec<(usize, f64, usize)>) -> RegimeResult {
         RegimeResult {
-            name: name.into(),
-            family: Family::Single,
-            whitening: Whiten::Off,
+            id: name.parse().unwrap(),
             summary: Summary::default(),
             k: None,
             bytes_per_image: 0,
             shortlist_recall: None,
-            grouped: false,
             query_ms: 0.0,
             per_query: per_query
                 .into_iter()
@@ -173,7 +170,7 @@ mod tests {
         let turned_ids = ids(&["b_q0r", "a_q0r"]);
         let upright = vec![
             regime("cls", vec![(0, 1.0, 1), (1, 0.5, 2), (2, 0.0, 9)]),
-            regime("upright_only", vec![(0, 1.0, 1)]),
+            regime("gem", vec![(0, 1.0, 1)]),
         ];
         let turned = vec![regime("cls", vec![(0, 0.25, 4), (1, 1.0, 1)])];
         let t = compare(&upright, &upright_ids, &turned, &turned_ids);

@@ -19,7 +19,7 @@
 mod api;
 mod auth;
 mod error;
-mod features;
+pub mod features;
 mod images;
 mod link;
 mod openapi;

@@ -116,8 +116,7 @@ pub fn run(b: EvalBench) -> Result<()> {
     let mut projected = 0.0;
     for (w, r) in marks.windows(2).zip(&results) {
         let secs = (w[1].1 - w[0].1).as_secs_f64();
-        let exhaustive =
-            !(r.name.starts_with("two_stage") || matches!(r.family, regimes::Family::Single));
+        let exhaustive = r.id.shortlist.is_none() && r.id.family() != regimes::Family::Single;
         let p = secs * if exhaustive { pairs } else { images };
         projected += p;
         println!("{:<34} {secs:>9.1} {:>20.0} s", w[0].0, p);

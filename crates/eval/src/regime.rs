@@ -1,0 +1,308 @@
+//! The name of an evaluation regime, typed: what it searches with (single vector, K raw or
+//! instance tokens, k-means tokens, every patch token), the two-stage shortlist, the token
+//! codec, IVF stage 1, the whitening and view grouping. It reads and writes the names the
+//! paper's tables and the JSON outputs use (`inst_fps_k32`, `two_stage_s100_k32_int8`,
+//! `max_pairwhite_grouped`, ...), so reports and the command line match on the type.
+
+use craterdex_engine::{Codec, Pooling, SeedStrategy};
+use craterdex_errors::Invalid;
+use serde::Serialize;
+
+/// How a regime's descriptors are whitened, learned only from gallery images of craters no
+/// query looks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Whiten {
+    Off,
+    /// PCA whitening, unsupervised: `_white`.
+    Pca,
+    /// Learned from the gallery's two views of each crater, blended with PCA
+    /// ([`craterdex_tokens::DEFAULT_PAIR_BLEND`]; what `index build` learns): `_pairwhite`.
+    Pairs,
+}
+
+impl Whiten {
+    /// What the regime names end with.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Self::Off => "",
+            Self::Pca => "_white",
+            Self::Pairs => "_pairwhite",
+        }
+    }
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Off => "unwhitened",
+            Self::Pca => "PCA-whitened",
+            Self::Pairs => "pair-whitened",
+        }
+    }
+}
+
+/// What a regime searches with.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Tokens {
+    /// A single vector alone (stage 1).
+    Single(Pooling),
+    /// The K seed tokens chosen by attention, as they are.
+    Raw(usize),
+    /// K instance tokens, seeded by attention or by farthest-point sampling.
+    Instance { seeds: SeedStrategy, k: usize },
+    /// K k-means centroids of the patch tokens.
+    KMeans(usize),
+    /// Every patch token.
+    Full,
+}
+
+/// The regime family, for plots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Family {
+    Single,
+    Raw,
+    InstAttn,
+    InstFps,
+    KMeans,
+    FullLi,
+    TwoStage,
+    Codec,
+}
+
+/// One regime.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RegimeId {
+    pub tokens: Tokens,
+    /// Two-stage: the single-vector shortlist S that the tokens rerank.
+    pub shortlist: Option<usize>,
+    /// The token codec, when the regime names one (f32 otherwise).
+    pub codec: Option<Codec>,
+    /// Stage 1 through IVF lists.
+    pub ivf: bool,
+    pub whitening: Whiten,
+    /// Hits listed crater by crater.
+    pub grouped: bool,
+}
+
+impl RegimeId {
+    /// A regime of `tokens` searched exhaustively in f32, unwhitened, image by image.
+    pub fn of(tokens: Tokens) -> Self {
+        Self {
+            tokens,
+            shortlist: None,
+            codec: None,
+            ivf: false,
+            whitening: Whiten::Off,
+            grouped: false,
+        }
+    }
+
+    /// K FPS instance tokens.
+    pub fn fps(k: usize) -> Self {
+        Self::of(Tokens::Instance {
+            seeds: SeedStrategy::Fps,
+            k,
+        })
+    }
+
+    pub fn whitened(self, whitening: Whiten) -> Self {
+        Self { whitening, ..self }
+    }
+
+    pub fn grouped(self, grouped: bool) -> Self {
+        Self { grouped, ..self }
+    }
+
+    /// The shipped recipe: a CLS shortlist of 100 reranked by 32 FPS instance tokens in
+    /// int8.
+    pub fn shipped() -> Self {
+        Self {
+            shortlist: Some(100),
+            codec: Some(Codec::Int8),
+            ..Self::fps(32)
+        }
+    }
+
+    /// Tokens per image, for the token regimes that name it.
+    pub fn k(&self) -> Option<usize> {
+        match self.tokens {
+            Tokens::Raw(k) | Tokens::Instance { k, .. } | Tokens::KMeans(k) => Some(k),
+            Tokens::Single(_) | Tokens::Full => None,
+        }
+    }
+
+    pub fn family(&self) -> Family {
+        match self.tokens {
+            Tokens::Single(_) => Family::Single,
+            Tokens::Raw(_) => Family::Raw,
+            Tokens::KMeans(_) => Family::KMeans,
+            Tokens::Full => Family::FullLi,
+            Tokens::Instance { .. } if self.shortlist.is_some() => Family::TwoStage,
+            Tokens::Instance { .. } if self.codec.is_some() => Family::Codec,
+            Tokens::Instance {
+                seeds: SeedStrategy::Fps,
+                ..
+            } => Family::InstFps,
+            Tokens::Instance { .. } => Family::InstAttn,
+        }
+    }
+
+    /// The same regime unwhitened and ungrouped: what a lever ablation varies.
+    pub fn base(&self) -> Self {
+        Self {
+            whitening: Whiten::Off,
+            grouped: false,
+            ..*self
+        }
+    }
+}
+
+impl std::fmt::Display for RegimeId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.shortlist, self.tokens) {
+            (Some(s), _) => write!(f, "two_stage_s{s}_k{}", self.k().unwrap_or(0))?,
+            (None, Tokens::Single(p)) => f.write_str(p.name())?,
+            (None, Tokens::Raw(k)) => write!(f, "raw_attn_k{k}")?,
+            (None, Tokens::Instance { seeds, k }) => match seeds {
+                SeedStrategy::Fps => write!(f, "inst_fps_k{k}")?,
+                other => write!(f, "inst_{}_k{k}", other.name())?,
+            },
+            (None, Tokens::KMeans(k)) => write!(f, "kmeans_k{k}")?,
+            (None, Tokens::Full) => f.write_str("full_li")?,
+        }
+        if let Some(c) = self.codec {
+            write!(f, "_{c}")?;
+        }
+        if self.ivf {
+            f.write_str("_ivf")?;
+        }
+        f.write_str(self.whitening.suffix())?;
+        if self.grouped {
+            f.write_str("_grouped")?;
+        }
+        Ok(())
+    }
+}
+
+/// `K` of a `kK` part.
+fn k_of(part: &str) -> Option<usize> {
+    part.strip_prefix('k')?.parse().ok()
+}
+
+impl std::str::FromStr for RegimeId {
+    type Err = Invalid;
+    fn from_str(name: &str) -> Result<Self, Invalid> {
+        let bad = || Invalid(format!("{name:?} is not a regime name"));
+        let mut rest = name;
+        let mut take = |suffix: &str| {
+            let found = rest.ends_with(suffix) && rest.len() > suffix.len();
+            if found {
+                rest = &rest[..rest.len() - suffix.len()];
+            }
+            found
+        };
+        let grouped = take("_grouped");
+        let whitening = if take("_pairwhite") {
+            Whiten::Pairs
+        } else if take("_white") {
+            Whiten::Pca
+        } else {
+            Whiten::Off
+        };
+        let ivf = take("_ivf");
+        let mut parts: Vec<&str> = rest.split('_').collect();
+        // a codec closes the name where its last part parses as one (k-parts never do)
+        let codec = match parts.last().map(|p| p.parse::<Codec>()) {
+            Some(Ok(c)) if parts.len() > 1 => {
+                parts.pop();
+                Some(c)
+            }
+            _ => None,
+        };
+        let (tokens, shortlist) = match parts[..] {
+            ["two", "stage", s, k] => {
+                let s = s.strip_prefix('s').and_then(|s| s.parse().ok());
+                let k = k_of(k).ok_or_else(bad)?;
+                let tokens = Tokens::Instance {
+                    seeds: SeedStrategy::Fps,
+                    k,
+                };
+                (tokens, Some(s.ok_or_else(bad)?))
+            }
+            ["full", "li"] => (Tokens::Full, None),
+            ["raw", "attn", k] => (Tokens::Raw(k_of(k).ok_or_else(bad)?), None),
+            ["kmeans", k] => (Tokens::KMeans(k_of(k).ok_or_else(bad)?), None),
+            ["inst", seeds, k] => {
+                let seeds = seeds.parse::<SeedStrategy>().map_err(|_| bad())?;
+                let k = k_of(k).ok_or_else(bad)?;
+                (Tokens::Instance { seeds, k }, None)
+            }
+            [pooling] => (
+                Tokens::Single(pooling.parse::<Pooling>().map_err(|_| bad())?),
+                None,
+            ),
+            _ => return Err(bad()),
+        };
+        Ok(RegimeId {
+            tokens,
+            shortlist,
+            codec,
+            ivf,
+            whitening,
+            grouped,
+        })
+    }
+}
+
+impl Serialize for RegimeId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_regime_name_reads_back_as_written() {
+        for name in [
+            "cls",
+            "gem_white",
+            "max_pairwhite_grouped",
+            "raw_attn_k16",
+            "inst_attn_k8_white",
+            "inst_fps_k32_grouped",
+            "kmeans_k16",
+            "full_li_pairwhite",
+            "two_stage_s100_k32",
+            "two_stage_s500_k32_white_grouped",
+            "inst_fps_k32_int8",
+            "inst_fps_k32_pq96_white",
+            "inst_fps_k32_f16",
+            "two_stage_s100_k32_int8_pairwhite_grouped",
+            "two_stage_s100_k32_int8_ivf_white",
+        ] {
+            let id: RegimeId = name.parse().unwrap();
+            assert_eq!(id.to_string(), name);
+        }
+        assert!("inst_fps".parse::<RegimeId>().is_err());
+        assert!("two_stage_sX_k32".parse::<RegimeId>().is_err());
+        assert!("zip".parse::<RegimeId>().is_err());
+    }
+
+    #[test]
+    fn the_fields_say_what_the_name_says() {
+        let shipped: RegimeId = "two_stage_s100_k32_int8_pairwhite_grouped".parse().unwrap();
+        assert_eq!(
+            shipped,
+            RegimeId::shipped().whitened(Whiten::Pairs).grouped(true)
+        );
+        assert_eq!(shipped.family(), Family::TwoStage);
+        assert_eq!(shipped.base(), RegimeId::shipped());
+        let codec: RegimeId = "inst_fps_k32_pq48".parse().unwrap();
+        assert_eq!(codec.family(), Family::Codec);
+        assert_eq!(codec.codec, Some(Codec::Pq { m: 48 }));
+        assert_eq!(RegimeId::fps(16).family(), Family::InstFps);
+        assert_eq!("raw_attn_k16".parse::<RegimeId>().unwrap().k(), Some(16));
+    }
+}
