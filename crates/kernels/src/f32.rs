@@ -7,7 +7,7 @@
 //! differ between levels only by the order of the additions in each dot product (bounded in
 //! the tests, far below the int8 codec's error).
 
-use crate::level::{active, detected, Level};
+use crate::level::{active, detected, dispatch, Level};
 
 /// Query tokens per packed block: 4 AVX2 or 2 AVX-512 registers. (Blocks of 16, which stay
 /// in L1 at d = 384, measured slower on AVX2: 31 against 35 GMAC/s per core.)
@@ -22,15 +22,10 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 pub fn dot_at(level: Level, a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
-    #[cfg(target_arch = "x86_64")]
-    match level.min(detected()) {
-        // SAFETY: the level is only active on CPUs with its features.
-        Level::Avx512 | Level::Amx => return unsafe { x86::dot_avx512(a, b) },
-        // SAFETY: as above.
-        Level::Avx2 => return unsafe { x86::dot_avx2(a, b) },
-        Level::Portable => {}
-    }
-    dot_lanes(a, b)
+    dispatch!(level,
+        avx512 => x86::dot_avx512(a, b),
+        avx2 => x86::dot_avx2(a, b),
+        portable => dot_lanes(a, b))
 }
 
 /// Sixteen running sums, the shape compilers turn into vector code at any width.
@@ -140,38 +135,19 @@ impl F32Query {
             return;
         }
         let docs = &docs[..n * kd * d];
-        #[cfg(target_arch = "x86_64")]
-        {
-            let mut best = vec![0f32; self.packed.len() / d];
-            match self.level {
-                Level::Avx512 | Level::Amx => {
-                    for doc in docs.chunks_exact(kd * d) {
-                        // SAFETY: the level is only active on CPUs with its features;
-                        // packed is [blocks][d][block] and doc [kd, d].
-                        unsafe { x86::best_avx512(&self.packed, d, doc, kd, &mut best) };
-                        out.push(self.fold(&best));
-                    }
-                    return;
-                }
-                Level::Avx2 => {
-                    for doc in docs.chunks_exact(kd * d) {
-                        // SAFETY: as above.
-                        unsafe { x86::best_avx2(&self.packed, d, doc, kd, &mut best) };
-                        out.push(self.fold(&best));
-                    }
-                    return;
-                }
-                Level::Portable => {}
-            }
-        }
-        let mut best = vec![0f32; self.kq];
+        // per packed lane at a vector level; per token (the tokens unpacked) otherwise
+        let mut best = vec![0f32; (self.packed.len() / d).max(self.kq)];
         for doc in docs.chunks_exact(kd * d) {
-            max_dots(&self.tokens, doc, d, &mut best);
-            out.push(best.iter().sum::<f32>() / self.kq as f32);
+            // packed is [blocks][d][block] (at vector levels) and doc [kd, d]
+            dispatch!(self.level,
+                avx512 => x86::best_avx512(&self.packed, d, doc, kd, &mut best),
+                avx2 => x86::best_avx2(&self.packed, d, doc, kd, &mut best),
+                portable => max_dots(&self.tokens, doc, d, &mut best[..self.kq]));
+            out.push(self.fold(&best));
         }
     }
 
-    /// The mean over the real query tokens of their best scores (`best` is `[blocks * block]`).
+    /// The mean over the real query tokens of their best scores (the first `kq` of `best`).
     fn fold(&self, best: &[f32]) -> f32 {
         best[..self.kq].iter().sum::<f32>() / self.kq as f32
     }
@@ -187,20 +163,15 @@ impl F32Query {
             return;
         }
         let rows = &rows[..n * d];
-        #[cfg(target_arch = "x86_64")]
         if self.level > Level::Portable && self.kq > 1 {
             let block = BLOCK;
             let mut lanes = vec![0f32; n * block];
             for (b, q) in self.packed.chunks_exact(d * block).enumerate() {
-                match self.level {
-                    // SAFETY: the level is only active on CPUs with its features; q is
-                    // [d][block], rows [n, d], lanes [n, block].
-                    Level::Avx512 | Level::Amx => unsafe {
-                        x86::dots_avx512(q, d, rows, &mut lanes)
-                    },
-                    // SAFETY: as above.
-                    _ => unsafe { x86::dots_avx2(q, d, rows, &mut lanes) },
-                }
+                // q is [d][block], rows [n, d], lanes [n, block]
+                dispatch!(self.level,
+                    avx512 => x86::dots_avx512(q, d, rows, &mut lanes),
+                    avx2 => x86::dots_avx2(q, d, rows, &mut lanes),
+                    portable => dots_block(q, d, rows, &mut lanes));
                 let width = (self.kq - b * block).min(block);
                 for (o, l) in out.chunks_exact_mut(self.kq).zip(lanes.chunks_exact(block)) {
                     o[b * block..b * block + width].copy_from_slice(&l[..width]);
@@ -220,15 +191,23 @@ impl F32Query {
 /// build targets baseline x86-64, whose 4-lane SSE would leave most of a newer CPU idle).
 /// `f` must be branch-free arithmetic for the wide versions to vectorise.
 pub fn map_in_place(v: &mut [f32], f: impl Fn(f32) -> f32) {
-    #[cfg(target_arch = "x86_64")]
-    match active() {
-        // SAFETY: the level is only active on CPUs with its features.
-        Level::Avx512 | Level::Amx => return unsafe { x86::map_avx512(v, f) },
-        // SAFETY: as above.
-        Level::Avx2 => return unsafe { x86::map_avx2(v, f) },
-        Level::Portable => {}
+    dispatch!(active(),
+        avx512 => x86::map_avx512(v, f),
+        avx2 => x86::map_avx2(v, f),
+        portable => v.iter_mut().for_each(|x| *x = f(*x)))
+}
+
+/// Every row's dot products with one packed block of query tokens (`q` `[d][BLOCK]`): `lanes`
+/// `[n, BLOCK]`; the portable form of the vector kernels' block.
+fn dots_block(q: &[f32], d: usize, rows: &[f32], lanes: &mut [f32]) {
+    for (l, r) in lanes.chunks_exact_mut(BLOCK).zip(rows.chunks_exact(d)) {
+        l.fill(0.0);
+        for (&x, qk) in r.iter().zip(q.chunks_exact(BLOCK)) {
+            for (l, &qv) in l.iter_mut().zip(qk) {
+                *l += x * qv;
+            }
+        }
     }
-    v.iter_mut().for_each(|x| *x = f(*x));
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -6,10 +6,10 @@
 //! f32 operations in the same order, and so returns bit-identical scores.
 
 use crate::amx::{self, PackedI8};
-use crate::level::{active, detected, Level};
+use crate::level::{active, detected, dispatch, Level};
 
 /// Query tokens per packed block (as for the f32 kernels).
-pub const BLOCK: usize = 32;
+pub const BLOCK: usize = crate::i8_block::COLUMNS;
 
 /// Symmetric int8 for one vector: appends `round(v / scale)` in [-127, 127] to `codes` and
 /// returns the scale (`max |v| / 127`, 1 for a zero vector).
@@ -19,15 +19,10 @@ pub fn quantise(v: &[f32], codes: &mut Vec<i8>) -> f32 {
 
 /// [`quantise`] compiled for a given level (the results are identical on every level).
 pub fn quantise_at(level: Level, v: &[f32], codes: &mut Vec<i8>) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    match level.min(detected()) {
-        // SAFETY: the level is only used on CPUs with its features.
-        Level::Avx512 | Level::Amx => return unsafe { x86::quantise_avx512(v, codes) },
-        // SAFETY: as above.
-        Level::Avx2 => return unsafe { x86::quantise_avx2(v, codes) },
-        Level::Portable => {}
-    }
-    quantise_plain(v, codes)
+    dispatch!(level,
+        avx512 => x86::quantise_avx512(v, codes),
+        avx2 => x86::quantise_avx2(v, codes),
+        portable => quantise_plain(v, codes))
 }
 
 #[inline(always)]
@@ -68,15 +63,10 @@ pub fn dot(a: &[i8], b: &[i8]) -> i32 {
 pub fn dot_at(level: Level, a: &[i8], b: &[i8]) -> i32 {
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
-    #[cfg(target_arch = "x86_64")]
-    match level.min(detected()) {
-        // SAFETY: the level is only used on CPUs with its features.
-        Level::Avx512 | Level::Amx => return unsafe { x86::dot_avx512(a, b) },
-        // SAFETY: as above.
-        Level::Avx2 => return unsafe { x86::dot_avx2(a, b) },
-        Level::Portable => {}
-    }
-    dot_lanes(a, b)
+    dispatch!(level,
+        avx512 => x86::dot_avx512(a, b),
+        avx2 => x86::dot_avx2(a, b),
+        portable => dot_lanes(a, b))
 }
 
 #[inline(always)]
@@ -212,20 +202,11 @@ impl I8Query {
             for i in 0..n {
                 let doc = &codes[i * kd * d..(i + 1) * kd * d];
                 let doc_scales = &scales[i * kd..(i + 1) * kd];
-                match self.level {
-                    #[cfg(target_arch = "x86_64")]
-                    // SAFETY: the level is only used on CPUs with its features; packed is
-                    // [blocks][d/4][BLOCK][4], doc [kd, d] with d a multiple of 4.
-                    Level::Avx2 => unsafe {
-                        x86::best_avx2(&self.packed, d, doc, doc_scales, &mut best)
-                    },
-                    #[cfg(target_arch = "x86_64")]
-                    Level::Avx512 | Level::Amx => {
-                        // SAFETY: as above.
-                        unsafe { x86::best_avx512(&self.packed, d, doc, doc_scales, &mut best) }
-                    }
-                    _ => self.best_plain(doc, doc_scales, &mut best),
-                }
+                // packed is [blocks][d/4][BLOCK][4], doc [kd, d] with d a multiple of 4
+                dispatch!(self.level,
+                    avx512 => x86::best_avx512(&self.packed, d, doc, doc_scales, &mut best),
+                    avx2 => x86::best_avx2(&self.packed, d, doc, doc_scales, &mut best),
+                    portable => self.best_plain(doc, doc_scales, &mut best));
                 out.push(self.fold(&best));
             }
         }
@@ -295,18 +276,15 @@ impl I8Query {
             }
             return;
         }
-        #[cfg(target_arch = "x86_64")]
         if kq > 1 && !self.packed.is_empty() {
             let mut lanes = vec![0i32; n * BLOCK];
             let block_len = d / 4 * BLOCK * 4;
             for (b, q) in self.packed.chunks_exact(block_len).enumerate() {
-                match self.level {
-                    // SAFETY: the level is only used on CPUs with its features; q is one
-                    // packed block, rows [n, d] with d a multiple of 4, lanes [n, BLOCK].
-                    Level::Avx2 => unsafe { x86::products_avx2(q, d, rows, &mut lanes) },
-                    // SAFETY: as above.
-                    _ => unsafe { x86::products_avx512(q, d, rows, &mut lanes) },
-                }
+                // q is one packed block, rows [n, d] with d a multiple of 4, lanes [n, BLOCK]
+                dispatch!(self.level,
+                    avx512 => x86::products_avx512(q, d, rows, &mut lanes),
+                    avx2 => x86::products_avx2(q, d, rows, &mut lanes),
+                    portable => crate::i8_block::products_plain(q, d / 4, rows, d, &mut lanes));
                 let width = (kq - b * BLOCK).min(BLOCK);
                 for (o, l) in out.chunks_exact_mut(kq).zip(lanes.chunks_exact(BLOCK)) {
                     o[b * BLOCK..b * BLOCK + width].copy_from_slice(&l[..width]);
@@ -370,33 +348,16 @@ mod x86 {
     }
 
     /// Integer products of `R` document rows at `doc` (row stride `d` bytes) with one packed
-    /// query block (`[d/4][BLOCK][4]`): `acc[r][v]` holds `NV` registers of query lanes.
+    /// query block (`[d/4][BLOCK][4]`).
     #[inline(always)]
     unsafe fn block<V: Vector, const R: usize, const NV: usize>(
         q: *const i8,
         doc: *const i8,
         d: usize,
     ) -> [[V::I; NV]; R] {
-        // SAFETY: (whole body) features of V per the caller; q holds d/4 * BLOCK * 4 bytes,
-        // doc R rows of d bytes (d a multiple of 4); NV * V::LANES == BLOCK.
-        unsafe {
-            let mut acc = [[V::zero_i(); NV]; R];
-            for kk in 0..d / 4 {
-                let mut a = [V::zero_i(); R];
-                let mut abs = [V::zero_i(); R];
-                for r in 0..R {
-                    a[r] = V::splat4_i8(doc.add(r * d + 4 * kk));
-                    abs[r] = V::abs_i8(a[r]);
-                }
-                for v in 0..NV {
-                    let qv = V::load_i(q.add((kk * BLOCK + v * V::LANES) * 4));
-                    for r in 0..R {
-                        acc[r][v] = V::dot4_acc(acc[r][v], a[r], abs[r], qv);
-                    }
-                }
-            }
-            acc
-        }
+        // SAFETY: features of V per the caller; q holds d/4 * BLOCK * 4 bytes, doc R rows of
+        // d bytes (d a multiple of 4); NV * V::LANES == BLOCK.
+        unsafe { crate::i8_block::products::<V, R, NV>(q, doc, d, d / 4) }
     }
 
     /// Per packed query lane, `max_j product(j) * doc_scale(j)` over one document's rows.

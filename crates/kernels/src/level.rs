@@ -50,6 +50,30 @@ impl std::str::FromStr for Level {
     }
 }
 
+/// Runs the arm of a kernel for the vector instructions of `level`, capped at what this CPU
+/// has: `avx512` on AVX-512 and AMX CPUs (tile products are chosen before, by the caller),
+/// `avx2` on AVX2 + FMA, `portable` on anything else and off x86-64. The one place where a
+/// kernel level becomes instructions; the `unsafe` of the x86 arms rests on that cap.
+macro_rules! dispatch {
+    ($level:expr, avx512 => $avx512:expr, avx2 => $avx2:expr, portable => $portable:expr $(,)?) => {{
+        #[cfg(target_arch = "x86_64")]
+        let chosen = match $crate::level::Level::min($level, $crate::level::detected()) {
+            // SAFETY: the level is capped at what this CPU has, so its instructions exist.
+            $crate::level::Level::Avx512 | $crate::level::Level::Amx => unsafe { $avx512 },
+            // SAFETY: as above.
+            $crate::level::Level::Avx2 => unsafe { $avx2 },
+            $crate::level::Level::Portable => $portable,
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let chosen = {
+            let _ = $level;
+            $portable
+        };
+        chosen
+    }};
+}
+pub(crate) use dispatch;
+
 /// The best level this CPU (and operating system) supports.
 pub fn detected() -> Level {
     static DETECTED: OnceLock<Level> = OnceLock::new();

@@ -18,8 +18,10 @@
 pub mod amx;
 pub mod f32;
 pub mod gemm;
+mod i8_block;
 pub mod int8;
 pub mod level;
+pub mod linear_i8;
 pub mod nn;
 pub mod pq;
 #[cfg(target_arch = "x86_64")]

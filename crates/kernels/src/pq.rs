@@ -1,6 +1,6 @@
 //! Product quantisation: the nearest of 256 centroids to a sub-vector, for encoding.
 
-use crate::level::{active, Level};
+use crate::level::{active, dispatch};
 
 /// Centroids per sub-space.
 pub const CENTROIDS: usize = 256;
@@ -9,15 +9,10 @@ pub const CENTROIDS: usize = 256;
 /// (`[ds, 256]`, transposed) with squared norms `norms`; ties go to the lower index. The same
 /// sums on every level (whole rows of 256, vectorised at the active level's width).
 pub fn nearest(x: &[f32], t: &[f32], norms: &[f32]) -> usize {
-    #[cfg(target_arch = "x86_64")]
-    match active() {
-        // SAFETY: the level is only active on CPUs with its features.
-        Level::Avx512 | Level::Amx => return unsafe { nearest_avx512(x, t, norms) },
-        // SAFETY: as above.
-        Level::Avx2 => return unsafe { nearest_avx2(x, t, norms) },
-        Level::Portable => {}
-    }
-    nearest_plain(x, t, norms)
+    dispatch!(active(),
+        avx512 => nearest_avx512(x, t, norms),
+        avx2 => nearest_avx2(x, t, norms),
+        portable => nearest_plain(x, t, norms))
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -2,8 +2,9 @@
 //! (strided operands, both packings, accumulation), int8 linear layers bit-identical across
 //! levels, exact against an integer reference and close to f32.
 
-use craterdex_kernels::gemm::{self, PackedF32, PackedI8Linear, NB};
+use craterdex_kernels::gemm::{self, PackedF32, NB};
 use craterdex_kernels::level::{self, Level};
+use craterdex_kernels::linear_i8::{self, PackedI8Linear};
 use rand::{Rng, SeedableRng};
 
 fn levels() -> Vec<Level> {
@@ -88,7 +89,7 @@ fn int8_linear_layers_are_identical_on_every_level_exact_and_close_to_f32() {
         for l in levels() {
             let packed = PackedI8Linear::with_level(&w, k, n, l);
             let mut out = vec![f32::NAN; m * n];
-            gemm::linear_i8(&x, m, &packed, &bias, &mut out);
+            linear_i8::linear_i8(&x, m, &packed, &bias, &mut out);
             match &reference {
                 None => reference = Some(out),
                 Some(r) => assert_eq!(&out, r, "{l} m{m} k{k} n{n}"),
@@ -118,13 +119,13 @@ fn int8_linear_is_the_documented_quantisation() {
     let w = randn(&mut rng, k * n);
     let bias = vec![0.0; n];
     let mut out = vec![0f32; m * n];
-    gemm::linear_i8(&x, m, &PackedI8Linear::new(&w, k, n), &bias, &mut out);
+    linear_i8::linear_i8(&x, m, &PackedI8Linear::new(&w, k, n), &bias, &mut out);
     let round = |v: f32| v.round_ties_even();
     for r in 0..m {
         for j in 0..n {
             let mut want = 0f64;
-            for g0 in (0..k).step_by(gemm::GROUP) {
-                let g1 = (g0 + gemm::GROUP).min(k);
+            for g0 in (0..k).step_by(linear_i8::GROUP) {
+                let g1 = (g0 + linear_i8::GROUP).min(k);
                 let part = &x[r * k + g0..r * k + g1];
                 let lo = part.iter().fold(0f32, |a, &v| a.min(v));
                 let hi = part.iter().fold(0f32, |a, &v| a.max(v));

@@ -9,7 +9,8 @@ use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use craterdex_errors::ensure;
 use craterdex_kernels::amx::{self, PackedBf16};
-use craterdex_kernels::gemm::{self, PackedF32, PackedI8Linear};
+use craterdex_kernels::gemm::{self, PackedF32};
+use craterdex_kernels::linear_i8::{self, PackedI8Linear};
 use craterdex_kernels::nn;
 use rayon::prelude::*;
 use strum::IntoEnumIterator;
@@ -264,7 +265,7 @@ impl Linear {
         let (k, n) = (self.in_dim, self.out_dim);
         match &self.kernel {
             LinearKernel::F32(w) => gemm::linear_f32(x, rows, w, &self.bias, out),
-            LinearKernel::Int8(w) => gemm::linear_i8(x, rows, w, &self.bias, out),
+            LinearKernel::Int8(w) => linear_i8::linear_i8(x, rows, w, &self.bias, out),
             LinearKernel::Bf16(w) => {
                 out[..rows * n]
                     .par_chunks_mut(n)

@@ -1,0 +1,511 @@
+//! The ViT's int8 linear layers `x W + b`. `x` is quantised dynamically per row and per
+//! group of [`GROUP`] inputs (asymmetric, 255 levels: GELU outputs are lopsided) and `W` per
+//! column (symmetric, 8 bits). Both are stored as signed bytes, whose products every kernel
+//! computes exactly (the sign trick on AVX2, `vpdpbusd` on AVX-512 VNNI, AMX tiles, through
+//! the one int8 block kernel of `i8_block`), group by group; each group's integers are then
+//! scaled into f32 sums by one function for all levels, so int8 outputs are bit-identical
+//! across levels. Token cosine to f32 on real crater crops: see the model crate's parity
+//! test.
+
+use crate::amx::{self, PackedI8};
+use crate::gemm::{rows_per_task, NB};
+use crate::i8_block;
+use crate::int8::round_small;
+use crate::level::{active, detected, dispatch, Level};
+use rayon::prelude::*;
+
+/// Inputs per quantisation group: each row of `x` and each column of `W` has its own scale
+/// per group (and `x` its own zero point), which keeps outlier channels from costing the
+/// rest their precision.
+pub const GROUP: usize = 64;
+
+// the packed weight blocks are the int8 block kernel's
+const _: () = assert!(NB == i8_block::COLUMNS);
+
+/// A linear layer's weight `W` (`[k, n]`) as signed 8-bit codes with one scale per column,
+/// packed for one level.
+#[derive(Clone, Debug)]
+pub struct PackedI8Linear {
+    k: usize,
+    /// `k` rounded up to whole groups (the padding is zero).
+    kp: usize,
+    n: usize,
+    level: Level,
+    /// `[blocks][kp / 4][NB][4]`.
+    codes: Vec<i8>,
+    /// `[n]`
+    scales: Vec<f32>,
+    /// `[groups][n]`: each group's column sums of codes (exact small integers, kept as f32 for
+    /// the activations' zero points).
+    colsums: Vec<f32>,
+    /// AMX: each group's codes as the columns of signed tile products.
+    tiles: Vec<PackedI8>,
+}
+
+impl PackedI8Linear {
+    /// Quantises and packs `W` given row-major (`w[i * n + j] = W[i, j]`).
+    pub fn new(w: &[f32], k: usize, n: usize) -> Self {
+        Self::with_level(w, k, n, active())
+    }
+
+    /// [`PackedI8Linear::new`] for the kernels of `level` (capped at what the CPU has).
+    pub fn with_level(w: &[f32], k: usize, n: usize, level: Level) -> Self {
+        let level = level.min(detected());
+        let kp = k.div_ceil(GROUP) * GROUP;
+        let groups = kp / GROUP;
+        let mut scales = vec![1f32; n];
+        let mut colsums = vec![0f32; groups * n];
+        let mut columns = vec![0i8; n * kp]; // [n, kp]
+        for j in 0..n {
+            let max = (0..k).fold(0f32, |m, i| m.max(w[i * n + j].abs()));
+            let s = if max > 0.0 { max / 127.0 } else { 1.0 };
+            scales[j] = s;
+            for i in 0..k {
+                let c = round_small(w[i * n + j] / s).clamp(-127.0, 127.0) as i8;
+                columns[j * kp + i] = c;
+                colsums[(i / GROUP) * n + j] += c as f32;
+            }
+        }
+        let blocks = n.div_ceil(NB);
+        let mut codes = vec![0i8; blocks * kp * NB];
+        for j in 0..n {
+            let (b, c) = (j / NB, j % NB);
+            for i in 0..kp {
+                codes[((b * kp / 4 + i / 4) * NB + c) * 4 + i % 4] = columns[j * kp + i];
+            }
+        }
+        let tiles = if level == Level::Amx && PackedI8::fits(GROUP) {
+            (0..groups)
+                .map(|g| {
+                    let slice: Vec<i8> = columns
+                        .chunks_exact(kp)
+                        .flat_map(|c| c[g * GROUP..(g + 1) * GROUP].iter().copied())
+                        .collect();
+                    PackedI8::new(&slice, n, GROUP)
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Self {
+            k,
+            kp,
+            n,
+            level,
+            codes,
+            scales,
+            colsums,
+            tiles,
+        }
+    }
+
+    pub fn k(&self) -> usize {
+        self.k
+    }
+    pub fn n(&self) -> usize {
+        self.n
+    }
+    fn groups(&self) -> usize {
+        self.kp / GROUP
+    }
+}
+
+/// Rows of `x` quantised per group of [`GROUP`] inputs: `x ~ scale * (code - zero)` with
+/// codes in 0..=254 (the range widened to hold 0), stored minus 127 as signed bytes so that
+/// every kernel multiplies signed by signed: the zero point then becomes `zero - 127`.
+struct QuantisedRows {
+    /// Row length of `codes`: `k` rounded up to whole groups.
+    kp: usize,
+    /// `[m, kp]`: `code - 127`, padding zero.
+    codes: Vec<i8>,
+    /// `[m, groups]`
+    scales: Vec<f32>,
+    /// `[m, groups]`: `zero - 127`.
+    zeros: Vec<i32>,
+}
+
+fn quantise_rows(x: &[f32], m: usize, k: usize, kp: usize, level: Level) -> QuantisedRows {
+    let groups = kp / GROUP;
+    let mut q = QuantisedRows {
+        kp,
+        codes: vec![0i8; m * kp],
+        scales: vec![1f32; m * groups],
+        zeros: vec![0i32; m * groups],
+    };
+    dispatch!(level,
+        avx512 => x86::quantise_avx512(x, k, &mut q),
+        avx2 => x86::quantise_avx2(x, k, &mut q),
+        portable => quantise_into(x, k, &mut q));
+    q
+}
+
+/// The quantiser: the same operations on every level (compiled wider where the CPU allows).
+#[inline(always)]
+fn quantise_into(x: &[f32], k: usize, q: &mut QuantisedRows) {
+    let (kp, groups) = (q.kp, q.kp / GROUP);
+    for (r, (row, dst)) in x
+        .chunks_exact(k)
+        .zip(q.codes.chunks_exact_mut(kp))
+        .enumerate()
+    {
+        for (g, (part, dst)) in row
+            .chunks(GROUP)
+            .zip(dst.chunks_exact_mut(GROUP))
+            .enumerate()
+        {
+            // plain comparisons (not f32::min, whose NaN rules keep it scalar)
+            let (mut lo, mut hi) = ([0f32; 8], [0f32; 8]);
+            let chunks = part.chunks_exact(8);
+            let tail = chunks.remainder();
+            for c in chunks {
+                for l in 0..8 {
+                    lo[l] = if c[l] < lo[l] { c[l] } else { lo[l] };
+                    hi[l] = if c[l] > hi[l] { c[l] } else { hi[l] };
+                }
+            }
+            for &v in tail {
+                lo[0] = if v < lo[0] { v } else { lo[0] };
+                hi[0] = if v > hi[0] { v } else { hi[0] };
+            }
+            let lo = lo.iter().fold(0f32, |a, &v| if v < a { v } else { a });
+            let hi = hi.iter().fold(0f32, |a, &v| if v > a { v } else { a });
+            let scale = if hi > lo { (hi - lo) / 254.0 } else { 1.0 };
+            let inv = 1.0 / scale;
+            let zero = round_small(-lo * inv).clamp(0.0, 254.0);
+            for (d, &v) in dst.iter_mut().zip(part) {
+                *d = ((round_small(v * inv) + zero).clamp(0.0, 254.0) - 127.0) as i8;
+            }
+            // padding inside a group multiplies zero weights; keep it at the zero point
+            for d in dst[part.len()..].iter_mut() {
+                *d = (zero - 127.0) as i8;
+            }
+            q.scales[r * groups + g] = scale;
+            q.zeros[r * groups + g] = zero as i32 - 127;
+        }
+    }
+}
+
+/// `out[m, n] = x[m, k] W + bias` with int8 products; in parallel over chunks of rows.
+pub fn linear_i8(x: &[f32], m: usize, w: &PackedI8Linear, bias: &[f32], out: &mut [f32]) {
+    let (k, n) = (w.k, w.n);
+    assert!(x.len() >= m * k && out.len() >= m * n && bias.len() == n);
+    let rows = rows_per_task(k);
+    out[..m * n]
+        .par_chunks_mut(rows * n)
+        .zip(x[..m * k].par_chunks(rows * k))
+        .for_each(|(o, x)| {
+            let mr = x.len() / k;
+            let q = quantise_rows(x, mr, k, w.kp, w.level);
+            int8_products(&q, mr, w, o);
+            let mut shift = vec![0f32; n];
+            for (r, o) in o.chunks_exact_mut(n).enumerate() {
+                finish_row(o, &mut shift, &q, r, w, bias);
+            }
+        });
+}
+
+/// Turns one row's group sums into outputs: `out = (sums - shift) * w_scale + bias`, where
+/// `shift[j] = sum_g (scale_g * zero_g) * colsum_g[j]` removes the zero points. The same
+/// operations on every level (compiled wider where the CPU allows).
+fn finish_row(
+    out: &mut [f32],
+    shift: &mut [f32],
+    q: &QuantisedRows,
+    r: usize,
+    w: &PackedI8Linear,
+    bias: &[f32],
+) {
+    dispatch!(w.level,
+        avx512 => x86::finish_avx512(out, shift, q, r, w, bias),
+        avx2 => x86::finish_avx2(out, shift, q, r, w, bias),
+        portable => finish_row_plain(out, shift, q, r, w, bias))
+}
+
+#[inline(always)]
+fn finish_row_plain(
+    out: &mut [f32],
+    shift: &mut [f32],
+    q: &QuantisedRows,
+    r: usize,
+    w: &PackedI8Linear,
+    bias: &[f32],
+) {
+    let (n, groups) = (w.n, w.groups());
+    shift.fill(0.0);
+    for g in 0..groups {
+        let c = q.scales[r * groups + g] * q.zeros[r * groups + g] as f32;
+        for (s, &sum) in shift.iter_mut().zip(&w.colsums[g * n..(g + 1) * n]) {
+            *s += c * sum;
+        }
+    }
+    for j in 0..n {
+        out[j] = (out[j] - shift[j]) * w.scales[j] + bias[j];
+    }
+}
+
+/// One group's integer products into the running sums of one row: `sums[j] += p[j] as f32 *
+/// scale` (the first group sets them), the same f32 operations on every level.
+#[inline(always)]
+fn add_group(sums: &mut [f32], p: &[i32], scale: f32, first: bool) {
+    for j in 0..sums.len() {
+        let v = p[j] as f32 * scale;
+        sums[j] = if first { v } else { sums[j] + v };
+    }
+}
+
+/// `out[r * n + j] = sum_g scale[r, g] * sum_{i in g} code[r, i] * W8[i, j]`, group by
+/// group.
+fn int8_products(q: &QuantisedRows, m: usize, w: &PackedI8Linear, out: &mut [f32]) {
+    let (kp, n, groups) = (w.kp, w.n, w.groups());
+    if !w.tiles.is_empty() {
+        let cols = w.tiles[0].columns();
+        let mut p = vec![0i32; m * cols];
+        for (g, tiles) in w.tiles.iter().enumerate() {
+            let a: Vec<i8> = q
+                .codes
+                .chunks_exact(kp)
+                .flat_map(|r| r[g * GROUP..(g + 1) * GROUP].iter().copied())
+                .collect();
+            amx::i8_products(&a, m, tiles, &mut p);
+            for r in 0..m {
+                add_group(
+                    &mut out[r * n..(r + 1) * n],
+                    &p[r * cols..r * cols + n],
+                    q.scales[r * groups + g],
+                    g == 0,
+                );
+            }
+        }
+        return;
+    }
+    // q.codes is [m, kp], out [m, n], the packed codes [blocks][kp / 4][NB][4]
+    dispatch!(w.level,
+        avx512 => x86::int8_products_avx512(q, m, w, out),
+        avx2 => x86::int8_products_avx2(q, m, w, out),
+        portable => int8_products_plain(q, m, w, out))
+}
+
+fn int8_products_plain(q: &QuantisedRows, m: usize, w: &PackedI8Linear, out: &mut [f32]) {
+    let (kp, n, groups) = (w.kp, w.n, w.groups());
+    let mut p = [0i32; NB];
+    for (blk, panel) in w.codes.chunks_exact(kp * NB).enumerate() {
+        let width = NB.min(n - blk * NB);
+        let col = blk * NB;
+        for r in 0..m {
+            let row = &q.codes[r * kp..(r + 1) * kp];
+            for g in 0..groups {
+                let group = &panel[g * GROUP * NB..(g + 1) * GROUP * NB];
+                let codes = &row[g * GROUP..(g + 1) * GROUP];
+                i8_block::products_plain(group, GROUP / 4, codes, GROUP, &mut p);
+                add_group(
+                    &mut out[r * n + col..r * n + col + width],
+                    &p[..width],
+                    q.scales[r * groups + g],
+                    g == 0,
+                );
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{
+        add_group, finish_row_plain, quantise_into, PackedI8Linear, QuantisedRows, GROUP, NB,
+    };
+    use crate::level::has_avx512_vnni;
+    use crate::simd::{Avx2, Avx512, Avx512Vnni, Vector};
+
+    /// Integer products of `R` rows of signed codes (row stride `kp`) with one packed block,
+    /// over one group (`GROUP / 4` steps of four bytes from `a` and `w`).
+    #[inline(always)]
+    unsafe fn group_block<V: Vector, const R: usize, const NV: usize>(
+        w: *const i8,
+        a: *const i8,
+        kp: usize,
+    ) -> [[V::I; NV]; R] {
+        // SAFETY: features of V per the caller; w holds GROUP / 4 steps of NB * 4 bytes, a R
+        // rows of GROUP bytes, kp apart; NB is the block kernel's column count.
+        unsafe { crate::i8_block::products::<V, R, NV>(w, a, kp, GROUP / 4) }
+    }
+
+    /// One group's products of `R` rows into their f32 sums at `out` (row stride `n`):
+    /// `sum += p as f32 * scale` (the first group sets them), the operations of [`add_group`]
+    /// (no fused multiply-add), so that every level rounds alike.
+    #[inline(always)]
+    unsafe fn flush<V: Vector, const R: usize, const NV: usize>(
+        acc: &[[V::I; NV]; R],
+        scales: [f32; R],
+        out: *mut f32,
+        n: usize,
+        first: bool,
+    ) {
+        // SAFETY: (whole body) features of V per the caller; out holds R rows of NV * LANES
+        // floats, n apart.
+        unsafe {
+            for (r, a) in acc.iter().enumerate() {
+                let s = V::splat_f(scales[r]);
+                for (v, a) in a.iter().enumerate() {
+                    let o = out.add(r * n + v * V::LANES);
+                    let p = V::mul_f(V::to_f(*a), s);
+                    V::store_f(o, if first { p } else { V::add_f(V::load_f(o), p) });
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn int8_generic<V: Vector, const R: usize, const NV: usize>(
+        q: &QuantisedRows,
+        m: usize,
+        w: &PackedI8Linear,
+        out: &mut [f32],
+    ) {
+        let (kp, n, groups) = (w.kp, w.n, w.groups());
+        let full = n / NB;
+        // SAFETY: (whole body) features of V per the caller; q.codes is [m, kp], out [m, n],
+        // each packed block kp / 4 * NB * 4 bytes, w.scales [groups, n].
+        unsafe {
+            // whole blocks: flushed in registers, straight into `out`
+            for (blk, panel) in w.codes.chunks_exact(kp * NB).take(full).enumerate() {
+                let col = blk * NB;
+                let mut r = 0;
+                while r + R <= m {
+                    for g in 0..groups {
+                        let acc = group_block::<V, R, NV>(
+                            panel.as_ptr().add(g * GROUP * NB),
+                            q.codes.as_ptr().add(r * kp + g * GROUP),
+                            kp,
+                        );
+                        let scales = std::array::from_fn(|i| q.scales[(r + i) * groups + g]);
+                        flush::<V, R, NV>(
+                            &acc,
+                            scales,
+                            out.as_mut_ptr().add(r * n + col),
+                            n,
+                            g == 0,
+                        );
+                    }
+                    r += R;
+                }
+                while r < m {
+                    for g in 0..groups {
+                        let acc = group_block::<V, 1, NV>(
+                            panel.as_ptr().add(g * GROUP * NB),
+                            q.codes.as_ptr().add(r * kp + g * GROUP),
+                            kp,
+                        );
+                        let scale = q.scales[r * groups + g];
+                        flush::<V, 1, NV>(
+                            &acc,
+                            [scale],
+                            out.as_mut_ptr().add(r * n + col),
+                            n,
+                            g == 0,
+                        );
+                    }
+                    r += 1;
+                }
+            }
+            // the last, narrower block goes through a buffer and the scalar flush
+            if full * NB < n {
+                let panel = w.codes.as_ptr().add(full * kp * NB);
+                let (col, width) = (full * NB, n - full * NB);
+                let mut buf = [0i32; NB];
+                for r in 0..m {
+                    for g in 0..groups {
+                        let [acc] = group_block::<V, 1, NV>(
+                            panel.add(g * GROUP * NB),
+                            q.codes.as_ptr().add(r * kp + g * GROUP),
+                            kp,
+                        );
+                        for (v, a) in acc.iter().enumerate() {
+                            V::store_i(buf.as_mut_ptr().add(v * V::LANES), *a);
+                        }
+                        add_group(
+                            &mut out[r * n + col..r * n + col + width],
+                            &buf[..width],
+                            q.scales[r * groups + g],
+                            g == 0,
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn finish_avx2(
+        out: &mut [f32],
+        shift: &mut [f32],
+        q: &QuantisedRows,
+        r: usize,
+        w: &PackedI8Linear,
+        bias: &[f32],
+    ) {
+        finish_row_plain(out, shift, q, r, w, bias)
+    }
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub unsafe fn finish_avx512(
+        out: &mut [f32],
+        shift: &mut [f32],
+        q: &QuantisedRows,
+        r: usize,
+        w: &PackedI8Linear,
+        bias: &[f32],
+    ) {
+        finish_row_plain(out, shift, q, r, w, bias)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn quantise_avx2(x: &[f32], k: usize, q: &mut QuantisedRows) {
+        quantise_into(x, k, q)
+    }
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub unsafe fn quantise_avx512(x: &[f32], k: usize, q: &mut QuantisedRows) {
+        quantise_into(x, k, q)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn int8_avx2(q: &QuantisedRows, m: usize, w: &PackedI8Linear, out: &mut [f32]) {
+        // SAFETY: the features are enabled on this function.
+        unsafe { int8_generic::<Avx2, 2, 4>(q, m, w, out) }
+    }
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn int8_avx512(q: &QuantisedRows, m: usize, w: &PackedI8Linear, out: &mut [f32]) {
+        // SAFETY: the features are enabled on this function.
+        unsafe { int8_generic::<Avx512, 6, 2>(q, m, w, out) }
+    }
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn int8_vnni(q: &QuantisedRows, m: usize, w: &PackedI8Linear, out: &mut [f32]) {
+        // SAFETY: the features are enabled on this function.
+        unsafe { int8_generic::<Avx512Vnni, 6, 2>(q, m, w, out) }
+    }
+
+    /// The group-wise int8 products on AVX-512, with VNNI where the CPU has it.
+    pub unsafe fn int8_products_avx512(
+        q: &QuantisedRows,
+        m: usize,
+        w: &PackedI8Linear,
+        out: &mut [f32],
+    ) {
+        if has_avx512_vnni() {
+            // SAFETY: VNNI was detected; AVX-512 per the caller.
+            unsafe { int8_vnni(q, m, w, out) }
+        } else {
+            // SAFETY: AVX-512 per the caller.
+            unsafe { int8_avx512(q, m, w, out) }
+        }
+    }
+
+    /// The group-wise int8 products on AVX2.
+    pub unsafe fn int8_products_avx2(
+        q: &QuantisedRows,
+        m: usize,
+        w: &PackedI8Linear,
+        out: &mut [f32],
+    ) {
+        // SAFETY: AVX2 and FMA per the caller.
+        unsafe { int8_avx2(q, m, w, out) }
+    }
+}
