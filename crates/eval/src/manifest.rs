@@ -1,4 +1,4 @@
-//! CraterBench-R manifests (../shared/notes/craterbench-r-format.md).
+//! CraterBench-R manifests (docs/formats.md).
 //!
 //! `{"split_name", "version", "gallery_images": [{"image_id", "path", "crater_id",
 //! "view_type"}], "query_images": [... same shape, optional "relevant_crater_ids"]}`.

@@ -610,7 +610,7 @@ figcaption{{font-size:10px;max-width:96px;overflow:hidden}} .row{{margin:6px 0}}
         ));
     }
     if let Some(t) = turned.filter(|t| !t.rows.is_empty()) {
-        let _ = write!(h, "<h2>Turned queries</h2><p>The same {} query views turned by a seeded random angle, half of them mirrored (<code>bench-build --rotated-split</code>), searched against the same gallery and paired view by view. The first table is the lever ablation on turned queries: turned mAP, and in brackets its change from the same views as built (green: a loss of at most {TURNED_LOSS_GOAL}). How features are extracted (<code>--orient</code>) is part of the model line above.</p>", t.paired_views);
+        let _ = write!(h, "<h2>Turned queries</h2><p>The same {} query views turned by a seeded random angle, half of them mirrored (the benchmark's rotated split), searched against the same gallery and paired view by view. The first table is the lever ablation on turned queries: turned mAP, and in brackets its change from the same views as built (green: a loss of at most {TURNED_LOSS_GOAL}). How crops are oriented before the model sees them is part of the model line above.</p>", t.paired_views);
         h.push_str(&turned_ablation_table(t));
         h.push_str("<p></p>");
         h.push_str(&turned_table(t));

@@ -1,4 +1,4 @@
-//! Unsupervised PCA whitening learned from unlabelled samples (../shared/notes/method.md):
+//! Unsupervised PCA whitening learned from unlabelled samples (docs/method.md):
 //! `C = V diag(w) V^T`, `W = V diag(1 / sqrt(w + r * max(w)))`, `t -> l2((t - mu) W)`.
 
 use crate::error::{Error, Result};
