@@ -1,6 +1,6 @@
 //! What can go wrong running the pipeline: each crate's own errors, and the engine's.
 
-use craterdex_errors::{prefix, ErrorKind, HasKind, Invalid, IoError, Prefix};
+use craterdex_errors::IoError;
 use craterdex_model::Orientation;
 
 #[derive(Debug, thiserror::Error)]
@@ -37,48 +37,20 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-impl HasKind for Error {
-    fn kind(&self) -> ErrorKind {
-        match self {
-            Error::Invalid(_) | Error::Orientation { .. } => ErrorKind::InvalidInput,
-            Error::NoSuchImage(_) => ErrorKind::NotFound,
-            Error::NoModel(_) | Error::InMemory => ErrorKind::Unsupported,
-            Error::Model(e) => e.kind(),
-            Error::Fetch(e) => e.kind(),
-            Error::Tokens(e) => e.kind(),
-            Error::Index(e) => e.kind(),
-            Error::Io(e) => e.kind(),
-        }
-    }
-}
-
-impl From<Invalid> for Error {
-    fn from(e: Invalid) -> Self {
-        Error::Invalid(e.0)
-    }
-}
+craterdex_errors::error_kinds!(Error {
+    messages: { Invalid => InvalidInput },
+    wrapped: { Model, Fetch, Tokens, Index, Io },
+    // their message is whole as it is
+    whole: {
+        Error::Orientation { .. } => InvalidInput,
+        Error::NoSuchImage(_) => NotFound,
+        Error::NoModel(_) | Error::InMemory => Unsupported,
+    },
+});
 
 /// Serialising craterdex's own records (build plans).
 impl From<serde_json::Error> for Error {
     fn from(e: serde_json::Error) -> Self {
         Error::Invalid(format!("JSON: {e}"))
-    }
-}
-
-impl Prefix for Error {
-    fn prefixed(self, p: &str) -> Self {
-        match self {
-            Error::Invalid(m) => Error::Invalid(prefix(p, &m)),
-            Error::Model(e) => Error::Model(e.prefixed(p)),
-            Error::Fetch(e) => Error::Fetch(e.prefixed(p)),
-            Error::Tokens(e) => Error::Tokens(e.prefixed(p)),
-            Error::Index(e) => Error::Index(e.prefixed(p)),
-            Error::Io(e) => Error::Io(e.prefixed(p)),
-            // their message is whole as it is
-            e @ (Error::NoSuchImage(_)
-            | Error::NoModel(_)
-            | Error::Orientation { .. }
-            | Error::InMemory) => e,
-        }
     }
 }

@@ -210,6 +210,54 @@ macro_rules! ensure {
     };
 }
 
+/// A crate error enum's [`HasKind`], [`Prefix`] and `From<`[`Invalid`]`>`, from one table
+/// of its variants: messages (`Variant(String)`) with their kind, wrapped errors that know
+/// their own kind and take the prefix themselves, and whole variants (any pattern) whose
+/// message is complete as it is. The enum needs an `Invalid(String)` variant.
+///
+/// ```text
+/// craterdex_errors::error_kinds!(Error {
+///     messages: { Invalid => InvalidInput, Corrupt => Corrupt },
+///     wrapped: { Tokens, Io },
+///     whole: { Error::InMemory => Unsupported },
+/// });
+/// ```
+#[macro_export]
+macro_rules! error_kinds {
+    ($ty:ident {
+        messages: { $($message:ident => $message_kind:ident),* $(,)? }
+        $(, wrapped: { $($wrapped:ident),* $(,)? })?
+        $(, whole: { $($whole:pat => $whole_kind:ident),* $(,)? })?
+        $(,)?
+    }) => {
+        impl $crate::HasKind for $ty {
+            fn kind(&self) -> $crate::ErrorKind {
+                match self {
+                    $($ty::$message(_) => $crate::ErrorKind::$message_kind,)*
+                    $($($ty::$wrapped(e) => $crate::HasKind::kind(e),)*)?
+                    $($($whole => $crate::ErrorKind::$whole_kind,)*)?
+                }
+            }
+        }
+
+        impl $crate::Prefix for $ty {
+            fn prefixed(self, p: &str) -> Self {
+                match self {
+                    $($ty::$message(m) => $ty::$message($crate::prefix(p, &m)),)*
+                    $($($ty::$wrapped(e) => $ty::$wrapped($crate::Prefix::prefixed(e, p)),)*)?
+                    $($(e @ $whole => e,)*)?
+                }
+            }
+        }
+
+        impl From<$crate::Invalid> for $ty {
+            fn from(e: $crate::Invalid) -> Self {
+                $ty::Invalid(e.0)
+            }
+        }
+    };
+}
+
 /// `prefix: message`, the shape every prefixed message takes.
 pub fn prefix(prefix: &str, message: &str) -> String {
     format!("{prefix}: {message}")
@@ -265,6 +313,47 @@ mod tests {
         let e = parse_named("fruit", "plum", all, &aliases).unwrap_err();
         assert_eq!(e.to_string(), "unknown fruit \"plum\": use apple or pear");
         assert_eq!(one_of(&["a".into(), "b".into(), "c".into()]), "a, b or c");
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    enum Sample {
+        #[error("{0}")]
+        Invalid(String),
+        #[error("{0}")]
+        Corrupt(String),
+        #[error("gone")]
+        Gone,
+        #[error(transparent)]
+        Io(#[from] IoError),
+    }
+
+    crate::error_kinds!(Sample {
+        messages: { Invalid => InvalidInput, Corrupt => Corrupt },
+        wrapped: { Io },
+        whole: { Sample::Gone => NotFound },
+    });
+
+    #[test]
+    fn error_kinds_gives_each_variant_its_kind_and_prefixes_only_messages_and_wrapped() {
+        let from_invalid: Sample = Invalid("bad width".into()).into();
+        assert_eq!(from_invalid.kind(), ErrorKind::InvalidInput);
+        let e = from_invalid.prefixed("a.json");
+        assert_eq!(e.to_string(), "a.json: bad width");
+        let e = Sample::Corrupt("checksum".into()).prefixed("x");
+        assert_eq!(
+            (e.kind(), e.to_string().as_str()),
+            (ErrorKind::Corrupt, "x: checksum")
+        );
+        let e = Sample::Gone.prefixed("x");
+        assert_eq!(
+            (e.kind(), e.to_string().as_str()),
+            (ErrorKind::NotFound, "gone")
+        );
+        let p = Path::new("/nonexistent/craterdex/y");
+        let io: Sample = std::fs::read(p).io("read", p).unwrap_err().into();
+        let e = io.prefixed("loading");
+        assert_eq!(e.kind(), ErrorKind::NotFound);
+        assert!(e.to_string().contains("loading"), "{e}");
     }
 
     #[test]

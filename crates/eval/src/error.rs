@@ -1,6 +1,6 @@
 //! What can go wrong building benchmarks and measuring retrieval.
 
-use craterdex_errors::{prefix, ErrorKind, HasKind, Invalid, IoError, Prefix};
+use craterdex_errors::IoError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -19,22 +19,10 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-impl HasKind for Error {
-    fn kind(&self) -> ErrorKind {
-        match self {
-            Error::Invalid(_) => ErrorKind::InvalidInput,
-            Error::Unsupported(_) => ErrorKind::Unsupported,
-            Error::Engine(e) => e.kind(),
-            Error::Io(e) => e.kind(),
-        }
-    }
-}
-
-impl From<Invalid> for Error {
-    fn from(e: Invalid) -> Self {
-        Error::Invalid(e.0)
-    }
-}
+craterdex_errors::error_kinds!(Error {
+    messages: { Invalid => InvalidInput, Unsupported => Unsupported },
+    wrapped: { Engine, Io },
+});
 
 impl From<craterdex_model::Error> for Error {
     fn from(e: craterdex_model::Error) -> Self {
@@ -59,16 +47,5 @@ impl From<csv::Error> for Error {
 impl From<serde_json::Error> for Error {
     fn from(e: serde_json::Error) -> Self {
         Error::Invalid(format!("JSON: {e}"))
-    }
-}
-
-impl Prefix for Error {
-    fn prefixed(self, p: &str) -> Self {
-        match self {
-            Error::Invalid(m) => Error::Invalid(prefix(p, &m)),
-            Error::Unsupported(m) => Error::Unsupported(prefix(p, &m)),
-            Error::Engine(e) => Error::Engine(e.prefixed(p)),
-            Error::Io(e) => Error::Io(e.prefixed(p)),
-        }
     }
 }

@@ -1,6 +1,6 @@
 //! What can go wrong fetching models and data.
 
-use craterdex_errors::{prefix, ErrorKind, HasKind, Invalid, IoError, Prefix};
+use craterdex_errors::IoError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -23,32 +23,7 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-impl HasKind for Error {
-    fn kind(&self) -> ErrorKind {
-        match self {
-            Error::Download(_) => ErrorKind::Io,
-            Error::Invalid(_) => ErrorKind::InvalidInput,
-            Error::Corrupt(_) => ErrorKind::Corrupt,
-            Error::Model(e) => e.kind(),
-            Error::Io(e) => e.kind(),
-        }
-    }
-}
-
-impl From<Invalid> for Error {
-    fn from(e: Invalid) -> Self {
-        Error::Invalid(e.0)
-    }
-}
-
-impl Prefix for Error {
-    fn prefixed(self, p: &str) -> Self {
-        match self {
-            Error::Download(m) => Error::Download(prefix(p, &m)),
-            Error::Invalid(m) => Error::Invalid(prefix(p, &m)),
-            Error::Corrupt(m) => Error::Corrupt(prefix(p, &m)),
-            Error::Model(e) => Error::Model(e.prefixed(p)),
-            Error::Io(e) => Error::Io(e.prefixed(p)),
-        }
-    }
-}
+craterdex_errors::error_kinds!(Error {
+    messages: { Download => Io, Invalid => InvalidInput, Corrupt => Corrupt },
+    wrapped: { Model, Io },
+});

@@ -1,6 +1,6 @@
 //! What can go wrong storing and searching descriptors.
 
-use craterdex_errors::{prefix, ErrorKind, HasKind, Invalid, IoError, Prefix};
+use craterdex_errors::IoError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -28,41 +28,19 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-impl HasKind for Error {
-    fn kind(&self) -> ErrorKind {
-        match self {
-            Error::Invalid(_) => ErrorKind::InvalidInput,
-            Error::Conflict(_) => ErrorKind::Conflict,
-            Error::Corrupt(_) => ErrorKind::Corrupt,
-            Error::Unsupported(_) => ErrorKind::Unsupported,
-            Error::Tokens(e) => e.kind(),
-            Error::Io(e) => e.kind(),
-        }
-    }
-}
-
-impl From<Invalid> for Error {
-    fn from(e: Invalid) -> Self {
-        Error::Invalid(e.0)
-    }
-}
+craterdex_errors::error_kinds!(Error {
+    messages: {
+        Invalid => InvalidInput,
+        Conflict => Conflict,
+        Corrupt => Corrupt,
+        Unsupported => Unsupported,
+    },
+    wrapped: { Tokens, Io },
+});
 
 /// Serialising craterdex's own records (manifests, encoders, part markers).
 impl From<serde_json::Error> for Error {
     fn from(e: serde_json::Error) -> Self {
         Error::Invalid(format!("JSON: {e}"))
-    }
-}
-
-impl Prefix for Error {
-    fn prefixed(self, p: &str) -> Self {
-        match self {
-            Error::Invalid(m) => Error::Invalid(prefix(p, &m)),
-            Error::Conflict(m) => Error::Conflict(prefix(p, &m)),
-            Error::Corrupt(m) => Error::Corrupt(prefix(p, &m)),
-            Error::Unsupported(m) => Error::Unsupported(prefix(p, &m)),
-            Error::Tokens(e) => Error::Tokens(e.prefixed(p)),
-            Error::Io(e) => Error::Io(e.prefixed(p)),
-        }
     }
 }

@@ -1,6 +1,6 @@
 //! What can go wrong turning checkpoints and images into features.
 
-use craterdex_errors::{prefix, ErrorKind, HasKind, Invalid, IoError, Prefix};
+use craterdex_errors::IoError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -31,18 +31,17 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-impl HasKind for Error {
-    fn kind(&self) -> ErrorKind {
-        match self {
-            Error::Invalid(_) | Error::Truncated(_) | Error::NotAnImage(_) | Error::TooLarge(_) => {
-                ErrorKind::InvalidInput
-            }
-            Error::Corrupt(_) => ErrorKind::Corrupt,
-            Error::Unsupported(_) => ErrorKind::Unsupported,
-            Error::Io(e) => e.kind(),
-        }
-    }
-}
+craterdex_errors::error_kinds!(Error {
+    messages: {
+        Invalid => InvalidInput,
+        Truncated => InvalidInput,
+        NotAnImage => InvalidInput,
+        TooLarge => InvalidInput,
+        Corrupt => Corrupt,
+        Unsupported => Unsupported,
+    },
+    wrapped: { Io },
+});
 
 impl Error {
     /// An invalid-input error from anything printable (a parser's own error, say).
@@ -51,29 +50,9 @@ impl Error {
     }
 }
 
-impl From<Invalid> for Error {
-    fn from(e: Invalid) -> Self {
-        Error::Invalid(e.0)
-    }
-}
-
 /// Tensor views and files of features: a shape that does not fit its data.
 impl From<safetensors::SafeTensorError> for Error {
     fn from(e: safetensors::SafeTensorError) -> Self {
         Error::Invalid(format!("safetensors: {e}"))
-    }
-}
-
-impl Prefix for Error {
-    fn prefixed(self, p: &str) -> Self {
-        match self {
-            Error::Invalid(m) => Error::Invalid(prefix(p, &m)),
-            Error::Truncated(m) => Error::Truncated(prefix(p, &m)),
-            Error::NotAnImage(m) => Error::NotAnImage(prefix(p, &m)),
-            Error::TooLarge(m) => Error::TooLarge(prefix(p, &m)),
-            Error::Corrupt(m) => Error::Corrupt(prefix(p, &m)),
-            Error::Unsupported(m) => Error::Unsupported(prefix(p, &m)),
-            Error::Io(e) => Error::Io(e.prefixed(p)),
-        }
     }
 }

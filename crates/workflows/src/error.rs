@@ -1,6 +1,6 @@
 //! What can go wrong linking, calibrating, deduplicating and discovering.
 
-use craterdex_errors::{prefix, ErrorKind, HasKind, Invalid, IoError, Prefix};
+use craterdex_errors::IoError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -19,21 +19,10 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-impl HasKind for Error {
-    fn kind(&self) -> ErrorKind {
-        match self {
-            Error::Invalid(_) | Error::Calibration(_) => ErrorKind::InvalidInput,
-            Error::Engine(e) => e.kind(),
-            Error::Io(e) => e.kind(),
-        }
-    }
-}
-
-impl From<Invalid> for Error {
-    fn from(e: Invalid) -> Self {
-        Error::Invalid(e.0)
-    }
-}
+craterdex_errors::error_kinds!(Error {
+    messages: { Invalid => InvalidInput, Calibration => InvalidInput },
+    wrapped: { Engine, Io },
+});
 
 impl From<craterdex_index::Error> for Error {
     fn from(e: craterdex_index::Error) -> Self {
@@ -52,16 +41,5 @@ impl From<csv::Error> for Error {
 impl From<serde_json::Error> for Error {
     fn from(e: serde_json::Error) -> Self {
         Error::Invalid(format!("JSON: {e}"))
-    }
-}
-
-impl Prefix for Error {
-    fn prefixed(self, p: &str) -> Self {
-        match self {
-            Error::Invalid(m) => Error::Invalid(prefix(p, &m)),
-            Error::Calibration(m) => Error::Calibration(prefix(p, &m)),
-            Error::Engine(e) => Error::Engine(e.prefixed(p)),
-            Error::Io(e) => Error::Io(e.prefixed(p)),
-        }
     }
 }
