@@ -128,6 +128,10 @@ def test_add_remove_and_feature_searches(tiny, crops, tmp_path):
     fidx = craterdex.Index.build(tmp_path / "f", crops.iloc[:6], features=f, recipe=craterdex.Recipe(whitening="none", codec="f32"))
     self_hits = fidx.search(features=f, top_k=1, mode="exhaustive")
     assert list(self_hits["id"]) == list(crops["id"][:6])
+    named = fidx.search(features=f, ids=[f"q{i}" for i in range(6)], top_k=1, mode="exhaustive")
+    assert list(named["query"]) == [f"q{i}" for i in range(6)]
+    with pytest.raises(craterdex.InvalidInputError, match="2 ids for features of 6 images"):
+        fidx.search(features=f, ids=["q0", "q1"])
     arrays = [helpers.crater_image(i) for i in range(3)]
     by_array = idx.search(arrays, ids=["a", "b", "c"], top_k=2)
     assert list(by_array["query"].unique()) == ["a", "b", "c"]

@@ -384,7 +384,8 @@ class Index:
         ``mode``: ``two-stage`` (single-vector shortlist of ``shortlist``, reranked by late
         interaction), ``stage1`` or ``exhaustive``. ``group_views``: hits come crater by
         crater (the views of one ``crater_id`` together, ranked by the best of them); False
-        lists them image by image. Returns one row per hit: ``query``,
+        lists them image by image. ``ids`` name the queries (with ``features``, in place of
+        the ids they were extracted with). Returns one row per hit: ``query``,
         ``rank``, ``id``, ``crater_id``, ``score``, ``stage1``, ``stage2`` and the hit's
         metadata columns.
         """
@@ -392,6 +393,10 @@ class Index:
                                                group_views=group_views)))
         if features is not None:
             fids, (c, p, a) = _features_args(features)
+            if ids is not None:
+                fids = [str(i) for i in ids]
+                if len(fids) != len(c):
+                    raise InvalidInputError(f"{len(fids)} ids for features of {len(c)} images")
             return _hits_frame(self._native.search_json(fids, features=(c, p, a), **kw))
         if paths is not None:
             paths = [os.fspath(p) for p in paths]
