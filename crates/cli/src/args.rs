@@ -223,7 +223,12 @@ impl EntriesOpts {
         if self.meta.is_some() {
             bail!("--meta goes with a directory of crops; a manifest carries its own metadata");
         }
-        let bench = craterdex_eval::manifest::load(e, None)?;
+        // entries to link need no crater ids; an index's gallery is a benchmark's
+        let bench = if self.gallery_side {
+            craterdex_eval::manifest::load(e, None)?
+        } else {
+            craterdex_eval::manifest::load_entries(e, None)?
+        };
         let items = if self.gallery_side {
             bench.gallery_items()
         } else {

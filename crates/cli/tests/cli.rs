@@ -779,6 +779,14 @@ fn eval_link_scores_the_rule_against_both_baselines() {
         "16",
         "--min-diameter",
         "10",
+        // the first observation's frame, a small turn: the geometry baselines' setting
+        "--georef-errors",
+        "0.5,4",
+        "--max-rotation",
+        "15",
+        "--catalogue-frame",
+        "--transform-error",
+        "0,0",
     ]);
     assert!(out.contains("geometry only"), "{out}");
     let r: serde_json::Value =
@@ -800,7 +808,14 @@ fn eval_link_scores_the_rule_against_both_baselines() {
         levels[1]
     );
     for l in levels {
-        for m in ["craterdex", "appearance_only", "geometry_only_wide"] {
+        for m in [
+            "default_rule",
+            "registered_calibrated",
+            "registration_only",
+            "unregistered_calibrated",
+            "appearance_only",
+            "geometry_only_wide",
+        ] {
             assert!((0.0..=1.0).contains(&f(l, m, "f1")), "{m}: {l}");
         }
     }

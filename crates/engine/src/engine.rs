@@ -165,6 +165,32 @@ impl Engine {
         Ok(self.search_features(&features, params))
     }
 
+    /// The descriptors of `(id, path)` images turned by `angle` radians about their centres
+    /// (image axes, x right and y down), as the catalogue would see them: a registered
+    /// observation's crops brought to the catalogue's orientation. Unreadable images fail.
+    pub fn encode_turned(
+        &self,
+        items: &[(String, PathBuf)],
+        angle: f32,
+    ) -> Result<Vec<Descriptors>> {
+        let extractor = self.extractor_or_err()?;
+        let mut out = Vec::with_capacity(items.len());
+        for chunk in items.chunks(64) {
+            let images = chunk
+                .iter()
+                .map(|(_, p)| {
+                    let img = craterdex_model::preprocess::load_image(p)?;
+                    Ok(image::DynamicImage::ImageRgb32F(
+                        craterdex_model::preprocess::turn(&img.to_rgb32f(), angle),
+                    ))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let ids: Vec<String> = chunk.iter().map(|(id, _)| id.clone()).collect();
+            out.extend(self.encode(&extractor.features_of_images(&ids, &images)?));
+        }
+        Ok(out)
+    }
+
     /// The descriptors of one decoded image (an upload) under the index's encoder.
     pub fn encode_image(&self, image: &image::DynamicImage) -> Result<Descriptors> {
         let f = self.extractor_or_err()?.features_of(image)?;

@@ -393,7 +393,7 @@ pub fn build(inputs: &[Input], out: &Path, o: &BuildOptions) -> Result<BuildRepo
                     gallery.push(Entry {
                         image_id: name,
                         path: rel,
-                        crater_id: cand.id.clone(),
+                        crater_id: Some(cand.id.clone()),
                         view_type: Some(view),
                         relevant_crater_ids: None,
                         lat: cand.geo.as_ref().map(|g| g.lat),
@@ -457,7 +457,7 @@ pub fn build(inputs: &[Input], out: &Path, o: &BuildOptions) -> Result<BuildRepo
             let entry = |name: String, rel: String, view: String| Entry {
                 image_id: name,
                 path: rel,
-                crater_id: cand.id.clone(),
+                crater_id: Some(cand.id.clone()),
                 view_type: Some(view),
                 relevant_crater_ids: Some(relevant.clone()),
                 lat: cand.geo.as_ref().map(|g| g.lat),

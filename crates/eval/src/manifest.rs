@@ -18,7 +18,10 @@ use std::path::{Path, PathBuf};
 pub struct Entry {
     pub image_id: String,
     pub path: String,
-    pub crater_id: String,
+    /// Required of a benchmark's entries ([`load`]); a new observation's entries to link
+    /// have none ([`load_entries`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crater_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub view_type: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -58,6 +61,13 @@ pub fn positions(entries: &[Entry]) -> std::collections::HashMap<&str, usize> {
         .enumerate()
         .map(|(i, e)| (e.image_id.as_str(), i))
         .collect()
+}
+
+impl Entry {
+    /// The crater id; empty when the entry has none (never in a [`load`]ed benchmark).
+    pub fn crater(&self) -> &str {
+        self.crater_id.as_deref().unwrap_or_default()
+    }
 }
 
 impl Benchmark {
@@ -119,7 +129,7 @@ impl Benchmark {
                 let e = &entries[i];
                 ImageMeta {
                     id: id.clone(),
-                    crater_id: Some(e.crater_id.clone()),
+                    crater_id: e.crater_id.clone(),
                     source: Some(e.path.clone()),
                     view: e.view_type.clone(),
                     lat: e.lat,
@@ -165,7 +175,7 @@ impl Benchmark {
             .filter(|(_, id)| {
                 by_id
                     .get(id.as_str())
-                    .is_some_and(|&i| !queried.contains(&self.manifest.gallery_images[i].crater_id))
+                    .is_some_and(|&i| !queried.contains(self.manifest.gallery_images[i].crater()))
             })
             .map(|(r, _)| r)
             .collect()
@@ -191,7 +201,7 @@ impl Benchmark {
         Aligned {
             gallery_craters: gi
                 .iter()
-                .map(|&i| self.manifest.gallery_images[i].crater_id.clone())
+                .map(|&i| self.manifest.gallery_images[i].crater().to_string())
                 .collect(),
             gallery_paths: gi.iter().map(|&i| self.gallery_path(i)).collect(),
             query_paths: qi.iter().map(|&i| self.query_path(i)).collect(),
@@ -213,7 +223,7 @@ fn entry_list(v: &serde_json::Value, key: &str, file: &Path) -> Result<Vec<Entry
             let keys: Vec<&String> = e.as_object().map(|o| o.keys().collect()).unwrap_or_default();
             Ok(serde_json::from_value::<Entry>(e.clone()).or_invalid_with(|| {
                 format!(
-                    "{}: {key}[{i}] needs image_id, path and crater_id (strings); found keys {keys:?}",
+                    "{}: {key}[{i}] needs image_id and path (strings; crater_id a string where given); found keys {keys:?}",
                     file.display()
                 )
             })?)
@@ -298,9 +308,39 @@ fn relevance_file(path: &Path) -> Result<BTreeMap<String, Vec<String>>> {
     Ok(out)
 }
 
-/// Loads a manifest. `root` overrides the dataset root. Every missing image is reported
-/// together, before anything else happens.
+/// Loads a benchmark's manifest: every gallery entry has a crater id, every query a crater
+/// id or relevant crater ids. `root` overrides the dataset root. Every missing image is
+/// reported together, before anything else happens.
 pub fn load(path: &Path, root: Option<&Path>) -> Result<Benchmark> {
+    let bench = load_entries(path, root)?;
+    let m = &bench.manifest;
+    let unlabelled = |list: &[Entry], key: &str, need_relevant: bool| -> Result<()> {
+        let bad: Vec<usize> = (0..list.len())
+            .filter(|&i| {
+                list[i].crater_id.is_none()
+                    && !(need_relevant && list[i].relevant_crater_ids.is_some())
+            })
+            .collect();
+        ensure!(
+            bad.is_empty(),
+            Error::Invalid(format!(
+                "{}: {} of the {key} have no crater_id (first: {key}[{}]); a benchmark needs them (entries to link do not)",
+                path.display(),
+                bad.len(),
+                bad.first().copied().unwrap_or_default()
+            ))
+        );
+        Ok(())
+    };
+    unlabelled(&m.gallery_images, "gallery_images", false)?;
+    unlabelled(&m.query_images, "query_images", true)?;
+    Ok(bench)
+}
+
+/// Loads a manifest's entries, crater ids optional (a new observation has none). `root`
+/// overrides the dataset root. Every missing image is reported together, before anything
+/// else happens.
+pub fn load_entries(path: &Path, root: Option<&Path>) -> Result<Benchmark> {
     let bytes = std::fs::read(path).io("read", path)?;
     let v: serde_json::Value = serde_json::from_slice(&bytes)
         .or_invalid_with(|| format!("{} is not JSON", path.display()))?;
@@ -377,8 +417,8 @@ pub fn load(path: &Path, root: Option<&Path>) -> Result<Benchmark> {
             let ids = q
                 .relevant_crater_ids
                 .clone()
-                .or_else(|| rel_file.as_ref().and_then(|r| r.get(&q.crater_id).cloned()))
-                .unwrap_or_else(|| vec![q.crater_id.clone()]);
+                .or_else(|| rel_file.as_ref().and_then(|r| r.get(q.crater()).cloned()))
+                .unwrap_or_else(|| vec![q.crater().to_string()]);
             ids.into_iter().collect()
         })
         .collect();
@@ -430,6 +470,31 @@ mod tests {
         );
         let b = load(&d.path().join("splits/test.json"), None).unwrap();
         assert_eq!(b.relevance[1], ["b".to_string(), "c".to_string()].into());
+    }
+
+    #[test]
+    fn entries_to_link_need_no_crater_ids_and_a_benchmark_does() {
+        let d = tempfile::tempdir().unwrap();
+        write(d.path(), "images/new1.png", "x");
+        write(d.path(), "images/new2.png", "x");
+        write(
+            d.path(),
+            "new.json",
+            r#"{"gallery_images": [],
+            "query_images": [{"image_id": "n1", "path": "images/new1.png", "lat": 1.0, "lon": 2.0, "diameter_km": 3.0},
+                             {"image_id": "n2", "path": "images/new2.png", "crater_id": "c7"}]}"#,
+        );
+        let path = d.path().join("new.json");
+        let b = load_entries(&path, None).unwrap();
+        let metas = b.query_metas(&["n1".to_string(), "n2".to_string()]);
+        assert_eq!(metas[0].crater_id, None);
+        assert_eq!(metas[0].lat, Some(1.0));
+        assert_eq!(metas[1].crater_id.as_deref(), Some("c7"));
+        let e = format!("{:#}", load(&path, None).unwrap_err());
+        assert!(
+            e.contains("new.json") && e.contains("query_images[0]") && e.contains("crater_id"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -7,7 +7,11 @@
 //! brightness, contrast and gamma and blur or noise per crop; each crater detected with a
 //! jitter of its centre and diameter, some missed, and false detections added at random
 //! places. Its catalogue is georeferenced with an error: one shift per tile (random
-//! direction, a given multiple of the tile's median crater radius) for each error level.
+//! direction, a given multiple of the tile's median crater radius) for each error level,
+//! and a small rotation and scale error of the whole tile. With `observation_frame` (the
+//! default) the positions are in the second image's own pixel frame, turned and scaled as
+//! its crops are, about the tile's centre (a detector run on an unprojected image reports
+//! those); otherwise in the first observation's frame.
 //! Sun azimuth is not changed: a 2-D image cannot relight a crater honestly.
 //!
 //! Positions are written in one pixel frame (`x`, `y`, `diameter_px`): a tile's pixels
@@ -43,6 +47,11 @@ pub struct ObservationOptions {
     pub missed: f64,
     /// False detections, as a fraction of the tile's craters.
     pub false_detections: f64,
+    /// Largest rotation (degrees) and relative scale error of the georeferencing
+    /// transform itself, drawn once per tile.
+    pub transform_error: (f64, f64),
+    /// Positions in the second image's own frame (turned and scaled as its crops).
+    pub observation_frame: bool,
     pub seed: u64,
 }
 
@@ -51,12 +60,14 @@ impl Default for ObservationOptions {
         ObservationOptions {
             min_diameter: 8.0,
             context: 2.0,
-            max_rotation_deg: 15.0,
-            scale: (0.8, 1.25),
+            max_rotation_deg: 180.0,
+            scale: (0.7, 1.4),
             jitter: 0.05,
-            georef_errors: vec![0.5, 4.0],
+            georef_errors: vec![0.5, 4.0, 10.0],
             missed: 0.1,
             false_detections: 0.1,
+            transform_error: (2.0, 0.02),
+            observation_frame: true,
             seed: 0,
         }
     }
@@ -103,6 +114,41 @@ fn write_rows(path: &Path, rows: &[Row]) -> Result<()> {
     Ok(())
 }
 
+/// How a tile's second observation reports positions.
+#[derive(Clone, Copy, Debug)]
+struct SecondFrame {
+    centre: (f64, f64),
+    /// The image's turn (its crops are cut turned by it) and resolution.
+    angle: f64,
+    scale: f64,
+    /// The georeferencing transform's own error.
+    rotation_error: f64,
+    scale_error: f64,
+    direction: f64,
+    median_radius: f64,
+    offset: f64,
+}
+
+impl SecondFrame {
+    /// The reported centre and diameter of a detection at (x, y, d) of the first frame, at
+    /// a georeferencing error of `error` median radii: the crop at angle `a` samples the
+    /// tile at `c + R(a) u`, so a point `p` lies at `R(-a)(p - c)` in the crop's axes.
+    fn report(&self, x: f64, y: f64, d: f64, error: f64) -> (f64, f64, f64) {
+        let s = self.scale * self.scale_error;
+        let a = -(self.angle + self.rotation_error);
+        let (u, v) = (x - self.centre.0, y - self.centre.1);
+        let shift = error * self.median_radius * self.scale;
+        (
+            self.centre.0
+                + s * (u * a.cos() - v * a.sin())
+                + shift * self.direction.cos()
+                + self.offset,
+            self.centre.1 + s * (u * a.sin() + v * a.cos()) + shift * self.direction.sin(),
+            d * s,
+        )
+    }
+}
+
 /// Simulates the two observations of `tiles` (image, pixel crater list) into `out`
 /// (replaced atomically).
 pub fn simulate(
@@ -124,9 +170,9 @@ pub fn simulate(
     let photo = BuildOptions::default();
     let mut report = ObservationReport::default();
     let mut first = Vec::new();
-    // per second-observation entry: its detected position and its tile's shift direction
-    // and median radius, so each error level writes its own catalogue
-    let mut second: Vec<(Row, f64, f64)> = Vec::new();
+    // per second-observation entry: its detected position (first frame) and its tile's
+    // frame, so each error level writes its own catalogue
+    let mut second: Vec<(Row, SecondFrame)> = Vec::new();
     for (ti, (image, craters)) in tiles.iter().enumerate() {
         let tile = Tile::load(image)?;
         let stem = image
@@ -149,6 +195,19 @@ pub fn simulate(
             .to_radians();
         let scale = rng.gen_range(o.scale.0..=o.scale.1);
         let direction = rng.gen_range(0.0..std::f64::consts::TAU);
+        let (max_rot, max_scale) = o.transform_error;
+        let rotation_error = rng.gen_range(-max_rot..=max_rot).to_radians();
+        let scale_error = 1.0 + rng.gen_range(-max_scale..=max_scale);
+        let frame = SecondFrame {
+            centre: (tile.w as f64 / 2.0, tile.h as f64 / 2.0),
+            angle: if o.observation_frame { angle } else { 0.0 },
+            scale: if o.observation_frame { scale } else { 1.0 },
+            rotation_error,
+            scale_error,
+            direction,
+            median_radius,
+            offset: ti as f64 * FRAME_STRIDE,
+        };
         let off = ti as f64 * FRAME_STRIDE;
         let mut second_crop = |id: String,
                                crater_id: String,
@@ -169,12 +228,11 @@ pub fn simulate(
                     id,
                     crater_id,
                     source: format!("{stem}-obs2"),
-                    x: x + off,
+                    x,
                     y,
                     d,
                 },
-                direction,
-                median_radius,
+                frame,
             ));
             Ok(true)
         };
@@ -240,13 +298,16 @@ pub fn simulate(
     for &e in &o.georef_errors {
         let rows: Vec<Row> = second
             .iter()
-            .map(|(r, dir, radius)| Row {
-                id: r.id.clone(),
-                crater_id: r.crater_id.clone(),
-                source: r.source.clone(),
-                x: r.x + e * radius * dir.cos(),
-                y: r.y + e * radius * dir.sin(),
-                d: r.d,
+            .map(|(r, f)| {
+                let (x, y, d) = f.report(r.x, r.y, r.d, e);
+                Row {
+                    id: r.id.clone(),
+                    crater_id: r.crater_id.clone(),
+                    source: r.source.clone(),
+                    x,
+                    y,
+                    d,
+                }
             })
             .collect();
         write_rows(&tmp.join(second_csv_name(e)), &rows)?;
@@ -281,6 +342,10 @@ mod tests {
         let o = ObservationOptions {
             missed: 0.0,
             false_detections: 0.2,
+            max_rotation_deg: 15.0,
+            georef_errors: vec![0.5, 4.0],
+            transform_error: (0.0, 0.0),
+            observation_frame: false,
             ..Default::default()
         };
         let r = simulate(&[(tile, cat)], &out, &o).unwrap();

@@ -292,9 +292,13 @@ impl PyIndex {
                 })
                 .collect::<Fallible<Vec<usize>>>()?;
             let core: Vec<ImageMeta> = rows.iter().map(|&r| idx.meta(r).clone()).collect();
-            let near = craterdex_workflows::Neighbours::around(idx, &rule, &core);
-            let edges =
-                craterdex_workflows::dedup::edges(&engine, &near, &rule, &opts, &rows, &Silent);
+            // every partition registers the whole index's sources alike, so the edges are
+            // those of one run
+            let frames = craterdex_workflows::dedup::frames_of_index(idx, &rule, &opts);
+            let near = craterdex_workflows::Neighbours::around(idx, &rule, &frames, &core);
+            let edges = craterdex_workflows::dedup::edges(
+                &engine, &near, &rule, &frames, &opts, &rows, &Silent,
+            );
             to_json(&edges)
         })
         .py_err()

@@ -34,7 +34,7 @@ fn context(svc: &Service, engine: &Arc<Engine>) -> ApiResult<Context> {
         Some(dir) => LinkRule::for_index(dir)?,
         None => LinkRule::default(),
     };
-    let near = Neighbours::of_index(engine.index(), &rule);
+    let near = Neighbours::of_index(engine.index(), &rule, &craterdex_workflows::Frames::none());
     let ctx = Arc::new((rule, near));
     *cache = Some((Arc::downgrade(engine), ctx.clone()));
     Ok(ctx)

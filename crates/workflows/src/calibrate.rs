@@ -22,8 +22,9 @@ pub struct Calibration {
     pub labelled: usize,
     /// Labelled entries whose most confident candidate is their own crater.
     pub correct_best: usize,
-    /// Candidate pairs the weights were fitted on (appearance only, with geometry).
-    pub pairs: (usize, usize),
+    /// Candidate pairs the weights were fitted on (appearance only, with geometry, with
+    /// registered geometry).
+    pub pairs: (usize, usize, usize),
     pub target_precision: f64,
     /// On the labelled entries, with the calibrated rule.
     pub match_precision: f64,
@@ -173,10 +174,15 @@ pub fn calibrate(rows: &[LinkRow], base: &LinkRule, target: f64) -> Result<Calib
         ))
     );
     let (mut ax, mut ay, mut gx, mut gy) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut rx, mut ry) = (Vec::new(), Vec::new());
     for r in &labelled {
         for c in &r.candidates {
             let s = c.score as f64;
             match c.offset_radii.zip(c.diameter_ratio) {
+                Some((o, q)) if c.registered => {
+                    rx.push(vec![s, o, q.ln()]);
+                    ry.push(is_right(r, c));
+                }
                 Some((o, q)) => {
                     gx.push(vec![s, o, q.ln()]);
                     gy.push(is_right(r, c));
@@ -198,16 +204,17 @@ pub fn calibrate(rows: &[LinkRow], base: &LinkRule, target: f64) -> Result<Calib
         let w = fit_logistic(&gx, &gy, &base.geometry_weights);
         rule.geometry_weights = [w[0], w[1], w[2], w[3]];
     }
+    if fittable(&ry) {
+        let w = fit_logistic(&rx, &ry, &base.registered.weights);
+        rule.registered.weights = [w[0], w[1], w[2], w[3]];
+    }
     // the most confident candidate of each labelled entry under the fitted weights
     let best: Vec<(f64, bool)> = labelled
         .iter()
         .map(|r| {
             r.candidates
                 .iter()
-                .map(|c| {
-                    let ev = c.offset_radii.zip(c.diameter_ratio);
-                    (rule.confidence(c.score, ev), is_right(r, c))
-                })
+                .map(|c| (rule.confidence(c.score, c.geometry()), is_right(r, c)))
                 .max_by(|a, b| a.0.total_cmp(&b.0))
                 .expect("a labelled row has a candidate")
         })
@@ -242,7 +249,7 @@ pub fn calibrate(rows: &[LinkRow], base: &LinkRule, target: f64) -> Result<Calib
     Ok(Calibration {
         labelled: labelled.len(),
         correct_best: correct.len(),
-        pairs: (ay.len(), gy.len()),
+        pairs: (ay.len(), gy.len(), ry.len()),
         target_precision: target,
         match_precision: if declared.is_empty() {
             1.0

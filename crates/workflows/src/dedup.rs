@@ -9,6 +9,7 @@
 
 use crate::error::Result;
 use crate::link::{entry_candidates, Neighbours};
+use crate::register::{Frames, RegisterOptions};
 use crate::rule::LinkRule;
 use craterdex_engine::{Engine, Progress};
 use craterdex_errors::OrInvalid;
@@ -26,6 +27,9 @@ pub struct DedupOptions {
     pub shortlist: usize,
     /// Entries searched at a time.
     pub batch: usize,
+    /// Register the index's source images to each other before comparing positions
+    /// ([`Frames::of_index`]).
+    pub register: bool,
 }
 
 impl Default for DedupOptions {
@@ -34,6 +38,7 @@ impl Default for DedupOptions {
             top_k: 10,
             shortlist: 100,
             batch: 256,
+            register: true,
         }
     }
 }
@@ -66,6 +71,7 @@ pub fn edges(
     engine: &Engine,
     near: &Neighbours,
     rule: &LinkRule,
+    frames: &Frames,
     o: &DedupOptions,
     rows: &[usize],
     progress: &dyn Progress,
@@ -85,7 +91,7 @@ pub fn edges(
         let descs: Vec<_> = chunk.iter().map(|&r| idx.descriptors_of(r)).collect();
         for ((&row, desc), hits) in chunk.iter().zip(&descs).zip(engine.search(&descs, &params)) {
             let from = &idx.meta(row).id;
-            for c in entry_candidates(engine, near, rule, idx.meta(row), desc, hits) {
+            for c in entry_candidates(engine, near, rule, frames, idx.meta(row), desc, hits) {
                 if c.confidence >= rule.match_confidence {
                     out.push(Edge {
                         from: from.clone(),
@@ -139,8 +145,21 @@ pub fn dedup(
 ) -> Result<Vec<DedupGroup>> {
     let idx = engine.index();
     let rows: Vec<usize> = idx.live_rows().collect();
-    let near = Neighbours::of_index(idx, rule);
-    merge(idx, &edges(engine, &near, rule, opts, &rows, progress))
+    let frames = frames_of_index(idx, rule, opts);
+    let near = Neighbours::of_index(idx, rule, &frames);
+    merge(
+        idx,
+        &edges(engine, &near, rule, &frames, opts, &rows, progress),
+    )
+}
+
+/// The registration of the index's sources to each other, when the options ask for it.
+pub fn frames_of_index(idx: &Index, rule: &LinkRule, o: &DedupOptions) -> Frames {
+    if o.register {
+        Frames::of_index(idx, &RegisterOptions::default(), rule.body_radius_km)
+    } else {
+        Frames::none()
+    }
 }
 
 /// The groups that `edges` (of every live entry, from one run or from partitions) make.

@@ -186,17 +186,42 @@ mod tests {
 pub struct LevelReport {
     /// Georeferencing error in median crater radii.
     pub georef_error: f64,
-    /// The search radius the combined rule used (radii of the larger crater).
+    /// The search radius the unregistered rule used (radii of the larger crater).
     pub search_radius: f64,
+    /// The rule calibrated without registration.
     pub calibrated_rule: crate::LinkRule,
-    /// Appearance and geometry, the calibrated rule.
-    pub craterdex: LinkScore,
+    /// The default rule with registration, not calibrated: what a user gets.
+    pub default_rule: LinkScore,
+    /// Registration, then the rule calibrated on the other half.
+    pub registered_calibrated: LinkScore,
+    /// Registration, then the nearest registered centre within 1 radius (no appearance).
+    pub registration_only: LinkScore,
+    /// Without registration, the rule calibrated on the other half (the method shipped
+    /// before registration).
+    pub unregistered_calibrated: LinkScore,
     pub appearance_only: LinkScore,
     /// Nearest centre within 1 radius, diameter ratio <= 1.5.
     pub geometry_only: LinkScore,
     /// Nearest centre within the search radius, diameter ratio <= 1.5.
     pub geometry_only_wide: LinkScore,
+    /// Both observations in one index, the default rule with registration.
     pub dedup: crate::dedup::DedupScore,
+    /// The same without registration, the calibrated rule.
+    pub dedup_unregistered: crate::dedup::DedupScore,
+    pub registration: RegistrationSummary,
+}
+
+/// How registering the scored half's sources went at one error level.
+#[derive(Clone, Debug, Serialize)]
+pub struct RegistrationSummary {
+    pub sources: usize,
+    pub registered: usize,
+    /// Median over sources of the median inlier residual, in radii.
+    pub median_residual_radii: f64,
+    pub inliers: usize,
+    /// Slowest source's registration time, and its entry count.
+    pub slowest_ms: f64,
+    pub slowest_entries: usize,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -218,7 +243,10 @@ pub struct LinkBenchReport {
     pub second_entries: usize,
     pub target_precision: f64,
     pub levels: Vec<LevelReport>,
+    /// The default rule with registration.
     pub open_set: OpenSetReport,
+    /// The smallest error level's calibrated rule without registration.
+    pub open_set_unregistered: OpenSetReport,
 }
 
 /// What the link benchmark is given: the first observation's features and metadata (the
@@ -229,6 +257,9 @@ pub struct LinkBenchInput<'a> {
     pub first_metas: Vec<ImageMeta>,
     pub second: &'a craterdex_engine::FeatureSet,
     pub second_metas: Vec<(f64, Vec<ImageMeta>)>,
+    /// The model, so that registered observations' crops are compared turned to the
+    /// catalogue's orientation (entries name their image files).
+    pub extractor: Option<std::sync::Arc<craterdex_engine::Extractor>>,
 }
 
 /// FNV-1a of a crater id: a split that does not depend on order.
@@ -270,8 +301,12 @@ fn calibrate_then_link(
     base: &crate::LinkRule,
     target: f64,
     known: &BTreeSet<String>,
+    register: bool,
 ) -> crate::Result<(crate::LinkRule, LinkScore, Vec<LinkRow>)> {
-    let opts = crate::LinkOptions::default();
+    let opts = crate::LinkOptions {
+        register,
+        ..Default::default()
+    };
     let silent = craterdex_engine::Silent;
     let (rows, _) = crate::link(engine, calib, base, &opts, &silent)?;
     // a benchmark reports a calibration that cannot be made rather than stopping
@@ -313,7 +348,7 @@ pub fn link_benchmark(
     let catalogue = |metas: Vec<ImageMeta>, descs: Vec<craterdex_tokens::Descriptors>| {
         recipe
             .index_from_descriptors(&encoder, dim, descs, metas, None)
-            .and_then(|i| Engine::new(i, None))
+            .and_then(|i| Engine::new(i, input.extractor.clone()))
     };
     let engine = catalogue(input.first_metas.clone(), first_descs.clone())?;
     let opts = LinkOptions::default();
@@ -340,14 +375,27 @@ pub fn link_benchmark(
             max_offset_radii: search_radius,
             ..LinkRule::default()
         };
-        let (rule, combined, rows) = calibrate_then_link(
+        let (rule, unregistered, _) = calibrate_then_link(
             &engine,
             calib.clone(),
             test.clone(),
             &base,
             target_precision,
             &known,
+            false,
         )?;
+        let (_, registered_calibrated, _) = calibrate_then_link(
+            &engine,
+            calib.clone(),
+            test.clone(),
+            &base,
+            target_precision,
+            &known,
+            true,
+        )?;
+        let default_rule = LinkRule::default();
+        let (rows, _) = link(&engine, test.clone(), &default_rule, &opts, &Silent)?;
+        let default_score = LinkScore::of_rows(&rows, &known);
         if let Some(dir) = review_dir {
             // the last (largest) error level's decisions are the ones worth a look
             crate::output::write_review(dir, &rows, 300)?;
@@ -359,12 +407,13 @@ pub fn link_benchmark(
             &base,
             target_precision,
             &known,
+            false,
         )?;
         let test_metas: Vec<ImageMeta> = test.iter().map(|(m, _)| m.clone()).collect();
-        let geometry = |tolerance: f64| {
-            let found = geometry_only(&test_metas, &input.first_metas, tolerance, 1.5, 1.0);
+        let geometry = |queries: &[ImageMeta], tolerance: f64| {
+            let found = geometry_only(queries, &input.first_metas, tolerance, 1.5, 1.0);
             LinkScore::from_predictions(
-                test_metas.iter().zip(found).map(|(q, m)| {
+                queries.iter().zip(found).map(|(q, m)| {
                     (
                         q.crater_id.as_deref(),
                         m.and_then(|m| m.crater_id.as_deref()),
@@ -373,11 +422,25 @@ pub fn link_benchmark(
                 &known,
             )
         };
+        let (frames, summary) = timed_registration(engine.index(), &test_metas);
+        let placed: Vec<ImageMeta> = test_metas
+            .iter()
+            .map(|m| frames.place(m).meta.into_owned())
+            .collect();
         let both = catalogue(
             input.first_metas.iter().chain(metas).cloned().collect(),
             first_descs.iter().chain(&second_descs).cloned().collect(),
         )?;
-        let groups = dedup(&both, &rule, &DedupOptions::default(), &Silent)?;
+        let groups = dedup(&both, &default_rule, &DedupOptions::default(), &Silent)?;
+        let unregistered_groups = dedup(
+            &both,
+            &rule,
+            &DedupOptions {
+                register: false,
+                ..Default::default()
+            },
+            &Silent,
+        )?;
         let all_metas: Vec<ImageMeta> = input.first_metas.iter().chain(metas).cloned().collect();
         if li == 0 {
             small_rule = Some(rule.clone());
@@ -386,17 +449,23 @@ pub fn link_benchmark(
             georef_error: *error,
             search_radius,
             calibrated_rule: rule,
-            craterdex: combined,
+            default_rule: default_score,
+            registered_calibrated,
+            registration_only: geometry(&placed, 1.0),
+            unregistered_calibrated: unregistered,
             appearance_only: appearance,
-            geometry_only: geometry(1.0),
-            geometry_only_wide: geometry(search_radius),
+            geometry_only: geometry(&test_metas, 1.0),
+            geometry_only_wide: geometry(&test_metas, search_radius),
             dedup: crate::dedup::score_groups(&groups, &all_metas),
+            dedup_unregistered: crate::dedup::score_groups(&unregistered_groups, &all_metas),
+            registration: summary,
         });
         progress.advance(li + 1);
     }
     // open set: an index of half the craters; the test half of the second observation
     // (smallest error) streams in, half of it known
     let rule = small_rule.expect("one level at least");
+    let opts = LinkOptions::default();
     let half: Vec<usize> = (0..input.first_metas.len())
         .filter(|&i| (crater_hash(&input.first_metas[i]) >> 1).is_multiple_of(2))
         .collect();
@@ -415,17 +484,44 @@ pub fn link_benchmark(
         .zip(second_descs.iter().cloned())
         .filter(|(m, _)| crater_hash(m) % 2 == 1)
         .collect();
-    let (rows, _) = link(&half_engine, stream, &rule, &opts, &Silent)?;
+    let unregistered_opts = LinkOptions {
+        register: false,
+        ..Default::default()
+    };
+    let (rows, _) = link(
+        &half_engine,
+        stream.clone(),
+        &LinkRule::default(),
+        &opts,
+        &Silent,
+    )?;
+    let open_set = open_set_report(&rows, &half_known);
+    let (rows, _) = link(&half_engine, stream, &rule, &unregistered_opts, &Silent)?;
+    let open_set_unregistered = open_set_report(&rows, &half_known);
+    progress.finish();
+    Ok(LinkBenchReport {
+        first_entries: input.first_metas.len(),
+        second_entries: input.second.len(),
+        target_precision,
+        levels,
+        open_set,
+        open_set_unregistered,
+    })
+}
+
+/// Known/new accuracy, the AUROC of "new" by one minus the best candidate's confidence,
+/// and top-1 on the known entries.
+fn open_set_report(rows: &[LinkRow], known: &BTreeSet<String>) -> OpenSetReport {
     let is_known = |r: &LinkRow| {
         r.query
             .crater_id
             .as_ref()
-            .is_some_and(|c| half_known.contains(c))
+            .is_some_and(|c| known.contains(c))
     };
     let new_score = |r: &LinkRow| 1.0 - r.best.as_ref().map_or(0.0, |b| b.confidence);
     let (mut pos, mut neg) = (Vec::new(), Vec::new());
     let (mut right, mut top1, mut n_known) = (0usize, 0usize, 0usize);
-    for r in &rows {
+    for r in rows {
         let known_here = is_known(r);
         right += ((r.decision == Decision::New) != known_here) as usize;
         if known_here {
@@ -437,18 +533,57 @@ pub fn link_benchmark(
             pos.push(new_score(r));
         }
     }
-    progress.finish();
-    Ok(LinkBenchReport {
-        first_entries: input.first_metas.len(),
-        second_entries: input.second.len(),
-        target_precision,
-        levels,
-        open_set: OpenSetReport {
-            entries: rows.len(),
-            known: n_known,
-            known_new_accuracy: right as f64 / rows.len().max(1) as f64,
-            new_auroc: auroc(&pos, &neg),
-            top1_known: top1 as f64 / n_known.max(1) as f64,
-        },
-    })
+    OpenSetReport {
+        entries: rows.len(),
+        known: n_known,
+        known_new_accuracy: right as f64 / rows.len().max(1) as f64,
+        new_auroc: auroc(&pos, &neg),
+        top1_known: top1 as f64 / n_known.max(1) as f64,
+    }
+}
+
+/// The registration of `entries`' sources to `index` as linking does it, timed per source.
+fn timed_registration(
+    index: &craterdex_index::Index,
+    entries: &[ImageMeta],
+) -> (crate::Frames, RegistrationSummary) {
+    use crate::register::{Frames, RegisterOptions};
+    let body = crate::LinkRule::default().body_radius_km;
+    let mut sources: Vec<Option<String>> = entries.iter().map(|m| m.source.clone()).collect();
+    sources.sort();
+    sources.dedup();
+    let (mut slowest_ms, mut slowest_entries) = (0.0, 0);
+    for s in &sources {
+        let part: Vec<ImageMeta> = entries.iter().filter(|m| &m.source == s).cloned().collect();
+        let t = std::time::Instant::now();
+        let _ = Frames::of_entries(index, &part, &RegisterOptions::default(), body);
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        if ms > slowest_ms {
+            (slowest_ms, slowest_entries) = (ms, part.len());
+        }
+    }
+    let frames = Frames::of_entries(index, entries, &RegisterOptions::default(), body);
+    let regs = frames.registrations();
+    let mut residuals: Vec<f64> = regs
+        .iter()
+        .filter(|r| r.registered)
+        .filter_map(|r| r.residual_radii)
+        .collect();
+    residuals.sort_by(f64::total_cmp);
+    let summary = RegistrationSummary {
+        sources: regs.len(),
+        registered: regs.iter().filter(|r| r.registered).count(),
+        median_residual_radii: residuals
+            .get(residuals.len() / 2)
+            .copied()
+            .unwrap_or(f64::NAN),
+        inliers: regs
+            .iter()
+            .filter(|r| r.registered)
+            .map(|r| r.inliers)
+            .sum(),
+        slowest_ms,
+        slowest_entries,
+    };
+    (frames, summary)
 }

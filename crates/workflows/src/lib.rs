@@ -17,12 +17,15 @@ pub mod evaluate;
 pub mod geometry;
 pub mod link;
 pub mod output;
+pub mod register;
 pub mod rule;
 
 pub use calibrate::{calibrate, Calibration};
 pub use dedup::{dedup, DedupGroup, DedupOptions, Edge};
 pub use error::{Error, Result};
 pub use link::{
-    link, link_one, link_partition, Candidate, Decision, LinkOptions, LinkRow, Neighbours,
+    link, link_one, link_partition, registrations, Candidate, Decision, LinkOptions, LinkRow,
+    Neighbours,
 };
-pub use rule::LinkRule;
+pub use register::{Frames, RegisterOptions, SourceRegistration, Transform};
+pub use rule::{Geometry, LinkRule, RegisteredRule};

@@ -3,12 +3,14 @@
 
 use crate::error::{Error, Result};
 use crate::geometry::{evidence, in_band, largest_diameter, reach_band, Position, SpatialGrid};
-use crate::rule::LinkRule;
+use crate::register::{Frames, RegisterOptions, SourceRegistration};
+use crate::rule::{Geometry, LinkRule};
 use craterdex_engine::{Engine, Progress, SearchHit};
 use craterdex_errors::ensure;
 use craterdex_index::{Hit, ImageMeta, Index, Mode, SearchParams};
 use craterdex_tokens::Descriptors;
 use serde::Serialize;
+use std::sync::Arc;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -17,6 +19,17 @@ pub enum Decision {
     Match,
     New,
     Ambiguous,
+}
+
+impl Candidate {
+    /// The geometric evidence the rule scored, when both positions are known.
+    pub fn geometry(&self) -> Option<Geometry> {
+        Some(Geometry {
+            offset_radii: self.offset_radii?,
+            diameter_ratio: self.diameter_ratio?,
+            registered: self.registered,
+        })
+    }
 }
 
 impl Decision {
@@ -41,6 +54,8 @@ pub struct Candidate {
     pub offset_radii: Option<f64>,
     /// Larger over smaller diameter (both positions known).
     pub diameter_ratio: Option<f64>,
+    /// Both positions are in the catalogue's frame by registration.
+    pub registered: bool,
     /// The rule's probability that this is the query's crater.
     #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 1))]
     pub confidence: f64,
@@ -63,6 +78,9 @@ pub struct LinkRow {
     /// Every candidate geometry allowed, most confident first (what calibration fits on).
     #[serde(skip)]
     pub candidates: Vec<Candidate>,
+    /// The registration of the entry's source, when it was registered or tried.
+    #[serde(skip)]
+    pub registration: Option<Arc<SourceRegistration>>,
 }
 
 /// How `link` runs; `Default` is what the command line, Python and the service use.
@@ -77,6 +95,9 @@ pub struct LinkOptions {
     pub batch: usize,
     /// Add every `new` entry to the index, in order, so later entries can match it.
     pub insert_new: bool,
+    /// Register each source image of the entries to the catalogue before deciding
+    /// (`crate::register`); entries whose source cannot be registered keep their positions.
+    pub register: bool,
 }
 
 impl Default for LinkOptions {
@@ -86,6 +107,7 @@ impl Default for LinkOptions {
             shortlist: 100,
             batch: 256,
             insert_new: false,
+            register: true,
         }
     }
 }
@@ -98,18 +120,31 @@ fn same_crater(a: &ImageMeta, b: &ImageMeta) -> bool {
 }
 
 /// The candidates geometry allows, with their evidence and confidence, most confident
-/// first.
-pub fn candidates(rule: &LinkRule, query: &ImageMeta, hits: &[SearchHit]) -> Vec<Candidate> {
-    let q = Position::of(query);
+/// first; positions compared as `frames` places them.
+pub fn candidates(
+    rule: &LinkRule,
+    frames: &Frames,
+    query: &ImageMeta,
+    hits: &[SearchHit],
+) -> Vec<Candidate> {
+    let placed = frames.place(query);
+    let q = Position::of(&placed.meta);
     let mut out: Vec<Candidate> = hits
         .iter()
         .filter(|h| h.id != query.id)
         .filter_map(|h| {
+            let there = frames.place(&h.meta);
+            let registered = placed.registered && there.registered;
             let ev = q
-                .zip(Position::of(&h.meta))
-                .and_then(|(a, b)| evidence(a, b, rule.body_radius_km));
-            if let Some((offset, ratio)) = ev {
-                if !rule.geometry_allows(offset, ratio) {
+                .zip(Position::of(&there.meta))
+                .and_then(|(a, b)| evidence(a, b, rule.body_radius_km))
+                .map(|(offset_radii, diameter_ratio)| Geometry {
+                    offset_radii,
+                    diameter_ratio,
+                    registered,
+                });
+            if let Some(g) = ev {
+                if !rule.geometry_allows(g) {
                     return None;
                 }
             }
@@ -117,8 +152,9 @@ pub fn candidates(rule: &LinkRule, query: &ImageMeta, hits: &[SearchHit]) -> Vec
                 id: h.id.clone(),
                 crater_id: h.crater_id.clone(),
                 score: h.score,
-                offset_radii: ev.map(|e| e.0),
-                diameter_ratio: ev.map(|e| e.1),
+                offset_radii: ev.map(|e| e.offset_radii),
+                diameter_ratio: ev.map(|e| e.diameter_ratio),
+                registered: ev.is_some_and(|e| e.registered),
                 confidence: rule.confidence(h.score, ev),
                 meta: h.meta.clone(),
             })
@@ -137,7 +173,12 @@ fn sort_by_confidence(c: &mut [Candidate]) {
 }
 
 /// Applies the rule to candidates (most confident first).
-pub fn decide(rule: &LinkRule, query: ImageMeta, cands: Vec<Candidate>) -> LinkRow {
+pub fn decide(
+    rule: &LinkRule,
+    query: ImageMeta,
+    cands: Vec<Candidate>,
+    registration: Option<Arc<SourceRegistration>>,
+) -> LinkRow {
     let best = cands.first().cloned();
     let second = best.as_ref().and_then(|b| {
         cands
@@ -160,6 +201,7 @@ pub fn decide(rule: &LinkRule, query: ImageMeta, cands: Vec<Candidate>) -> LinkR
         second,
         inserted: false,
         candidates: cands,
+        registration,
     }
 }
 
@@ -172,17 +214,17 @@ pub struct Neighbours {
 }
 
 impl Neighbours {
-    pub fn of_index(index: &Index, rule: &LinkRule) -> Self {
-        Self::of_rows(index, rule, |_| true)
+    pub fn of_index(index: &Index, rule: &LinkRule, frames: &Frames) -> Self {
+        Self::of_rows(index, rule, frames, |_| true)
     }
 
     /// The index rows that can be candidates of `entries` by geometry: those in the bands
     /// of [`reach_band`] around them (the halo of a partition by position). Candidates
     /// found through these are exactly those found through [`Neighbours::of_index`].
-    pub fn around(index: &Index, rule: &LinkRule, entries: &[ImageMeta]) -> Self {
+    pub fn around(index: &Index, rule: &LinkRule, frames: &Frames, entries: &[ImageMeta]) -> Self {
         let bands: Vec<(bool, f64, f64)> = entries
             .iter()
-            .filter_map(Position::of)
+            .filter_map(|m| Position::of(&frames.place(m).meta))
             .map(|p| {
                 reach_band(
                     p,
@@ -201,17 +243,22 @@ impl Neighbours {
                 })
         };
         let (body, frame) = (hull(true), hull(false));
-        Self::of_rows(index, rule, |p| {
+        Self::of_rows(index, rule, frames, |p| {
             body.is_some_and(|b| in_band(p, b)) || frame.is_some_and(|f| in_band(p, f))
         })
     }
 
     /// The live rows whose positions `keep` accepts, on a grid sized as for the whole index
     /// (so that lookups read the same cells whichever rows are kept).
-    fn of_rows(index: &Index, rule: &LinkRule, keep: impl Fn(Position) -> bool) -> Self {
+    fn of_rows(
+        index: &Index,
+        rule: &LinkRule,
+        frames: &Frames,
+        keep: impl Fn(Position) -> bool,
+    ) -> Self {
         let positioned: Vec<(usize, Position)> = index
             .live_rows()
-            .filter_map(|r| Some((r, Position::of(index.meta(r))?)))
+            .filter_map(|r| Some((r, Position::of(&frames.place(index.meta(r)).meta)?)))
             .collect();
         let largest = largest_diameter(positioned.iter().map(|(_, p)| *p));
         Neighbours {
@@ -225,9 +272,9 @@ impl Neighbours {
         }
     }
 
-    fn add(&mut self, index: &Index, rows: impl IntoIterator<Item = usize>) {
+    fn add(&mut self, index: &Index, frames: &Frames, rows: impl IntoIterator<Item = usize>) {
         for r in rows {
-            if let Some(p) = Position::of(index.meta(r)) {
+            if let Some(p) = Position::of(&frames.place(index.meta(r)).meta) {
                 self.grid.insert(r, p);
             }
         }
@@ -240,11 +287,14 @@ pub fn entry_candidates(
     engine: &Engine,
     near: &Neighbours,
     rule: &LinkRule,
+    frames: &Frames,
     meta: &ImageMeta,
     desc: &Descriptors,
     hits: Vec<SearchHit>,
 ) -> Vec<Candidate> {
-    candidates(rule, meta, &with_neighbours(engine, near, meta, desc, hits))
+    let placed = frames.place(meta);
+    let hits = with_neighbours(engine, near, &placed.meta, desc, hits);
+    candidates(rule, frames, meta, &hits)
 }
 
 /// The appearance hits of an entry and, when it has a position, the index entries that
@@ -288,6 +338,80 @@ fn with_neighbours(
     hits
 }
 
+/// The registration of the entries' sources to the index, when the options ask for it.
+fn frames_for(engine: &Engine, rule: &LinkRule, o: &LinkOptions, metas: &[ImageMeta]) -> Frames {
+    if o.register {
+        Frames::of_entries(
+            engine.index(),
+            metas,
+            &RegisterOptions::default(),
+            rule.body_radius_km,
+        )
+    } else {
+        Frames::none()
+    }
+}
+
+/// Below this rotation a registered source's crops are compared as they are.
+pub const UPRIGHT_MIN_DEG: f64 = 10.0;
+
+/// The entries with the descriptors of their crops turned to the catalogue's orientation,
+/// for every source registered at a rotation of [`UPRIGHT_MIN_DEG`] or more whose entries
+/// name their image files, when the engine has a model; others as given. A source whose
+/// images cannot all be read keeps its descriptors (said through `progress`).
+pub fn upright(
+    engine: &Engine,
+    frames: &Frames,
+    mut entries: Vec<(ImageMeta, Descriptors)>,
+    progress: &dyn Progress,
+) -> Vec<(ImageMeta, Descriptors)> {
+    if engine.extractor().is_none() {
+        return entries;
+    }
+    for reg in frames.registrations() {
+        let Some(deg) = reg
+            .rotation_deg
+            .filter(|d| reg.registered && d.abs() >= UPRIGHT_MIN_DEG)
+        else {
+            continue;
+        };
+        let at: Vec<usize> = (0..entries.len())
+            .filter(|&i| entries[i].0.source == reg.source && entries[i].0.path.is_some())
+            .collect();
+        let items: Vec<(String, std::path::PathBuf)> = at
+            .iter()
+            .map(|&i| {
+                let m = &entries[i].0;
+                (m.id.clone(), m.path.clone().unwrap_or_default().into())
+            })
+            .collect();
+        match engine.encode_turned(&items, deg.to_radians() as f32) {
+            Ok(descs) => {
+                for (i, d) in at.into_iter().zip(descs) {
+                    entries[i].1 = d;
+                }
+            }
+            Err(e) => progress.note(&format!(
+                "source {:?}: crops compared as given, not turned by {deg:.1} degrees: {e}",
+                reg.source.as_deref().unwrap_or("(none)")
+            )),
+        }
+    }
+    entries
+}
+
+/// Each source's registration once, from link rows (for the outputs), in source order.
+pub fn registrations(rows: &[LinkRow]) -> Vec<Arc<SourceRegistration>> {
+    let mut seen: Vec<Arc<SourceRegistration>> = Vec::new();
+    for r in rows.iter().filter_map(|r| r.registration.as_ref()) {
+        if !seen.iter().any(|s| Arc::ptr_eq(s, r)) {
+            seen.push(r.clone());
+        }
+    }
+    seen.sort_by(|a, b| a.source.cmp(&b.source));
+    seen
+}
+
 fn params(o: &LinkOptions) -> SearchParams {
     SearchParams {
         top_k: o.top_k.max(1),
@@ -299,8 +423,9 @@ fn params(o: &LinkOptions) -> SearchParams {
     }
 }
 
-/// One entry against the index, nothing inserted: what [`link`] decides for it. `near` is
-/// the index's [`Neighbours`] (build it once per index, not per entry).
+/// One entry against the index, nothing inserted, its position as given (one entry is no
+/// pattern to register): what [`link`] decides for it without registration. `near` is the
+/// index's [`Neighbours`] with [`Frames::none`] (build it once per index, not per entry).
 pub fn link_one(
     engine: &Engine,
     near: &Neighbours,
@@ -313,8 +438,9 @@ pub fn link_one(
         .search(std::slice::from_ref(desc), &params(opts))
         .pop()
         .unwrap_or_default();
-    let cands = entry_candidates(engine, near, rule, &meta, desc, hits);
-    decide(rule, meta, cands)
+    let frames = Frames::none();
+    let cands = entry_candidates(engine, near, rule, &frames, &meta, desc, hits);
+    decide(rule, meta, cands, None)
 }
 
 /// What [`link`] decides for `entries` without inserting, when they are one partition of a
@@ -336,15 +462,19 @@ pub fn link_partition(
         )
     );
     let metas: Vec<ImageMeta> = entries.iter().map(|(m, _)| m.clone()).collect();
-    let near = Neighbours::around(engine.index(), rule, &metas);
+    let frames = frames_for(engine, rule, opts, &metas);
+    let entries = upright(engine, &frames, entries.to_vec(), progress);
+    let entries = &entries[..];
+    let near = Neighbours::around(engine.index(), rule, &frames, &metas);
     let params = params(opts);
     let mut rows = Vec::with_capacity(entries.len());
     progress.start("link", entries.len());
     for batch in entries.chunks(opts.batch.max(1)) {
         let descs: Vec<Descriptors> = batch.iter().map(|(_, d)| d.clone()).collect();
         for ((meta, desc), hits) in batch.iter().zip(engine.search(&descs, &params)) {
-            let cands = entry_candidates(engine, &near, rule, meta, desc, hits);
-            rows.push(decide(rule, meta.clone(), cands));
+            let cands = entry_candidates(engine, &near, rule, &frames, meta, desc, hits);
+            let registration = frames.place(meta).registration.cloned();
+            rows.push(decide(rule, meta.clone(), cands, registration));
         }
         progress.advance(rows.len());
     }
@@ -370,7 +500,10 @@ pub fn link(
     let mut grown: Option<Engine> = None;
     let params = params(opts);
     let mut rows = Vec::with_capacity(entries.len());
-    let mut near = Neighbours::of_index(engine.index(), rule);
+    let metas: Vec<ImageMeta> = entries.iter().map(|(m, _)| m.clone()).collect();
+    let frames = frames_for(engine, rule, opts, &metas);
+    let entries = upright(engine, &frames, entries, progress);
+    let mut near = Neighbours::of_index(engine.index(), rule, &frames);
     progress.start("link", entries.len());
     let mut entries = entries.into_iter().peekable();
     while entries.peek().is_some() {
@@ -382,13 +515,14 @@ pub fn link(
         let mut fresh: Vec<(ImageMeta, Descriptors)> = Vec::new();
         let mut fresh_engine: Option<Engine> = None;
         for ((meta, desc), hits) in batch.into_iter().zip(results) {
-            let mut cands = entry_candidates(engine, &near, rule, &meta, &desc, hits);
+            let mut cands = entry_candidates(engine, &near, rule, &frames, &meta, &desc, hits);
             if let Some(mini) = &fresh_engine {
                 let mini_hits = mini.search(std::slice::from_ref(&desc), &params);
-                cands.extend(candidates(rule, &meta, &mini_hits[0]));
+                cands.extend(candidates(rule, &frames, &meta, &mini_hits[0]));
                 sort_by_confidence(&mut cands);
             }
-            let mut row = decide(rule, meta, cands);
+            let registration = frames.place(&meta).registration.cloned();
+            let mut row = decide(rule, meta, cands, registration);
             let known_id = engine.index().row_of(&row.query.id).is_some()
                 || fresh.iter().any(|(m, _)| m.id == row.query.id);
             if opts.insert_new && row.decision == Decision::New && !known_id {
@@ -404,7 +538,11 @@ pub fn link(
         if !fresh.is_empty() {
             let added = engine.add(&fresh)?.1;
             let idx = added.index();
-            near.add(idx, fresh.iter().filter_map(|(m, _)| idx.row_of(&m.id)));
+            near.add(
+                idx,
+                &frames,
+                fresh.iter().filter_map(|(m, _)| idx.row_of(&m.id)),
+            );
             grown = Some(added);
             craterdex_durable::failpoint("link-after-batch");
         }

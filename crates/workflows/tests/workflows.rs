@@ -420,10 +420,18 @@ fn dedup_and_link_cut_into_bands_with_a_halo_equal_the_whole_run() {
         new_confidence: 0.5,
         ..LinkRule::default()
     };
+    // positions as given: this is about the halo of a cut by position (registration is
+    // tested on its own)
     let opts = DedupOptions {
         top_k: 3,
+        register: false,
         ..DedupOptions::default()
     };
+    let link_opts = LinkOptions {
+        register: false,
+        ..LinkOptions::default()
+    };
+    let frames = craterdex_workflows::Frames::none();
     let whole = dedup(&engine, &rule, &opts, &Silent).unwrap();
     assert!(whole.len() > 150, "{} groups", whole.len());
     let metas: Vec<ImageMeta> = (0..idx.rows()).map(|r| idx.meta(r).clone()).collect();
@@ -432,15 +440,15 @@ fn dedup_and_link_cut_into_bands_with_a_halo_equal_the_whole_run() {
     assert!(parts.len() >= 4);
     for rows in &parts {
         let core: Vec<ImageMeta> = rows.iter().map(|&r| metas[r].clone()).collect();
-        let near = Neighbours::around(idx, &rule, &core);
-        with_halo.extend(edges(&engine, &near, &rule, &opts, rows, &Silent));
+        let near = Neighbours::around(idx, &rule, &frames, &core);
+        with_halo.extend(edges(&engine, &near, &rule, &frames, &opts, rows, &Silent));
         // the same band with the core's own rows only (no reach beyond them)
         let mut shrunk = core.clone();
         for m in &mut shrunk {
             m.diameter_km = Some(1e-9);
         }
-        let near = Neighbours::around(idx, &rule, &shrunk);
-        without_halo.extend(edges(&engine, &near, &rule, &opts, rows, &Silent));
+        let near = Neighbours::around(idx, &rule, &frames, &shrunk);
+        without_halo.extend(edges(&engine, &near, &rule, &frames, &opts, rows, &Silent));
     }
     with_halo.reverse(); // the order partitions finish in does not matter
     let json = |g: &Vec<craterdex_workflows::DedupGroup>| serde_json::to_string(g).unwrap();
@@ -463,15 +471,14 @@ fn dedup_and_link_cut_into_bands_with_a_halo_equal_the_whole_run() {
         &Engine::open(&tmp.path().join("a"), None).unwrap(),
         observed.clone(),
         &rule,
-        &LinkOptions::default(),
+        &link_opts,
         &Silent,
     )
     .unwrap();
     let mut cut_rows = vec![None; observed.len()];
     for rows in bands(&obs_metas) {
         let part: Vec<_> = rows.iter().map(|&r| observed[r].clone()).collect();
-        let decided =
-            link_partition(&engine, &part, &rule, &LinkOptions::default(), &Silent).unwrap();
+        let decided = link_partition(&engine, &part, &rule, &link_opts, &Silent).unwrap();
         for (r, row) in rows.into_iter().zip(decided) {
             cut_rows[r] = Some(row);
         }
@@ -485,4 +492,130 @@ fn dedup_and_link_cut_into_bands_with_a_halo_equal_the_whole_run() {
         ..LinkOptions::default()
     };
     assert!(link_partition(&engine, &observed, &rule, &insert, &Silent).is_err());
+}
+
+/// A catalogue in one pixel frame and a second observation of it turned by 120 degrees,
+/// at 0.8 the resolution and shifted by 500 px, whose crater images look little alike:
+/// only registration can link it.
+#[test]
+fn link_and_dedup_register_a_turned_shifted_observation_first() {
+    use craterdex_workflows::registrations;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut rng = Rng8::seed_from_u64(41);
+    let n = 150;
+    let field: Vec<(f64, f64, f64)> = (0..n)
+        .map(|_| {
+            (
+                rng.gen_range(0.0..3000.0),
+                rng.gen_range(0.0..3000.0),
+                12.0 * (1.0 - rng.gen_range(0.0..0.95f64)).powf(-0.6),
+            )
+        })
+        .collect();
+    let at = |id: String, crater: String, source: &str, (x, y, d): (f64, f64, f64)| ImageMeta {
+        id,
+        crater_id: Some(crater),
+        source: Some(source.into()),
+        x: Some(x),
+        y: Some(y),
+        diameter_px: Some(d),
+        ..Default::default()
+    };
+    let truth: Vec<Descriptors> = (0..n).map(|_| crater(&mut rng)).collect();
+    let first: Vec<(ImageMeta, Descriptors)> = (0..n)
+        .map(|i| {
+            let m = at(format!("a{i}"), format!("c{i}"), "obs1", field[i]);
+            (m, noisy(&truth[i], 0.1, &mut rng))
+        })
+        .collect();
+    let (angle, scale) = (120f64.to_radians(), 0.8);
+    let seen = |(x, y, d): (f64, f64, f64), rng: &mut Rng8| {
+        let (u, v) = (x + rng.gen_range(-0.3..0.3), y + rng.gen_range(-0.3..0.3));
+        (
+            scale * (u * angle.cos() - v * angle.sin()) + 500.0,
+            scale * (u * angle.sin() + v * angle.cos()) - 200.0,
+            scale * d,
+        )
+    };
+    let mut second: Vec<(ImageMeta, Descriptors)> = (0..n)
+        .map(|i| {
+            let m = at(
+                format!("b{i}"),
+                format!("c{i}"),
+                "obs2",
+                seen(field[i], &mut rng),
+            );
+            (m, noisy(&truth[i], 0.8, &mut rng))
+        })
+        .collect();
+    for j in 0..15 {
+        let spot = (rng.gen_range(0.0..3000.0), rng.gen_range(0.0..3000.0), 20.0);
+        let m = at(
+            format!("u{j}"),
+            format!("unseen{j}"),
+            "obs2",
+            seen(spot, &mut rng),
+        );
+        second.push((m, crater(&mut rng)));
+    }
+    let engine = build(&tmp.path().join("a"), &first);
+    let rule = LinkRule::default();
+    let correct = |rows: &[craterdex_workflows::LinkRow]| {
+        rows.iter()
+            .filter(|r| {
+                r.decision == Decision::Match
+                    && r.best.as_ref().and_then(|b| b.crater_id.as_ref())
+                        == r.query.crater_id.as_ref()
+            })
+            .count()
+    };
+    let (rows, _) = link(
+        &engine,
+        second.clone(),
+        &rule,
+        &LinkOptions::default(),
+        &Silent,
+    )
+    .unwrap();
+    let regs = registrations(&rows);
+    assert_eq!(regs.len(), 1);
+    let r = &regs[0];
+    assert!(r.registered, "{r:?}");
+    assert!((r.rotation_deg.unwrap() + 120.0).abs() < 0.5, "{r:?}");
+    assert!((r.scale.unwrap() - 1.25).abs() < 0.01, "{r:?}");
+    assert!(correct(&rows) >= 145, "{} of 150 linked", correct(&rows));
+    let wrong = rows
+        .iter()
+        .filter(|r| r.decision == Decision::Match)
+        .count()
+        - correct(&rows);
+    assert_eq!(wrong, 0);
+    let unseen_new = rows[n..]
+        .iter()
+        .filter(|r| r.decision == Decision::New)
+        .count();
+    assert_eq!(unseen_new, 15);
+    let as_given = LinkOptions {
+        register: false,
+        ..LinkOptions::default()
+    };
+    let (rows, _) = link(&engine, second.clone(), &rule, &as_given, &Silent).unwrap();
+    assert!(
+        correct(&rows) < 30,
+        "{} linked without registration",
+        correct(&rows)
+    );
+
+    let both: Vec<(ImageMeta, Descriptors)> = first.iter().chain(&second).cloned().collect();
+    let engine = build(&tmp.path().join("both"), &both);
+    let metas: Vec<ImageMeta> = both.iter().map(|(m, _)| m.clone()).collect();
+    let groups = dedup(&engine, &rule, &DedupOptions::default(), &Silent).unwrap();
+    let s = score_groups(&groups, &metas);
+    assert!(s.found_exactly >= 145 && s.pair_precision == 1.0, "{s:?}");
+    let unregistered = DedupOptions {
+        register: false,
+        ..DedupOptions::default()
+    };
+    let groups = dedup(&engine, &rule, &unregistered, &Silent).unwrap();
+    assert!(score_groups(&groups, &metas).found_exactly < 30);
 }

@@ -195,9 +195,11 @@ fn workflow_summary(r: &craterdex_workflows::evaluate::LinkBenchReport) -> serde
     };
     serde_json::json!({
         "georeferencing error (radii)": l.georef_error,
-        "link F1": l.craterdex.f1,
+        "link F1 (default rule, registered)": l.default_rule.f1,
+        "link F1 without registration (calibrated)": l.unregistered_calibrated.f1,
         "geometry-only F1 (best)": l.geometry_only.f1.max(l.geometry_only_wide.f1),
         "dedup groups found": format!("{} of {}", l.dedup.found_exactly, l.dedup.true_groups),
+        "dedup pair precision": l.dedup.pair_precision,
         "open-set AUROC": r.open_set.new_auroc,
     })
 }

@@ -12,6 +12,7 @@ use craterdex_engine::{Extractor, IndexRecipe};
 use craterdex_eval::observations::{second_csv_name, simulate, ObservationOptions};
 use craterdex_workflows::evaluate::{link_benchmark, LinkBenchInput, LinkBenchReport};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 #[derive(Args)]
 pub struct EvalLinkCmd {
@@ -23,8 +24,22 @@ pub struct EvalLinkCmd {
     #[arg(long, default_value_t = 8.0)]
     min_diameter: f64,
     /// Georeferencing errors of the second observation, in median crater radii.
-    #[arg(long, value_delimiter = ',', default_value = "0.5,4")]
+    #[arg(long, value_delimiter = ',', default_value = "0.5,4,10")]
     georef_errors: Vec<f64>,
+    /// The second observation is turned by up to this many degrees either way.
+    #[arg(long, default_value_t = ObservationOptions::default().max_rotation_deg)]
+    max_rotation: f64,
+    /// Its resolution relative to the first, as MIN,MAX.
+    #[arg(long, value_delimiter = ',', default_values_t = [ObservationOptions::default().scale.0, ObservationOptions::default().scale.1])]
+    scale: Vec<f64>,
+    /// Largest rotation (degrees) and relative scale error of the georeferencing transform
+    /// itself, as DEG,FRACTION.
+    #[arg(long, value_delimiter = ',', default_values_t = [ObservationOptions::default().transform_error.0, ObservationOptions::default().transform_error.1])]
+    transform_error: Vec<f64>,
+    /// Report its positions in the first observation's frame (shifted) instead of its own
+    /// turned and scaled pixel frame.
+    #[arg(long)]
+    catalogue_frame: bool,
     /// Precision the calibrated `match` decisions aim at.
     #[arg(long, default_value_t = 0.99)]
     target_precision: f64,
@@ -40,7 +55,7 @@ pub fn link_benchmark_on_tiles(
     tiles: &[(PathBuf, PathBuf)],
     out: &Path,
     o: &ObservationOptions,
-    extractor: &Extractor,
+    extractor: &Arc<Extractor>,
     target_precision: f64,
 ) -> Result<LinkBenchReport> {
     let sim = out.join("observations");
@@ -77,6 +92,7 @@ pub fn link_benchmark_on_tiles(
             first_metas,
             second: &second,
             second_metas,
+            extractor: Some(extractor.clone()),
         },
         &IndexRecipe::default(),
         target_precision,
@@ -93,18 +109,24 @@ pub fn link_benchmark_on_tiles(
 /// The benchmark's table.
 pub fn print_link_report(result: &LinkBenchReport) {
     println!(
-        "{:>6} {:>6}  {:<22} {:>9} {:>7} {:>6}",
+        "{:>6} {:>6}  {:<34} {:>9} {:>7} {:>6}",
         "error", "radius", "method", "precision", "recall", "F1"
     );
     for l in &result.levels {
         for (name, s) in [
-            ("craterdex", &l.craterdex),
+            ("registered + appearance (default)", &l.default_rule),
+            ("registered, calibrated", &l.registered_calibrated),
+            ("registration only", &l.registration_only),
+            (
+                "unregistered, calibrated (before)",
+                &l.unregistered_calibrated,
+            ),
             ("appearance only", &l.appearance_only),
             ("geometry only (1 r)", &l.geometry_only),
             ("geometry only (radius)", &l.geometry_only_wide),
         ] {
             println!(
-                "{:>6} {:>6}  {:<22} {:>9.3} {:>7.3} {:>6.3}{}",
+                "{:>6} {:>6}  {:<34} {:>9.3} {:>7.3} {:>6.3}{}",
                 l.georef_error,
                 l.search_radius,
                 name,
@@ -117,32 +139,54 @@ pub fn print_link_report(result: &LinkBenchReport) {
                     .unwrap_or_default()
             );
         }
+        for (name, d) in [
+            ("default", &l.dedup),
+            ("unregistered", &l.dedup_unregistered),
+        ] {
+            println!(
+                "{:>6} {:>6}  dedup {name}: {} of {} groups found exactly, pair precision {:.3}, recall {:.3}",
+                l.georef_error,
+                l.search_radius,
+                d.found_exactly,
+                d.true_groups,
+                d.pair_precision,
+                d.pair_recall
+            );
+        }
+        let r = &l.registration;
         println!(
-            "{:>6} {:>6}  dedup: {} of {} groups found exactly, pair precision {:.3}, recall {:.3}",
-            l.georef_error,
-            l.search_radius,
-            l.dedup.found_exactly,
-            l.dedup.true_groups,
-            l.dedup.pair_precision,
-            l.dedup.pair_recall
+            "{:>6} {:>6}  registration: {} of {} sources, {} inliers, median residual {:.3} radii, slowest {:.0} ms ({} entries)",
+            l.georef_error, l.search_radius, r.registered, r.sources, r.inliers, r.median_residual_radii, r.slowest_ms, r.slowest_entries
         );
     }
-    let os = &result.open_set;
-    println!(
-        "open set ({} entries, {} known): known/new accuracy {:.3}, new-crater AUROC {:.3}, top-1 on known {:.3}",
-        os.entries, os.known, os.known_new_accuracy, os.new_auroc, os.top1_known
-    );
+    for (name, os) in [
+        ("default", &result.open_set),
+        ("unregistered", &result.open_set_unregistered),
+    ] {
+        println!(
+            "open set {name} ({} entries, {} known): known/new accuracy {:.3}, new-crater AUROC {:.3}, top-1 on known {:.3}",
+            os.entries, os.known, os.known_new_accuracy, os.new_auroc, os.top1_known
+        );
+    }
 }
 
 pub fn run(c: EvalLinkCmd) -> Result<()> {
+    anyhow::ensure!(
+        c.scale.len() == 2 && c.transform_error.len() == 2,
+        "--scale and --transform-error take two values each (MIN,MAX and DEG,FRACTION)"
+    );
     let tiles = c.tiles.pairs()?;
     let o = ObservationOptions {
         min_diameter: c.min_diameter,
         georef_errors: c.georef_errors.clone(),
+        max_rotation_deg: c.max_rotation,
+        scale: (c.scale[0], c.scale[1]),
+        observation_frame: !c.catalogue_frame,
+        transform_error: (c.transform_error[0], c.transform_error[1]),
         seed: c.seed,
         ..Default::default()
     };
-    let extractor = c.model.load()?;
+    let extractor = Arc::new(c.model.load()?);
     let result = link_benchmark_on_tiles(&tiles, &c.out, &o, &extractor, c.target_precision)?;
     print_link_report(&result);
     eprintln!("wrote {}/results.json and review.html", c.out.display());

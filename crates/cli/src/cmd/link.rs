@@ -55,6 +55,10 @@ pub struct LinkTuning {
     /// A rule file instead of the one stored with the index.
     #[arg(long)]
     pub rule: Option<PathBuf>,
+    /// Compare positions as given: do not register each source image to the catalogue by
+    /// its crater pattern first.
+    #[arg(long)]
+    pub no_register: bool,
 }
 
 impl LinkTuning {
@@ -82,6 +86,7 @@ impl LinkTuning {
             shortlist: self.shortlist,
             batch: self.link_batch,
             insert_new,
+            register: !self.no_register,
         }
     }
 }
