@@ -553,16 +553,17 @@ fn timed_registration(
     sources.sort();
     sources.dedup();
     let (mut slowest_ms, mut slowest_entries) = (0.0, 0);
+    let mut frames = Frames::none();
     for s in &sources {
         let part: Vec<ImageMeta> = entries.iter().filter(|m| &m.source == s).cloned().collect();
         let t = std::time::Instant::now();
-        let _ = Frames::of_entries(index, &part, &RegisterOptions::default(), body);
+        let one = Frames::of_entries(index, &part, &RegisterOptions::default(), body);
         let ms = t.elapsed().as_secs_f64() * 1e3;
         if ms > slowest_ms {
             (slowest_ms, slowest_entries) = (ms, part.len());
         }
+        frames.extend(one);
     }
-    let frames = Frames::of_entries(index, entries, &RegisterOptions::default(), body);
     let regs = frames.registrations();
     let mut residuals: Vec<f64> = regs
         .iter()

@@ -355,18 +355,19 @@ fn frames_for(engine: &Engine, rule: &LinkRule, o: &LinkOptions, metas: &[ImageM
 /// Below this rotation a registered source's crops are compared as they are.
 pub const UPRIGHT_MIN_DEG: f64 = 10.0;
 
-/// The entries with the descriptors of their crops turned to the catalogue's orientation,
-/// for every source registered at a rotation of [`UPRIGHT_MIN_DEG`] or more whose entries
-/// name their image files, when the engine has a model; others as given. A source whose
-/// images cannot all be read keeps its descriptors (said through `progress`).
+/// The descriptors of entries' crops turned to the catalogue's orientation, by entry
+/// position: for every source registered at a rotation of [`UPRIGHT_MIN_DEG`] or more whose
+/// entries name their image files, when the engine has a model. A source whose images
+/// cannot all be read keeps its descriptors (said through `progress`).
 pub fn upright(
     engine: &Engine,
     frames: &Frames,
-    mut entries: Vec<(ImageMeta, Descriptors)>,
+    entries: &[(ImageMeta, Descriptors)],
     progress: &dyn Progress,
-) -> Vec<(ImageMeta, Descriptors)> {
+) -> Vec<(usize, Descriptors)> {
+    let mut turned = Vec::new();
     if engine.extractor().is_none() {
-        return entries;
+        return turned;
     }
     for reg in frames.registrations() {
         let Some(deg) = reg
@@ -375,27 +376,30 @@ pub fn upright(
         else {
             continue;
         };
-        let at: Vec<usize> = (0..entries.len())
-            .filter(|&i| entries[i].0.source == reg.source && entries[i].0.path.is_some())
-            .collect();
-        let items: Vec<(String, std::path::PathBuf)> = at
+        let (at, items): (Vec<usize>, Vec<(String, std::path::PathBuf)>) = entries
             .iter()
-            .map(|&i| {
-                let m = &entries[i].0;
-                (m.id.clone(), m.path.clone().unwrap_or_default().into())
-            })
-            .collect();
+            .enumerate()
+            .filter(|(_, (m, _))| m.source == reg.source)
+            .filter_map(|(i, (m, _))| Some((i, (m.id.clone(), m.path.clone()?.into()))))
+            .unzip();
         match engine.encode_turned(&items, deg.to_radians() as f32) {
-            Ok(descs) => {
-                for (i, d) in at.into_iter().zip(descs) {
-                    entries[i].1 = d;
-                }
-            }
+            Ok(descs) => turned.extend(at.into_iter().zip(descs)),
             Err(e) => progress.note(&format!(
                 "source {:?}: crops compared as given, not turned by {deg:.1} degrees: {e}",
                 reg.source.as_deref().unwrap_or("(none)")
             )),
         }
+    }
+    turned
+}
+
+/// `entries` with the descriptors [`upright`] turned in their places.
+fn with_turned(
+    mut entries: Vec<(ImageMeta, Descriptors)>,
+    turned: Vec<(usize, Descriptors)>,
+) -> Vec<(ImageMeta, Descriptors)> {
+    for (i, d) in turned {
+        entries[i].1 = d;
     }
     entries
 }
@@ -463,8 +467,15 @@ pub fn link_partition(
     );
     let metas: Vec<ImageMeta> = entries.iter().map(|(m, _)| m.clone()).collect();
     let frames = frames_for(engine, rule, opts, &metas);
-    let entries = upright(engine, &frames, entries.to_vec(), progress);
-    let entries = &entries[..];
+    let turned = upright(engine, &frames, entries, progress);
+    // a copy only where some crops were turned
+    let turned_entries;
+    let entries = if turned.is_empty() {
+        entries
+    } else {
+        turned_entries = with_turned(entries.to_vec(), turned);
+        &turned_entries[..]
+    };
     let near = Neighbours::around(engine.index(), rule, &frames, &metas);
     let params = params(opts);
     let mut rows = Vec::with_capacity(entries.len());
@@ -502,7 +513,8 @@ pub fn link(
     let mut rows = Vec::with_capacity(entries.len());
     let metas: Vec<ImageMeta> = entries.iter().map(|(m, _)| m.clone()).collect();
     let frames = frames_for(engine, rule, opts, &metas);
-    let entries = upright(engine, &frames, entries, progress);
+    let turned = upright(engine, &frames, &entries, progress);
+    let entries = with_turned(entries, turned);
     let mut near = Neighbours::of_index(engine.index(), rule, &frames);
     progress.start("link", entries.len());
     let mut entries = entries.into_iter().peekable();

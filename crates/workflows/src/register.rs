@@ -238,6 +238,14 @@ impl Grid {
     }
 }
 
+/// (min x, min y, max x, max y) of the centres.
+fn bounds(points: &[Crater]) -> (f64, f64, f64, f64) {
+    points.iter().fold(
+        (f64::MAX, f64::MAX, f64::MIN, f64::MIN),
+        |(x0, y0, x1, y1), p| (x0.min(p.x), y0.min(p.y), x1.max(p.x), y1.max(p.y)),
+    )
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return 0.0;
@@ -249,10 +257,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Grid cell for a point set: about one point per cell on average, never below the
 /// median diameter.
 fn cell_size(points: &[Crater]) -> f64 {
-    let (mut x0, mut y0, mut x1, mut y1) = (f64::MAX, f64::MAX, f64::MIN, f64::MIN);
-    for p in points {
-        (x0, y0, x1, y1) = (x0.min(p.x), y0.min(p.y), x1.max(p.x), y1.max(p.y));
-    }
+    let (x0, y0, x1, y1) = bounds(points);
     let area = ((x1 - x0) * (y1 - y0)).max(1e-12);
     let md = median(points.iter().map(|p| p.d).collect());
     (area / points.len().max(1) as f64).sqrt().max(md).max(1e-9)
@@ -466,10 +471,7 @@ fn ln_factorial(k: usize) -> f64 {
 /// Expected inliers of a random transform: for each mapped source crater, the number of
 /// catalogue craters of compatible diameter per unit area times the inlier disc's area.
 fn chance_inliers(src: &[Crater], cat: &[Crater], t: &Transform, o: &RegisterOptions) -> f64 {
-    let (mut x0, mut y0, mut x1, mut y1) = (f64::MAX, f64::MAX, f64::MIN, f64::MIN);
-    for p in cat {
-        (x0, y0, x1, y1) = (x0.min(p.x), y0.min(p.y), x1.max(p.x), y1.max(p.y));
-    }
+    let (x0, y0, x1, y1) = bounds(cat);
     let md = median(cat.iter().map(|p| p.d).collect());
     let area = ((x1 - x0 + md) * (y1 - y0 + md)).max(1e-12);
     let mut diameters: Vec<f64> = cat.iter().map(|c| c.d).collect();
@@ -848,10 +850,7 @@ fn register_source(
         .iter()
         .filter_map(|m| planar_of(m, kind, origin, r_km))
         .collect();
-    let (mut x0, mut y0, mut x1, mut y1) = (f64::MAX, f64::MAX, f64::MIN, f64::MIN);
-    for p in &src {
-        (x0, y0, x1, y1) = (x0.min(p.x), y0.min(p.y), x1.max(p.x), y1.max(p.y));
-    }
+    let (x0, y0, x1, y1) = bounds(&src);
     let grow = o.margin * (x1 - x0).max(y1 - y0);
     let cat: Vec<Crater> = catalogue
         .iter()
@@ -995,6 +994,13 @@ impl Frames {
             }
         }
         frames
+    }
+
+    /// Adds the registrations of `other` (of other sources).
+    pub fn extend(&mut self, other: Frames) {
+        self.enabled |= other.enabled;
+        self.body_radius_km = other.body_radius_km;
+        self.by_source.extend(other.by_source);
     }
 
     /// `meta` in the catalogue's frame.
