@@ -117,7 +117,7 @@ fn a_km_catalogue_lands_on_its_craters() {
     assert_eq!(r.query_images, 6);
     let b = craterdex_eval::manifest::load(&out.join("splits/test.json"), None).unwrap();
     let g = &b.manifest.gallery_images[0];
-    assert_eq!(g.crater_id, "mars-c0");
+    assert_eq!(g.crater(), "mars-c0");
     assert!((g.diameter_km.unwrap() - 4.0).abs() < 1e-9);
     assert!(g.lat.is_some() && g.lon.is_some());
     // The 2x crop is 80 px wide and its crater (dark) is in the middle, the ring around lighter.
