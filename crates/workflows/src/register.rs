@@ -11,8 +11,12 @@
 //!    the pair's key is `(ln(distance / d_i), ln(d_j / d_i))`, unchanged by rotation, scale
 //!    and shift. The catalogue's pairs are hashed by key.
 //! 2. Hypotheses. Every source pair whose key lies within `key_tolerance` of a catalogue
-//!    pair proposes the similarity transform that maps one onto the other (kept when its
-//!    scale lies in `scale_range`).
+//!    pair proposes the similarity transform that maps one onto the other, kept when its
+//!    scale lies in `scale_range` and at least two of the pair's other neighbours land on
+//!    catalogue craters under it (a chance key match rarely brings its neighbours along).
+//!    Source craters are taken largest first and gathering stops at `max_hypotheses`
+//!    confirmed ones: a right transform is confirmed by most true pairs, so it is among
+//!    them many times over (`craterdex bench register` compares with every pair).
 //! 3. Scoring (preemptive RANSAC). Each hypothesis is scored on a fixed sample of
 //!    `probe` source craters: an inlier is a source crater whose mapped centre lies within
 //!    `tolerance_radii` radii of a catalogue crater whose diameter agrees within
@@ -99,6 +103,17 @@ impl Transform {
         (m[3] - m[1]).atan2(m[0] + m[4]).to_degrees()
     }
 
+    /// The transform from the catalogue's frame back to the source's.
+    pub fn inverse(&self) -> Transform {
+        let m = &self.matrix;
+        let det = m[0] * m[4] - m[1] * m[3];
+        let (a, b, d, e) = (m[4] / det, -m[1] / det, -m[3] / det, m[0] / det);
+        Transform {
+            kind: self.kind,
+            matrix: [a, b, -(a * m[2] + b * m[5]), d, e, -(d * m[2] + e * m[5])],
+        }
+    }
+
     pub fn map(&self, c: Crater) -> Crater {
         let (x, y) = self.apply(c.x, c.y);
         Crater {
@@ -128,6 +143,10 @@ pub struct RegisterOptions {
     pub probe: usize,
     /// Hypotheses scored on every crater and refined.
     pub refine: usize,
+    /// Confirmed hypotheses gathered before scoring, source craters taken largest first (a
+    /// right transform is confirmed by most true pairs, so a few hundred hold it many times
+    /// over; 0: every pair, the exhaustive reference of `bench register`).
+    pub max_hypotheses: usize,
     pub min_inliers: usize,
     /// Largest probability that the accepted transform's inliers arose by chance.
     pub false_alarm: f64,
@@ -148,6 +167,7 @@ impl Default for RegisterOptions {
             max_diameter_ratio: 1.35,
             probe: 48,
             refine: 16,
+            max_hypotheses: 512,
             min_inliers: 6,
             false_alarm: 1e-6,
             affine_min_inliers: 40,
@@ -530,7 +550,19 @@ pub fn register(
         .collect();
     let mut hypotheses: Vec<Transform> = Vec::new();
     let mut generated = 0usize;
-    for (i, near) in src_neighbours.iter().enumerate() {
+    let cap = if o.max_hypotheses == 0 {
+        usize::MAX
+    } else {
+        o.max_hypotheses
+    };
+    // largest first: their centres and diameters are the most reliable detections
+    let mut order: Vec<usize> = (0..source.len()).collect();
+    order.sort_by(|&a, &b| source[b].d.total_cmp(&source[a].d).then(a.cmp(&b)));
+    for &i in &order {
+        if hypotheses.len() >= cap {
+            break;
+        }
+        let near = &src_neighbours[i];
         for &j in near {
             let (a, b) = key(source[i], source[j]);
             for ba in bin_of(a - bin)..=bin_of(a + bin) {
@@ -696,6 +728,52 @@ pub fn register(
         });
     }
     Ok(result)
+}
+
+/// A second observation of `catalogue` simulated for tests and `bench register`: each
+/// crater seen through the inverse of `to_catalogue` with 5% jitter of centre and diameter,
+/// a share `missed` not seen, and `false_share` (of the catalogue's count) false detections
+/// near real ones. Returns the detections and, for each, its catalogue crater (None: false).
+pub fn observe(
+    catalogue: &[Crater],
+    to_catalogue: &Transform,
+    missed: f64,
+    false_share: f64,
+    seed: u64,
+) -> (Vec<Crater>, Vec<Option<usize>>) {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let inv = to_catalogue.inverse();
+    let (mut out, mut truth) = (Vec::new(), Vec::new());
+    for (j, c) in catalogue.iter().enumerate() {
+        if rng.gen_bool(missed.clamp(0.0, 1.0)) {
+            continue;
+        }
+        let m = inv.map(*c);
+        let jitter = 0.05 * m.d;
+        out.push(Crater {
+            x: m.x + jitter * rng.gen_range(-1.0..1.0),
+            y: m.y + jitter * rng.gen_range(-1.0..1.0),
+            d: m.d * (1.0 + 0.05 * rng.gen_range(-1.0..1.0)),
+        });
+        truth.push(Some(j));
+    }
+    if out.is_empty() {
+        return (out, truth);
+    }
+    let (x0, y0, x1, y1) = bounds(&out);
+    let reach = 0.15 * (x1 - x0).max(y1 - y0).max(1e-9);
+    let seen = out.clone();
+    for _ in 0..(false_share * catalogue.len() as f64) as usize {
+        let a = seen[rng.gen_range(0..seen.len())];
+        out.push(Crater {
+            x: a.x + rng.gen_range(-reach..reach),
+            y: a.y + rng.gen_range(-reach..reach),
+            d: seen[rng.gen_range(0..seen.len())].d,
+        });
+        truth.push(None);
+    }
+    (out, truth)
 }
 
 /// The frame a source's positions were registered in.
@@ -1061,61 +1139,13 @@ mod tests {
             .collect()
     }
 
-    /// The field seen through `t`, with detection jitter, some craters missed and some
-    /// false ones; the index of each detection's true crater.
-    fn observe(
-        cat: &[Crater],
-        t: &Transform,
-        rng: &mut ChaCha8Rng,
-        missed: f64,
-        false_frac: f64,
-    ) -> (Vec<Crater>, Vec<Option<usize>>) {
-        let inv = invert(t);
-        let (mut out, mut truth) = (Vec::new(), Vec::new());
-        for (j, c) in cat.iter().enumerate() {
-            if rng.gen_bool(missed) {
-                continue;
-            }
-            let m = inv.map(*c);
-            let j_ = 0.05 * m.d;
-            out.push(Crater {
-                x: m.x + j_ * rng.gen_range(-1.0..1.0),
-                y: m.y + j_ * rng.gen_range(-1.0..1.0),
-                d: m.d * (1.0 + 0.05 * rng.gen_range(-1.0..1.0)),
-            });
-            truth.push(Some(j));
-        }
-        let fakes = (false_frac * cat.len() as f64) as usize;
-        let src = out.clone();
-        for _ in 0..fakes {
-            let a = src[rng.gen_range(0..src.len())];
-            out.push(Crater {
-                x: a.x + rng.gen_range(-300.0..300.0),
-                y: a.y + rng.gen_range(-300.0..300.0),
-                d: src[rng.gen_range(0..src.len())].d,
-            });
-            truth.push(None);
-        }
-        (out, truth)
-    }
-
-    fn invert(t: &Transform) -> Transform {
-        let m = &t.matrix;
-        let det = m[0] * m[4] - m[1] * m[3];
-        let (a, b, d, e) = (m[4] / det, -m[1] / det, -m[3] / det, m[0] / det);
-        Transform {
-            kind: t.kind,
-            matrix: [a, b, -(a * m[2] + b * m[5]), d, e, -(d * m[2] + e * m[5])],
-        }
-    }
-
     #[test]
     fn recovers_a_turned_scaled_shifted_observation() {
         let mut rng = ChaCha8Rng::seed_from_u64(7);
         let cat = field(600, 2000.0, &mut rng);
         for (deg, s) in [(0.0, 1.0), (37.0, 0.8), (-150.0, 1.3), (179.0, 0.7)] {
             let truth_t = Transform::similarity(s, f64::to_radians(deg), 140.0, -60.0);
-            let (src, truth) = observe(&cat, &truth_t, &mut rng, 0.1, 0.1);
+            let (src, truth) = observe(&cat, &truth_t, 0.1, 0.1, rng.gen());
             let f = register(&src, &cat, &RegisterOptions::default()).unwrap();
             assert!(
                 (f.transform.rotation_deg() - deg).abs() < 0.5,
@@ -1178,7 +1208,7 @@ mod tests {
             kind: TransformKind::Affine,
             matrix: [1.03, 0.02, 30.0, -0.01, 0.97, 10.0],
         };
-        let (src, _) = observe(&cat, &warp, &mut rng, 0.05, 0.0);
+        let (src, _) = observe(&cat, &warp, 0.05, 0.0, rng.gen());
         let f = register(&src, &cat, &RegisterOptions::default()).unwrap();
         assert_eq!(f.transform.kind, TransformKind::Affine, "{f:?}");
         for (k, v) in f.transform.matrix.iter().enumerate() {

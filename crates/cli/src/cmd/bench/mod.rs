@@ -5,6 +5,7 @@
 mod eval;
 mod extract;
 mod python;
+mod register;
 mod search;
 mod serve;
 
@@ -36,6 +37,29 @@ pub enum BenchCmd {
     /// benchmark, projected to the full CraterBench-R (50,000 x 5,000).
     #[command(after_help = "Example:\n  craterdex bench eval --gallery 10000 --queries 1000")]
     Eval(EvalBench),
+    /// Registration of simulated second observations (turned, rescaled, shifted, 10% missed
+    /// and 10% false craters) of real crater lists, with the default hypothesis budget
+    /// against every pair in the same run.
+    #[command(
+        after_help = "Example:\n  craterdex bench register --craters nac/M1.txt --craters nac/M2.txt --min-diameter 8"
+    )]
+    Register(RegisterBench),
+}
+
+#[derive(Args)]
+pub struct RegisterBench {
+    /// Crater lists in pixels (pycda CSV or NAC format); each is the catalogue of its own
+    /// simulated observations.
+    #[arg(long, required = true)]
+    pub(crate) craters: Vec<PathBuf>,
+    #[arg(long, default_value_t = 8.0)]
+    pub(crate) min_diameter: f64,
+    /// Timings per registration (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub(crate) repeats: usize,
+    /// Skip the exhaustive reference.
+    #[arg(long)]
+    pub(crate) no_reference: bool,
 }
 
 #[derive(Args)]
@@ -111,6 +135,7 @@ pub fn run(c: BenchCmd) -> Result<()> {
         BenchCmd::Search(b) => search::run(b),
         BenchCmd::Serve(b) => serve::run(b),
         BenchCmd::Eval(b) => eval::run(b),
+        BenchCmd::Register(b) => register::run(b),
     }
 }
 
