@@ -225,10 +225,38 @@ impl PyIndex {
         .py_err()
     }
 
+    /// Each source's registration (JSON) of link entries (`meta_json` records) to this
+    /// index, as `link` finds it first; `dedup=True`: of this index's sources to each other,
+    /// as `dedup` does. Positions only: no image is read.
+    #[pyo3(signature = (meta_json=None, rule_json=None, options_json="{}", dedup=false))]
+    fn registrations_json(
+        &self,
+        py: Python<'_>,
+        meta_json: Option<&str>,
+        rule_json: Option<&str>,
+        options_json: &str,
+        dedup: bool,
+    ) -> PyResult<String> {
+        let rule = self.rule(rule_json).py_err()?;
+        let engine = self.engine.snapshot();
+        let frames = if dedup {
+            let opts: DedupOptions = options_from_json("dedup options", options_json).py_err()?;
+            py.detach(|| craterdex_workflows::dedup::frames_of_index(engine.index(), &rule, &opts))
+        } else {
+            let opts: LinkOptions = options_from_json("link options", options_json).py_err()?;
+            let metas = metas_from_json(meta_json.unwrap_or("[]")).py_err()?;
+            py.detach(|| craterdex_workflows::register_entries(&engine, &rule, &opts, &metas))
+        };
+        let regs = frames.registrations();
+        to_json(&regs.iter().map(|r| &**r).collect::<Vec<_>>()).py_err()
+    }
+
     /// Links entries (`meta_json` records with `path`, or `features`) to this index, as
     /// `options_json` (a `LinkOptions`) says; rows as JSON. `partition`: one part of a set cut
-    /// by position (no insertion; see `craterdex.dask.link`).
-    #[pyo3(signature = (meta_json, features=None, rule_json=None, options_json="{}", partition=false))]
+    /// by position (no insertion; see `craterdex.dask.link`), its sources placed by
+    /// `registrations_json` (of the whole set) when given.
+    #[pyo3(signature = (meta_json, features=None, rule_json=None, options_json="{}", partition=false, registrations_json=None))]
+    #[allow(clippy::too_many_arguments)]
     fn link_json(
         &self,
         py: Python<'_>,
@@ -237,10 +265,15 @@ impl PyIndex {
         rule_json: Option<&str>,
         options_json: &str,
         partition: bool,
+        registrations_json: Option<&str>,
     ) -> PyResult<String> {
         let metas = metas_from_json(meta_json).py_err()?;
         let rule = self.rule(rule_json).py_err()?;
         let opts: LinkOptions = options_from_json("link options", options_json).py_err()?;
+        let shared = registrations_json
+            .map(|j| frames_from_json(j, &rule))
+            .transpose()
+            .py_err()?;
         let feats = self
             .entry_features(py, &metas, features, "linking images")
             .py_err()?;
@@ -250,8 +283,16 @@ impl PyIndex {
                     let engine = self.engine.snapshot();
                     let entries = engine.encode_with_metas(metas, &feats)?;
                     return Ok(if partition {
+                        let frames = match shared {
+                            Some(f) => f,
+                            None => {
+                                let metas: Vec<ImageMeta> =
+                                    entries.iter().map(|(m, _)| m.clone()).collect();
+                                craterdex_workflows::register_entries(&engine, &rule, &opts, &metas)
+                            }
+                        };
                         craterdex_workflows::link_partition(
-                            &engine, &entries, &rule, &opts, &Silent,
+                            &engine, &entries, &rule, &opts, &frames, &Silent,
                         )?
                     } else {
                         craterdex_workflows::link(&engine, entries, &rule, &opts, &Silent)?.0
@@ -267,17 +308,23 @@ impl PyIndex {
     }
 
     /// Groups of entries of one crater (JSON), over all live entries, or the dedup edges of
-    /// the entries `ids` only (one partition; see `craterdex.dask.dedup`).
-    #[pyo3(signature = (rule_json=None, options_json="{}", ids=None))]
+    /// the entries `ids` only (one partition; see `craterdex.dask.dedup`), the index's sources
+    /// placed by `registrations_json` (`registrations_json(dedup=True)`) when given.
+    #[pyo3(signature = (rule_json=None, options_json="{}", ids=None, registrations_json=None))]
     fn dedup_json(
         &self,
         py: Python<'_>,
         rule_json: Option<&str>,
         options_json: &str,
         ids: Option<Vec<String>>,
+        registrations_json: Option<&str>,
     ) -> PyResult<String> {
         let rule = self.rule(rule_json).py_err()?;
         let opts: DedupOptions = options_from_json("dedup options", options_json).py_err()?;
+        let shared = registrations_json
+            .map(|j| frames_from_json(j, &rule))
+            .transpose()
+            .py_err()?;
         let engine = self.engine.snapshot();
         py.detach(|| -> Fallible<String> {
             let Some(ids) = ids else {
@@ -292,9 +339,12 @@ impl PyIndex {
                 })
                 .collect::<Fallible<Vec<usize>>>()?;
             let core: Vec<ImageMeta> = rows.iter().map(|&r| idx.meta(r).clone()).collect();
-            // every partition registers the whole index's sources alike, so the edges are
-            // those of one run
-            let frames = craterdex_workflows::dedup::frames_of_index(idx, &rule, &opts);
+            // every partition places the whole index's sources alike (registered once and
+            // shared, or alike again here), so the edges are those of one run
+            let frames = match shared {
+                Some(f) => f,
+                None => craterdex_workflows::dedup::frames_of_index(idx, &rule, &opts),
+            };
             let near = craterdex_workflows::Neighbours::around(idx, &rule, &frames, &core);
             let edges = craterdex_workflows::dedup::edges(
                 &engine, &near, &rule, &frames, &opts, &rows, &Silent,
@@ -320,4 +370,15 @@ impl PyIndex {
     fn rule_json(&self) -> PyResult<String> {
         to_json(&self.rule(None).py_err()?).py_err()
     }
+}
+
+/// Frames from `registrations_json` (each source's registration, as `registrations_json`
+/// returns them).
+fn frames_from_json(json: &str, rule: &LinkRule) -> Fallible<craterdex_workflows::Frames> {
+    let regs: Vec<craterdex_workflows::SourceRegistration> =
+        options_from_json("registrations", json)?;
+    Ok(craterdex_workflows::Frames::of_registrations(
+        regs,
+        rule.body_radius_km,
+    ))
 }

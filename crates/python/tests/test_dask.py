@@ -81,3 +81,35 @@ def test_dedup_and_link_by_band_equal_the_single_machine_run(client, tiny, crops
     clustered = cdask.link(client, cat.path, second, model=tiny, band_degrees=0.5, rule=rule)
     pd.testing.assert_frame_equal(clustered, single)
     assert (single["decision"] == "match").sum() >= 12
+
+
+def test_link_registers_each_source_once_for_every_band(client, tiny, crops, tmp_path):
+    # an irregular field (a pattern to register), the second observation turned by 30
+    # degrees about its centre and shifted 0.5 degrees north: a georeferencing error of
+    # several radii for every crater of the image
+    rng = np.random.default_rng(5)
+    field = pd.DataFrame({"crater_id": sorted(crops["crater_id"].unique())})
+    field["lat"] = rng.uniform(-3.0, 3.0, len(field))
+    field["lon"] = rng.uniform(0.0, 6.0, len(field))
+    field["diameter_km"] = 6.0 * (1.0 - rng.uniform(0.0, 0.9, len(field))) ** -0.6
+    placed = crops.drop(columns=["lat", "lon", "diameter_km"]).merge(field, on="crater_id")
+    first = placed[placed["id"].str.endswith("v0")]
+    second = placed[placed["id"].str.endswith("v1")].reset_index(drop=True)
+    turn = np.radians(30.0)
+    y, x = second["lat"].to_numpy(), second["lon"].to_numpy() - 3.0
+    second["lat"] = x * np.sin(turn) + y * np.cos(turn) + 0.5
+    second["lon"] = x * np.cos(turn) - y * np.sin(turn) + 3.0
+    cat = craterdex.Index.build(tmp_path / "first", first, model=tiny)
+    rule = cat.rule()
+    rule.update(appearance_weights=[0.0, 0.0], geometry_weights=[4.0, 0.0, -2.0, 0.0])
+    reg = cat.registrations(second, rule=rule)
+    assert list(reg["source"]) == ["img1"] and reg["registered"][0], reg.to_dict("records")
+    assert abs(abs(reg["rotation_deg"][0]) - 30.0) < 1.0
+    single = cat.link(second, rule=rule)
+    right = (single["decision"] == "match") & (single["match_crater_id"] == single["crater_id"])
+    assert right.sum() >= 20, single
+    as_given = cat.link(second, rule=rule, register=False)
+    assert ((as_given["decision"] == "match") & (as_given["match_crater_id"] == as_given["crater_id"])).sum() < 10
+    # bands of 0.5 degrees hold two or three craters each: too few to register on their own
+    clustered = cdask.link(client, cat.path, second, model=tiny, band_degrees=0.5, rule=rule)
+    pd.testing.assert_frame_equal(clustered, single)

@@ -338,8 +338,15 @@ fn with_neighbours(
     hits
 }
 
-/// The registration of the entries' sources to the index, when the options ask for it.
-fn frames_for(engine: &Engine, rule: &LinkRule, o: &LinkOptions, metas: &[ImageMeta]) -> Frames {
+/// The registration of the entries' sources to the index, when the options ask for it
+/// ([`Frames::none`] otherwise): what [`link`] does first, and what a distributed run does
+/// once for all its [`link_partition`]s.
+pub fn register_entries(
+    engine: &Engine,
+    rule: &LinkRule,
+    o: &LinkOptions,
+    metas: &[ImageMeta],
+) -> Frames {
     if o.register {
         Frames::of_entries(
             engine.index(),
@@ -449,13 +456,15 @@ pub fn link_one(
 
 /// What [`link`] decides for `entries` without inserting, when they are one partition of a
 /// larger set cut by position: geometric neighbours come from the index rows around these
-/// entries only ([`Neighbours::around`]), which are all the rows geometry could propose, so
-/// the rows are those of [`link`] over the whole set.
+/// entries only ([`Neighbours::around`]), which are all the rows geometry could propose, and
+/// `frames` are [`register_entries`] of the whole set (a source's transform estimated once
+/// and shared by its partitions), so the rows are those of [`link`] over the whole set.
 pub fn link_partition(
     engine: &Engine,
     entries: &[(ImageMeta, Descriptors)],
     rule: &LinkRule,
     opts: &LinkOptions,
+    frames: &Frames,
     progress: &dyn Progress,
 ) -> Result<Vec<LinkRow>> {
     ensure!(
@@ -466,8 +475,7 @@ pub fn link_partition(
         )
     );
     let metas: Vec<ImageMeta> = entries.iter().map(|(m, _)| m.clone()).collect();
-    let frames = frames_for(engine, rule, opts, &metas);
-    let turned = upright(engine, &frames, entries, progress);
+    let turned = upright(engine, frames, entries, progress);
     // a copy only where some crops were turned
     let turned_entries;
     let entries = if turned.is_empty() {
@@ -476,14 +484,14 @@ pub fn link_partition(
         turned_entries = with_turned(entries.to_vec(), turned);
         &turned_entries[..]
     };
-    let near = Neighbours::around(engine.index(), rule, &frames, &metas);
+    let near = Neighbours::around(engine.index(), rule, frames, &metas);
     let params = params(opts);
     let mut rows = Vec::with_capacity(entries.len());
     progress.start("link", entries.len());
     for batch in entries.chunks(opts.batch.max(1)) {
         let descs: Vec<Descriptors> = batch.iter().map(|(_, d)| d.clone()).collect();
         for ((meta, desc), hits) in batch.iter().zip(engine.search(&descs, &params)) {
-            let cands = entry_candidates(engine, &near, rule, &frames, meta, desc, hits);
+            let cands = entry_candidates(engine, &near, rule, frames, meta, desc, hits);
             let registration = frames.place(meta).registration.cloned();
             rows.push(decide(rule, meta.clone(), cands, registration));
         }
@@ -512,7 +520,7 @@ pub fn link(
     let params = params(opts);
     let mut rows = Vec::with_capacity(entries.len());
     let metas: Vec<ImageMeta> = entries.iter().map(|(m, _)| m.clone()).collect();
-    let frames = frames_for(engine, rule, opts, &metas);
+    let frames = register_entries(engine, rule, opts, &metas);
     let turned = upright(engine, &frames, &entries, progress);
     let entries = with_turned(entries, turned);
     let mut near = Neighbours::of_index(engine.index(), rule, &frames);

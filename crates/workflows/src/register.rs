@@ -1074,6 +1074,22 @@ impl Frames {
         frames
     }
 
+    /// The frames that `registrations` (of [`Frames::registrations`], e.g. sent to the
+    /// tasks of a distributed run) describe: every task places entries alike.
+    pub fn of_registrations(
+        registrations: impl IntoIterator<Item = SourceRegistration>,
+        body_radius_km: f64,
+    ) -> Frames {
+        Frames {
+            enabled: true,
+            by_source: registrations
+                .into_iter()
+                .map(|r| (r.source.clone(), Arc::new(r)))
+                .collect(),
+            body_radius_km,
+        }
+    }
+
     /// Adds the registrations of `other` (of other sources).
     pub fn extend(&mut self, other: Frames) {
         self.enabled |= other.enabled;

@@ -478,7 +478,7 @@ fn dedup_and_link_cut_into_bands_with_a_halo_equal_the_whole_run() {
     let mut cut_rows = vec![None; observed.len()];
     for rows in bands(&obs_metas) {
         let part: Vec<_> = rows.iter().map(|&r| observed[r].clone()).collect();
-        let decided = link_partition(&engine, &part, &rule, &link_opts, &Silent).unwrap();
+        let decided = link_partition(&engine, &part, &rule, &link_opts, &frames, &Silent).unwrap();
         for (r, row) in rows.into_iter().zip(decided) {
             cut_rows[r] = Some(row);
         }
@@ -491,7 +491,7 @@ fn dedup_and_link_cut_into_bands_with_a_halo_equal_the_whole_run() {
         insert_new: true,
         ..LinkOptions::default()
     };
-    assert!(link_partition(&engine, &observed, &rule, &insert, &Silent).is_err());
+    assert!(link_partition(&engine, &observed, &rule, &insert, &frames, &Silent).is_err());
 }
 
 /// A catalogue in one pixel frame and a second observation of it turned by 120 degrees,
@@ -499,7 +499,7 @@ fn dedup_and_link_cut_into_bands_with_a_halo_equal_the_whole_run() {
 /// only registration can link it.
 #[test]
 fn link_and_dedup_register_a_turned_shifted_observation_first() {
-    use craterdex_workflows::registrations;
+    use craterdex_workflows::{link_partition, register_entries, registrations, Frames};
     let tmp = tempfile::tempdir().unwrap();
     let mut rng = Rng8::seed_from_u64(41);
     let n = 150;
@@ -577,6 +577,42 @@ fn link_and_dedup_register_a_turned_shifted_observation_first() {
         &Silent,
     )
     .unwrap();
+    // cut into quarters by position, each source registered once for all of them (as
+    // craterdex.dask.link does): the rows of the whole run
+    let metas2: Vec<ImageMeta> = second.iter().map(|(m, _)| m.clone()).collect();
+    let shared = register_entries(&engine, &rule, &LinkOptions::default(), &metas2);
+    let shared = Frames::of_registrations(
+        shared.registrations().iter().map(|r| (**r).clone()),
+        rule.body_radius_km,
+    );
+    let mut cut = vec![None; second.len()];
+    for q in 0..4 {
+        let rows_q: Vec<usize> = (0..second.len())
+            .filter(|&i| {
+                (second[i].0.x.unwrap() > -1100.0) as usize * 2
+                    + (second[i].0.y.unwrap() > 200.0) as usize
+                    == q
+            })
+            .collect();
+        assert!(!rows_q.is_empty());
+        let part: Vec<_> = rows_q.iter().map(|&i| second[i].clone()).collect();
+        let decided = link_partition(
+            &engine,
+            &part,
+            &rule,
+            &LinkOptions::default(),
+            &shared,
+            &Silent,
+        )
+        .unwrap();
+        for (i, row) in rows_q.into_iter().zip(decided) {
+            cut[i] = Some(row);
+        }
+    }
+    let line = |r: &craterdex_workflows::LinkRow| serde_json::to_string(r).unwrap();
+    for (a, b) in rows.iter().zip(&cut) {
+        assert_eq!(line(a), line(b.as_ref().unwrap()));
+    }
     let regs = registrations(&rows);
     assert_eq!(regs.len(), 1);
     let r = &regs[0];

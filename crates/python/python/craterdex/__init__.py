@@ -271,6 +271,26 @@ def _link_frame(json_text: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+_REGISTRATION_COLUMNS = ["source", "registered", "rotation_deg", "scale", "inliers", "residual_radii",
+                         "false_alarm", "entries", "catalogue", "frame", "reason"]
+
+
+def _registrations_frame(json_text: str) -> pd.DataFrame:
+    return pd.DataFrame([{c: r.get(c) for c in _REGISTRATION_COLUMNS} for r in json.loads(json_text)],
+                        columns=_REGISTRATION_COLUMNS)
+
+
+def _rule_json(rule: Optional[Mapping[str, Any]]) -> Optional[str]:
+    return None if rule is None else json.dumps(rule)
+
+
+def _features_tuple(features: Optional[Mapping[str, Any]]):
+    if features is None:
+        return None
+    ids, (c, p, a) = _features_args(features)
+    return (ids, c, p, a)
+
+
 def _groups_frame(json_text: str) -> pd.DataFrame:
     rows = []
     for g, group in enumerate(json.loads(json_text)):
@@ -421,29 +441,37 @@ class Index:
         top_k: int = _LINK["top_k"],
         shortlist: int = _LINK["shortlist"],
         insert_new: bool = _LINK["insert_new"],
+        register: bool = _LINK["register"],
     ) -> pd.DataFrame:
         """Links new observations to this catalogue, as ``craterdex link``: one row per
         entry with its ``decision`` (match / new / ambiguous), ``confidence`` and best
-        candidate. With ``insert_new``, entries decided new are added, in order."""
-        return _link_frame(self._link_json(entries, features, rule, top_k, shortlist, insert_new, False))
+        candidate. Each ``source`` of the entries is first registered to the catalogue by
+        its crater pattern (``register``; see :meth:`registrations`). With ``insert_new``,
+        entries decided new are added, in order."""
+        options = json.dumps(dict(top_k=top_k, shortlist=shortlist, insert_new=insert_new, register=register))
+        return _link_frame(self._native.link_json(_records(entries), features=_features_tuple(features),
+                                                  rule_json=_rule_json(rule), options_json=options))
 
-    def _link_json(self, entries, features, rule, top_k, shortlist, insert_new, partition) -> str:
-        feats = None
-        if features is not None:
-            ids, (c, p, a) = _features_args(features)
-            feats = (ids, c, p, a)
-        options = json.dumps(dict(top_k=top_k, shortlist=shortlist, insert_new=insert_new))
-        return self._native.link_json(_records(entries), features=feats,
-                                      rule_json=None if rule is None else json.dumps(rule),
-                                      options_json=options, partition=partition)
+    def registrations(self, entries: Optional[Union[pd.DataFrame, Sequence[Mapping[str, Any]]]] = None, *,
+                      rule: Optional[Mapping[str, Any]] = None, dedup: bool = False) -> pd.DataFrame:
+        """How each source image of link ``entries`` registers to this catalogue, as
+        :meth:`link` finds it first (``dedup=True``: this index's sources to each other, as
+        :meth:`dedup`): one row per source with ``registered``, ``rotation_deg``, ``scale``,
+        ``inliers``, ``residual_radii``, ``false_alarm`` and the ``reason`` when not
+        registered. Positions only: no image is read."""
+        if entries is None and not dedup:
+            raise InvalidInputError("give the link entries, or dedup=True for the index's own sources")
+        text = self._native.registrations_json(None if entries is None else _records(entries),
+                                               rule_json=_rule_json(rule), dedup=dedup)
+        return _registrations_frame(text)
 
     def dedup(self, *, rule: Optional[Mapping[str, Any]] = None, top_k: int = _DEDUP["top_k"],
-              shortlist: int = _DEDUP["shortlist"]) -> pd.DataFrame:
+              shortlist: int = _DEDUP["shortlist"], register: bool = _DEDUP["register"]) -> pd.DataFrame:
         """Groups of entries that show one crater, as ``craterdex dedup``: one row per
-        member with its ``group`` and whether it is the proposed ``survivor``."""
-        options = json.dumps(dict(top_k=top_k, shortlist=shortlist))
-        return _groups_frame(self._native.dedup_json(rule_json=None if rule is None else json.dumps(rule),
-                                                     options_json=options))
+        member with its ``group`` and whether it is the proposed ``survivor``. The index's
+        sources are first registered to each other (``register``)."""
+        options = json.dumps(dict(top_k=top_k, shortlist=shortlist, register=register))
+        return _groups_frame(self._native.dedup_json(rule_json=_rule_json(rule), options_json=options))
 
 
 def evaluate(manifest: PathLike, *, model: Optional[Model] = None, quick: bool = True,

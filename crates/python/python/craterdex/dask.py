@@ -10,7 +10,9 @@ only cuts the work into tasks and joins their results:
   index through the index's atomic path. Same ids, same codes as ``craterdex index build``.
 * :func:`link` and :func:`dedup` -- the catalogue cut into latitude bands; each band's
   task sees the index rows within reach of its entries (the halo), so no pair across a
-  band border is missed, and the result is the single-machine result.
+  band border is missed; each source image is registered to the catalogue once, before the
+  tasks (positions only, milliseconds), and every task places its entries by that shared
+  transform; so the result is the single-machine result.
 
 A task whose worker dies is run again by Dask; a part written twice is replaced whole,
 and the commit checks every part's checksums, so the index is complete and correct.
@@ -118,20 +120,24 @@ def bands(entries: pd.DataFrame, band_degrees: float = 2.0, *, unpositioned_size
     return out
 
 
-def _dedup_task(index_path: str, ids: List[str], rule: Optional[str], options: str) -> str:
-    return _native.Index.open(index_path).dedup_json(rule_json=rule, options_json=options, ids=ids)
+def _dedup_task(index_path: str, ids: List[str], rule: Optional[str], options: str, registrations: str) -> str:
+    return _native.Index.open(index_path).dedup_json(rule_json=rule, options_json=options, ids=ids,
+                                                     registrations_json=registrations)
 
 
 def dedup(client, index_path: str, *, band_degrees: float = 2.0, rule: Optional[Dict[str, Any]] = None,
-          top_k: int = _DEDUP["top_k"], shortlist: int = _DEDUP["shortlist"]) -> pd.DataFrame:
+          top_k: int = _DEDUP["top_k"], shortlist: int = _DEDUP["shortlist"],
+          register: bool = _DEDUP["register"]) -> pd.DataFrame:
     """``craterdex dedup`` of the index at ``index_path``, one task per latitude band; the
-    groups are those of :meth:`craterdex.Index.dedup` on one machine."""
+    index's sources are registered to each other once, here, and every task places them
+    alike, so the groups are those of :meth:`craterdex.Index.dedup` on one machine."""
     index = _native.Index.open(os.fspath(index_path))
     meta = pd.DataFrame(json.loads(index.metadata_json()))
     rule_json = None if rule is None else json.dumps(rule)
-    options = json.dumps(dict(top_k=top_k, shortlist=shortlist))
+    options = json.dumps(dict(top_k=top_k, shortlist=shortlist, register=register))
+    registrations = index.registrations_json(rule_json=rule_json, options_json=options, dedup=True)
     futures = [client.submit(_dedup_task, index.path, meta["id"].iloc[rows].tolist(), rule_json, options,
-                             pure=False, retries=3)
+                             registrations, pure=False, retries=3)
                for rows in bands(meta, band_degrees)]
     edges: List[Dict[str, Any]] = []
     for text in client.gather(futures):
@@ -139,24 +145,30 @@ def dedup(client, index_path: str, *, band_degrees: float = 2.0, rule: Optional[
     return _groups_frame(index.dedup_merge_json(json.dumps(edges)))
 
 
-def _link_task(index_path: str, records: str, model: Model, rule: Optional[str], options: str) -> str:
+def _link_task(index_path: str, records: str, model: Model, rule: Optional[str], options: str,
+               registrations: str) -> str:
     idx = _native.Index.open(index_path, model=model._native)
-    return idx.link_json(records, rule_json=rule, options_json=options, partition=True)
+    return idx.link_json(records, rule_json=rule, options_json=options, partition=True,
+                         registrations_json=registrations)
 
 
 def link(client, index_path: str, entries: pd.DataFrame, *, model: Optional[Model] = None,
          band_degrees: float = 2.0, rule: Optional[Dict[str, Any]] = None, top_k: int = _LINK["top_k"],
-         shortlist: int = _LINK["shortlist"]) -> pd.DataFrame:
+         shortlist: int = _LINK["shortlist"], register: bool = _LINK["register"]) -> pd.DataFrame:
     """``craterdex link`` of ``entries`` (``id``, ``path``, positions) against the index
-    at ``index_path``, one task per latitude band (images extracted on the workers).
-    Rows come in the order of ``entries`` and equal :meth:`craterdex.Index.link`'s without
-    ``insert_new`` (inserting is one writer's job: add the ``new`` rows afterwards)."""
+    at ``index_path``, one task per latitude band (images extracted on the workers). Each
+    source of the entries is registered to the catalogue once, here (positions only), and
+    the transform is shared by every band's task. Rows come in the order of ``entries`` and
+    equal :meth:`craterdex.Index.link`'s without ``insert_new`` (inserting is one writer's
+    job: add the ``new`` rows afterwards)."""
     model = model or Model.load()
     rule_json = None if rule is None else json.dumps(rule)
     parts = bands(entries, band_degrees)
-    options = json.dumps(dict(top_k=top_k, shortlist=shortlist))
+    options = json.dumps(dict(top_k=top_k, shortlist=shortlist, register=register))
+    index = _native.Index.open(os.fspath(index_path))
+    registrations = index.registrations_json(_records(entries), rule_json=rule_json, options_json=options)
     futures = [client.submit(_link_task, os.fspath(index_path), _records(entries.iloc[rows]), model, rule_json,
-                             options, pure=False, retries=3)
+                             options, registrations, pure=False, retries=3)
                for rows in parts]
     by_id: Dict[str, Dict[str, Any]] = {}
     for text in client.gather(futures):
