@@ -327,8 +327,14 @@ impl PyIndex {
             .py_err()?;
         let engine = self.engine.snapshot();
         py.detach(|| -> Fallible<String> {
+            let frames = match shared {
+                Some(f) => f,
+                None => craterdex_workflows::dedup::frames_of_index(engine.index(), &rule, &opts),
+            };
             let Some(ids) = ids else {
-                return to_json(&craterdex_workflows::dedup(&engine, &rule, &opts, &Silent)?);
+                return to_json(&craterdex_workflows::dedup(
+                    &engine, &rule, &opts, &frames, &Silent,
+                )?);
             };
             let idx = engine.index();
             let rows = ids
@@ -341,10 +347,6 @@ impl PyIndex {
             let core: Vec<ImageMeta> = rows.iter().map(|&r| idx.meta(r).clone()).collect();
             // every partition places the whole index's sources alike (registered once and
             // shared, or alike again here), so the edges are those of one run
-            let frames = match shared {
-                Some(f) => f,
-                None => craterdex_workflows::dedup::frames_of_index(idx, &rule, &opts),
-            };
             let near = craterdex_workflows::Neighbours::around(idx, &rule, &frames, &core);
             let edges = craterdex_workflows::dedup::edges(
                 &engine, &near, &rule, &frames, &opts, &rows, &Silent,

@@ -136,20 +136,21 @@ fn find(parent: &mut [usize], mut x: usize) -> usize {
     x
 }
 
-/// The groups of two or more entries, largest first.
+/// The groups of two or more entries, largest first, with the index's sources placed by
+/// `frames` ([`frames_of_index`]; the caller keeps them for its report).
 pub fn dedup(
     engine: &Engine,
     rule: &LinkRule,
     opts: &DedupOptions,
+    frames: &Frames,
     progress: &dyn Progress,
 ) -> Result<Vec<DedupGroup>> {
     let idx = engine.index();
     let rows: Vec<usize> = idx.live_rows().collect();
-    let frames = frames_of_index(idx, rule, opts);
-    let near = Neighbours::of_index(idx, rule, &frames);
+    let near = Neighbours::of_index(idx, rule, frames);
     merge(
         idx,
-        &edges(engine, &near, rule, &frames, opts, &rows, progress),
+        &edges(engine, &near, rule, frames, opts, &rows, progress),
     )
 }
 

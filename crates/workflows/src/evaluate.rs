@@ -335,7 +335,8 @@ pub fn link_benchmark(
     review_dir: Option<&std::path::Path>,
     progress: &dyn craterdex_engine::Progress,
 ) -> crate::Result<LinkBenchReport> {
-    use crate::{dedup, link, DedupOptions, LinkOptions, LinkRule};
+    use crate::dedup::frames_of_index;
+    use crate::{dedup, link, DedupOptions, Frames, LinkOptions, LinkRule};
     use craterdex_engine::{encode_all, Engine, Silent};
     ensure!(
         !input.second_metas.is_empty(),
@@ -431,7 +432,14 @@ pub fn link_benchmark(
             input.first_metas.iter().chain(metas).cloned().collect(),
             first_descs.iter().chain(&second_descs).cloned().collect(),
         )?;
-        let groups = dedup(&both, &default_rule, &DedupOptions::default(), &Silent)?;
+        let dedup_frames = frames_of_index(both.index(), &default_rule, &DedupOptions::default());
+        let groups = dedup(
+            &both,
+            &default_rule,
+            &DedupOptions::default(),
+            &dedup_frames,
+            &Silent,
+        )?;
         let unregistered_groups = dedup(
             &both,
             &rule,
@@ -439,6 +447,7 @@ pub fn link_benchmark(
                 register: false,
                 ..Default::default()
             },
+            &Frames::none(),
             &Silent,
         )?;
         let all_metas: Vec<ImageMeta> = input.first_metas.iter().chain(metas).cloned().collect();

@@ -3,10 +3,12 @@
 use crate::dedup::DedupGroup;
 use crate::error::Result;
 use crate::link::LinkRow;
+use crate::register::SourceRegistration;
 use craterdex_errors::{IoContext, OrInvalid};
 use craterdex_index::ImageMeta;
 use serde_json::{json, Value};
 use std::path::Path;
+use std::sync::Arc;
 
 fn opt<T: ToString>(v: Option<T>) -> String {
     v.map(|x| x.to_string()).unwrap_or_default()
@@ -39,7 +41,7 @@ fn write_geojson(path: &Path, features: Vec<Value>) -> Result<()> {
     )?)
 }
 
-const LINK_HEADER: [&str; 19] = [
+const LINK_HEADER: [&str; 21] = [
     "query",
     "query_crater_id",
     "decision",
@@ -59,6 +61,8 @@ const LINK_HEADER: [&str; 19] = [
     "y",
     "diameter_px",
     "path",
+    "source",
+    "registered",
 ];
 
 /// `links.csv` and `links.geojson` in `dir`.
@@ -88,6 +92,11 @@ pub fn write_links(dir: &Path, rows: &[LinkRow]) -> Result<()> {
                 opt(r.query.y),
                 opt(r.query.diameter_px),
                 opt(r.query.path.as_ref()),
+                opt(r.query.source.as_ref()),
+                r.registration
+                    .as_ref()
+                    .is_some_and(|g| g.registered)
+                    .to_string(),
             ]
         })
         .collect();
@@ -110,6 +119,139 @@ pub fn write_links(dir: &Path, rows: &[LinkRow]) -> Result<()> {
         })
         .collect();
     write_geojson(&dir.join("links.geojson"), features)
+}
+
+const REGISTRATION_HEADER: [&str; 17] = [
+    "source",
+    "frame",
+    "registered",
+    "kind",
+    "rotation_deg",
+    "scale",
+    "shift_x",
+    "shift_y",
+    "inliers",
+    "residual_radii",
+    "chance_inliers",
+    "false_alarm",
+    "entries",
+    "catalogue",
+    "origin_lat",
+    "origin_lon",
+    "reason",
+];
+
+/// `registrations.csv` and `registrations.json` in `dir`: each source's transform to the
+/// catalogue's frame (shift in the frame's unit: pixels, or km on the tangent plane at the
+/// origin), its inliers and residual, or why it was not registered.
+pub fn write_registrations(dir: &Path, regs: &[Arc<SourceRegistration>]) -> Result<()> {
+    std::fs::create_dir_all(dir).io("create", dir)?;
+    let table = regs
+        .iter()
+        .map(|r| {
+            let t = r.transform.as_ref();
+            vec![
+                opt(r.source.as_ref()),
+                format!("{:?}", r.frame).to_lowercase(),
+                r.registered.to_string(),
+                opt(t.map(|t| format!("{:?}", t.kind).to_lowercase())),
+                opt(r.rotation_deg.map(|v| format!("{v:.3}"))),
+                opt(r.scale.map(|v| format!("{v:.5}"))),
+                opt(t.map(|t| format!("{:.4}", t.matrix[2]))),
+                opt(t.map(|t| format!("{:.4}", t.matrix[5]))),
+                r.inliers.to_string(),
+                opt(r.residual_radii.map(|v| format!("{v:.4}"))),
+                opt(r.chance_inliers.map(|v| format!("{v:.4}"))),
+                opt(r.false_alarm.map(|v| format!("{v:.3e}"))),
+                r.entries.to_string(),
+                r.catalogue.to_string(),
+                opt(r.origin.map(|o| o.0)),
+                opt(r.origin.map(|o| o.1)),
+                opt(r.reason.as_ref()),
+            ]
+        })
+        .collect();
+    write_csv(&dir.join("registrations.csv"), &REGISTRATION_HEADER, table)?;
+    let all: Vec<&SourceRegistration> = regs.iter().map(|r| &**r).collect();
+    Ok(craterdex_durable::write_atomic(
+        &dir.join("registrations.json"),
+        &serde_json::to_vec_pretty(&all)?,
+    )?)
+}
+
+/// Inlier residuals beyond this many radii are drawn at the plot's edge.
+const RESIDUAL_PLOT_RADII: f64 = 1.0;
+
+/// An SVG scatter of one registration's inlier residuals (dx, dy in radii of the catalogue
+/// crater), with the inlier tolerance (one radius) and the median residual as circles.
+fn residual_plot(r: &SourceRegistration) -> String {
+    let (size, half) = (160.0, 70.0);
+    let k = half / RESIDUAL_PLOT_RADII;
+    let c = size / 2.0;
+    let mut svg = format!(
+        "<svg width=\"{size}\" height=\"{size}\" viewBox=\"0 0 {size} {size}\">\
+         <rect width=\"{size}\" height=\"{size}\" fill=\"#fafafa\" stroke=\"#ccc\"/>\
+         <line x1=\"{c}\" y1=\"0\" x2=\"{c}\" y2=\"{size}\" stroke=\"#ddd\"/>\
+         <line x1=\"0\" y1=\"{c}\" x2=\"{size}\" y2=\"{c}\" stroke=\"#ddd\"/>\
+         <circle cx=\"{c}\" cy=\"{c}\" r=\"{half}\" fill=\"none\" stroke=\"#999\" stroke-dasharray=\"3 3\"/>"
+    );
+    if let Some(m) = r.residual_radii {
+        svg.push_str(&format!(
+            "<circle cx=\"{c}\" cy=\"{c}\" r=\"{:.1}\" fill=\"none\" stroke=\"#070\"/>",
+            (m * k).min(half)
+        ));
+    }
+    for &(dx, dy) in &r.residuals {
+        let clamp = |v: f64| v.clamp(-RESIDUAL_PLOT_RADII, RESIDUAL_PLOT_RADII) * k;
+        svg.push_str(&format!(
+            "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"1.6\" fill=\"#00a\" fill-opacity=\"0.5\"/>",
+            c + clamp(dx),
+            c + clamp(dy)
+        ));
+    }
+    svg.push_str("</svg>");
+    svg
+}
+
+/// The review page's registration section: one line per source and, for each registered
+/// one, its residual plot.
+fn registration_section(regs: &[Arc<SourceRegistration>]) -> String {
+    if regs.is_empty() {
+        return String::new();
+    }
+    let registered = regs.iter().filter(|r| r.registered).count();
+    let mut html = format!(
+        "<h2>Registration to the catalogue</h2><p>{registered} of {} sources registered by their \
+         crater pattern; the others keep their positions as given. Plots: each inlier's offset \
+         after the transform, in radii of its catalogue crater (dashed: the one-radius \
+         tolerance; green: the median).</p><div>",
+        regs.len()
+    );
+    for r in regs {
+        let name = escape(r.source.as_deref().unwrap_or("(no source)"));
+        let body = if r.registered {
+            format!(
+                "{}<br>rotation {:.2}&deg;, scale {:.4}<br>{} inliers of {} entries, median residual {:.3} radii",
+                residual_plot(r),
+                r.rotation_deg.unwrap_or(f64::NAN),
+                r.scale.unwrap_or(f64::NAN),
+                r.inliers,
+                r.entries,
+                r.residual_radii.unwrap_or(f64::NAN)
+            )
+        } else {
+            format!(
+                "<div class=\"none\" style=\"width:160px;height:160px;line-height:160px\">not registered</div>{}",
+                escape(r.reason.as_deref().unwrap_or(""))
+            )
+        };
+        html.push_str(&format!(
+            "<figure style=\"display:inline-block;width:220px;vertical-align:top;margin:0 12px 12px 0\">\
+             <figcaption><b>{name}</b></figcaption>{body}</figure>"
+        ));
+    }
+    html.push_str("</div>");
+    html
 }
 
 /// `groups.csv` (one row per member of a group), `merged.csv` and `merged.geojson` (the
@@ -269,6 +411,7 @@ pub fn write_review(dir: &Path, rows: &[LinkRow], limit: usize) -> Result<()> {
          .ambiguous{color:#b60}.match{color:#070}.new{color:#00a}</style>\
          <h1>Link decisions to review</h1>",
     );
+    html.push_str(&registration_section(&crate::link::registrations(rows)));
     let counts = crate::calibrate::decision_counts(rows);
     html.push_str(&format!(
         "<p>{} entries: {}. Shown: {} rows, ambiguous first, then the least certain.</p>\
@@ -365,7 +508,12 @@ pub fn write_discovered(dir: &Path, ranked: &[crate::discover::Discovered]) -> R
 /// `review.html` of a dedup: the groups a person should sign off, weakest first (by the
 /// least confident pair that joined the group), each member's crop side by side with the
 /// proposed survivor marked; at most `limit` groups, self-contained.
-pub fn write_dedup_review(dir: &Path, groups: &[DedupGroup], limit: usize) -> Result<()> {
+pub fn write_dedup_review(
+    dir: &Path,
+    groups: &[DedupGroup],
+    regs: &[Arc<SourceRegistration>],
+    limit: usize,
+) -> Result<()> {
     std::fs::create_dir_all(dir).io("create", dir)?;
     let weakest = |g: &DedupGroup| g.pairs.iter().map(|p| p.2).fold(f32::INFINITY, f32::min);
     let mut order: Vec<&DedupGroup> = groups.iter().collect();
@@ -381,6 +529,7 @@ pub fn write_dedup_review(dir: &Path, groups: &[DedupGroup], limit: usize) -> Re
         groups.len(),
         order.len().min(limit)
     );
+    html.push_str(&registration_section(regs));
     for g in order.into_iter().take(limit) {
         let pairs = g
             .pairs

@@ -153,7 +153,8 @@ pub struct RegisterOptions {
     /// Inliers needed before an affine transform is tried.
     pub affine_min_inliers: usize,
     /// Catalogue craters considered lie within the source's bounding box grown by this
-    /// fraction of its size on every side.
+    /// fraction of its size on every side (pixel positions, which may be in the source
+    /// image's own frame, are tried against the whole catalogue when that fails).
     pub margin: f64,
 }
 
@@ -930,11 +931,50 @@ fn register_source(
         .collect();
     let (x0, y0, x1, y1) = bounds(&src);
     let grow = o.margin * (x1 - x0).max(y1 - y0);
-    let cat: Vec<Crater> = catalogue
+    let all: Vec<Crater> = catalogue
         .iter()
         .filter_map(|m| planar_of(m, kind, origin, r_km))
+        .collect();
+    let mut cat: Vec<Crater> = all
+        .iter()
+        .copied()
         .filter(|c| c.x >= x0 - grow && c.x <= x1 + grow && c.y >= y0 - grow && c.y <= y1 + grow)
         .collect();
+    let mut attempt = register(&src, &cat, o);
+    // a body position is near its true place; a pixel position may instead be in the
+    // source image's own frame, unrelated to the catalogue's: then the whole catalogue
+    if attempt.is_err() && kind == FrameKind::Pixels && all.len() > cat.len() {
+        let wide = register(&src, &all, o);
+        if wide.is_ok() {
+            (cat, attempt) = (all.clone(), wide);
+        }
+    }
+    // registered: the catalogue around where the source truly lies, registered again there
+    // when that is other craters (a source far from its given place overlapped its box only
+    // in part)
+    if let Ok(f) = &attempt {
+        let corners =
+            [(x0, y0), (x1, y0), (x0, y1), (x1, y1)].map(|(x, y)| f.transform.apply(x, y));
+        let (mut u0, mut v0, mut u1, mut v1) = (f64::MAX, f64::MAX, f64::MIN, f64::MIN);
+        for (u, v) in corners {
+            (u0, v0, u1, v1) = (u0.min(u), v0.min(v), u1.max(u), v1.max(v));
+        }
+        let grow = o.margin * (u1 - u0).max(v1 - v0);
+        let there: Vec<Crater> = all
+            .iter()
+            .copied()
+            .filter(|c| {
+                c.x >= u0 - grow && c.x <= u1 + grow && c.y >= v0 - grow && c.y <= v1 + grow
+            })
+            .collect();
+        if there != cat {
+            if let Ok(g) = register(&src, &there, o) {
+                if g.inliers.len() >= f.inliers.len() {
+                    (cat, attempt) = (there, Ok(g));
+                }
+            }
+        }
+    }
     let mut out = SourceRegistration {
         source,
         frame: kind,
@@ -952,7 +992,7 @@ fn register_source(
         reason: None,
         residuals: Vec::new(),
     };
-    let (fit, reason) = match register(&src, &cat, o) {
+    let (fit, reason) = match attempt {
         Ok(f) => (Some(f), None),
         Err(e) => (e.best.map(|b| *b), Some(e.reason)),
     };

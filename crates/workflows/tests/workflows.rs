@@ -5,7 +5,7 @@ use craterdex_engine::{Engine, Silent};
 use craterdex_index::codec::{Codec, TokenCodec};
 use craterdex_index::{ImageMeta, Index};
 use craterdex_tokens::{Descriptors, Encoder, Recipe};
-use craterdex_workflows::dedup::score_groups;
+use craterdex_workflows::dedup::{frames_of_index, score_groups};
 use craterdex_workflows::{calibrate, dedup, link, Decision, DedupOptions, LinkOptions, LinkRule};
 use rand::{Rng, SeedableRng};
 use std::path::Path;
@@ -249,7 +249,9 @@ fn dedup_finds_the_views_of_each_crater_and_never_merges_one_source_image() {
         new_confidence: 0.5,
         ..LinkRule::default()
     };
-    let groups = dedup(&engine, &rule, &DedupOptions::default(), &Silent).unwrap();
+    let opts = DedupOptions::default();
+    let frames = frames_of_index(engine.index(), &rule, &opts);
+    let groups = dedup(&engine, &rule, &opts, &frames, &Silent).unwrap();
     let metas: Vec<ImageMeta> = cat.entries.iter().map(|(m, _)| m.clone()).collect();
     let s = score_groups(&groups, &metas);
     assert_eq!(s.true_groups, 150);
@@ -432,7 +434,7 @@ fn dedup_and_link_cut_into_bands_with_a_halo_equal_the_whole_run() {
         ..LinkOptions::default()
     };
     let frames = craterdex_workflows::Frames::none();
-    let whole = dedup(&engine, &rule, &opts, &Silent).unwrap();
+    let whole = dedup(&engine, &rule, &opts, &frames, &Silent).unwrap();
     assert!(whole.len() > 150, "{} groups", whole.len());
     let metas: Vec<ImageMeta> = (0..idx.rows()).map(|r| idx.meta(r).clone()).collect();
     let (mut with_halo, mut without_halo) = (Vec::new(), Vec::new());
@@ -619,6 +621,38 @@ fn link_and_dedup_register_a_turned_shifted_observation_first() {
     assert!(r.registered, "{r:?}");
     assert!((r.rotation_deg.unwrap() + 120.0).abs() < 0.5, "{r:?}");
     assert!((r.scale.unwrap() - 1.25).abs() < 0.01, "{r:?}");
+    // the outputs: every source's transform and the review's residual plot
+    let out = tmp.path().join("out");
+    craterdex_workflows::output::write_links(&out, &rows).unwrap();
+    craterdex_workflows::output::write_registrations(&out, &regs).unwrap();
+    craterdex_workflows::output::write_review(&out, &rows, 50).unwrap();
+    let mut table = csv::Reader::from_path(out.join("registrations.csv")).unwrap();
+    let header = table.headers().unwrap().clone();
+    let row = table.records().next().unwrap().unwrap();
+    let field = |name: &str| row[header.iter().position(|h| h == name).unwrap()].to_string();
+    assert_eq!(field("source"), "obs2");
+    assert_eq!(field("registered"), "true");
+    assert!((field("rotation_deg").parse::<f64>().unwrap() + 120.0).abs() < 0.5);
+    assert!(field("inliers").parse::<usize>().unwrap() >= 140, "{row:?}");
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("registrations.json")).unwrap()).unwrap();
+    assert_eq!(json[0]["transform"]["kind"], "similarity");
+    let review = std::fs::read_to_string(out.join("review.html")).unwrap();
+    assert!(review.contains("1 of 1 sources registered"), "{review}");
+    assert!(
+        review.matches("fill-opacity").count() >= 140,
+        "one dot per inlier"
+    );
+    let links = std::fs::read_to_string(out.join("links.csv")).unwrap();
+    assert!(links
+        .lines()
+        .next()
+        .unwrap()
+        .ends_with(",source,registered"));
+    assert_eq!(
+        links.lines().filter(|l| l.ends_with(",obs2,true")).count(),
+        165
+    );
     assert!(correct(&rows) >= 145, "{} of 150 linked", correct(&rows));
     let wrong = rows
         .iter()
@@ -645,13 +679,20 @@ fn link_and_dedup_register_a_turned_shifted_observation_first() {
     let both: Vec<(ImageMeta, Descriptors)> = first.iter().chain(&second).cloned().collect();
     let engine = build(&tmp.path().join("both"), &both);
     let metas: Vec<ImageMeta> = both.iter().map(|(m, _)| m.clone()).collect();
-    let groups = dedup(&engine, &rule, &DedupOptions::default(), &Silent).unwrap();
+    let opts = DedupOptions::default();
+    let frames = frames_of_index(engine.index(), &rule, &opts);
+    let groups = dedup(&engine, &rule, &opts, &frames, &Silent).unwrap();
     let s = score_groups(&groups, &metas);
     assert!(s.found_exactly >= 145 && s.pair_precision == 1.0, "{s:?}");
+    let regs = frames.registrations();
+    // obs2 (more entries) is the reference, obs1 registered to it: turned back by 120
+    assert_eq!(regs.len(), 1);
+    assert_eq!(regs[0].source.as_deref(), Some("obs1"));
+    assert!((regs[0].rotation_deg.unwrap() - 120.0).abs() < 0.5);
     let unregistered = DedupOptions {
         register: false,
         ..DedupOptions::default()
     };
-    let groups = dedup(&engine, &rule, &unregistered, &Silent).unwrap();
+    let groups = dedup(&engine, &rule, &unregistered, &Frames::none(), &Silent).unwrap();
     assert!(score_groups(&groups, &metas).found_exactly < 30);
 }

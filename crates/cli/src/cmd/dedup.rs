@@ -1,11 +1,12 @@
 //! `craterdex dedup`: groups of one index's entries that show the same crater, and the
 //! merged catalogue.
 
+use crate::cmd::link::print_registrations;
 use crate::output::Bars;
 use anyhow::Result;
 use clap::Args;
 use craterdex_engine::{Engine, ImageMeta};
-use craterdex_workflows::dedup::score_groups;
+use craterdex_workflows::dedup::{frames_of_index, score_groups};
 use craterdex_workflows::{dedup, DedupOptions, LinkRule};
 use std::path::PathBuf;
 
@@ -22,6 +23,10 @@ pub struct DedupCmd {
     /// A rule file instead of the one stored with the index.
     #[arg(long)]
     pub rule: Option<PathBuf>,
+    /// Compare positions as given: do not register the index's sources to each other by
+    /// their crater patterns first.
+    #[arg(long)]
+    pub no_register: bool,
 }
 
 pub fn run(c: DedupCmd) -> Result<()> {
@@ -32,13 +37,18 @@ pub fn run(c: DedupCmd) -> Result<()> {
     let engine = Engine::open(&c.index, None)?;
     let opts = DedupOptions {
         top_k: c.top,
+        register: !c.no_register,
         ..DedupOptions::default()
     };
-    let groups = dedup(&engine, &rule, &opts, &Bars::new())?;
+    let frames = frames_of_index(engine.index(), &rule, &opts);
+    let groups = dedup(&engine, &rule, &opts, &frames, &Bars::new())?;
     let idx = engine.index();
     let live: Vec<ImageMeta> = idx.live_rows().map(|r| idx.meta(r).clone()).collect();
+    let regs = frames.registrations();
     craterdex_workflows::output::write_dedup(&c.out, &groups, &live)?;
-    craterdex_workflows::output::write_dedup_review(&c.out, &groups, 300)?;
+    craterdex_workflows::output::write_registrations(&c.out, &regs)?;
+    craterdex_workflows::output::write_dedup_review(&c.out, &groups, &regs, 300)?;
+    print_registrations(&regs);
     let absorbed: usize = groups.iter().map(|g| g.members.len() - 1).sum();
     println!(
         "{} entries: {} groups of the same crater; the merged catalogue has {} entries (rule: {})",
@@ -55,7 +65,7 @@ pub fn run(c: DedupCmd) -> Result<()> {
         );
     }
     println!(
-        "wrote {}/groups.csv, merged.csv and merged.geojson",
+        "wrote {}/groups.csv, merged.csv, merged.geojson, registrations.csv/json and review.html",
         c.out.display()
     );
     Ok(())

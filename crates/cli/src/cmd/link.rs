@@ -120,8 +120,11 @@ pub fn run(c: LinkCmd) -> Result<()> {
         &Bars::new(),
     )?;
     let engine = grown.unwrap_or(engine);
+    let regs = craterdex_workflows::registrations(&rows);
     craterdex_workflows::output::write_links(&c.out, &rows)?;
+    craterdex_workflows::output::write_registrations(&c.out, &regs)?;
     craterdex_workflows::output::write_review(&c.out, &rows, 300)?;
+    print_registrations(&regs);
     let counts = decision_counts(&rows)
         .map(|(d, n)| format!("{n} {}", d.name()))
         .join(", ");
@@ -135,8 +138,30 @@ pub fn run(c: LinkCmd) -> Result<()> {
         );
     }
     println!(
-        "wrote {}/links.csv, links.geojson and review.html",
+        "wrote {}/links.csv, links.geojson, registrations.csv/json and review.html",
         c.out.display()
     );
     Ok(())
+}
+
+/// One line per source: its registration to the catalogue, or why it has none.
+pub fn print_registrations(regs: &[Arc<craterdex_workflows::SourceRegistration>]) {
+    for r in regs {
+        let name = r.source.as_deref().unwrap_or("(entries without a source)");
+        if r.registered {
+            println!(
+                "source {name}: registered, rotation {:.2} deg, scale {:.4}, {} inliers of {} entries, median residual {:.3} radii",
+                r.rotation_deg.unwrap_or(f64::NAN),
+                r.scale.unwrap_or(f64::NAN),
+                r.inliers,
+                r.entries,
+                r.residual_radii.unwrap_or(f64::NAN)
+            );
+        } else {
+            println!(
+                "source {name}: not registered ({}); positions compared as given",
+                r.reason.as_deref().unwrap_or("no positions")
+            );
+        }
+    }
 }
