@@ -191,6 +191,17 @@ impl Engine {
         Ok(out)
     }
 
+    /// The descriptors of one decoded image turned by `angle` radians about its centre, as
+    /// [`Engine::encode_turned`] turns files.
+    pub fn encode_image_turned(
+        &self,
+        image: &image::DynamicImage,
+        angle: f32,
+    ) -> Result<Descriptors> {
+        let turned = craterdex_model::preprocess::turn(&image.to_rgb32f(), angle);
+        self.encode_image(&image::DynamicImage::ImageRgb32F(turned))
+    }
+
     /// The descriptors of one decoded image (an upload) under the index's encoder.
     pub fn encode_image(&self, image: &image::DynamicImage) -> Result<Descriptors> {
         let f = self.extractor_or_err()?.features_of(image)?;

@@ -89,6 +89,13 @@ pub struct EntryForm {
     pub lon: Option<f64>,
     #[schema(nullable = false)]
     pub diameter_km: Option<f64>,
+    /// Centre and diameter in the `source` image's pixels (what `POST /v1/register` took).
+    #[schema(nullable = false)]
+    pub x: Option<f64>,
+    #[schema(nullable = false)]
+    pub y: Option<f64>,
+    #[schema(nullable = false)]
+    pub diameter_px: Option<f64>,
 }
 
 /// Backbone features of one image as JSON.
@@ -214,6 +221,10 @@ pub struct LinkResponse {
     pub images: usize,
     /// Where the decision rule came from (its calibration, or the default).
     pub rule: String,
+    /// The entry was placed by its source's registration (`POST /v1/register`).
+    pub registered: bool,
+    /// Its source's registration, when the source was registered before.
+    pub registration: Option<craterdex_workflows::SourceRegistration>,
 }
 
 /// Requests answered since the server started.

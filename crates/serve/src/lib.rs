@@ -23,6 +23,7 @@ pub mod features;
 mod images;
 mod link;
 mod openapi;
+mod register;
 mod router;
 mod search;
 mod status;
@@ -113,6 +114,7 @@ pub struct Service {
     draining: AtomicBool,
     counters: Counters,
     link_context: link::ContextCache,
+    registrations: register::Registrations,
 }
 
 impl Service {
@@ -126,6 +128,7 @@ impl Service {
             draining: AtomicBool::new(false),
             counters: Counters::default(),
             link_context: Default::default(),
+            registrations: Default::default(),
         })
     }
 

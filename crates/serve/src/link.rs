@@ -14,6 +14,7 @@ use axum::extract::{Multipart, Query, State};
 use axum::http::HeaderMap;
 use axum::Json;
 use craterdex_engine::Engine;
+use craterdex_workflows::link::UPRIGHT_MIN_DEG;
 use craterdex_workflows::{Candidate, Decision, LinkOptions, LinkRow, LinkRule, Neighbours};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -23,7 +24,7 @@ type Context = Arc<(LinkRule, Neighbours)>;
 #[derive(Default)]
 pub struct ContextCache(Mutex<Option<(Weak<Engine>, Context)>>);
 
-fn context(svc: &Service, engine: &Arc<Engine>) -> ApiResult<Context> {
+pub(crate) fn context(svc: &Service, engine: &Arc<Engine>) -> ApiResult<Context> {
     let mut cache = svc.link_context.0.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((made_for, ctx)) = cache.as_ref() {
         if made_for.upgrade().is_some_and(|e| Arc::ptr_eq(&e, engine)) {
@@ -40,7 +41,9 @@ fn context(svc: &Service, engine: &Arc<Engine>) -> ApiResult<Context> {
     Ok(ctx)
 }
 
-/// The decision for one entry against `engine`, and where its rule came from.
+/// The decision for one entry against `engine`, and where its rule came from. An entry of a
+/// source registered before (`POST /v1/register`) is placed by its transform, its crop
+/// turned to the catalogue's orientation.
 fn decide(
     svc: &Service,
     engine: &Arc<Engine>,
@@ -49,8 +52,24 @@ fn decide(
     let ctx = context(svc, engine)?;
     let (rule, near) = (&ctx.0, &ctx.1);
     let opts = LinkOptions::default();
+    let frames = svc
+        .registrations
+        .frames_for(entry.meta.source.as_deref(), rule);
+    let turn = frames
+        .place(&entry.meta)
+        .registration
+        .filter(|r| r.registered)
+        .and_then(|r| r.rotation_deg)
+        .filter(|d| d.abs() >= UPRIGHT_MIN_DEG);
+    let turned = match turn {
+        Some(deg) => {
+            Some(engine.encode_image_turned(&entry.upload.image, deg.to_radians() as f32)?)
+        }
+        None => None,
+    };
+    let desc = turned.as_ref().unwrap_or(&entry.desc);
     let row =
-        craterdex_workflows::link_one(engine, near, rule, &opts, entry.meta.clone(), &entry.desc);
+        craterdex_workflows::link_one(engine, near, rule, &opts, &frames, entry.meta.clone(), desc);
     Ok((row, rule.source.clone()))
 }
 
@@ -62,7 +81,9 @@ fn with_thumbnail(c: Candidate) -> LinkCandidate {
 }
 
 /// Link an image of a crater to the index: match, new or ambiguous, with the evidence
-/// (`insert=true` adds it when new; API key).
+/// (`insert=true` adds it when new; API key). A crop whose `source` was registered before
+/// (`POST /v1/register`) is placed by that transform and compared turned as the catalogue
+/// sees it; otherwise its position is taken as given.
 #[utoipa::path(
     post,
     path = "/v1/link",
@@ -108,7 +129,10 @@ pub async fn link_image(
     })
     .await?;
     row.query.path = None;
+    let registration = row.registration.take().map(|r| (*r).clone());
     Ok(Json(LinkResponse {
+        registered: registration.as_ref().is_some_and(|r| r.registered),
+        registration,
         query: row.query,
         decision: row.decision,
         confidence: row.confidence,

@@ -35,6 +35,7 @@ may be retried."
         crate::images::add_image,
         crate::images::remove_image,
         crate::link::link_image,
+        crate::register::register_source,
     ),
     components(schemas(api::ErrorBody)),
     modifiers(&Security)

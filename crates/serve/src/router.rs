@@ -4,6 +4,7 @@
 use crate::error::ApiError;
 use crate::images::{add_image, image_meta, remove_image, thumbnail};
 use crate::link::link_image;
+use crate::register::register_source;
 use crate::search::{search_features, search_image, search_similar};
 use crate::status::{health, openapi, ready, stats};
 use crate::Svc;
@@ -41,6 +42,7 @@ pub fn router(svc: Svc) -> Router {
         .route("/v1/images/{id}/thumbnail", get(thumbnail))
         .route("/v1/images/{id}", get(image_meta).delete(remove_image))
         .route("/v1/stats", get(stats))
+        .route("/v1/register", post(register_source))
         .merge(image_work)
         .layer(shed(c.max_concurrent))
         .layer(TimeoutLayer::with_status_code(

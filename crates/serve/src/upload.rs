@@ -66,7 +66,7 @@ pub async fn read_multipart(
 }
 
 /// The text fields of an entry form.
-const ENTRY_FIELDS: [&str; 7] = [
+const ENTRY_FIELDS: [&str; 10] = [
     "id",
     "crater_id",
     "source",
@@ -74,6 +74,9 @@ const ENTRY_FIELDS: [&str; 7] = [
     "lat",
     "lon",
     "diameter_km",
+    "x",
+    "y",
+    "diameter_px",
 ];
 
 fn number_field(fields: &BTreeMap<String, String>, name: &str) -> ApiResult<Option<f64>> {
@@ -132,6 +135,9 @@ pub async fn read_entry(svc: &crate::Svc, mp: Multipart) -> ApiResult<EntryUploa
         lat: number_field(&fields, "lat")?,
         lon: number_field(&fields, "lon")?,
         diameter_km: number_field(&fields, "diameter_km")?,
+        x: number_field(&fields, "x")?,
+        y: number_field(&fields, "y")?,
+        diameter_px: number_field(&fields, "diameter_px")?,
         ..ImageMeta::default()
     };
     let engine = crate::search::image_engine(svc)?;

@@ -881,3 +881,143 @@ async fn link_decides_and_inserts_only_with_the_key_and_only_once() {
         assert_eq!(v["best"]["id"], "l1", "{v}");
     }
 }
+
+/// The fixture with its index replaced by an irregular field of 40 craters on the body (a
+/// pattern to register), each crop one of the fixture's images.
+fn field_fixture() -> (Fixture, Vec<(f64, f64, f64)>) {
+    let mut f = fixture();
+    let vit = load_model(&f.model_dir);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+    let field: Vec<(f64, f64, f64)> = (0..40)
+        .map(|_| {
+            (
+                10.0 + rng.gen_range(0.0..1.0),
+                -20.0 + rng.gen_range(0.0..1.0),
+                1.0 * (1.0 - rng.gen_range(0.0..0.9f64)).powf(-0.6),
+            )
+        })
+        .collect();
+    let encoder = Index::open(&f.index).unwrap().encoder.clone();
+    let entries: Vec<(ImageMeta, craterdex_tokens::Descriptors)> = field
+        .iter()
+        .enumerate()
+        .map(|(i, &(lat, lon, d))| {
+            let p = &f.images[i % f.images.len()];
+            let ft = features(&vit, p);
+            let desc = encoder.encode(FeatureRef {
+                cls: &ft.cls,
+                patches: &ft.patches,
+                attention: &ft.attention,
+            });
+            let meta = ImageMeta {
+                id: format!("f{i:02}"),
+                crater_id: Some(format!("crater-{i}")),
+                source: Some("obs1".into()),
+                lat: Some(lat),
+                lon: Some(lon),
+                diameter_km: Some(d),
+                path: Some(p.display().to_string()),
+                ..Default::default()
+            };
+            (meta, desc)
+        })
+        .collect();
+    let codec = TokenCodec::train(Codec::F16, D, &[], 0).unwrap();
+    f.index = f.root.join("field-idx");
+    Index::create(
+        &f.index,
+        &encoder,
+        &codec,
+        Some(vit.config().fingerprint()),
+        &entries,
+        None,
+    )
+    .unwrap();
+    (f, field)
+}
+
+#[tokio::test]
+async fn a_registered_source_places_its_linked_crops() {
+    let (f, field) = field_fixture();
+    let svc = service(&f, |_| {});
+    // the second image: turned by 40 degrees about the field's centre, 0.05 degrees (about
+    // three km, one to five radii) north
+    let turn = 40f64.to_radians();
+    let seen = |&(lat, lon, d): &(f64, f64, f64)| {
+        let (y, x) = (lat - 10.5, lon + 19.5);
+        (
+            10.55 + x * turn.sin() + y * turn.cos(),
+            -19.5 + x * turn.cos() - y * turn.sin(),
+            d,
+        )
+    };
+    let craters: Vec<Value> = field
+        .iter()
+        .map(|c| {
+            let (lat, lon, d) = seen(c);
+            json!({"lat": lat, "lon": lon, "diameter_km": d})
+        })
+        .collect();
+    let post = |body: Value| {
+        Request::post("/v1/register")
+            .header("content-type", "application/json")
+            .body(Body::from(body.to_string()))
+            .unwrap()
+    };
+    let (s, v) = call_json(&svc, post(json!({"source": "obs2", "craters": craters}))).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["registered"], true, "{v}");
+    assert!(
+        (v["rotation_deg"].as_f64().unwrap().abs() - 40.0).abs() < 1.0,
+        "{v}"
+    );
+    assert!(v["inliers"].as_u64().unwrap() >= 38, "{v}");
+    // a crop of that image, linked with its source: placed by the transform
+    let k = 17;
+    let (lat, lon, d) = seen(&field[k]);
+    let crop = std::fs::read(&f.images[k % f.images.len()]).unwrap();
+    let link = |source: &str| {
+        let (lat, lon, d) = (lat.to_string(), lon.to_string(), d.to_string());
+        let body = multipart(&[
+            ("image", Some("x.png"), &crop),
+            ("id", None, b"new17"),
+            ("source", None, source.as_bytes()),
+            ("lat", None, lat.as_bytes()),
+            ("lon", None, lon.as_bytes()),
+            ("diameter_km", None, d.as_bytes()),
+        ]);
+        post_multipart("/v1/link", body, None)
+    };
+    let (s, v) = call_json(&svc, link("obs2")).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["registered"], true, "{v}");
+    assert_eq!(v["registration"]["source"], "obs2");
+    assert_eq!(v["best"]["crater_id"], format!("crater-{k}"), "{v}");
+    assert!(v["best"]["offset_radii"].as_f64().unwrap() < 0.3, "{v}");
+    // the same crop from an image never registered: its position as given, far off
+    let (s, v) = call_json(&svc, link("obs3")).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["registered"], false, "{v}");
+    assert!(v["registration"].is_null());
+    assert!(
+        v["best"]["crater_id"] != format!("crater-{k}")
+            || v["best"]["offset_radii"].as_f64().is_none_or(|o| o > 1.0),
+        "{v}"
+    );
+    // bad requests name the problem
+    let (s, v) = call_json(
+        &svc,
+        post(json!({"source": "obs4", "craters": [{"lat": 1.0}]})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("craters[0]"),
+        "{v}"
+    );
+    let (s, _) = call_json(&svc, post(json!({"craters": []}))).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+}

@@ -434,14 +434,17 @@ fn params(o: &LinkOptions) -> SearchParams {
     }
 }
 
-/// One entry against the index, nothing inserted, its position as given (one entry is no
-/// pattern to register): what [`link`] decides for it without registration. `near` is the
+/// One entry against the index, nothing inserted: what [`link`] decides for it. One entry
+/// is no pattern to register: `frames` holds its source's registration when the caller
+/// registered the source's craters before (else [`Frames::none`]: its position as given),
+/// and `desc` is of its crop as the catalogue sees it ([`UPRIGHT_MIN_DEG`]). `near` is the
 /// index's [`Neighbours`] with [`Frames::none`] (build it once per index, not per entry).
 pub fn link_one(
     engine: &Engine,
     near: &Neighbours,
     rule: &LinkRule,
     opts: &LinkOptions,
+    frames: &Frames,
     meta: ImageMeta,
     desc: &Descriptors,
 ) -> LinkRow {
@@ -449,9 +452,9 @@ pub fn link_one(
         .search(std::slice::from_ref(desc), &params(opts))
         .pop()
         .unwrap_or_default();
-    let frames = Frames::none();
-    let cands = entry_candidates(engine, near, rule, &frames, &meta, desc, hits);
-    decide(rule, meta, cands, None)
+    let cands = entry_candidates(engine, near, rule, frames, &meta, desc, hits);
+    let registration = frames.place(&meta).registration.cloned();
+    decide(rule, meta, cands, registration)
 }
 
 /// What [`link`] decides for `entries` without inserting, when they are one partition of a

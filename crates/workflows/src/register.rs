@@ -226,6 +226,16 @@ impl Grid {
     fn around(&self, x: f64, y: f64, r: f64, mut f: impl FnMut(usize)) {
         let (x0, y0) = Self::key(self.cell, x - r, y - r);
         let (x1, y1) = Self::key(self.cell, x + r, y + r);
+        let span = (x1 as f64 - x0 as f64 + 1.0) * (y1 as f64 - y0 as f64 + 1.0);
+        if span > 4.0 * self.cells.len() as f64 {
+            // a disc wider than the field: visiting the occupied cells is cheaper
+            for (&(cx, cy), v) in &self.cells {
+                if (x0..=x1).contains(&cx) && (y0..=y1).contains(&cy) {
+                    v.iter().for_each(|&i| f(i as usize));
+                }
+            }
+            return;
+        }
         for cx in x0..=x1 {
             for cy in y0..=y1 {
                 if let Some(v) = self.cells.get(&(cx, cy)) {
@@ -250,7 +260,7 @@ impl Grid {
                     }
                 }
             });
-            if found.len() >= k || found.len() + 1 >= points.len() {
+            if found.len() >= k || found.len() + 1 >= points.len() || !r.is_finite() {
                 found.sort_by(|a, b| a.0.total_cmp(&b.0));
                 return found.into_iter().take(k).map(|(_, j)| j).collect();
             }
@@ -519,6 +529,14 @@ pub fn register(
     o: &RegisterOptions,
 ) -> Result<Fit, NotRegistered> {
     let refuse = |reason: String| NotRegistered { reason, best: None };
+    let usable = |c: &Crater| c.x.is_finite() && c.y.is_finite() && c.d.is_finite() && c.d > 0.0;
+    for (name, craters) in [("source", source), ("catalogue", catalogue)] {
+        if let Some(i) = craters.iter().position(|c| !usable(c)) {
+            return Err(refuse(format!(
+                "{name} crater {i}: centre and diameter must be finite, the diameter positive"
+            )));
+        }
+    }
     if source.len() < o.min_inliers.max(3) {
         return Err(refuse(format!(
             "{} craters with positions, {} needed",
@@ -835,6 +853,16 @@ pub struct Placed<'a> {
 }
 
 fn planar_of(meta: &ImageMeta, kind: FrameKind, origin: (f64, f64), r_km: f64) -> Option<Crater> {
+    let c = planar_unchecked(meta, kind, origin, r_km)?;
+    (c.x.is_finite() && c.y.is_finite() && c.d.is_finite() && c.d > 0.0).then_some(c)
+}
+
+fn planar_unchecked(
+    meta: &ImageMeta,
+    kind: FrameKind,
+    origin: (f64, f64),
+    r_km: f64,
+) -> Option<Crater> {
     match (kind, Position::of(meta)?) {
         (FrameKind::Pixels, Position::Frame { x, y, diameter_px }) => Some(Crater {
             x,
@@ -1271,6 +1299,21 @@ mod tests {
             let tol = if k % 3 == 2 { 3.0 } else { 0.01 };
             assert!((v - warp.matrix[k]).abs() < tol, "{f:?}");
         }
+    }
+
+    #[test]
+    fn absurd_craters_are_refused_or_registered_without_hanging() {
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let cat = field(200, 2000.0, &mut rng);
+        let mut src = cat.clone();
+        src[3].d = f64::NAN;
+        let e = register(&src, &cat, &RegisterOptions::default()).unwrap_err();
+        assert!(e.reason.contains("source crater 3"), "{e:?}");
+        // finite but absurd: a disc wider than any grid, a crater a world away
+        let mut src = cat.clone();
+        (src[5].d, src[6].x, src[7].y) = (1e300, 1e15, -1e300);
+        let f = register(&src, &cat, &RegisterOptions::default()).unwrap();
+        assert!(f.inliers.len() >= 190, "{f:?}");
     }
 
     #[test]

@@ -1,0 +1,161 @@
+//! Registering a new observation's craters to the catalogue (`POST /v1/register`) ahead of
+//! linking its crops one at a time (`POST /v1/link` with the same `source`): one crop is no
+//! pattern, the image's craters are. The service keeps the latest registrations of the most
+//! recent sources.
+
+use crate::api::ErrorBody;
+use crate::auth::authorize;
+use crate::error::{ApiError, ApiResult};
+use crate::search::blocking;
+use crate::Svc;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::Json;
+use craterdex_engine::ImageMeta;
+use craterdex_workflows::{Frames, LinkOptions, LinkRule, SourceRegistration};
+use serde::Deserialize;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use utoipa::ToSchema;
+
+/// Sources whose registration the service keeps (the oldest is forgotten first).
+pub const KEPT_SOURCES: usize = 4096;
+
+/// The craters of one new image (its `source`), in its pixel frame or on the body.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterRequest {
+    /// The image's name, as the `source` field of the crops then linked.
+    #[schema(min_length = 1, max_length = 256)]
+    pub source: String,
+    #[schema(min_items = 1)]
+    pub craters: Vec<CraterPosition>,
+}
+
+/// A crater's centre and diameter: `x`, `y`, `diameter_px` in the image, or `lat`, `lon`,
+/// `diameter_km` on the body.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CraterPosition {
+    #[schema(nullable = false)]
+    pub x: Option<f64>,
+    #[schema(nullable = false)]
+    pub y: Option<f64>,
+    #[schema(nullable = false)]
+    pub diameter_px: Option<f64>,
+    #[schema(nullable = false)]
+    pub lat: Option<f64>,
+    #[schema(nullable = false)]
+    pub lon: Option<f64>,
+    #[schema(nullable = false)]
+    pub diameter_km: Option<f64>,
+}
+
+/// Each source's registration, and the sources oldest first.
+type Kept = (HashMap<String, Arc<SourceRegistration>>, VecDeque<String>);
+
+/// The latest registration of each recent source.
+#[derive(Default)]
+pub struct Registrations(Mutex<Kept>);
+
+impl Registrations {
+    pub fn get(&self, source: &str) -> Option<Arc<SourceRegistration>> {
+        let kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        kept.0.get(source).cloned()
+    }
+
+    fn put(&self, source: String, reg: Arc<SourceRegistration>) {
+        let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let (by_source, order) = &mut *kept;
+        if by_source.insert(source.clone(), reg).is_none() {
+            order.push_back(source);
+        }
+        while order.len() > KEPT_SOURCES {
+            if let Some(old) = order.pop_front() {
+                by_source.remove(&old);
+            }
+        }
+    }
+
+    /// The frames that place an entry of `source` (none known: as given).
+    pub fn frames_for(&self, source: Option<&str>, rule: &LinkRule) -> Frames {
+        match source.and_then(|s| self.get(s)) {
+            Some(reg) => Frames::of_registrations([(*reg).clone()], rule.body_radius_km),
+            None => Frames::none(),
+        }
+    }
+}
+
+fn metas_of(req: &RegisterRequest) -> ApiResult<Vec<ImageMeta>> {
+    if req.source.trim().is_empty() || req.source.len() > 256 {
+        return Err(ApiError::bad_request(
+            "source: give the image's name (1 to 256 characters)",
+        ));
+    }
+    req.craters
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let pixels = [c.x, c.y, c.diameter_px];
+            let body = [c.lat, c.lon, c.diameter_km];
+            let full = |v: &[Option<f64>; 3]| v.iter().all(|x| x.is_some_and(f64::is_finite));
+            if !full(&pixels) && !full(&body) {
+                return Err(ApiError::bad_request(format!(
+                    "craters[{i}]: give finite x, y and diameter_px, or lat, lon and diameter_km"
+                )));
+            }
+            Ok(ImageMeta {
+                id: format!("{}#{i}", req.source),
+                source: Some(req.source.clone()),
+                x: c.x,
+                y: c.y,
+                diameter_px: c.diameter_px,
+                lat: c.lat,
+                lon: c.lon,
+                diameter_km: c.diameter_km,
+                ..ImageMeta::default()
+            })
+        })
+        .collect()
+}
+
+/// Register a new image's craters to the catalogue by their pattern (rotation, scale and
+/// shift found by pattern matching with a significance test), so that its crops linked
+/// afterwards with the same `source` are placed and turned as the catalogue sees them.
+#[utoipa::path(
+    post,
+    path = "/v1/register",
+    request_body = RegisterRequest,
+    security((), ("apiKey" = []), ("bearer" = [])),
+    responses(
+        (status = 200, description = "the registration (registered or why not)", body = SourceRegistration),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
+        (status = 422, body = ErrorBody), (status = 503, body = ErrorBody),
+    )
+)]
+pub async fn register_source(
+    State(svc): State<Svc>,
+    headers: HeaderMap,
+    body: Result<Json<RegisterRequest>, JsonRejection>,
+) -> ApiResult<Json<SourceRegistration>> {
+    authorize(&svc, &headers, false)?;
+    let Json(req) = body.map_err(|e| ApiError::new(e.status(), e.body_text()))?;
+    let metas = metas_of(&req)?;
+    let engine = svc.snapshot()?;
+    let svc2 = svc.clone();
+    let reg = blocking(move || {
+        let rule = crate::link::context(&svc2, &engine)?.0.clone();
+        let frames =
+            craterdex_workflows::register_entries(&engine, &rule, &LinkOptions::default(), &metas);
+        frames
+            .registrations()
+            .into_iter()
+            .next()
+            .ok_or_else(|| ApiError::bad_request("no crater with a position"))
+    })
+    .await?;
+    svc.registrations.put(req.source, reg.clone());
+    Ok(Json((*reg).clone()))
+}
