@@ -944,13 +944,17 @@ fn frame_of(metas: &[&ImageMeta]) -> Option<(FrameKind, (f64, f64))> {
     })
 }
 
-/// Registers one source's entries to `catalogue` (metas of the catalogue's frame).
+/// Registers one source's entries to `catalogue` (metas of the catalogue's frame); `wide`:
+/// pixel positions that do not register against the catalogue around them are tried
+/// against all of it (not for [`Frames::of_index`], where a source with nothing around it
+/// anchors its own area).
 fn register_source(
     source: Option<String>,
     entries: &[&ImageMeta],
     catalogue: &[&ImageMeta],
     o: &RegisterOptions,
     r_km: f64,
+    wide: bool,
 ) -> Option<SourceRegistration> {
     let (kind, origin) = frame_of(entries)?;
     let src: Vec<Crater> = entries
@@ -971,7 +975,7 @@ fn register_source(
     let mut attempt = register(&src, &cat, o);
     // a body position is near its true place; a pixel position may instead be in the
     // source image's own frame, unrelated to the catalogue's: then the whole catalogue
-    if attempt.is_err() && kind == FrameKind::Pixels && all.len() > cat.len() {
+    if wide && attempt.is_err() && kind == FrameKind::Pixels && all.len() > cat.len() {
         let wide = register(&src, &all, o);
         if wide.is_ok() {
             (cat, attempt) = (all.clone(), wide);
@@ -1091,7 +1095,8 @@ impl Frames {
                         .collect(),
                     None => catalogue.clone(),
                 };
-                let reg = register_source(source.clone(), &members, &others, o, body_radius_km)?;
+                let reg =
+                    register_source(source.clone(), &members, &others, o, body_radius_km, true)?;
                 Some((source, Arc::new(reg)))
             })
             .collect();
@@ -1123,7 +1128,7 @@ impl Frames {
         for (source, members) in groups.iter().skip(1) {
             let anchor: Vec<&ImageMeta> = placed.iter().collect();
             let Some(mut reg) =
-                register_source(source.clone(), members, &anchor, o, body_radius_km)
+                register_source(source.clone(), members, &anchor, o, body_radius_km, false)
             else {
                 continue;
             };
