@@ -74,6 +74,15 @@ fn features(vit: &Vit, path: &Path) -> craterdex_model::vit::ImageFeatures {
     vit.forward(&[t]).unwrap().pop().unwrap()
 }
 
+fn descriptors(vit: &Vit, encoder: &Encoder, path: &Path) -> craterdex_tokens::Descriptors {
+    let f = features(vit, path);
+    encoder.encode(FeatureRef {
+        cls: &f.cls,
+        patches: &f.patches,
+        attention: &f.attention,
+    })
+}
+
 fn fixture() -> Fixture {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().to_path_buf();
@@ -101,12 +110,7 @@ fn fixture() -> Fixture {
         .iter()
         .enumerate()
         .map(|(i, p)| {
-            let f = features(&vit, p);
-            let desc = encoder.encode(FeatureRef {
-                cls: &f.cls,
-                patches: &f.patches,
-                attention: &f.attention,
-            });
+            let desc = descriptors(&vit, &encoder, p);
             let meta = ImageMeta {
                 id: format!("c{i:02}"),
                 crater_id: Some(format!("crater-{}", i / 2)),
@@ -903,12 +907,7 @@ fn field_fixture() -> (Fixture, Vec<(f64, f64, f64)>) {
         .enumerate()
         .map(|(i, &(lat, lon, d))| {
             let p = &f.images[i % f.images.len()];
-            let ft = features(&vit, p);
-            let desc = encoder.encode(FeatureRef {
-                cls: &ft.cls,
-                patches: &ft.patches,
-                attention: &ft.attention,
-            });
+            let desc = descriptors(&vit, &encoder, p);
             let meta = ImageMeta {
                 id: format!("f{i:02}"),
                 crater_id: Some(format!("crater-{i}")),
