@@ -132,7 +132,7 @@ mod tests {
         config.limits.max_top_k = 77;
         let doc = serde_json::to_value(document(&config, Some(384))).unwrap();
         let paths = doc["paths"].as_object().unwrap();
-        assert_eq!(paths.len(), 11, "{:?}", paths.keys());
+        assert_eq!(paths.len(), 12, "{:?}", paths.keys());
         let similar = &doc["paths"]["/v1/images/{id}/similar"]["get"]["parameters"];
         let top_k = similar
             .as_array()
