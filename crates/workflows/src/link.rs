@@ -359,6 +359,72 @@ pub fn register_entries(
     }
 }
 
+/// [`register_entries`], then the sources crater patterns did not register registered again,
+/// seeded by their entries' confident appearance matches: the top hit of another source that
+/// the rule would match on appearance alone (a source with few craters, or seen at another
+/// resolution, whose craters' neighbourhoods differ from the catalogue's). What [`link`] does
+/// first.
+pub fn register_entries_seeded(
+    engine: &Engine,
+    rule: &LinkRule,
+    opts: &LinkOptions,
+    entries: &[(ImageMeta, Descriptors)],
+) -> Frames {
+    let metas: Vec<ImageMeta> = entries.iter().map(|(m, _)| m.clone()).collect();
+    let mut frames = register_entries(engine, rule, opts, &metas);
+    if !opts.register {
+        return frames;
+    }
+    let failed: Vec<Option<String>> = frames
+        .registrations()
+        .iter()
+        .filter(|r| !r.registered)
+        .map(|r| r.source.clone())
+        .collect();
+    let chosen: Vec<&(ImageMeta, Descriptors)> = entries
+        .iter()
+        .filter(|(m, _)| failed.contains(&m.source))
+        .collect();
+    if chosen.len() < 2 {
+        return frames;
+    }
+    let descs: Vec<Descriptors> = chosen.iter().map(|(_, d)| d.clone()).collect();
+    let top = SearchParams {
+        top_k: 1,
+        ..params(opts)
+    };
+    let seeds: Vec<(String, String)> = chosen
+        .iter()
+        .zip(engine.search(&descs, &top))
+        .filter_map(|((m, _), hits)| {
+            let h = hits.into_iter().next()?;
+            let confident = rule.confidence(h.score, None) >= rule.match_confidence;
+            (confident && h.meta.source != m.source).then(|| (m.id.clone(), h.id))
+        })
+        .collect();
+    if seeds.len() < 2 {
+        return frames;
+    }
+    let metas: Vec<ImageMeta> = chosen.iter().map(|(m, _)| m.clone()).collect();
+    let seeded = Frames::of_entries_seeded(
+        engine.index(),
+        &metas,
+        &seeds,
+        &RegisterOptions::default(),
+        rule.body_radius_km,
+    );
+    let now_registered = seeded
+        .registrations()
+        .into_iter()
+        .filter(|r| r.registered)
+        .map(|r| (*r).clone());
+    frames.extend(Frames::of_registrations(
+        now_registered,
+        rule.body_radius_km,
+    ));
+    frames
+}
+
 /// Below this rotation a registered source's crops are compared as they are.
 pub const UPRIGHT_MIN_DEG: f64 = 10.0;
 
@@ -522,8 +588,7 @@ pub fn link(
     let mut grown: Option<Engine> = None;
     let params = params(opts);
     let mut rows = Vec::with_capacity(entries.len());
-    let metas: Vec<ImageMeta> = entries.iter().map(|(m, _)| m.clone()).collect();
-    let frames = register_entries(engine, rule, opts, &metas);
+    let frames = register_entries_seeded(engine, rule, opts, &entries);
     let turned = upright(engine, &frames, &entries, progress);
     let entries = with_turned(entries, turned);
     let mut near = Neighbours::of_index(engine.index(), rule, &frames);

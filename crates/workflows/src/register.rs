@@ -528,6 +528,40 @@ pub fn register(
     catalogue: &[Crater],
     o: &RegisterOptions,
 ) -> Result<Fit, NotRegistered> {
+    register_seeded(source, catalogue, &[], o)
+}
+
+/// The median scale the seeds' pairs suggest (the reach of the catalogue they need).
+fn seed_scale(src: &[Crater], cat: &[Crater], seeds: &[(usize, usize)]) -> f64 {
+    let scales: Vec<f64> = seeds
+        .windows(2)
+        .filter_map(|w| pair_transform((src[w[0].0], src[w[1].0]), (cat[w[0].1], cat[w[1].1])))
+        .map(|t| t.scale())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .collect();
+    if scales.is_empty() {
+        1.0
+    } else {
+        median(scales).clamp(1e-3, 1e3)
+    }
+}
+
+/// Seeds of [`register_seeded`] whose pairs propose transforms (the first this many).
+const MAX_SEEDS: usize = 64;
+
+/// [`register`] with `seeds`, (source index, catalogue index) correspondences known by other
+/// evidence (confident appearance matches): every two of them propose the similarity that
+/// maps one onto the other, tried first, at any scale and without the neighbours'
+/// confirmation (a source
+/// whose craters' neighbourhoods differ from the catalogue's, e.g. seen at a coarser
+/// resolution, has no pattern key in common with it). Wrong seeds are outvoted as any
+/// hypothesis is, and count in the false-alarm bound.
+pub fn register_seeded(
+    source: &[Crater],
+    catalogue: &[Crater],
+    seeds: &[(usize, usize)],
+    o: &RegisterOptions,
+) -> Result<Fit, NotRegistered> {
     let refuse = |reason: String| NotRegistered { reason, best: None };
     let usable = |c: &Crater| c.x.is_finite() && c.y.is_finite() && c.d.is_finite() && c.d > 0.0;
     for (name, craters) in [("source", source), ("catalogue", catalogue)] {
@@ -569,6 +603,28 @@ pub fn register(
         .collect();
     let mut hypotheses: Vec<Transform> = Vec::new();
     let mut generated = 0usize;
+    let seeds: Vec<(usize, usize)> = seeds
+        .iter()
+        .copied()
+        .filter(|&(i, j)| i < source.len() && j < catalogue.len())
+        .take(MAX_SEEDS)
+        .collect();
+    for (a, &(i1, j1)) in seeds.iter().enumerate() {
+        for &(i2, j2) in &seeds[a + 1..] {
+            if i1 == i2 || j1 == j2 {
+                continue;
+            }
+            let Some(t) = pair_transform((source[i1], source[i2]), (catalogue[j1], catalogue[j2]))
+            else {
+                continue;
+            };
+            // appearance is evidence enough for any scale (another instrument's resolution)
+            if t.scale().is_finite() && t.scale() > 0.0 {
+                generated += 1;
+                hypotheses.push(t);
+            }
+        }
+    }
     let cap = if o.max_hypotheses == 0 {
         usize::MAX
     } else {
@@ -955,24 +1011,59 @@ fn register_source(
     o: &RegisterOptions,
     r_km: f64,
     wide: bool,
+    seeds: &[(String, String)],
 ) -> Option<SourceRegistration> {
     let (kind, origin) = frame_of(entries)?;
-    let src: Vec<Crater> = entries
+    let (src, src_ids): (Vec<Crater>, Vec<&str>) = entries
         .iter()
-        .filter_map(|m| planar_of(m, kind, origin, r_km))
-        .collect();
+        .filter_map(|m| Some((planar_of(m, kind, origin, r_km)?, m.id.as_str())))
+        .unzip();
     let (x0, y0, x1, y1) = bounds(&src);
     let grow = o.margin * (x1 - x0).max(y1 - y0);
-    let all: Vec<Crater> = catalogue
+    let (all, all_ids): (Vec<Crater>, Vec<&str>) = catalogue
         .iter()
-        .filter_map(|m| planar_of(m, kind, origin, r_km))
-        .collect();
+        .filter_map(|m| Some((planar_of(m, kind, origin, r_km)?, m.id.as_str())))
+        .unzip();
+    let within = |c: &Crater, (u0, v0, u1, v1): (f64, f64, f64, f64), g: f64| {
+        c.x >= u0 - g && c.x <= u1 + g && c.y >= v0 - g && c.y <= v1 + g
+    };
     let mut cat: Vec<Crater> = all
         .iter()
         .copied()
-        .filter(|c| c.x >= x0 - grow && c.x <= x1 + grow && c.y >= y0 - grow && c.y <= y1 + grow)
+        .filter(|c| within(c, (x0, y0, x1, y1), grow))
         .collect();
     let mut attempt = register(&src, &cat, o);
+    if attempt.is_err() && !seeds.is_empty() {
+        // the catalogue around the seeds' catalogue craters, as far as the source could reach
+        let at_src: HashMap<&str, usize> =
+            src_ids.iter().enumerate().map(|(i, id)| (*id, i)).collect();
+        let at_all: HashMap<&str, usize> =
+            all_ids.iter().enumerate().map(|(j, id)| (*id, j)).collect();
+        let pairs: Vec<(usize, usize)> = seeds
+            .iter()
+            .filter_map(|(e, c)| Some((*at_src.get(e.as_str())?, *at_all.get(c.as_str())?)))
+            .collect();
+        if pairs.len() >= 2 {
+            let seen: Vec<Crater> = pairs.iter().map(|p| all[p.1]).collect();
+            let reach = (x1 - x0).hypot(y1 - y0) * seed_scale(&src, &all, &pairs);
+            let (near, index_of): (Vec<Crater>, Vec<usize>) = all
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| within(c, bounds(&seen), reach))
+                .map(|(j, c)| (*c, j))
+                .unzip();
+            let at_near: HashMap<usize, usize> =
+                index_of.iter().enumerate().map(|(k, j)| (*j, k)).collect();
+            let local: Vec<(usize, usize)> = pairs
+                .iter()
+                .filter_map(|&(i, j)| Some((i, *at_near.get(&j)?)))
+                .collect();
+            let seeded = register_seeded(&src, &near, &local, o);
+            if seeded.is_ok() {
+                (cat, attempt) = (near, seeded);
+            }
+        }
+    }
     // a body position is near its true place; a pixel position may instead be in the
     // source image's own frame, unrelated to the catalogue's: then the whole catalogue
     if wide && attempt.is_err() && kind == FrameKind::Pixels && all.len() > cat.len() {
@@ -1082,6 +1173,19 @@ impl Frames {
         o: &RegisterOptions,
         body_radius_km: f64,
     ) -> Frames {
+        Self::of_entries_seeded(index, entries, &[], o, body_radius_km)
+    }
+
+    /// [`Frames::of_entries`] where `seeds`, (entry id, index entry id) pairs known to show
+    /// one crater (confident appearance matches), seed the sources that crater patterns alone
+    /// do not register ([`register_seeded`]).
+    pub fn of_entries_seeded(
+        index: &Index,
+        entries: &[ImageMeta],
+        seeds: &[(String, String)],
+        o: &RegisterOptions,
+        body_radius_km: f64,
+    ) -> Frames {
         let groups = by_source(entries);
         let catalogue: Vec<&ImageMeta> = index.live_rows().map(|r| index.meta(r)).collect();
         let by_source = groups
@@ -1095,8 +1199,15 @@ impl Frames {
                         .collect(),
                     None => catalogue.clone(),
                 };
-                let reg =
-                    register_source(source.clone(), &members, &others, o, body_radius_km, true)?;
+                let reg = register_source(
+                    source.clone(),
+                    &members,
+                    &others,
+                    o,
+                    body_radius_km,
+                    true,
+                    seeds,
+                )?;
                 Some((source, Arc::new(reg)))
             })
             .collect();
@@ -1127,9 +1238,15 @@ impl Frames {
         let mut placed: Vec<ImageMeta> = reference.iter().map(|m| (*m).clone()).collect();
         for (source, members) in groups.iter().skip(1) {
             let anchor: Vec<&ImageMeta> = placed.iter().collect();
-            let Some(mut reg) =
-                register_source(source.clone(), members, &anchor, o, body_radius_km, false)
-            else {
+            let Some(mut reg) = register_source(
+                source.clone(),
+                members,
+                &anchor,
+                o,
+                body_radius_km,
+                false,
+                &[],
+            ) else {
                 continue;
             };
             if reg.catalogue == 0 {

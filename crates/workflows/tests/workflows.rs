@@ -696,3 +696,86 @@ fn link_and_dedup_register_a_turned_shifted_observation_first() {
     let groups = dedup(&engine, &rule, &unregistered, &Frames::none(), &Silent).unwrap();
     assert!(score_groups(&groups, &metas).found_exactly < 30);
 }
+
+/// A catalogue of many small craters and an observation at a third of its resolution that
+/// detects only the large ones, turned by 70 degrees and shifted: the large craters'
+/// neighbours differ between the two, so crater patterns alone do not register it; their
+/// confident appearance matches seed the transform.
+#[test]
+fn appearance_matches_seed_a_source_patterns_alone_cannot_register() {
+    use craterdex_workflows::{register_entries, register_entries_seeded, registrations};
+    let tmp = tempfile::tempdir().unwrap();
+    let mut rng = Rng8::seed_from_u64(61);
+    let n = 400;
+    let field: Vec<(f64, f64, f64)> = (0..n)
+        .map(|_| {
+            (
+                rng.gen_range(0.0..4000.0),
+                rng.gen_range(0.0..4000.0),
+                8.0 * (1.0 - rng.gen_range(0.0..0.99f64)).powf(-0.7),
+            )
+        })
+        .collect();
+    let at = |id: String, crater: String, source: &str, (x, y, d): (f64, f64, f64)| ImageMeta {
+        id,
+        crater_id: Some(crater),
+        source: Some(source.into()),
+        x: Some(x),
+        y: Some(y),
+        diameter_px: Some(d),
+        ..Default::default()
+    };
+    let truth: Vec<Descriptors> = (0..n).map(|_| crater(&mut rng)).collect();
+    let first: Vec<(ImageMeta, Descriptors)> = (0..n)
+        .map(|i| {
+            let m = at(format!("a{i}"), format!("c{i}"), "survey", field[i]);
+            (m, noisy(&truth[i], 0.1, &mut rng))
+        })
+        .collect();
+    let (angle, scale) = (70f64.to_radians(), 1.0 / 3.0);
+    let large: Vec<usize> = (0..n).filter(|&i| field[i].2 >= 40.0).collect();
+    assert!(
+        (15..60).contains(&large.len()),
+        "{} large craters",
+        large.len()
+    );
+    let second: Vec<(ImageMeta, Descriptors)> = large
+        .iter()
+        .map(|&i| {
+            let (x, y, d) = field[i];
+            let seen = (
+                scale * (x * angle.cos() - y * angle.sin()) + 900.0,
+                scale * (x * angle.sin() + y * angle.cos()) - 300.0,
+                scale * d,
+            );
+            let m = at(format!("b{i}"), format!("c{i}"), "coarse", seen);
+            (m, noisy(&truth[i], 0.1, &mut rng))
+        })
+        .collect();
+    let engine = build(&tmp.path().join("a"), &first);
+    let rule = LinkRule::default();
+    let opts = LinkOptions::default();
+    let metas: Vec<ImageMeta> = second.iter().map(|(m, _)| m.clone()).collect();
+    let by_pattern = register_entries(&engine, &rule, &opts, &metas).registrations();
+    assert!(!by_pattern[0].registered, "{:?}", by_pattern[0]);
+    let seeded = register_entries_seeded(&engine, &rule, &opts, &second).registrations();
+    let r = &seeded[0];
+    assert!(r.registered, "{r:?}");
+    assert!((r.rotation_deg.unwrap() + 70.0).abs() < 0.5, "{r:?}");
+    assert!((r.scale.unwrap() - 3.0).abs() < 0.03, "{r:?}");
+    // and link places every large crater on its own
+    let (rows, _) = link(&engine, second.clone(), &rule, &opts, &Silent).unwrap();
+    assert!(registrations(&rows)[0].registered);
+    let right = rows
+        .iter()
+        .filter(|r| {
+            r.decision == Decision::Match
+                && r.best.as_ref().and_then(|b| b.crater_id.as_ref()) == r.query.crater_id.as_ref()
+                && r.best
+                    .as_ref()
+                    .and_then(|b| b.offset_radii)
+                    .is_some_and(|o| o < 0.3)
+        })
+        .count();
+    assert_eq!(right, large.len());
+}
