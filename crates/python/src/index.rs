@@ -336,7 +336,12 @@ impl PyIndex {
                     &engine, &rule, &opts, &frames, &Silent,
                 )?);
             };
-            let idx = engine.index();
+            // every partition places the whole index's sources alike (registered once and
+            // shared, or alike again here) and turns their crops alike, so the edges are
+            // those of one run
+            let upright = craterdex_workflows::dedup::upright_engine(&engine, &frames, &Silent)?;
+            let searched = upright.as_ref().unwrap_or(&engine);
+            let idx = searched.index();
             let rows = ids
                 .iter()
                 .map(|id| {
@@ -345,11 +350,9 @@ impl PyIndex {
                 })
                 .collect::<Fallible<Vec<usize>>>()?;
             let core: Vec<ImageMeta> = rows.iter().map(|&r| idx.meta(r).clone()).collect();
-            // every partition places the whole index's sources alike (registered once and
-            // shared, or alike again here), so the edges are those of one run
             let near = craterdex_workflows::Neighbours::around(idx, &rule, &frames, &core);
             let edges = craterdex_workflows::dedup::edges(
-                &engine, &near, &rule, &frames, &opts, &rows, &Silent,
+                searched, &near, &rule, &frames, &opts, &rows, &Silent,
             );
             to_json(&edges)
         })

@@ -8,12 +8,13 @@
 //! member with the highest total confidence to the others as its surviving entry.
 
 use crate::error::Result;
-use crate::link::{entry_candidates, Neighbours};
+use crate::link::{entry_candidates, upright, Neighbours};
 use crate::register::{Frames, RegisterOptions};
 use crate::rule::LinkRule;
 use craterdex_engine::{Engine, Progress};
 use craterdex_errors::OrInvalid;
 use craterdex_index::{ImageMeta, Index, Mode, SearchParams};
+use craterdex_tokens::Descriptors;
 use serde::Serialize;
 use std::collections::{BTreeSet, HashMap};
 
@@ -137,7 +138,8 @@ fn find(parent: &mut [usize], mut x: usize) -> usize {
 }
 
 /// The groups of two or more entries, largest first, with the index's sources placed by
-/// `frames` ([`frames_of_index`]; the caller keeps them for its report).
+/// `frames` ([`frames_of_index`]; the caller keeps them for its report) and compared at one
+/// orientation ([`upright_engine`]).
 pub fn dedup(
     engine: &Engine,
     rule: &LinkRule,
@@ -145,13 +147,45 @@ pub fn dedup(
     frames: &Frames,
     progress: &dyn Progress,
 ) -> Result<Vec<DedupGroup>> {
-    let idx = engine.index();
-    let rows: Vec<usize> = idx.live_rows().collect();
-    let near = Neighbours::of_index(idx, rule, frames);
+    let upright = upright_engine(engine, frames, progress)?;
+    let searched = upright.as_ref().unwrap_or(engine);
+    let sidx = searched.index();
+    let rows: Vec<usize> = sidx.live_rows().collect();
+    let near = Neighbours::of_index(sidx, rule, frames);
     merge(
-        idx,
-        &edges(engine, &near, rule, frames, opts, &rows, progress),
+        engine.index(),
+        &edges(searched, &near, rule, frames, opts, &rows, progress),
     )
+}
+
+/// The index's live entries with the crops of every source registered at a rotation of
+/// [`crate::link::UPRIGHT_MIN_DEG`] or more re-encoded turned to the reference source's orientation, as an
+/// in-memory engine (same ids, encoder and codec; exact stage 1), so that every pair is
+/// compared the right way up both ways; None when no crop was turned (no model, no turned
+/// source, or no image paths). Edges computed on it merge on the index as usual (by id).
+pub fn upright_engine(
+    engine: &Engine,
+    frames: &Frames,
+    progress: &dyn Progress,
+) -> Result<Option<Engine>> {
+    let idx = engine.index();
+    let live: Vec<usize> = idx.live_rows().collect();
+    let metas: Vec<&ImageMeta> = live.iter().map(|&r| idx.meta(r)).collect();
+    let turned = upright(engine, frames, &metas, progress);
+    if turned.is_empty() {
+        return Ok(None);
+    }
+    let mut replaced: HashMap<usize, Descriptors> = turned.into_iter().collect();
+    let all: Vec<(ImageMeta, Descriptors)> = live
+        .iter()
+        .enumerate()
+        .map(|(k, &r)| {
+            let desc = replaced.remove(&k).unwrap_or_else(|| idx.descriptors_of(r));
+            (idx.meta(r).clone(), desc)
+        })
+        .collect();
+    let mini = Index::in_memory(&idx.encoder, &idx.codec, None, &all, None)?;
+    Ok(Some(Engine::new(mini, None)?))
 }
 
 /// The registration of the index's sources to each other, when the options ask for it.

@@ -428,14 +428,14 @@ pub fn register_entries_seeded(
 /// Below this rotation a registered source's crops are compared as they are.
 pub const UPRIGHT_MIN_DEG: f64 = 10.0;
 
-/// The descriptors of entries' crops turned to the catalogue's orientation, by entry
-/// position: for every source registered at a rotation of [`UPRIGHT_MIN_DEG`] or more whose
+/// The descriptors of entries' crops (`metas`) turned to the catalogue's orientation, by
+/// entry position: for every source registered at a rotation of [`UPRIGHT_MIN_DEG`] or more whose
 /// entries name their image files, when the engine has a model. A source whose images
 /// cannot all be read keeps its descriptors (said through `progress`).
 pub fn upright(
     engine: &Engine,
     frames: &Frames,
-    entries: &[(ImageMeta, Descriptors)],
+    metas: &[&ImageMeta],
     progress: &dyn Progress,
 ) -> Vec<(usize, Descriptors)> {
     let mut turned = Vec::new();
@@ -449,11 +449,11 @@ pub fn upright(
         else {
             continue;
         };
-        let (at, items): (Vec<usize>, Vec<(String, std::path::PathBuf)>) = entries
+        let (at, items): (Vec<usize>, Vec<(String, std::path::PathBuf)>) = metas
             .iter()
             .enumerate()
-            .filter(|(_, (m, _))| m.source == reg.source)
-            .filter_map(|(i, (m, _))| Some((i, (m.id.clone(), m.path.clone()?.into()))))
+            .filter(|(_, m)| m.source == reg.source)
+            .filter_map(|(i, m)| Some((i, (m.id.clone(), m.path.clone()?.into()))))
             .unzip();
         match engine.encode_turned(&items, deg.to_radians() as f32) {
             Ok(descs) => turned.extend(at.into_iter().zip(descs)),
@@ -544,7 +544,8 @@ pub fn link_partition(
         )
     );
     let metas: Vec<ImageMeta> = entries.iter().map(|(m, _)| m.clone()).collect();
-    let turned = upright(engine, frames, entries, progress);
+    let refs: Vec<&ImageMeta> = entries.iter().map(|(m, _)| m).collect();
+    let turned = upright(engine, frames, &refs, progress);
     // a copy only where some crops were turned
     let turned_entries;
     let entries = if turned.is_empty() {
@@ -589,7 +590,8 @@ pub fn link(
     let params = params(opts);
     let mut rows = Vec::with_capacity(entries.len());
     let frames = register_entries_seeded(engine, rule, opts, &entries);
-    let turned = upright(engine, &frames, &entries, progress);
+    let refs: Vec<&ImageMeta> = entries.iter().map(|(m, _)| m).collect();
+    let turned = upright(engine, &frames, &refs, progress);
     let entries = with_turned(entries, turned);
     let mut near = Neighbours::of_index(engine.index(), rule, &frames);
     progress.start("link", entries.len());

@@ -7,8 +7,10 @@ use anyhow::Result;
 use clap::Args;
 use craterdex_engine::{Engine, ImageMeta};
 use craterdex_workflows::dedup::{frames_of_index, score_groups};
+use craterdex_workflows::link::UPRIGHT_MIN_DEG;
 use craterdex_workflows::{dedup, DedupOptions, LinkRule};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 #[derive(Args)]
 pub struct DedupCmd {
@@ -27,6 +29,9 @@ pub struct DedupCmd {
     /// their crater patterns first.
     #[arg(long)]
     pub no_register: bool,
+    /// The model that re-encodes the crops of a source registered turned (loaded only then).
+    #[command(flatten)]
+    pub model: crate::args::ModelOpts,
 }
 
 pub fn run(c: DedupCmd) -> Result<()> {
@@ -41,6 +46,16 @@ pub fn run(c: DedupCmd) -> Result<()> {
         ..DedupOptions::default()
     };
     let frames = frames_of_index(engine.index(), &rule, &opts);
+    let turned = frames
+        .registrations()
+        .iter()
+        .any(|r| r.registered && r.rotation_deg.is_some_and(|d| d.abs() >= UPRIGHT_MIN_DEG));
+    let engine = if turned {
+        // its crops are compared turned to the reference's orientation
+        engine.with_extractor(Arc::new(c.model.load()?))?
+    } else {
+        engine
+    };
     let groups = dedup(&engine, &rule, &opts, &frames, &Bars::new())?;
     let idx = engine.index();
     let live: Vec<ImageMeta> = idx.live_rows().map(|r| idx.meta(r).clone()).collect();
