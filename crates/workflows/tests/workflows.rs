@@ -496,6 +496,39 @@ fn dedup_and_link_cut_into_bands_with_a_halo_equal_the_whole_run() {
     assert!(link_partition(&engine, &observed, &rule, &insert, &frames, &Silent).is_err());
 }
 
+/// `n` craters uniform over a square of `side` px, diameters from a power law
+/// `d0 * (1 - u)^exponent` with `u` uniform below `u_max` (as real size-frequency
+/// distributions).
+fn pixel_field(
+    n: usize,
+    side: f64,
+    (d0, u_max, exponent): (f64, f64, f64),
+    rng: &mut Rng8,
+) -> Vec<(f64, f64, f64)> {
+    (0..n)
+        .map(|_| {
+            (
+                rng.gen_range(0.0..side),
+                rng.gen_range(0.0..side),
+                d0 * (1.0 - rng.gen_range(0.0..u_max)).powf(exponent),
+            )
+        })
+        .collect()
+}
+
+/// An entry of crater `crater` seen by `source` at (x, y, diameter) in its pixels.
+fn pixel_entry(id: String, crater: String, source: &str, (x, y, d): (f64, f64, f64)) -> ImageMeta {
+    ImageMeta {
+        id,
+        crater_id: Some(crater),
+        source: Some(source.into()),
+        x: Some(x),
+        y: Some(y),
+        diameter_px: Some(d),
+        ..Default::default()
+    }
+}
+
 /// A catalogue in one pixel frame and a second observation of it turned by 120 degrees,
 /// at 0.8 the resolution and shifted by 500 px, whose crater images look little alike:
 /// only registration can link it.
@@ -505,24 +538,8 @@ fn link_and_dedup_register_a_turned_shifted_observation_first() {
     let tmp = tempfile::tempdir().unwrap();
     let mut rng = Rng8::seed_from_u64(41);
     let n = 150;
-    let field: Vec<(f64, f64, f64)> = (0..n)
-        .map(|_| {
-            (
-                rng.gen_range(0.0..3000.0),
-                rng.gen_range(0.0..3000.0),
-                12.0 * (1.0 - rng.gen_range(0.0..0.95f64)).powf(-0.6),
-            )
-        })
-        .collect();
-    let at = |id: String, crater: String, source: &str, (x, y, d): (f64, f64, f64)| ImageMeta {
-        id,
-        crater_id: Some(crater),
-        source: Some(source.into()),
-        x: Some(x),
-        y: Some(y),
-        diameter_px: Some(d),
-        ..Default::default()
-    };
+    let field = pixel_field(n, 3000.0, (12.0, 0.95, -0.6), &mut rng);
+    let at = pixel_entry;
     let truth: Vec<Descriptors> = (0..n).map(|_| crater(&mut rng)).collect();
     let first: Vec<(ImageMeta, Descriptors)> = (0..n)
         .map(|i| {
@@ -707,24 +724,8 @@ fn appearance_matches_seed_a_source_patterns_alone_cannot_register() {
     let tmp = tempfile::tempdir().unwrap();
     let mut rng = Rng8::seed_from_u64(61);
     let n = 400;
-    let field: Vec<(f64, f64, f64)> = (0..n)
-        .map(|_| {
-            (
-                rng.gen_range(0.0..4000.0),
-                rng.gen_range(0.0..4000.0),
-                8.0 * (1.0 - rng.gen_range(0.0..0.99f64)).powf(-0.7),
-            )
-        })
-        .collect();
-    let at = |id: String, crater: String, source: &str, (x, y, d): (f64, f64, f64)| ImageMeta {
-        id,
-        crater_id: Some(crater),
-        source: Some(source.into()),
-        x: Some(x),
-        y: Some(y),
-        diameter_px: Some(d),
-        ..Default::default()
-    };
+    let field = pixel_field(n, 4000.0, (8.0, 0.99, -0.7), &mut rng);
+    let at = pixel_entry;
     let truth: Vec<Descriptors> = (0..n).map(|_| crater(&mut rng)).collect();
     let first: Vec<(ImageMeta, Descriptors)> = (0..n)
         .map(|i| {
