@@ -87,9 +87,14 @@ impl Registrations {
     }
 }
 
+/// Well-formed JSON whose content cannot be registered.
+fn unprocessable(message: impl Into<String>) -> ApiError {
+    ApiError::new(axum::http::StatusCode::UNPROCESSABLE_ENTITY, message)
+}
+
 fn metas_of(req: &RegisterRequest) -> ApiResult<Vec<ImageMeta>> {
     if req.source.trim().is_empty() || req.source.len() > 256 {
-        return Err(ApiError::bad_request(
+        return Err(unprocessable(
             "source: give the image's name (1 to 256 characters)",
         ));
     }
@@ -101,7 +106,7 @@ fn metas_of(req: &RegisterRequest) -> ApiResult<Vec<ImageMeta>> {
             let body = [c.lat, c.lon, c.diameter_km];
             let full = |v: &[Option<f64>; 3]| v.iter().all(|x| x.is_some_and(f64::is_finite));
             if !full(&pixels) && !full(&body) {
-                return Err(ApiError::bad_request(format!(
+                return Err(unprocessable(format!(
                     "craters[{i}]: give finite x, y and diameter_px, or lat, lon and diameter_km"
                 )));
             }
@@ -153,7 +158,7 @@ pub async fn register_source(
             .registrations()
             .into_iter()
             .next()
-            .ok_or_else(|| ApiError::bad_request("no crater with a position"))
+            .ok_or_else(|| unprocessable("no crater with a position"))
     })
     .await?;
     svc.registrations.put(req.source, reg.clone());

@@ -1009,7 +1009,7 @@ async fn a_registered_source_places_its_linked_crops() {
         post(json!({"source": "obs4", "craters": [{"lat": 1.0}]})),
     )
     .await;
-    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
     assert!(
         v["error"]["message"]
             .as_str()
