@@ -178,12 +178,7 @@ impl Engine {
         for chunk in items.chunks(64) {
             let images = chunk
                 .iter()
-                .map(|(_, p)| {
-                    let img = craterdex_model::preprocess::load_image(p)?;
-                    Ok(image::DynamicImage::ImageRgb32F(
-                        craterdex_model::preprocess::turn(&img.to_rgb32f(), angle),
-                    ))
-                })
+                .map(|(_, p)| Ok(turned(&craterdex_model::preprocess::load_image(p)?, angle)))
                 .collect::<Result<Vec<_>>>()?;
             let ids: Vec<String> = chunk.iter().map(|(id, _)| id.clone()).collect();
             out.extend(self.encode(&extractor.features_of_images(&ids, &images)?));
@@ -198,8 +193,7 @@ impl Engine {
         image: &image::DynamicImage,
         angle: f32,
     ) -> Result<Descriptors> {
-        let turned = craterdex_model::preprocess::turn(&image.to_rgb32f(), angle);
-        self.encode_image(&image::DynamicImage::ImageRgb32F(turned))
+        self.encode_image(&turned(image, angle))
     }
 
     /// The descriptors of one decoded image (an upload) under the index's encoder.
@@ -318,4 +312,9 @@ impl Engine {
             extractor: self.extractor.clone(),
         })
     }
+}
+
+/// `image` turned by `angle` radians about its centre (image axes, x right and y down).
+fn turned(image: &image::DynamicImage, angle: f32) -> image::DynamicImage {
+    image::DynamicImage::ImageRgb32F(craterdex_model::preprocess::turn(&image.to_rgb32f(), angle))
 }

@@ -14,7 +14,7 @@ use axum::extract::{Multipart, Query, State};
 use axum::http::HeaderMap;
 use axum::Json;
 use craterdex_engine::Engine;
-use craterdex_workflows::link::UPRIGHT_MIN_DEG;
+use craterdex_workflows::link::crop_turn_deg;
 use craterdex_workflows::{Candidate, Decision, LinkOptions, LinkRow, LinkRule, Neighbours};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -58,9 +58,7 @@ fn decide(
     let turn = frames
         .place(&entry.meta)
         .registration
-        .filter(|r| r.registered)
-        .and_then(|r| r.rotation_deg)
-        .filter(|d| d.abs() >= UPRIGHT_MIN_DEG);
+        .and_then(|r| crop_turn_deg(r));
     let turned = match turn {
         Some(deg) => {
             Some(engine.encode_image_turned(&entry.upload.image, deg.to_radians() as f32)?)

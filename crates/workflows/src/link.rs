@@ -428,6 +428,13 @@ pub fn register_entries_seeded(
 /// Below this rotation a registered source's crops are compared as they are.
 pub const UPRIGHT_MIN_DEG: f64 = 10.0;
 
+/// The angle (degrees) to turn the crops of `reg`'s source by to compare them at the
+/// catalogue's orientation: its rotation, when registered at [`UPRIGHT_MIN_DEG`] or more.
+pub fn crop_turn_deg(reg: &SourceRegistration) -> Option<f64> {
+    reg.rotation_deg
+        .filter(|d| reg.registered && d.abs() >= UPRIGHT_MIN_DEG)
+}
+
 /// The descriptors of entries' crops (`metas`) turned to the catalogue's orientation, by
 /// entry position: for every source registered at a rotation of [`UPRIGHT_MIN_DEG`] or more whose
 /// entries name their image files, when the engine has a model. A source whose images
@@ -443,10 +450,7 @@ pub fn upright(
         return turned;
     }
     for reg in frames.registrations() {
-        let Some(deg) = reg
-            .rotation_deg
-            .filter(|d| reg.registered && d.abs() >= UPRIGHT_MIN_DEG)
-        else {
+        let Some(deg) = crop_turn_deg(&reg) else {
             continue;
         };
         let (at, items): (Vec<usize>, Vec<(String, std::path::PathBuf)>) = metas

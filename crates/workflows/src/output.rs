@@ -229,22 +229,12 @@ fn registration_section(regs: &[Arc<SourceRegistration>]) -> String {
     );
     for r in regs {
         let name = escape(r.source.as_deref().unwrap_or("(no source)"));
-        let body = if r.registered {
-            format!(
-                "{}<br>rotation {:.2}&deg;, scale {:.4}<br>{} inliers of {} entries, median residual {:.3} radii",
-                residual_plot(r),
-                r.rotation_deg.unwrap_or(f64::NAN),
-                r.scale.unwrap_or(f64::NAN),
-                r.inliers,
-                r.entries,
-                r.residual_radii.unwrap_or(f64::NAN)
-            )
+        let picture = if r.registered {
+            residual_plot(r)
         } else {
-            format!(
-                "<div class=\"none\" style=\"width:160px;height:160px;line-height:160px\">not registered</div>{}",
-                escape(r.reason.as_deref().unwrap_or(""))
-            )
+            "<div class=\"none\" style=\"width:160px;height:160px;line-height:160px\">not registered</div>".into()
         };
+        let body = format!("{picture}<br>{}", escape(&r.summary()));
         html.push_str(&format!(
             "<figure style=\"display:inline-block;width:220px;vertical-align:top;margin:0 12px 12px 0\">\
              <figcaption><b>{name}</b></figcaption>{body}</figure>"

@@ -53,6 +53,13 @@ pub struct Crater {
     pub d: f64,
 }
 
+impl Crater {
+    /// Finite centre and a finite, positive diameter: what registration can use.
+    pub fn is_usable(&self) -> bool {
+        self.x.is_finite() && self.y.is_finite() && self.d.is_finite() && self.d > 0.0
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
@@ -563,9 +570,8 @@ pub fn register_seeded(
     o: &RegisterOptions,
 ) -> Result<Fit, NotRegistered> {
     let refuse = |reason: String| NotRegistered { reason, best: None };
-    let usable = |c: &Crater| c.x.is_finite() && c.y.is_finite() && c.d.is_finite() && c.d > 0.0;
     for (name, craters) in [("source", source), ("catalogue", catalogue)] {
-        if let Some(i) = craters.iter().position(|c| !usable(c)) {
+        if let Some(i) = craters.iter().position(|c| !c.is_usable()) {
             return Err(refuse(format!(
                 "{name} crater {i}: centre and diameter must be finite, the diameter positive"
             )));
@@ -891,6 +897,28 @@ pub struct SourceRegistration {
     pub residuals: Vec<(f64, f64)>,
 }
 
+impl SourceRegistration {
+    /// One line on what registration found: the transform and its evidence, or why the
+    /// source was not registered.
+    pub fn summary(&self) -> String {
+        if self.registered {
+            format!(
+                "registered, rotation {:.2} deg, scale {:.4}, {} inliers of {} entries, median residual {:.3} radii",
+                self.rotation_deg.unwrap_or(f64::NAN),
+                self.scale.unwrap_or(f64::NAN),
+                self.inliers,
+                self.entries,
+                self.residual_radii.unwrap_or(f64::NAN)
+            )
+        } else {
+            format!(
+                "not registered ({})",
+                self.reason.as_deref().unwrap_or("no positions")
+            )
+        }
+    }
+}
+
 /// Where each source's entries lie in the catalogue's frame. A source absent from the map
 /// is in the catalogue's frame already (the catalogue's own entries).
 #[derive(Clone, Debug, Default)]
@@ -908,18 +936,9 @@ pub struct Placed<'a> {
     pub registration: Option<&'a Arc<SourceRegistration>>,
 }
 
+/// `meta`'s crater in the planar frame, when it has a usable one ([`Crater::is_usable`]).
 fn planar_of(meta: &ImageMeta, kind: FrameKind, origin: (f64, f64), r_km: f64) -> Option<Crater> {
-    let c = planar_unchecked(meta, kind, origin, r_km)?;
-    (c.x.is_finite() && c.y.is_finite() && c.d.is_finite() && c.d > 0.0).then_some(c)
-}
-
-fn planar_unchecked(
-    meta: &ImageMeta,
-    kind: FrameKind,
-    origin: (f64, f64),
-    r_km: f64,
-) -> Option<Crater> {
-    match (kind, Position::of(meta)?) {
+    let c = match (kind, Position::of(meta)?) {
         (FrameKind::Pixels, Position::Frame { x, y, diameter_px }) => Some(Crater {
             x,
             y,
@@ -942,7 +961,8 @@ fn planar_unchecked(
             })
         }
         _ => None,
-    }
+    }?;
+    c.is_usable().then_some(c)
 }
 
 fn unplanar(
@@ -1076,19 +1096,14 @@ fn register_source(
     // when that is other craters (a source far from its given place overlapped its box only
     // in part)
     if let Ok(f) = &attempt {
-        let corners =
-            [(x0, y0), (x1, y0), (x0, y1), (x1, y1)].map(|(x, y)| f.transform.apply(x, y));
-        let (mut u0, mut v0, mut u1, mut v1) = (f64::MAX, f64::MAX, f64::MIN, f64::MIN);
-        for (u, v) in corners {
-            (u0, v0, u1, v1) = (u0.min(u), v0.min(v), u1.max(u), v1.max(v));
-        }
-        let grow = o.margin * (u1 - u0).max(v1 - v0);
+        let corners = [(x0, y0), (x1, y0), (x0, y1), (x1, y1)]
+            .map(|(x, y)| f.transform.map(Crater { x, y, d: 1.0 }));
+        let mapped = bounds(&corners);
+        let grow = o.margin * (mapped.2 - mapped.0).max(mapped.3 - mapped.1);
         let there: Vec<Crater> = all
             .iter()
             .copied()
-            .filter(|c| {
-                c.x >= u0 - grow && c.x <= u1 + grow && c.y >= v0 - grow && c.y <= v1 + grow
-            })
+            .filter(|c| within(c, mapped, grow))
             .collect();
         if there != cat {
             if let Ok(g) = register(&src, &there, o) {

@@ -7,7 +7,7 @@ use anyhow::Result;
 use clap::Args;
 use craterdex_engine::{Engine, ImageMeta};
 use craterdex_workflows::dedup::{frames_of_index, score_groups};
-use craterdex_workflows::link::UPRIGHT_MIN_DEG;
+use craterdex_workflows::link::crop_turn_deg;
 use craterdex_workflows::{dedup, DedupOptions, LinkRule};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -49,7 +49,7 @@ pub fn run(c: DedupCmd) -> Result<()> {
     let turned = frames
         .registrations()
         .iter()
-        .any(|r| r.registered && r.rotation_deg.is_some_and(|d| d.abs() >= UPRIGHT_MIN_DEG));
+        .any(|r| crop_turn_deg(r).is_some());
     let engine = if turned {
         // its crops are compared turned to the reference's orientation
         engine.with_extractor(Arc::new(c.model.load()?))?

@@ -148,20 +148,11 @@ pub fn run(c: LinkCmd) -> Result<()> {
 pub fn print_registrations(regs: &[Arc<craterdex_workflows::SourceRegistration>]) {
     for r in regs {
         let name = r.source.as_deref().unwrap_or("(entries without a source)");
-        if r.registered {
-            println!(
-                "source {name}: registered, rotation {:.2} deg, scale {:.4}, {} inliers of {} entries, median residual {:.3} radii",
-                r.rotation_deg.unwrap_or(f64::NAN),
-                r.scale.unwrap_or(f64::NAN),
-                r.inliers,
-                r.entries,
-                r.residual_radii.unwrap_or(f64::NAN)
-            );
+        let placed = if r.registered {
+            ""
         } else {
-            println!(
-                "source {name}: not registered ({}); positions compared as given",
-                r.reason.as_deref().unwrap_or("no positions")
-            );
-        }
+            "; positions compared as given"
+        };
+        println!("source {name}: {}{placed}", r.summary());
     }
 }
