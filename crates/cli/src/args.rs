@@ -325,3 +325,41 @@ pub fn csv_metas_in_order(
         });
     craterdex_engine::inputs::metas_in_order(metas, ids).with_context(|| csv.display().to_string())
 }
+
+/// The merge factor of a merge policy.
+#[derive(Args, Clone)]
+pub struct MergeFactor {
+    /// Segments of one size level merged together once this many lie there (default 8).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(2..=1024))]
+    pub merge_factor: Option<u64>,
+}
+
+impl MergeFactor {
+    /// `base` with this factor, when given.
+    pub fn applied(
+        &self,
+        mut base: craterdex_engine::MergePolicy,
+    ) -> craterdex_engine::MergePolicy {
+        if let Some(f) = self.merge_factor {
+            base.merge_factor = f as usize;
+        }
+        base
+    }
+}
+
+/// How segments are merged after writes (the policy's defaults unless given).
+#[derive(Args, Clone)]
+pub struct MergeOpts {
+    /// Leave every write as a segment of its own (merge later with `craterdex index merge`).
+    #[arg(long)]
+    pub no_merge: bool,
+    #[command(flatten)]
+    pub factor: MergeFactor,
+}
+
+impl MergeOpts {
+    /// The merge policy, or `None` with --no-merge.
+    pub fn policy(&self) -> Option<craterdex_engine::MergePolicy> {
+        (!self.no_merge).then(|| self.factor.applied(Default::default()))
+    }
+}

@@ -208,6 +208,20 @@ fn full_workflow_on_a_tiny_model() {
         serde_json::from_str(&e.ok(&["index", "info", "--index", "idx"])).unwrap();
     assert_eq!(info["images"].as_u64().unwrap(), n);
     assert_eq!(info["segments"], 2);
+    // merging into one segment purges the removed image and keeps every live one
+    assert!(e
+        .ok(&["index", "merge", "--index", "idx", "--into-one"])
+        .contains("merged: 2 -> 1 segments ("));
+    let info: serde_json::Value =
+        serde_json::from_str(&e.ok(&["index", "info", "--index", "idx"])).unwrap();
+    assert_eq!(
+        (info["images"].as_u64().unwrap(), info["segments"].as_u64()),
+        (n, Some(1))
+    );
+    assert_eq!(
+        e.ok(&["index", "merge", "--index", "idx", "--into-one"]),
+        ""
+    );
 
     // eval writes the regimes as JSON
     let mut args = vec![

@@ -123,6 +123,39 @@ pub fn replace_dir(tmp: &Path, dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// An exclusive advisory lock on a file (created if missing), held until dropped: how the
+/// writers of one index (threads or processes) take turns. Readers never lock.
+#[derive(Debug)]
+pub struct FileLock {
+    _file: std::fs::File,
+}
+
+fn lock_file(path: &Path) -> Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .io("open the lock file", path)
+}
+
+/// Waits for the exclusive lock on `path`.
+pub fn lock(path: &Path) -> Result<FileLock> {
+    let file = lock_file(path)?;
+    file.lock().io("lock", path)?;
+    Ok(FileLock { _file: file })
+}
+
+/// The exclusive lock on `path` if no one holds it now.
+pub fn try_lock(path: &Path) -> Result<Option<FileLock>> {
+    let file = lock_file(path)?;
+    match file.try_lock() {
+        Ok(()) => Ok(Some(FileLock { _file: file })),
+        Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+        Err(std::fs::TryLockError::Error(e)) => Err(IoError::new("lock", path, e)),
+    }
+}
+
 /// Swaps the two paths in one step.
 #[cfg(target_os = "linux")]
 fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
@@ -173,6 +206,17 @@ pub fn failpoint(name: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_held_lock_is_refused_until_dropped() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("write.lock");
+        let held = lock(&p).unwrap();
+        assert!(try_lock(&p).unwrap().is_none());
+        drop(held);
+        let again = try_lock(&p).unwrap();
+        assert!(again.is_some());
+    }
 
     #[test]
     fn write_atomic_replaces_content() {

@@ -6,7 +6,9 @@ use crate::extractor::{split_fingerprint, Extractor};
 use crate::progress::Progress;
 use crate::recipe::encode_all;
 use craterdex_errors::ensure;
-use craterdex_index::{Hit, ImageMeta, Index, SearchParams};
+use craterdex_index::{
+    Hit, ImageMeta, Index, MergePolicy, MergeReport, PreparedMerge, SearchParams,
+};
 use craterdex_model::extract::FeatureSet;
 use craterdex_tokens::{Descriptors, FeatureRef};
 use serde::Serialize;
@@ -249,9 +251,9 @@ impl Engine {
     /// Adds encoded images through the index's atomic path and returns the engine over the
     /// index as it now is.
     pub fn add(&self, images: &[(ImageMeta, Descriptors)]) -> Result<(usize, Engine)> {
-        let dir = self.dir()?;
-        let n = Index::add(dir, images)?;
-        Ok((n, self.reopened()?))
+        self.dir()?;
+        let (n, index) = self.index.add_images(images)?;
+        Ok((n, self.over(index)))
     }
 
     /// Each image's record with its descriptors, in the order of `features`; `metas` (any
@@ -299,18 +301,48 @@ impl Engine {
 
     /// Removes images by id; returns how many were present and the engine afterwards.
     pub fn remove(&self, ids: &[String]) -> Result<(usize, Engine)> {
-        let dir = self.dir()?;
-        let n = Index::remove(dir, ids)?;
-        Ok((n, self.reopened()?))
+        self.dir()?;
+        let (n, index) = self.index.remove_ids(ids)?;
+        Ok((n, self.over(index)))
     }
 
-    /// The index reopened from its directory (sizes checked; the segments written since are
-    /// new and were checksummed as they were written).
-    fn reopened(&self) -> Result<Engine> {
-        Ok(Engine {
-            index: Index::open_with(self.dir()?, false)?,
-            extractor: self.extractor.clone(),
+    /// Writes the next merge `policy` asks for beside the index (searches and writes go on);
+    /// `None` when it asks for none, or another merger is at work and `wait` is false.
+    /// [`Engine::commit_merge`] makes it visible.
+    pub fn prepare_merge(&self, policy: &MergePolicy, wait: bool) -> Result<Option<PreparedMerge>> {
+        self.dir()?;
+        Ok(self.index.prepare_merge(policy, wait)?)
+    }
+
+    /// Makes a prepared merge visible and returns the engine over the index as it now is
+    /// (`None` when the index was rebuilt meanwhile and the merge was dropped).
+    pub fn commit_merge(&self, merge: PreparedMerge) -> Result<Option<Engine>> {
+        Ok(if Index::commit_merge(merge)? {
+            Some(self.reopened()?)
+        } else {
+            None
         })
+    }
+
+    /// Merges segments by `policy` until it asks for nothing more.
+    pub fn merge(&self, policy: &MergePolicy) -> Result<(MergeReport, Engine)> {
+        self.dir()?;
+        let (report, index) = self.index.merged(policy)?;
+        Ok((report, self.over(index)))
+    }
+
+    /// The index as its directory now holds it (segments already open are kept; new ones
+    /// are checked for size and were checksummed as they were written).
+    fn reopened(&self) -> Result<Engine> {
+        Ok(self.over(self.index.reopened()?))
+    }
+
+    /// This engine over another state of its index.
+    fn over(&self, index: Index) -> Engine {
+        Engine {
+            index,
+            extractor: self.extractor.clone(),
+        }
     }
 }
 

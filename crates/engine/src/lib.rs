@@ -33,7 +33,9 @@ pub use recipe::{encode_all, feature_refs, IndexRecipe, IvfSetting, IVF_AUTO_MIN
 pub use shared::SharedEngine;
 
 // What front ends need from the crates below to use the engine.
-pub use craterdex_index::{Codec, Hit, ImageMeta, Index, Mode, SearchParams, Stage1};
+pub use craterdex_index::{
+    Codec, Hit, ImageMeta, Index, MergePolicy, MergeReport, Mode, SearchParams, Stage1,
+};
 pub use craterdex_model::extract::FeatureSet;
 pub use craterdex_model::{Orientation, Precision, ResizeMode};
 pub use craterdex_tokens::{Aggregation, Descriptors, Encoder, Pooling, Recipe, SeedStrategy};

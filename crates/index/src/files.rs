@@ -6,6 +6,9 @@
 //! encoder.json        the descriptor recipe and its whitening (shared by gallery and queries)
 //! codebooks.f32       PQ codebooks (PQ codecs only)
 //! ivf.f32             IVF centroids [lists, Ds] (IVF indexes only)
+//! write.lock          held by a writer (add, remove, a merge's commit); readers never lock
+//! merge.lock          held by the one merger at work
+//! .merge-staging/     the segment a merge is writing, renamed to seg-NNNNNN at its commit
 //! seg-NNNNNN/         immutable segment: single.f32 [n, Ds], tokens.bin [n, K, bytes/token],
 //!                     scales.f32 [n, K] (int8 only), meta.jsonl (one ImageMeta per image),
 //!                     lists.u32 [n] (IVF list of each image; IVF indexes only)
@@ -18,6 +21,9 @@ pub enum IndexFile {
     Encoder,
     Codebooks,
     IvfCentroids,
+    WriteLock,
+    MergeLock,
+    MergeStaging,
 }
 
 impl IndexFile {
@@ -27,6 +33,9 @@ impl IndexFile {
             IndexFile::Encoder => "encoder.json",
             IndexFile::Codebooks => "codebooks.f32",
             IndexFile::IvfCentroids => "ivf.f32",
+            IndexFile::WriteLock => "write.lock",
+            IndexFile::MergeLock => "merge.lock",
+            IndexFile::MergeStaging => ".merge-staging",
         }
     }
 }

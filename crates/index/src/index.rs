@@ -21,13 +21,13 @@ use std::path::{Path, PathBuf};
 /// An open index: arrays memory-mapped (or in memory), metadata in memory.
 pub struct Index {
     dir: Option<PathBuf>,
-    manifest: Manifest,
+    pub(crate) manifest: Manifest,
     pub encoder: Encoder,
     pub codec: TokenCodec,
-    ivf: Option<Ivf>,
-    segments: Vec<Segment>,
-    metas: Vec<ImageMeta>,
-    deleted_rows: Vec<bool>,
+    pub(crate) ivf: Option<Ivf>,
+    pub(crate) segments: Vec<Segment>,
+    pub(crate) metas: Vec<ImageMeta>,
+    pub(crate) deleted_rows: Vec<bool>,
     rows_by_id: HashMap<String, usize>,
     /// Live rows of every crater seen in more than one image; made on the first search that
     /// groups views, so opening an index does not pay for it.
@@ -204,6 +204,13 @@ impl Index {
             return Err(e);
         }
         failpoint("index-before-swap");
+        // a merge committing into the old directory finishes first; after the swap it finds
+        // its sources gone and gives up
+        let _writing = dir
+            .join(IndexFile::Manifest.name())
+            .exists()
+            .then(|| craterdex_durable::lock(&dir.join(IndexFile::WriteLock.name())))
+            .transpose()?;
         Ok(replace_dir(&tmp, dir)?)
     }
 
@@ -275,7 +282,21 @@ impl Index {
 
     /// Opens an index; `verify` checks every file's CRC32 (sizes are always checked).
     pub fn open_with(dir: &Path, verify: bool) -> Result<Self> {
-        let manifest = Manifest::read(dir)?;
+        // A merge deletes the segments it replaced once its manifest is written: a reader
+        // that read the manifest just before may find one gone, and reads the new manifest.
+        let mut attempt = 0;
+        loop {
+            let manifest = Manifest::read(dir)?;
+            match Self::open_manifest(dir, manifest.clone(), verify) {
+                Err(_) if attempt < 3 && Manifest::read(dir).is_ok_and(|m| m != manifest) => {
+                    attempt += 1;
+                }
+                opened => return opened,
+            }
+        }
+    }
+
+    fn open_manifest(dir: &Path, manifest: Manifest, verify: bool) -> Result<Self> {
         let epath = dir.join(IndexFile::Encoder.name());
         let enc_bytes = read_file(&epath)?;
         manifest.encoder.check(&epath, &enc_bytes, verify)?;
@@ -340,13 +361,7 @@ impl Index {
             }
             None => None,
         };
-        let shape = Shape {
-            single_dim: manifest.single_dim,
-            tokens_per_image: manifest.tokens_per_image,
-            bytes_per_token: codec.bytes_per_token(),
-            has_scales: codec.has_scales(),
-            lists: manifest.ivf.as_ref().map(|i| i.lists),
-        };
+        let shape = Shape::of(&manifest, &codec);
         let mut segments = Vec::new();
         let mut metas = Vec::new();
         for s in &manifest.segments {
@@ -365,14 +380,36 @@ impl Index {
         ))
     }
 
+    /// The write lock of the index in `dir` (adds, removes and merge commits take turns).
+    fn write_lock(dir: &Path) -> Result<craterdex_durable::FileLock> {
+        Manifest::read(dir)?;
+        Ok(craterdex_durable::lock(
+            &dir.join(IndexFile::WriteLock.name()),
+        )?)
+    }
+
+    /// The shape of this index's segments.
+    pub(crate) fn shape(&self) -> Shape {
+        Shape::of(&self.manifest, &self.codec)
+    }
+
     /// Appends images as a new segment. Ids must be new (or previously removed).
     pub fn add(dir: &Path, images: &[(ImageMeta, Descriptors)]) -> Result<usize> {
         // Sizes are checked; re-reading every segment for its CRC would make a long series
         // of adds quadratic.
-        let idx = Self::open_with(dir, false)?;
+        Ok(Self::open_with(dir, false)?.add_images(images)?.0)
+    }
+
+    /// Appends images to this index's directory as a new segment (with the write lock,
+    /// on top of whatever other writers did since this index was opened). Returns how many
+    /// were added and the index as it now is.
+    pub fn add_images(&self, images: &[(ImageMeta, Descriptors)]) -> Result<(usize, Self)> {
+        let dir = self.dir_or_err()?;
+        let _writing = Self::write_lock(dir)?;
+        let idx = self.reopened()?;
         check_unique(images.iter().map(|(m, _)| m.id.as_str()), &idx.rows_by_id)?;
         if images.is_empty() {
-            return Ok(0);
+            return Ok((0, idx));
         }
         let re_added: BTreeSet<&str> = images
             .iter()
@@ -402,26 +439,103 @@ impl Index {
         failpoint("index-after-segment");
         manifest.segments.push(seg);
         manifest.write(dir)?;
-        Ok(images.len())
+        Ok((images.len(), idx.reopened()?))
     }
 
     /// Marks images as removed; returns how many of the ids were present.
     pub fn remove(dir: &Path, ids: &[String]) -> Result<usize> {
-        let idx = Self::open_with(dir, false)?;
+        Ok(Self::open_with(dir, false)?.remove_ids(ids)?.0)
+    }
+
+    /// Marks images of this index's directory as removed (with the write lock); returns
+    /// how many of the ids were present and the index as it now is.
+    pub fn remove_ids(&self, ids: &[String]) -> Result<(usize, Self)> {
+        let dir = self.dir_or_err()?;
+        let _writing = Self::write_lock(dir)?;
+        let idx = self.reopened()?;
         let mut manifest = idx.manifest.clone();
         let present: Vec<&String> = ids
             .iter()
             .filter(|id| idx.rows_by_id.contains_key(*id))
             .collect();
         if present.is_empty() {
-            return Ok(0);
+            return Ok((0, idx));
         }
         manifest.generation += 1;
         manifest
             .deleted
             .extend(present.iter().map(|s| s.to_string()));
         manifest.write(dir)?;
-        Ok(present.len())
+        Ok((present.len(), idx.reopened()?))
+    }
+
+    pub(crate) fn dir_or_err(&self) -> Result<&Path> {
+        self.dir
+            .as_deref()
+            .ok_or_else(|| Error::Unsupported("an index held in memory cannot be changed".into()))
+    }
+
+    /// The index as its directory holds it now. Segments this index already has open are
+    /// kept (their maps and int8 copies); only new ones are opened, with sizes checked.
+    pub fn reopened(&self) -> Result<Self> {
+        let dir = self.dir_or_err()?;
+        for _ in 0..3 {
+            let manifest = Manifest::read(dir)?;
+            let same_base = manifest.encoder == self.manifest.encoder
+                && manifest.codebooks == self.manifest.codebooks
+                && manifest.ivf == self.manifest.ivf
+                && manifest.codec == self.manifest.codec
+                && (
+                    manifest.single_dim,
+                    manifest.token_dim,
+                    manifest.tokens_per_image,
+                ) == (
+                    self.manifest.single_dim,
+                    self.manifest.token_dim,
+                    self.manifest.tokens_per_image,
+                );
+            if !same_base {
+                // rebuilt meanwhile
+                return Self::open_with(dir, false);
+            }
+            match self.with_segments_of(dir, manifest.clone()) {
+                // a merge deleted a segment between our reads of the manifest and of it
+                Err(_) if Manifest::read(dir).is_ok_and(|m| m != manifest) => continue,
+                reopened => return reopened,
+            }
+        }
+        Self::open_with(dir, false)
+    }
+
+    fn with_segments_of(&self, dir: &Path, manifest: Manifest) -> Result<Self> {
+        let shape = self.shape();
+        let mut segments = Vec::with_capacity(manifest.segments.len());
+        let mut metas = Vec::with_capacity(self.metas.len());
+        for info in &manifest.segments {
+            match self.manifest.segments.iter().position(|s| s == info) {
+                Some(i) => {
+                    let kept = &self.segments[i];
+                    segments.push(kept.placed_at(metas.len()));
+                    metas.extend_from_slice(
+                        &self.metas[kept.first_row..kept.first_row + kept.count],
+                    );
+                }
+                None => {
+                    let (segment, m) = Segment::open(dir, info, &shape, metas.len(), false)?;
+                    segments.push(segment);
+                    metas.extend(m);
+                }
+            }
+        }
+        Ok(Self::from_parts(
+            Some(dir.to_path_buf()),
+            manifest,
+            self.encoder.clone(),
+            self.codec.clone(),
+            self.ivf.clone(),
+            segments,
+            metas,
+        ))
     }
 
     /// The directory of an index opened from disk.
@@ -451,6 +565,10 @@ impl Index {
     /// The IVF stage 1 and its default `nprobe`, when the index has one.
     pub fn ivf(&self) -> Option<(&Ivf, usize)> {
         Some((self.ivf.as_ref()?, self.manifest.ivf.as_ref()?.nprobe))
+    }
+    /// Grows with every change to the index's directory (add, remove, merge).
+    pub fn generation(&self) -> u64 {
+        self.manifest.generation
     }
     pub fn segment_count(&self) -> usize {
         self.segments.len()
@@ -603,6 +721,26 @@ impl Index {
             None => &[],
         };
         (payload, scales)
+    }
+
+    /// The stored arrays of `rows` (any order, any segments) as one segment's data, bytes as
+    /// stored: what a merge or a split writes again without decoding.
+    pub(crate) fn rows_data(&self, rows: &[usize]) -> SegmentData {
+        let mut data = SegmentData {
+            single: Vec::with_capacity(rows.len() * self.single_dim()),
+            payload: Vec::with_capacity(rows.len() * self.token_bytes_per_image()),
+            scales: Vec::new(),
+            metas: Vec::with_capacity(rows.len()),
+            lists: None,
+        };
+        for &row in rows {
+            data.single.extend_from_slice(self.single_of(row));
+            let (payload, scales) = self.stored_run(row, row + 1);
+            data.payload.extend_from_slice(payload);
+            data.scales.extend_from_slice(scales);
+            data.metas.push(self.metas[row].clone());
+        }
+        data
     }
 
     /// Decodes the stored tokens of `row` into `out` (`[K, D]`).

@@ -7,7 +7,8 @@
 //!
 //! Layout, after tantivy's: [`files`] names every file; `manifest` reads and writes
 //! `index.json`; `segment_writer` encodes and writes a segment; `segment` reads one; `index`
-//! holds an open index and its writes; [`parts`] joins segments written apart (a build
+//! holds an open index and its writes; `merge` rewrites small segments as
+//! larger ones in the background; [`parts`] joins segments written apart (a build
 //! spread over many machines) into one index; `search` answers queries.
 
 pub mod codec;
@@ -16,6 +17,7 @@ pub mod files;
 mod index;
 pub mod ivf;
 mod manifest;
+mod merge;
 mod meta;
 pub mod parts;
 mod search;
@@ -28,6 +30,7 @@ pub use codec::{Codec, TokenCodec};
 pub use error::{Error, Result};
 pub use index::{Index, IvfChoice};
 pub use manifest::{INDEX_FORMAT, INDEX_VERSION};
+pub use merge::{plan as plan_merge, MergePolicy, MergeReport, PreparedMerge, SegmentRows};
 pub use meta::ImageMeta;
 pub use search::{Hit, Mode, SearchParams, Stage1};
 pub use topk::{Scored, TopK};

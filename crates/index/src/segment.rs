@@ -11,7 +11,7 @@ use crate::single_int8::Int8Vectors;
 use craterdex_errors::{ensure, IoContext, ResultExt};
 use memmap2::Mmap;
 use std::path::Path;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 /// A segment array: a read-only map of its file, or owned words (4-byte aligned, so the
 /// bytes can be viewed as f32 or u32).
@@ -58,9 +58,29 @@ pub(crate) struct Shape {
     pub lists: Option<usize>,
 }
 
+impl Shape {
+    pub fn of(manifest: &crate::manifest::Manifest, codec: &crate::codec::TokenCodec) -> Self {
+        Self {
+            single_dim: manifest.single_dim,
+            tokens_per_image: manifest.tokens_per_image,
+            bytes_per_token: codec.bytes_per_token(),
+            has_scales: codec.has_scales(),
+            lists: manifest.ivf.as_ref().map(|i| i.lists),
+        }
+    }
+}
+
+/// A segment placed in an index: its rows are `first_row..first_row + count` of the index.
+/// The arrays are shared, so an index reopened after a write keeps the segments it had
+/// (maps, int8 copies) and opens only the new ones.
+#[derive(Clone)]
 pub(crate) struct Segment {
     pub first_row: usize,
     pub count: usize,
+    arrays: Arc<Arrays>,
+}
+
+struct Arrays {
     single: Bytes,
     tokens: Bytes,
     scales: Option<Bytes>,
@@ -168,11 +188,13 @@ impl Segment {
             Self {
                 first_row,
                 count: n,
-                single: Bytes::Mapped(single),
-                tokens: Bytes::Mapped(tokens),
-                scales,
-                lists,
-                single_int8: OnceLock::new(),
+                arrays: Arc::new(Arrays {
+                    single: Bytes::Mapped(single),
+                    tokens: Bytes::Mapped(tokens),
+                    scales,
+                    lists,
+                    single_int8: OnceLock::new(),
+                }),
             },
             metas,
         ))
@@ -193,34 +215,45 @@ impl Segment {
             Self {
                 first_row,
                 count: data.metas.len(),
-                single: Bytes::owned(bytemuck::cast_slice(&data.single)),
-                tokens: Bytes::owned(&data.payload),
-                scales: has_scales.then(|| Bytes::owned(bytemuck::cast_slice(&data.scales))),
-                lists,
-                single_int8: OnceLock::new(),
+                arrays: Arc::new(Arrays {
+                    single: Bytes::owned(bytemuck::cast_slice(&data.single)),
+                    tokens: Bytes::owned(&data.payload),
+                    scales: has_scales.then(|| Bytes::owned(bytemuck::cast_slice(&data.scales))),
+                    lists,
+                    single_int8: OnceLock::new(),
+                }),
             },
             data.metas,
         ))
     }
 
+    /// The same segment at rows `first_row..` of another index.
+    pub fn placed_at(&self, first_row: usize) -> Self {
+        Self {
+            first_row,
+            ..self.clone()
+        }
+    }
+
     /// `[count, Ds]`
     pub fn single(&self) -> &[f32] {
-        bytemuck::cast_slice(&self.single)
+        bytemuck::cast_slice(&self.arrays.single)
     }
     /// `[count, K, bytes per token]`
     pub fn tokens(&self) -> &[u8] {
-        &self.tokens
+        &self.arrays.tokens
     }
     /// `[count, K]` (int8 only).
     pub fn scales(&self) -> Option<&[f32]> {
-        self.scales.as_deref().map(bytemuck::cast_slice)
+        self.arrays.scales.as_deref().map(bytemuck::cast_slice)
     }
     pub fn lists(&self) -> Option<&InvertedLists> {
-        self.lists.as_ref()
+        self.arrays.lists.as_ref()
     }
     /// The int8 copies of the single vectors, quantised on first use.
     pub fn single_int8(&self, dim: usize) -> &Int8Vectors {
-        self.single_int8
+        self.arrays
+            .single_int8
             .get_or_init(|| Int8Vectors::quantise(self.single(), dim))
     }
 }

@@ -1,5 +1,5 @@
 use craterdex_index::codec::{Codec, TokenCodec};
-use craterdex_index::{ImageMeta, Index};
+use craterdex_index::{ImageMeta, Index, MergePolicy};
 use craterdex_index::{Mode, SearchParams};
 use craterdex_tokens::{Descriptors, Encoder, Recipe};
 use rand::{Rng, SeedableRng};
@@ -335,6 +335,9 @@ fn child_writer() {
         }
         Ok("remove") => {
             Index::remove(dir, &["orig7".to_string()]).unwrap();
+        }
+        Ok("merge") => {
+            Index::merge(dir, &MergePolicy::into_one()).unwrap();
         }
         _ => build(dir, &images(40, 9, "rebuilt"), Codec::F16),
     }
@@ -759,4 +762,183 @@ fn grouped_views_follow_the_best_view_of_their_crater() {
             assert!(hits.iter().all(|h| h.row != 11), "{codec:?} {mode:?}");
         }
     }
+}
+
+/// Every live image's exhaustive late-interaction score for each query, by id.
+fn scores_by_id(
+    idx: &Index,
+    queries: &[Descriptors],
+) -> Vec<std::collections::BTreeMap<String, f32>> {
+    let all = SearchParams {
+        top_k: idx.live(),
+        shortlist: idx.live(),
+        mode: Mode::Exhaustive,
+        ..Default::default()
+    };
+    idx.search(queries, &all)
+        .into_iter()
+        .map(|hits| {
+            hits.iter()
+                .map(|h| (idx.meta(h.row).id.clone(), h.score))
+                .collect()
+        })
+        .collect()
+}
+
+/// The names in an index directory other than its top-level files.
+fn segment_entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|n| !n.ends_with(".json") && !n.ends_with(".lock") && !n.ends_with(".f32"))
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn merges_keep_every_live_image_and_purge_removed_ones() {
+    for ivf in [false, true] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("idx");
+        let first = images(30, 21, "a");
+        let sample: Vec<f32> = first.iter().flat_map(|(_, d)| d.tokens.clone()).collect();
+        let codec = TokenCodec::train(Codec::Int8, D, &sample, 1).unwrap();
+        let centroids = craterdex_index::ivf::Ivf {
+            dim: D,
+            centroids: first[..4]
+                .iter()
+                .flat_map(|(_, d)| d.single.clone())
+                .collect(),
+        };
+        Index::create(
+            &dir,
+            &Encoder::plain(Recipe::default()),
+            &codec,
+            None,
+            &first,
+            ivf.then_some((&centroids, 2)),
+        )
+        .unwrap();
+        let added = images(40, 22, "b");
+        let policy = MergePolicy::default();
+        let mut most = 0;
+        for one in added.chunks(1) {
+            Index::add(&dir, one).unwrap();
+            Index::merge(&dir, &policy).unwrap();
+            most = most.max(Index::open(&dir).unwrap().segment_count());
+        }
+        // the build's 30 rows and up to 7 segments on each of levels 0 and 1
+        assert!(most <= 1 + 7 + 7, "ivf {ivf}: {most} segments");
+        let idx = Index::open(&dir).unwrap();
+        assert_eq!(idx.live(), 70, "ivf {ivf}");
+        assert!(
+            idx.segment_count() < 10,
+            "ivf {ivf}: {}",
+            idx.segment_count()
+        );
+
+        let gone: Vec<String> = ["a3", "a17", "b0", "b5", "b39"].map(String::from).to_vec();
+        assert_eq!(Index::remove(&dir, &gone).unwrap(), 5);
+        let queries: Vec<Descriptors> = [&first[3], &first[8], &added[5], &added[20]]
+            .iter()
+            .enumerate()
+            .map(|(i, (_, d))| near_duplicate(d, 40 + i as u64))
+            .collect();
+        let before = scores_by_id(&Index::open(&dir).unwrap(), &queries);
+        let report = Index::merge(&dir, &MergePolicy::into_one()).unwrap();
+        assert_eq!(
+            (report.rows_written, report.rows_purged),
+            (65, 5),
+            "ivf {ivf}"
+        );
+        assert_eq!(report.segments_after, 1, "ivf {ivf}");
+        let idx = Index::open(&dir).unwrap();
+        assert_eq!((idx.rows(), idx.live(), idx.segment_count()), (65, 65, 1));
+        assert_eq!(scores_by_id(&idx, &queries), before, "ivf {ivf}");
+        let hit = &idx.search(&queries[3..], &SearchParams::default())[0][0];
+        assert_eq!(idx.meta(hit.row).id, "b20", "ivf {ivf}");
+        assert!(idx.was_removed("b5") && idx.row_of("b5").is_none());
+        assert!(
+            Index::add(&dir, &added[5..6]).is_err(),
+            "removed ids stay retired"
+        );
+        // what the merges replaced is gone from the directory
+        assert_eq!(
+            segment_entries(&dir).len(),
+            1,
+            "{:?}",
+            segment_entries(&dir)
+        );
+        // nothing left to do
+        assert_eq!(
+            Index::merge(&dir, &MergePolicy::into_one()).unwrap().merges,
+            0
+        );
+    }
+}
+
+/// A merge killed at every failpoint it passes loses no acknowledged write: the index opens
+/// as before the merge (or after it, once its manifest is written), and the next merge
+/// cleans up what the killed one left.
+#[test]
+fn killed_merges_lose_no_acknowledged_write() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("idx");
+    let original = images(60, 5, "orig");
+    build(&dir, &original, Codec::Int8);
+    let singles = images(6, 31, "s");
+    for one in singles.chunks(1) {
+        Index::add(&dir, one).unwrap();
+    }
+    Index::remove(&dir, &["orig7".to_string()]).unwrap();
+    for (point, committed) in [
+        ("merge-after-staging", false),
+        ("index-mid-segment", false),
+        ("merge-before-manifest", false),
+        ("durable-before-rename", false),
+        ("merge-after-manifest", true),
+    ] {
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--ignored",
+                "--exact",
+                "child_writer",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("CRATERDEX_CHILD_INDEX", &dir)
+            .env("CRATERDEX_CHILD_OP", "merge")
+            .env("CRATERDEX_FAILPOINT", point)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&status.stderr);
+        assert!(
+            !status.status.success() && stderr.contains(&format!("failpoint {point}")),
+            "merge at {point}: the merger should have been killed there: {stderr}"
+        );
+        let idx = Index::open(&dir).unwrap_or_else(|e| panic!("merge at {point}: {e:#}"));
+        assert_eq!(idx.live(), 65, "merge at {point}");
+        assert_eq!(
+            idx.segment_count(),
+            if committed { 1 } else { 7 },
+            "{point}"
+        );
+        for (m, d) in original.iter().skip(8).step_by(13).chain(&singles) {
+            let hit = &idx.search(&[near_duplicate(d, 3)], &SearchParams::default())[0][0];
+            assert_eq!(idx.meta(hit.row).id, m.id, "merge at {point}");
+        }
+        assert!(idx.row_of("orig7").is_none(), "merge at {point}");
+    }
+    // later writes succeed on top of the leftovers, and the next merge deletes them
+    Index::add(&dir, &images(2, 32, "late")).unwrap();
+    Index::merge(&dir, &MergePolicy::into_one()).unwrap();
+    let idx = Index::open(&dir).unwrap();
+    assert_eq!((idx.live(), idx.segment_count()), (67, 1));
+    assert_eq!(
+        segment_entries(&dir).len(),
+        1,
+        "{:?}",
+        segment_entries(&dir)
+    );
 }

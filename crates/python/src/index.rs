@@ -9,8 +9,8 @@ use crate::convert::{
 use crate::failure::{invalid, no_model, Fallible, OrPy};
 use crate::model::PyModel;
 use craterdex_engine::{
-    Engine, Entries, FeatureSet, ImageMeta, LearnFrom, RecipeOptions, SearchOptions, SharedEngine,
-    Silent,
+    Engine, Entries, FeatureSet, ImageMeta, LearnFrom, MergePolicy, RecipeOptions, SearchOptions,
+    SharedEngine, Silent,
 };
 use craterdex_workflows::{DedupOptions, LinkOptions, LinkRule};
 use numpy::{IntoPyArray, PyArrayMethods};
@@ -26,10 +26,10 @@ pub struct PyIndex {
 
 impl PyIndex {
     fn new(dir: PathBuf, engine: Engine) -> Self {
-        Self {
-            dir,
-            engine: SharedEngine::new(engine),
-        }
+        let engine = SharedEngine::new(engine);
+        // as the service does: the segments of many small adds are merged in the background
+        engine.merge_in_background(MergePolicy::default());
+        Self { dir, engine }
     }
 
     /// The features of entries: posted, or read from their `path` with the index's model.
@@ -212,6 +212,19 @@ impl PyIndex {
             })
         })
         .py_err()
+    }
+
+    /// Merges segments now (by the default policy, or every segment into one); returns the
+    /// report as JSON.
+    #[pyo3(signature = (into_one=false))]
+    fn merge_json(&self, py: Python<'_>, into_one: bool) -> PyResult<String> {
+        let policy = if into_one {
+            MergePolicy::into_one()
+        } else {
+            MergePolicy::default()
+        };
+        let report = py.detach(|| self.engine.merge(&policy)).py_err()?;
+        to_json(&report).py_err()
     }
 
     /// Removes images by id; returns how many were present.

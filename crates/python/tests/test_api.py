@@ -119,6 +119,12 @@ def test_add_remove_and_feature_searches(tiny, crops, tmp_path):
     assert len(idx) == len(crops) - 1
     hits = idx.search(paths=[crops["path"][0]], top_k=3)
     assert "c000v0" not in set(hits["id"])
+    # merging into one segment purges the removed image and keeps the rest findable
+    report = idx.merge(into_one=True)
+    assert (report["segments_after"], report["rows_purged"]) == (1, 1)
+    assert report["rows_written"] == len(crops) - 1
+    assert idx.info()["segments"] == 1 and len(idx) == len(crops) - 1
+    assert idx.search(paths=[crops["path"][1]], top_k=1)["id"][0] == crops["id"][1]
     reopened = craterdex.Index.open(tmp_path / "i")
     assert len(reopened) == len(crops) - 1
     with pytest.raises(craterdex.UnsupportedError, match="no model is loaded"):

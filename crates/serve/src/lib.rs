@@ -33,7 +33,7 @@ pub use error::{ApiError, Error};
 pub use openapi::document;
 pub use router::router;
 
-use craterdex_engine::{Engine, Extractor, SearchLimits, SharedEngine};
+use craterdex_engine::{Engine, Extractor, MergePolicy, SearchLimits, SharedEngine};
 use craterdex_errors::{IoContext, IoError};
 use error::ApiResult;
 use std::path::PathBuf;
@@ -64,6 +64,9 @@ pub struct Config {
     pub limits: SearchLimits,
     /// Use what can be decoded of truncated or corrupt uploads (default: 422).
     pub allow_partial_images: bool,
+    /// How segments written by the API are merged in the background (`None`: never; every
+    /// add then stays a segment of its own).
+    pub merge: Option<MergePolicy>,
 }
 
 impl Config {
@@ -86,6 +89,7 @@ impl Config {
                 max_nprobe: 1_000_000,
             },
             allow_partial_images: false,
+            merge: Some(MergePolicy::default()),
         }
     }
 }
@@ -138,7 +142,11 @@ impl Service {
         match Engine::open(&self.config.index_dir, extractor.map(Arc::new)) {
             Ok(engine) => {
                 // a second load keeps the first engine: the service loads once
-                let _ = self.engine.set(SharedEngine::new(engine));
+                let shared = SharedEngine::new(engine);
+                if let (Some(policy), Some(_)) = (&self.config.merge, &self.config.api_key) {
+                    shared.merge_in_background(policy.clone());
+                }
+                let _ = self.engine.set(shared);
                 Ok(())
             }
             Err(e) => {

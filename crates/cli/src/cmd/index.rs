@@ -1,11 +1,11 @@
 //! `craterdex index`: build, grow, shrink and inspect an index.
 
 use crate::args::dir_entries;
-use crate::args::{ModelOpts, RecipeOpts};
+use crate::args::{MergeFactor, MergeOpts, ModelOpts, RecipeOpts};
 use crate::output::{print_json, Bars};
 use anyhow::{bail, Result};
 use clap::Subcommand;
-use craterdex_engine::Engine;
+use craterdex_engine::{Engine, MergePolicy, MergeReport};
 use craterdex_eval::manifest;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -33,7 +33,8 @@ pub enum IndexCmd {
         #[command(flatten)]
         model: ModelOpts,
     },
-    /// Add images (a directory) to an index, as a new segment.
+    /// Add images (a directory) to an index, as a new segment, then merge segments by the
+    /// policy (docs/formats/index.md).
     Add {
         #[arg(long)]
         index: PathBuf,
@@ -44,6 +45,21 @@ pub enum IndexCmd {
         meta: Option<PathBuf>,
         #[command(flatten)]
         model: ModelOpts,
+        #[command(flatten)]
+        merge: MergeOpts,
+    },
+    /// Merge segments: by the policy, or every segment into one with --into-one (removed
+    /// images are purged from the segments rewritten).
+    #[command(
+        after_help = "Examples:\n  craterdex index merge --index idx\n  craterdex index merge --index idx --into-one"
+    )]
+    Merge {
+        #[arg(long)]
+        index: PathBuf,
+        #[arg(long)]
+        into_one: bool,
+        #[command(flatten)]
+        factor: MergeFactor,
     },
     /// Remove images by id.
     Remove {
@@ -89,11 +105,27 @@ pub fn run(c: IndexCmd) -> Result<()> {
             dir,
             meta,
             model,
+            merge,
         } => {
             let engine = Engine::open(&index, None)?.with_extractor(Arc::new(model.load()?))?;
             let entries = dir_entries(&dir, meta.as_deref())?;
-            let (n, _) = engine.add_entries(&entries, &Bars::new())?;
+            let (n, grown) = engine.add_entries(&entries, &Bars::new())?;
             println!("added {n} images to {}", index.display());
+            if let Some(policy) = merge.policy() {
+                print_merge(&grown.merge(&policy)?.0);
+            }
+        }
+        IndexCmd::Merge {
+            index,
+            into_one,
+            factor,
+        } => {
+            let policy = factor.applied(if into_one {
+                MergePolicy::into_one()
+            } else {
+                MergePolicy::default()
+            });
+            print_merge(&Engine::open(&index, None)?.merge(&policy)?.0);
         }
         IndexCmd::Remove { index, ids } => {
             let (n, _) = Engine::open(&index, None)?.remove(&ids)?;
@@ -102,4 +134,13 @@ pub fn run(c: IndexCmd) -> Result<()> {
         IndexCmd::Info { index } => print_json(&Engine::open(&index, None)?.info())?,
     }
     Ok(())
+}
+
+fn print_merge(r: &MergeReport) {
+    if r.merges > 0 {
+        println!(
+            "merged: {} -> {} segments ({} images rewritten, {} removed images purged)",
+            r.segments_before, r.segments_after, r.rows_written, r.rows_purged
+        );
+    }
 }

@@ -43,6 +43,10 @@ pub struct ServeCmd {
     /// Requests running the model at once (image search, adding images).
     #[arg(long, default_value_t = 8)]
     max_concurrent_images: usize,
+    /// Segments written through the API are merged in the background (module docs of
+    /// craterdex-index's merge; docs/formats/index.md).
+    #[command(flatten)]
+    merge: crate::args::MergeOpts,
 }
 
 pub fn run(c: ServeCmd) -> Result<()> {
@@ -70,6 +74,7 @@ pub fn run(c: ServeCmd) -> Result<()> {
     config.request_timeout = std::time::Duration::from_secs(c.timeout_secs.max(1));
     config.max_concurrent = c.max_concurrent.max(1);
     config.max_concurrent_images = c.max_concurrent_images.max(1);
+    config.merge = c.merge.policy();
     if c.no_model && c.model.model.is_some() {
         bail!("--no-model and --model exclude each other");
     }

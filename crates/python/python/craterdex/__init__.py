@@ -386,6 +386,13 @@ class Index:
         """Removes images by id; returns how many were present."""
         return self._native.remove([str(i) for i in ids])
 
+    def merge(self, *, into_one: bool = False) -> Dict[str, Any]:
+        """Merges the index's segments now, purging removed images from those rewritten
+        (adds are merged in the background anyway; ``into_one=True`` leaves one segment).
+        Returns what was done: ``merges``, ``rows_written``, ``rows_purged``,
+        ``segments_before``, ``segments_after``."""
+        return json.loads(self._native.merge_json(into_one))
+
     def search(
         self,
         images: Optional[Union[Sequence[np.ndarray], np.ndarray]] = None,

@@ -8,6 +8,7 @@ mod python;
 mod register;
 mod search;
 mod serve;
+mod writes;
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
@@ -44,6 +45,39 @@ pub enum BenchCmd {
         after_help = "Example:\n  craterdex bench register --craters nac/M1.txt --craters nac/M2.txt --min-diameter 8"
     )]
     Register(RegisterBench),
+    /// A stream of single-image adds (one searcher meanwhile, segments merged in the
+    /// background as the service does): add latency, segment count, and search latency on
+    /// the grown index against a fresh build of the same images; the same stream without
+    /// merging for reference.
+    #[command(after_help = "Example:\n  craterdex bench writes --adds 10000")]
+    Writes(WritesBench),
+}
+
+#[derive(Args)]
+pub struct WritesBench {
+    /// Images in the index before the stream.
+    #[arg(long, default_value_t = 1000)]
+    pub(crate) base: usize,
+    /// Single-image adds with merging.
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) adds: usize,
+    /// Single-image adds without merging, for reference (0: skip).
+    #[arg(long, default_value_t = 1000)]
+    pub(crate) reference_adds: usize,
+    /// Queries timed on each index.
+    #[arg(long, default_value_t = 200)]
+    pub(crate) queries: usize,
+    #[arg(long, default_value_t = 32)]
+    pub(crate) k: usize,
+    #[arg(long, default_value_t = 384)]
+    pub(crate) dim: usize,
+    #[arg(long, default_value = "int8")]
+    pub(crate) codec: craterdex_index::Codec,
+    #[arg(long, value_parser = clap::value_parser!(u64).range(2..=1024))]
+    pub(crate) merge_factor: Option<u64>,
+    /// Where the temporary indexes go (default: the system temp dir).
+    #[arg(long)]
+    pub(crate) workdir: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -136,6 +170,7 @@ pub fn run(c: BenchCmd) -> Result<()> {
         BenchCmd::Serve(b) => serve::run(b),
         BenchCmd::Eval(b) => eval::run(b),
         BenchCmd::Register(b) => register::run(b),
+        BenchCmd::Writes(b) => writes::run(b),
     }
 }
 

@@ -15,7 +15,7 @@ pub(super) fn unit_rows(rng: &mut rand_chacha::ChaCha8Rng, rows: usize, d: usize
 /// Random unit descriptors, and queries that are noisy copies (cosine ~0.7) of random
 /// gallery images, returned with their targets. Images pair up into craters (2i and 2i+1),
 /// as a catalogue's 2x and 3x views do, so that grouped search has views to list.
-pub(super) fn synthetic(
+pub(crate) fn synthetic(
     n: usize,
     nq: usize,
     k: usize,

@@ -3,7 +3,7 @@
 //! Modules: `data` (the synthetic galleries), `reference` (the faiss/numpy runner), `timing`
 //! (the shipped search timed), `table` (what is printed).
 
-mod data;
+pub(super) mod data;
 mod reference;
 mod table;
 mod timing;
