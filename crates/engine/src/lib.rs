@@ -33,6 +33,7 @@ pub use recipe::{encode_all, feature_refs, IndexRecipe, IvfSetting, IVF_AUTO_MIN
 pub use shared::SharedEngine;
 
 // What front ends need from the crates below to use the engine.
+pub use craterdex_index::shards;
 pub use craterdex_index::{
     Codec, Hit, ImageMeta, Index, MergePolicy, MergeReport, Mode, SearchParams, Stage1,
 };

@@ -10,6 +10,7 @@ use crate::progress::Progress;
 use crate::recipe::{encode_all, IndexRecipe, IvfSetting};
 use craterdex_errors::{ensure, IoContext, ResultExt};
 use craterdex_index::parts::{commit_parts, part_images, part_singles, write_part};
+use craterdex_index::shards::{shard_dir, ShardSet};
 use craterdex_index::{Codec, ImageMeta, TokenCodec};
 use craterdex_model::extract::FeatureSet;
 use craterdex_tokens::{Descriptors, Encoder};
@@ -266,6 +267,28 @@ impl BuildPlan {
             parts,
             ivf.as_ref().map(|(i, n)| (i, *n)),
         )?)
+    }
+
+    /// Commits `parts_by_shard[i]` as shard index `out/shard-NNN` (each as [`BuildPlan::
+    /// commit`] does, IVF lists trained per shard), then writes `out/shards.json`. Every
+    /// shard has this plan's encoder and codec, so their scores compare.
+    pub fn commit_shards(
+        &self,
+        out: &Path,
+        parts_by_shard: &[Vec<PathBuf>],
+        progress: &dyn Progress,
+    ) -> Result<ShardSet> {
+        ensure!(
+            !parts_by_shard.is_empty() && parts_by_shard.iter().all(|p| !p.is_empty()),
+            Error::Invalid("every shard needs at least one part".into())
+        );
+        let mut counts = Vec::with_capacity(parts_by_shard.len());
+        for (i, parts) in parts_by_shard.iter().enumerate() {
+            counts.push(self.commit(&out.join(shard_dir(i)), parts, progress)?);
+        }
+        let set = ShardSet::new(&counts, &serde_json::to_vec(&self.encoder)?);
+        set.write(out)?;
+        Ok(set)
     }
 }
 

@@ -9,7 +9,7 @@
 //! `index.json`; `segment_writer` encodes and writes a segment; `segment` reads one; `index`
 //! holds an open index and its writes; `merge` rewrites small segments as
 //! larger ones in the background; [`parts`] joins segments written apart (a build
-//! spread over many machines) into one index; `search` answers queries.
+//! spread over many machines) into one index; `search` answers queries; [`shards`] cuts an index into a set of shard indexes.
 
 pub mod codec;
 mod error;
@@ -23,6 +23,7 @@ pub mod parts;
 mod search;
 mod segment;
 mod segment_writer;
+pub mod shards;
 mod single_int8;
 mod topk;
 

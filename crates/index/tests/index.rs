@@ -942,3 +942,59 @@ fn killed_merges_lose_no_acknowledged_write() {
         segment_entries(&dir)
     );
 }
+
+/// A split keeps every live image in exactly one shard, each crater's views together, and
+/// each image's scores: the shards' hits merged are the whole index's hits.
+#[test]
+fn split_shards_hold_every_live_image_once_with_the_same_scores() {
+    use craterdex_index::shards::{shard_of, ShardSet};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("idx");
+    // two views per crater
+    let mut imgs = images(90, 41, "v");
+    for (i, (m, _)) in imgs.iter_mut().enumerate() {
+        m.crater_id = Some(format!("c{}", i / 2));
+    }
+    build(&dir, &imgs, Codec::Int8);
+    Index::remove(&dir, &["v10".to_string()]).unwrap();
+    let whole = Index::open(&dir).unwrap();
+    let queries: Vec<Descriptors> = [4, 33, 70]
+        .iter()
+        .map(|&i| near_duplicate(&imgs[i].1, i as u64))
+        .collect();
+    let want = scores_by_id(&whole, &queries);
+
+    let out = tmp.path().join("shards");
+    let set = whole.split(&out, 3).unwrap();
+    assert_eq!(set, ShardSet::read(&out).unwrap());
+    assert_eq!(set.shards.iter().map(|s| s.images).sum::<usize>(), 89);
+    let mut merged = vec![std::collections::BTreeMap::new(); queries.len()];
+    for (i, entry) in set.shards.iter().enumerate() {
+        let shard = Index::open(&out.join(&entry.name)).unwrap();
+        assert_eq!(shard.live(), entry.images);
+        for r in shard.live_rows() {
+            assert_eq!(shard_of(shard.meta(r), 3), i);
+        }
+        for (q, scores) in scores_by_id(&shard, &queries).into_iter().enumerate() {
+            for (id, s) in scores {
+                assert!(merged[q].insert(id, s).is_none(), "an image in two shards");
+            }
+        }
+    }
+    assert_eq!(merged, want);
+
+    // a shard whose encoder differs is refused: its scores would not compare
+    std::fs::write(out.join("shard-001/encoder.json"), b"{}").unwrap();
+    let e = ShardSet::read(&out).unwrap_err().to_string();
+    assert!(
+        e.contains("shard-001/encoder.json") && e.contains("not the encoder"),
+        "{e}"
+    );
+    // too many shards for the images: refused before anything is written
+    let e = whole
+        .split(&tmp.path().join("many"), 200)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("would hold no image"), "{e}");
+    assert!(!tmp.path().join("many").exists());
+}

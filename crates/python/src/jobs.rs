@@ -97,6 +97,34 @@ pub fn commit_parts(
     .py_err()
 }
 
+/// Commits each shard's parts as `out/shard-NNN` and writes `out/shards.json`; returns the
+/// set's record as JSON.
+#[pyfunction]
+pub fn commit_shards(
+    py: Python<'_>,
+    plan_path: PathBuf,
+    out: PathBuf,
+    parts_by_shard: Vec<Vec<PathBuf>>,
+) -> PyResult<String> {
+    py.detach(move || -> Fallible<String> {
+        let set = BuildPlan::load(&plan_path)?.commit_shards(&out, &parts_by_shard, &Silent)?;
+        serde_json::to_string(&set).map_err(|e| invalid(e.to_string()))
+    })
+    .py_err()
+}
+
+/// The shard (among `shards`) of each of the `meta_json` records, as `craterdex index split`
+/// places images.
+#[pyfunction]
+pub fn shards_of(meta_json: &str, shards: usize) -> PyResult<Vec<usize>> {
+    use craterdex_engine::shards::{check_count, shard_of};
+    check_count(shards)
+        .map_err(craterdex_engine::Error::from)
+        .py_err()?;
+    let metas = metas_from_json(meta_json).py_err()?;
+    Ok(metas.iter().map(|m| shard_of(m, shards)).collect())
+}
+
 /// The CPU and the kernel level in use (portable, avx2, avx512, amx), as `craterdex cpu`
 /// prints them: every speed measured from Python should say which level produced it.
 #[pyfunction]

@@ -27,6 +27,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(jobs::make_plan, m)?)?;
     m.add_function(wrap_pyfunction!(jobs::write_part, m)?)?;
     m.add_function(wrap_pyfunction!(jobs::commit_parts, m)?)?;
+    m.add_function(wrap_pyfunction!(jobs::commit_shards, m)?)?;
+    m.add_function(wrap_pyfunction!(jobs::shards_of, m)?)?;
     m.add_function(wrap_pyfunction!(jobs::cpu, m)?)?;
     m.add_function(wrap_pyfunction!(jobs::defaults_json, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -50,6 +50,34 @@ def test_a_cluster_build_is_the_single_machine_build(client, tiny, tiny_dir, cro
     pd.testing.assert_frame_equal(a.drop(columns=["path"]), b.drop(columns=["path"]))
 
 
+def test_a_sharded_build_cuts_the_single_build_by_crater(client, tiny, crops, tmp_path):
+    shards = cdask.build_index(client, crops, tmp_path / "sharded", model=tiny, partition_size=7, shards=3)
+    whole = craterdex.Index.build(tmp_path / "one", crops, model=tiny)
+    assert len(shards) == 3 and sum(len(s) for s in shards) == len(crops)
+    meta = [s.metadata() for s in shards]
+    ids = [set(m["id"]) for m in meta]
+    assert set.union(*ids) == set(crops["id"]) and sum(len(i) for i in ids) == len(crops)
+    # every view of a crater in one shard
+    owner = {c: k for k, m in enumerate(meta) for c in m["crater_id"]}
+    assert all(set(m["crater_id"]) == {c for c in m["crater_id"] if owner[c] == k} for k, m in enumerate(meta))
+    # the same codes as the one-machine build, so the shards' hits merged are its hits
+    for s in shards:
+        got = s.descriptors(list(s.metadata()["id"]))
+        want = whole.descriptors(list(s.metadata()["id"]))
+        np.testing.assert_array_equal(got["tokens"], want["tokens"])
+    q = list(crops["path"][:5])
+    merged = pd.concat([s.search(paths=q, top_k=len(crops), mode="exhaustive") for s in shards])
+    merged = merged.sort_values(["query", "score"], ascending=[True, False]).groupby("query").head(5)
+    one = whole.search(paths=q, top_k=5, mode="exhaustive")
+    for path in q:
+        a = merged[merged["query"] == path]
+        b = one[one["query"] == path]
+        np.testing.assert_allclose(sorted(a["score"]), sorted(b["score"]), atol=1e-5)
+        assert a["id"].iloc[0] == b["id"].iloc[0]
+    with pytest.raises(craterdex.InvalidInputError, match="would hold no image"):
+        cdask.build_index(client, crops.iloc[:2], tmp_path / "too-many", model=tiny, shards=40)
+
+
 def test_a_killed_worker_is_retried_and_the_index_is_complete(client, tiny, crops, tmp_path):
     counter = tmp_path / "unpickled"
     counter.mkdir()

@@ -67,6 +67,19 @@ pub enum IndexCmd {
         index: PathBuf,
         ids: Vec<String>,
     },
+    /// Cut an index into N shard indexes (OUT/shard-NNN and OUT/shards.json) for a cluster:
+    /// all views of a crater in one shard, the same encoder and codec in every shard.
+    #[command(
+        after_help = "Example:\n  craterdex index split --index idx --shards 4 --out idx-shards\n\nAn image's shard is crc32(crater id, else image id) mod N (docs/formats.md)."
+    )]
+    Split {
+        #[arg(long)]
+        index: PathBuf,
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=4096))]
+        shards: u64,
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Show what an index holds.
     Info {
         #[arg(long)]
@@ -130,6 +143,14 @@ pub fn run(c: IndexCmd) -> Result<()> {
         IndexCmd::Remove { index, ids } => {
             let (n, _) = Engine::open(&index, None)?.remove(&ids)?;
             println!("removed {n} of {} ids from {}", ids.len(), index.display());
+        }
+        IndexCmd::Split { index, shards, out } => {
+            let set = Engine::open(&index, None)?
+                .index()
+                .split(&out, shards as usize)?;
+            for s in &set.shards {
+                println!("{}: {} images", out.join(&s.name).display(), s.images);
+            }
         }
         IndexCmd::Info { index } => print_json(&Engine::open(&index, None)?.info())?,
     }

@@ -28,7 +28,7 @@ import math
 import os
 import shutil
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 import pandas as pd
@@ -62,14 +62,19 @@ def build_index(
     recipe: Optional[Recipe] = None,
     keep_parts: bool = False,
     timings: Optional[Dict[str, float]] = None,
-) -> Index:
+    shards: Optional[int] = None,
+) -> Union[Index, List[Index]]:
     """Builds the index of ``entries`` (``id``, ``path`` and metadata columns, in the
     order rows should have) at ``out`` on the cluster behind ``client``.
 
     ``recipe``: a :class:`craterdex.Recipe` (default: the shipped one). Returns the opened
     index. The parts are written to ``OUT.parts/`` (removed after the commit unless
     ``keep_parts``). ``timings``, when given, receives the seconds of each phase: ``plan``
-    (the learn sample extracted and learned from, in one task), ``parts`` and ``commit``."""
+    (the learn sample extracted and learned from, in one task), ``parts`` and ``commit``.
+
+    ``shards=N`` writes ``N`` shard indexes ``OUT/shard-NNN`` and ``OUT/shards.json``
+    instead, as ``craterdex index split`` cuts an index (every view of a crater in one
+    shard, one encoder and codec learned once for all) and returns them opened, in order."""
     if len(entries) == 0:
         raise InvalidInputError("cannot build an index from zero images")
     model = model or Model.load()
@@ -82,23 +87,42 @@ def build_index(
     started = time.perf_counter()
     plan = client.submit(_plan_task, plan_path, _records(entries.iloc[sample]), model, recipe.to_json(),
                          pure=False, retries=3)
-    parts = []
+    # rows of each shard, in entry order (one shard: every row)
+    if shards is None:
+        groups = [np.arange(len(entries))]
+    else:
+        owner = np.asarray(_native.shards_of(_records(entries), int(shards)))
+        groups = [np.flatnonzero(owner == s) for s in range(int(shards))]
+        empty = [s for s, g in enumerate(groups) if len(g) == 0]
+        if empty:
+            raise InvalidInputError(
+                f"shard {empty[0]} of {shards} would hold no image ({len(entries)} entries); use fewer shards")
+    parts: List[List[str]] = []
     futures = []
-    for i, rows in enumerate(_chunks(len(entries), max(1, partition_size))):
-        part_dir = os.path.join(staging, f"part-{i:06d}")
-        parts.append(part_dir)
-        futures.append(client.submit(_part_task, plan, part_dir, _records(entries.iloc[list(rows)]), model,
-                                     pure=False, retries=3))
+    for s, rows_of_shard in enumerate(groups):
+        parts.append([])
+        for i, rows in enumerate(_chunks(len(rows_of_shard), max(1, partition_size))):
+            name = f"part-{i:06d}" if shards is None else f"shard-{s:03d}-part-{i:06d}"
+            part_dir = os.path.join(staging, name)
+            parts[-1].append(part_dir)
+            chunk = entries.iloc[rows_of_shard[rows.start:rows.stop]]
+            futures.append(client.submit(_part_task, plan, part_dir, _records(chunk), model,
+                                         pure=False, retries=3))
     plan.result()
     planned = time.perf_counter()
     client.gather(futures)
     written = time.perf_counter()
-    _native.commit_parts(plan_path, out, parts)
+    if shards is None:
+        _native.commit_parts(plan_path, out, parts[0])
+    else:
+        _native.commit_shards(plan_path, out, parts)
     if timings is not None:
         timings.update(plan=planned - started, parts=written - planned, commit=time.perf_counter() - written)
     if not keep_parts:
         shutil.rmtree(staging, ignore_errors=True)
-    return Index.open(out, model=model)
+    if shards is None:
+        return Index.open(out, model=model)
+    return [Index.open(os.path.join(out, f"shard-{s:03d}"), model=model) for s in range(int(shards))]
 
 
 def bands(entries: pd.DataFrame, band_degrees: float = 2.0, *, unpositioned_size: int = 5000) -> List[np.ndarray]:
