@@ -343,6 +343,28 @@ fn child_writer() {
     }
 }
 
+/// Runs `child_writer` doing `op` on `dir` and checks that it was killed at `point`.
+fn kill_writer_at(dir: &Path, op: &str, point: &str) {
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "child_writer",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("CRATERDEX_CHILD_INDEX", dir)
+        .env("CRATERDEX_CHILD_OP", op)
+        .env("CRATERDEX_FAILPOINT", point)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&status.stderr);
+    assert!(
+        !status.status.success() && stderr.contains(&format!("failpoint {point}")),
+        "{op} at {point}: the writer should have been killed there: {stderr}"
+    );
+}
+
 /// Every writer killed at every failpoint it passes leaves a complete index: the previous
 /// one when it died before its commit point, the new one when it died after.
 #[test]
@@ -362,24 +384,7 @@ fn killed_writers_leave_the_previous_index_readable() {
         ("build", "durable-before-swap", false),
         ("build", "durable-after-swap", true),
     ] {
-        let status = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--ignored",
-                "--exact",
-                "child_writer",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("CRATERDEX_CHILD_INDEX", &dir)
-            .env("CRATERDEX_CHILD_OP", op)
-            .env("CRATERDEX_FAILPOINT", point)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&status.stderr);
-        assert!(
-            !status.status.success() && stderr.contains(&format!("failpoint {point}")),
-            "{op} at {point}: the writer should have been killed there: {stderr}"
-        );
+        kill_writer_at(&dir, op, point);
         let idx = Index::open(&dir)
             .unwrap_or_else(|e| panic!("{op} at {point}: index unreadable: {e:#}"));
         if committed {
@@ -899,24 +904,7 @@ fn killed_merges_lose_no_acknowledged_write() {
         ("durable-before-rename", false),
         ("merge-after-manifest", true),
     ] {
-        let status = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--ignored",
-                "--exact",
-                "child_writer",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("CRATERDEX_CHILD_INDEX", &dir)
-            .env("CRATERDEX_CHILD_OP", "merge")
-            .env("CRATERDEX_FAILPOINT", point)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&status.stderr);
-        assert!(
-            !status.status.success() && stderr.contains(&format!("failpoint {point}")),
-            "merge at {point}: the merger should have been killed there: {stderr}"
-        );
+        kill_writer_at(&dir, "merge", point);
         let idx = Index::open(&dir).unwrap_or_else(|e| panic!("merge at {point}: {e:#}"));
         assert_eq!(idx.live(), 65, "merge at {point}");
         assert_eq!(
