@@ -42,6 +42,20 @@ pub struct QueryHits {
     pub results: Vec<SearchHit>,
 }
 
+impl QueryHits {
+    /// Each query's hits under its name, in order.
+    pub fn named(queries: &[String], results: Vec<Vec<SearchHit>>) -> Vec<QueryHits> {
+        queries
+            .iter()
+            .zip(results)
+            .map(|(q, results)| QueryHits {
+                query: q.clone(),
+                results,
+            })
+            .collect()
+    }
+}
+
 /// An index ready to search, with the model for image queries when one is loaded.
 pub struct Engine {
     index: Index,
@@ -127,16 +141,7 @@ impl Engine {
 
     /// Ranked hits for backbone features (named by the feature set's ids).
     pub fn search_features(&self, features: &FeatureSet, params: &SearchParams) -> Vec<QueryHits> {
-        let results = self.search(&self.encode(features), params);
-        features
-            .ids
-            .iter()
-            .zip(results)
-            .map(|(q, results)| QueryHits {
-                query: q.clone(),
-                results,
-            })
-            .collect()
+        QueryHits::named(&features.ids, self.search(&self.encode(features), params))
     }
 
     /// Extracts `(id, path)` images with the loaded model and encodes them for this index.
@@ -333,7 +338,7 @@ impl Engine {
 
     /// The index as its directory now holds it (segments already open are kept; new ones
     /// are checked for size and were checksummed as they were written).
-    fn reopened(&self) -> Result<Engine> {
+    pub(crate) fn reopened(&self) -> Result<Engine> {
         Ok(self.over(self.index.reopened()?))
     }
 

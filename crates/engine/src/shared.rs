@@ -71,6 +71,8 @@ impl Inner {
             report.rows_written += written;
             report.rows_purged += purged;
         }
+        // another merger's commit may have landed after its engine was taken as current
+        self.replace_unless_older(self.snapshot().reopened()?);
         report.segments_after = self.snapshot().index().segment_count();
         Ok(report)
     }
@@ -183,41 +185,8 @@ impl SharedEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use craterdex_index::codec::{Codec, TokenCodec};
-    use craterdex_index::{ImageMeta, Index, SearchParams};
-    use craterdex_tokens::{Descriptors, Encoder, Recipe};
-
-    const D: usize = 16;
-    const K: usize = 2;
-
-    /// Deterministic, distinct unit descriptors for image `i`.
-    fn image(i: usize) -> (ImageMeta, Descriptors) {
-        // splitmix64 of (image, salt, element): independent values in [-1, 1)
-        let value = |salt: usize, j: usize| -> f32 {
-            let mut z = ((i as u64) << 32 ^ (salt as u64) << 24 ^ j as u64)
-                .wrapping_add(0x9e37_79b9_7f4a_7c15);
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^= z >> 31;
-            (z >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        };
-        let unit = |salt: usize, n: usize| -> Vec<f32> {
-            let mut v: Vec<f32> = (0..n * D).map(|j| value(salt, j)).collect();
-            craterdex_tokens::l2_normalize_rows(&mut v, D);
-            v
-        };
-        let meta = ImageMeta {
-            id: format!("img{i}"),
-            ..Default::default()
-        };
-        (
-            meta,
-            Descriptors {
-                single: unit(1, 1),
-                tokens: unit(2, K),
-            },
-        )
-    }
+    use crate::test_images::{image, write_index};
+    use craterdex_index::{Index, SearchParams};
 
     /// Single adds while a searcher runs and segments merge in the background: every write
     /// is visible in every later snapshot (a merge finishing late never hides one), every
@@ -227,17 +196,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("idx");
         let base: Vec<_> = (0..50).map(image).collect();
-        let sample: Vec<f32> = base.iter().flat_map(|(_, d)| d.tokens.clone()).collect();
-        let codec = TokenCodec::train(Codec::Int8, D, &sample, 0).unwrap();
-        Index::create(
-            &dir,
-            &Encoder::plain(Recipe::default()),
-            &codec,
-            None,
-            &base,
-            None,
-        )
-        .unwrap();
+        write_index(&dir, &base);
         let shared = SharedEngine::new(Engine::open(&dir, None).unwrap());
         let policy = MergePolicy {
             merge_factor: 4,

@@ -5,14 +5,17 @@ use crate::output::{print_hits, print_json, Bars};
 use anyhow::{bail, Result};
 use clap::Args;
 use craterdex_engine::inputs::images_in;
-use craterdex_engine::Engine;
+use craterdex_engine::{Engine, QueryHits, ShardedEngine};
 use std::path::PathBuf;
 use std::sync::Arc;
 
 #[derive(Args)]
 pub struct SearchCmd {
+    #[arg(long, required_unless_present = "shards", conflicts_with = "shards")]
+    index: Option<PathBuf>,
+    /// A set of shard indexes (`craterdex index split`), searched as one catalogue.
     #[arg(long)]
-    index: PathBuf,
+    shards: Option<PathBuf>,
     /// Query images.
     images: Vec<PathBuf>,
     /// A directory of query images.
@@ -46,10 +49,25 @@ pub fn run(c: SearchCmd) -> Result<()> {
     if items.is_empty() {
         bail!("give query images, --dir or --manifest");
     }
-    let engine = Engine::open(&c.index, None)?.with_extractor(Arc::new(c.model.load()?))?;
-    let t = std::time::Instant::now();
-    let results = engine.search_images(&items, &params, &Bars::new())?;
-    let ms = t.elapsed().as_secs_f64() * 1e3 / results.len().max(1) as f64;
+    let extractor = Arc::new(c.model.load()?);
+    let bars = Bars::new();
+    let timed = |search: &dyn Fn() -> craterdex_engine::Result<Vec<QueryHits>>| -> Result<_> {
+        let t = std::time::Instant::now();
+        let results = search()?;
+        let ms = t.elapsed().as_secs_f64() * 1e3 / results.len().max(1) as f64;
+        Ok((results, ms))
+    };
+    let (results, ms) = match (&c.index, &c.shards) {
+        (Some(index), _) => {
+            let engine = Engine::open(index, Some(extractor))?;
+            timed(&|| engine.search_images(&items, &params, &bars))?
+        }
+        (None, Some(set)) => {
+            let engine = ShardedEngine::open(set, Some(extractor))?;
+            timed(&|| engine.search_images(&items, &params, &bars))?
+        }
+        (None, None) => bail!("give --index or --shards"),
+    };
     if c.json {
         print_json(&results)?;
     } else {

@@ -8,6 +8,7 @@ mod python;
 mod register;
 mod search;
 mod serve;
+mod shards;
 mod writes;
 
 use anyhow::Result;
@@ -51,6 +52,36 @@ pub enum BenchCmd {
     /// merging for reference.
     #[command(after_help = "Example:\n  craterdex bench writes --adds 10000")]
     Writes(WritesBench),
+    /// An index cut into shards and searched as one catalogue (the work of a cluster's
+    /// shards and router, in one process) against the index on a benchmark's queries: top
+    /// hits agreeing at the default shortlist, equality with the whole index as shortlist,
+    /// latency.
+    #[command(
+        after_help = "Example:\n  craterdex bench shards --index craterdex-demo/index --manifest craterdex-demo/bench/splits/test.json"
+    )]
+    Shards(ShardsBench),
+}
+
+#[derive(Args)]
+pub struct ShardsBench {
+    #[arg(long)]
+    pub(crate) index: PathBuf,
+    /// The benchmark whose query images are searched.
+    #[arg(long)]
+    pub(crate) manifest: PathBuf,
+    #[arg(long, value_delimiter = ',', default_value = "2,4")]
+    pub(crate) shards: Vec<usize>,
+    /// Hits compared per query.
+    #[arg(long, default_value_t = 10)]
+    pub(crate) top: usize,
+    /// Timing rounds over the queries.
+    #[arg(long, default_value_t = 3)]
+    pub(crate) repeats: usize,
+    #[command(flatten)]
+    pub(crate) model: crate::args::ModelOpts,
+    /// Where the shard sets go (default: the system temp dir).
+    #[arg(long)]
+    pub(crate) workdir: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -171,6 +202,7 @@ pub fn run(c: BenchCmd) -> Result<()> {
         BenchCmd::Eval(b) => eval::run(b),
         BenchCmd::Register(b) => register::run(b),
         BenchCmd::Writes(b) => writes::run(b),
+        BenchCmd::Shards(b) => shards::run(b),
     }
 }
 
