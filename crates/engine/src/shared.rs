@@ -118,6 +118,17 @@ impl SharedEngine {
         Ok(changed.0)
     }
 
+    /// Takes up what other processes wrote to the index since (a replica of a shard whose
+    /// siblings take writes); `true` when there was something.
+    pub fn refresh(&self) -> Result<bool> {
+        if !self.snapshot().index().is_stale()? {
+            return Ok(false);
+        }
+        let _writer = self.inner.writer.lock().unwrap_or_else(|e| e.into_inner());
+        self.inner.replace(self.snapshot().reopened()?);
+        Ok(true)
+    }
+
     /// Merges segments by `policy` now, until it asks for nothing more (after the
     /// background merger's merge in progress, if any).
     pub fn merge(&self, policy: &MergePolicy) -> Result<MergeReport> {

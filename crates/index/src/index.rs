@@ -570,6 +570,14 @@ impl Index {
     pub fn generation(&self) -> u64 {
         self.manifest.generation
     }
+
+    /// Whether the directory holds a later state than this index shows (another process
+    /// wrote to it): one read of the manifest.
+    pub fn is_stale(&self) -> Result<bool> {
+        let on_disk = Manifest::read(self.dir_or_err()?)?;
+        Ok(on_disk.generation != self.manifest.generation
+            || on_disk.segments != self.manifest.segments)
+    }
     pub fn segment_count(&self) -> usize {
         self.segments.len()
     }

@@ -120,6 +120,12 @@ impl PyIndex {
         self.engine.snapshot().index().live()
     }
 
+    /// Takes up what other processes wrote to the index since it was opened; returns
+    /// whether there was something.
+    fn refresh(&self, py: Python<'_>) -> PyResult<bool> {
+        py.detach(|| self.engine.refresh()).py_err()
+    }
+
     /// What the index holds, as `craterdex index info` prints it (JSON).
     fn info_json(&self) -> PyResult<String> {
         to_json(&self.engine.snapshot().info()).py_err()

@@ -125,6 +125,16 @@ pub fn shards_of(meta_json: &str, shards: usize) -> PyResult<Vec<usize>> {
     Ok(metas.iter().map(|m| shard_of(m, shards)).collect())
 }
 
+/// The shards' hit lists of one query (JSON: a list of lists of hits, as `search_json`
+/// gives them) merged into the first `top_k`, as `craterdex search --shards` merges them.
+#[pyfunction]
+pub fn merge_hits_json(lists_json: &str, top_k: usize, group_views: bool) -> PyResult<String> {
+    let lists: Vec<Vec<craterdex_engine::SearchHit>> = serde_json::from_str(lists_json)
+        .map_err(|e| invalid(format!("hit lists: {e}")))
+        .py_err()?;
+    to_json(&craterdex_engine::merge_hits(lists, top_k, group_views)).py_err()
+}
+
 /// The CPU and the kernel level in use (portable, avx2, avx512, amx), as `craterdex cpu`
 /// prints them: every speed measured from Python should say which level produced it.
 #[pyfunction]

@@ -386,6 +386,11 @@ class Index:
         """Removes images by id; returns how many were present."""
         return self._native.remove([str(i) for i in ids])
 
+    def refresh(self) -> bool:
+        """Takes up what other processes (another replica, ``craterdex index add``) wrote to
+        the index since it was opened; returns whether there was something."""
+        return self._native.refresh()
+
     def merge(self, *, into_one: bool = False) -> Dict[str, Any]:
         """Merges the index's segments now, purging removed images from those rewritten
         (adds are merged in the background anyway; ``into_one=True`` leaves one segment).

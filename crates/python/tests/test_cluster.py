@@ -1,0 +1,178 @@
+"""craterdex.cluster on a local Ray cluster: 2 shards x 2 replicas of a generated catalogue.
+
+Ray registers its node on the machine's own address and probes an outside one to find it,
+so these tests run only inside a network namespace made for them (scripts/cluster_test.sh:
+``unshare -n``, loopback up, ``CRATERDEX_NETNS=1``); everywhere else they skip, saying so.
+"""
+
+import json
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+
+import numpy as np
+import pytest
+
+if os.environ.get("CRATERDEX_NETNS") != "1":
+    pytest.skip("Ray runs only inside a network namespace made for it (scripts/cluster_test.sh)",
+                allow_module_level=True)
+ray = pytest.importorskip("ray")
+pytest.importorskip("multipart")
+
+import craterdex  # noqa: E402
+import craterdex.cluster as cc  # noqa: E402
+from ray import serve  # noqa: E402
+
+PORT = 8765
+KEY = "cluster-test-key"
+URL = f"http://127.0.0.1:{PORT}"
+
+
+def request(method, path, body=None, headers=None, timeout=60):
+    req = urllib.request.Request(URL + path, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def multipart(fields):
+    boundary = uuid.uuid4().hex
+    out = b""
+    for name, value in fields.items():
+        out += f"--{boundary}\r\n".encode()
+        if isinstance(value, bytes):
+            out += f'Content-Disposition: form-data; name="{name}"; filename="x.png"\r\n'.encode()
+            out += b"Content-Type: application/octet-stream\r\n\r\n" + value + b"\r\n"
+        else:
+            out += f'Content-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
+    out += f"--{boundary}--\r\n".encode()
+    return out, {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+
+
+def search_image(path, query="top_k=5&shortlist=1000"):
+    with open(path, "rb") as f:
+        body, headers = multipart({"image": f.read()})
+    return request("POST", f"/v1/search/image?{query}", body, headers)
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny, crops, cli, tmp_path_factory):
+    d = tmp_path_factory.mktemp("cluster")
+    craterdex.Index.build(d / "whole", crops, model=tiny)
+    cli("index", "split", "--index", d / "whole", "--shards", 2, "--out", d / "set")
+    ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=8, log_to_driver=False)
+    try:
+        cc.serve_shards(str(d / "set"), replicas=2, model=tiny, api_key=KEY, port=PORT, replica_cpus=0.5)
+        yield craterdex.Index.open(d / "whole", model=tiny), d
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def replicas_of(deployment):
+    """The live replica actors of a deployment (Serve names them after it)."""
+    named = ray.util.list_named_actors(all_namespaces=True)
+    return [a for a in named if f"#{deployment}#" in a["name"]]
+
+
+def test_the_cluster_answers_as_the_whole_index(cluster, crops, tiny):
+    whole, _ = cluster
+    assert request("GET", "/v1/health") == (200, {"status": "ok"})
+    status, ready = request("GET", "/v1/ready")
+    assert status == 200 and sorted(ready["shards"]) == ["shard-000", "shard-001"], ready
+    assert sum(s["images"] for s in ready["shards"].values()) == len(crops)
+    for path in crops["path"][:6]:
+        status, got = search_image(path)
+        assert status == 200 and got["partial"] is False and got["missing_shards"] == [], got
+        want = whole.search(paths=[path], top_k=5, shortlist=1000)
+        assert [h["id"] for h in got["results"]] == list(want["id"])
+        np.testing.assert_allclose([h["score"] for h in got["results"]], want["score"], atol=1e-5)
+        assert [h["rank"] for h in got["results"]] == [1, 2, 3, 4, 5]
+    # posted features answer as the uploaded image does
+    f = tiny.extract([crops["path"][0]])
+    body = json.dumps({"cls": f["cls"][0].tolist(), "patches": f["patches"][0].tolist(),
+                       "attention": f["attention"][0].tolist()}).encode()
+    status, got = request("POST", "/v1/search/features?top_k=5&shortlist=1000", body,
+                          {"Content-Type": "application/json"})
+    assert status == 200, got
+    assert [h["id"] for h in got["results"]] == [h["id"] for h in search_image(crops["path"][0])[1]["results"]]
+    assert request("POST", "/v1/search/features", b"{not json", {"Content-Type": "application/json"})[0] == 400
+    assert request("POST", "/v1/search/image?top_k=0", *multipart({"image": b"x"}))[0] == 400
+
+
+def test_a_killed_replica_fails_no_request(cluster, crops):
+    paths = list(crops["path"][:8])
+    answers, failures = [], []
+
+    def load():
+        for i in range(40):
+            status, got = search_image(paths[i % len(paths)], "top_k=3")
+            (answers if status == 200 and not got["partial"] else failures).append((status, got))
+
+    t = threading.Thread(target=load)
+    t.start()
+    time.sleep(1.0)
+    victim = replicas_of("shard-000")[0]
+    ray.kill(ray.get_actor(victim["name"], namespace=victim["namespace"]), no_restart=False)
+    t.join()
+    assert failures == [] and len(answers) == 40, failures[:2]
+
+
+def test_writes_go_to_the_owning_shard_and_survive_its_replicas(cluster, crops):
+    _, d = cluster
+    src = crops["path"][3]
+    with open(src, "rb") as f:
+        image = f.read()
+    fields = {"image": image, "id": "added-1", "crater_id": "new-crater"}
+    assert request("POST", "/v1/images", *multipart(fields))[0] == 401
+    body, headers = multipart(fields)
+    status, added = request("POST", "/v1/images", body, {**headers, "X-API-Key": KEY})
+    assert status == 201, added
+    owner = craterdex._native.shards_of(json.dumps([{"id": "added-1", "crater_id": "new-crater"}]), 2)[0]
+    assert added["shard"] == f"shard-{owner:03d}"
+    status, again = request("POST", "/v1/images", body, {**headers, "X-API-Key": KEY})
+    assert status == 409, again
+    # every replica of the owner sees it (the sibling reads what the other wrote) ...
+    for _ in range(4):
+        ids = [h["id"] for h in search_image(src, "top_k=10")[1]["results"]]
+        assert "added-1" in ids
+    # ... and so do fresh replicas after both die
+    for victim in replicas_of(f"shard-{owner:03d}"):
+        ray.kill(ray.get_actor(victim["name"], namespace=victim["namespace"]), no_restart=False)
+    deadline = time.time() + 120
+    while request("GET", "/v1/ready")[0] != 200 and time.time() < deadline:
+        time.sleep(1)
+    ids = [h["id"] for h in search_image(src, "top_k=10")[1]["results"]]
+    assert "added-1" in ids
+    assert len(craterdex.Index.open(d / "set" / f"shard-{owner:03d}")) == added["images"]
+
+
+def test_a_shard_without_a_working_replica_gives_marked_partial_answers(cluster, crops):
+    _, d = cluster
+    manifest = d / "set" / "shard-001" / "index.json"
+    aside = d / "index.json.aside"
+    os.rename(manifest, aside)
+    try:
+        status, got = search_image(crops["path"][0], "top_k=10")
+        assert status == 200 and got["partial"] is True and got["missing_shards"] == ["shard-001"], got
+        shard0 = set(craterdex.Index.open(d / "set" / "shard-000").metadata()["id"])
+        assert got["results"] and {h["id"] for h in got["results"]} <= shard0
+        status, ready = request("GET", "/v1/ready")
+        assert status == 503 and ready["missing_shards"] == ["shard-001"]
+        # a write owned by the missing shard is refused, not lost or misplaced
+        ids = [f"w{i}" for i in range(20)]
+        owners = craterdex._native.shards_of(json.dumps([{"id": i} for i in ids]), 2)
+        orphan = ids[owners.index(1)]
+        with open(crops["path"][1], "rb") as f:
+            body, headers = multipart({"image": f.read(), "id": orphan})
+        status, err = request("POST", "/v1/images", body, {**headers, "X-API-Key": KEY})
+        assert status == 503 and "shard-001" in err["error"]["message"], err
+    finally:
+        os.rename(aside, manifest)
+    status, got = search_image(crops["path"][0], "top_k=10")
+    assert status == 200 and got["partial"] is False
