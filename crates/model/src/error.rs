@@ -12,6 +12,10 @@ pub enum Error {
     /// allowing partial images uses what can be decoded.
     #[error("{0}")]
     Truncated(String),
+    /// Well-formed content that cannot be used (posted features of the wrong width, a binary
+    /// body that is no safetensors file).
+    #[error("{0}")]
+    Unusable(String),
     /// Bytes that are no image craterdex reads (JPEG, PNG, TIFF, PNM).
     #[error("{0}")]
     NotAnImage(String),
@@ -35,6 +39,7 @@ craterdex_errors::error_kinds!(Error {
     messages: {
         Invalid => InvalidInput,
         Truncated => InvalidInput,
+        Unusable => InvalidInput,
         NotAnImage => InvalidInput,
         TooLarge => InvalidInput,
         Corrupt => Corrupt,

@@ -12,6 +12,7 @@ pub mod extract;
 pub mod import;
 pub mod layouts;
 pub mod onnx;
+pub mod posted;
 pub mod preprocess;
 pub mod store;
 /// Generated checkpoints for tests (feature `testing`; not in release builds).

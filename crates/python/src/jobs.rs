@@ -135,6 +135,36 @@ pub fn merge_hits_json(lists_json: &str, top_k: usize, group_views: bool) -> PyR
     to_json(&craterdex_engine::merge_hits(lists, top_k, group_views)).py_err()
 }
 
+/// The backbone features of one image posted to a service (a features JSON document or a
+/// safetensors body, as `craterdex serve` reads them), checked against the width `dim`: a
+/// dict of `ids`, `cls`, `patches`, `attention` (numpy), or `{"error": "malformed" |
+/// "unusable", "message": ...}` for the front end to answer 400 or 422.
+#[pyfunction]
+pub fn posted_features<'py>(
+    py: Python<'py>,
+    body: &[u8],
+    content_type: &str,
+    dim: usize,
+) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+    use craterdex_model::posted;
+    let read = py.detach(|| {
+        posted::parse_features(body, content_type).and_then(|f| posted::check_features(f, dim))
+    });
+    match read {
+        Ok(features) => crate::convert::to_numpy_features(py, features),
+        Err(e) => {
+            let out = pyo3::types::PyDict::new(py);
+            let kind = match e {
+                craterdex_model::Error::Invalid(_) => "malformed",
+                _ => "unusable",
+            };
+            out.set_item("error", kind)?;
+            out.set_item("message", e.to_string())?;
+            Ok(out)
+        }
+    }
+}
+
 /// The CPU and the kernel level in use (portable, avx2, avx512, amx), as `craterdex cpu`
 /// prints them: every speed measured from Python should say which level produced it.
 #[pyfunction]

@@ -6,7 +6,7 @@ use crate::api::{
 };
 use crate::auth::{authorize, path_id};
 use crate::error::{ApiError, ApiResult};
-use crate::features::{check_features, parse_features};
+use crate::features::posted_features;
 use crate::upload::{decode, read_multipart};
 use crate::{Counters, Service, Svc};
 use axum::body::Bytes;
@@ -177,10 +177,7 @@ pub async fn search_features(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    let features = check_features(
-        parse_features(&body, content_type)?,
-        engine.index().feature_dim(),
-    )?;
+    let features = posted_features(&body, content_type, engine.index().feature_dim())?;
     Counters::count(&svc.counters.searches);
     blocking(move || {
         let t = Instant::now();

@@ -15,8 +15,9 @@ answers inside every shard replica. The application:
   crater together), and routes an added image to the shard that owns its crater.
 
 The router answers ``craterdex serve``'s routes ``/v1/health``, ``/v1/ready``,
-``/v1/search/image``, ``/v1/search/features`` and ``/v1/images`` (POST, with the API key)
-with the same request forms and response fields. When every replica of a shard fails, a
+``/v1/search/image``, ``/v1/search/features`` (a features JSON document or a safetensors
+body, read by the engine's own reader) and ``/v1/images`` (POST, with the API key) with the
+same request forms and response fields. When every replica of a shard fails, a
 search answers the other shards' hits with ``partial: true`` and the missing shards named,
 never a silently short list; an add to that shard answers 503.
 
@@ -152,9 +153,9 @@ app = FastAPI(title="craterdex cluster", description="craterdex serve's API over
 class Router:
     """The HTTP ingress: scatters queries to every shard and merges their hits."""
 
-    def __init__(self, shards: List[Any], names: List[str], encoder: Any, api_key: Optional[str] = None,
+    def __init__(self, shards: List[Any], names: List[str], encoder: Any, dim: int, api_key: Optional[str] = None,
                  call_timeout_s: float = 30.0):
-        self.shards, self.names, self.encoder = shards, names, encoder
+        self.shards, self.names, self.encoder, self.dim = shards, names, encoder, dim
         self.api_key = api_key
         self.call_timeout_s = call_timeout_s
 
@@ -241,16 +242,12 @@ class Router:
         try:
             self._authorize_read(request)
             opts = _search_options(request)
-            try:
-                body = json.loads(await request.body())
-                cls = np.asarray(body["cls"], dtype=np.float32)[None, :]
-                attention = np.asarray(body["attention"], dtype=np.float32)[None, :]
-                patches = np.asarray(body["patches"], dtype=np.float32).reshape(1, attention.shape[1], -1)
-            except (ValueError, KeyError, TypeError, IndexError) as e:
-                raise _Refused(400, f"features JSON: {e}")
+            posted = _native.posted_features(await request.body(), request.headers.get("content-type", ""),
+                                             self.dim)
+            if "error" in posted:
+                raise _Refused(400 if posted["error"] == "malformed" else 422, posted["message"])
             t0 = time.perf_counter()
-            hits, missing = await self._search({"ids": ["query"], "cls": cls, "patches": patches,
-                                                "attention": attention}, opts)
+            hits, missing = await self._search(posted, opts)
             t1 = time.perf_counter()
         except _Refused as r:
             return _error(r.status, r.message)
@@ -313,7 +310,7 @@ def application(shards_dir: str, *, replicas: int = 2, model: Optional[Model] = 
         for i, n in enumerate(names)
     ]
     encoder = serve.deployment(Encoder, name="encoder", ray_actor_options={"num_cpus": replica_cpus}).bind(model)
-    return Router.options(ray_actor_options={"num_cpus": 0.1}).bind(shard_apps, names, encoder, api_key)
+    return Router.options(ray_actor_options={"num_cpus": 0.1}).bind(shard_apps, names, encoder, model.dim, api_key)
 
 
 def serve_shards(shards_dir: str, *, replicas: int = 2, model: Optional[Model] = None, api_key: Optional[str] = None,
