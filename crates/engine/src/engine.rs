@@ -159,6 +159,15 @@ impl Engine {
         Ok((features.ids, descs))
     }
 
+    /// Features of query images `(name, path)`, read by the loaded model.
+    pub fn query_features(
+        &self,
+        items: &[(String, PathBuf)],
+        progress: &dyn Progress,
+    ) -> Result<FeatureSet> {
+        self.extractor_or_err()?.extract(items, "queries", progress)
+    }
+
     /// Extracts features of `(id, path)` images with the loaded model and searches them.
     pub fn search_images(
         &self,
@@ -166,10 +175,7 @@ impl Engine {
         params: &SearchParams,
         progress: &dyn Progress,
     ) -> Result<Vec<QueryHits>> {
-        let features = self
-            .extractor_or_err()?
-            .extract(items, "queries", progress)?;
-        Ok(self.search_features(&features, params))
+        Ok(self.search_features(&self.query_features(items, progress)?, params))
     }
 
     /// The descriptors of `(id, path)` images turned by `angle` radians about their centres

@@ -109,10 +109,7 @@ impl ShardedEngine {
         params: &SearchParams,
         progress: &dyn Progress,
     ) -> Result<Vec<QueryHits>> {
-        let extractor = self.shards[0]
-            .extractor()
-            .ok_or(Error::NoModel("image queries"))?;
-        let features = extractor.extract(items, "queries", progress)?;
+        let features = self.shards[0].query_features(items, progress)?;
         Ok(self.search_features(&features, params))
     }
 }
