@@ -150,6 +150,13 @@ def test_writes_go_to_the_owning_shard_and_survive_its_replicas(cluster, crops):
     ids = [h["id"] for h in search_image(src, "top_k=10")[1]["results"]]
     assert "added-1" in ids
     assert len(craterdex.Index.open(d / "set" / f"shard-{owner:03d}")) == added["images"]
+    # removed through the router, from whichever shard holds it
+    assert request("DELETE", "/v1/images/added-1")[0] == 401
+    status, removed = request("DELETE", "/v1/images/added-1", headers={"X-API-Key": KEY})
+    assert status == 200 and removed["removed"] == "added-1" and removed["images"] == len(crops), removed
+    assert request("DELETE", "/v1/images/added-1", headers={"X-API-Key": KEY})[0] == 404
+    for _ in range(3):
+        assert "added-1" not in [h["id"] for h in search_image(src, "top_k=10")[1]["results"]]
 
 
 def test_a_shard_without_a_working_replica_gives_marked_partial_answers(cluster, crops):

@@ -79,6 +79,11 @@ class ShardReplica:
                                                            "attention": attention})
         return len(self.index)
 
+    def remove(self, ids: List[str]) -> Tuple[int, int]:
+        """Removes images by id; returns how many were here and the shard's image count."""
+        n = self.index.remove(ids)
+        return n, len(self.index)
+
     def ready(self) -> Dict[str, Any]:
         self.index.refresh()
         return {"images": len(self.index), "pid": os.getpid()}
@@ -283,6 +288,25 @@ class Router:
             return _error(r.status, r.message)
         return JSONResponse({"id": record["id"], "images": images, "shard": self.names[owner],
                              "thumbnail": "/v1/images/" + _quote(record["id"]) + "/thumbnail"}, status_code=201)
+
+    @app.delete("/v1/images/{image_id:path}")
+    async def remove_image(self, image_id: str, request: Request) -> JSONResponse:
+        """Removes an image: asked of every shard, since only the crater id, which the
+        request does not carry, names the owner."""
+        try:
+            self._authorize(request)
+            answers = await asyncio.gather(*(self._call(s, "remove", [image_id]) for s in self.shards),
+                                           return_exceptions=True)
+            missing = [n for n, a in zip(self.names, answers) if isinstance(a, BaseException)]
+            done = [a for a in answers if not isinstance(a, BaseException)]
+            if not any(n for n, _ in done):
+                if missing:
+                    raise _Refused(503, f"image {image_id!r} not found in the shards that answered; "
+                                        f"{', '.join(missing)} did not")
+                raise _Refused(404, f"no image {image_id!r} in the index")
+        except _Refused as r:
+            return _error(r.status, r.message)
+        return JSONResponse({"removed": image_id, "images": sum(n for _, n in done)})
 
     def _authorize(self, request: Request) -> None:
         if self.api_key is None:
