@@ -48,7 +48,7 @@ try:
 except ImportError as e:  # pragma: no cover - said once, clearly
     raise ImportError("craterdex.cluster needs Ray Serve: pip install 'craterdex[cluster]'") from e
 
-__all__ = ["ShardReplica", "Encoder", "Router", "application", "serve_shards", "shard_names"]
+__all__ = ["ShardReplica", "Encoder", "Router", "application", "serve_shards", "shard_names", "shard_resource"]
 
 
 def shard_names(shards_dir: str) -> List[str]:
@@ -321,16 +321,31 @@ class Router:
         pass
 
 
+def shard_resource(name: str) -> str:
+    """The Ray resource a node declares to hold shard ``name``'s files (``ray start
+    --resources '{"craterdex-shard-000": 1}'``)."""
+    return f"craterdex-{name}"
+
+
 def application(shards_dir: str, *, replicas: int = 2, model: Optional[Model] = None,
-                api_key: Optional[str] = None, replica_cpus: float = 1.0) -> Any:
-    """The Ray Serve application over the shard set in ``shards_dir`` (every node must see
-    its files at that path): ``replicas`` replicas per shard, one encoder, one router."""
+                api_key: Optional[str] = None, replica_cpus: float = 1.0, place_by_resource: bool = False) -> Any:
+    """The Ray Serve application over the shard set in ``shards_dir``: ``replicas`` replicas
+    per shard, one encoder, one router. Every node that runs a shard's replica must see its
+    files at that path; with ``place_by_resource``, a shard's replicas run only on nodes that
+    declare its :func:`shard_resource` (the nodes that hold its files)."""
     shards_dir = os.path.abspath(shards_dir)
     names = shard_names(shards_dir)
     model = model or Model.load()
+
+    def placement(name: str) -> Dict[str, Any]:
+        options: Dict[str, Any] = {"num_cpus": replica_cpus}
+        if place_by_resource:
+            options["resources"] = {shard_resource(name): 0.001}
+        return options
+
     shard_apps = [
         serve.deployment(ShardReplica, name=f"shard-{i:03d}", num_replicas=replicas,
-                         ray_actor_options={"num_cpus": replica_cpus}).bind(os.path.join(shards_dir, n))
+                         ray_actor_options=placement(n)).bind(os.path.join(shards_dir, n))
         for i, n in enumerate(names)
     ]
     encoder = serve.deployment(Encoder, name="encoder", ray_actor_options={"num_cpus": replica_cpus}).bind(model)
@@ -339,11 +354,12 @@ def application(shards_dir: str, *, replicas: int = 2, model: Optional[Model] = 
 
 def serve_shards(shards_dir: str, *, replicas: int = 2, model: Optional[Model] = None, api_key: Optional[str] = None,
                  host: str = "127.0.0.1", port: int = 8000, replica_cpus: float = 1.0,
-                 blocking: bool = False) -> None:
+                 place_by_resource: bool = False, blocking: bool = False) -> None:
     """Runs :func:`application` on the Ray cluster this process is connected to (``ray.init``
     first, or it starts a local one) with HTTP on ``host:port``."""
     serve.start(http_options={"host": host, "port": port})
-    serve.run(application(shards_dir, replicas=replicas, model=model, api_key=api_key, replica_cpus=replica_cpus),
+    serve.run(application(shards_dir, replicas=replicas, model=model, api_key=api_key, replica_cpus=replica_cpus,
+                          place_by_resource=place_by_resource),
               name="craterdex", route_prefix="/", blocking=blocking)
 
 
@@ -360,6 +376,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--api-key-file", default=None, help="file with the key for writes (default: $CRATERDEX_API_KEY)")
     s.add_argument("--replica-cpus", type=float, default=1.0)
+    s.add_argument("--place-by-resource", action="store_true",
+                   help="run a shard's replicas only on nodes started with its resource, "
+                        "--resources '{\"craterdex-shard-000\": 1}' (the nodes holding its files)")
     a = p.parse_args(argv)
     import ray
 
@@ -367,7 +386,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     key = open(a.api_key_file).read().strip() if a.api_key_file else os.environ.get("CRATERDEX_API_KEY") or None
     model = Model.load(a.model) if a.model else Model.load()
     serve_shards(a.shards, replicas=a.replicas, model=model, api_key=key, host=a.host, port=a.port,
-                 replica_cpus=a.replica_cpus, blocking=True)
+                 replica_cpus=a.replica_cpus, place_by_resource=a.place_by_resource, blocking=True)
 
 
 if __name__ == "__main__":
