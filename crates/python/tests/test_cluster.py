@@ -187,3 +187,43 @@ def test_a_shard_without_a_working_replica_gives_marked_partial_answers(cluster,
         os.rename(aside, manifest)
     status, got = search_image(crops["path"][0], "top_k=10")
     assert status == 200 and got["partial"] is False
+
+
+def test_a_lost_node_loses_no_request(cluster, crops, tiny):
+    """Last, on a cluster of its own: a head and two worker nodes (ray.cluster_utils, all on
+    loopback), each shard's replicas on different workers, the router on the head; one
+    worker removed while searches run: every request is answered, and all shards answer."""
+    from ray.cluster_utils import Cluster
+
+    _, d = cluster
+    serve.shutdown()
+    ray.shutdown()
+    holds = {cc.shard_resource(n): 1 for n in cc.shard_names(str(d / "set"))}
+    nodes = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 2, "node_ip_address": "127.0.0.1", "include_dashboard": False, "resources": {"ingress": 1}})
+    workers = [nodes.add_node(num_cpus=2, node_ip_address="127.0.0.1", resources=holds) for _ in range(2)]
+    try:
+        ray.init(address=nodes.address, log_to_driver=False)
+        cc.serve_shards(str(d / "set"), port=PORT, proxy_on_every_node=False, replicas=2, model=tiny,
+                        replica_cpus=0.2, place_by_resource=True, one_replica_per_node=True,
+                        router_resources={"ingress": 0.01})
+        paths = list(crops["path"][:8])
+        answers, failures = [], []
+
+        def load():
+            for i in range(40):
+                status, got = search_image(paths[i % len(paths)], "top_k=3")
+                (answers if status == 200 and not got["partial"] else failures).append((status, got))
+
+        t = threading.Thread(target=load)
+        t.start()
+        time.sleep(1.0)
+        nodes.remove_node(workers[0])
+        t.join()
+        assert failures == [] and len(answers) == 40, failures[:2]
+        status, ready = request("GET", "/v1/ready")
+        assert status == 200, ready
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        nodes.shutdown()

@@ -328,11 +328,15 @@ def shard_resource(name: str) -> str:
 
 
 def application(shards_dir: str, *, replicas: int = 2, model: Optional[Model] = None,
-                api_key: Optional[str] = None, replica_cpus: float = 1.0, place_by_resource: bool = False) -> Any:
+                api_key: Optional[str] = None, replica_cpus: float = 1.0, place_by_resource: bool = False,
+                one_replica_per_node: bool = False, router_resources: Optional[Dict[str, float]] = None) -> Any:
     """The Ray Serve application over the shard set in ``shards_dir``: ``replicas`` replicas
     per shard, one encoder, one router. Every node that runs a shard's replica must see its
     files at that path; with ``place_by_resource``, a shard's replicas run only on nodes that
-    declare its :func:`shard_resource` (the nodes that hold its files)."""
+    declare its :func:`shard_resource` (the nodes that hold its files). With
+    ``one_replica_per_node`` a shard's replicas run on different nodes (a lost node takes at
+    most one of them). ``router_resources``: custom resources the router needs (to keep it on
+    the ingress node)."""
     shards_dir = os.path.abspath(shards_dir)
     names = shard_names(shards_dir)
     model = model or Model.load()
@@ -343,24 +347,25 @@ def application(shards_dir: str, *, replicas: int = 2, model: Optional[Model] = 
             options["resources"] = {shard_resource(name): 0.001}
         return options
 
+    spread = {"max_replicas_per_node": 1} if one_replica_per_node else {}
     shard_apps = [
         serve.deployment(ShardReplica, name=f"shard-{i:03d}", num_replicas=replicas,
-                         ray_actor_options=placement(n)).bind(os.path.join(shards_dir, n))
+                         ray_actor_options=placement(n), **spread).bind(os.path.join(shards_dir, n))
         for i, n in enumerate(names)
     ]
     encoder = serve.deployment(Encoder, name="encoder", ray_actor_options={"num_cpus": replica_cpus}).bind(model)
-    return Router.options(ray_actor_options={"num_cpus": 0.1}).bind(shard_apps, names, encoder, model.dim, api_key)
+    router = {"num_cpus": 0.1, **({"resources": router_resources} if router_resources else {})}
+    return Router.options(ray_actor_options=router).bind(shard_apps, names, encoder, model.dim, api_key)
 
 
-def serve_shards(shards_dir: str, *, replicas: int = 2, model: Optional[Model] = None, api_key: Optional[str] = None,
-                 host: str = "127.0.0.1", port: int = 8000, replica_cpus: float = 1.0,
-                 place_by_resource: bool = False, blocking: bool = False) -> None:
-    """Runs :func:`application` on the Ray cluster this process is connected to (``ray.init``
-    first, or it starts a local one) with HTTP on ``host:port``."""
-    serve.start(http_options={"host": host, "port": port})
-    serve.run(application(shards_dir, replicas=replicas, model=model, api_key=api_key, replica_cpus=replica_cpus,
-                          place_by_resource=place_by_resource),
-              name="craterdex", route_prefix="/", blocking=blocking)
+def serve_shards(shards_dir: str, *, host: str = "127.0.0.1", port: int = 8000, proxy_on_every_node: bool = True,
+                 blocking: bool = False, **options: Any) -> None:
+    """Runs :func:`application` (``options`` are its keyword arguments) on the Ray cluster
+    this process is connected to (``ray.init`` first, or it starts a local one) with HTTP on
+    ``host:port``, on every node (behind a load balancer) or on the head only."""
+    serve.start(http_options={"host": host, "port": port},
+                proxy_location="EveryNode" if proxy_on_every_node else "HeadOnly")
+    serve.run(application(shards_dir, **options), name="craterdex", route_prefix="/", blocking=blocking)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -379,14 +384,17 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     s.add_argument("--place-by-resource", action="store_true",
                    help="run a shard's replicas only on nodes started with its resource, "
                         "--resources '{\"craterdex-shard-000\": 1}' (the nodes holding its files)")
+    s.add_argument("--one-replica-per-node", action="store_true",
+                   help="run a shard's replicas on different nodes (a lost node takes at most one)")
     a = p.parse_args(argv)
     import ray
 
     ray.init(address=a.address)
     key = open(a.api_key_file).read().strip() if a.api_key_file else os.environ.get("CRATERDEX_API_KEY") or None
     model = Model.load(a.model) if a.model else Model.load()
-    serve_shards(a.shards, replicas=a.replicas, model=model, api_key=key, host=a.host, port=a.port,
-                 replica_cpus=a.replica_cpus, place_by_resource=a.place_by_resource, blocking=True)
+    serve_shards(a.shards, host=a.host, port=a.port, blocking=True, replicas=a.replicas, model=model, api_key=key,
+                 replica_cpus=a.replica_cpus, place_by_resource=a.place_by_resource,
+                 one_replica_per_node=a.one_replica_per_node)
 
 
 if __name__ == "__main__":
