@@ -1,7 +1,8 @@
-//! The service's feature bodies (safetensors as `craterdex extract` writes them, or JSON):
-//! parsed and checked against a feature width. Nothing may panic.
+//! Posted feature bodies (craterdex serve, the cluster router), safetensors as `craterdex
+//! extract` writes them or JSON: parsed and checked against a feature width. Nothing may
+//! panic.
 #![no_main]
-use craterdex_serve::features::{check_features, parse_features};
+use craterdex_model::posted::{check_features, parse_features};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
