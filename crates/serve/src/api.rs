@@ -99,7 +99,7 @@ pub struct EntryForm {
 }
 
 /// Backbone features of one image as JSON.
-#[allow(dead_code)] // a schema: the body is read by `features::parse_features`
+#[allow(dead_code)] // a schema: the body is read by `craterdex_model::posted::parse_features`
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Features {
