@@ -33,7 +33,7 @@ pub use options::{Defaults, ModelOptions, RecipeOptions, SearchLimits, SearchOpt
 pub use plan::{learn_rows, learn_sample, BuildPlan, LEARN_SAMPLE_IMAGES};
 pub use progress::{Progress, Silent};
 pub use recipe::{encode_all, feature_refs, IndexRecipe, IvfSetting, IVF_AUTO_MIN_IMAGES};
-pub use sharded::{merge_hits, ShardedEngine};
+pub use sharded::{merge_hits, QueryEncoder, ShardedEngine};
 pub use shared::SharedEngine;
 
 // What front ends need from the crates below to use the engine.

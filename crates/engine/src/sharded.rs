@@ -47,6 +47,44 @@ pub fn merge_hits(
     out
 }
 
+/// The encoder a shard set shares, on its own: what a cluster's router holds to encode each
+/// query once and send its descriptors (not its much larger features) to every shard.
+pub struct QueryEncoder {
+    encoder: craterdex_tokens::Encoder,
+    /// The feature width its whitening expects, when it whitens.
+    width: Option<usize>,
+}
+
+impl QueryEncoder {
+    /// From the bytes of a shard's `encoder.json` (every shard of a set has the same).
+    pub fn from_json(bytes: &[u8]) -> Result<Self> {
+        let encoder: craterdex_tokens::Encoder = serde_json::from_slice(bytes)
+            .map_err(|e| Error::Invalid(format!("encoder.json: {e}")))?;
+        let width = encoder.validate()?;
+        Ok(Self { encoder, width })
+    }
+
+    /// The width of its tokens for features of width `feature_dim`.
+    pub fn token_dim(&self, feature_dim: usize) -> usize {
+        self.encoder.token_dim(feature_dim)
+    }
+
+    /// Descriptors of every image of `features`, refused when their width is not the one
+    /// the encoder learned on.
+    pub fn encode(&self, features: &FeatureSet) -> Result<Vec<Descriptors>> {
+        if let Some(w) = self.width {
+            ensure!(
+                features.dim == w,
+                Error::Invalid(format!(
+                    "{}-d features for an encoder of {w}-d features",
+                    features.dim
+                ))
+            );
+        }
+        Ok(crate::recipe::encode_all(&self.encoder, features))
+    }
+}
+
 /// Every shard of a set, open, searched as one catalogue on this machine.
 pub struct ShardedEngine {
     pub set: ShardSet,

@@ -71,6 +71,40 @@ pub fn features_from_numpy(
     })
 }
 
+/// Descriptors handed over as numpy arrays (`single` `[N, Ds]`, `tokens` `[N, K, Dt]`),
+/// checked against the index they search.
+pub fn descriptors_from_numpy(
+    ids: &[String],
+    single: numpy::PyReadonlyArray2<f32>,
+    tokens: numpy::PyReadonlyArray3<f32>,
+    index: &craterdex_engine::Index,
+) -> Fallible<Vec<craterdex_engine::Descriptors>> {
+    let n = ids.len();
+    let (ds, k, dt) = (
+        index.single_dim(),
+        index.tokens_per_image(),
+        index.token_dim(),
+    );
+    if single.shape() != [n, ds] || tokens.shape() != [n, k, dt] {
+        return Err(invalid(format!(
+            "descriptors: {n} ids, single {:?}, tokens {:?}: the index takes [N, {ds}] and [N, {k}, {dt}]",
+            single.shape(),
+            tokens.shape()
+        )));
+    }
+    let (single, tokens) = (single.as_array(), tokens.as_array());
+    Ok((0..n)
+        .map(|i| craterdex_engine::Descriptors {
+            single: single.row(i).iter().copied().collect(),
+            tokens: tokens
+                .index_axis(numpy::ndarray::Axis(0), i)
+                .iter()
+                .copied()
+                .collect(),
+        })
+        .collect())
+}
+
 /// Features handed over, named by their own ids.
 pub fn named_features(f: NamedFeatures<'_>) -> Fallible<FeatureSet> {
     let (ids, cls, patches, attention) = f;

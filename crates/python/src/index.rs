@@ -120,6 +120,26 @@ impl PyIndex {
         self.engine.snapshot().index().live()
     }
 
+    /// Searches with descriptors (`single` `[N, Ds]`, `tokens` `[N, K, Dt]`, as a
+    /// `QueryEncoder` made them); results as JSON, as `search_json` gives them.
+    #[pyo3(signature = (ids, single, tokens, options_json="{}"))]
+    fn search_descriptors_json(
+        &self,
+        py: Python<'_>,
+        ids: Vec<String>,
+        single: numpy::PyReadonlyArray2<f32>,
+        tokens: numpy::PyReadonlyArray3<f32>,
+        options_json: &str,
+    ) -> PyResult<String> {
+        let options: SearchOptions = options_from_json("search options", options_json).py_err()?;
+        let params = options.params(&Default::default()).py_err()?;
+        let engine = self.engine.snapshot();
+        let descs = crate::convert::descriptors_from_numpy(&ids, single, tokens, engine.index())
+            .py_err()?;
+        let hits = py.detach(|| engine.search(&descs, &params));
+        to_json(&craterdex_engine::QueryHits::named(&ids, hits)).py_err()
+    }
+
     /// Takes up what other processes wrote to the index since it was opened; returns
     /// whether there was something.
     fn refresh(&self, py: Python<'_>) -> PyResult<bool> {

@@ -165,6 +165,53 @@ pub fn posted_features<'py>(
     }
 }
 
+/// A shard set's shared encoder on its own (the bytes of a shard's `encoder.json`): what a
+/// cluster's router holds to encode each query once.
+#[pyclass(name = "QueryEncoder", module = "craterdex._native", frozen)]
+pub struct PyQueryEncoder {
+    encoder: craterdex_engine::QueryEncoder,
+}
+
+#[pymethods]
+impl PyQueryEncoder {
+    #[new]
+    fn new(encoder_json: &[u8]) -> PyResult<Self> {
+        Ok(Self {
+            encoder: craterdex_engine::QueryEncoder::from_json(encoder_json).py_err()?,
+        })
+    }
+
+    /// Descriptors of features (`ids`, `cls` `[N, D]`, `patches` `[N, T, D]`, `attention`
+    /// `[N, T]`): a dict of `single` `[N, Ds]` and `tokens` `[N, K, Dt]`.
+    fn encode<'py>(
+        &self,
+        py: Python<'py>,
+        ids: Vec<String>,
+        cls: numpy::PyReadonlyArray2<f32>,
+        patches: numpy::PyReadonlyArray3<f32>,
+        attention: numpy::PyReadonlyArray2<f32>,
+    ) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        use numpy::{IntoPyArray, PyArrayMethods};
+        let features =
+            crate::convert::features_from_numpy(ids, cls, patches, attention).py_err()?;
+        let descs = py.detach(|| self.encoder.encode(&features)).py_err()?;
+        let n = descs.len();
+        let ds = descs.first().map_or(0, |d| d.single.len());
+        let kd = descs.first().map_or(0, |d| d.tokens.len());
+        let dt = self.encoder.token_dim(features.dim).max(1);
+        let mut single = Vec::with_capacity(n * ds);
+        let mut tokens = Vec::with_capacity(n * kd);
+        for d in &descs {
+            single.extend_from_slice(&d.single);
+            tokens.extend_from_slice(&d.tokens);
+        }
+        let out = pyo3::types::PyDict::new(py);
+        out.set_item("single", single.into_pyarray(py).reshape([n, ds])?)?;
+        out.set_item("tokens", tokens.into_pyarray(py).reshape([n, kd / dt, dt])?)?;
+        Ok(out)
+    }
+}
+
 /// The CPU and the kernel level in use (portable, avx2, avx512, amx), as `craterdex cpu`
 /// prints them: every speed measured from Python should say which level produced it.
 #[pyfunction]

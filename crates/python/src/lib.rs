@@ -22,6 +22,7 @@ use pyo3::prelude::*;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<model::PyModel>()?;
     m.add_class::<index::PyIndex>()?;
+    m.add_class::<jobs::PyQueryEncoder>()?;
     m.add_function(wrap_pyfunction!(jobs::evaluate_json, m)?)?;
     m.add_function(wrap_pyfunction!(jobs::learn_sample, m)?)?;
     m.add_function(wrap_pyfunction!(jobs::make_plan, m)?)?;

@@ -7,12 +7,13 @@ when they die, routes calls to live ones and runs the HTTP ingress; craterdex's 
 answers inside every shard replica. The application:
 
 * one deployment per shard, ``R`` replicas each (:class:`ShardReplica`: the shard's index,
-  opened without a model, searched by features);
+  opened without a model, searched by descriptors);
 * an encoder deployment (:class:`Encoder`) that runs the model once per query image;
-* a router (:class:`Router`, the HTTP ingress) that scatters a query's features to every
-  shard, retries a failed call once (Ray routes the retry to a live replica), merges the
-  lists (``craterdex search --shards`` merges them the same way: by score, views of one
-  crater together), and routes an added image to the shard that owns its crater.
+* a router (:class:`Router`, the HTTP ingress) that encodes a query once with the set's
+  shared encoder, scatters its descriptors to every shard, retries a failed call once (Ray
+  routes the retry to a live replica), merges the lists (``craterdex search --shards``
+  merges them the same way: by score, views of one crater together), and routes an added
+  image to the shard that owns its crater.
 
 The router answers ``craterdex serve``'s routes ``/v1/health``, ``/v1/ready``,
 ``/v1/search/image``, ``/v1/search/features`` (a features JSON document or a safetensors
@@ -65,12 +66,11 @@ class ShardReplica:
         self.shard_dir = shard_dir
         self.index = Index.open(shard_dir)
 
-    def search(self, ids: List[str], cls: np.ndarray, patches: np.ndarray, attention: np.ndarray,
-               options_json: str) -> str:
-        """Hits of each query (JSON, as ``Index.search`` finds them), with what the shard's
-        other replicas wrote."""
+    def search(self, ids: List[str], single: np.ndarray, tokens: np.ndarray, options_json: str) -> str:
+        """Hits of each query's descriptors (JSON, as ``Index.search`` finds them), with what
+        the shard's other replicas wrote."""
         self.index.refresh()
-        return self.index._native.search_json(ids, features=(cls, patches, attention), options_json=options_json)
+        return self.index._native.search_descriptors_json(ids, single, tokens, options_json)
 
     def add(self, records_json: str, ids: List[str], cls: np.ndarray, patches: np.ndarray,
             attention: np.ndarray) -> int:
@@ -158,9 +158,12 @@ app = FastAPI(title="craterdex cluster", description="craterdex serve's API over
 class Router:
     """The HTTP ingress: scatters queries to every shard and merges their hits."""
 
-    def __init__(self, shards: List[Any], names: List[str], encoder: Any, dim: int, api_key: Optional[str] = None,
-                 call_timeout_s: float = 30.0):
+    def __init__(self, shards: List[Any], names: List[str], encoder: Any, dim: int, encoder_json: bytes,
+                 api_key: Optional[str] = None, call_timeout_s: float = 30.0):
         self.shards, self.names, self.encoder, self.dim = shards, names, encoder, dim
+        # the shards' shared encoder: each query is encoded once, here, and its descriptors
+        # (K tokens) go to every shard rather than its features (every patch token)
+        self.query_encoder = _native.QueryEncoder(encoder_json)
         self.api_key = api_key
         self.call_timeout_s = call_timeout_s
 
@@ -177,7 +180,11 @@ class Router:
 
     async def _search(self, features: Dict[str, Any], opts: Dict[str, Any]) -> Tuple[List[Dict], List[str]]:
         ids = list(features["ids"])
-        args = (ids, features["cls"], features["patches"], features["attention"], json.dumps(opts))
+        try:
+            desc = self.query_encoder.encode(ids, features["cls"], features["patches"], features["attention"])
+        except Exception as e:  # features of another width than the set's encoder
+            raise _Refused(422, str(e))
+        args = (ids, desc["single"], desc["tokens"], json.dumps(opts))
         answers = await asyncio.gather(*(self._call(s, "search", *args) for s in self.shards),
                                        return_exceptions=True)
         missing = [n for n, a in zip(self.names, answers) if isinstance(a, BaseException)]
@@ -354,8 +361,10 @@ def application(shards_dir: str, *, replicas: int = 2, model: Optional[Model] = 
         for i, n in enumerate(names)
     ]
     encoder = serve.deployment(Encoder, name="encoder", ray_actor_options={"num_cpus": replica_cpus}).bind(model)
+    with open(os.path.join(shards_dir, names[0], "encoder.json"), "rb") as f:
+        encoder_json = f.read()
     router = {"num_cpus": 0.1, **({"resources": router_resources} if router_resources else {})}
-    return Router.options(ray_actor_options=router).bind(shard_apps, names, encoder, model.dim, api_key)
+    return Router.options(ray_actor_options=router).bind(shard_apps, names, encoder, model.dim, encoder_json, api_key)
 
 
 def serve_shards(shards_dir: str, *, host: str = "127.0.0.1", port: int = 8000, proxy_on_every_node: bool = True,
