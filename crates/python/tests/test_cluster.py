@@ -60,6 +60,24 @@ def search_image(path, query="top_k=5&shortlist=1000"):
     return request("POST", f"/v1/search/image?{query}", body, headers)
 
 
+def searches_during(fault, paths, searches=40):
+    """`searches` image searches from a thread, `fault()` called a second after they begin:
+    the complete answers, and the rest (errors, partial answers)."""
+    answers, failures = [], []
+
+    def load():
+        for i in range(searches):
+            status, got = search_image(paths[i % len(paths)], "top_k=3")
+            (answers if status == 200 and not got["partial"] else failures).append((status, got))
+
+    t = threading.Thread(target=load)
+    t.start()
+    time.sleep(1.0)
+    fault()
+    t.join()
+    return answers, failures
+
+
 @pytest.fixture(scope="module")
 def cluster(tiny, crops, cli, tmp_path_factory):
     d = tmp_path_factory.mktemp("cluster")
@@ -110,20 +128,11 @@ def test_the_cluster_answers_as_the_whole_index(cluster, crops, tiny):
 
 
 def test_a_killed_replica_fails_no_request(cluster, crops):
-    paths = list(crops["path"][:8])
-    answers, failures = [], []
+    def kill_a_replica():
+        victim = replicas_of("shard-000")[0]
+        ray.kill(ray.get_actor(victim["name"], namespace=victim["namespace"]), no_restart=False)
 
-    def load():
-        for i in range(40):
-            status, got = search_image(paths[i % len(paths)], "top_k=3")
-            (answers if status == 200 and not got["partial"] else failures).append((status, got))
-
-    t = threading.Thread(target=load)
-    t.start()
-    time.sleep(1.0)
-    victim = replicas_of("shard-000")[0]
-    ray.kill(ray.get_actor(victim["name"], namespace=victim["namespace"]), no_restart=False)
-    t.join()
+    answers, failures = searches_during(kill_a_replica, list(crops["path"][:8]))
     assert failures == [] and len(answers) == 40, failures[:2]
 
 
@@ -207,19 +216,7 @@ def test_a_lost_node_loses_no_request(cluster, crops, tiny):
         cc.serve_shards(str(d / "set"), port=PORT, proxy_on_every_node=False, replicas=2, model=tiny,
                         replica_cpus=0.2, place_by_resource=True, one_replica_per_node=True,
                         router_resources={"ingress": 0.01})
-        paths = list(crops["path"][:8])
-        answers, failures = [], []
-
-        def load():
-            for i in range(40):
-                status, got = search_image(paths[i % len(paths)], "top_k=3")
-                (answers if status == 200 and not got["partial"] else failures).append((status, got))
-
-        t = threading.Thread(target=load)
-        t.start()
-        time.sleep(1.0)
-        nodes.remove_node(workers[0])
-        t.join()
+        answers, failures = searches_during(lambda: nodes.remove_node(workers[0]), list(crops["path"][:8]))
         assert failures == [] and len(answers) == 40, failures[:2]
         status, ready = request("GET", "/v1/ready")
         assert status == 200, ready
