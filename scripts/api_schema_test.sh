@@ -30,14 +30,30 @@ for _ in $(seq 240); do
 done
 curl -fs "http://127.0.0.1:$port/v1/ready"
 echo
-"$st" --config-file "$(dirname "$0")/schemathesis.toml" run "http://127.0.0.1:$port/v1/openapi.json" \
-  --header "X-Api-Key: schemathesis-key" \
-  --max-time "$seconds" \
-  --workers 1 \
-  --generation-database none \
-  --request-timeout 60 \
-  --suppress-health-check too_slow,filter_too_much \
-  --report junit --report-dir "$work/report"
+# hypothesis's own optimiser has also crashed with the database off (IndexError in
+# conjecture/optimiser.py hill_climb, every generated request having passed): a run that
+# ends in a traceback from hypothesis's internals, and names no failing check, is run once
+# more; a failing check is never retried.
+run_schemathesis() {
+  "$st" --config-file "$(dirname "$0")/schemathesis.toml" run "http://127.0.0.1:$port/v1/openapi.json" \
+    --header "X-Api-Key: schemathesis-key" \
+    --max-time "$seconds" \
+    --workers 1 \
+    --generation-database none \
+    --request-timeout 60 \
+    --suppress-health-check too_slow,filter_too_much \
+    --report junit --report-dir "$work/report" 2>&1 | tee "$work/schemathesis.log"
+  return "${PIPESTATUS[0]}"
+}
+if ! run_schemathesis; then
+  if grep -q 'hypothesis/internal/' "$work/schemathesis.log" \
+    && ! grep -qE 'FAILURES|Failed checks' "$work/schemathesis.log"; then
+    echo "schemathesis stopped inside hypothesis itself with no failing check: running it once more"
+    run_schemathesis
+  else
+    exit 1
+  fi
+fi
 kill -TERM "$server"
 wait "$server"
 echo "server stopped cleanly"
