@@ -174,7 +174,10 @@ mod tests {
             .collect();
         write_index(&dir, &images);
         let whole = Engine::open(&dir, None).unwrap();
-        whole.index().split(&tmp.path().join("set"), 3).unwrap();
+        whole
+            .index()
+            .split(&tmp.path().join("set"), 3, &[])
+            .unwrap();
         let sharded = ShardedEngine::open(&tmp.path().join("set"), None).unwrap();
         assert_eq!(sharded.live(), 120);
         // queries: images of the index and unrelated ones

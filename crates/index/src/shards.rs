@@ -147,8 +147,10 @@ impl ShardSet {
 impl Index {
     /// Writes this index's live images as `shards` shard indexes `out/shard-NNN` and
     /// `out/shards.json` (last). Each shard keeps this index's encoder, codec, model and
-    /// IVF centroids. Fails, writing nothing, when a shard would hold no image.
-    pub fn split(&self, out: &Path, shards: usize) -> Result<ShardSet> {
+    /// IVF centroids, and a copy of each file named in `carried` that this index's directory
+    /// holds (what workflows store beside an index, as a calibrated link rule). Fails,
+    /// writing nothing, when a shard would hold no image.
+    pub fn split(&self, out: &Path, shards: usize, carried: &[&str]) -> Result<ShardSet> {
         check_count(shards)?;
         let mut rows: Vec<Vec<usize>> = vec![Vec::new(); shards];
         for r in self.live_rows() {
@@ -183,6 +185,13 @@ impl Index {
                 self.ivf(),
                 std::iter::once(Ok(data)),
             )?;
+            for name in carried {
+                let Some(from) = self.dir().map(|d| d.join(name)).filter(|p| p.is_file()) else {
+                    continue;
+                };
+                let bytes = std::fs::read(&from).io("read", &from)?;
+                craterdex_durable::write_atomic(&out.join(shard_dir(i)).join(name), &bytes)?;
+            }
         }
         let set = ShardSet::new(
             &rows.iter().map(Vec::len).collect::<Vec<_>>(),

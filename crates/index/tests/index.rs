@@ -953,7 +953,7 @@ fn split_shards_hold_every_live_image_once_with_the_same_scores() {
     let want = scores_by_id(&whole, &queries);
 
     let out = tmp.path().join("shards");
-    let set = whole.split(&out, 3).unwrap();
+    let set = whole.split(&out, 3, &[]).unwrap();
     assert_eq!(set, ShardSet::read(&out).unwrap());
     assert_eq!(set.shards.iter().map(|s| s.images).sum::<usize>(), 89);
     let mut merged = vec![std::collections::BTreeMap::new(); queries.len()];
@@ -980,7 +980,7 @@ fn split_shards_hold_every_live_image_once_with_the_same_scores() {
     );
     // too many shards for the images: refused before anything is written
     let e = whole
-        .split(&tmp.path().join("many"), 200)
+        .split(&tmp.path().join("many"), 200, &[])
         .unwrap_err()
         .to_string();
     assert!(e.contains("would hold no image"), "{e}");

@@ -12,16 +12,19 @@ use craterdex_engine::{
     Engine, Entries, FeatureSet, ImageMeta, LearnFrom, MergePolicy, RecipeOptions, SearchOptions,
     SharedEngine, Silent,
 };
-use craterdex_workflows::{DedupOptions, LinkOptions, LinkRule};
+use craterdex_workflows::{DedupOptions, Frames, LinkOptions, LinkRule, Neighbours};
 use numpy::{IntoPyArray, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex, Weak};
 
 #[pyclass(name = "Index", module = "craterdex._native", frozen)]
 pub struct PyIndex {
     dir: PathBuf,
     engine: SharedEngine,
+    /// The grid of the rows' positions a link looks up, made once per engine version.
+    neighbours: Mutex<Option<(Weak<Engine>, Arc<Neighbours>)>>,
 }
 
 impl PyIndex {
@@ -29,7 +32,24 @@ impl PyIndex {
         let engine = SharedEngine::new(engine);
         // as the service does: the segments of many small adds are merged in the background
         engine.merge_in_background(MergePolicy::default());
-        Self { dir, engine }
+        Self {
+            dir,
+            engine,
+            neighbours: Mutex::new(None),
+        }
+    }
+
+    /// The positions grid of `engine`'s rows under `rule`, made once per engine version.
+    fn neighbours_of(&self, engine: &Arc<Engine>, rule: &LinkRule) -> Arc<Neighbours> {
+        let mut cache = self.neighbours.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((made_for, near)) = cache.as_ref() {
+            if made_for.upgrade().is_some_and(|e| Arc::ptr_eq(&e, engine)) {
+                return near.clone();
+            }
+        }
+        let near = Arc::new(Neighbours::of_index(engine.index(), rule, &Frames::none()));
+        *cache = Some((Arc::downgrade(engine), near.clone()));
+        near
     }
 
     /// The features of entries: posted, or read from their `path` with the index's model.
@@ -138,6 +158,48 @@ impl PyIndex {
             .py_err()?;
         let hits = py.detach(|| engine.search(&descs, &params));
         to_json(&craterdex_engine::QueryHits::named(&ids, hits)).py_err()
+    }
+
+    /// This index's evidence (JSON) for linking one entry (`meta_json`, one record; its
+    /// descriptors `single` `[1, Ds]`, `tokens` `[1, K, Dt]`): its appearance hits and the
+    /// rows near the entry's position, as `link_decision_json` takes them from every shard.
+    #[pyo3(signature = (meta_json, single, tokens, options_json="{}"))]
+    fn link_evidence_json(
+        &self,
+        py: Python<'_>,
+        meta_json: &str,
+        single: numpy::PyReadonlyArray2<f32>,
+        tokens: numpy::PyReadonlyArray3<f32>,
+        options_json: &str,
+    ) -> PyResult<String> {
+        let meta = crate::service::one_meta(meta_json)?;
+        let opts: LinkOptions = options_from_json("link options", options_json).py_err()?;
+        let rule = self.rule(None).py_err()?;
+        let engine = self.engine.snapshot();
+        let desc = crate::convert::descriptors_from_numpy(
+            std::slice::from_ref(&meta.id),
+            single,
+            tokens,
+            engine.index(),
+        )
+        .py_err()?
+        .pop()
+        .ok_or_else(|| invalid("give the descriptors of one entry"))
+        .py_err()?;
+        let evidence = py.detach(|| {
+            let near = self.neighbours_of(&engine, &rule);
+            craterdex_workflows::link_evidence(&engine, &near, &Frames::none(), &opts, &meta, &desc)
+        });
+        to_json(&evidence).py_err()
+    }
+
+    /// The metadata of the live image `id` (JSON), or None.
+    fn meta_json(&self, id: &str) -> PyResult<Option<String>> {
+        let e = self.engine.snapshot();
+        let idx = e.index();
+        idx.row_of(id)
+            .map(|r| to_json(idx.meta(r)).py_err())
+            .transpose()
     }
 
     /// Takes up what other processes wrote to the index since it was opened; returns

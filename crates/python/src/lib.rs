@@ -8,13 +8,15 @@
 //! search work. Errors become the `craterdex.errors` class of their kind.
 //!
 //! Modules: `failure` (errors to exceptions), `convert` (values in and out), `model` and
-//! `index` (the classes), `jobs` (evaluation, builds in parts, defaults).
+//! `index` (the classes), `jobs` (evaluation, builds in parts, defaults), `service` (the
+//! HTTP API's pieces `craterdex.cluster`'s router answers with, from craterdex-serve).
 
 mod convert;
 mod failure;
 mod index;
 mod jobs;
 mod model;
+mod service;
 
 use pyo3::prelude::*;
 
@@ -34,6 +36,17 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(jobs::posted_features, m)?)?;
     m.add_function(wrap_pyfunction!(jobs::cpu, m)?)?;
     m.add_function(wrap_pyfunction!(jobs::defaults_json, m)?)?;
+    m.add("ApiRefusal", m.py().get_type::<service::ApiRefusal>())?;
+    m.add_function(wrap_pyfunction!(service::entry_meta_json, m)?)?;
+    m.add_function(wrap_pyfunction!(service::upload_id, m)?)?;
+    m.add_function(wrap_pyfunction!(service::image_size, m)?)?;
+    m.add_function(wrap_pyfunction!(service::search_options_json, m)?)?;
+    m.add_function(wrap_pyfunction!(service::store_upload, m)?)?;
+    m.add_function(wrap_pyfunction!(service::thumbnail_png, m)?)?;
+    m.add_function(wrap_pyfunction!(service::service_document_json, m)?)?;
+    m.add_function(wrap_pyfunction!(service::service_page, m)?)?;
+    m.add_function(wrap_pyfunction!(service::link_rule_json, m)?)?;
+    m.add_function(wrap_pyfunction!(service::link_decision_json, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -127,6 +127,87 @@ def test_the_cluster_answers_as_the_whole_index(cluster, crops, tiny):
     assert request("POST", "/v1/search/image?top_k=0", *multipart({"image": b"x"}))[0] == 400
 
 
+def raw(path):
+    with urllib.request.urlopen(URL + path, timeout=60) as r:
+        return r.status, r.headers.get("content-type"), r.read()
+
+
+def test_the_cluster_answers_the_rest_of_craterdex_serves_api(cluster, crops, tiny):
+    whole, _ = cluster
+    # the same document (less the one route a cluster does not serve) and the same page
+    status, doc = request("GET", "/v1/openapi.json")
+    served = json.loads(craterdex._native.service_document_json(tiny.dim))
+    assert status == 200 and set(doc["paths"]) == set(served["paths"]) - {"/v1/register"}
+    assert doc["components"] == served["components"]
+    assert {"partial", "missing_shards"} <= set(doc["components"]["schemas"]["SearchResponse"]["properties"])
+    status, kind, page = raw("/")
+    assert status == 200 and kind.startswith("text/html") and page.decode() == craterdex._native.service_page()
+    status, body = request("GET", "/v1/stats")
+    assert status == 200 and body["images"] == len(crops) and body["writes_enabled"] is True, body
+    # search options read by craterdex serve's reader: its limits and its refusals
+    path = crops["path"][2]
+    assert search_image(path, "mode=bogus")[0] == 400
+    assert search_image(path, "top_k=1001")[0] == 400
+    assert search_image(path, "mode=exhaustive&top_k=3")[1]["params"] == {"mode": "exhaustive", "top_k": 3,
+                                                                           "shortlist": None}
+    # an indexed image: its metadata, thumbnail and similar images, from whichever shard holds it
+    for id_ in crops["id"][:4]:
+        status, got = request("GET", f"/v1/images/{id_}")
+        crater = crops.set_index("id").loc[id_, "crater_id"]
+        assert status == 200 and got["id"] == id_ and got["meta"]["crater_id"] == crater, got
+        status, kind, png = raw(got["thumbnail"] + "?size=32")
+        assert status == 200 and kind == "image/png" and png[:4] == b"\x89PNG"
+        status, similar = request("GET", f"/v1/images/{id_}/similar?top_k=4&group_views=false")
+        assert status == 200 and similar["query"] == {"kind": "indexed", "id": id_}, similar
+        assert similar["results"][0]["id"] == id_ and len(similar["results"]) == 4
+    assert request("GET", "/v1/images/nowhere")[0] == 404
+    assert request("GET", f"/v1/images/{crops['id'][0]}/thumbnail?size=8")[0] == 400
+    status, err = request("GET", "/v1/no-such-route")
+    assert status == 404 and "error" in err
+
+
+def test_a_link_decides_as_the_whole_index(cluster, crops, tiny):
+    whole, _ = cluster
+    # re-observations of catalogued craters (positions a little off) and one unseen crater
+    probes = [dict(crops.iloc[i][["crater_id", "source", "lat", "lon", "diameter_km"]]) for i in (0, 5, 11, 16)]
+    paths = [crops["path"][i] for i in (0, 5, 11, 16)]
+    for p in probes:
+        p["lat"] += 0.05
+    probes.append({"lat": 40.0, "lon": 40.0, "diameter_km": 20.0})
+    paths.append(crops["path"][1])
+    decisions = set()
+    for i, (probe, path) in enumerate(zip(probes, paths)):
+        entry = {**{k: str(v) for k, v in probe.items() if k != "crater_id"}, "id": f"probe-{i}"}
+        with open(path, "rb") as f:
+            status, got = request("POST", "/v1/link", *multipart({"image": f.read(), **entry}))
+        assert status == 200, got
+        f = tiny.extract([path], ids=[entry["id"]])
+        record = {"id": entry["id"], "path": path, **{k: v for k, v in probe.items() if k != "crater_id"}}
+        want = whole.link([record], features=f, register=False).iloc[0]
+        assert got["decision"] == want["decision"], (got, want)
+        assert abs(got["confidence"] - want["confidence"]) < 1e-6
+        assert (got["best"] or {}).get("id") == want["match_id"]
+        assert (got["second"] or {}).get("id") == want["second_id"]
+        assert got["inserted"] is False and got["images"] == len(crops)
+        decisions.add(got["decision"])
+    assert "match" in decisions, decisions
+    # inserting needs the key; a new crater goes to the shard that owns it, once
+    with open(paths[-1], "rb") as f:
+        body, headers = multipart({"image": f.read(), "id": "linked-new", "lat": "60.0", "lon": "60.0",
+                                   "diameter_km": "20.0"})
+    assert request("POST", "/v1/link?insert=true", body, headers)[0] == 401
+    status, got = request("POST", "/v1/link?insert=true", body, {**headers, "X-API-Key": KEY})
+    assert status == 200, got
+    if got["decision"] == "new":
+        assert got["inserted"] is True and got["images"] == len(crops) + 1
+        status, again = request("POST", "/v1/link?insert=true", body, {**headers, "X-API-Key": KEY})
+        assert again["inserted"] is False and again["images"] == len(crops) + 1, again
+        assert request("GET", "/v1/images/linked-new")[0] == 200
+        assert request("DELETE", "/v1/images/linked-new", headers={"X-API-Key": KEY})[0] == 200
+    else:
+        assert got["inserted"] is False and got["images"] == len(crops)
+
+
 def test_a_killed_replica_fails_no_request(cluster, crops):
     def kill_a_replica():
         victim = replicas_of("shard-000")[0]
@@ -162,7 +243,9 @@ def test_writes_go_to_the_owning_shard_and_survive_its_replicas(cluster, crops):
         time.sleep(1)
     ids = [h["id"] for h in search_image(src, "top_k=10")[1]["results"]]
     assert "added-1" in ids
-    assert len(craterdex.Index.open(d / "set" / f"shard-{owner:03d}")) == added["images"]
+    # "images": what the whole set holds, as craterdex serve answers for its index
+    assert sum(len(craterdex.Index.open(d / "set" / f"shard-{s:03d}")) for s in (0, 1)) == added["images"]
+    assert added["images"] == len(crops) + 1
     # removed through the router, from whichever shard holds it
     assert request("DELETE", "/v1/images/added-1")[0] == 401
     status, removed = request("DELETE", "/v1/images/added-1", headers={"X-API-Key": KEY})

@@ -175,6 +175,11 @@ pub struct SearchResponse {
     pub params: SearchEcho,
     pub timing_ms: Timing,
     pub results: Vec<ApiHit>,
+    /// Some shards of a cluster (`craterdex.cluster`) did not answer: `results` are the
+    /// other shards' hits. Always false from `craterdex serve` (one index).
+    pub partial: bool,
+    /// The shards that did not answer, by name.
+    pub missing_shards: Vec<String>,
 }
 
 #[derive(Serialize, ToSchema)]

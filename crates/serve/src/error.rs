@@ -50,6 +50,9 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         self.status
     }
+    pub fn message(&self) -> &str {
+        &self.message
+    }
 }
 
 impl From<craterdex_model::Error> for ApiError {

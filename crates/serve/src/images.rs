@@ -85,20 +85,7 @@ pub async fn thumbnail(
             "no image file is recorded for {id:?}"
         )));
     };
-    let png = blocking(move || {
-        let img = preprocess::load_image(std::path::Path::new(&path)).map_err(|e| {
-            ApiError::not_found(format!("the image file of {id:?} cannot be read: {e}"))
-        })?;
-        // Never enlarged: small crops are shown at their own size.
-        let side = size.min(img.width().max(img.height()));
-        let thumb = img.thumbnail(side, side).to_rgb8();
-        let mut out = Cursor::new(Vec::new());
-        thumb
-            .write_to(&mut out, image::ImageFormat::Png)
-            .map_err(ApiError::internal)?;
-        Ok(out.into_inner())
-    })
-    .await?;
+    let png = blocking(move || thumbnail_png(std::path::Path::new(&path), &id, size)).await?;
     Ok((
         [
             (header::CONTENT_TYPE, HeaderValue::from_static("image/png")),
@@ -129,17 +116,43 @@ pub fn id_taken(engine: &Engine, id: &str) -> Option<ApiError> {
 /// that path, for thumbnails.
 pub fn store_upload(svc: &Service, entry: &EntryUpload) -> ApiResult<ImageMeta> {
     let up = &entry.upload;
-    let digest = craterdex_model::store::sha256_hex(&up.bytes);
-    let ext = up.format.extensions_str().first().copied().unwrap_or("img");
-    let dir = &svc.config().upload_dir;
-    std::fs::create_dir_all(dir).io("create", dir)?;
-    let file = dir.join(format!("{digest}.{ext}"));
-    craterdex_durable::write_atomic(&file, &up.bytes)?;
-    let path = std::fs::canonicalize(&file).unwrap_or(file);
+    let path = stored_upload(&svc.config().upload_dir, &up.bytes, up.format)?;
     Ok(ImageMeta {
-        path: Some(path.display().to_string()),
+        path: Some(path),
         ..entry.meta.clone()
     })
+}
+
+/// Writes an upload's bytes into `dir`, named by their SHA-256 and `format`'s extension;
+/// returns the file's path.
+pub fn stored_upload(
+    dir: &std::path::Path,
+    bytes: &[u8],
+    format: image::ImageFormat,
+) -> ApiResult<String> {
+    let digest = craterdex_model::store::sha256_hex(bytes);
+    let ext = format.extensions_str().first().copied().unwrap_or("img");
+    std::fs::create_dir_all(dir).io("create", dir)?;
+    let file = dir.join(format!("{digest}.{ext}"));
+    craterdex_durable::write_atomic(&file, bytes)?;
+    let path = std::fs::canonicalize(&file).unwrap_or(file);
+    Ok(path.display().to_string())
+}
+
+/// A PNG thumbnail, at most `size` pixels on its longer side, of the image file at `path`
+/// (one the index records, never one a request names).
+pub fn thumbnail_png(path: &std::path::Path, id: &str, size: u32) -> ApiResult<Vec<u8>> {
+    let img = preprocess::load_image(path).map_err(|e| {
+        ApiError::not_found(format!("the image file of {id:?} cannot be read: {e}"))
+    })?;
+    // Never enlarged: small crops are shown at their own size.
+    let side = size.min(img.width().max(img.height()));
+    let thumb = img.thumbnail(side, side).to_rgb8();
+    let mut out = Cursor::new(Vec::new());
+    thumb
+        .write_to(&mut out, image::ImageFormat::Png)
+        .map_err(ApiError::internal)?;
+    Ok(out.into_inner())
 }
 
 /// Add an image to the index (API key).

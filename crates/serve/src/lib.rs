@@ -29,9 +29,46 @@ mod search;
 mod status;
 mod upload;
 
+pub use axum::http::StatusCode;
 pub use error::{ApiError, Error};
 pub use openapi::document;
 pub use router::router;
+
+/// What another front end of this API takes from this crate so that its clients cannot
+/// tell it from `craterdex serve`: `craterdex.cluster`'s router on Ray Serve reads entry
+/// forms and search options with these readers and answers this document and page.
+pub mod adapter {
+    pub use crate::images::{stored_upload, thumbnail_png};
+    pub use crate::search::{checked_params, thumbnail_url};
+    pub use crate::upload::{check_entry_fields, entry_meta, upload_id};
+    use crate::{error::ApiResult, ApiError, Config};
+    use craterdex_engine::{SearchLimits, SearchOptions};
+
+    /// The web page `craterdex serve` answers at `/`.
+    pub const PAGE: &str = include_str!("page.html");
+
+    /// The limits `craterdex serve` applies by default.
+    pub fn default_limits() -> SearchLimits {
+        Config::new(std::path::PathBuf::new()).limits
+    }
+
+    /// The search options a query string asks for, read and checked as `craterdex serve`
+    /// reads them (400 with the reason otherwise).
+    pub fn search_options(query: &str, limits: &SearchLimits) -> ApiResult<SearchOptions> {
+        let options: SearchOptions = serde_urlencoded::from_str(query).map_err(|e| {
+            ApiError::bad_request(format!("Failed to deserialize query string: {e}"))
+        })?;
+        checked_params(&options, limits)?;
+        Ok(options)
+    }
+
+    /// The OpenAPI document of a server with the default settings, `feature_dim` wide
+    /// features (JSON).
+    pub fn document_json(feature_dim: Option<usize>) -> serde_json::Value {
+        let config = Config::new(std::path::PathBuf::new());
+        serde_json::to_value(crate::document(&config, feature_dim)).unwrap_or_default()
+    }
+}
 
 use craterdex_engine::{Engine, Extractor, MergePolicy, SearchLimits, SharedEngine};
 use craterdex_errors::{IoContext, IoError};

@@ -18,8 +18,6 @@ use tower::limit::GlobalConcurrencyLimitLayer;
 use tower::ServiceBuilder;
 use tower_http::timeout::TimeoutLayer;
 
-const PAGE: &str = include_str!("page.html");
-
 /// The whole application: page, OpenAPI document and `/v1`.
 pub fn router(svc: Svc) -> Router {
     let c = svc.config().clone();
@@ -50,7 +48,7 @@ pub fn router(svc: Svc) -> Router {
             c.request_timeout,
         ));
     Router::new()
-        .route("/", get(|| async { Html(PAGE) }))
+        .route("/", get(|| async { Html(crate::adapter::PAGE) }))
         .route("/v1/health", get(health))
         .route("/v1/ready", get(ready))
         .route("/v1/openapi.json", get(openapi))

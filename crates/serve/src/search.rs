@@ -14,7 +14,7 @@ use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Multipart, Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::Json;
-use craterdex_engine::{Engine, Mode, SearchHit, SearchOptions, SearchParams};
+use craterdex_engine::{Engine, Mode, SearchHit, SearchLimits, SearchOptions, SearchParams};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -34,8 +34,13 @@ fn search_params(
     q: Result<Query<SearchOptions>, QueryRejection>,
 ) -> ApiResult<SearchParams> {
     let Query(options) = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    checked_params(&options, &svc.config().limits)
+}
+
+/// The search a request's options ask for, within `limits` (400 past them).
+pub fn checked_params(options: &SearchOptions, limits: &SearchLimits) -> ApiResult<SearchParams> {
     options
-        .params(&svc.config().limits)
+        .params(limits)
         .map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
@@ -91,6 +96,8 @@ fn response(
         },
         timing_ms,
         results,
+        partial: false,
+        missing_shards: Vec::new(),
     })
 }
 

@@ -117,9 +117,9 @@ pub struct EntryUpload {
     pub desc: Descriptors,
 }
 
-/// Reads and checks an entry form, decodes the image and encodes it with the engine's model.
-pub async fn read_entry(svc: &crate::Svc, mp: Multipart) -> ApiResult<EntryUpload> {
-    let (bytes, fields) = read_multipart(mp, &ENTRY_FIELDS).await?;
+/// The metadata of an entry form's text fields, checked (400 naming the field). The id is
+/// empty when none was given (an upload's id is then made from its bytes).
+pub fn entry_meta(fields: &BTreeMap<String, String>) -> ApiResult<ImageMeta> {
     // Unlike the free-text fields an id is not trimmed: it is a key matched exactly.
     let id = fields.get("id").filter(|id| !id.is_empty()).cloned();
     if let Some(id) = &id {
@@ -127,19 +127,41 @@ pub async fn read_entry(svc: &crate::Svc, mp: Multipart) -> ApiResult<EntryUploa
             return Err(ApiError::bad_request(format!("invalid image id {id:?}")));
         }
     }
-    let mut meta = ImageMeta {
+    Ok(ImageMeta {
         id: id.unwrap_or_default(),
-        crater_id: text_field(&fields, "crater_id")?,
-        source: text_field(&fields, "source")?,
-        view: text_field(&fields, "view")?,
-        lat: number_field(&fields, "lat")?,
-        lon: number_field(&fields, "lon")?,
-        diameter_km: number_field(&fields, "diameter_km")?,
-        x: number_field(&fields, "x")?,
-        y: number_field(&fields, "y")?,
-        diameter_px: number_field(&fields, "diameter_px")?,
+        crater_id: text_field(fields, "crater_id")?,
+        source: text_field(fields, "source")?,
+        view: text_field(fields, "view")?,
+        lat: number_field(fields, "lat")?,
+        lon: number_field(fields, "lon")?,
+        diameter_km: number_field(fields, "diameter_km")?,
+        x: number_field(fields, "x")?,
+        y: number_field(fields, "y")?,
+        diameter_px: number_field(fields, "diameter_px")?,
         ..ImageMeta::default()
-    };
+    })
+}
+
+/// The fields an entry form may carry besides `image`; any other is refused.
+pub fn check_entry_fields<'a>(names: impl IntoIterator<Item = &'a str>) -> ApiResult<()> {
+    match names.into_iter().find(|n| !ENTRY_FIELDS.contains(n)) {
+        None => Ok(()),
+        Some(name) => Err(ApiError::bad_request(format!(
+            "unknown form field {name:?}; expected image and {ENTRY_FIELDS:?}"
+        ))),
+    }
+}
+
+/// The id of an upload that was given none: `upload-` and its bytes' SHA-256, cut.
+pub fn upload_id(bytes: &[u8]) -> String {
+    let digest = craterdex_model::store::sha256_hex(bytes);
+    format!("upload-{}", &digest[..16])
+}
+
+/// Reads and checks an entry form, decodes the image and encodes it with the engine's model.
+pub async fn read_entry(svc: &crate::Svc, mp: Multipart) -> ApiResult<EntryUpload> {
+    let (bytes, fields) = read_multipart(mp, &ENTRY_FIELDS).await?;
+    let mut meta = entry_meta(&fields)?;
     let engine = crate::search::image_engine(svc)?;
     let svc2 = svc.clone();
     let (upload, desc) = crate::search::blocking(move || {
@@ -149,8 +171,7 @@ pub async fn read_entry(svc: &crate::Svc, mp: Multipart) -> ApiResult<EntryUploa
     })
     .await?;
     if meta.id.is_empty() {
-        let digest = craterdex_model::store::sha256_hex(&upload.bytes);
-        meta.id = format!("upload-{}", &digest[..16]);
+        meta.id = upload_id(&upload.bytes);
     }
     Ok(EntryUpload { upload, meta, desc })
 }

@@ -24,8 +24,9 @@ pub use calibrate::{calibrate, Calibration};
 pub use dedup::{dedup, DedupGroup, DedupOptions, Edge};
 pub use error::{Error, Result};
 pub use link::{
-    link, link_one, link_partition, register_entries, register_entries_seeded, registrations,
-    Candidate, Decision, LinkOptions, LinkRow, Neighbours,
+    link, link_decision, link_evidence, link_one, link_partition, merged_evidence,
+    register_entries, register_entries_seeded, registrations, Candidate, Decision, LinkEvidence,
+    LinkOptions, LinkRow, NearHit, Neighbours,
 };
 pub use register::{Frames, RegisterOptions, SourceRegistration, Transform};
 pub use rule::{Geometry, LinkRule, RegisteredRule};

@@ -282,7 +282,7 @@ impl Neighbours {
 }
 
 /// The candidates of an entry: its appearance `hits` with the geometric neighbours added
-/// ([`with_neighbours`]), filtered and scored by the rule ([`candidates`]).
+/// ([`evidence_of`], [`merged_evidence`]), filtered and scored by the rule ([`candidates`]).
 pub fn entry_candidates(
     engine: &Engine,
     near: &Neighbours,
@@ -293,38 +293,55 @@ pub fn entry_candidates(
     hits: Vec<SearchHit>,
 ) -> Vec<Candidate> {
     let placed = frames.place(meta);
-    let hits = with_neighbours(engine, near, &placed.meta, desc, hits);
-    candidates(rule, frames, meta, &hits)
+    let top_k = hits.len();
+    let evidence = evidence_of(engine, near, &placed.meta, desc, hits);
+    candidates(rule, frames, meta, &merged_evidence(vec![evidence], top_k))
 }
 
-/// The appearance hits of an entry and, when it has a position, the index entries that
-/// geometry allows (the nearest [`MAX_NEIGHBOURS`]) that appearance did not rank, scored
-/// by the same late interaction: so a crater that looks different in the new image is
-/// still a candidate where it should be.
-fn with_neighbours(
+/// What one index, a whole catalogue or one shard of it, knows of an entry: its appearance
+/// hits and the rows near the entry's position that geometry allows, each scored by late
+/// interaction. The evidence of every shard of a set, merged ([`merged_evidence`]), is the
+/// evidence of the whole catalogue: so a cluster links as one index does.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct LinkEvidence {
+    pub hits: Vec<SearchHit>,
+    /// Nearest first: [`MAX_NEIGHBOURS`] rows besides as many as there are hits (the
+    /// merged hits may include some of them, and those do not count).
+    pub near: Vec<NearHit>,
+}
+
+/// A row near an entry, with its offset from the entry in radii of the larger crater.
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct NearHit {
+    pub offset_radii: f64,
+    pub hit: SearchHit,
+}
+
+/// An entry's [`LinkEvidence`] in one index: its appearance `hits` and, when `meta` (placed)
+/// has a position, the nearest rows geometry allows.
+fn evidence_of(
     engine: &Engine,
     near: &Neighbours,
     meta: &ImageMeta,
     desc: &Descriptors,
-    mut hits: Vec<SearchHit>,
-) -> Vec<SearchHit> {
+    hits: Vec<SearchHit>,
+) -> LinkEvidence {
     let Some(p) = Position::of(meta) else {
-        return hits;
+        return LinkEvidence {
+            hits,
+            near: Vec::new(),
+        };
     };
-    let seen: std::collections::HashSet<usize> = hits.iter().map(|h| h.row).collect();
-    let rows: Vec<usize> = near
+    let nearest: Vec<(usize, f64)> = near
         .grid
         .near(p)
         .into_iter()
-        .map(|(r, _, _)| r)
-        .filter(|r| !seen.contains(r))
-        .take(MAX_NEIGHBOURS)
+        .map(|(r, offset, _)| (r, offset))
+        .take(MAX_NEIGHBOURS + hits.len())
         .collect();
-    if rows.is_empty() {
-        return hits;
-    }
+    let rows: Vec<usize> = nearest.iter().map(|&(r, _)| r).collect();
     let scores = engine.index().late_interaction(&desc.tokens, &rows);
-    let extra: Vec<Hit> = rows
+    let scored: Vec<Hit> = rows
         .into_iter()
         .zip(scores)
         .map(|(row, score)| Hit {
@@ -334,8 +351,66 @@ fn with_neighbours(
             stage2: Some(score),
         })
         .collect();
-    hits.extend(engine.describe(&extra));
-    hits
+    let near = nearest
+        .iter()
+        .zip(engine.describe(&scored))
+        .map(|(&(_, offset_radii), hit)| NearHit { offset_radii, hit })
+        .collect();
+    LinkEvidence { hits, near }
+}
+
+/// An entry's evidence in one index, searched as `opts` say: what a shard answers a
+/// cluster's link. `meta` is placed by `frames`.
+pub fn link_evidence(
+    engine: &Engine,
+    near: &Neighbours,
+    frames: &Frames,
+    opts: &LinkOptions,
+    meta: &ImageMeta,
+    desc: &Descriptors,
+) -> LinkEvidence {
+    let hits = engine
+        .search(std::slice::from_ref(desc), &params(opts))
+        .pop()
+        .unwrap_or_default();
+    evidence_of(engine, near, &frames.place(meta).meta, desc, hits)
+}
+
+/// The hits of several indexes' evidence as one index would have them: the `top_k` best
+/// appearance hits, then the [`MAX_NEIGHBOURS`] nearest rows that are not among them.
+pub fn merged_evidence(parts: Vec<LinkEvidence>, top_k: usize) -> Vec<SearchHit> {
+    let (hits, mut near): (Vec<Vec<SearchHit>>, Vec<Vec<NearHit>>) =
+        parts.into_iter().map(|e| (e.hits, e.near)).unzip();
+    let mut out = match <[_; 1]>::try_from(hits) {
+        Ok([one]) => one,
+        Err(hits) => craterdex_engine::merge_hits(hits, top_k, false),
+    };
+    let seen: std::collections::HashSet<String> = out.iter().map(|h| h.id.clone()).collect();
+    let mut near: Vec<NearHit> = near.drain(..).flatten().collect();
+    // a stable sort: rows of one index at one offset keep that index's order
+    near.sort_by(|a, b| a.offset_radii.total_cmp(&b.offset_radii));
+    out.extend(
+        near.into_iter()
+            .filter(|n| !seen.contains(&n.hit.id))
+            .take(MAX_NEIGHBOURS)
+            .map(|n| n.hit),
+    );
+    out
+}
+
+/// The decision for one entry from its evidence in every index of a set (a single index:
+/// one part), as [`link_one`] decides it against one index holding them all.
+pub fn link_decision(
+    rule: &LinkRule,
+    frames: &Frames,
+    opts: &LinkOptions,
+    meta: ImageMeta,
+    parts: Vec<LinkEvidence>,
+) -> LinkRow {
+    let hits = merged_evidence(parts, params(opts).top_k);
+    let cands = candidates(rule, frames, &meta, &hits);
+    let registration = frames.place(&meta).registration.cloned();
+    decide(rule, meta, cands, registration)
 }
 
 /// The registration of the entries' sources to the index, when the options ask for it
@@ -518,13 +593,8 @@ pub fn link_one(
     meta: ImageMeta,
     desc: &Descriptors,
 ) -> LinkRow {
-    let hits = engine
-        .search(std::slice::from_ref(desc), &params(opts))
-        .pop()
-        .unwrap_or_default();
-    let cands = entry_candidates(engine, near, rule, frames, &meta, desc, hits);
-    let registration = frames.place(&meta).registration.cloned();
-    decide(rule, meta, cands, registration)
+    let evidence = link_evidence(engine, near, frames, opts, &meta, desc);
+    link_decision(rule, frames, opts, meta, vec![evidence])
 }
 
 /// What [`link`] decides for `entries` without inserting, when they are one partition of a

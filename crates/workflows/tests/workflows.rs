@@ -780,3 +780,94 @@ fn appearance_matches_seed_a_source_patterns_alone_cannot_register() {
         .count();
     assert_eq!(right, large.len());
 }
+
+/// A cluster links as one index does: each shard's evidence (its appearance hits and its
+/// rows near the entry), merged, decides as the whole catalogue decides, with a shortlist
+/// of at least a shard's size.
+#[test]
+fn link_decided_from_every_shards_evidence_equals_the_whole_index() {
+    use craterdex_workflows::{link_decision, link_evidence, link_one, Frames, Neighbours};
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cat = catalogue(150, 31);
+    let mut rng = Rng8::seed_from_u64(32);
+    for (i, (m, d)) in cat.entries.iter_mut().enumerate() {
+        crowd(m);
+        if i % 3 == 1 {
+            // a view only geometry pairs with its crater
+            *d = crater(&mut rng);
+        }
+    }
+    let rule = LinkRule {
+        appearance_weights: [-35.0, 50.0],
+        geometry_weights: [4.0, 0.0, -2.0, 0.0],
+        match_confidence: 0.9,
+        new_confidence: 0.5,
+        // reach far: more rows lie near each entry than are looked at
+        max_offset_radii: 8.0,
+        ..LinkRule::default()
+    };
+    let whole = build(&tmp.path().join("whole"), &cat.entries);
+    rule.save(&tmp.path().join("whole")).unwrap();
+    let set = tmp.path().join("set");
+    let shards = whole
+        .index()
+        .split(&set, 3, &[craterdex_workflows::rule::RULE_FILE])
+        .unwrap();
+    let frames = Frames::none();
+    let opts = LinkOptions {
+        shortlist: 300,
+        register: false,
+        ..LinkOptions::default()
+    };
+    let engines: Vec<Engine> = shards
+        .shards
+        .iter()
+        .map(|s| Engine::open(&set.join(&s.name), None).unwrap())
+        .collect();
+    for e in &engines {
+        // the calibrated rule goes with every shard
+        assert_eq!(LinkRule::for_index(e.index().dir().unwrap()).unwrap(), rule);
+    }
+    let nears: Vec<Neighbours> = engines
+        .iter()
+        .map(|e| Neighbours::of_index(e.index(), &rule, &frames))
+        .collect();
+    let whole_near = Neighbours::of_index(whole.index(), &rule, &frames);
+    let mut observed = queries(&cat, 0..150, 15, 33);
+    for (m, _) in observed.iter_mut().take(150) {
+        crowd(m);
+    }
+    let line = |r: &craterdex_workflows::LinkRow| serde_json::to_string(r).unwrap();
+    let (mut best_in_shard, mut differs_alone) = (vec![0; engines.len()], 0);
+    for (meta, desc) in &observed {
+        let one = link_one(
+            &whole,
+            &whole_near,
+            &rule,
+            &opts,
+            &frames,
+            meta.clone(),
+            desc,
+        );
+        let parts: Vec<_> = engines
+            .iter()
+            .zip(&nears)
+            .map(|(e, n)| link_evidence(e, n, &frames, &opts, meta, desc))
+            .collect();
+        // through JSON, as a router receives them
+        let parts = serde_json::from_str(&serde_json::to_string(&parts).unwrap()).unwrap();
+        let merged = link_decision(&rule, &frames, &opts, meta.clone(), parts);
+        assert_eq!(line(&merged), line(&one), "{}", meta.id);
+        if let Some(b) = &one.best {
+            let owner = craterdex_index::shards::shard_of(&b.meta, engines.len());
+            best_in_shard[owner] += 1;
+        }
+        let alone = link_evidence(&engines[0], &nears[0], &frames, &opts, meta, desc);
+        let alone = link_decision(&rule, &frames, &opts, meta.clone(), vec![alone]);
+        differs_alone += usize::from(line(&alone) != line(&one));
+    }
+    // the merge is what makes them equal: every shard holds best candidates, and one shard
+    // alone decides otherwise for most entries
+    assert!(best_in_shard.iter().all(|&n| n > 20), "{best_in_shard:?}");
+    assert!(differs_alone > 80, "{differs_alone}");
+}

@@ -145,9 +145,11 @@ pub fn run(c: IndexCmd) -> Result<()> {
             println!("removed {n} of {} ids from {}", ids.len(), index.display());
         }
         IndexCmd::Split { index, shards, out } => {
-            let set = Engine::open(&index, None)?
-                .index()
-                .split(&out, shards as usize)?;
+            let set = Engine::open(&index, None)?.index().split(
+                &out,
+                shards as usize,
+                &[craterdex_workflows::rule::RULE_FILE],
+            )?;
             for s in &set.shards {
                 println!("{}: {} images", out.join(&s.name).display(), s.images);
             }

@@ -15,17 +15,23 @@ answers inside every shard replica. The application:
   merges them the same way: by score, views of one crater together), and routes an added
   image to the shard that owns its crater.
 
-The router answers ``craterdex serve``'s routes ``/v1/health``, ``/v1/ready``,
-``/v1/search/image``, ``/v1/search/features`` (a features JSON document or a safetensors
-body, read by the engine's own reader) and ``/v1/images`` (POST, with the API key) with the
-same request forms and response fields. When every replica of a shard fails, a
-search answers the other shards' hits with ``partial: true`` and the missing shards named,
-never a silently short list; an add to that shard answers 503.
+The router answers ``craterdex serve``'s API with the same request forms, response fields,
+OpenAPI document and web page: it reads forms, search options and feature bodies with
+``craterdex serve``'s own readers (``craterdex_serve::adapter`` through ``_native``). Search
+(by image, by features, ``/v1/images/{id}/similar``), ``/v1/link`` (every shard's evidence
+decided as one index decides; ``insert=true`` adds a new crater to its shard), image
+metadata and thumbnails, ``/v1/stats``, ``/v1/health``, ``/v1/ready``, and writes
+(``POST /v1/images``, ``DELETE /v1/images/{id}``, with the API key). Not ``/v1/register``:
+a source's registration lives in one server's memory. When every replica of a shard fails,
+a search answers the other shards' hits with ``partial: true`` and the missing shards named,
+never a silently short list; an add to that shard, and any link, answers 503.
 
 Start it against a running Ray cluster (``ray start --head``; on other nodes ``ray start
 --address HEAD:6379``)::
 
-    python -m craterdex.cluster serve --shards SET --replicas 2 --model PATH --port 8000
+    craterdex-cluster serve --shards SET --replicas 2 --model PATH --port 8000
+
+(``python -m craterdex.cluster`` is the same command.)
 """
 
 
@@ -40,11 +46,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _SEARCH, Index, Model, _native
+from . import Index, Model, _native
 
 try:
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import HTMLResponse, JSONResponse, Response
     from ray import serve
 except ImportError as e:  # pragma: no cover - said once, clearly
     raise ImportError("craterdex.cluster needs Ray Serve: pip install 'craterdex[cluster]'") from e
@@ -60,10 +66,12 @@ def shard_names(shards_dir: str) -> List[str]:
 
 class ShardReplica:
     """One replica of one shard: its index, opened without a model (queries come as
-    features from the encoder)."""
+    descriptors from the router). Images added through the cluster are kept beside the
+    shard (``SHARD.uploads``), as ``craterdex serve`` keeps them beside its index."""
 
     def __init__(self, shard_dir: str):
         self.shard_dir = shard_dir
+        self.upload_dir = shard_dir.rstrip(os.sep) + ".uploads"
         self.index = Index.open(shard_dir)
 
     def search(self, ids: List[str], single: np.ndarray, tokens: np.ndarray, options_json: str) -> str:
@@ -72,17 +80,58 @@ class ShardReplica:
         self.index.refresh()
         return self.index._native.search_descriptors_json(ids, single, tokens, options_json)
 
+    def link_evidence(self, meta_json: str, single: np.ndarray, tokens: np.ndarray) -> str:
+        """What this shard knows of an entry to link (JSON): its appearance hits and its rows
+        near the entry's position (``_native.link_decision_json`` merges every shard's)."""
+        self.index.refresh()
+        return self.index._native.link_evidence_json(meta_json, single, tokens)
+
     def add(self, records_json: str, ids: List[str], cls: np.ndarray, patches: np.ndarray,
-            attention: np.ndarray) -> int:
-        """Adds images (their records and features); returns the shard's image count."""
-        self.index.add(json.loads(records_json), features={"ids": ids, "cls": cls, "patches": patches,
-                                                           "attention": attention})
+            attention: np.ndarray, image: Optional[bytes] = None) -> int:
+        """Adds images (their records and features; ``image``: the one image's file, kept
+        for thumbnails); returns the shard's image count."""
+        records = json.loads(records_json)
+        if image is not None:
+            records[0]["path"] = _native.store_upload(self.upload_dir, image)
+        self.index.add(records, features={"ids": ids, "cls": cls, "patches": patches, "attention": attention})
         return len(self.index)
 
     def remove(self, ids: List[str]) -> Tuple[int, int]:
         """Removes images by id; returns how many were here and the shard's image count."""
         n = self.index.remove(ids)
         return n, len(self.index)
+
+    def meta(self, id_: str) -> Optional[str]:
+        """The metadata of image ``id_`` (JSON) when this shard holds it."""
+        self.index.refresh()
+        return self.index._native.meta_json(id_)
+
+    def descriptors(self, id_: str) -> Optional[Dict[str, Any]]:
+        """The stored descriptors of image ``id_`` when this shard holds it."""
+        self.index.refresh()
+        if self.index._native.meta_json(id_) is None:
+            return None
+        return self.index._native.descriptors([id_])
+
+    def thumbnail(self, id_: str, size: int) -> Optional[Dict[str, Any]]:
+        """A PNG thumbnail of image ``id_`` (``{"png": ...}``, or ``{"status", "message"}``
+        when it cannot be made) when this shard holds it (its file is on this shard's
+        node)."""
+        self.index.refresh()
+        meta = self.index._native.meta_json(id_)
+        if meta is None:
+            return None
+        path = json.loads(meta).get("path")
+        if not path:
+            return {"status": 404, "message": f"no image file is recorded for {id_!r}"}
+        try:
+            return {"png": _native.thumbnail_png(path, id_, size)}
+        except _native.ApiRefusal as e:
+            return {"status": e.args[0], "message": e.args[1]}
+
+    def info(self) -> str:
+        self.index.refresh()
+        return self.index._native.info_json()
 
     def ready(self) -> Dict[str, Any]:
         self.index.refresh()
@@ -116,56 +165,93 @@ def _error(status: int, message: str) -> JSONResponse:
 
 class _Refused(Exception):
     def __init__(self, status: int, message: str):
-        super().__init__(message)
+        super().__init__(status, message)
         self.status, self.message = status, message
 
 
-def _search_options(request: Request) -> Dict[str, Any]:
-    q = request.query_params
-    opts = dict(_SEARCH)
+def _native_call(f: Any, *args: Any) -> Any:
+    """A call into the engine's reader of a request part; its refusal as ``craterdex
+    serve`` answers it."""
     try:
-        for key, kind in (("top_k", int), ("shortlist", int), ("nprobe", int)):
-            if key in q:
-                opts[key] = kind(q[key])
-    except ValueError as e:
-        raise _Refused(400, f"query parameter: {e}")
-    if "mode" in q:
-        opts["mode"] = q["mode"]
-    if "group_views" in q:
-        opts["group_views"] = q["group_views"].lower() in ("1", "true", "yes")
-    for key in ("top_k", "shortlist"):
-        if opts.get(key) is not None and not (1 <= opts[key] <= 10_000):
-            raise _Refused(400, f"{key} must be between 1 and 10000")
-    return opts
+        return f(*args)
+    except _native.ApiRefusal as e:
+        raise _Refused(*e.args)
+
+
+def _search_options(request: Request) -> Dict[str, Any]:
+    """The query string's search options, read and checked by ``craterdex serve``'s reader."""
+    return json.loads(_native_call(_native.search_options_json, request.url.query))
 
 
 def _ms(seconds: float) -> float:
     return round(seconds * 1e6) / 1e3
 
 
-def _quote(id_: str) -> str:
+def _thumbnail_url(id_: str) -> str:
     from urllib.parse import quote
 
-    return quote(id_, safe="-_.~")
+    return "/v1/images/" + quote(id_, safe="-_.~") + "/thumbnail"
 
+
+async def _read_entry(request: Request) -> Tuple[bytes, Dict[str, Any]]:
+    """An entry form (``image`` and metadata fields) read as ``craterdex serve`` reads it:
+    the image's bytes and the entry's metadata, its id made from the bytes when not given."""
+    form = await request.form()
+    data, fields = None, {}
+    for name, value in form.multi_items():
+        if hasattr(value, "read") and (name == "image" or data is None):
+            data = await value.read()
+        else:
+            fields[name] = value if isinstance(value, str) else (await value.read()).decode(errors="replace")
+    if data is None:
+        raise _Refused(400, "multipart form without an `image` file part")
+    meta = json.loads(_native_call(_native.entry_meta_json, fields))
+    if not meta.get("id"):
+        meta["id"] = _native.upload_id(data)
+    return data, meta
+
+
+# Routes of craterdex serve the cluster does not answer: sources are registered per server.
+_NOT_ON_A_CLUSTER = ("/v1/register",)
 
 # Ray Serve takes the router's class as it is defined: what it calls is defined above it.
-app = FastAPI(title="craterdex cluster", description="craterdex serve's API over a set of shard indexes")
+app = FastAPI(title="craterdex cluster", docs_url=None, redoc_url=None, openapi_url=None)
+
+
+@app.exception_handler(404)
+async def _not_found(request: Request, exc: Exception) -> JSONResponse:
+    return _error(404, "no such endpoint; see /v1/openapi.json")
+
+
+@app.exception_handler(405)
+async def _not_allowed(request: Request, exc: Exception) -> JSONResponse:
+    return _error(405, f"{request.method} is not allowed here; see /v1/openapi.json")
 
 
 @serve.deployment
 @serve.ingress(app)
 class Router:
-    """The HTTP ingress: scatters queries to every shard and merges their hits."""
+    """The HTTP ingress: scatters queries to every shard and merges their hits; answers
+    ``craterdex serve``'s API with its readers, document and page."""
 
     def __init__(self, shards: List[Any], names: List[str], encoder: Any, dim: int, encoder_json: bytes,
-                 api_key: Optional[str] = None, call_timeout_s: float = 30.0):
+                 rule_json: str, api_key: Optional[str] = None, call_timeout_s: float = 30.0):
         self.shards, self.names, self.encoder, self.dim = shards, names, encoder, dim
         # the shards' shared encoder: each query is encoded once, here, and its descriptors
         # (K tokens) go to every shard rather than its features (every patch token)
         self.query_encoder = _native.QueryEncoder(encoder_json)
+        self.rule_json = rule_json
+        self.rule_source = json.loads(rule_json).get("source", "default")
         self.api_key = api_key
         self.call_timeout_s = call_timeout_s
+        self.counters = {"searches": 0, "image_searches": 0, "added": 0, "removed": 0, "client_errors": 0}
+        # links that insert are decided and written one at a time (craterdex serve does so
+        # under its writer), so two links of one new crater do not both add it
+        self.link_writes = asyncio.Lock()
+        doc = json.loads(_native.service_document_json(dim))
+        for path in _NOT_ON_A_CLUSTER:
+            doc["paths"].pop(path, None)
+        self.document = doc
 
     async def _call(self, handle: Any, method: str, *args) -> Any:
         """A call to one replica of a deployment, retried once (Ray routes the retry to a
@@ -178,16 +264,45 @@ class Router:
                 last = e
         raise last  # type: ignore[misc]
 
-    async def _search(self, features: Dict[str, Any], opts: Dict[str, Any]) -> Tuple[List[Dict], List[str]]:
-        ids = list(features["ids"])
+    async def _everywhere(self, method: str, *args) -> Tuple[List[Any], List[str]]:
+        """``method`` on every shard: the answers (an exception where a shard failed) and the
+        shards that failed."""
+        answers = await asyncio.gather(*(self._call(s, method, *args) for s in self.shards), return_exceptions=True)
+        return answers, [n for n, a in zip(self.names, answers) if isinstance(a, BaseException)]
+
+    async def _owner_answer(self, method: str, id_: str, *args) -> Any:
+        """The answer of the shard that holds image ``id_`` (asked of every shard: only the
+        crater id, which a path does not carry, names the owner); 404, or 503 when a shard
+        that might hold it did not answer."""
+        answers, missing = await self._everywhere(method, id_, *args)
+        for a in answers:
+            if a is not None and not isinstance(a, BaseException):
+                return a
+        if missing:
+            raise _Refused(503, f"image {id_!r} not found in the shards that answered; {', '.join(missing)} did not")
+        raise _Refused(404, f"no image {id_!r} in the index")
+
+    def _encode(self, features: Dict[str, Any]) -> Dict[str, Any]:
         try:
-            desc = self.query_encoder.encode(ids, features["cls"], features["patches"], features["attention"])
+            return self.query_encoder.encode(list(features["ids"]), features["cls"], features["patches"],
+                                             features["attention"])
         except Exception as e:  # features of another width than the set's encoder
             raise _Refused(422, str(e))
-        args = (ids, desc["single"], desc["tokens"], json.dumps(opts))
-        answers = await asyncio.gather(*(self._call(s, "search", *args) for s in self.shards),
-                                       return_exceptions=True)
-        missing = [n for n, a in zip(self.names, answers) if isinstance(a, BaseException)]
+
+    async def _extract(self, data: bytes) -> Dict[str, Any]:
+        """The features of one uploaded image (the encoder deployment runs the model)."""
+        try:
+            features = await self._call(self.encoder, "extract", [data])
+        except Exception as e:
+            raise _Refused(422, f"unreadable image: {str(e).splitlines()[0]}")
+        if len(features["ids"]) == 0:
+            raise _Refused(422, "unreadable image")
+        return features
+
+    async def _search(self, ids: List[str], desc: Dict[str, Any], opts: Dict[str, Any]
+                      ) -> Tuple[List[List[Dict]], List[str]]:
+        self.counters["searches"] += 1
+        answers, missing = await self._everywhere("search", ids, desc["single"], desc["tokens"], json.dumps(opts))
         lists = [json.loads(a) for a in answers if not isinstance(a, BaseException)]
         if not lists:
             raise _Refused(503, f"no shard answered ({', '.join(missing)})")
@@ -200,7 +315,7 @@ class Router:
     def _response(self, hits: List[Dict], opts: Dict[str, Any], query: Dict[str, Any], timing: Dict[str, float],
                   missing: List[str]) -> JSONResponse:
         for h in hits:
-            h["thumbnail"] = "/v1/images/" + _quote(h["id"]) + "/thumbnail"
+            h["thumbnail"] = _thumbnail_url(h["id"])
         body = {
             "query": query,
             "params": {"mode": opts["mode"], "top_k": opts["top_k"],
@@ -212,17 +327,46 @@ class Router:
         }
         return JSONResponse(body)
 
+    def _refusal(self, r: _Refused) -> JSONResponse:
+        if 400 <= r.status < 500:
+            self.counters["client_errors"] += 1
+        return _error(r.status, r.message)
+
+    @app.get("/")
+    async def page(self) -> HTMLResponse:
+        return HTMLResponse(_native.service_page())
+
+    @app.get("/v1/openapi.json")
+    async def openapi(self) -> JSONResponse:
+        return JSONResponse(self.document)
+
     @app.get("/v1/health")
     async def health(self) -> JSONResponse:
         return JSONResponse({"status": "ok"})
 
     @app.get("/v1/ready")
     async def ready(self) -> JSONResponse:
-        answers = await asyncio.gather(*(self._call(s, "ready") for s in self.shards), return_exceptions=True)
+        answers, missing = await self._everywhere("ready")
         shards = {n: (None if isinstance(a, BaseException) else a) for n, a in zip(self.names, answers)}
-        missing = [n for n, a in shards.items() if a is None]
         body = {"ready": not missing, "shards": shards, "missing_shards": missing}
         return JSONResponse(body, status_code=503 if missing else 200)
+
+    @app.get("/v1/stats")
+    async def stats(self) -> JSONResponse:
+        """``craterdex serve``'s statistics over the set: images, removed images and segments
+        summed over the shards that answered, the rest as every shard records it."""
+        answers, missing = await self._everywhere("info")
+        infos = [json.loads(a) for a in answers if not isinstance(a, BaseException)]
+        if not infos:
+            return self._refusal(_Refused(503, f"no shard answered ({', '.join(missing)})"))
+        body = dict(infos[0])
+        for key in ("images", "removed", "segments"):
+            body[key] = sum(i[key] for i in infos)
+        body["image_search"] = True
+        body["writes_enabled"] = self.api_key is not None
+        body["requests"] = dict(self.counters)
+        body["missing_shards"] = missing
+        return JSONResponse(body)
 
     @app.post("/v1/search/image")
     async def search_image(self, request: Request) -> JSONResponse:
@@ -231,22 +375,22 @@ class Router:
             form = await request.form()
             upload = form.get("image")
             if upload is None or not hasattr(upload, "read"):
-                raise _Refused(400, "multipart field `image` is missing")
+                raise _Refused(400, "multipart form without an `image` file part")
             data = await upload.read()
+            width, height = _native_call(_native.image_size, data)
+            self.counters["image_searches"] += 1
             t0 = time.perf_counter()
-            try:
-                features = await self._call(self.encoder, "extract", [data])
-            except Exception as e:
-                raise _Refused(422, f"unreadable image: {e}")
-            if len(features["ids"]) == 0:
-                raise _Refused(422, "unreadable image")
+            features = await self._extract(data)
             t1 = time.perf_counter()
-            hits, missing = await self._search(features, opts)
+            desc = self._encode(features)
             t2 = time.perf_counter()
+            hits, missing = await self._search(list(features["ids"]), desc, opts)
+            t3 = time.perf_counter()
         except _Refused as r:
-            return _error(r.status, r.message)
-        return self._response(hits[0], opts, {"kind": "image", "bytes": len(data)},
-                              {"features": _ms(t1 - t0), "search": _ms(t2 - t1)}, missing)
+            return self._refusal(r)
+        query = {"kind": "image", "width": width, "height": height, "bytes": len(data)}
+        timing = {"features": _ms(t1 - t0), "encode": _ms(t2 - t1), "search": _ms(t3 - t2)}
+        return self._response(hits[0], opts, query, timing, missing)
 
     @app.post("/v1/search/features")
     async def search_features(self, request: Request) -> JSONResponse:
@@ -257,42 +401,130 @@ class Router:
             if "error" in posted:
                 raise _Refused(400 if posted["error"] == "malformed" else 422, posted["message"])
             t0 = time.perf_counter()
-            hits, missing = await self._search(posted, opts)
+            desc = self._encode(posted)
+            t1 = time.perf_counter()
+            hits, missing = await self._search(list(posted["ids"]), desc, opts)
+            t2 = time.perf_counter()
+        except _Refused as r:
+            return self._refusal(r)
+        return self._response(hits[0], opts, {"kind": "features"}, {"encode": _ms(t1 - t0), "search": _ms(t2 - t1)},
+                              missing)
+
+    @app.get("/v1/images/{image_id:path}/similar")
+    async def search_similar(self, image_id: str, request: Request) -> JSONResponse:
+        try:
+            opts = _search_options(request)
+            t0 = time.perf_counter()
+            desc = await self._owner_answer("descriptors", image_id)
+            hits, missing = await self._search([image_id], desc, opts)
             t1 = time.perf_counter()
         except _Refused as r:
-            return _error(r.status, r.message)
-        return self._response(hits[0], opts, {"kind": "features"}, {"search": _ms(t1 - t0)}, missing)
+            return self._refusal(r)
+        return self._response(hits[0], opts, {"kind": "indexed", "id": image_id}, {"search": _ms(t1 - t0)}, missing)
+
+    @app.get("/v1/images/{image_id:path}/thumbnail")
+    async def thumbnail(self, image_id: str, request: Request) -> Response:
+        try:
+            size = request.query_params.get("size", "160")
+            if not size.isdigit() or not (16 <= int(size) <= 512):
+                raise _Refused(400, "size must be between 16 and 512")
+            thumb = await self._owner_answer("thumbnail", image_id, int(size))
+            if "png" not in thumb:
+                raise _Refused(thumb["status"], thumb["message"])
+            png = thumb["png"]
+        except _Refused as r:
+            return self._refusal(r)
+        return Response(png, media_type="image/png", headers={"cache-control": "max-age=3600"})
+
+    @app.get("/v1/images/{image_id:path}")
+    async def image_meta(self, image_id: str) -> JSONResponse:
+        try:
+            meta = json.loads(await self._owner_answer("meta", image_id))
+        except _Refused as r:
+            return self._refusal(r)
+        return JSONResponse({"id": image_id, "meta": meta, "thumbnail": _thumbnail_url(image_id)})
+
+    async def _add(self, data: bytes, meta: Dict[str, Any], features: Dict[str, Any]) -> Tuple[int, str]:
+        """Adds an entry to the shard that owns its crater; returns the set's image count
+        and the shard's name. 409 when the id is taken, 503 when the shard has no working
+        replica."""
+        records = json.dumps([meta])
+        owner = _native.shards_of(records, len(self.shards))[0]
+        try:
+            await self._call(self.shards[owner], "add", records, [meta["id"]], features["cls"],
+                             features["patches"], features["attention"], data)
+        except Exception as e:
+            text = str(e)
+            if "already in the index" in text or "were removed earlier" in text:
+                raise _Refused(409, f"image id {meta['id']!r} is already in the index")
+            raise _Refused(503, f"shard {self.names[owner]} has no live replica: {text.splitlines()[0]}")
+        self.counters["added"] += 1
+        return await self._images(), self.names[owner]
+
+    async def _images(self) -> int:
+        answers, _ = await self._everywhere("ready")
+        return sum(a["images"] for a in answers if not isinstance(a, BaseException))
 
     @app.post("/v1/images")
     async def add_image(self, request: Request) -> JSONResponse:
         try:
             self._authorize(request)
-            form = await request.form()
-            upload = form.get("image")
-            if upload is None or not hasattr(upload, "read"):
-                raise _Refused(400, "multipart field `image` is missing")
-            data = await upload.read()
-            record = {k: v for k, v in form.items() if k != "image" and isinstance(v, str) and v != ""}
-            if "id" not in record:
-                raise _Refused(400, "field `id` is required on a cluster (it chooses the shard)")
-            records = json.dumps([record])
-            owner = _native.shards_of(records, len(self.shards))[0]
-            features = await self._call(self.encoder, "extract", [data])
-            if len(features["ids"]) == 0:
-                raise _Refused(422, "unreadable image")
-            ids = [record["id"]]
-            try:
-                images = await self._call(self.shards[owner], "add", records, ids, features["cls"],
-                                          features["patches"], features["attention"])
-            except Exception as e:
-                text = str(e)
-                if "already in the index" in text or "were removed earlier" in text:
-                    raise _Refused(409, f"image id {record['id']!r} is already in the index")
-                raise _Refused(503, f"shard {self.names[owner]} has no live replica: {text.splitlines()[0]}")
+            data, meta = await _read_entry(request)
+            features = await self._extract(data)
+            images, shard = await self._add(data, meta, features)
         except _Refused as r:
-            return _error(r.status, r.message)
-        return JSONResponse({"id": record["id"], "images": images, "shard": self.names[owner],
-                             "thumbnail": "/v1/images/" + _quote(record["id"]) + "/thumbnail"}, status_code=201)
+            return self._refusal(r)
+        return JSONResponse({"id": meta["id"], "images": images, "shard": shard,
+                             "thumbnail": _thumbnail_url(meta["id"])}, status_code=201)
+
+    @app.post("/v1/link")
+    async def link(self, request: Request) -> JSONResponse:
+        """Links an uploaded crater image to the catalogue: every shard's evidence (its
+        appearance hits and its rows near the entry) decided as one index decides it; with
+        ``insert=true`` (API key) a new crater is added to the shard that owns it. A link
+        needs every shard (a missing one could hold the match): 503 otherwise."""
+        try:
+            insert = request.query_params.get("insert", "false").lower()
+            if insert not in ("true", "false"):
+                raise _Refused(400, "insert must be true or false")
+            insert = insert == "true"
+            if insert:
+                self._authorize(request)
+            data, meta = await _read_entry(request)
+            features = await self._extract(data)
+            desc = self._encode(features)
+            meta_json = json.dumps([meta])
+
+            async def decide() -> Dict[str, Any]:
+                answers, missing = await self._everywhere("link_evidence", meta_json, desc["single"], desc["tokens"])
+                if missing:
+                    raise _Refused(503, f"a link needs every shard; {', '.join(missing)} did not answer")
+                evidence = "[" + ",".join(answers) + "]"
+                return json.loads(_native.link_decision_json(self.rule_json, meta_json, evidence, "{}"))
+
+            if not insert:
+                row, images = await decide(), await self._images()
+            else:
+                async with self.link_writes:
+                    row = await decide()
+                    images = await self._images()
+                    if row["decision"] == "new":
+                        try:
+                            images, _ = await self._add(data, meta, features)
+                            row["inserted"] = True
+                        except _Refused as r:
+                            if r.status != 409:
+                                raise
+        except _Refused as r:
+            return self._refusal(r)
+        row["query"].pop("path", None)
+        for key in ("best", "second"):
+            if row.get(key):
+                row[key]["thumbnail"] = _thumbnail_url(row[key]["id"])
+        body = {"query": row["query"], "decision": row["decision"], "confidence": row["confidence"],
+                "best": row.get("best"), "second": row.get("second"), "inserted": row["inserted"],
+                "images": images, "rule": self.rule_source, "registered": False, "registration": None}
+        return JSONResponse(body)
 
     @app.delete("/v1/images/{image_id:path}")
     async def remove_image(self, image_id: str, request: Request) -> JSONResponse:
@@ -300,9 +532,7 @@ class Router:
         request does not carry, names the owner."""
         try:
             self._authorize(request)
-            answers = await asyncio.gather(*(self._call(s, "remove", [image_id]) for s in self.shards),
-                                           return_exceptions=True)
-            missing = [n for n, a in zip(self.names, answers) if isinstance(a, BaseException)]
+            answers, missing = await self._everywhere("remove", [image_id])
             done = [a for a in answers if not isinstance(a, BaseException)]
             if not any(n for n, _ in done):
                 if missing:
@@ -310,7 +540,8 @@ class Router:
                                         f"{', '.join(missing)} did not")
                 raise _Refused(404, f"no image {image_id!r} in the index")
         except _Refused as r:
-            return _error(r.status, r.message)
+            return self._refusal(r)
+        self.counters["removed"] += 1
         return JSONResponse({"removed": image_id, "images": sum(n for _, n in done)})
 
     def _authorize(self, request: Request) -> None:
@@ -358,8 +589,11 @@ def application(shards_dir: str, *, replicas: int = 2, model: Optional[Model] = 
     encoder = serve.deployment(Encoder, name="encoder", ray_actor_options={"num_cpus": replica_cpus}).bind(model)
     with open(os.path.join(shards_dir, names[0], "encoder.json"), "rb") as f:
         encoder_json = f.read()
+    # every shard keeps a copy of the index's calibrated link rule (craterdex index split)
+    rule_json = _native.link_rule_json(os.path.join(shards_dir, names[0]))
     router = {"num_cpus": 0.1, **({"resources": router_resources} if router_resources else {})}
-    return Router.options(ray_actor_options=router).bind(shard_apps, names, encoder, model.dim, encoder_json, api_key)
+    return Router.options(ray_actor_options=router).bind(shard_apps, names, encoder, model.dim, encoder_json,
+                                                         rule_json, api_key)
 
 
 def serve_shards(shards_dir: str, *, host: str = "127.0.0.1", port: int = 8000, proxy_on_every_node: bool = True,
@@ -373,7 +607,7 @@ def serve_shards(shards_dir: str, *, host: str = "127.0.0.1", port: int = 8000, 
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m craterdex.cluster",
+    p = argparse.ArgumentParser(prog="craterdex-cluster",
                                 description="Serve a set of shard indexes on a running Ray cluster.")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="deploy the shards, the encoder and the router, and serve HTTP")

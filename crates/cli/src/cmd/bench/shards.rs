@@ -82,7 +82,7 @@ pub fn run(b: ShardsBench) -> Result<()> {
     for &n in &b.shards {
         let set = engine
             .index()
-            .split(&work.path().join(format!("s{n}")), n)?;
+            .split(&work.path().join(format!("s{n}")), n, &[])?;
         let sharded = ShardedEngine::open(&work.path().join(format!("s{n}")), None)?;
         let hits = sharded.search(&queries, &params);
         let (mut agree, mut total) = (0usize, 0usize);

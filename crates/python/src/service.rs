@@ -1,0 +1,128 @@
+//! The pieces of `craterdex serve`'s HTTP API that `craterdex.cluster`'s router answers
+//! with (craterdex-serve's `adapter`): the readers of entry forms and search options, upload
+//! files and thumbnails, the OpenAPI document and the web page; and the cluster's link, each
+//! shard's evidence decided as one index decides. A refusal is raised as `ApiRefusal(status,
+//! message)`, the status `craterdex serve` answers for it.
+
+use crate::convert::{metas_from_json, options_from_json, to_json};
+use crate::failure::OrPy;
+use craterdex_serve::{adapter, ApiError};
+use craterdex_workflows::{Frames, LinkEvidence, LinkOptions, LinkRule};
+use pyo3::prelude::*;
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+
+pyo3::create_exception!(
+    _native,
+    ApiRefusal,
+    pyo3::exceptions::PyException,
+    "A request refused as craterdex serve refuses it: args (status, message)."
+);
+
+fn refused(e: ApiError) -> PyErr {
+    ApiRefusal::new_err((e.status().as_u16(), e.message().to_string()))
+}
+
+/// The metadata (JSON) of an entry form's text fields, read and checked as `craterdex serve`
+/// reads them; the id is empty when none was given.
+#[pyfunction]
+pub fn entry_meta_json(fields: HashMap<String, String>) -> PyResult<String> {
+    adapter::check_entry_fields(fields.keys().map(String::as_str)).map_err(refused)?;
+    let fields: BTreeMap<String, String> = fields.into_iter().collect();
+    to_json(&adapter::entry_meta(&fields).map_err(refused)?).py_err()
+}
+
+/// The id of an upload given none, made from its bytes as `craterdex serve` makes it.
+#[pyfunction]
+pub fn upload_id(bytes: &[u8]) -> String {
+    adapter::upload_id(bytes)
+}
+
+/// The search options (JSON) of a query string, read and checked against `craterdex serve`'s
+/// default limits.
+#[pyfunction]
+pub fn search_options_json(query: &str) -> PyResult<String> {
+    let options = adapter::search_options(query, &adapter::default_limits()).map_err(refused)?;
+    to_json(&options).py_err()
+}
+
+/// Writes an upload's bytes into `dir` (named by their SHA-256); returns the file's path.
+#[pyfunction]
+pub fn store_upload(py: Python<'_>, dir: PathBuf, bytes: &[u8]) -> PyResult<String> {
+    let format = image::guess_format(bytes)
+        .map_err(|e| refused(ApiError::bad_request(format!("not an image: {e}"))))?;
+    py.detach(|| adapter::stored_upload(&dir, bytes, format))
+        .map_err(refused)
+}
+
+/// A PNG thumbnail of the image file at `path`, at most `size` pixels on its longer side.
+#[pyfunction]
+pub fn thumbnail_png(py: Python<'_>, path: PathBuf, id: &str, size: u32) -> PyResult<Vec<u8>> {
+    py.detach(|| adapter::thumbnail_png(&path, id, size))
+        .map_err(refused)
+}
+
+/// `craterdex serve`'s OpenAPI document (JSON) for features `feature_dim` wide.
+#[pyfunction]
+#[pyo3(signature = (feature_dim=None))]
+pub fn service_document_json(feature_dim: Option<usize>) -> String {
+    adapter::document_json(feature_dim).to_string()
+}
+
+/// `craterdex serve`'s web page.
+#[pyfunction]
+pub fn service_page() -> &'static str {
+    adapter::PAGE
+}
+
+/// The link rule stored with an index (its calibrated `link-rule.json`, else the default),
+/// as JSON.
+#[pyfunction]
+pub fn link_rule_json(index_dir: PathBuf) -> PyResult<String> {
+    to_json(&LinkRule::for_index(&index_dir).py_err()?).py_err()
+}
+
+/// The decision (a link row, JSON) for one entry (`meta_json`, one record) from its evidence
+/// in every shard of a set (`evidence_json`, a list of what `Index.link_evidence_json`
+/// answers), as one index holding them all decides.
+#[pyfunction]
+pub fn link_decision_json(
+    rule_json: &str,
+    meta_json: &str,
+    evidence_json: &str,
+    options_json: &str,
+) -> PyResult<String> {
+    let rule: LinkRule = options_from_json("link rule", rule_json).py_err()?;
+    let opts: LinkOptions = options_from_json("link options", options_json).py_err()?;
+    let meta = one_meta(meta_json)?;
+    let parts: Vec<LinkEvidence> = options_from_json("link evidence", evidence_json).py_err()?;
+    let row = craterdex_workflows::link_decision(&rule, &Frames::none(), &opts, meta, parts);
+    to_json(&row).py_err()
+}
+
+pub fn one_meta(meta_json: &str) -> PyResult<craterdex_engine::ImageMeta> {
+    let mut metas = metas_from_json(meta_json).py_err()?;
+    match (metas.pop(), metas.is_empty()) {
+        (Some(m), true) => Ok(m),
+        _ => Err(crate::failure::invalid("give one metadata record")).py_err(),
+    }
+}
+
+/// The width and height of an uploaded image, from its header.
+#[pyfunction]
+pub fn image_size(bytes: &[u8]) -> PyResult<(u32, u32)> {
+    image::ImageReader::new(std::io::Cursor::new(bytes))
+        .with_guessed_format()
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.into_dimensions().map_err(|e| e.to_string()))
+        .map_err(|e| {
+            refused(ApiError::new(
+                axum_status(415),
+                format!("not an image: {e}"),
+            ))
+        })
+}
+
+fn axum_status(code: u16) -> craterdex_serve::StatusCode {
+    craterdex_serve::StatusCode::from_u16(code).unwrap_or(craterdex_serve::StatusCode::BAD_REQUEST)
+}
