@@ -5,7 +5,8 @@
 //! and readiness; adding and removing images behind an API key), its OpenAPI document
 //! (generated from the request and response types), the web page, and the service's limits
 //! (upload size, image dimensions, request timeout, a concurrency limit that sheds load with
-//! 503, graceful shutdown). Every search and write goes through one
+//! 503, graceful shutdown), and the pieces of that API another front end answers with
+//! ([`adapter`]: `craterdex.cluster`'s router). Every search and write goes through one
 //! [`craterdex_engine::SharedEngine`]: a request takes a snapshot of the engine, and a write
 //! goes through the index's atomic path and swaps the engine over the changed index in
 //! whole, so a search sees the index wholly before or wholly after a write. Knows nothing of
