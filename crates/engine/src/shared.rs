@@ -30,7 +30,7 @@ enum Merger {
     /// To start at the first write.
     Ready(MergePolicy),
     /// Woken through the sender.
-    Running(Sender<()>),
+    Running(Sender<()>, MergePolicy),
 }
 
 impl Inner {
@@ -97,7 +97,9 @@ impl SharedEngine {
 
     /// Runs `write` on the current engine with the writer lock held (writes are serialised;
     /// reads go on); a changed engine it returns replaces the current one whole, and wakes
-    /// the background merger.
+    /// the background merger. A write that leaves more segments than the policy's
+    /// `stall_segments` merges (after the merge in progress) before it returns: merges that
+    /// fall behind slow writers down instead of searches.
     pub fn write<T, E>(
         &self,
         write: impl FnOnce(&Arc<Engine>) -> Result<(T, Option<Engine>), E>,
@@ -113,7 +115,18 @@ impl SharedEngine {
             (out, was_changed)
         };
         if changed.1 {
-            self.wake_merger();
+            if let Some(policy) = self.wake_merger() {
+                if self.snapshot().index().segment_count() > policy.stall_segments {
+                    // the write is committed: a failed merge is the merger's to report
+                    if let Err(e) = self.inner.merge(&policy, true) {
+                        *self
+                            .inner
+                            .merge_error
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+                    }
+                }
+            }
         }
         Ok(changed.0)
     }
@@ -144,11 +157,12 @@ impl SharedEngine {
         }
     }
 
-    fn wake_merger(&self) {
+    /// Wakes the merger (starting it at the first write); its policy, when it runs.
+    fn wake_merger(&self) -> Option<MergePolicy> {
         let mut merger = self.inner.merger.lock().unwrap_or_else(|e| e.into_inner());
         if let Merger::Ready(policy) = &*merger {
             match self.start_merger(policy.clone()) {
-                Ok(wake) => *merger = Merger::Running(wake),
+                Ok(wake) => *merger = Merger::Running(wake, policy.clone()),
                 Err(e) => {
                     // writes still work; segments are merged by the next explicit merge
                     eprintln!("craterdex: no background merging (could not start its thread: {e})");
@@ -156,8 +170,12 @@ impl SharedEngine {
                 }
             }
         }
-        if let Merger::Running(wake) = &*merger {
-            let _ = wake.send(());
+        match &*merger {
+            Merger::Running(wake, policy) => {
+                let _ = wake.send(());
+                Some(policy.clone())
+            }
+            _ => None,
         }
     }
 
@@ -256,5 +274,40 @@ mod tests {
         let reopened = Index::open(&dir).unwrap();
         assert_eq!(reopened.live(), 350);
         assert_eq!(reopened.segment_count(), now.index().segment_count());
+    }
+
+    /// Merges behind: a writer that never merges left 20 segments; the next write through
+    /// an engine that merges stalls until merging brings them under `stall_segments`.
+    #[test]
+    fn a_write_past_the_stall_count_returns_only_once_merged() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("idx");
+        write_index(&dir, &(0..10).map(image).collect::<Vec<_>>());
+        let never_merges = SharedEngine::new(Engine::open(&dir, None).unwrap());
+        for i in 10..30 {
+            let one = [image(i)];
+            never_merges
+                .write(|e| e.add(&one).map(|(n, grown)| (n, Some(grown))))
+                .unwrap();
+        }
+        assert_eq!(never_merges.snapshot().index().segment_count(), 21);
+        let shared = SharedEngine::new(Engine::open(&dir, None).unwrap());
+        shared.merge_in_background(MergePolicy {
+            merge_factor: 4,
+            stall_segments: 6,
+            ..MergePolicy::default()
+        });
+        let one = [image(30)];
+        shared
+            .write(|e| e.add(&one).map(|(n, grown)| (n, Some(grown))))
+            .unwrap();
+        let now = shared.snapshot();
+        assert!(
+            now.index().segment_count() <= 6,
+            "{}",
+            now.index().segment_count()
+        );
+        assert_eq!(now.index().live(), 31);
+        assert_eq!(shared.merge_error(), None);
     }
 }

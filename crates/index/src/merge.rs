@@ -14,6 +14,12 @@
 //! A segment whose removed rows reach `purge_removed` of its rows is rewritten without them,
 //! and one whose rows are all removed is dropped.
 //!
+//! Back-pressure (as Lucene's merge scheduler stalls indexing threads when merges fall
+//! behind): a front end that merges in the background makes a write that leaves more than
+//! `stall_segments` segments wait for the merge in progress and merge what the policy asks
+//! before it returns. The default (64) lies above the (F-1) * log_F(max_merged_rows) = 42
+//! segments the policy itself keeps at F = 8, so only merges falling behind stall writes.
+//!
 //! Crash safety: the merged segment is written under `.merge-staging` and renamed to its
 //! segment name only while the write lock is held, just before the new manifest is written
 //! atomically. Killed at any point, the index opens with the last manifest written, which
@@ -41,6 +47,8 @@ pub struct MergePolicy {
     pub purge_removed: f64,
     /// Merge every segment into one, without removed rows (Lucene's `forceMerge(1)`).
     pub into_one: bool,
+    /// A write leaving more segments than this waits for merging (module docs).
+    pub stall_segments: usize,
 }
 
 impl Default for MergePolicy {
@@ -50,6 +58,7 @@ impl Default for MergePolicy {
             max_merged_rows: 1 << 18,
             purge_removed: 0.25,
             into_one: false,
+            stall_segments: 64,
         }
     }
 }
