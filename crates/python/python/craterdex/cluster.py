@@ -312,6 +312,17 @@ class Router:
             merged.append(json.loads(_native.merge_hits_json(per_shard, opts["top_k"], bool(opts["group_views"]))))
         return merged, missing
 
+    async def _encode_and_search(self, features: Dict[str, Any], opts: Dict[str, Any], timing: Dict[str, float]
+                                 ) -> Tuple[List[Dict], List[str]]:
+        """The merged hits of one query's features and the shards that did not answer;
+        the milliseconds of encoding and searching go into ``timing``."""
+        t0 = time.perf_counter()
+        desc = self._encode(features)
+        t1 = time.perf_counter()
+        hits, missing = await self._search(list(features["ids"]), desc, opts)
+        timing.update(encode=_ms(t1 - t0), search=_ms(time.perf_counter() - t1))
+        return hits[0], missing
+
     def _response(self, hits: List[Dict], opts: Dict[str, Any], query: Dict[str, Any], timing: Dict[str, float],
                   missing: List[str]) -> JSONResponse:
         for h in hits:
@@ -381,16 +392,12 @@ class Router:
             self.counters["image_searches"] += 1
             t0 = time.perf_counter()
             features = await self._extract(data)
-            t1 = time.perf_counter()
-            desc = self._encode(features)
-            t2 = time.perf_counter()
-            hits, missing = await self._search(list(features["ids"]), desc, opts)
-            t3 = time.perf_counter()
+            timing = {"features": _ms(time.perf_counter() - t0)}
+            hits, missing = await self._encode_and_search(features, opts, timing)
         except _Refused as r:
             return self._refusal(r)
         query = {"kind": "image", "width": width, "height": height, "bytes": len(data)}
-        timing = {"features": _ms(t1 - t0), "encode": _ms(t2 - t1), "search": _ms(t3 - t2)}
-        return self._response(hits[0], opts, query, timing, missing)
+        return self._response(hits, opts, query, timing, missing)
 
     @app.post("/v1/search/features")
     async def search_features(self, request: Request) -> JSONResponse:
@@ -400,15 +407,11 @@ class Router:
                                              self.dim)
             if "error" in posted:
                 raise _Refused(400 if posted["error"] == "malformed" else 422, posted["message"])
-            t0 = time.perf_counter()
-            desc = self._encode(posted)
-            t1 = time.perf_counter()
-            hits, missing = await self._search(list(posted["ids"]), desc, opts)
-            t2 = time.perf_counter()
+            timing: Dict[str, float] = {}
+            hits, missing = await self._encode_and_search(posted, opts, timing)
         except _Refused as r:
             return self._refusal(r)
-        return self._response(hits[0], opts, {"kind": "features"}, {"encode": _ms(t1 - t0), "search": _ms(t2 - t1)},
-                              missing)
+        return self._response(hits, opts, {"kind": "features"}, timing, missing)
 
     @app.get("/v1/images/{image_id:path}/similar")
     async def search_similar(self, image_id: str, request: Request) -> JSONResponse:
