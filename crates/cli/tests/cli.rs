@@ -913,3 +913,60 @@ fn discover_ranks_the_windows_of_a_tile_and_eval_discover_scores_them() {
     // 10 craters of 10-20 px (diameters 12-18), 2 of them the exemplars
     assert_eq!(r[0]["craterdex"]["targets"], 8);
 }
+
+/// `bench extract` says what each precision reaches against the level's peak, where a pass
+/// spends its time, and (`--scaling`) how it scales with threads and batch.
+#[test]
+fn bench_extract_reports_operations_peak_profile_and_scaling() {
+    let e = Env::new();
+    let model = e.tiny_model();
+    let (tile, _) = write_tile(&e.root);
+    std::fs::create_dir_all(e.root.join("imgs")).unwrap();
+    for i in 0..4 {
+        std::fs::copy(&tile, e.root.join(format!("imgs/{i}.png"))).unwrap();
+    }
+    let out = e.ok(&[
+        "bench",
+        "extract",
+        "--dir",
+        "imgs",
+        "--images",
+        "4",
+        "--repeats",
+        "1",
+        "--no-reference",
+        "--scaling",
+        "--model",
+        &model,
+        "--size",
+        "64",
+    ]);
+    // the tiny model at 64 px: D 32, one block, MLP 64, 4-px patches on a 16 x 16 grid
+    let n = (64 / P) * (64 / P);
+    let t = (n + 1) as f64;
+    let flops = 2.0 * n as f64 * (3 * P * P * D) as f64
+        + 2.0 * t * D as f64 * (4 * D + 2 * 2 * D) as f64
+        + 4.0 * t * t * D as f64;
+    assert!(
+        out.contains(&format!("{:.2} MFLOP per image", flops / 1e6)),
+        "{out}"
+    );
+    let f32_row = out
+        .lines()
+        .find(|l| l.starts_with("craterdex (f32)"))
+        .unwrap();
+    let cols: Vec<&str> = f32_row.split_whitespace().collect();
+    let (rate, gflops): (f64, f64) = (cols[2].parse().unwrap(), cols[3].parse().unwrap());
+    assert!(
+        (gflops - rate * flops / 1e9).abs() <= 0.051 + 1e-3 * gflops,
+        "{f32_row}"
+    );
+    for want in [
+        "peak of craterdex (f32):",
+        "where craterdex (f32) spends a pass: linear layers",
+        "where craterdex (int8) spends a pass:",
+        "craterdex (f32) threads 1 batch 1:",
+    ] {
+        assert!(out.contains(want), "{want:?} missing:\n{out}");
+    }
+}

@@ -185,6 +185,104 @@ fn brand_string() -> String {
         .to_string()
 }
 
+/// Arithmetic a precision's matrix products run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arithmetic {
+    F32,
+    Int8,
+    Bf16,
+}
+
+/// The peak operations per second one logical CPU reaches with `arith` at `level` (a
+/// multiply-add counts two), and how it was derived: the clock ([`measured_mhz`] on x86-64,
+/// else `cpu MHz` of /proc/cpuinfo) times the operations the level's widest units issue per
+/// cycle (FMA ports x lanes x 2; AMD family 25, Zen 3/4, runs 512-bit operations on 256-bit
+/// units). `None` where the clock is not known.
+pub fn peak_ops_per_cpu(level: Level, arith: Arithmetic) -> Option<(f64, String)> {
+    let (mhz, clock) = match measured_mhz() {
+        Some(m) => (m, "measured clock"),
+        None => (cpu_mhz()?, "/proc/cpuinfo clock"),
+    };
+    let half_width_512 = std::fs::read_to_string("/proc/cpuinfo")
+        .map(|i| {
+            i.contains("AuthenticAMD")
+                && i.lines()
+                    .any(|l| l.starts_with("cpu family") && l.ends_with(": 25"))
+        })
+        .unwrap_or(false);
+    let (per_cycle, units) = match (level, arith) {
+        (Level::Amx, Arithmetic::Bf16) => (1024.0, "AMX tiles, bf16: 16x16x32 per 16 cycles"),
+        (Level::Amx, Arithmetic::Int8) => (2048.0, "AMX tiles, int8: 16x16x64 per 16 cycles"),
+        (Level::Avx512, Arithmetic::Int8) if has_avx512_vnni() => {
+            if half_width_512 {
+                (
+                    128.0,
+                    "AVX-512 VNNI on 256-bit units: 2 ports x 32 int8 x 2",
+                )
+            } else {
+                (256.0, "AVX-512 VNNI: 2 ports x 64 int8 x 2")
+            }
+        }
+        (Level::Avx512 | Level::Amx, _) if half_width_512 => {
+            (32.0, "AVX-512 on 256-bit units: 2 FMA x 8 f32 x 2")
+        }
+        (Level::Avx512 | Level::Amx, _) => (64.0, "AVX-512: 2 FMA x 16 f32 x 2"),
+        (Level::Avx2, _) => (32.0, "AVX2: 2 FMA x 8 f32 x 2"),
+        (Level::Portable, _) => (8.0, "SSE2 / NEON: 2 x 4 f32"),
+    };
+    Some((
+        mhz * 1e6 * per_cycle,
+        format!("{mhz:.0} MHz ({clock}) x {per_cycle} per cycle ({units})"),
+    ))
+}
+
+/// The clock one busy core runs at, in MHz: a chain of dependent integer additions (one
+/// cycle each on every x86-64 core) timed, best of five. A VM's /proc/cpuinfo gives the
+/// nominal clock, which boost exceeds; this is what the core does while working.
+#[cfg(target_arch = "x86_64")]
+pub fn measured_mhz() -> Option<f64> {
+    const ITERATIONS: u64 = 400_000;
+    const ADDS_PER_ITERATION: f64 = 100.0;
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let (mut x, mut n) = (0u64, ITERATIONS);
+        let t = std::time::Instant::now();
+        // SAFETY: register arithmetic only; no memory is read or written.
+        unsafe {
+            std::arch::asm!(
+                "2:",
+                ".rept 100",
+                "add {x}, 1",
+                ".endr",
+                "dec {n}",
+                "jnz 2b",
+                x = inout(reg) x,
+                n = inout(reg) n,
+                options(nomem, nostack),
+            );
+        }
+        best = best.min(t.elapsed().as_secs_f64());
+        debug_assert_eq!((x, n), (ITERATIONS * 100, 0));
+    }
+    let mhz = ITERATIONS as f64 * ADDS_PER_ITERATION / best / 1e6;
+    (mhz.is_finite() && mhz > 100.0).then_some(mhz)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub fn measured_mhz() -> Option<f64> {
+    None
+}
+
+/// The clock in MHz /proc/cpuinfo reports for the first CPU.
+fn cpu_mhz() -> Option<f64> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    info.lines()
+        .find(|l| l.starts_with("cpu MHz"))
+        .and_then(|l| l.split_once(':'))
+        .and_then(|(_, v)| v.trim().parse::<f64>().ok())
+        .filter(|m| *m > 0.0)
+}
+
 /// One line for reports: the CPU, the level kernels run at, and what the CPU could do.
 pub fn describe() -> String {
     let vnni = if active() >= Level::Avx512 && has_avx512_vnni() {

@@ -13,6 +13,7 @@ use craterdex_kernels::gemm::{self, PackedF32};
 use craterdex_kernels::linear_i8::{self, PackedI8Linear};
 use craterdex_kernels::nn;
 use rayon::prelude::*;
+use std::time::{Duration, Instant};
 use strum::IntoEnumIterator;
 
 /// The weights of one transformer block.
@@ -343,25 +344,6 @@ pub struct Attention {
 }
 
 impl Attention {
-    /// `x` `[B * T, D]` (normed) to `out` `[B * T, D]`; `qkv` and `mixed` are scratch
-    /// (`[B * T, 3D]`, `[B * T, D]`). With `cls_attn`, it receives the CLS row's attention to
-    /// the patches, averaged over heads (`[B, T - 1]`).
-    pub fn forward(
-        &self,
-        x: &[f32],
-        b: usize,
-        t: usize,
-        qkv: &mut [f32],
-        mixed: &mut [f32],
-        out: &mut [f32],
-        cls_attn: Option<&mut [f32]>,
-    ) {
-        let d = self.proj.out_dim;
-        self.qkv.forward(x, b * t, qkv);
-        self.mix_heads(qkv, b, t, d, mixed, cls_attn);
-        self.proj.forward(mixed, b * t, out);
-    }
-
     /// `softmax(Q K^T / sqrt(dh)) V` per image and head, into the heads' columns of `out`.
     fn mix_heads(
         &self,
@@ -421,15 +403,6 @@ pub struct Mlp {
     fc2: Linear,
 }
 
-impl Mlp {
-    /// `x` `[rows, D]` to `out` `[rows, D]` through `hidden` `[rows, H]` (scratch).
-    pub fn forward(&self, x: &[f32], rows: usize, hidden: &mut [f32], out: &mut [f32]) {
-        self.fc1.forward(x, rows, hidden);
-        nn::gelu_in_place(&mut hidden[..rows * self.fc1.out_dim]);
-        self.fc2.forward(hidden, rows, out);
-    }
-}
-
 /// A pre-norm transformer block, with layer scale for DINOv2.
 pub struct Block {
     norm1: LayerNorm,
@@ -457,23 +430,31 @@ impl Block {
         t: usize,
         s: &mut Scratch,
         cls_attn: Option<&mut [f32]>,
+        p: &mut PassProfile,
     ) {
         let d = self.norm1.weight.len();
+        let mut clock = Instant::now();
         self.norm1.forward(x, &mut s.normed);
-        self.attn.forward(
-            &s.normed,
-            b,
-            t,
-            &mut s.qkv,
-            &mut s.mixed,
-            &mut s.delta,
-            cls_attn,
-        );
+        PassProfile::lap(&mut p.elementwise, &mut clock);
+        let a = &self.attn;
+        a.qkv.forward(&s.normed, b * t, &mut s.qkv);
+        PassProfile::lap(&mut p.linear, &mut clock);
+        a.mix_heads(&s.qkv, b, t, d, &mut s.mixed, cls_attn);
+        PassProfile::lap(&mut p.attention, &mut clock);
+        a.proj.forward(&s.mixed, b * t, &mut s.delta);
+        PassProfile::lap(&mut p.linear, &mut clock);
         nn::add_residual(x, &s.delta, self.ls1.as_deref(), d);
         self.norm2.forward(x, &mut s.normed);
-        self.mlp
-            .forward(&s.normed, b * t, &mut s.hidden, &mut s.delta);
+        PassProfile::lap(&mut p.elementwise, &mut clock);
+        let m = &self.mlp;
+        m.fc1.forward(&s.normed, b * t, &mut s.hidden);
+        PassProfile::lap(&mut p.linear, &mut clock);
+        nn::gelu_in_place(&mut s.hidden[..b * t * m.fc1.out_dim]);
+        PassProfile::lap(&mut p.elementwise, &mut clock);
+        m.fc2.forward(&s.hidden, b * t, &mut s.delta);
+        PassProfile::lap(&mut p.linear, &mut clock);
         nn::add_residual(x, &s.delta, self.ls2.as_deref(), d);
+        PassProfile::lap(&mut p.elementwise, &mut clock);
     }
 
     fn linears_mut(&mut self) -> [&mut Linear; 4] {
@@ -483,6 +464,30 @@ impl Block {
             &mut self.mlp.fc1,
             &mut self.mlp.fc2,
         ]
+    }
+}
+
+/// Where one forward pass spent its time, by kind of work: what bounds a precision's speed.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PassProfile {
+    /// The matrix products of the linear layers (patch embedding, q|k|v, projection, MLP).
+    pub linear: Duration,
+    /// Attention: `Q K^T`, softmax and `A V` per image and head.
+    pub attention: Duration,
+    /// Layer norms, GELU, residuals and layer scale, tokens and positions.
+    pub elementwise: Duration,
+}
+
+impl PassProfile {
+    pub fn total(&self) -> Duration {
+        self.linear + self.attention + self.elementwise
+    }
+
+    /// Adds the time since `*since` to `part` and restarts the clock.
+    fn lap(part: &mut Duration, since: &mut Instant) {
+        let now = Instant::now();
+        *part += now - *since;
+        *since = now;
     }
 }
 
@@ -625,6 +630,27 @@ impl Vit {
 
     /// Runs a batch of preprocessed images, each `[3, S, S]` CHW with S the input size.
     pub fn forward(&self, images: &[Vec<f32>]) -> Result<Vec<ImageFeatures>> {
+        Ok(self.forward_profiled(images)?.0)
+    }
+
+    /// Multiply-adds, counted as two operations, of one image's forward pass: the linear
+    /// layers (patch embedding included) and attention's two products per head.
+    pub fn flops_per_image(&self) -> f64 {
+        let c = &self.config;
+        vit_flops(
+            c.hidden_size,
+            c.depth,
+            c.mlp_hidden,
+            c.patch_size,
+            self.grid,
+        )
+    }
+
+    /// [`Vit::forward`], and where its time went.
+    pub fn forward_profiled(
+        &self,
+        images: &[Vec<f32>],
+    ) -> Result<(Vec<ImageFeatures>, PassProfile)> {
         let s = self.input_size;
         for (i, im) in images.iter().enumerate() {
             ensure!(
@@ -635,14 +661,15 @@ impl Vit {
                 ))
             );
         }
+        let mut profile = PassProfile::default();
         if images.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), profile));
         }
         let d = self.config.hidden_size;
         let b = images.len();
         let t = 1 + self.num_patches();
         let rows = b * t;
-        let mut x = self.tokens(images);
+        let mut x = self.tokens(images, &mut profile);
         let mut scratch = Scratch {
             normed: vec![0f32; rows * d],
             qkv: vec![0f32; rows * 3 * d],
@@ -654,11 +681,12 @@ impl Vit {
         let last = self.blocks.len() - 1;
         for (bi, blk) in self.blocks.iter().enumerate() {
             let cls_attn = (bi == last).then_some(&mut last_attn[..]);
-            blk.forward(&mut x, b, t, &mut scratch, cls_attn);
+            blk.forward(&mut x, b, t, &mut scratch, cls_attn, &mut profile);
         }
+        let mut clock = Instant::now();
         let h = &mut scratch.normed;
         self.norm.forward(&x, h);
-        Ok((0..b)
+        let features = (0..b)
             .map(|i| {
                 let img = &h[i * t * d..(i + 1) * t * d];
                 ImageFeatures {
@@ -667,15 +695,19 @@ impl Vit {
                     attention: last_attn[i * (t - 1)..(i + 1) * (t - 1)].to_vec(),
                 }
             })
-            .collect())
+            .collect();
+        PassProfile::lap(&mut profile.elementwise, &mut clock);
+        Ok((features, profile))
     }
 
     /// `[B * T, D]`: the CLS token and the patch embeddings, plus positions.
-    fn tokens(&self, images: &[Vec<f32>]) -> Vec<f32> {
+    fn tokens(&self, images: &[Vec<f32>], p: &mut PassProfile) -> Vec<f32> {
         let d = self.config.hidden_size;
         let n = self.num_patches();
         let t = 1 + n;
+        let mut clock = Instant::now();
         let patches = self.embed.forward(images);
+        PassProfile::lap(&mut p.linear, &mut clock);
         let mut x = vec![0f32; images.len() * t * d];
         x.par_chunks_mut(t * d).enumerate().for_each(|(i, img)| {
             for (j, v) in img[..d].iter_mut().enumerate() {
@@ -686,8 +718,20 @@ impl Vit {
                 *v = src[k] + self.pos_embed[d + k];
             }
         });
+        PassProfile::lap(&mut p.elementwise, &mut clock);
         x
     }
+}
+
+/// Operations (a multiply-add counts two) of one image through a ViT of width `d`, `depth`
+/// blocks, MLP width `mlp`, `patch`-pixel patches on a `grid` x `grid` grid plus CLS.
+pub fn vit_flops(d: usize, depth: usize, mlp: usize, patch: usize, grid: usize) -> f64 {
+    let (d, n) = (d as f64, (grid * grid) as f64);
+    let t = n + 1.0;
+    let patch_embed = 2.0 * n * (3 * patch * patch) as f64 * d;
+    let linear = 2.0 * t * d * (3.0 * d + d + 2.0 * mlp as f64);
+    let attention = 2.0 * 2.0 * t * t * d;
+    patch_embed + depth as f64 * (linear + attention)
 }
 
 /// Resamples the position-embedding grid with bicubic interpolation (a = -0.75, half-pixel
@@ -753,6 +797,21 @@ fn cubic_taps(dst: usize, from: usize, to: usize) -> [(usize, f32); 4] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vit_s14_at_224_px_costs_12_2_gflop_per_image() {
+        // counted another way: every product [m, k] x [k, n] of a block, attention per head
+        let (d, heads, t, mlp) = (384usize, 6usize, 257usize, 1536usize);
+        let dh = d / heads;
+        let products = [(t, d, 3 * d), (t, d, d), (t, d, mlp), (t, mlp, d)]
+            .into_iter()
+            .chain((0..heads).flat_map(|_| [(t, dh, t), (t, t, dh)]));
+        let block: usize = products.map(|(m, k, n)| 2 * m * k * n).sum();
+        let embed = 2 * 256 * (3 * 14 * 14) * d;
+        let want = (embed + 12 * block) as f64;
+        assert_eq!(vit_flops(d, 12, mlp, 14, 16), want);
+        assert!((want / 1e9 - 12.248).abs() < 0.001, "{want}");
+    }
 
     #[test]
     fn bicubic_resample_keeps_constants_and_same_size() {

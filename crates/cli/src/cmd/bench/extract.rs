@@ -1,5 +1,7 @@
 //! `craterdex bench extract`: images/s and peak memory of the forward pass against
-//! onnxruntime on the same backbone, the engines taking turns round by round.
+//! onnxruntime on the same backbone, the engines taking turns round by round; per engine the
+//! operations per second reached, their fraction of the kernel level's peak and where a
+//! pass spends its time; with `--scaling`, images/s by threads and batch size.
 
 use super::{percentile, proc_status_kb, ExtractBench};
 use crate::output::{bar, Bars};
@@ -7,6 +9,8 @@ use anyhow::{bail, Context, Result};
 use craterdex_engine::inputs::images_in;
 use craterdex_engine::{Extractor, ModelOptions, Precision};
 use craterdex_fetch as fetch;
+use craterdex_kernels::level::{Arithmetic, Level};
+use craterdex_model::vit::PassProfile;
 use craterdex_model::{preprocess, Vit};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -36,6 +40,7 @@ pub fn run(b: ExtractBench) -> Result<()> {
     let batch = b.model.batch.max(1);
     let mut engines = Vec::new();
     let mut tensors = Vec::new();
+    let mut preprocessing = 0.0;
     for &precision in &precisions {
         let options = ModelOptions {
             precision,
@@ -44,10 +49,12 @@ pub fn run(b: ExtractBench) -> Result<()> {
         let extractor = Extractor::load(&options, &Bars::new())?;
         if tensors.is_empty() {
             let prep = extractor.vit().preprocess(b.model.choice.resize);
+            let t = Instant::now();
             tensors = items
                 .iter()
                 .map(|(_, p)| Ok(preprocess::to_tensor(&preprocess::load_image(p)?, &prep)))
                 .collect::<Result<_>>()?;
+            preprocessing = t.elapsed().as_secs_f64();
         }
         extractor
             .vit()
@@ -93,10 +100,53 @@ pub fn run(b: ExtractBench) -> Result<()> {
         b.images,
         b.dir.display(),
     );
-    println!("{:<28} {:>10} {:>12}", "engine", "images/s", "peak RSS MB");
+    let flops = engines[0].0.vit().flops_per_image();
+    let level = craterdex_kernels::level::active();
+    println!(
+        "{} per image (multiply-add = 2; linear layers and attention, \
+         Vit::flops_per_image); preprocessing (decode, resize, normalise) {:.1} images/s on \
+         one thread, not in the rates below",
+        operations(flops),
+        b.images as f64 / preprocessing
+    );
+    println!(
+        "{:<28} {:>10} {:>9} {:>8} {:>12}",
+        "engine", "images/s", "GFLOP/s", "of peak", "peak RSS MB"
+    );
+    let mut peaks = Vec::new();
     for (e, rss, secs) in &engines {
-        let name = format!("craterdex ({})", e.vit().precision().name());
-        println!("{name:<28} {:>10.2} {rss:>12.0}", rate(secs));
+        let precision = e.vit().precision();
+        let name = format!("craterdex ({})", precision.name());
+        let gflops = rate(secs) * flops / 1e9;
+        let peak = peak_gflops(level, precision, threads);
+        println!(
+            "{name:<28} {:>10.2} {gflops:>9.1} {:>8} {rss:>12.0}",
+            rate(secs),
+            fraction(gflops, peak.as_ref())
+        );
+        peaks.push((name, peak));
+    }
+    for (name, peak) in &peaks {
+        match peak {
+            Some((g, how)) => println!("peak of {name}: {g:.0} GFLOP/s = {threads} CPUs x {how}"),
+            None => println!("peak of {name}: unknown (no clock in /proc/cpuinfo)"),
+        }
+    }
+    for (e, _, _) in &engines {
+        let p = profile(e.vit(), &tensors, batch)?;
+        let total = p.total().as_secs_f64();
+        let share = |d: std::time::Duration| 100.0 * d.as_secs_f64() / total;
+        println!(
+            "where craterdex ({}) spends a pass: linear layers {:.0}%, attention {:.0}%, \
+             element-wise {:.0}% (layer norms, GELU, residuals)",
+            e.vit().precision().name(),
+            share(p.linear),
+            share(p.attention),
+            share(p.elementwise)
+        );
+    }
+    if b.scaling {
+        scaling(&engines, &tensors, batch, threads)?;
     }
     let f32_secs = &engines[0].2;
     for (e, _, secs) in &engines[1..] {
@@ -115,13 +165,15 @@ pub fn run(b: ExtractBench) -> Result<()> {
         return Ok(());
     };
     let summary = reference.finish()?;
+    let gflops = rate(&theirs) * flops / 1e9;
     println!(
-        "{:<28} {:>10.2} {:>12.0}",
+        "{:<28} {:>10.2} {gflops:>9.1} {:>8} {:>12.0}",
         format!(
             "onnxruntime {}",
             summary["onnxruntime"].as_str().unwrap_or("?")
         ),
         rate(&theirs),
+        fraction(gflops, peak_gflops(level, Precision::F32, threads).as_ref()),
         summary["peak_rss_mb"].as_f64().unwrap_or(f64::NAN)
     );
     for (e, _, mine) in &engines {
@@ -229,6 +281,96 @@ impl Drop for OrtReference {
         let _ = std::fs::remove_file(&self.input);
         let _ = std::fs::remove_file(&self.script);
     }
+}
+
+/// The peak GFLOP/s of `threads` CPUs for `precision`'s products at `level`, and how.
+fn peak_gflops(level: Level, precision: Precision, threads: usize) -> Option<(f64, String)> {
+    let arith = match precision {
+        Precision::F32 => Arithmetic::F32,
+        Precision::Int8 => Arithmetic::Int8,
+        Precision::Bf16 => Arithmetic::Bf16,
+    };
+    craterdex_kernels::level::peak_ops_per_cpu(level, arith)
+        .map(|(ops, how)| (ops * threads as f64 / 1e9, how))
+}
+
+/// `flops` as GFLOP, or MFLOP below one GFLOP (a small test model).
+fn operations(flops: f64) -> String {
+    if flops >= 1e9 {
+        format!("{:.2} GFLOP", flops / 1e9)
+    } else {
+        format!("{:.2} MFLOP", flops / 1e6)
+    }
+}
+
+fn fraction(gflops: f64, peak: Option<&(f64, String)>) -> String {
+    peak.map_or("?".into(), |(p, _)| format!("{:.0}%", 100.0 * gflops / p))
+}
+
+/// Where one pass over `tensors` spends its time.
+fn profile(vit: &Vit, tensors: &[Vec<f32>], batch: usize) -> Result<PassProfile> {
+    let mut total = PassProfile::default();
+    for chunk in tensors.chunks(batch) {
+        let p = vit.forward_profiled(chunk)?.1;
+        total.linear += p.linear;
+        total.attention += p.attention;
+        total.elementwise += p.elementwise;
+    }
+    Ok(total)
+}
+
+/// Images/s of each engine on 1 thread and on all, in batches of 1 and of `batch`, best of
+/// two passes, and a linear projection to 32 cores from the measured scaling.
+fn scaling(
+    engines: &[(Extractor, f64, Vec<f64>)],
+    tensors: &[Vec<f32>],
+    batch: usize,
+    threads: usize,
+) -> Result<()> {
+    let mut counts = vec![1, threads];
+    counts.dedup();
+    println!("scaling (images/s, best of 2 passes):");
+    for (e, _, _) in engines {
+        let vit = e.vit();
+        let mut rates = Vec::new();
+        for &n in &counts {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(n).build()?;
+            for bsize in [1, batch] {
+                let best = pool.install(|| -> Result<f64> {
+                    let mut best = f64::INFINITY;
+                    for _ in 0..2 {
+                        best = best.min(seconds_per_pass(vit, tensors, bsize)?);
+                    }
+                    Ok(best)
+                })?;
+                let r = tensors.len() as f64 / best;
+                println!(
+                    "  craterdex ({}) threads {n} batch {bsize}: {r:.2}",
+                    vit.precision().name()
+                );
+                rates.push((n, bsize, r));
+            }
+        }
+        let at = |n: usize| {
+            rates
+                .iter()
+                .filter(|r| r.0 == n)
+                .map(|r| r.2)
+                .fold(0.0, f64::max)
+        };
+        if threads > 1 {
+            let efficiency = at(threads) / (threads as f64 * at(1));
+            println!(
+                "  craterdex ({}): {threads} threads give {:.2}x one thread ({:.0}% efficiency); \
+                 projection, not measured: 32 cores at that efficiency ~{:.0} images/s",
+                vit.precision().name(),
+                at(threads) / at(1),
+                100.0 * efficiency,
+                32.0 * at(1) * efficiency
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Seconds for one pass of the forward pass over `tensors` in batches.

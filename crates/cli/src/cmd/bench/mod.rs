@@ -190,6 +190,9 @@ pub struct ExtractBench {
     /// Skip the onnxruntime reference.
     #[arg(long)]
     pub(crate) no_reference: bool,
+    /// Also time each engine on one thread and on all, in batches of 1 and of --batch.
+    #[arg(long)]
+    pub(crate) scaling: bool,
     #[command(flatten)]
     pub(crate) model: crate::args::ModelOpts,
 }
