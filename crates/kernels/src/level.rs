@@ -236,11 +236,17 @@ pub fn peak_ops_per_cpu(level: Level, arith: Arithmetic) -> Option<(f64, String)
     ))
 }
 
-/// The clock one busy core runs at, in MHz: a chain of dependent integer additions (one
-/// cycle each on every x86-64 core) timed, best of five. A VM's /proc/cpuinfo gives the
-/// nominal clock, which boost exceeds; this is what the core does while working.
-#[cfg(target_arch = "x86_64")]
+/// The clock one busy core runs at, in MHz, measured once per process: a chain of dependent
+/// integer additions (one cycle each on every x86-64 core) timed, best of five. A VM's
+/// /proc/cpuinfo gives the nominal clock, which boost exceeds; this is what the core does
+/// while working.
 pub fn measured_mhz() -> Option<f64> {
+    static MHZ: std::sync::OnceLock<Option<f64>> = std::sync::OnceLock::new();
+    *MHZ.get_or_init(time_add_chain)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn time_add_chain() -> Option<f64> {
     const ITERATIONS: u64 = 400_000;
     const ADDS_PER_ITERATION: f64 = 100.0;
     let mut best = f64::INFINITY;
@@ -269,7 +275,7 @@ pub fn measured_mhz() -> Option<f64> {
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-pub fn measured_mhz() -> Option<f64> {
+fn time_add_chain() -> Option<f64> {
     None
 }
 

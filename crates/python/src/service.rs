@@ -117,12 +117,8 @@ pub fn image_size(bytes: &[u8]) -> PyResult<(u32, u32)> {
         .and_then(|r| r.into_dimensions().map_err(|e| e.to_string()))
         .map_err(|e| {
             refused(ApiError::new(
-                axum_status(415),
+                craterdex_serve::StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 format!("not an image: {e}"),
             ))
         })
-}
-
-fn axum_status(code: u16) -> craterdex_serve::StatusCode {
-    craterdex_serve::StatusCode::from_u16(code).unwrap_or(craterdex_serve::StatusCode::BAD_REQUEST)
 }

@@ -339,7 +339,18 @@ fn evidence_of(
         .map(|(r, offset, _)| (r, offset))
         .take(MAX_NEIGHBOURS + hits.len())
         .collect();
-    let rows: Vec<usize> = nearest.iter().map(|&(r, _)| r).collect();
+    // a row among the reranked hits is not scored again: its hit carries the same
+    // late-interaction score
+    let reranked: std::collections::HashMap<usize, &SearchHit> = hits
+        .iter()
+        .filter(|h| h.stage2.is_some())
+        .map(|h| (h.row, h))
+        .collect();
+    let rows: Vec<usize> = nearest
+        .iter()
+        .map(|&(r, _)| r)
+        .filter(|r| !reranked.contains_key(r))
+        .collect();
     let scores = engine.index().late_interaction(&desc.tokens, &rows);
     let scored: Vec<Hit> = rows
         .into_iter()
@@ -351,10 +362,20 @@ fn evidence_of(
             stage2: Some(score),
         })
         .collect();
+    let mut fresh = engine.describe(&scored).into_iter();
     let near = nearest
         .iter()
-        .zip(engine.describe(&scored))
-        .map(|(&(_, offset_radii), hit)| NearHit { offset_radii, hit })
+        .filter_map(|&(row, offset_radii)| {
+            let hit = match reranked.get(&row) {
+                Some(h) => SearchHit {
+                    score: h.stage2?,
+                    stage1: None,
+                    ..(*h).clone()
+                },
+                None => fresh.next()?,
+            };
+            Some(NearHit { offset_radii, hit })
+        })
         .collect();
     LinkEvidence { hits, near }
 }
