@@ -83,18 +83,18 @@ pub struct EntryForm {
         pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*$"
     )]
     pub view: Option<String>,
-    #[schema(nullable = false)]
+    #[schema(nullable = false, minimum = -90, maximum = 90)]
     pub lat: Option<f64>,
-    #[schema(nullable = false)]
+    #[schema(nullable = false, minimum = -360, maximum = 360)]
     pub lon: Option<f64>,
-    #[schema(nullable = false)]
+    #[schema(nullable = false, minimum = 1e-6, maximum = 1e5)]
     pub diameter_km: Option<f64>,
     /// Centre and diameter in the `source` image's pixels (what `POST /v1/register` took).
-    #[schema(nullable = false)]
+    #[schema(nullable = false, minimum = -1e9, maximum = 1e9)]
     pub x: Option<f64>,
-    #[schema(nullable = false)]
+    #[schema(nullable = false, minimum = -1e9, maximum = 1e9)]
     pub y: Option<f64>,
-    #[schema(nullable = false)]
+    #[schema(nullable = false, minimum = 1e-6, maximum = 1e9)]
     pub diameter_px: Option<f64>,
 }
 

@@ -38,17 +38,17 @@ pub struct RegisterRequest {
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CraterPosition {
-    #[schema(nullable = false)]
+    #[schema(nullable = false, minimum = -1e9, maximum = 1e9)]
     pub x: Option<f64>,
-    #[schema(nullable = false)]
+    #[schema(nullable = false, minimum = -1e9, maximum = 1e9)]
     pub y: Option<f64>,
-    #[schema(nullable = false)]
+    #[schema(nullable = false, minimum = 1e-6, maximum = 1e9)]
     pub diameter_px: Option<f64>,
-    #[schema(nullable = false)]
+    #[schema(nullable = false, minimum = -90, maximum = 90)]
     pub lat: Option<f64>,
-    #[schema(nullable = false)]
+    #[schema(nullable = false, minimum = -360, maximum = 360)]
     pub lon: Option<f64>,
-    #[schema(nullable = false)]
+    #[schema(nullable = false, minimum = 1e-6, maximum = 1e5)]
     pub diameter_km: Option<f64>,
 }
 
@@ -110,7 +110,7 @@ fn metas_of(req: &RegisterRequest) -> ApiResult<Vec<ImageMeta>> {
                     "craters[{i}]: give finite x, y and diameter_px, or lat, lon and diameter_km"
                 )));
             }
-            Ok(ImageMeta {
+            let meta = ImageMeta {
                 id: format!("{}#{i}", req.source),
                 source: Some(req.source.clone()),
                 x: c.x,
@@ -120,7 +120,11 @@ fn metas_of(req: &RegisterRequest) -> ApiResult<Vec<ImageMeta>> {
                 lon: c.lon,
                 diameter_km: c.diameter_km,
                 ..ImageMeta::default()
-            })
+            };
+            match meta.position_problem() {
+                Some(problem) => Err(unprocessable(format!("craters[{i}]: {problem}"))),
+                None => Ok(meta),
+            }
         })
         .collect()
 }

@@ -127,7 +127,7 @@ pub fn entry_meta(fields: &BTreeMap<String, String>) -> ApiResult<ImageMeta> {
             return Err(ApiError::bad_request(format!("invalid image id {id:?}")));
         }
     }
-    Ok(ImageMeta {
+    let meta = ImageMeta {
         id: id.unwrap_or_default(),
         crater_id: text_field(fields, "crater_id")?,
         source: text_field(fields, "source")?,
@@ -139,7 +139,11 @@ pub fn entry_meta(fields: &BTreeMap<String, String>) -> ApiResult<ImageMeta> {
         y: number_field(fields, "y")?,
         diameter_px: number_field(fields, "diameter_px")?,
         ..ImageMeta::default()
-    })
+    };
+    match meta.position_problem() {
+        Some(problem) => Err(ApiError::bad_request(problem)),
+        None => Ok(meta),
+    }
 }
 
 /// The fields an entry form may carry besides `image`; any other is refused.

@@ -592,6 +592,13 @@ async fn writes_need_the_key_persist_and_are_seen_whole() {
     let bad = multipart(&[("image", Some("new.png"), &img), ("lat", None, b"north")]);
     let (s, _) = call_json(&svc, post_multipart("/v1/images", bad, Some("s3cret"))).await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
+    let bad = multipart(&[("image", Some("new.png"), &img), ("lat", None, b"91")]);
+    let (s, v) = call_json(&svc, post_multipart("/v1/images", bad, Some("s3cret"))).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("lat 91.0 is out of range"));
     // A trailing control character is refused, not trimmed away (found by schemathesis).
     let bad = multipart(&[
         ("image", Some("new.png"), &img),
@@ -1019,4 +1026,14 @@ async fn a_registered_source_places_its_linked_crops() {
     );
     let (s, _) = call_json(&svc, post(json!({"craters": []}))).await;
     assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+    // finite but off the body: refused by name, never an origin of infinity (null in JSON)
+    let far = json!({"lat": -1.7e308, "lon": 3.0, "diameter_km": 2.0});
+    let (s, v) = call_json(
+        &svc,
+        post(json!({"source": "obs5", "craters": [far.clone(), far]})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(message.contains("craters[0]: lat"), "{v}");
 }

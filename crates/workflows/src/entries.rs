@@ -60,6 +60,9 @@ pub fn read_meta_csv(path: &Path) -> Result<HashMap<String, ImageMeta>> {
             diameter_px: n[5],
             path: None,
         };
+        if let Some(problem) = meta.position_problem() {
+            return Err(crate::Error::Invalid(format!("{}: {problem}", at())));
+        }
         if out.insert(id.to_string(), meta).is_some() {
             return Err(crate::Error::Invalid(format!(
                 "{}: id {id:?} appears twice",
