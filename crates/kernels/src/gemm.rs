@@ -31,13 +31,39 @@ impl PackedF32 {
     /// Packs `B` given row-major with its own row stride (`b[i * stride + j] = B[i, j]`; e.g.
     /// the values of an attention head inside fused q|k|v rows).
     pub fn from_rows(b: &[f32], k: usize, n: usize, stride: usize) -> Self {
-        Self::pack(k, n, active(), |i, j| b[i * stride + j])
+        assert!(
+            k == 0 || b.len() >= (k - 1) * stride + n,
+            "b is shorter than k rows"
+        );
+        let mut p = Self::zeroed(k, n, active());
+        // each row's columns of a block are contiguous on both sides
+        for (blk, panel) in p.data.chunks_exact_mut(k * NB).enumerate() {
+            let (col, width) = (blk * NB, NB.min(n - blk * NB));
+            for (i, dst) in panel.chunks_exact_mut(NB).enumerate() {
+                dst[..width].copy_from_slice(&b[i * stride + col..i * stride + col + width]);
+            }
+        }
+        p
     }
 
     /// Packs `B` given by its columns: column `j` is `bt[j * stride..j * stride + k]` (e.g. the
     /// keys of an attention head, whose products with the queries are `Q K^T`).
     pub fn from_columns(bt: &[f32], n: usize, k: usize, stride: usize) -> Self {
-        Self::pack(k, n, active(), |i, j| bt[j * stride + i])
+        assert!(
+            n == 0 || bt.len() >= (n - 1) * stride + k,
+            "bt is shorter than n columns"
+        );
+        let mut p = Self::zeroed(k, n, active());
+        // a column is contiguous in bt and NB apart in the block: read it once, in order
+        for (blk, panel) in p.data.chunks_exact_mut(k * NB).enumerate() {
+            for c in 0..NB.min(n - blk * NB) {
+                let column = &bt[(blk * NB + c) * stride..(blk * NB + c) * stride + k];
+                for (dst, &v) in panel[c..].iter_mut().step_by(NB).zip(column) {
+                    *dst = v;
+                }
+            }
+        }
+        p
     }
 
     /// [`PackedF32::from_kn`] for the kernels of `level` (capped at what the CPU has).
@@ -46,15 +72,20 @@ impl PackedF32 {
     }
 
     fn pack(k: usize, n: usize, level: Level, at: impl Fn(usize, usize) -> f32) -> Self {
-        let blocks = n.div_ceil(NB);
-        let mut data = vec![0f32; blocks * k * NB];
-        for b in 0..blocks {
+        let mut p = Self::zeroed(k, n, level);
+        for b in 0..n.div_ceil(NB) {
             for i in 0..k {
                 for c in 0..NB.min(n - b * NB) {
-                    data[(b * k + i) * NB + c] = at(i, b * NB + c);
+                    p.data[(b * k + i) * NB + c] = at(i, b * NB + c);
                 }
             }
         }
+        p
+    }
+
+    /// A `[k, n]` right-hand side of zeros in whole blocks, for the packers to fill.
+    fn zeroed(k: usize, n: usize, level: Level) -> Self {
+        let data = vec![0f32; n.div_ceil(NB) * k * NB];
         Self { k, n, level, data }
     }
 
@@ -135,16 +166,38 @@ fn matmul_plain(
     }
 }
 
-/// Rows per task of a linear layer: a chunk of `x` and one packed block stay in L2.
-pub(crate) fn rows_per_task(k: usize) -> usize {
-    ((96 * 1024) / (4 * k.max(1))).clamp(6, 512) / 6 * 6
+/// Rows per task of a linear layer: the task's rows times one depth slice stay in L2 (rows of
+/// every depth are multiplied a slice at a time, as f32 does; int8 a group at a time), and
+/// the rows are a whole number of every level's register blocks (3 on AVX2, 8 on AVX-512, 6
+/// and 12 for int8): a leftover row runs one at a time at a fraction of the speed.
+pub(crate) fn task_rows(k: usize, m: usize) -> usize {
+    let most = ((96 * 1024) / (4 * k.clamp(1, KC))).clamp(24, 512) / 24 * 24;
+    // as many tasks as that needs, rounded up to a multiple of the threads and the rows
+    // spread evenly over them: 257 rows (one image) as 96 + 96 + 65 kept one of two threads
+    // waiting a third of the time
+    let threads = rayon::current_num_threads().max(1);
+    let tasks = m.div_ceil(most).div_ceil(threads) * threads;
+    (m.div_ceil(tasks.max(1)).div_ceil(24) * 24).clamp(24, most)
+}
+
+/// Deepest slice of a packed block multiplied at once: 256 x [`NB`] floats (32 KiB) fit in
+/// every L1 data cache we target beside the rows streaming past.
+const KC: usize = 256;
+
+/// `(start, len)` of equal slices of the depth `k`, none deeper than [`KC`].
+fn depth_slices(k: usize) -> impl Iterator<Item = (usize, usize)> {
+    let slices = k.div_ceil(KC).max(1);
+    let len = k.div_ceil(slices);
+    (0..k)
+        .step_by(len.max(1))
+        .map(move |k0| (k0, len.min(k - k0)))
 }
 
 /// `out[m, n] = x[m, k] W + bias`, all row-major, in parallel over chunks of rows.
 pub fn linear_f32(x: &[f32], m: usize, w: &PackedF32, bias: &[f32], out: &mut [f32]) {
     let (k, n) = (w.k, w.n);
     assert!(x.len() >= m * k && out.len() >= m * n && bias.len() == n);
-    let rows = rows_per_task(k);
+    let rows = task_rows(k, m);
     out[..m * n]
         .par_chunks_mut(rows * n)
         .zip(x[..m * k].par_chunks(rows * k))
@@ -159,12 +212,12 @@ pub fn linear_f32(x: &[f32], m: usize, w: &PackedF32, bias: &[f32], out: &mut [f
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{PackedF32, NB};
+    use super::{depth_slices, PackedF32, NB};
     use crate::f32::x86::rows_block;
     use crate::simd::{Avx2, Avx512, Vector};
 
-    /// Stores `R` rows of accumulators into `out` at column `col`; a block's last, narrower
-    /// columns go through a buffer.
+    /// Stores `R` rows of accumulators into `out` at column `col`: whole registers where the
+    /// block is full, a block's last, narrower columns through a buffer.
     #[inline(always)]
     unsafe fn store_f32<V: Vector, const R: usize, const NV: usize>(
         acc: &[[V::F; NV]; R],
@@ -176,6 +229,20 @@ mod x86 {
         // SAFETY: (whole body) features of V per the caller; out holds R rows of width
         // floats, ldo apart.
         unsafe {
+            if width == NV * V::LANES {
+                for (r, a) in acc.iter().enumerate() {
+                    for (v, a) in a.iter().enumerate() {
+                        let o = out.add(r * ldo + v * V::LANES);
+                        let a = if accumulate {
+                            V::add_f(V::load_f(o), *a)
+                        } else {
+                            *a
+                        };
+                        V::store_f(o, a);
+                    }
+                }
+                return;
+            }
             let mut buf = [0f32; NB];
             for (r, a) in acc.iter().enumerate() {
                 let o = out.add(r * ldo);
@@ -207,21 +274,26 @@ mod x86 {
         // SAFETY: (whole body) features of V per the caller; the caller checked that a holds
         // m rows of k floats lda apart and out m rows of n floats ldo apart.
         unsafe {
-            for (blk, panel) in b.data.chunks_exact(k * NB).enumerate() {
-                let width = NB.min(n - blk * NB);
-                let o = out.as_mut_ptr().add(blk * NB);
-                let mut r = 0;
-                while r + R <= m {
-                    let acc =
-                        rows_block::<V, R, NV>(panel.as_ptr(), a.as_ptr().add(r * lda), lda, k);
-                    store_f32::<V, R, NV>(&acc, o.add(r * ldo), ldo, width, accumulate);
-                    r += R;
-                }
-                while r < m {
-                    let acc =
-                        rows_block::<V, 1, NV>(panel.as_ptr(), a.as_ptr().add(r * lda), lda, k);
-                    store_f32::<V, 1, NV>(&acc, o.add(r * ldo), ldo, width, accumulate);
-                    r += 1;
+            // Depth in slices of at most KC, so the slice of a packed block being multiplied
+            // stays in L1 while rows stream past it; later slices add to the first's sums.
+            for (k0, kc) in depth_slices(k) {
+                let accumulate = accumulate || k0 > 0;
+                let a = a.as_ptr().add(k0);
+                for (blk, panel) in b.data.chunks_exact(k * NB).enumerate() {
+                    let width = NB.min(n - blk * NB);
+                    let panel = panel.as_ptr().add(k0 * NB);
+                    let o = out.as_mut_ptr().add(blk * NB);
+                    let mut r = 0;
+                    while r + R <= m {
+                        let acc = rows_block::<V, R, NV>(panel, a.add(r * lda), lda, kc);
+                        store_f32::<V, R, NV>(&acc, o.add(r * ldo), ldo, width, accumulate);
+                        r += R;
+                    }
+                    while r < m {
+                        let acc = rows_block::<V, 1, NV>(panel, a.add(r * lda), lda, kc);
+                        store_f32::<V, 1, NV>(&acc, o.add(r * ldo), ldo, width, accumulate);
+                        r += 1;
+                    }
                 }
             }
         }

@@ -1,14 +1,15 @@
 //! The ViT's int8 linear layers `x W + b`. `x` is quantised dynamically per row and per
 //! group of [`GROUP`] inputs (asymmetric, 255 levels: GELU outputs are lopsided) and `W` per
 //! column (symmetric, 8 bits). Both are stored as signed bytes, whose products every kernel
-//! computes exactly (the sign trick on AVX2, `vpdpbusd` on AVX-512 VNNI, AMX tiles, through
-//! the one int8 block kernel of `i8_block`), group by group; each group's integers are then
-//! scaled into f32 sums by one function for all levels, so int8 outputs are bit-identical
-//! across levels. Token cosine to f32 on real crater crops: see the model crate's parity
-//! test.
+//! computes exactly, group by group: the sign trick through the int8 block kernel of
+//! `i8_block` on AVX2 and AVX-512, `vpdpbusd` straight on the activations' codes plus 128 on
+//! AVX-512 VNNI (the offset taken back out in integers), AMX tiles. Each group's integers are
+//! then scaled into f32 sums by the same operations on all levels, so int8 outputs are
+//! bit-identical across levels. Token cosine to f32 on real crater crops: see the model
+//! crate's parity test.
 
 use crate::amx::{self, PackedI8};
-use crate::gemm::{rows_per_task, NB};
+use crate::gemm::{task_rows, NB};
 use crate::i8_block;
 use crate::int8::round_small;
 use crate::level::{active, detected, dispatch, Level};
@@ -38,6 +39,10 @@ pub struct PackedI8Linear {
     /// `[groups][n]`: each group's column sums of codes (exact small integers, kept as f32 for
     /// the activations' zero points).
     colsums: Vec<f32>,
+    /// `[groups][blocks * NB]`: 128 times each group's column sums of codes, padding zero. The
+    /// VNNI kernel multiplies the activations' codes plus 128 (unsigned bytes, as `vpdpbusd`
+    /// takes them) and subtracts this to get the signed codes' exact products.
+    offset_sums: Vec<i32>,
     /// AMX: each group's codes as the columns of signed tile products.
     tiles: Vec<PackedI8>,
 }
@@ -67,6 +72,12 @@ impl PackedI8Linear {
             }
         }
         let blocks = n.div_ceil(NB);
+        let mut offset_sums = vec![0i32; groups * blocks * NB];
+        for g in 0..groups {
+            for j in 0..n {
+                offset_sums[g * blocks * NB + j] = 128 * colsums[g * n + j] as i32;
+            }
+        }
         let mut codes = vec![0i8; blocks * kp * NB];
         for j in 0..n {
             let (b, c) = (j / NB, j % NB);
@@ -95,6 +106,7 @@ impl PackedI8Linear {
             codes,
             scales,
             colsums,
+            offset_sums,
             tiles,
         }
     }
@@ -142,6 +154,18 @@ fn quantise_rows(x: &[f32], m: usize, k: usize, kp: usize, level: Level) -> Quan
 /// The quantiser: the same operations on every level (compiled wider where the CPU allows).
 #[inline(always)]
 fn quantise_into(x: &[f32], k: usize, q: &mut QuantisedRows) {
+    quantise_groups_with(x, k, q, quantise_group)
+}
+
+/// Every row's groups through `group` (a group's values, its `GROUP` code bytes -> its scale
+/// and zero point minus 127), into `q`.
+#[inline(always)]
+fn quantise_groups_with(
+    x: &[f32],
+    k: usize,
+    q: &mut QuantisedRows,
+    mut group: impl FnMut(&[f32], &mut [i8]) -> (f32, i32),
+) {
     let (kp, groups) = (q.kp, q.kp / GROUP);
     for (r, (row, dst)) in x
         .chunks_exact(k)
@@ -153,43 +177,67 @@ fn quantise_into(x: &[f32], k: usize, q: &mut QuantisedRows) {
             .zip(dst.chunks_exact_mut(GROUP))
             .enumerate()
         {
-            // plain comparisons (not f32::min, whose NaN rules keep it scalar)
-            let (mut lo, mut hi) = ([0f32; 8], [0f32; 8]);
-            let chunks = part.chunks_exact(8);
-            let tail = chunks.remainder();
-            for c in chunks {
-                for l in 0..8 {
-                    lo[l] = if c[l] < lo[l] { c[l] } else { lo[l] };
-                    hi[l] = if c[l] > hi[l] { c[l] } else { hi[l] };
-                }
-            }
-            for &v in tail {
-                lo[0] = if v < lo[0] { v } else { lo[0] };
-                hi[0] = if v > hi[0] { v } else { hi[0] };
-            }
-            let lo = lo.iter().fold(0f32, |a, &v| if v < a { v } else { a });
-            let hi = hi.iter().fold(0f32, |a, &v| if v > a { v } else { a });
-            let scale = if hi > lo { (hi - lo) / 254.0 } else { 1.0 };
-            let inv = 1.0 / scale;
-            let zero = round_small(-lo * inv).clamp(0.0, 254.0);
-            for (d, &v) in dst.iter_mut().zip(part) {
-                *d = ((round_small(v * inv) + zero).clamp(0.0, 254.0) - 127.0) as i8;
-            }
-            // padding inside a group multiplies zero weights; keep it at the zero point
-            for d in dst[part.len()..].iter_mut() {
-                *d = (zero - 127.0) as i8;
-            }
+            let (scale, zero) = group(part, dst);
             q.scales[r * groups + g] = scale;
-            q.zeros[r * groups + g] = zero as i32 - 127;
+            q.zeros[r * groups + g] = zero;
         }
     }
+}
+
+/// One group's scale and zero point (minus 127), its codes into `dst` (`GROUP` bytes; the
+/// padding past `part` at the zero point, so that it multiplies zero weights to nothing).
+#[inline(always)]
+fn quantise_group(part: &[f32], dst: &mut [i8]) -> (f32, i32) {
+    // plain comparisons (not f32::min, whose NaN rules keep it scalar)
+    let (mut lo, mut hi) = ([0f32; 8], [0f32; 8]);
+    let chunks = part.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for l in 0..8 {
+            lo[l] = if c[l] < lo[l] { c[l] } else { lo[l] };
+            hi[l] = if c[l] > hi[l] { c[l] } else { hi[l] };
+        }
+    }
+    for &v in tail {
+        lo[0] = if v < lo[0] { v } else { lo[0] };
+        hi[0] = if v > hi[0] { v } else { hi[0] };
+    }
+    let lo = lo.iter().fold(0f32, |a, &v| if v < a { v } else { a });
+    let hi = hi.iter().fold(0f32, |a, &v| if v > a { v } else { a });
+    let (scale, inv, zero) = group_scale(lo, hi);
+    for (d, &v) in dst.iter_mut().zip(part) {
+        let c = round_small(v * inv) + zero;
+        let c = c.clamp(0.0, 254.0);
+        *d = code_byte(c);
+    }
+    for d in dst[part.len()..].iter_mut() {
+        *d = (zero - 127.0) as i8;
+    }
+    (scale, zero as i32 - 127)
+}
+
+/// A group's scale, its inverse and its zero point from the group's range (`lo <= 0 <= hi`).
+#[inline(always)]
+fn group_scale(lo: f32, hi: f32) -> (f32, f32, f32) {
+    let scale = if hi > lo { (hi - lo) / 254.0 } else { 1.0 };
+    let inv = 1.0 / scale;
+    let zero = round_small(-lo * inv).clamp(0.0, 254.0);
+    (scale, inv, zero)
+}
+
+/// The signed byte `c - 127` of a whole-number code `c` in 0..=254, read from the bits of
+/// `c + 1.5 * 2^23` (whose low byte is `c`): a float-to-int `as` saturates and keeps the
+/// quantiser's loop from vectorising.
+#[inline(always)]
+fn code_byte(c: f32) -> i8 {
+    ((c + 12_582_912.0).to_bits() as u8).wrapping_sub(127) as i8
 }
 
 /// `out[m, n] = x[m, k] W + bias` with int8 products; in parallel over chunks of rows.
 pub fn linear_i8(x: &[f32], m: usize, w: &PackedI8Linear, bias: &[f32], out: &mut [f32]) {
     let (k, n) = (w.k, w.n);
     assert!(x.len() >= m * k && out.len() >= m * n && bias.len() == n);
-    let rows = rows_per_task(k);
+    let rows = task_rows(k, m);
     out[..m * n]
         .par_chunks_mut(rows * n)
         .zip(x[..m * k].par_chunks(rows * k))
@@ -311,10 +359,12 @@ fn int8_products_plain(q: &QuantisedRows, m: usize, w: &PackedI8Linear, out: &mu
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{
-        add_group, finish_row_plain, quantise_into, PackedI8Linear, QuantisedRows, GROUP, NB,
+        add_group, finish_row_plain, group_scale, quantise_group, quantise_groups_with,
+        quantise_into, PackedI8Linear, QuantisedRows, GROUP, NB,
     };
     use crate::level::has_avx512_vnni;
     use crate::simd::{Avx2, Avx512, Avx512Vnni, Vector};
+    use std::arch::x86_64::*;
 
     /// Integer products of `R` rows of signed codes (row stride `kp`) with one packed block,
     /// over one group (`GROUP / 4` steps of four bytes from `a` and `w`).
@@ -445,6 +495,10 @@ mod x86 {
     ) {
         finish_row_plain(out, shift, q, r, w, bias)
     }
+    /// [`finish_row_plain`] sixteen columns at a time with their shift kept in a register
+    /// across the groups (`shift` is only the portable form's buffer): the same operations in
+    /// the same order (no fused multiply-add), so the same outputs; widths that are not a
+    /// multiple of 16 go the portable way.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub unsafe fn finish_avx512(
         out: &mut [f32],
@@ -454,16 +508,69 @@ mod x86 {
         w: &PackedI8Linear,
         bias: &[f32],
     ) {
-        finish_row_plain(out, shift, q, r, w, bias)
+        let (n, groups) = (w.n, w.groups());
+        if n % 16 != 0 {
+            return finish_row_plain(out, shift, q, r, w, bias);
+        }
+        // each group's zero-point term, as finish_row_plain computes it
+        let term = |g: usize| q.scales[r * groups + g] * q.zeros[r * groups + g] as f32;
+        // SAFETY: (whole body) AVX-512 per the caller; out, bias and w.scales hold n floats,
+        // w.colsums groups * n, and n is a multiple of 16.
+        unsafe {
+            for j in (0..n).step_by(16) {
+                let mut shift = _mm512_setzero_ps();
+                for g in 0..groups {
+                    let sums = _mm512_loadu_ps(w.colsums.as_ptr().add(g * n + j));
+                    shift = _mm512_add_ps(shift, _mm512_mul_ps(_mm512_set1_ps(term(g)), sums));
+                }
+                let o = out.as_mut_ptr().add(j);
+                let v = _mm512_sub_ps(_mm512_loadu_ps(o), shift);
+                let v = _mm512_mul_ps(v, _mm512_loadu_ps(w.scales.as_ptr().add(j)));
+                _mm512_storeu_ps(o, _mm512_add_ps(v, _mm512_loadu_ps(bias.as_ptr().add(j))));
+            }
+        }
     }
 
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn quantise_avx2(x: &[f32], k: usize, q: &mut QuantisedRows) {
         quantise_into(x, k, q)
     }
+    /// [`quantise_into`] with whole groups in four registers each: the same operations (and
+    /// so the same codes) as the portable quantiser, which takes a row's last, partial group.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub unsafe fn quantise_avx512(x: &[f32], k: usize, q: &mut QuantisedRows) {
-        quantise_into(x, k, q)
+        const SHIFT: f32 = 12_582_912.0;
+        quantise_groups_with(x, k, q, |part, dst| {
+            if part.len() < GROUP {
+                return quantise_group(part, dst);
+            }
+            // SAFETY: AVX-512 per the caller; a whole group reads GROUP floats of its row and
+            // writes GROUP bytes of its codes.
+            unsafe {
+                let v: [__m512; 4] =
+                    std::array::from_fn(|i| _mm512_loadu_ps(part.as_ptr().add(16 * i)));
+                let (mut lo, mut hi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+                for v in v {
+                    lo = _mm512_min_ps(lo, v);
+                    hi = _mm512_max_ps(hi, v);
+                }
+                let (lo, hi) = (_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi));
+                let (scale, inv, zero) = group_scale(lo, hi);
+                let (inv, zerov) = (_mm512_set1_ps(inv), _mm512_set1_ps(zero));
+                let (shift, top) = (_mm512_set1_ps(SHIFT), _mm512_set1_ps(254.0));
+                for (i, v) in v.into_iter().enumerate() {
+                    // round_small(v * inv) + zero, clamped, then code_byte
+                    let c = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(v, inv), shift), shift);
+                    let c = _mm512_add_ps(c, zerov);
+                    let c = _mm512_min_ps(_mm512_max_ps(c, _mm512_setzero_ps()), top);
+                    let bits = _mm512_castps_si512(_mm512_add_ps(c, shift));
+                    let bytes = _mm512_cvtepi32_epi8(bits);
+                    let codes = _mm_sub_epi8(bytes, _mm_set1_epi8(127));
+                    _mm_storeu_si128(dst.as_mut_ptr().add(16 * i).cast(), codes);
+                }
+                (scale, zero as i32 - 127)
+            }
+        })
     }
 
     #[target_feature(enable = "avx2,fma")]
@@ -479,7 +586,104 @@ mod x86 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn int8_vnni(q: &QuantisedRows, m: usize, w: &PackedI8Linear, out: &mut [f32]) {
         // SAFETY: the features are enabled on this function.
-        unsafe { int8_generic::<Avx512Vnni, 6, 2>(q, m, w, out) }
+        unsafe { vnni_unsigned::<12>(q, m, w, out) }
+    }
+
+    /// One group's products of `R` rows of unsigned codes (`a`, rows `kp` apart) with one
+    /// packed block, `vpdpbusd` straight on the bytes (no sign trick: one instruction per
+    /// register of products).
+    #[inline(always)]
+    unsafe fn vnni_group<const R: usize>(
+        w: *const i8,
+        a: *const u8,
+        kp: usize,
+    ) -> [[__m512i; 2]; R] {
+        // SAFETY: (whole body) AVX-512 VNNI per the caller; w holds GROUP / 4 steps of NB * 4
+        // bytes, a R rows of GROUP bytes, kp apart.
+        unsafe {
+            let mut acc = [[_mm512_setzero_si512(); 2]; R];
+            for s in 0..GROUP / 4 {
+                let w0 = _mm512_loadu_si512(w.add(s * NB * 4).cast());
+                let w1 = _mm512_loadu_si512(w.add(s * NB * 4 + 64).cast());
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let x = _mm512_set1_epi32(a.add(r * kp + 4 * s).cast::<i32>().read_unaligned());
+                    acc[0] = _mm512_dpbusd_epi32(acc[0], x, w0);
+                    acc[1] = _mm512_dpbusd_epi32(acc[1], x, w1);
+                }
+            }
+            acc
+        }
+    }
+
+    /// [`int8_generic`] on VNNI with the activations' codes made unsigned (plus 128): the
+    /// products of a group are then `sum (c + 128) w`, from which 128 times the group's
+    /// column sums is subtracted in integers, so the sums (and the outputs) are exactly those
+    /// of the signed kernels on every other level.
+    #[inline(always)]
+    unsafe fn vnni_unsigned<const R: usize>(
+        q: &QuantisedRows,
+        m: usize,
+        w: &PackedI8Linear,
+        out: &mut [f32],
+    ) {
+        let (kp, n, groups) = (w.kp, w.n, w.groups());
+        let padded = n.div_ceil(NB) * NB;
+        let codes: Vec<u8> = q.codes.iter().map(|&c| (c as u8) ^ 0x80).collect();
+        // SAFETY: (whole body) AVX-512 VNNI per the caller; codes is [m, kp], out [m, n], each
+        // packed block kp / 4 * NB * 4 bytes, offset_sums [groups][padded], q.scales
+        // [m, groups].
+        unsafe {
+            let group_rows =
+                |r: usize, rows: usize, blk: usize, g: usize, dst: &mut [[__m512i; 2]]| {
+                    let panel = w.codes.as_ptr().add(blk * kp * NB + g * GROUP * NB);
+                    let offs = w.offset_sums.as_ptr().add(g * padded + blk * NB);
+                    let o0 = _mm512_loadu_si512(offs.cast());
+                    let o1 = _mm512_loadu_si512(offs.add(16).cast());
+                    let a = codes.as_ptr().add(r * kp + g * GROUP);
+                    if rows == R {
+                        let acc = vnni_group::<R>(panel, a, kp);
+                        dst[..R].copy_from_slice(&acc);
+                    } else {
+                        for i in 0..rows {
+                            let [acc] = vnni_group::<1>(panel, a.add(i * kp), kp);
+                            dst[i] = acc;
+                        }
+                    }
+                    for d in dst[..rows].iter_mut() {
+                        d[0] = _mm512_sub_epi32(d[0], o0);
+                        d[1] = _mm512_sub_epi32(d[1], o1);
+                    }
+                };
+            let mut acc = [[_mm512_setzero_si512(); 2]; R];
+            let mut buf = [0i32; NB];
+            for blk in 0..n.div_ceil(NB) {
+                let (col, width) = (blk * NB, NB.min(n - blk * NB));
+                let mut r = 0;
+                while r < m {
+                    let rows = R.min(m - r);
+                    for g in 0..groups {
+                        group_rows(r, rows, blk, g, &mut acc);
+                        for (i, a) in acc[..rows].iter().enumerate() {
+                            let scale = q.scales[(r + i) * groups + g];
+                            let o = out.as_mut_ptr().add((r + i) * n + col);
+                            if width == NB {
+                                flush::<Avx512Vnni, 1, 2>(&[*a], [scale], o, n, g == 0);
+                            } else {
+                                _mm512_storeu_si512(buf.as_mut_ptr().cast(), a[0]);
+                                _mm512_storeu_si512(buf.as_mut_ptr().add(16).cast(), a[1]);
+                                add_group(
+                                    std::slice::from_raw_parts_mut(o, width),
+                                    &buf[..width],
+                                    scale,
+                                    g == 0,
+                                );
+                            }
+                        }
+                    }
+                    r += rows;
+                }
+            }
+        }
     }
 
     /// The group-wise int8 products on AVX-512, with VNNI where the CPU has it.

@@ -3,6 +3,7 @@
 //! widest vectors of the active level through [`map_in_place`].
 
 use crate::f32::map_in_place;
+use crate::level::{active, dispatch, Level};
 use rayon::prelude::*;
 
 /// `erf(x)` as a rational function of `x` on [-4, 4] (|erf| rounds to 1 beyond), the form
@@ -44,9 +45,12 @@ pub fn gelu_in_place(v: &mut [f32]) {
 #[inline(always)]
 pub fn exp_nonpositive(input: f32) -> f32 {
     let x = input.max(-87.0);
-    // Round to nearest by adding and removing 1.5 * 2^23 (f32::round is not one instruction).
+    // Round to nearest by adding and removing 1.5 * 2^23 (f32::round is not one instruction);
+    // the sum's low mantissa bits are then n itself, read without a float-to-int conversion
+    // (Rust's saturating `as i32` kept the loop from vectorising).
     const ROUNDER: f32 = 12_582_912.0;
-    let n = (x * std::f32::consts::LOG2_E + ROUNDER) - ROUNDER;
+    let shifted = x * std::f32::consts::LOG2_E + ROUNDER;
+    let n = shifted - ROUNDER;
     // ln 2 split in two so that n * ln2 is exact in its high part.
     let r = (x - n * 0.693_145_75) - n * 1.428_606_8e-6;
     let mut p = 1.0 / 720.0;
@@ -56,7 +60,8 @@ pub fn exp_nonpositive(input: f32) -> f32 {
     p = p * r + 0.5;
     p = p * r + 1.0;
     p = p * r + 1.0;
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    let n_bits = shifted.to_bits().wrapping_sub(ROUNDER.to_bits());
+    let scale = f32::from_bits(n_bits.wrapping_add(127) << 23);
     if input < -87.0 {
         0.0
     } else {
@@ -64,27 +69,116 @@ pub fn exp_nonpositive(input: f32) -> f32 {
     }
 }
 
+/// Lanes of the reductions in [`softmax_scaled`]: independent partial maxima and sums, so the
+/// loops vectorise instead of waiting on one running value.
+const LANES: usize = 16;
+
 /// `softmax(scale * row)` in place.
 pub fn softmax_scaled(row: &mut [f32], scale: f32) {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    map_in_place(row, |v| exp_nonpositive((v - max) * scale));
-    let sum: f32 = row.iter().sum();
+    softmax_scaled_at(active(), row, scale)
+}
+
+/// [`softmax_scaled`] with the kernels of `level` (capped at what the CPU has).
+pub fn softmax_scaled_at(level: Level, row: &mut [f32], scale: f32) {
+    dispatch!(level,
+        avx512 => x86::softmax_avx512(row, scale),
+        avx2 => x86::softmax_avx2(row, scale),
+        portable => softmax_lanes(row, scale))
+}
+
+#[inline(always)]
+fn softmax_lanes(row: &mut [f32], scale: f32) {
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut chunks = row.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            *m = if v > *m { v } else { *m };
+        }
+    }
+    let tail = chunks.remainder().iter().copied();
+    let max = lanes
+        .into_iter()
+        .chain(tail)
+        .fold(f32::NEG_INFINITY, f32::max);
+    let mut sums = [0f32; LANES];
+    let mut chunks = row.chunks_exact_mut(LANES);
+    for c in &mut chunks {
+        for (s, v) in sums.iter_mut().zip(c) {
+            *v = exp_nonpositive((*v - max) * scale);
+            *s += *v;
+        }
+    }
+    let mut sum: f32 = sums.iter().sum();
+    for v in chunks.into_remainder() {
+        *v = exp_nonpositive((*v - max) * scale);
+        sum += *v;
+    }
     let inv = 1.0 / sum;
     row.iter_mut().for_each(|v| *v *= inv);
 }
 
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn layer_norm_avx2(r: &[f32], o: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
+        super::layer_norm_row(r, o, w, b, eps)
+    }
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn layer_norm_avx512(r: &[f32], o: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
+        super::layer_norm_row(r, o, w, b, eps)
+    }
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn softmax_avx2(row: &mut [f32], scale: f32) {
+        super::softmax_lanes(row, scale)
+    }
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn softmax_avx512(row: &mut [f32], scale: f32) {
+        super::softmax_lanes(row, scale)
+    }
+}
+
 /// Layer norm of each `d`-wide row of `x` into `out` (mean and variance in f64).
 pub fn layer_norm(x: &[f32], out: &mut [f32], d: usize, w: &[f32], b: &[f32], eps: f32) {
+    let level = active();
     out.par_chunks_mut(d)
         .zip(x.par_chunks(d))
-        .for_each(|(o, r)| {
-            let mean = r.iter().map(|&v| v as f64).sum::<f64>() / d as f64;
-            let var = r.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / d as f64;
-            let inv = 1.0 / (var + eps as f64).sqrt();
-            for j in 0..d {
-                o[j] = ((r[j] as f64 - mean) * inv) as f32 * w[j] + b[j];
-            }
-        });
+        .for_each(|(o, r)| layer_norm_row_at(level, r, o, w, b, eps));
+}
+
+/// One row of [`layer_norm`] with the kernels of `level` (capped at what the CPU has).
+fn layer_norm_row_at(level: Level, r: &[f32], o: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
+    dispatch!(level,
+        avx512 => x86::layer_norm_avx512(r, o, w, b, eps),
+        avx2 => x86::layer_norm_avx2(r, o, w, b, eps),
+        portable => layer_norm_row(r, o, w, b, eps))
+}
+
+/// Partial sums of [`layer_norm_row`]: independent lanes, so that the sums vectorise.
+const NORM_LANES: usize = 8;
+
+/// `sum f(v)` over `r` in [`NORM_LANES`] independent partial sums.
+#[inline(always)]
+fn lane_sum(r: &[f32], f: impl Fn(f32) -> f64) -> f64 {
+    let mut lanes = [0f64; NORM_LANES];
+    let chunks = r.chunks_exact(NORM_LANES);
+    let tail: f64 = chunks.remainder().iter().map(|&v| f(v)).sum();
+    for c in chunks {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            *l += f(v);
+        }
+    }
+    lanes.iter().sum::<f64>() + tail
+}
+
+#[inline(always)]
+fn layer_norm_row(r: &[f32], o: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
+    let d = r.len();
+    let mean = lane_sum(r, |v| v as f64) / d as f64;
+    let var = lane_sum(r, |v| (v as f64 - mean) * (v as f64 - mean)) / d as f64;
+    let inv = 1.0 / (var + eps as f64).sqrt();
+    for j in 0..d {
+        o[j] = ((r[j] as f64 - mean) * inv) as f32 * w[j] + b[j];
+    }
 }
 
 /// `x += y` row by row, with `y` scaled per column when `scale` is given (layer scale).
@@ -138,6 +232,32 @@ mod tests {
         let mut s = vec![2.0, 4.0];
         softmax_scaled(&mut s, 0.5);
         assert!((s[1] / s[0] - std::f32::consts::E).abs() < 1e-5);
+    }
+
+    #[test]
+    fn long_rows_match_a_double_precision_softmax_on_every_level() {
+        for level in crate::level::supported() {
+            for len in [1usize, 15, 16, 17, 257, 1000] {
+                let row: Vec<f32> = (0..len)
+                    .map(|i| ((i * 7919 % 613) as f32 - 300.0) / 7.0)
+                    .collect();
+                let max = row.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+                let e: Vec<f64> = row
+                    .iter()
+                    .map(|&v| ((v as f64 - max) * 0.3).exp())
+                    .collect();
+                let total: f64 = e.iter().sum();
+                let mut got = row.clone();
+                softmax_scaled_at(level, &mut got, 0.3);
+                for (i, (g, w)) in got.iter().zip(&e).enumerate() {
+                    let want = w / total;
+                    assert!(
+                        (*g as f64 - want).abs() <= 1e-6 * want.max(1e-30) + 1e-12,
+                        "{level} len {len} [{i}]: {g} vs {want}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

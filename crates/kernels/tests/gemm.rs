@@ -16,7 +16,7 @@ fn randn(rng: &mut impl Rng, n: usize) -> Vec<f32> {
 }
 
 /// (m, k, n): rows around the register blocks, widths around the 32-column blocks.
-const SHAPES: [(usize, usize, usize); 7] = [
+const SHAPES: [(usize, usize, usize); 8] = [
     (1, 1, 1),
     (7, 13, 33),
     (16, 64, 32),
@@ -24,6 +24,8 @@ const SHAPES: [(usize, usize, usize); 7] = [
     (6, 588, 384),
     (25, 100, 5),
     (3, 4, 64),
+    // more rows than one task takes, a depth of several slices (f32) and many groups (int8)
+    (203, 1536, 48),
 ];
 
 #[test]
@@ -148,5 +150,34 @@ fn int8_linear_is_the_documented_quantisation() {
                 out[r * n + j]
             );
         }
+    }
+}
+
+#[test]
+fn strided_packings_keep_every_value() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(6);
+    for (_, k, n) in SHAPES {
+        let b = randn(&mut rng, k * n);
+        let rows: Vec<f32> = b
+            .chunks_exact(n)
+            .flat_map(|r| r.iter().copied().chain([f32::NAN; 7]))
+            .collect();
+        assert_eq!(
+            PackedF32::from_rows(&rows, k, n, n + 7).unpack(),
+            b,
+            "rows k{k} n{n}"
+        );
+        let columns: Vec<f32> = (0..n)
+            .flat_map(|j| (0..k).map(move |i| (i, j)))
+            .map(|(i, j)| b[i * n + j])
+            .collect::<Vec<_>>()
+            .chunks_exact(k)
+            .flat_map(|c| c.iter().copied().chain([f32::NAN; 5]))
+            .collect();
+        assert_eq!(
+            PackedF32::from_columns(&columns, n, k, k + 5).unpack(),
+            b,
+            "columns k{k} n{n}"
+        );
     }
 }
