@@ -39,7 +39,8 @@ pub struct ModelChoice {
     /// f32; int8: linear layers on integers (activations quantised per row and group of 64,
     /// 8-bit weights), exact products on every kernel level, fastest with AVX-512 VNNI or
     /// AMX; or bf16: linear layers in bf16 on AMX tiles (Intel Xeon 4th generation or
-    /// later). Measured speed and accuracy: docs/performance.md.
+    /// later). Measured speed and accuracy, and why f32 is the default: docs/performance.md
+    /// and `craterdex cpu`.
     #[arg(long, value_parser = one_of::<Precision>(Precision::VARIANTS.iter().copied()),
           default_value_t = ModelOptions::default().precision)]
     pub precision: Precision,
@@ -51,6 +52,16 @@ pub struct ModelChoice {
     #[arg(long, value_parser = one_of::<Orientation>(Orientation::VARIANTS.iter().copied()),
           default_value_t = ModelOptions::default().orient)]
     pub orient: Orientation,
+    /// Token reduction: the fraction of patch tokens, those the CLS token attends to most,
+    /// that go on through the second half of the blocks (1: all). Faster, and not free in
+    /// accuracy: docs/performance.md.
+    #[arg(long, default_value_t = ModelOptions::default().keep_tokens)]
+    pub keep_tokens: f32,
+    /// Patch tokens from the output of this block (1-based; default the last), CLS and
+    /// attention from the whole pass: the middle block's tokens tell craters apart far better
+    /// (docs/results.md). An index records it and its queries must use the same.
+    #[arg(long)]
+    pub patch_block: Option<usize>,
 }
 
 /// [`ModelChoice`] plus how extraction runs.
@@ -79,6 +90,8 @@ impl ModelChoice {
             precision: self.precision,
             resize: self.resize,
             orient: self.orient,
+            keep_tokens: self.keep_tokens,
+            patch_block: self.patch_block,
             cache: false,
             ..Default::default()
         }

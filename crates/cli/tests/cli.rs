@@ -550,6 +550,60 @@ fn an_index_of_shading_spread_crops_needs_and_serves_oriented_queries() {
     );
 }
 
+/// An index built with token reduction and patch tokens from an earlier block records both in
+/// its model's name; a query from the full pass is refused with the options named, one made
+/// alike is served.
+#[test]
+fn an_index_of_reduced_passes_needs_queries_reduced_alike() {
+    let e = Env::new();
+    let ckpt =
+        craterdex_model::testing::write_tiny_checkpoint_of_depth(&e.root.join("ckpt4"), D, P, G, 4);
+    e.ok(&[
+        "model",
+        "fetch",
+        "--from",
+        ckpt.to_str().unwrap(),
+        "--name",
+        "tiny4",
+    ]);
+    let model = e.path("home/models/tiny4");
+    let manifest = e.tile_benchmark("4");
+    let options = ["--keep-tokens", "0.5", "--patch-block", "2"];
+    e.index_build(
+        &model,
+        &manifest,
+        "idx",
+        &[&["--k", "4"], &options[..]].concat(),
+    );
+    let info: serde_json::Value =
+        serde_json::from_str(&e.ok(&["index", "info", "--index", "idx"])).unwrap();
+    assert!(
+        info["model"].as_str().unwrap().ends_with("~keep0.5@b2"),
+        "{info}"
+    );
+    let query = e.path("bench/images/gallery");
+    let query = std::fs::read_dir(&query)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let query = query.to_str().unwrap();
+    let search = [
+        "search", "--index", "idx", query, "--json", "--model", &model, "--size", "16",
+    ];
+    let o = e.run(&search);
+    assert_eq!(o.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--keep-tokens 0.5 --patch-block 2"), "{err}");
+    let mut reduced = search.to_vec();
+    reduced.extend(options);
+    let v: serde_json::Value = serde_json::from_str(&e.ok(&reduced)).unwrap();
+    assert!(!v[0]["results"].as_array().unwrap().is_empty(), "{v}");
+    let o = e.run(&[&search[..], &["--keep-tokens", "0"]].concat());
+    assert_eq!(o.status.code(), Some(3), "a fraction of 0 is refused");
+}
+
 /// An index built from crops turned by their shading records it: its queries are turned the
 /// same way, a query with any other orientation (`wrong`) is refused with the index's option
 /// named, and a query turned by a quarter finds what the upright one finds.

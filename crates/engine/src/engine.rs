@@ -2,7 +2,7 @@
 //! Every front end asks it for ranked hits; none wires model, tokens and index itself.
 
 use crate::error::{Error, Result};
-use crate::extractor::{split_fingerprint, Extractor};
+use crate::extractor::{split_fingerprint, split_reduction, Extractor};
 use crate::progress::Progress;
 use crate::recipe::encode_all;
 use craterdex_errors::ensure;
@@ -75,6 +75,22 @@ fn check_compatible(index: &Index, extractor: &Extractor) -> Result<()> {
                 built: built_orient,
                 loaded: orient,
             });
+        }
+        // the same model with another token reduction or patch block: say which options
+        // make them match
+        let (base, kept, block) = split_reduction(model);
+        let (built_base, built_kept, built_block) = split_reduction(built_model);
+        if base == built_base && (kept, block) != (built_kept, built_block) {
+            let options = |kept: &str, block: &str| match block {
+                "last" => format!("--keep-tokens {kept}, no --patch-block"),
+                b => format!("--keep-tokens {kept} --patch-block {b}"),
+            };
+            return Err(Error::Invalid(format!(
+                "the index was built with {}, the model runs with {}; its queries need the \
+                 index's options",
+                options(built_kept, built_block),
+                options(kept, block)
+            )));
         }
     }
     index.check_model(&fingerprint)?;

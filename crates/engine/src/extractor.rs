@@ -48,7 +48,9 @@ impl Extractor {
         };
         let vit = craterdex_model::load(&dir, spec.size)
             .with_context(|| format!("cannot load the model in {}", dir.display()))?
-            .with_precision(spec.precision)?;
+            .with_precision(spec.precision)?
+            .with_token_reduction(spec.keep_tokens)?
+            .with_patch_block(spec.patch_block)?;
         Ok(Self::new(vit, options))
     }
 
@@ -77,10 +79,13 @@ impl Extractor {
             ..self.vit.preprocess(self.resize)
         }
     }
-    /// The model's fingerprint, and the orientation when crops are turned: indexes record
-    /// it and refuse queries whose features would not be comparable.
+    /// The model's fingerprint (with the token reduction and patch block when they are set),
+    /// and the orientation when crops are turned: indexes record it and refuse queries whose
+    /// features would not be comparable (`--keep-tokens 0.5 --patch-block 6` shows in the
+    /// model's name as `...~keep0.5@b6`).
     pub fn fingerprint(&self) -> String {
-        fingerprint_with(&self.vit.config().fingerprint(), self.orientation)
+        let model = self.vit.config().fingerprint() + &self.vit.reduction_tag().unwrap_or_default();
+        fingerprint_with(&model, self.orientation)
     }
     /// Feature width.
     pub fn dim(&self) -> usize {
@@ -95,6 +100,17 @@ impl Extractor {
         what: &str,
         progress: &dyn Progress,
     ) -> Result<FeatureSet> {
+        Ok(self.extract_counted(items, what, progress)?.0)
+    }
+
+    /// [`Extractor::extract`], and how many images the feature cache served (so a rate can
+    /// count only the images the model ran on).
+    pub fn extract_counted(
+        &self,
+        items: &[(String, PathBuf)],
+        what: &str,
+        progress: &dyn Progress,
+    ) -> Result<(FeatureSet, usize)> {
         let opts = ExtractOptions {
             batch_size: self.settings.batch,
             preprocess: self.preprocess(),
@@ -136,7 +152,7 @@ impl Extractor {
                 "{what}: no image could be read"
             )));
         }
-        Ok(res.features)
+        Ok((res.features, res.cache_hits))
     }
 
     /// Features of decoded images (arrays handed over from Python, uploads), named `ids`,
@@ -207,6 +223,15 @@ pub(crate) fn split_fingerprint(fingerprint: &str) -> (&str, Orientation) {
                 .map(|m| (m, o))
         })
         .unwrap_or((fingerprint, Orientation::AsIs))
+}
+
+/// The model part of a fingerprint split into its base, the fraction of tokens kept and the
+/// patch block (`last` when it is the last): `base~keepF@bN` as [`craterdex_model::Vit::reduction_tag`]
+/// writes it, each part optional.
+pub(crate) fn split_reduction(model: &str) -> (&str, &str, &str) {
+    let (rest, block) = model.rsplit_once("@b").unwrap_or((model, "last"));
+    let (base, kept) = rest.split_once("~keep").unwrap_or((rest, "1"));
+    (base, kept, block)
 }
 
 #[cfg(test)]

@@ -29,7 +29,10 @@ pub use engine::{Engine, QueryHits, SearchHit};
 pub use error::{Error, Result};
 pub use extractor::Extractor;
 pub use info::{IndexInfo, IvfInfo};
-pub use options::{Defaults, ModelOptions, RecipeOptions, SearchLimits, SearchOptions, Whitening};
+pub use options::{
+    Defaults, ModelOptions, RecipeOptions, SearchLimits, SearchOptions, Whitening,
+    DEFAULT_PRECISION_WHY,
+};
 pub use plan::{learn_rows, learn_sample, BuildPlan, LEARN_SAMPLE_IMAGES};
 pub use progress::{Progress, Silent};
 pub use recipe::{encode_all, feature_refs, IndexRecipe, IvfSetting, IVF_AUTO_MIN_IMAGES};

@@ -4,6 +4,17 @@ use std::path::{Path, PathBuf};
 
 /// A one-block Meta/timm-layout ViT with deterministic pseudo-random weights.
 pub fn write_tiny_checkpoint(dir: &Path, dim: usize, patch: usize, grid: usize) -> PathBuf {
+    write_tiny_checkpoint_of_depth(dir, dim, patch, grid, 1)
+}
+
+/// [`write_tiny_checkpoint`] with `depth` blocks.
+pub fn write_tiny_checkpoint_of_depth(
+    dir: &Path,
+    dim: usize,
+    patch: usize,
+    grid: usize,
+    depth: usize,
+) -> PathBuf {
     let (d, p, g) = (dim, patch, grid);
     let mut shapes: Vec<(String, Vec<usize>)> = vec![
         ("cls_token".into(), vec![1, 1, d]),
@@ -27,7 +38,9 @@ pub fn write_tiny_checkpoint(dir: &Path, dim: usize, patch: usize, grid: usize) 
         ("mlp.fc2.weight", vec![d, 2 * d]),
         ("mlp.fc2.bias", vec![d]),
     ] {
-        shapes.push((format!("blocks.0.{n}"), s));
+        for block in 0..depth {
+            shapes.push((format!("blocks.{block}.{n}"), s.clone()));
+        }
     }
     let mut state = 12345u64;
     let bufs: Vec<(String, Vec<usize>, Vec<u8>)> = shapes

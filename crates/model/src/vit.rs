@@ -197,9 +197,10 @@ pub enum Precision {
     /// Linear layers take bf16 inputs and weights and accumulate in f32, on AMX tiles;
     /// attention, norms and activations stay f32.
     Bf16,
-    /// Linear layers in integers: each row of the input quantised to u8 (its own scale and
-    /// zero point), weights to 7-bit codes per output column, exact int32 products on every
-    /// kernel level; attention, norms and activations stay f32.
+    /// Linear layers in integers: the input quantised per row and group of 64 (8-bit codes,
+    /// each group its own scale and zero point), weights to 8-bit codes per output column,
+    /// exact integer products on every kernel level (the same outputs on each); attention,
+    /// norms and activations stay f32.
     Int8,
 }
 
@@ -358,6 +359,7 @@ impl Attention {
         let dh = d / heads;
         let scale = 1.0 / (dh as f32).sqrt();
         let rs = 3 * d;
+        let want_cls = cls_attn.is_some();
         // each job computes one (image, head): its [T, dh] output and the CLS row
         let jobs: Vec<(Vec<f32>, Vec<f32>)> = (0..b * heads)
             .into_par_iter()
@@ -375,7 +377,13 @@ impl Attention {
                     let values = PackedF32::from_rows(&qkv[base + 2 * d + head * dh..], t, dh, rs);
                     let mut o = vec![0f32; t * dh];
                     gemm::matmul_f32(scores, t, t, &values, &mut o, dh, false);
-                    (o, scores[1..t].to_vec())
+                    // the CLS row is only read when asked for (the last block)
+                    let cls_row = if want_cls {
+                        scores[1..t].to_vec()
+                    } else {
+                        Vec::new()
+                    };
+                    (o, cls_row)
                 },
             )
             .collect();
@@ -497,6 +505,10 @@ pub struct Vit {
     input_size: usize,
     grid: usize,
     precision: Precision,
+    /// Fraction of patch tokens kept through the second half of the blocks (1: all).
+    keep_tokens: f32,
+    /// The block (0-based) whose output gives the patch tokens (`None`: the last).
+    patch_block: Option<usize>,
     embed: PatchEmbed,
     cls_token: Vec<f32>,
     /// Position embeddings resampled to `grid`, `[1 + grid*grid, D]`.
@@ -558,7 +570,75 @@ impl Vit {
             input_size,
             grid,
             precision: Precision::F32,
+            keep_tokens: 1.0,
+            patch_block: None,
         })
+    }
+
+    /// Patch tokens from the output of block `block` (1-based, at most the depth) instead of
+    /// the last, through the final norm; CLS and attention still come from the whole pass.
+    /// With token reduction the block must be at most the middle one (where it drops tokens).
+    pub fn with_patch_block(mut self, block: Option<usize>) -> Result<Self> {
+        let depth = self.blocks.len();
+        self.patch_block = match block {
+            None => None,
+            Some(b) => {
+                ensure!(
+                    (1..=depth).contains(&b),
+                    Error::Invalid(format!(
+                        "the patch block must be between 1 and the model's depth {depth}, not {b}"
+                    ))
+                );
+                (b < depth).then_some(b - 1)
+            }
+        };
+        self.check_patch_block()?;
+        Ok(self)
+    }
+
+    /// Training-free token reduction: after the middle block, each image keeps the
+    /// `fraction` of its patch tokens that the CLS token attends to most (averaged over the
+    /// heads), and only those (with CLS) pass through the remaining blocks; the others keep
+    /// their middle-block values and get zero attention in the output. 1 keeps every token.
+    pub fn with_token_reduction(mut self, fraction: f32) -> Result<Self> {
+        ensure!(
+            fraction > 0.0 && fraction <= 1.0,
+            Error::Invalid(format!(
+                "the fraction of tokens kept must be in (0, 1], not {fraction}"
+            ))
+        );
+        self.keep_tokens = fraction;
+        self.check_patch_block()?;
+        Ok(self)
+    }
+
+    /// Patch tokens must come from a block every token runs.
+    fn check_patch_block(&self) -> Result<()> {
+        if let (Some(split), Some(b)) = (self.reduction_block(), self.patch_block) {
+            ensure!(
+                b <= split,
+                Error::Invalid(format!(
+                    "patch tokens from block {} with token reduction after block {}: take them \
+                     from block {} or earlier",
+                    b + 1,
+                    split + 1,
+                    split + 1
+                ))
+            );
+        }
+        Ok(())
+    }
+
+    /// Patch tokens kept through the second half of the blocks.
+    fn kept_patches(&self) -> usize {
+        let n = self.num_patches();
+        ((self.keep_tokens as f64 * n as f64).ceil() as usize).clamp(1, n)
+    }
+
+    /// The block after which tokens are dropped (`None`: every token runs every block).
+    fn reduction_block(&self) -> Option<usize> {
+        let depth = self.blocks.len();
+        (depth >= 2 && self.kept_patches() < self.num_patches()).then(|| depth / 2 - 1)
     }
 
     /// Switches the linear layers' arithmetic from f32 (as loaded). bf16 needs AMX tiles; int8
@@ -609,9 +689,31 @@ impl Vit {
     /// Identifies the features this backbone produces: the model's fingerprint, plus the
     /// precision when it is not f32 (feature caches key on it).
     pub fn features_fingerprint(&self) -> String {
-        match self.precision {
+        let base = match self.precision {
             Precision::F32 => self.config.fingerprint(),
             p => format!("{}-{}", self.config.fingerprint(), p.name()),
+        };
+        match self.reduction_tag() {
+            Some(tag) => format!("{base}{tag}"),
+            None => base,
+        }
+    }
+
+    /// `~keepF` when token reduction is on (`F` the fraction kept) and `@bN` when the patch
+    /// tokens come from block `N`, for fingerprints: such features are not comparable with a
+    /// full, last-block pass's.
+    pub fn reduction_tag(&self) -> Option<String> {
+        let keep = self
+            .reduction_block()
+            .map(|_| format!("~keep{}", self.keep_tokens));
+        let block = self.patch_block.map(|b| format!("@b{}", b + 1));
+        match (keep, block) {
+            (None, None) => None,
+            (k, b) => Some(format!(
+                "{}{}",
+                k.unwrap_or_default(),
+                b.unwrap_or_default()
+            )),
         }
     }
 
@@ -636,6 +738,23 @@ impl Vit {
     /// Multiply-adds, counted as two operations, of one image's forward pass: the linear
     /// layers (patch embedding included) and attention's two products per head.
     pub fn flops_per_image(&self) -> f64 {
+        let c = &self.config;
+        let all = self.flops_per_image_every_token();
+        match self.reduction_block() {
+            // the blocks past the split run on fewer tokens
+            Some(split) => {
+                let later = (self.blocks.len() - 1 - split) as f64;
+                let (d, h) = (c.hidden_size, c.mlp_hidden);
+                all - later
+                    * (block_flops(d, h, 1 + self.num_patches())
+                        - block_flops(d, h, 1 + self.kept_patches()))
+            }
+            None => all,
+        }
+    }
+
+    /// [`Vit::flops_per_image`] without token reduction (what another runtime does).
+    pub fn flops_per_image_every_token(&self) -> f64 {
         let c = &self.config;
         vit_flops(
             c.hidden_size,
@@ -679,11 +798,47 @@ impl Vit {
         };
         let mut last_attn = vec![0f32; b * (t - 1)];
         let last = self.blocks.len() - 1;
-        for (bi, blk) in self.blocks.iter().enumerate() {
-            let cls_attn = (bi == last).then_some(&mut last_attn[..]);
+        let split = self.reduction_block().unwrap_or(last);
+        let mut patch_rows: Option<Vec<f32>> = None;
+        for (bi, blk) in self.blocks[..=split].iter().enumerate() {
+            let cls_attn = (bi == split).then_some(&mut last_attn[..]);
             blk.forward(&mut x, b, t, &mut scratch, cls_attn, &mut profile);
+            if self.patch_block == Some(bi) {
+                patch_rows = Some(x.clone());
+            }
+        }
+        if split < last {
+            let mut clock = Instant::now();
+            let kept = kept_rows(&last_attn, b, t - 1, self.kept_patches());
+            let tk = 1 + self.kept_patches();
+            let mut small = vec![0f32; b * tk * d];
+            for (dst, &row) in small.chunks_exact_mut(d).zip(&kept) {
+                dst.copy_from_slice(&x[row * d..(row + 1) * d]);
+            }
+            PassProfile::lap(&mut profile.elementwise, &mut clock);
+            let mut small_attn = vec![0f32; b * (tk - 1)];
+            for (bi, blk) in self.blocks.iter().enumerate().skip(split + 1) {
+                let cls_attn = (bi == last).then_some(&mut small_attn[..]);
+                blk.forward(&mut small, b, tk, &mut scratch, cls_attn, &mut profile);
+            }
+            let mut clock = Instant::now();
+            last_attn.fill(0.0);
+            for (i, (src, &row)) in small.chunks_exact(d).zip(&kept).enumerate() {
+                x[row * d..(row + 1) * d].copy_from_slice(src);
+                let (img, pos) = (i / tk, i % tk);
+                if pos > 0 {
+                    last_attn[row - (img + 1)] = small_attn[img * (tk - 1) + pos - 1];
+                }
+            }
+            PassProfile::lap(&mut profile.elementwise, &mut clock);
         }
         let mut clock = Instant::now();
+        if let Some(rows) = patch_rows {
+            // every image's patch rows from the chosen block, its CLS row from the last
+            for (dst, src) in x.chunks_exact_mut(t * d).zip(rows.chunks_exact(t * d)) {
+                dst[d..].copy_from_slice(&src[d..]);
+            }
+        }
         let h = &mut scratch.normed;
         self.norm.forward(&x, h);
         let features = (0..b)
@@ -723,15 +878,37 @@ impl Vit {
     }
 }
 
+/// Rows of `[b * (1 + n), D]` tokens that go on past token reduction, image by image: CLS,
+/// then the `keep` patches with the most CLS attention (`attn` `[b, n]`), in grid order.
+fn kept_rows(attn: &[f32], b: usize, n: usize, keep: usize) -> Vec<usize> {
+    let mut rows = Vec::with_capacity(b * (1 + keep));
+    for img in 0..b {
+        let a = &attn[img * n..(img + 1) * n];
+        let mut order: Vec<usize> = (0..n).collect();
+        // most attended first; ties by position, so the choice is deterministic
+        order.sort_by(|&i, &j| a[j].total_cmp(&a[i]).then(i.cmp(&j)));
+        let mut chosen = order[..keep].to_vec();
+        chosen.sort_unstable();
+        rows.push(img * (1 + n));
+        rows.extend(chosen.iter().map(|p| img * (1 + n) + 1 + p));
+    }
+    rows
+}
+
 /// Operations (a multiply-add counts two) of one image through a ViT of width `d`, `depth`
 /// blocks, MLP width `mlp`, `patch`-pixel patches on a `grid` x `grid` grid plus CLS.
 pub fn vit_flops(d: usize, depth: usize, mlp: usize, patch: usize, grid: usize) -> f64 {
-    let (d, n) = (d as f64, (grid * grid) as f64);
-    let t = n + 1.0;
-    let patch_embed = 2.0 * n * (3 * patch * patch) as f64 * d;
+    let n = grid * grid;
+    let patch_embed = 2.0 * n as f64 * (3 * patch * patch) as f64 * d as f64;
+    patch_embed + depth as f64 * block_flops(d, mlp, 1 + n)
+}
+
+/// Operations of one transformer block over `t` tokens.
+fn block_flops(d: usize, mlp: usize, t: usize) -> f64 {
+    let (d, t) = (d as f64, t as f64);
     let linear = 2.0 * t * d * (3.0 * d + d + 2.0 * mlp as f64);
     let attention = 2.0 * 2.0 * t * t * d;
-    patch_embed + depth as f64 * (linear + attention)
+    linear + attention
 }
 
 /// Resamples the position-embedding grid with bicubic interpolation (a = -0.75, half-pixel

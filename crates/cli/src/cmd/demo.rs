@@ -79,7 +79,27 @@ pub fn run(c: DemoCmd) -> Result<()> {
     step(4, "index: CLS shortlist + 32 FPS instance tokens, int8, pair-whitened; two-stage search of every query");
     let b = craterdex_eval::manifest::load(&manifest, None)?;
     let bars = Bars::new();
-    let gallery = extractor.extract(&b.gallery_items(), "gallery", &bars)?;
+    let t = Instant::now();
+    let (gallery, cached) = extractor.extract_counted(&b.gallery_items(), "gallery", &bars)?;
+    let (seconds, computed) = (t.elapsed().as_secs_f64(), gallery.ids.len() - cached);
+    let rate = (computed > 0).then(|| computed as f64 / seconds.max(1e-9));
+    let extraction = serde_json::json!({
+        "images": gallery.ids.len(),
+        "from_feature_cache": cached,
+        "seconds": seconds,
+        "images_per_s": rate,
+        "precision": vit.precision().name(),
+        "kernels": craterdex_kernels::level::describe(),
+    });
+    if let Some(rate) = rate {
+        eprintln!(
+            "      gallery features: {computed} images through the model in {seconds:.1} s, {rate:.1} images/s ({} precision, decoding included{})",
+            vit.precision(),
+            if cached > 0 { format!("; {cached} more from the feature cache") } else { String::new() },
+        );
+    } else {
+        eprintln!("      gallery features: all {cached} from the feature cache (--no-cache times the model)");
+    }
     let index_dir = c.out.join("index");
     // the shipped recipe, built as `craterdex index build --manifest` builds it
     let entries = b.gallery_entries();
@@ -160,6 +180,7 @@ pub fn run(c: DemoCmd) -> Result<()> {
     let report = c.out.join("report.html");
     let info = serde_json::json!({
         "benchmark": manifest.display().to_string(), "model": vit.config().fingerprint(), "quick": c.quick,
+        "gallery extraction": extraction,
         "index_two_stage_s100_k32_int8_pairwhite_grouped": {"R@1": recall(1), "R@5": recall(5), "R@10": recall(10), "ms_per_query": per_query_ms},
         "workflows (link/results.json, review page link/review.html)": workflow_summary(&link),
     });

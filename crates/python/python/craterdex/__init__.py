@@ -172,6 +172,8 @@ class Model:
         precision: str = _MODEL["precision"],
         resize: str = _MODEL["resize"],
         orient: str = _MODEL["orient"],
+        keep_tokens: float = _MODEL["keep_tokens"],
+        patch_block: Optional[int] = _MODEL["patch_block"],
         batch: int = _MODEL["batch"],
         cache: bool = _MODEL["cache"],
     ) -> "Model":
@@ -179,10 +181,14 @@ class Model:
         PyPI on first use). ``precision``: ``f32`` or ``int8``; ``orient``: ``as-is``,
         ``shading`` (crops turned by their crater's shading and seen with their mirror
         image, as ``craterdex --orient shading``) or ``shading-spread`` (the same at the
-        shading angle and 20 degrees either side); an index records it. ``cache``: reuse
-        features of image files already extracted (``$CRATERDEX_HOME/features``)."""
+        shading angle and 20 degrees either side); an index records it. ``keep_tokens``: the
+        fraction of patch tokens kept past the middle block (token reduction; 1: all);
+        ``patch_block``: patch tokens from this block (1-based; ``None``: the last), CLS from
+        the whole pass; an index records both. ``cache``: reuse features of image files already extracted
+        (``$CRATERDEX_HOME/features``)."""
         spec = dict(model=None if path is None else os.fspath(path), size=size,
-                    precision=precision, resize=resize, orient=orient, batch=batch, cache=cache)
+                    precision=precision, resize=resize, orient=orient, keep_tokens=keep_tokens,
+                    patch_block=patch_block, batch=batch, cache=cache)
         return cls(_native.Model.load(json.dumps(spec)), spec)
 
     @staticmethod
