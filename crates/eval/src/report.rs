@@ -610,7 +610,13 @@ figcaption{{font-size:10px;max-width:96px;overflow:hidden}} .row{{margin:6px 0}}
         ));
     }
     if let Some(t) = turned.filter(|t| !t.rows.is_empty()) {
-        let _ = write!(h, "<h2>Turned queries</h2><p>The same {} query views turned by a seeded random angle, half of them mirrored (the benchmark's rotated split), searched against the same gallery and paired view by view. The first table is the lever ablation on turned queries: turned mAP, and in brackets its change from the same views as built (green: a loss of at most {TURNED_LOSS_GOAL}). How crops are oriented before the model sees them is part of the model line above.</p>", t.paired_views);
+        let n = t.paired_views;
+        let _ = if t.split.is_empty() || t.split.contains("rotated") {
+            write!(h, "<h2>Turned queries</h2><p>The same {n} query views turned by a seeded random angle, half of them mirrored (the benchmark's rotated split)")
+        } else {
+            write!(h, "<h2>Second query set: {}</h2><p>The same {n} query views as the second query set shows them (for scripts/relight_bench.py's benchmark: the same crops under another sun; the tables call this set turned)", esc(&t.split))
+        };
+        let _ = write!(h, ", searched against the same gallery and paired view by view. The first table is the lever ablation on turned queries: turned mAP, and in brackets its change from the same views as built (green: a loss of at most {TURNED_LOSS_GOAL}). How crops are oriented before the model sees them is part of the model line above.</p>");
         h.push_str(&turned_ablation_table(t));
         h.push_str("<p></p>");
         h.push_str(&turned_table(t));

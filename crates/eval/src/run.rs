@@ -81,12 +81,15 @@ pub fn evaluate_turned(
 ) -> Result<TurnedOutcome> {
     let queries = extractor.extract(&turned.query_items(), "turned queries", progress)?;
     let results = regimes::run_on_benchmark(turned, &upright.gallery, &queries, o, &|_| {})?;
-    let comparison = turned::compare(
-        &upright.results,
-        &upright.queries.ids,
-        &results,
-        &queries.ids,
-    );
+    let comparison = turned::Turned {
+        split: turned.manifest.split_name.clone(),
+        ..turned::compare(
+            &upright.results,
+            &upright.queries.ids,
+            &results,
+            &queries.ids,
+        )
+    };
     Ok(TurnedOutcome {
         manifest: manifest_path.to_path_buf(),
         results,

@@ -1,5 +1,6 @@
-//! What turning the queries costs: every regime's mAP and R@1 on the query views as built
-//! and on the same views turned (`bench-build --rotated-split`), paired view by view.
+//! What turning or relighting the queries costs: every regime's mAP and R@1 on the query views
+//! as built and on the same views turned (`bench-build --rotated-split`) or under another sun
+//! (scripts/relight_bench.py), paired view by view.
 //!
 //! A turned crop that leaves the tile is missing from the turned split, so the two query
 //! sets differ; comparing their plain means would mix the loss with a change of queries.
@@ -31,6 +32,8 @@ impl TurnedRow {
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Turned {
+    /// The second query set's split name (`test_rotated`, or a sun of the relit benchmark).
+    pub split: String,
     /// Query views that exist both as built and turned.
     pub paired_views: usize,
     pub rows: Vec<TurnedRow>,
@@ -48,8 +51,10 @@ pub fn upright_view_of(turned_id: &str) -> Option<&str> {
     turned_id.strip_suffix(TURNED_SUFFIX)
 }
 
-/// Pairs the two runs (same regimes, same gallery) query view by query view; a regime run
-/// on one side only is left out.
+/// Pairs the two runs (same regimes, same gallery) query view by query view: a view of the
+/// second set pairs with the first set's view of the same id (another sun:
+/// scripts/relight_bench.py), else with the view it was turned from (`<view>r`); a regime
+/// run on one side only is left out.
 pub fn compare(
     upright: &[RegimeResult],
     upright_ids: &[String],
@@ -64,7 +69,12 @@ pub fn compare(
     let pairs: Vec<(usize, usize)> = turned_ids
         .iter()
         .enumerate()
-        .filter_map(|(t, id)| Some((*position.get(upright_view_of(id)?)?, t)))
+        .filter_map(|(t, id)| {
+            let upright = position
+                .get(id.as_str())
+                .or_else(|| position.get(upright_view_of(id)?))?;
+            Some((*upright, t))
+        })
         .collect();
     let by_query = |res: &RegimeResult| -> HashMap<usize, Outcome> {
         res.per_query
@@ -111,6 +121,7 @@ pub fn compare(
         })
         .collect();
     Turned {
+        split: String::new(),
         paired_views: pairs.len(),
         rows,
     }
@@ -184,5 +195,9 @@ mod tests {
         assert!(table(&t).contains("2 query views"));
         assert_eq!(upright_view_of("x_q1r"), Some("x_q1"));
         assert_eq!(upright_view_of("x_q1"), None);
+        // a relit set keeps its views' ids
+        let relit = compare(&upright, &upright_ids, &turned, &ids(&["b_q0", "a_q0"]));
+        assert_eq!(relit.paired_views, 2);
+        assert_eq!(relit.rows[0].map_turned, 0.625);
     }
 }

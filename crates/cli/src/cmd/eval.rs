@@ -26,9 +26,10 @@ pub struct EvalCmd {
     #[arg(long)]
     quick: bool,
     /// A second query set of the same gallery (`bench-build --rotated-split` writes
-    /// splits/test_rotated.json): every regime is also run on it, and the table shows what
-    /// turning the queries costs.
-    #[arg(long)]
+    /// splits/test_rotated.json; scripts/relight_bench.py one per sun): every regime is also
+    /// run on it, paired view by view, and the table shows what turning (or relighting) the
+    /// queries costs.
+    #[arg(long, visible_alias = "second-queries")]
     rotated: Option<PathBuf>,
     #[command(flatten)]
     model: ModelOpts,
