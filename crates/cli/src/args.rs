@@ -57,11 +57,12 @@ pub struct ModelChoice {
     /// accuracy: docs/performance.md.
     #[arg(long, default_value_t = ModelOptions::default().keep_tokens)]
     pub keep_tokens: f32,
-    /// Patch tokens from the output of this block (1-based; default the last), CLS and
-    /// attention from the whole pass: the middle block's tokens tell craters apart far better
-    /// (docs/results.md). An index records it and its queries must use the same.
+    /// Blocks of the backbone to run (default: two thirds of them, 8 of ViT-S/14's 12); CLS,
+    /// patch tokens and attention come from the last one run. The later blocks make the
+    /// tokens worse at telling one crater from another (docs/results.md). An index records it
+    /// and its queries must use the same: indexes built before this default need `--blocks 12`.
     #[arg(long)]
-    pub patch_block: Option<usize>,
+    pub blocks: Option<usize>,
 }
 
 /// [`ModelChoice`] plus how extraction runs.
@@ -91,7 +92,7 @@ impl ModelChoice {
             resize: self.resize,
             orient: self.orient,
             keep_tokens: self.keep_tokens,
-            patch_block: self.patch_block,
+            blocks: self.blocks,
             cache: false,
             ..Default::default()
         }
@@ -194,6 +195,12 @@ pub struct SearchOpts {
     /// best of them).
     #[arg(long)]
     pub ungrouped: bool,
+    /// For query images at an unknown heading (unprojected observations): also search each
+    /// turned by every N-th of a circle and mirrored (2N forward passes per query), each
+    /// image ranked by its best score; 12 is a good choice, 1 searches the query as given.
+    /// Measured: docs/results.md, "Queries at an unknown heading".
+    #[arg(long, default_value_t = SearchOptions::default().turns)]
+    pub turns: usize,
 }
 
 impl SearchOpts {
@@ -204,6 +211,7 @@ impl SearchOpts {
             mode: self.mode,
             nprobe: self.nprobe,
             group_views: !self.ungrouped,
+            turns: self.turns,
         }
     }
 }

@@ -568,7 +568,7 @@ fn an_index_of_reduced_passes_needs_queries_reduced_alike() {
     ]);
     let model = e.path("home/models/tiny4");
     let manifest = e.tile_benchmark("4");
-    let options = ["--keep-tokens", "0.5", "--patch-block", "2"];
+    let options = ["--keep-tokens", "0.5", "--blocks", "2"];
     e.index_build(
         &model,
         &manifest,
@@ -595,7 +595,7 @@ fn an_index_of_reduced_passes_needs_queries_reduced_alike() {
     let o = e.run(&search);
     assert_eq!(o.status.code(), Some(3));
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("--keep-tokens 0.5 --patch-block 2"), "{err}");
+    assert!(err.contains("--keep-tokens 0.5 --blocks 2"), "{err}");
     let mut reduced = search.to_vec();
     reduced.extend(options);
     let v: serde_json::Value = serde_json::from_str(&e.ok(&reduced)).unwrap();
@@ -664,6 +664,80 @@ fn index_of_oriented_crops_needs_and_serves_oriented_queries(orient: &str, wrong
         v[0]["results"][0]["id"].as_str().unwrap().to_string()
     };
     assert_eq!(top(query), top(&turned));
+}
+
+/// `search --turns 4`: a gallery crop turned by a quarter and mirrored is found as itself,
+/// through the variant that undoes the turn, scored `TURN_MARGIN` below its own score.
+#[test]
+fn a_turned_search_finds_a_crop_seen_turned_and_mirrored() {
+    let e = Env::new();
+    let model = e.tiny_model();
+    let manifest = e.tile_benchmark("4");
+    e.index_build(&model, &manifest, "idx", &["--k", "4", "--codec", "f32"]);
+    let mut gallery: Vec<std::path::PathBuf> =
+        std::fs::read_dir(e.root.join("bench/images/gallery"))
+            .unwrap()
+            .map(|d| d.unwrap().path())
+            .collect();
+    gallery.sort();
+    let first = |q: &str, turns: &str| -> (String, f64) {
+        let args = [
+            "search",
+            "--index",
+            "idx",
+            q,
+            "--json",
+            "--top",
+            "1",
+            "--mode",
+            "exhaustive",
+            "--ungrouped",
+            "--turns",
+            turns,
+            "--model",
+            &model,
+            "--size",
+            "16",
+        ];
+        let v: serde_json::Value = serde_json::from_str(&e.ok(&args)).unwrap();
+        let hit = &v[0]["results"][0];
+        (
+            hit["id"].as_str().unwrap().to_string(),
+            hit["score"].as_f64().unwrap(),
+        )
+    };
+    for (i, path) in gallery.iter().take(3).enumerate() {
+        let own = path.display().to_string();
+        let (id, self_score) = first(&own, "1");
+        assert_eq!(Some(id.as_str()), path.file_stem().and_then(|s| s.to_str()));
+        let turned = e.root.join(format!("turned{i}.png"));
+        image::open(path)
+            .unwrap()
+            .rotate90()
+            .fliph()
+            .save(&turned)
+            .unwrap();
+        let (found, score) = first(turned.to_str().unwrap(), "4");
+        assert_eq!(found, id, "{}", turned.display());
+        let margin = craterdex_engine::TURN_MARGIN as f64;
+        assert!(
+            (score - (self_score - margin)).abs() < 2e-3,
+            "{score} vs {self_score}"
+        );
+    }
+    let o = e.run(&[
+        "search",
+        "--index",
+        "idx",
+        &gallery[0].display().to_string(),
+        "--turns",
+        "0",
+        "--model",
+        &model,
+        "--size",
+        "16",
+    ]);
+    assert_eq!(o.status.code(), Some(3), "0 turns are refused");
 }
 
 #[test]

@@ -76,20 +76,21 @@ fn check_compatible(index: &Index, extractor: &Extractor) -> Result<()> {
                 loaded: orient,
             });
         }
-        // the same model with another token reduction or patch block: say which options
-        // make them match
-        let (base, kept, block) = split_reduction(model);
-        let (built_base, built_kept, built_block) = split_reduction(built_model);
-        if base == built_base && (kept, block) != (built_kept, built_block) {
-            let options = |kept: &str, block: &str| match block {
-                "last" => format!("--keep-tokens {kept}, no --patch-block"),
-                b => format!("--keep-tokens {kept} --patch-block {b}"),
+        // the same model with another token reduction or depth: say which options make
+        // them match
+        let (base, kept, blocks) = split_reduction(model);
+        let (built_base, built_kept, built_blocks) = split_reduction(built_model);
+        if base == built_base && (kept, blocks) != (built_kept, built_blocks) {
+            let depth = extractor.vit().config().depth;
+            let options = |kept: &str, blocks: &str| match blocks {
+                "all" => format!("--keep-tokens {kept} --blocks {depth}"),
+                b => format!("--keep-tokens {kept} --blocks {b}"),
             };
             return Err(Error::Invalid(format!(
                 "the index was built with {}, the model runs with {}; its queries need the \
                  index's options",
-                options(built_kept, built_block),
-                options(kept, block)
+                options(built_kept, built_blocks),
+                options(kept, blocks)
             )));
         }
     }
@@ -192,6 +193,83 @@ impl Engine {
         progress: &dyn Progress,
     ) -> Result<Vec<QueryHits>> {
         Ok(self.search_features(&self.query_features(items, progress)?, params))
+    }
+
+    /// [`Engine::search_images`] with each query also searched turned and mirrored
+    /// ([`crate::turn_variants`], `turns` of them; see [`crate::SearchOptions::turns`]); 1 is
+    /// a plain search.
+    pub fn search_images_turned(
+        &self,
+        items: &[(String, PathBuf)],
+        params: &SearchParams,
+        turns: usize,
+        progress: &dyn Progress,
+    ) -> Result<Vec<QueryHits>> {
+        if turns <= 1 {
+            return self.search_images(items, params, progress);
+        }
+        let (ids, features) = self
+            .extractor_or_err()?
+            .variant_features(items, turns, progress)?;
+        let variants = self.encode(&features);
+        let per_query: Vec<Vec<Descriptors>> = variants
+            .chunks(2 * turns)
+            .map(<[Descriptors]>::to_vec)
+            .collect();
+        Ok(QueryHits::named(
+            &ids,
+            self.search_turned(&per_query, params),
+        ))
+    }
+
+    /// Ranked hits for queries given as their variants (the query as given first, then its
+    /// turned and mirrored views), each image by its best score over them, the others
+    /// [`crate::TURN_MARGIN`] lower.
+    pub fn search_turned(
+        &self,
+        queries: &[Vec<Descriptors>],
+        params: &SearchParams,
+    ) -> Vec<Vec<SearchHit>> {
+        self.index
+            .search_variants(queries, params, crate::options::TURN_MARGIN)
+            .iter()
+            .map(|h| self.describe(h))
+            .collect()
+    }
+
+    /// Ranked hits for decoded query images named `ids` (arrays handed over from Python), each
+    /// also searched turned and mirrored when `turns` > 1.
+    pub fn search_decoded(
+        &self,
+        ids: &[String],
+        images: &[image::DynamicImage],
+        params: &SearchParams,
+        turns: usize,
+    ) -> Result<Vec<QueryHits>> {
+        ensure!(
+            ids.len() == images.len(),
+            Error::Invalid(format!("{} ids for {} images", ids.len(), images.len()))
+        );
+        let per_query = images
+            .iter()
+            .map(|im| self.encode_image_variants(im, turns))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(QueryHits::named(
+            ids,
+            self.search_turned(&per_query, params),
+        ))
+    }
+
+    /// The descriptors of one decoded image's turn variants ([`crate::turn_variants`]).
+    pub fn encode_image_variants(
+        &self,
+        image: &image::DynamicImage,
+        turns: usize,
+    ) -> Result<Vec<Descriptors>> {
+        let images = crate::turn_variants(image, turns);
+        let ids: Vec<String> = (0..images.len()).map(|v| v.to_string()).collect();
+        let features = self.extractor_or_err()?.features_of_images(&ids, &images)?;
+        Ok(self.encode(&features))
     }
 
     /// The descriptors of `(id, path)` images turned by `angle` radians about their centres

@@ -50,7 +50,7 @@ impl Extractor {
             .with_context(|| format!("cannot load the model in {}", dir.display()))?
             .with_precision(spec.precision)?
             .with_token_reduction(spec.keep_tokens)?
-            .with_patch_block(spec.patch_block)?;
+            .with_blocks(spec.blocks)?;
         Ok(Self::new(vit, options))
     }
 
@@ -79,10 +79,10 @@ impl Extractor {
             ..self.vit.preprocess(self.resize)
         }
     }
-    /// The model's fingerprint (with the token reduction and patch block when they are set),
+    /// The model's fingerprint (with the token reduction and the blocks run when not all),
     /// and the orientation when crops are turned: indexes record it and refuse queries whose
-    /// features would not be comparable (`--keep-tokens 0.5 --patch-block 6` shows in the
-    /// model's name as `...~keep0.5@b6`).
+    /// features would not be comparable (`--keep-tokens 0.5 --blocks 8` shows in the model's
+    /// name as `...~keep0.5@b8`).
     pub fn fingerprint(&self) -> String {
         let model = self.vit.config().fingerprint() + &self.vit.reduction_tag().unwrap_or_default();
         fingerprint_with(&model, self.orientation)
@@ -192,6 +192,58 @@ impl Extractor {
         Ok(out)
     }
 
+    /// Features of the turn variants ([`turn_variants`]) of `(id, path)` images, row
+    /// `i * variants + v` for the `i`-th image read: the ids of the images read and their
+    /// features. Images that cannot be read are skipped and listed through `progress`.
+    pub fn variant_features(
+        &self,
+        items: &[(String, PathBuf)],
+        turns: usize,
+        progress: &dyn Progress,
+    ) -> Result<(Vec<String>, FeatureSet)> {
+        let variants = 2 * turns.max(1);
+        let mut ids = Vec::new();
+        let mut features: Option<FeatureSet> = None;
+        let mut skipped = Vec::new();
+        progress.start("queries, turned and mirrored", items.len());
+        // a batch's worth of images at a time, so that memory stays flat
+        let per_chunk = self.settings.batch.max(1).div_ceil(variants).max(1);
+        for (done, chunk) in items.chunks(per_chunk).enumerate() {
+            let mut names = Vec::new();
+            let mut images = Vec::new();
+            for (id, path) in chunk {
+                match preprocess::load_image(path) {
+                    Ok(img) => {
+                        for (v, im) in turn_variants(&img, turns).into_iter().enumerate() {
+                            names.push(format!("{id}#{v}"));
+                            images.push(im);
+                        }
+                        ids.push(id.clone());
+                    }
+                    Err(e) => skipped.push(format!("{}: {e}", path.display())),
+                }
+            }
+            let f = self.features_of_images(&names, &images)?;
+            match &mut features {
+                Some(all) => all.append(f),
+                None => features = Some(f),
+            }
+            progress.advance((done + 1) * per_chunk);
+        }
+        progress.finish();
+        if !skipped.is_empty() {
+            progress.note(&format!(
+                "queries: {} images could not be read and were skipped:\n  {}",
+                skipped.len(),
+                skipped.join("\n  ")
+            ));
+        }
+        match features {
+            Some(f) if !ids.is_empty() => Ok((ids, f)),
+            _ => Err(Error::Invalid("queries: no image could be read".into())),
+        }
+    }
+
     /// Features of one decoded image (an upload).
     pub fn features_of(&self, image: &image::DynamicImage) -> Result<ImageFeatures> {
         let pre = self.preprocess();
@@ -200,6 +252,24 @@ impl Extractor {
             .pop()
             .ok_or_else(|| Error::Invalid("the model returned no features".into()))
     }
+}
+
+/// The images a turned search looks at, `2 * turns` of them: `image` and its mirror image
+/// (left to right), then each further turn by a `turns`-th of a circle and its mirror image.
+pub fn turn_variants(image: &image::DynamicImage, turns: usize) -> Vec<image::DynamicImage> {
+    let turns = turns.max(1);
+    let mut out = Vec::with_capacity(2 * turns);
+    for t in 0..turns {
+        let im = if t == 0 {
+            image.clone()
+        } else {
+            let angle = std::f32::consts::TAU * t as f32 / turns as f32;
+            image::DynamicImage::ImageRgb32F(preprocess::turn(&image.to_rgb32f(), angle))
+        };
+        out.push(im.fliph());
+        out.insert(out.len() - 1, im);
+    }
+    out
 }
 
 /// A model fingerprint as an index records it: with `orientation` unless crops are as is
@@ -226,10 +296,10 @@ pub(crate) fn split_fingerprint(fingerprint: &str) -> (&str, Orientation) {
 }
 
 /// The model part of a fingerprint split into its base, the fraction of tokens kept and the
-/// patch block (`last` when it is the last): `base~keepF@bN` as [`craterdex_model::Vit::reduction_tag`]
-/// writes it, each part optional.
+/// blocks run (`all` when every block runs): `base~keepF@bN` as
+/// [`craterdex_model::Vit::reduction_tag`] writes it, each part optional.
 pub(crate) fn split_reduction(model: &str) -> (&str, &str, &str) {
-    let (rest, block) = model.rsplit_once("@b").unwrap_or((model, "last"));
+    let (rest, block) = model.rsplit_once("@b").unwrap_or((model, "all"));
     let (base, kept) = rest.split_once("~keep").unwrap_or((rest, "1"));
     (base, kept, block)
 }

@@ -27,11 +27,11 @@ mod test_images;
 pub use build::{Entries, LearnFrom};
 pub use engine::{Engine, QueryHits, SearchHit};
 pub use error::{Error, Result};
-pub use extractor::Extractor;
+pub use extractor::{turn_variants, Extractor};
 pub use info::{IndexInfo, IvfInfo};
 pub use options::{
     Defaults, ModelOptions, RecipeOptions, SearchLimits, SearchOptions, Whitening,
-    DEFAULT_PRECISION_WHY,
+    DEFAULT_PRECISION_WHY, MAX_TURNS, TURN_MARGIN,
 };
 pub use plan::{learn_rows, learn_sample, BuildPlan, LEARN_SAMPLE_IMAGES};
 pub use progress::{Progress, Silent};

@@ -81,6 +81,8 @@ pub struct RegimeId {
     pub whitening: Whiten,
     /// Hits listed crater by crater.
     pub grouped: bool,
+    /// Each query also searched turned and mirrored (`craterdex search --turns N`).
+    pub turns: Option<usize>,
 }
 
 impl RegimeId {
@@ -93,6 +95,7 @@ impl RegimeId {
             ivf: false,
             whitening: Whiten::Off,
             grouped: false,
+            turns: None,
         }
     }
 
@@ -179,6 +182,9 @@ impl std::fmt::Display for RegimeId {
         if self.grouped {
             f.write_str("_grouped")?;
         }
+        if let Some(t) = self.turns {
+            write!(f, "_turns{t}")?;
+        }
         Ok(())
     }
 }
@@ -193,6 +199,14 @@ impl std::str::FromStr for RegimeId {
     fn from_str(name: &str) -> Result<Self, Invalid> {
         let bad = || Invalid(format!("{name:?} is not a regime name"));
         let mut rest = name;
+        let turns = match rest.rsplit_once("_turns") {
+            Some((head, t)) if !head.is_empty() => {
+                let t = t.parse::<usize>().map_err(|_| bad())?;
+                rest = head;
+                Some(t)
+            }
+            _ => None,
+        };
         let mut take = |suffix: &str| {
             let found = rest.ends_with(suffix) && rest.len() > suffix.len();
             if found {
@@ -249,6 +263,7 @@ impl std::str::FromStr for RegimeId {
             ivf,
             whitening,
             grouped,
+            turns,
         })
     }
 }
@@ -281,6 +296,7 @@ mod tests {
             "inst_fps_k32_f16",
             "two_stage_s100_k32_int8_pairwhite_grouped",
             "two_stage_s100_k32_int8_ivf_white",
+            "two_stage_s100_k32_int8_pairwhite_grouped_turns12",
         ] {
             let id: RegimeId = name.parse().unwrap();
             assert_eq!(id.to_string(), name);
@@ -288,6 +304,12 @@ mod tests {
         assert!("inst_fps".parse::<RegimeId>().is_err());
         assert!("two_stage_sX_k32".parse::<RegimeId>().is_err());
         assert!("zip".parse::<RegimeId>().is_err());
+        assert!("cls_turnsX".parse::<RegimeId>().is_err());
+        let turned: RegimeId = "two_stage_s100_k32_int8_pairwhite_grouped_turns12"
+            .parse()
+            .unwrap();
+        assert_eq!(turned.turns, Some(12));
+        assert!(turned.grouped);
     }
 
     #[test]

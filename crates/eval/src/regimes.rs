@@ -39,6 +39,9 @@ pub struct EvalOptions {
     pub whitening: Vec<Whiten>,
     pub whiten_reg: f32,
     pub seed: u64,
+    /// With more than 1, the shipped recipe is also run with each query searched turned and
+    /// mirrored (`craterdex search --turns`), as `..._grouped_turnsN`.
+    pub turns: usize,
 }
 
 impl Default for EvalOptions {
@@ -58,6 +61,7 @@ impl Default for EvalOptions {
             whitening: vec![Whiten::Off, Whiten::Pca, Whiten::Pairs],
             whiten_reg: DEFAULT_REGULARISATION,
             seed: 0,
+            turns: 1,
         }
     }
 }
@@ -109,6 +113,9 @@ pub struct EvalInput<'a> {
     pub relevance: &'a [BTreeSet<String>],
     /// Gallery positions whitening may learn from (craters no query looks for).
     pub whitening_rows: Vec<usize>,
+    /// Features of each query's turn variants (`craterdex_engine::turn_variants`, rows
+    /// `q * 2 * turns + v`), for the turned regime ([`EvalOptions::turns`]).
+    pub query_variants: Option<&'a FeatureSet>,
 }
 
 /// Queries timed one at a time per regime.
@@ -121,6 +128,8 @@ struct Search {
     /// Tokens per image (for every-token regimes, the patch count).
     k: Option<usize>,
     params: SearchParams,
+    /// Each query searched as its turn variants.
+    turned: bool,
 }
 
 impl Search {
@@ -129,6 +138,7 @@ impl Search {
             k: id.k(),
             id,
             params,
+            turned: false,
         }
     }
 
@@ -148,17 +158,39 @@ impl Search {
 
 /// Mean milliseconds per query of `engine` answering `queries` one at a time for their 10
 /// best, as a user's single query runs.
-fn query_ms(engine: &Engine, queries: &[Descriptors], params: &SearchParams) -> f64 {
-    let timed = &queries[..queries.len().min(TIMED_QUERIES)];
+fn query_ms(engine: &Engine, queries: &Queries, params: &SearchParams) -> f64 {
     let params = SearchParams {
         top_k: 10,
         ..*params
     };
+    let timed = queries.len().min(TIMED_QUERIES);
     let t = std::time::Instant::now();
-    for q in timed {
-        std::hint::black_box(engine.search(std::slice::from_ref(q), &params));
+    for q in 0..timed {
+        match queries {
+            Queries::Plain(d) => {
+                std::hint::black_box(engine.search(std::slice::from_ref(&d[q]), &params));
+            }
+            Queries::Turned(v) => {
+                std::hint::black_box(engine.search_turned(std::slice::from_ref(&v[q]), &params));
+            }
+        }
     }
-    t.elapsed().as_secs_f64() * 1e3 / timed.len().max(1) as f64
+    t.elapsed().as_secs_f64() * 1e3 / timed.max(1) as f64
+}
+
+/// The queries of a search: one set of descriptors each, or each as its turn variants.
+enum Queries<'q> {
+    Plain(&'q [Descriptors]),
+    Turned(&'q [Vec<Descriptors>]),
+}
+
+impl Queries<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Queries::Plain(d) => d.len(),
+            Queries::Turned(v) => v.len(),
+        }
+    }
 }
 
 /// Runs every regime on the features of benchmark `b`'s gallery and queries (what `craterdex
@@ -167,6 +199,7 @@ pub fn run_on_benchmark(
     b: &crate::manifest::Benchmark,
     gallery: &FeatureSet,
     queries: &FeatureSet,
+    query_variants: Option<&FeatureSet>,
     o: &EvalOptions,
     progress: &dyn Fn(&str),
 ) -> Result<Vec<RegimeResult>> {
@@ -178,6 +211,7 @@ pub fn run_on_benchmark(
         gallery_craters: &aligned.gallery_craters,
         relevance: &aligned.relevance,
         whitening_rows: b.unqueried_gallery_rows(&gallery.ids),
+        query_variants,
     };
     run(&input, o, progress)
 }
@@ -216,6 +250,7 @@ pub fn run(
                      encoder: &Encoder,
                      gallery: Vec<Descriptors>,
                      queries: &[Descriptors],
+                     variants: Option<&[Vec<Descriptors>]>,
                      searches: Vec<Search>,
                      out: &mut Vec<RegimeResult>|
          -> Result<()> {
@@ -235,7 +270,14 @@ pub fn run(
                 if i > 0 {
                     progress(&s.id.to_string());
                 }
-                let hits = engine.search(queries, &s.params);
+                let these = match (s.turned, variants) {
+                    (true, Some(v)) => Queries::Turned(v),
+                    _ => Queries::Plain(queries),
+                };
+                let hits = match these {
+                    Queries::Plain(q) => engine.search(q, &s.params),
+                    Queries::Turned(v) => engine.search_turned(v, &s.params),
+                };
                 let rankings: Vec<Vec<usize>> = hits
                     .iter()
                     .map(|h| h.iter().map(|h| positions[h.id.as_str()]).collect())
@@ -275,7 +317,7 @@ pub fn run(
                             engine.index().single_dim() * 4
                         },
                     shortlist_recall,
-                    query_ms: query_ms(&engine, queries, &s.params),
+                    query_ms: query_ms(&engine, &these, &s.params),
                     per_query,
                     top,
                 });
@@ -310,6 +352,7 @@ pub fn run(
                 &encoder,
                 encode_all(&encoder, input.gallery),
                 &encode_all(&encoder, input.queries),
+                None,
                 Search::new(id, rank_all(Mode::Stage1, 0))
                     .and_grouped()
                     .into(),
@@ -373,7 +416,7 @@ pub fn run(
                             .and_grouped()
                     }));
                 }
-                score(&f32_recipe, &encoder, g, &q, searches, &mut out)?;
+                score(&f32_recipe, &encoder, g, &q, None, searches, &mut out)?;
             }
         }
         for &k in &o.kmeans_ks {
@@ -383,7 +426,7 @@ pub fn run(
                 seed: o.seed,
             });
             let s = exhaustive(RegimeId::of(Tokens::KMeans(k)));
-            score(&f32_recipe, &encoder, g, &q, vec![s], &mut out)?;
+            score(&f32_recipe, &encoder, g, &q, None, vec![s], &mut out)?;
         }
         if o.full_li {
             let (encoder, g, q) = tokens(Aggregation::Full);
@@ -391,7 +434,7 @@ pub fn run(
                 k: Some(input.gallery.tokens),
                 ..exhaustive(RegimeId::of(Tokens::Full))
             };
-            score(&f32_recipe, &encoder, g, &q, vec![s], &mut out)?;
+            score(&f32_recipe, &encoder, g, &q, None, vec![s], &mut out)?;
         }
         // K = 32 FPS instance tokens under each codec, and the shipped default recipe
         let fps32 = Aggregation::Instance {
@@ -415,7 +458,15 @@ pub fn run(
                 ..RegimeId::fps(32)
             });
             let id = s.id;
-            if let Err(e) = score(&recipe, &encoder, g32.clone(), &q32, vec![s], &mut out) {
+            if let Err(e) = score(
+                &recipe,
+                &encoder,
+                g32.clone(),
+                &q32,
+                None,
+                vec![s],
+                &mut out,
+            ) {
                 eprintln!("skipping {id}: {e}");
             }
         }
@@ -426,12 +477,29 @@ pub fn run(
             };
             let search =
                 |id: RegimeId| Search::new(id.whitened(white), rank_all(Mode::TwoStage, 100));
+            let mut searches: Vec<Search> = search(RegimeId::shipped()).and_grouped().into();
+            let variants = match input.query_variants.filter(|_| o.turns > 1) {
+                Some(v) => Some(turn_variants_of(&encoder, v, input.queries, o.turns)?),
+                None => None,
+            };
+            if variants.is_some() {
+                let [_, grouped] = search(RegimeId::shipped()).and_grouped();
+                searches.push(Search {
+                    id: RegimeId {
+                        turns: Some(o.turns),
+                        ..grouped.id
+                    },
+                    turned: true,
+                    ..grouped
+                });
+            }
             score(
                 &shipped,
                 &encoder,
                 g32.clone(),
                 &q32,
-                search(RegimeId::shipped()).and_grouped().into(),
+                variants.as_deref(),
+                searches,
                 &mut out,
             )?;
             let ivf = IndexRecipe {
@@ -447,12 +515,41 @@ pub fn run(
                 &encoder,
                 g32,
                 &q32,
+                None,
                 search(with_ivf).and_grouped().into(),
                 &mut out,
             )?;
         }
     }
     Ok(out)
+}
+
+/// Each query's turn variants encoded by `encoder`, in the queries' order: `variants` holds
+/// `2 * turns` rows per query, named `<query id>#<variant>`.
+fn turn_variants_of(
+    encoder: &Encoder,
+    variants: &FeatureSet,
+    queries: &FeatureSet,
+    turns: usize,
+) -> Result<Vec<Vec<Descriptors>>> {
+    let per = 2 * turns;
+    let aligned = variants.len() == per * queries.len()
+        && queries.ids.iter().enumerate().all(|(q, id)| {
+            variants.ids[q * per]
+                .rsplit_once('#')
+                .is_some_and(|(base, _)| base == id)
+        });
+    if !aligned {
+        return Err(crate::Error::Invalid(format!(
+            "the turn variants ({} images) are not {per} per query of the {} queries, in order",
+            variants.len(),
+            queries.len()
+        )));
+    }
+    Ok(encode_all(encoder, variants)
+        .chunks(per)
+        .map(<[Descriptors]>::to_vec)
+        .collect())
 }
 
 /// Per-query metrics and the 10 best gallery positions from each query's ranking.

@@ -37,7 +37,22 @@ pub fn evaluate(
 ) -> Result<EvalOutcome> {
     let gallery = extractor.extract(&b.gallery_items(), "gallery", progress)?;
     let queries = extractor.extract(&b.query_items(), "queries", progress)?;
-    evaluate_features(b, gallery, queries, o, on_regime)
+    let variants = turn_variants(extractor, &b, o, progress)?;
+    evaluate_features(b, gallery, queries, variants.as_ref(), o, on_regime)
+}
+
+/// The queries' turn variants when the options ask for a turned regime.
+fn turn_variants(
+    extractor: &Extractor,
+    b: &manifest::Benchmark,
+    o: &regimes::EvalOptions,
+    progress: &dyn Progress,
+) -> Result<Option<FeatureSet>> {
+    if o.turns <= 1 {
+        return Ok(None);
+    }
+    let (_, features) = extractor.variant_features(&b.query_items(), o.turns, progress)?;
+    Ok(Some(features))
 }
 
 /// The benchmark at `path`, refused when it has no query to evaluate.
@@ -80,7 +95,15 @@ pub fn evaluate_turned(
     progress: &dyn Progress,
 ) -> Result<TurnedOutcome> {
     let queries = extractor.extract(&turned.query_items(), "turned queries", progress)?;
-    let results = regimes::run_on_benchmark(turned, &upright.gallery, &queries, o, &|_| {})?;
+    let variants = turn_variants(extractor, turned, o, progress)?;
+    let results = regimes::run_on_benchmark(
+        turned,
+        &upright.gallery,
+        &queries,
+        variants.as_ref(),
+        o,
+        &|_| {},
+    )?;
     let comparison = turned::Turned {
         split: turned.manifest.split_name.clone(),
         ..turned::compare(
@@ -102,10 +125,11 @@ pub fn evaluate_features(
     b: manifest::Benchmark,
     gallery: FeatureSet,
     queries: FeatureSet,
+    query_variants: Option<&FeatureSet>,
     o: &regimes::EvalOptions,
     on_regime: &dyn Fn(&str),
 ) -> Result<EvalOutcome> {
-    let results = regimes::run_on_benchmark(&b, &gallery, &queries, o, on_regime)?;
+    let results = regimes::run_on_benchmark(&b, &gallery, &queries, query_variants, o, on_regime)?;
     Ok(EvalOutcome {
         results,
         benchmark: b,

@@ -705,6 +705,86 @@ impl Index {
     }
 }
 
+impl Index {
+    /// Searches each query as several variants of one image (`queries[q]`: its variants, the
+    /// image as given first; e.g. the same crop turned and mirrored) and ranks every image by
+    /// its best score over them, the variants after the first counted `margin` lower, so that
+    /// a query that needs no variant keeps its own answer unless another is clearly better.
+    /// Exact over each variant's ranking: an image in the fused first `top_k` is in the
+    /// first `top_k` of the variant that gives its score.
+    pub fn search_variants(
+        &self,
+        queries: &[Vec<Descriptors>],
+        params: &SearchParams,
+        margin: f32,
+    ) -> Vec<Vec<Hit>> {
+        let flat: Vec<Descriptors> = queries.iter().flatten().cloned().collect();
+        if flat.len() == queries.len() {
+            // one variant each: a plain search, ranked as the plain search ranks
+            return self.search(&flat, params);
+        }
+        let mut lists = self.search(&flat, params).into_iter();
+        queries
+            .iter()
+            .map(|variants| {
+                let lists: Vec<Vec<Hit>> = lists.by_ref().take(variants.len()).collect();
+                let mut hits = best_of_variants(lists, margin);
+                // as a plain search lists them: reranked hits (grouped when asked), then the
+                // shortlist's tail by its stage-1 scores
+                let tail_from = hits
+                    .iter()
+                    .position(|h| !is_reranked(h, params.mode))
+                    .unwrap_or(hits.len());
+                let mut tail = hits.split_off(tail_from);
+                if params.group_views {
+                    self.order_by_crater(&mut hits);
+                }
+                hits.append(&mut tail);
+                hits.truncate(params.top_k);
+                hits
+            })
+            .collect()
+    }
+}
+
+/// A two-stage hit late interaction scored (the others carry stage-1 scores, on another
+/// scale); every hit of a one-stage search.
+fn is_reranked(h: &Hit, mode: Mode) -> bool {
+    mode != Mode::TwoStage || h.stage2.is_some()
+}
+
+/// Each row's hit with the best score over the variants' lists (the first list as scored,
+/// the others `margin` lower; a late-interaction score before any stage-1 one), reranked
+/// hits first, each part best first.
+fn best_of_variants(lists: Vec<Vec<Hit>>, margin: f32) -> Vec<Hit> {
+    let key = |h: &Hit| (h.stage2.is_some(), h.score);
+    let mut best: HashMap<usize, Hit> = HashMap::new();
+    for (v, list) in lists.into_iter().enumerate() {
+        let penalty = if v == 0 { 0.0 } else { margin };
+        for h in list {
+            let h = Hit {
+                score: h.score - penalty,
+                ..h
+            };
+            match best.get(&h.row) {
+                Some(b) if key(b) >= key(&h) => {}
+                _ => {
+                    best.insert(h.row, h);
+                }
+            }
+        }
+    }
+    let mut hits: Vec<Hit> = best.into_values().collect();
+    hits.sort_by(|a, b| {
+        b.stage2
+            .is_some()
+            .cmp(&a.stage2.is_some())
+            .then(b.score.total_cmp(&a.score))
+            .then(a.row.cmp(&b.row))
+    });
+    hits
+}
+
 /// The stored tokens of a run of documents, as the kernels read them.
 enum TokenRun<'a> {
     /// int8 codes and scales.
@@ -725,5 +805,48 @@ impl Index {
             Codec::F32 => TokenRun::F32(self.f32_run(lo, hi)),
             _ => TokenRun::Coded,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hit(row: usize, score: f32) -> Hit {
+        Hit {
+            row,
+            score,
+            stage1: None,
+            stage2: Some(score),
+        }
+    }
+
+    #[test]
+    fn variants_keep_each_rows_best_score_the_others_a_margin_lower() {
+        let as_given = vec![hit(1, 0.60), hit(2, 0.50)];
+        let turned = vec![hit(2, 0.64), hit(3, 0.70)];
+        let fused = best_of_variants(vec![as_given.clone(), turned.clone()], 0.05);
+        let rows: Vec<(usize, f32)> = fused.iter().map(|h| (h.row, h.score)).collect();
+        // row 3 only through the turned variant (0.65), row 1 as given (0.60), row 2's
+        // turned 0.64 - 0.05 = 0.59 beats its 0.50
+        assert_eq!(rows.len(), 3);
+        assert_eq!(rows[0].0, 3);
+        assert_eq!(rows[1], (1, 0.60));
+        assert_eq!(rows[2].0, 2);
+        assert!((rows[2].1 - 0.59).abs() < 1e-6 && (rows[0].1 - 0.65).abs() < 1e-6);
+        // a margin larger than the gap keeps the query's own first answer
+        let fused = best_of_variants(vec![as_given.clone(), turned], 0.2);
+        assert_eq!(fused[0].row, 1);
+        // a shortlist's tail (stage-1 scores, another scale) stays behind reranked hits,
+        // and a row reranked in one variant keeps that score
+        let tail = |row, score| Hit {
+            stage2: None,
+            stage1: Some(score),
+            ..hit(row, score)
+        };
+        let fused = best_of_variants(vec![as_given, vec![tail(4, 0.95), tail(1, 0.99)]], 0.05);
+        let rows: Vec<usize> = fused.iter().map(|h| h.row).collect();
+        assert_eq!(rows, [1, 2, 4]);
+        assert_eq!(fused[0].score, 0.60);
     }
 }

@@ -62,6 +62,18 @@ impl FeatureSet {
         self.attention.extend_from_slice(&f.attention);
     }
 
+    /// Appends the images of `other` (features of the same model).
+    pub fn append(&mut self, other: FeatureSet) {
+        if self.ids.is_empty() {
+            *self = other;
+            return;
+        }
+        self.ids.extend(other.ids);
+        self.cls.extend(other.cls);
+        self.patches.extend(other.patches);
+        self.attention.extend(other.attention);
+    }
+
     /// The subset at `rows`, in that order.
     pub fn select(&self, rows: &[usize]) -> FeatureSet {
         let mut out = FeatureSet {

@@ -23,7 +23,7 @@ pub mod vit;
 pub use config::{Architecture, ModelConfig};
 pub use error::{Error, Result};
 pub use preprocess::{Orientation, Preprocess, ResizeMode};
-pub use vit::{ImageFeatures, Precision, Vit, VitWeights};
+pub use vit::{retrieval_blocks, ImageFeatures, Precision, Vit, VitWeights};
 
 use std::path::Path;
 

@@ -24,22 +24,23 @@ pub fn write_tiny_checkpoint_of_depth(
         ("norm.weight".into(), vec![d]),
         ("norm.bias".into(), vec![d]),
     ];
-    for (n, s) in [
-        ("norm1.weight", vec![d]),
-        ("norm1.bias", vec![d]),
-        ("attn.qkv.weight", vec![3 * d, d]),
-        ("attn.qkv.bias", vec![3 * d]),
-        ("attn.proj.weight", vec![d, d]),
-        ("attn.proj.bias", vec![d]),
-        ("norm2.weight", vec![d]),
-        ("norm2.bias", vec![d]),
-        ("mlp.fc1.weight", vec![2 * d, d]),
-        ("mlp.fc1.bias", vec![2 * d]),
-        ("mlp.fc2.weight", vec![d, 2 * d]),
-        ("mlp.fc2.bias", vec![d]),
-    ] {
-        for block in 0..depth {
-            shapes.push((format!("blocks.{block}.{n}"), s.clone()));
+    // block by block, so that a shallower checkpoint's blocks are the first of a deeper one's
+    for block in 0..depth {
+        for (n, s) in [
+            ("norm1.weight", vec![d]),
+            ("norm1.bias", vec![d]),
+            ("attn.qkv.weight", vec![3 * d, d]),
+            ("attn.qkv.bias", vec![3 * d]),
+            ("attn.proj.weight", vec![d, d]),
+            ("attn.proj.bias", vec![d]),
+            ("norm2.weight", vec![d]),
+            ("norm2.bias", vec![d]),
+            ("mlp.fc1.weight", vec![2 * d, d]),
+            ("mlp.fc1.bias", vec![2 * d]),
+            ("mlp.fc2.weight", vec![d, 2 * d]),
+            ("mlp.fc2.bias", vec![d]),
+        ] {
+            shapes.push((format!("blocks.{block}.{n}"), s));
         }
     }
     let mut state = 12345u64;

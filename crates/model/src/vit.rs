@@ -507,8 +507,6 @@ pub struct Vit {
     precision: Precision,
     /// Fraction of patch tokens kept through the second half of the blocks (1: all).
     keep_tokens: f32,
-    /// The block (0-based) whose output gives the patch tokens (`None`: the last).
-    patch_block: Option<usize>,
     embed: PatchEmbed,
     cls_token: Vec<f32>,
     /// Position embeddings resampled to `grid`, `[1 + grid*grid, D]`.
@@ -571,29 +569,30 @@ impl Vit {
             grid,
             precision: Precision::F32,
             keep_tokens: 1.0,
-            patch_block: None,
         })
     }
 
-    /// Patch tokens from the output of block `block` (1-based, at most the depth) instead of
-    /// the last, through the final norm; CLS and attention still come from the whole pass.
-    /// With token reduction the block must be at most the middle one (where it drops tokens).
-    pub fn with_patch_block(mut self, block: Option<usize>) -> Result<Self> {
-        let depth = self.blocks.len();
-        self.patch_block = match block {
-            None => None,
-            Some(b) => {
-                ensure!(
-                    (1..=depth).contains(&b),
-                    Error::Invalid(format!(
-                        "the patch block must be between 1 and the model's depth {depth}, not {b}"
-                    ))
-                );
-                (b < depth).then_some(b - 1)
-            }
-        };
-        self.check_patch_block()?;
+    /// Runs only the first `blocks` of the backbone's blocks (`None`: [`retrieval_blocks`] of
+    /// its depth); CLS, patch tokens and attention all come from the last block run, through
+    /// the final norm. The later blocks of a DINOv2 backbone make its patch tokens more
+    /// semantic and less able to tell one crater from a look-alike: the first 8 of ViT-S/14's
+    /// 12 retrieve best on both real benchmarks (docs/results.md), at two thirds of the cost.
+    pub fn with_blocks(mut self, blocks: Option<usize>) -> Result<Self> {
+        let depth = self.config.depth;
+        let blocks = blocks.unwrap_or_else(|| retrieval_blocks(depth));
+        ensure!(
+            (1..=self.blocks.len()).contains(&blocks),
+            Error::Invalid(format!(
+                "blocks must be between 1 and the model's depth {depth}, not {blocks}"
+            ))
+        );
+        self.blocks.truncate(blocks);
         Ok(self)
+    }
+
+    /// Blocks run per pass.
+    pub fn blocks_run(&self) -> usize {
+        self.blocks.len()
     }
 
     /// Training-free token reduction: after the middle block, each image keeps the
@@ -608,25 +607,7 @@ impl Vit {
             ))
         );
         self.keep_tokens = fraction;
-        self.check_patch_block()?;
         Ok(self)
-    }
-
-    /// Patch tokens must come from a block every token runs.
-    fn check_patch_block(&self) -> Result<()> {
-        if let (Some(split), Some(b)) = (self.reduction_block(), self.patch_block) {
-            ensure!(
-                b <= split,
-                Error::Invalid(format!(
-                    "patch tokens from block {} with token reduction after block {}: take them \
-                     from block {} or earlier",
-                    b + 1,
-                    split + 1,
-                    split + 1
-                ))
-            );
-        }
-        Ok(())
     }
 
     /// Patch tokens kept through the second half of the blocks.
@@ -699,15 +680,16 @@ impl Vit {
         }
     }
 
-    /// `~keepF` when token reduction is on (`F` the fraction kept) and `@bN` when the patch
-    /// tokens come from block `N`, for fingerprints: such features are not comparable with a
-    /// full, last-block pass's.
+    /// `~keepF` when token reduction is on (`F` the fraction kept) and `@bN` when only the
+    /// first `N` blocks run, for fingerprints: such features are not comparable with a whole,
+    /// unreduced pass's.
     pub fn reduction_tag(&self) -> Option<String> {
         let keep = self
             .reduction_block()
             .map(|_| format!("~keep{}", self.keep_tokens));
-        let block = self.patch_block.map(|b| format!("@b{}", b + 1));
-        match (keep, block) {
+        let blocks =
+            (self.blocks.len() < self.config.depth).then(|| format!("@b{}", self.blocks.len()));
+        match (keep, blocks) {
             (None, None) => None,
             (k, b) => Some(format!(
                 "{}{}",
@@ -739,12 +721,13 @@ impl Vit {
     /// layers (patch embedding included) and attention's two products per head.
     pub fn flops_per_image(&self) -> f64 {
         let c = &self.config;
-        let all = self.flops_per_image_every_token();
+        let (d, h) = (c.hidden_size, c.mlp_hidden);
+        let all = self.flops_of_whole_model()
+            - (c.depth - self.blocks.len()) as f64 * block_flops(d, h, 1 + self.num_patches());
         match self.reduction_block() {
             // the blocks past the split run on fewer tokens
             Some(split) => {
                 let later = (self.blocks.len() - 1 - split) as f64;
-                let (d, h) = (c.hidden_size, c.mlp_hidden);
                 all - later
                     * (block_flops(d, h, 1 + self.num_patches())
                         - block_flops(d, h, 1 + self.kept_patches()))
@@ -753,8 +736,9 @@ impl Vit {
         }
     }
 
-    /// [`Vit::flops_per_image`] without token reduction (what another runtime does).
-    pub fn flops_per_image_every_token(&self) -> f64 {
+    /// Operations of one image through every block with every token (what another runtime
+    /// running the whole model does).
+    pub fn flops_of_whole_model(&self) -> f64 {
         let c = &self.config;
         vit_flops(
             c.hidden_size,
@@ -799,13 +783,9 @@ impl Vit {
         let mut last_attn = vec![0f32; b * (t - 1)];
         let last = self.blocks.len() - 1;
         let split = self.reduction_block().unwrap_or(last);
-        let mut patch_rows: Option<Vec<f32>> = None;
         for (bi, blk) in self.blocks[..=split].iter().enumerate() {
             let cls_attn = (bi == split).then_some(&mut last_attn[..]);
             blk.forward(&mut x, b, t, &mut scratch, cls_attn, &mut profile);
-            if self.patch_block == Some(bi) {
-                patch_rows = Some(x.clone());
-            }
         }
         if split < last {
             let mut clock = Instant::now();
@@ -833,12 +813,6 @@ impl Vit {
             PassProfile::lap(&mut profile.elementwise, &mut clock);
         }
         let mut clock = Instant::now();
-        if let Some(rows) = patch_rows {
-            // every image's patch rows from the chosen block, its CLS row from the last
-            for (dst, src) in x.chunks_exact_mut(t * d).zip(rows.chunks_exact(t * d)) {
-                dst[d..].copy_from_slice(&src[d..]);
-            }
-        }
         let h = &mut scratch.normed;
         self.norm.forward(&x, h);
         let features = (0..b)
@@ -876,6 +850,12 @@ impl Vit {
         PassProfile::lap(&mut p.elementwise, &mut clock);
         x
     }
+}
+
+/// Blocks run by default for retrieval: two thirds of the backbone's depth, rounded up (8 of
+/// 12). Measured on DINOv2 ViT-S/14 only (docs/results.md, "How deep the backbone runs").
+pub fn retrieval_blocks(depth: usize) -> usize {
+    (2 * depth).div_ceil(3).max(1)
 }
 
 /// Rows of `[b * (1 + n), D]` tokens that go on past token reduction, image by image: CLS,

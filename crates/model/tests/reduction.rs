@@ -79,51 +79,61 @@ fn reduced_passes_drop_the_least_attended_tokens_after_the_middle_block() {
 }
 
 #[test]
-fn patch_tokens_from_an_earlier_block_keep_the_whole_pass_cls() {
+fn a_truncated_backbone_is_the_first_blocks_of_the_whole() {
     let root = tempfile::tempdir().unwrap();
-    let ckpt = write_tiny_checkpoint_of_depth(&root.path().join("ckpt"), 16, 4, 6, 4);
-    let (dir, _) =
-        craterdex_model::import::import_file(&ckpt, "tiny", &root.path().join("models")).unwrap();
-    let load = || craterdex_model::load(&dir, Some(24)).unwrap();
-    let ims = images(2, 24);
-    let full = load().forward(&ims).unwrap();
-    let last = load().with_patch_block(Some(4)).unwrap();
-    assert_eq!(
-        last.forward(&ims).unwrap(),
-        full,
-        "the last block is the default"
-    );
-    assert_eq!(last.features_fingerprint(), load().features_fingerprint());
-
-    let second = load().with_patch_block(Some(2)).unwrap();
-    assert!(second.features_fingerprint().ends_with("@b2"));
-    let got = second.forward(&ims).unwrap();
-    // CLS and attention come from the whole pass, the patches do not
-    for (g, f) in got.iter().zip(&full) {
-        assert_eq!((&g.cls, &g.attention), (&f.cls, &f.attention));
-        assert_ne!(g.patches, f.patches);
-        assert_eq!(g.patches.len(), f.patches.len());
-    }
-    // deterministic, image by image
-    assert_eq!(second.forward(&ims[1..]).unwrap()[0], got[1]);
-    for bad in [0, 5] {
-        assert!(load().with_patch_block(Some(bad)).is_err(), "block {bad}");
-    }
-    // token reduction after block 2 of 4: patches from blocks 1-2 only
-    let reduced = load().with_token_reduction(0.5).unwrap();
-    assert!(reduced.with_patch_block(Some(3)).is_err());
-    let both = load()
-        .with_token_reduction(0.5)
+    let import = |depth: usize| {
+        let ckpt =
+            write_tiny_checkpoint_of_depth(&root.path().join(format!("c{depth}")), 16, 4, 6, depth);
+        craterdex_model::import::import_file(
+            &ckpt,
+            &format!("tiny{depth}"),
+            &root.path().join("models"),
+        )
         .unwrap()
-        .with_patch_block(Some(2))
+        .0
+    };
+    let (deep, shallow) = (import(4), import(2));
+    let load = |dir: &std::path::Path| craterdex_model::load(dir, Some(24)).unwrap();
+    let ims = images(2, 24);
+    let full = load(&deep).forward(&ims).unwrap();
+    let all = load(&deep).with_blocks(Some(4)).unwrap();
+    assert_eq!(all.forward(&ims).unwrap(), full, "every block");
+    assert_eq!(
+        all.features_fingerprint(),
+        load(&deep).features_fingerprint()
+    );
+
+    // two of four blocks: exactly the two-block model's pass (its first two blocks)
+    let two = load(&deep).with_blocks(Some(2)).unwrap();
+    let got = two.forward(&ims).unwrap();
+    assert_eq!(got, load(&shallow).forward(&ims).unwrap());
+    for (g, f) in got.iter().zip(&full) {
+        assert_ne!(
+            (&g.cls, &g.patches, &g.attention),
+            (&f.cls, &f.patches, &f.attention)
+        );
+    }
+    assert!(two.features_fingerprint().ends_with("@b2"));
+    assert!(two.flops_per_image() < all.flops_per_image());
+    assert_eq!(two.flops_of_whole_model(), all.flops_per_image());
+    // the default runs two thirds of the blocks
+    let default = load(&deep).with_blocks(None).unwrap();
+    assert_eq!(default.blocks_run(), craterdex_model::retrieval_blocks(4));
+    assert_eq!(craterdex_model::retrieval_blocks(12), 8);
+    for bad in [0, 5] {
+        assert!(load(&deep).with_blocks(Some(bad)).is_err(), "blocks {bad}");
+    }
+    // token reduction after the middle of the blocks run
+    let both = load(&deep)
+        .with_blocks(Some(2))
+        .unwrap()
+        .with_token_reduction(0.5)
         .unwrap();
     assert!(both.features_fingerprint().ends_with("~keep0.5@b2"));
     let b = both.forward(&ims).unwrap();
-    for (b, g) in b.iter().zip(&got) {
-        assert_eq!(
-            b.patches, g.patches,
-            "patches are taken before tokens are dropped"
-        );
-        assert_ne!(b.cls, g.cls);
-    }
+    let n = both.num_patches();
+    assert_eq!(
+        b[0].attention.iter().filter(|&&a| a == 0.0).count(),
+        n - n / 2
+    );
 }

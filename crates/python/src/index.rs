@@ -3,14 +3,14 @@
 //! the engine in whole).
 
 use crate::convert::{
-    features_from_numpy, metas_from_json, named_features, options_from_json, to_json,
+    array_image, features_from_numpy, metas_from_json, named_features, options_from_json, to_json,
     FeatureArrays, NamedFeatures,
 };
 use crate::failure::{invalid, no_model, Fallible, OrPy};
 use crate::model::PyModel;
 use craterdex_engine::{
     Engine, Entries, FeatureSet, ImageMeta, LearnFrom, MergePolicy, RecipeOptions, SearchOptions,
-    SharedEngine, Silent,
+    SearchParams, SharedEngine, Silent,
 };
 use craterdex_workflows::{DedupOptions, Frames, LinkOptions, LinkRule, Neighbours};
 use numpy::{IntoPyArray, PyArrayMethods};
@@ -67,6 +67,43 @@ impl PyIndex {
         let x = x.ok_or_else(|| no_model(what))?;
         let items = Entries::from_metas(metas.to_vec())?.items;
         Ok(py.detach(move || x.extract(&items, "entries", &Silent))?)
+    }
+
+    /// A search of query images turned and mirrored (`turns` > 1): paths or numpy images.
+    #[allow(clippy::too_many_arguments)]
+    fn search_turned_json(
+        &self,
+        py: Python<'_>,
+        engine: &Arc<Engine>,
+        ids: Vec<String>,
+        images: Option<Vec<Bound<'_, PyAny>>>,
+        paths: Option<Vec<PathBuf>>,
+        features: Option<FeatureArrays<'_>>,
+        params: &SearchParams,
+        turns: usize,
+    ) -> PyResult<String> {
+        let hits = match (images, paths, features) {
+            (_, _, Some(_)) => Err(invalid(
+                "turns needs the query images: give images or paths, not features",
+            )),
+            (Some(arrays), None, None) => {
+                let decoded = arrays
+                    .iter()
+                    .enumerate()
+                    .map(|(i, a)| array_image(a, i))
+                    .collect::<Fallible<Vec<_>>>()
+                    .py_err()?;
+                py.detach(|| engine.search_decoded(&ids, &decoded, params, turns))
+                    .map_err(Into::into)
+            }
+            (None, Some(paths), None) => {
+                let items: Vec<(String, PathBuf)> = ids.into_iter().zip(paths).collect();
+                py.detach(|| engine.search_images_turned(&items, params, turns, &Silent))
+                    .map_err(Into::into)
+            }
+            _ => Err(invalid("give images (numpy arrays) or paths")),
+        };
+        to_json(&hits.py_err()?).py_err()
     }
 
     fn rule(&self, json: Option<&str>) -> Fallible<LinkRule> {
@@ -261,6 +298,18 @@ impl PyIndex {
         let options: SearchOptions = options_from_json("search options", options_json).py_err()?;
         let params = options.params(&Default::default()).py_err()?;
         let engine = self.engine.snapshot();
+        if options.turns > 1 {
+            return self.search_turned_json(
+                py,
+                &engine,
+                ids,
+                images,
+                paths,
+                features,
+                &params,
+                options.turns,
+            );
+        }
         let feats = match features {
             Some((cls, patches, attention)) => {
                 features_from_numpy(ids, cls, patches, attention).py_err()?

@@ -7,6 +7,7 @@ import threading
 import numpy as np
 import pandas as pd
 import pytest
+from PIL import Image
 
 import craterdex
 from craterdex import CraterdexError
@@ -141,6 +142,25 @@ def test_add_remove_and_feature_searches(tiny, crops, tmp_path):
     arrays = [helpers.crater_image(i) for i in range(3)]
     by_array = idx.search(arrays, ids=["a", "b", "c"], top_k=2)
     assert list(by_array["query"].unique()) == ["a", "b", "c"]
+
+
+def test_a_turned_search_finds_crops_seen_turned_and_mirrored(tiny, crops, tmp_path):
+    recipe = craterdex.Recipe(codec="f32")
+    idx = craterdex.Index.build(tmp_path / "i", crops.iloc[:12], model=tiny, recipe=recipe)
+    assert craterdex.DEFAULTS["engine"]["search"]["turns"] == 1  # a plain search by default
+    for i in range(3):
+        turned = np.ascontiguousarray(np.fliplr(np.rot90(np.asarray(Image.open(crops["path"][i])))))
+        by_array = idx.search([turned], ids=["t"], top_k=1, mode="exhaustive", group_views=False, turns=4)
+        path = tmp_path / f"t{i}.png"
+        Image.fromarray(turned).save(path)
+        by_path = idx.search(paths=[path], top_k=1, mode="exhaustive", group_views=False, turns=4)
+        for hits in (by_array, by_path):
+            assert hits["id"][0] == crops["id"][i]
+            # found through the variant that undoes the turn, counted 0.05 lower
+            assert abs(hits["score"][0] - (hits["stage2"][0] - 0.05)) < 1e-4
+    f = tiny.extract([crops["path"][0]])
+    with pytest.raises(craterdex.InvalidInputError, match="turns needs the query images"):
+        idx.search(features=f, turns=2)
 
 
 def test_link_and_dedup_return_tables(tiny, crops, tmp_path):

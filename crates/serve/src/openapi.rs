@@ -92,6 +92,19 @@ pub fn document(config: &Config, feature_dim: Option<usize>) -> Document {
             }
         }
     }
+    // turning needs the query image: only a search by image takes `turns`
+    for (path, item) in doc.paths.paths.iter_mut() {
+        if path != "/v1/search/image" {
+            for op in [&mut item.get, &mut item.post, &mut item.delete]
+                .into_iter()
+                .flatten()
+            {
+                if let Some(params) = &mut op.parameters {
+                    params.retain(|p| p.name != "turns");
+                }
+            }
+        }
+    }
     if let Some(d) = feature_dim {
         let features = doc
             .components
@@ -142,6 +155,14 @@ mod tests {
             .unwrap();
         assert_eq!(top_k["schema"]["maximum"], 77);
         assert_eq!(top_k["required"], false);
+        let named = |path: &str, method: &str, name: &str| {
+            doc["paths"][path][method]["parameters"]
+                .as_array()
+                .is_some_and(|ps| ps.iter().any(|p| p["name"] == name))
+        };
+        assert!(named("/v1/search/image", "post", "turns"));
+        assert!(!named("/v1/search/features", "post", "turns"));
+        assert!(!named("/v1/images/{id}/similar", "get", "turns"));
         let mode = similar
             .as_array()
             .unwrap()

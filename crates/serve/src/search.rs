@@ -33,8 +33,25 @@ fn search_params(
     svc: &Service,
     q: Result<Query<SearchOptions>, QueryRejection>,
 ) -> ApiResult<SearchParams> {
+    let (params, turns) = search_params_turned(svc, q)?;
+    if turns > 1 {
+        return Err(ApiError::bad_request(
+            "turns needs the query image: search by image (POST /v1/search)",
+        ));
+    }
+    Ok(params)
+}
+
+/// [`search_params`] and the turns asked for, for a search by image.
+fn search_params_turned(
+    svc: &Service,
+    q: Result<Query<SearchOptions>, QueryRejection>,
+) -> ApiResult<(SearchParams, usize)> {
     let Query(options) = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    checked_params(&options, &svc.config().limits)
+    Ok((
+        checked_params(&options, &svc.config().limits)?,
+        options.turns,
+    ))
 }
 
 /// The search a request's options ask for, within `limits` (400 past them).
@@ -126,7 +143,7 @@ pub async fn search_image(
     mp: Result<Multipart, axum::extract::multipart::MultipartRejection>,
 ) -> ApiResult<Json<SearchResponse>> {
     authorize(&svc, &headers, false)?;
-    let p = search_params(&svc, q)?;
+    let (p, turns) = search_params_turned(&svc, q)?;
     let mp = mp.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let (bytes, _) = read_multipart(mp, &[]).await?;
     let engine = image_engine(&svc)?;
@@ -135,10 +152,10 @@ pub async fn search_image(
     blocking(move || {
         let t = Instant::now();
         let up = decode(&svc2, bytes)?;
-        let desc = engine.encode_image(&up.image)?;
+        let variants = engine.encode_image_variants(&up.image, turns)?;
         let features = ms(t);
         let t = Instant::now();
-        let hits = first(engine.search(std::slice::from_ref(&desc), &p));
+        let hits = first(engine.search_turned(&[variants], &p));
         let timing = Timing {
             features: Some(features),
             encode: None,

@@ -245,6 +245,37 @@ async fn searches_find_the_image_itself_by_upload_features_and_id() {
     assert_eq!(first["crater_id"], "crater-1");
     assert_eq!(first["meta"]["lat"], 13.0);
 
+    // Turned by a quarter and mirrored, it is found through the variant that undoes that,
+    // scored the turn margin below its late-interaction score; posted features cannot turn.
+    let turned = f.images[3].with_file_name("turned.png");
+    image::open(&f.images[3])
+        .unwrap()
+        .rotate90()
+        .fliph()
+        .save(&turned)
+        .unwrap();
+    let (s, v) = call_json(&svc, upload("/v1/search/image?top_k=1&turns=4", &turned)).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(top_ids(&v)[0], "c03");
+    let hit = &v["results"][0];
+    let (score, li) = (
+        hit["score"].as_f64().unwrap(),
+        hit["stage2"].as_f64().unwrap(),
+    );
+    assert!(li > 0.99, "{v}");
+    assert!(
+        (score - (li - craterdex_engine::TURN_MARGIN as f64)).abs() < 1e-4,
+        "{v}"
+    );
+    let body = features_json(&vit, &f.images[7], false);
+    let req = Request::post("/v1/search/features?turns=2")
+        .body(Body::from(body))
+        .unwrap();
+    let (s, v) = call_json(&svc, req).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    let (s, _) = call_json(&svc, upload("/v1/search/image?turns=37", &turned)).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+
     // The thumbnail URL it gives is served as a PNG.
     let (s, png) = call(&svc, get(first["thumbnail"].as_str().unwrap())).await;
     assert_eq!(s, StatusCode::OK);
@@ -320,7 +351,7 @@ async fn searches_find_the_image_itself_by_upload_features_and_id() {
     assert_eq!(s, StatusCode::OK);
     assert_eq!(v["images"], N);
     assert_eq!(v["tokens_per_image"], 4);
-    assert_eq!(v["requests"]["image_searches"], 1);
+    assert_eq!(v["requests"]["image_searches"], 2);
     assert_eq!(v["requests"]["searches"], 5);
     assert_eq!(v["writes_enabled"], false);
 }

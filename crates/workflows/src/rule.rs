@@ -54,12 +54,12 @@ impl Default for LinkRule {
     /// score on another scale and should be calibrated.
     fn default() -> Self {
         LinkRule {
-            match_confidence: 0.774,
-            new_confidence: 0.068,
+            match_confidence: 0.418,
+            new_confidence: 0.066,
             max_offset_radii: 3.0,
             max_diameter_ratio: 1.5,
             body_radius_km: crate::geometry::MARS_RADIUS_KM,
-            appearance_weights: [-10.07, 15.96],
+            appearance_weights: [-7.22, 11.55],
             geometry_weights: [-6.06, 18.19, -0.27, -19.46],
             registered: RegisteredRule::default(),
             source: "default (calibrated on the demo benchmark, default recipe)".into(),

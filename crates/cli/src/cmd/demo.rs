@@ -152,8 +152,9 @@ pub fn run(c: DemoCmd) -> Result<()> {
     );
     let opts = craterdex_eval::run::eval_options(c.quick);
     let regimes = super::eval::RegimeProgress::new();
-    let out =
-        craterdex_eval::run::evaluate_features(b, gallery, queries, &opts, &|n| regimes.start(n))?;
+    let out = craterdex_eval::run::evaluate_features(b, gallery, queries, None, &opts, &|n| {
+        regimes.start(n)
+    })?;
     drop(regimes);
 
     step(

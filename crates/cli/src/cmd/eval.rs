@@ -31,6 +31,11 @@ pub struct EvalCmd {
     /// queries costs.
     #[arg(long, visible_alias = "second-queries")]
     rotated: Option<PathBuf>,
+    /// Also run the shipped recipe with every query searched turned and mirrored at this many
+    /// turns (`craterdex search --turns`), as `..._grouped_turnsN` (2N forward passes per
+    /// query).
+    #[arg(long, default_value_t = 1)]
+    query_turns: usize,
     #[command(flatten)]
     model: ModelOpts,
 }
@@ -75,7 +80,16 @@ impl Drop for RegimeProgress {
 }
 
 pub fn run(c: EvalCmd) -> Result<()> {
-    let o = run::eval_options(c.quick);
+    let o = craterdex_eval::regimes::EvalOptions {
+        turns: c.query_turns,
+        ..run::eval_options(c.quick)
+    };
+    if !(1..=craterdex_engine::MAX_TURNS).contains(&o.turns) {
+        anyhow::bail!(
+            "--query-turns must be between 1 and {}",
+            craterdex_engine::MAX_TURNS
+        );
+    }
     let b = run::load_benchmark(&c.manifest, c.root.as_deref())?;
     // a turned query set is checked before an hour of extraction, not after it
     let turned = match &c.rotated {
@@ -94,6 +108,7 @@ pub fn run(c: EvalCmd) -> Result<()> {
     let info = serde_json::json!({
         "manifest": c.manifest.display().to_string(),
         "quick": c.quick,
+        "query_turns": c.query_turns,
         "model": extractor.fingerprint(),
     });
     run::write_outputs(

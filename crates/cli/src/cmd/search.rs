@@ -34,7 +34,8 @@ pub struct SearchCmd {
 }
 
 pub fn run(c: SearchCmd) -> Result<()> {
-    let params = c.search.options().params(&Default::default())?;
+    let options = c.search.options();
+    let params = options.params(&Default::default())?;
     let mut items: Vec<(String, PathBuf)> = c
         .images
         .iter()
@@ -60,7 +61,10 @@ pub fn run(c: SearchCmd) -> Result<()> {
     let (results, ms) = match (&c.index, &c.shards) {
         (Some(index), _) => {
             let engine = Engine::open(index, Some(extractor))?;
-            timed(&|| engine.search_images(&items, &params, &bars))?
+            timed(&|| engine.search_images_turned(&items, &params, options.turns, &bars))?
+        }
+        (None, Some(_)) if options.turns > 1 => {
+            bail!("--turns is not supported with --shards yet: search one shard index at a time")
         }
         (None, Some(set)) => {
             let engine = ShardedEngine::open(set, Some(extractor))?;

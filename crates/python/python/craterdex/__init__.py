@@ -173,7 +173,7 @@ class Model:
         resize: str = _MODEL["resize"],
         orient: str = _MODEL["orient"],
         keep_tokens: float = _MODEL["keep_tokens"],
-        patch_block: Optional[int] = _MODEL["patch_block"],
+        blocks: Optional[int] = _MODEL["blocks"],
         batch: int = _MODEL["batch"],
         cache: bool = _MODEL["cache"],
     ) -> "Model":
@@ -183,12 +183,12 @@ class Model:
         image, as ``craterdex --orient shading``) or ``shading-spread`` (the same at the
         shading angle and 20 degrees either side); an index records it. ``keep_tokens``: the
         fraction of patch tokens kept past the middle block (token reduction; 1: all);
-        ``patch_block``: patch tokens from this block (1-based; ``None``: the last), CLS from
-        the whole pass; an index records both. ``cache``: reuse features of image files already extracted
+        ``blocks``: blocks of the backbone run (``None``: two thirds of them, 8 of 12), every
+        feature from the last one run; an index records both. ``cache``: reuse features of image files already extracted
         (``$CRATERDEX_HOME/features``)."""
         spec = dict(model=None if path is None else os.fspath(path), size=size,
                     precision=precision, resize=resize, orient=orient, keep_tokens=keep_tokens,
-                    patch_block=patch_block, batch=batch, cache=cache)
+                    blocks=blocks, batch=batch, cache=cache)
         return cls(_native.Model.load(json.dumps(spec)), spec)
 
     @staticmethod
@@ -416,19 +416,23 @@ class Index:
         shortlist: int = _SEARCH["shortlist"],
         nprobe: Optional[int] = _SEARCH["nprobe"],
         group_views: bool = _SEARCH["group_views"],
+        turns: int = _SEARCH["turns"],
     ) -> pd.DataFrame:
         """Ranked hits for query images (numpy arrays or ``paths``) or ``features``.
 
         ``mode``: ``two-stage`` (single-vector shortlist of ``shortlist``, reranked by late
         interaction), ``stage1`` or ``exhaustive``. ``group_views``: hits come crater by
         crater (the views of one ``crater_id`` together, ranked by the best of them); False
-        lists them image by image. ``ids`` name the queries (with ``features``, in place of
+        lists them image by image. ``turns`` (images or paths only): for queries at an
+        unknown heading, each is also searched turned by every ``turns``-th of a circle and
+        mirrored (``2 * turns`` forward passes), every image ranked by its best score
+        (12 is a good choice; 1 searches the query as given). ``ids`` name the queries (with ``features``, in place of
         the ids they were extracted with). Returns one row per hit: ``query``,
         ``rank``, ``id``, ``crater_id``, ``score``, ``stage1``, ``stage2`` and the hit's
         metadata columns.
         """
         kw = dict(options_json=json.dumps(dict(top_k=top_k, mode=mode, shortlist=shortlist, nprobe=nprobe,
-                                               group_views=group_views)))
+                                               group_views=group_views, turns=turns)))
         if features is not None:
             fids, (c, p, a) = _features_args(features)
             if ids is not None:

@@ -180,7 +180,11 @@ def _native_call(f: Any, *args: Any) -> Any:
 
 def _search_options(request: Request) -> Dict[str, Any]:
     """The query string's search options, read and checked by ``craterdex serve``'s reader."""
-    return json.loads(_native_call(_native.search_options_json, request.url.query))
+    opts = json.loads(_native_call(_native.search_options_json, request.url.query))
+    if opts.get("turns", 1) > 1:
+        # the router scatters one query's descriptors; a turned search is one server's
+        raise _Refused(400, "turns is not supported on a cluster yet: search one craterdex serve")
+    return opts
 
 
 def _ms(seconds: float) -> float:
@@ -251,6 +255,10 @@ class Router:
         doc = json.loads(_native.service_document_json(dim))
         for path in _NOT_ON_A_CLUSTER:
             doc["paths"].pop(path, None)
+        for item in doc["paths"].values():  # turned searches are one server's (see _search_options)
+            for op in item.values():
+                if isinstance(op, dict) and "parameters" in op:
+                    op["parameters"] = [p for p in op["parameters"] if p.get("name") != "turns"]
         self.document = doc
 
     async def _call(self, handle: Any, method: str, *args) -> Any:

@@ -81,6 +81,7 @@ pub fn run(b: EvalBench) -> Result<()> {
         gallery_craters: &craters,
         relevance: &relevance,
         whitening_rows: (0..n).filter(|&i| !queried.contains(&craters[i])).collect(),
+        query_variants: None,
     };
     let opts = if b.full {
         EvalOptions::default()

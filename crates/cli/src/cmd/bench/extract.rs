@@ -173,7 +173,7 @@ pub fn run(b: ExtractBench) -> Result<()> {
     };
     let summary = reference.finish()?;
     // the reference runs every token, whatever craterdex's token reduction
-    let gflops = rate(&theirs) * engines[0].0.vit().flops_per_image_every_token() / 1e9;
+    let gflops = rate(&theirs) * engines[0].0.vit().flops_of_whole_model() / 1e9;
     println!(
         "{:<28} {:>10.2} {gflops:>9.1} {:>8} {:>12.0}",
         format!(
