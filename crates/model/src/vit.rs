@@ -722,8 +722,7 @@ impl Vit {
     pub fn flops_per_image(&self) -> f64 {
         let c = &self.config;
         let (d, h) = (c.hidden_size, c.mlp_hidden);
-        let all = self.flops_of_whole_model()
-            - (c.depth - self.blocks.len()) as f64 * block_flops(d, h, 1 + self.num_patches());
+        let all = self.flops_of_every_token();
         match self.reduction_block() {
             // the blocks past the split run on fewer tokens
             Some(split) => {
@@ -736,8 +735,16 @@ impl Vit {
         }
     }
 
-    /// Operations of one image through every block with every token (what another runtime
-    /// running the whole model does).
+    /// Operations of one image through the blocks this model runs with every token (what
+    /// another runtime cut after as many blocks does).
+    pub fn flops_of_every_token(&self) -> f64 {
+        let c = &self.config;
+        self.flops_of_whole_model()
+            - (c.depth - self.blocks.len()) as f64
+                * block_flops(c.hidden_size, c.mlp_hidden, 1 + self.num_patches())
+    }
+
+    /// Operations of one image through every block with every token.
     pub fn flops_of_whole_model(&self) -> f64 {
         let c = &self.config;
         vit_flops(

@@ -116,6 +116,8 @@ fn a_truncated_backbone_is_the_first_blocks_of_the_whole() {
     assert!(two.features_fingerprint().ends_with("@b2"));
     assert!(two.flops_per_image() < all.flops_per_image());
     assert_eq!(two.flops_of_whole_model(), all.flops_per_image());
+    assert_eq!(two.flops_of_every_token(), two.flops_per_image());
+    assert!(two.flops_of_every_token() < all.flops_of_every_token());
     // the default runs two thirds of the blocks
     let default = load(&deep).with_blocks(None).unwrap();
     assert_eq!(default.blocks_run(), craterdex_model::retrieval_blocks(4));

