@@ -211,13 +211,12 @@ pub fn peak_ops_per_cpu(level: Level, arith: Arithmetic) -> Option<(f64, String)
         Some(m) => (m, "measured clock"),
         None => (cpu_mhz()?, "/proc/cpuinfo clock"),
     };
-    let half_width_512 = std::fs::read_to_string("/proc/cpuinfo")
-        .map(|i| {
-            i.contains("AuthenticAMD")
-                && i.lines()
-                    .any(|l| l.starts_with("cpu family") && l.ends_with(": 25"))
-        })
-        .unwrap_or(false);
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let amd = cpuinfo.contains("AuthenticAMD");
+    let half_width_512 = amd
+        && cpuinfo
+            .lines()
+            .any(|l| l.starts_with("cpu family") && l.ends_with(": 25"));
     let (per_cycle, units) = match (level, arith) {
         (Level::Amx, Arithmetic::Bf16) => (1024.0, "AMX tiles, bf16: 16x16x32 per 16 cycles"),
         (Level::Amx, Arithmetic::Int8) => (2048.0, "AMX tiles, int8: 16x16x64 per 16 cycles"),
@@ -236,6 +235,8 @@ pub fn peak_ops_per_cpu(level: Level, arith: Arithmetic) -> Option<(f64, String)
         }
         (Level::Avx512 | Level::Amx, _) => (64.0, "AVX-512: 2 FMA x 16 f32 x 2"),
         (Level::Avx2, _) => (32.0, "AVX2: 2 FMA x 8 f32 x 2"),
+        // Zen issues SSE2's separate multiplies and adds on four pipes, two of each
+        (Level::Portable, _) if amd => (16.0, "SSE2 on AMD Zen: 2 multiply + 2 add pipes x 4 f32"),
         (Level::Portable, _) => (8.0, "SSE2 / NEON: 2 x 4 f32"),
     };
     Some((
