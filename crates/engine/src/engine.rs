@@ -213,7 +213,7 @@ impl Engine {
             .variant_features(items, turns, progress)?;
         let variants = self.encode(&features);
         let per_query: Vec<Vec<Descriptors>> = variants
-            .chunks(2 * turns)
+            .chunks(crate::turn_variant_count(turns))
             .map(<[Descriptors]>::to_vec)
             .collect();
         Ok(QueryHits::named(

@@ -201,7 +201,7 @@ impl Extractor {
         turns: usize,
         progress: &dyn Progress,
     ) -> Result<(Vec<String>, FeatureSet)> {
-        let variants = 2 * turns.max(1);
+        let variants = turn_variant_count(turns);
         let mut ids = Vec::new();
         let mut features: Option<FeatureSet> = None;
         let mut skipped = Vec::new();
@@ -254,11 +254,24 @@ impl Extractor {
     }
 }
 
-/// The images a turned search looks at, `2 * turns` of them: `image` and its mirror image
-/// (left to right), then each further turn by a `turns`-th of a circle and its mirror image.
+/// How many images a search at `turns` looks at per query: the query alone at 1 (a plain
+/// search, [`crate::SearchOptions::turns`]), else `2 * turns`.
+pub fn turn_variant_count(turns: usize) -> usize {
+    if turns <= 1 {
+        1
+    } else {
+        2 * turns
+    }
+}
+
+/// The images a turned search looks at, [`turn_variant_count`] of them: `image` alone at 1
+/// turn; else `image` and its mirror image (left to right), then each further turn by a
+/// `turns`-th of a circle and its mirror image.
 pub fn turn_variants(image: &image::DynamicImage, turns: usize) -> Vec<image::DynamicImage> {
-    let turns = turns.max(1);
-    let mut out = Vec::with_capacity(2 * turns);
+    if turns <= 1 {
+        return vec![image.clone()];
+    }
+    let mut out = Vec::with_capacity(turn_variant_count(turns));
     for t in 0..turns {
         let im = if t == 0 {
             image.clone()
@@ -315,5 +328,23 @@ mod tests {
                 assert_eq!(split_fingerprint(&fingerprint_with(model, o)), (model, o));
             }
         }
+    }
+
+    /// One turn is a plain search: the query alone, one forward pass (a search by image
+    /// with the default `turns` must not also run the mirror image).
+    #[test]
+    fn one_turn_is_the_image_alone_more_add_each_turn_and_its_mirror() {
+        let img = image::DynamicImage::ImageLuma8(image::GrayImage::from_fn(6, 4, |x, y| {
+            image::Luma([(x * 40 + y) as u8])
+        }));
+        for turns in [0, 1] {
+            assert_eq!(turn_variants(&img, turns), std::slice::from_ref(&img));
+            assert_eq!(turn_variant_count(turns), 1);
+        }
+        let v = turn_variants(&img, 4);
+        assert_eq!(v.len(), turn_variant_count(4));
+        assert_eq!(v.len(), 8);
+        assert_eq!((&v[0], &v[1]), (&img, &img.fliph()));
+        assert_ne!(v[2], img);
     }
 }

@@ -27,7 +27,7 @@ mod test_images;
 pub use build::{Entries, LearnFrom};
 pub use engine::{Engine, QueryHits, SearchHit};
 pub use error::{Error, Result};
-pub use extractor::{turn_variants, Extractor};
+pub use extractor::{turn_variant_count, turn_variants, Extractor};
 pub use info::{IndexInfo, IvfInfo};
 pub use options::{
     default_precision, Defaults, ModelOptions, RecipeOptions, SearchLimits, SearchOptions,

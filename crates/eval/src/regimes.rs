@@ -114,7 +114,7 @@ pub struct EvalInput<'a> {
     /// Gallery positions whitening may learn from (craters no query looks for).
     pub whitening_rows: Vec<usize>,
     /// Features of each query's turn variants (`craterdex_engine::turn_variants`, rows
-    /// `q * 2 * turns + v`), for the turned regime ([`EvalOptions::turns`]).
+    /// `q * turn_variant_count(turns) + v`), for the turned regime ([`EvalOptions::turns`]).
     pub query_variants: Option<&'a FeatureSet>,
 }
 
@@ -525,14 +525,14 @@ pub fn run(
 }
 
 /// Each query's turn variants encoded by `encoder`, in the queries' order: `variants` holds
-/// `2 * turns` rows per query, named `<query id>#<variant>`.
+/// `craterdex_engine::turn_variant_count(turns)` rows per query, named `<query id>#<variant>`.
 fn turn_variants_of(
     encoder: &Encoder,
     variants: &FeatureSet,
     queries: &FeatureSet,
     turns: usize,
 ) -> Result<Vec<Vec<Descriptors>>> {
-    let per = 2 * turns;
+    let per = craterdex_engine::turn_variant_count(turns);
     let aligned = variants.len() == per * queries.len()
         && queries.ids.iter().enumerate().all(|(q, id)| {
             variants.ids[q * per]

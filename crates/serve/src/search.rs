@@ -36,7 +36,7 @@ fn search_params(
     let (params, turns) = search_params_turned(svc, q)?;
     if turns > 1 {
         return Err(ApiError::bad_request(
-            "turns needs the query image: search by image (POST /v1/search)",
+            "turns needs the query image: search by image (POST /v1/search/image)",
         ));
     }
     Ok(params)
