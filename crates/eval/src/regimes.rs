@@ -18,7 +18,7 @@ use crate::metrics::{evaluate_ranking, shortlist_recall, summarise, QueryResult,
 pub use crate::regime::{Family, RegimeId, Tokens, Whiten};
 use craterdex_engine::{
     encode_all, Aggregation, Codec, Descriptors, Encoder, Engine, FeatureSet, ImageMeta,
-    IndexRecipe, IvfSetting, Mode, Pooling, Recipe, SearchParams, SeedStrategy,
+    IndexRecipe, IvfSetting, Mode, Pooling, Recipe, SearchHit, SearchParams, SeedStrategy,
 };
 use craterdex_tokens::whitening::DEFAULT_REGULARISATION;
 use craterdex_tokens::DEFAULT_PAIR_BLEND;
@@ -166,14 +166,7 @@ fn query_ms(engine: &Engine, queries: &Queries, params: &SearchParams) -> f64 {
     let timed = queries.len().min(TIMED_QUERIES);
     let t = std::time::Instant::now();
     for q in 0..timed {
-        match queries {
-            Queries::Plain(d) => {
-                std::hint::black_box(engine.search(std::slice::from_ref(&d[q]), &params));
-            }
-            Queries::Turned(v) => {
-                std::hint::black_box(engine.search_turned(std::slice::from_ref(&v[q]), &params));
-            }
-        }
+        std::hint::black_box(queries.range(q..q + 1).search(engine, &params));
     }
     t.elapsed().as_secs_f64() * 1e3 / timed.max(1) as f64
 }
@@ -189,6 +182,22 @@ impl Queries<'_> {
         match self {
             Queries::Plain(d) => d.len(),
             Queries::Turned(v) => v.len(),
+        }
+    }
+
+    /// The queries at `range`.
+    fn range(&self, range: std::ops::Range<usize>) -> Queries<'_> {
+        match self {
+            Queries::Plain(d) => Queries::Plain(&d[range]),
+            Queries::Turned(v) => Queries::Turned(&v[range]),
+        }
+    }
+
+    /// Every query's hits from `engine`, a turned query ranked over its variants.
+    fn search(&self, engine: &Engine, params: &SearchParams) -> Vec<Vec<SearchHit>> {
+        match self {
+            Queries::Plain(d) => engine.search(d, params),
+            Queries::Turned(v) => engine.search_turned(v, params),
         }
     }
 }
@@ -274,10 +283,7 @@ pub fn run(
                     (true, Some(v)) => Queries::Turned(v),
                     _ => Queries::Plain(queries),
                 };
-                let hits = match these {
-                    Queries::Plain(q) => engine.search(q, &s.params),
-                    Queries::Turned(v) => engine.search_turned(v, &s.params),
-                };
+                let hits = these.search(&engine, &s.params);
                 let rankings: Vec<Vec<usize>> = hits
                     .iter()
                     .map(|h| h.iter().map(|h| positions[h.id.as_str()]).collect())
