@@ -485,16 +485,22 @@ fn eval_default_regime_ranks_like_index_build_and_search() {
         "--quick",
         "--per-query",
         "pq.csv",
+        "--query-turns",
+        "4",
     ];
     args.extend(common);
     e.ok(&args);
     e.index_build(&model, &manifest, "idx", &[]);
     let csv = std::fs::read_to_string(e.root.join("pq.csv")).unwrap();
-    // search lists views crater by crater unless told --ungrouped: each form must rank as the
-    // eval regime of the same name
-    for (regime, flag) in [
-        ("two_stage_s100_k32_int8_pairwhite_grouped", None),
-        ("two_stage_s100_k32_int8_pairwhite", Some("--ungrouped")),
+    // search lists views crater by crater unless told --ungrouped, and searches turned and
+    // mirrored with --turns: each form must rank as the eval regime of the same name
+    for (regime, flags) in [
+        ("two_stage_s100_k32_int8_pairwhite_grouped", &[][..]),
+        ("two_stage_s100_k32_int8_pairwhite", &["--ungrouped"][..]),
+        (
+            "two_stage_s100_k32_int8_pairwhite_grouped_turns4",
+            &["--turns", "4"][..],
+        ),
     ] {
         let mut args = vec![
             "search",
@@ -506,7 +512,7 @@ fn eval_default_regime_ranks_like_index_build_and_search() {
             "--top",
             "10",
         ];
-        args.extend(flag);
+        args.extend(flags);
         args.extend(common);
         let searched: serde_json::Value = serde_json::from_str(&e.ok(&args)).unwrap();
         let from_eval: std::collections::BTreeMap<String, Vec<String>> = csv
@@ -725,6 +731,42 @@ fn a_turned_search_finds_a_crop_seen_turned_and_mirrored() {
             "{score} vs {self_score}"
         );
     }
+    // a turned query reads its image as extraction does: a cut JPEG is refused, naming the
+    // file and the way out, and used in part when allowed
+    let mut jpeg = std::io::Cursor::new(Vec::new());
+    image::open(&gallery[0])
+        .unwrap()
+        .write_to(&mut jpeg, image::ImageFormat::Jpeg)
+        .unwrap();
+    let jpeg = jpeg.into_inner();
+    let cut = e.root.join("cut.jpg");
+    std::fs::write(&cut, &jpeg[..jpeg.len() - 8]).unwrap();
+    let turned_search = |extra: &[&str]| {
+        let mut args = vec![
+            "search",
+            "--index",
+            "idx",
+            cut.to_str().unwrap(),
+            "--json",
+            "--turns",
+            "4",
+            "--model",
+            &model,
+            "--size",
+            "16",
+        ];
+        args.extend(extra);
+        e.run(&args)
+    };
+    let o = turned_search(&[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("cut.jpg") && err.contains("allowing partial images"),
+        "{err}"
+    );
+    let o = turned_search(&["--allow-partial-images"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let o = e.run(&[
         "search",
         "--index",

@@ -131,22 +131,7 @@ impl Extractor {
                 items.len()
             ));
         }
-        if !res.failures.is_empty() {
-            let mut msg = format!(
-                "{what}: {} images could not be used and were skipped:",
-                res.failures.len()
-            );
-            for f in &res.failures {
-                msg.push_str(&format!("\n  {}: {}", f.path.display(), f.error));
-            }
-            let truncated = res.failures.iter().filter(|f| f.truncated).count();
-            if truncated > 0 {
-                msg.push_str(&format!(
-                    "\n{truncated} of them decode in part; allowing partial images would use what can be decoded"
-                ));
-            }
-            progress.note(&msg);
-        }
+        report_failures(what, &res.failures, progress);
         if res.features.is_empty() {
             return Err(crate::Error::Invalid(format!(
                 "{what}: no image could be read"
@@ -204,15 +189,16 @@ impl Extractor {
         let variants = turn_variant_count(turns);
         let mut ids = Vec::new();
         let mut features: Option<FeatureSet> = None;
-        let mut skipped = Vec::new();
-        progress.start("queries, turned and mirrored", items.len());
+        let mut failures = Vec::new();
+        let what = "queries, turned and mirrored";
+        progress.start(what, items.len());
         // a batch's worth of images at a time, so that memory stays flat
         let per_chunk = self.settings.batch.max(1).div_ceil(variants).max(1);
         for (done, chunk) in items.chunks(per_chunk).enumerate() {
             let mut names = Vec::new();
             let mut images = Vec::new();
             for (id, path) in chunk {
-                match preprocess::load_image(path) {
+                match extract::read_image(id, path, self.settings.allow_partial) {
                     Ok(img) => {
                         for (v, im) in turn_variants(&img, turns).into_iter().enumerate() {
                             names.push(format!("{id}#{v}"));
@@ -220,7 +206,7 @@ impl Extractor {
                         }
                         ids.push(id.clone());
                     }
-                    Err(e) => skipped.push(format!("{}: {e}", path.display())),
+                    Err(failure) => failures.push(failure),
                 }
             }
             let f = self.features_of_images(&names, &images)?;
@@ -231,16 +217,10 @@ impl Extractor {
             progress.advance((done + 1) * per_chunk);
         }
         progress.finish();
-        if !skipped.is_empty() {
-            progress.note(&format!(
-                "queries: {} images could not be read and were skipped:\n  {}",
-                skipped.len(),
-                skipped.join("\n  ")
-            ));
-        }
+        report_failures(what, &failures, progress);
         match features {
             Some(f) if !ids.is_empty() => Ok((ids, f)),
-            _ => Err(Error::Invalid("queries: no image could be read".into())),
+            _ => Err(Error::Invalid(format!("{what}: no image could be read"))),
         }
     }
 
@@ -252,6 +232,28 @@ impl Extractor {
             .pop()
             .ok_or_else(|| Error::Invalid("the model returned no features".into()))
     }
+}
+
+/// Lists through `progress` the images of `what` that could not be used, and says when
+/// some of them would decode in part.
+fn report_failures(what: &str, failures: &[extract::Failure], progress: &dyn Progress) {
+    if failures.is_empty() {
+        return;
+    }
+    let mut msg = format!(
+        "{what}: {} images could not be used and were skipped:",
+        failures.len()
+    );
+    for f in failures {
+        msg.push_str(&format!("\n  {}: {}", f.path.display(), f.error));
+    }
+    let truncated = failures.iter().filter(|f| f.truncated).count();
+    if truncated > 0 {
+        msg.push_str(&format!(
+            "\n{truncated} of them decode in part; allowing partial images would use what can be decoded"
+        ));
+    }
+    progress.note(&msg);
 }
 
 /// How many images a search at `turns` looks at per query: the query alone at 1 (a plain

@@ -231,6 +231,31 @@ pub struct Failure {
     pub truncated: bool,
 }
 
+impl Failure {
+    fn new(id: &str, path: &Path, error: Error) -> Self {
+        Self {
+            id: id.to_string(),
+            path: path.to_path_buf(),
+            truncated: matches!(error, Error::Truncated(_)),
+            error: error.to_string(),
+        }
+    }
+}
+
+/// Reads and decodes the image `id` at `path` as [`extract`] does (with `allow_partial`,
+/// whatever the decoders make of a truncated file), for callers that prepare images
+/// themselves (turned queries); a failure says why, as [`Extraction::failures`] do.
+pub fn read_image(
+    id: &str,
+    path: &Path,
+    allow_partial: bool,
+) -> std::result::Result<image::DynamicImage, Failure> {
+    std::fs::read(path)
+        .map_err(|e| Error::Invalid(format!("cannot read: {e}")))
+        .and_then(|bytes| preprocess::decode_image_with(&bytes, allow_partial))
+        .map_err(|e| Failure::new(id, path, e))
+}
+
 pub struct ExtractOptions {
     pub batch_size: usize,
     pub preprocess: Preprocess,
@@ -365,12 +390,7 @@ pub fn extract(
                     }
                     features.push(id.clone(), &f);
                 }
-                Prepared::Failed(error) => failures.push(Failure {
-                    id: id.clone(),
-                    path: path.clone(),
-                    truncated: matches!(error, Error::Truncated(_)),
-                    error: error.to_string(),
-                }),
+                Prepared::Failed(error) => failures.push(Failure::new(id, path, error)),
             }
         }
         done += chunk.len();
