@@ -487,6 +487,8 @@ fn eval_default_regime_ranks_like_index_build_and_search() {
         "pq.csv",
         "--query-turns",
         "4",
+        "--verify",
+        "3",
     ];
     args.extend(common);
     e.ok(&args);
@@ -500,6 +502,14 @@ fn eval_default_regime_ranks_like_index_build_and_search() {
         (
             "two_stage_s100_k32_int8_pairwhite_grouped_turns4",
             &["--turns", "4"][..],
+        ),
+        (
+            "two_stage_s100_k32_int8_pairwhite_grouped_verify3",
+            &["--verify", "3"][..],
+        ),
+        (
+            "two_stage_s100_k32_int8_pairwhite_verify3",
+            &["--verify", "3", "--ungrouped"][..],
         ),
     ] {
         let mut args = vec![
@@ -780,6 +790,64 @@ fn a_turned_search_finds_a_crop_seen_turned_and_mirrored() {
         "16",
     ]);
     assert_eq!(o.status.code(), Some(3), "0 turns are refused");
+}
+
+#[test]
+fn a_verified_search_counts_inliers_and_reads_candidates_where_the_index_found_them() {
+    let e = Env::new();
+    let model = e.tiny_model();
+    let manifest = e.tile_benchmark("4");
+    e.index_build(&model, &manifest, "idx", &[]);
+    let mut gallery: Vec<std::path::PathBuf> =
+        std::fs::read_dir(e.root.join("bench/images/gallery"))
+            .unwrap()
+            .map(|d| d.unwrap().path())
+            .collect();
+    gallery.sort();
+    let query = gallery[0].display().to_string();
+    let search = |extra: &[&str]| {
+        let mut args = vec![
+            "search", "--index", "idx", &query, "--json", "--top", "5", "--model", &model,
+            "--size", "16",
+        ];
+        args.extend(extra);
+        e.run(&args)
+    };
+    let hits = |o: &Output| -> Vec<serde_json::Value> {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v[0]["results"].as_array().unwrap().clone()
+    };
+    let plain = hits(&search(&[]));
+    assert!(plain.iter().all(|h| h.get("inliers").is_none()));
+    let verified = hits(&search(&["--verify", "3"]));
+    // the image itself: every patch corresponds in place
+    assert_eq!(
+        Some(verified[0]["id"].as_str().unwrap()),
+        gallery[0].file_stem().and_then(|s| s.to_str())
+    );
+    assert_eq!(verified[0]["inliers"].as_u64(), Some((G * G) as u64));
+    let counted = verified.iter().filter(|h| h["inliers"].is_u64()).count();
+    assert!((1..=3).contains(&counted), "{counted} verified");
+    for h in &verified {
+        if let Some(n) = h["inliers"].as_u64() {
+            let li = h["stage2"].as_f64().unwrap();
+            let want = li + craterdex_engine::VERIFY_WEIGHT as f64 * n as f64;
+            assert!((h["score"].as_f64().unwrap() - want).abs() < 1e-4, "{h}");
+        }
+    }
+    // candidates whose images are gone keep their scores, and the search says so
+    for p in &gallery[1..] {
+        std::fs::remove_file(p).unwrap();
+    }
+    let o = search(&["--verify", "3"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("could not be used"));
+    let after = hits(&o);
+    assert_eq!(after[0]["inliers"].as_u64(), Some((G * G) as u64));
+    assert_eq!(after.iter().filter(|h| h["inliers"].is_u64()).count(), 1);
+    let o = search(&["--verify", "3", "--turns", "4"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--verify and --turns"));
 }
 
 #[test]

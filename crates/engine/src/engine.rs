@@ -3,8 +3,9 @@
 
 use crate::error::{Error, Result};
 use crate::extractor::{split_fingerprint, split_reduction, Extractor};
+use crate::options::VERIFY_WEIGHT;
 use crate::progress::Progress;
-use crate::recipe::encode_all;
+use crate::recipe::{encode_all, feature_refs};
 use craterdex_errors::ensure;
 use craterdex_index::{
     Hit, ImageMeta, Index, MergePolicy, MergeReport, PreparedMerge, SearchParams,
@@ -14,6 +15,49 @@ use craterdex_tokens::{Descriptors, FeatureRef};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+/// An image's patch tokens as spatial verification compares them ([`Engine::patch_grid`]):
+/// a square grid of unit rows `dim` wide, row by row.
+#[derive(Clone, Debug)]
+pub struct PatchGrid {
+    pub tokens: Vec<f32>,
+    pub dim: usize,
+}
+
+/// The patch grids of a feature set's images ([`Engine::patch_grid`]), made when first asked
+/// for and kept: verification needs those of a few candidates per query, not the whole
+/// gallery's.
+pub struct PatchGrids<'a> {
+    refs: Vec<FeatureRef<'a>>,
+    positions: std::collections::HashMap<&'a str, usize>,
+    made: std::sync::Mutex<std::collections::HashMap<usize, Arc<PatchGrid>>>,
+}
+
+impl<'a> PatchGrids<'a> {
+    pub fn new(features: &'a FeatureSet) -> Self {
+        Self {
+            refs: feature_refs(features),
+            positions: features
+                .ids
+                .iter()
+                .enumerate()
+                .map(|(i, id)| (id.as_str(), i))
+                .collect(),
+            made: Default::default(),
+        }
+    }
+
+    /// The grid of image `id` under `engine`'s encoder (one engine per set of grids).
+    pub fn get(&self, engine: &Engine, id: &str) -> Option<Arc<PatchGrid>> {
+        let &i = self.positions.get(id)?;
+        if let Some(g) = self.made.lock().ok()?.get(&i) {
+            return Some(g.clone());
+        }
+        let grid = Arc::new(engine.patch_grid(self.refs[i]));
+        self.made.lock().ok()?.insert(i, grid.clone());
+        Some(grid)
+    }
+}
 
 /// One result: the indexed image, its scores and what the index knows about it.
 #[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
@@ -29,6 +73,10 @@ pub struct SearchHit {
     pub stage1: Option<f32>,
     /// The late-interaction (MaxSim) score.
     pub stage2: Option<f32>,
+    /// Patch correspondences one similarity transform explains, where the hit was
+    /// spatially verified ([`Engine::search_verified`]); its score then includes them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inliers: Option<usize>,
     pub meta: ImageMeta,
     /// The image's row in the index.
     #[serde(skip)]
@@ -237,6 +285,184 @@ impl Engine {
             .collect()
     }
 
+    /// An image's patch tokens as spatial verification compares them: unit length, under
+    /// the index's token whitening.
+    pub fn patch_grid(&self, f: FeatureRef) -> PatchGrid {
+        PatchGrid {
+            dim: self.index.encoder.token_dim(f.cls.len()),
+            tokens: self.index.encoder.prepared_tokens(f).0,
+        }
+    }
+
+    /// The hits spatial verification looks at: each query's `top` best images by score,
+    /// views not grouped (grouping would spend the places on the views of a few craters).
+    pub fn verification_candidates(
+        &self,
+        queries: &[Descriptors],
+        params: &SearchParams,
+        top: usize,
+    ) -> Vec<Vec<SearchHit>> {
+        let ungrouped = SearchParams {
+            top_k: top,
+            group_views: false,
+            ..*params
+        };
+        self.search(queries, &ungrouped)
+    }
+
+    /// Ranked hits for each query with its `top` best images spatially verified
+    /// ([`craterdex_tokens::verify`]): every candidate whose patch grid `candidate` gives
+    /// scores its late-interaction score plus [`VERIFY_WEIGHT`] per inlier (and records
+    /// them), then the hits are ranked again as `params` rank (crater by crater when
+    /// grouping views). Candidates without a grid keep their scores. `grids` are the queries'
+    /// own ([`Engine::patch_grid`]).
+    pub fn search_verified(
+        &self,
+        queries: &[Descriptors],
+        grids: &[PatchGrid],
+        params: &SearchParams,
+        top: usize,
+        candidate: &(dyn Fn(&SearchHit) -> Option<Arc<PatchGrid>> + Sync),
+    ) -> Vec<Vec<SearchHit>> {
+        use rayon::prelude::*;
+        let wide = SearchParams {
+            top_k: params.top_k.max(top),
+            ..*params
+        };
+        let listed = self.search(queries, &wide);
+        let candidates = if params.group_views {
+            self.verification_candidates(queries, params, top)
+        } else {
+            listed
+                .iter()
+                .map(|h| h[..top.min(h.len())].to_vec())
+                .collect()
+        };
+        listed
+            .into_par_iter()
+            .zip(candidates)
+            .zip(grids)
+            .map(|((hits, candidates), grid)| {
+                self.verified(grid, hits, candidates, params, candidate)
+            })
+            .collect()
+    }
+
+    /// `hits` (as `params` ranked them) with `candidates` verified against `query` and
+    /// ranked again, `params.top_k` kept.
+    fn verified(
+        &self,
+        query: &PatchGrid,
+        mut hits: Vec<SearchHit>,
+        candidates: Vec<SearchHit>,
+        params: &SearchParams,
+        grid: &(dyn Fn(&SearchHit) -> Option<Arc<PatchGrid>> + Sync),
+    ) -> Vec<SearchHit> {
+        use rayon::prelude::*;
+        // candidates in parallel: one query alone still uses every thread
+        let verified: Vec<SearchHit> = candidates
+            .into_par_iter()
+            .filter_map(|mut c| {
+                let g = grid(&c).filter(|g| g.dim == query.dim)?;
+                let n = craterdex_tokens::verify::inliers(&query.tokens, &g.tokens, query.dim);
+                c.inliers = Some(n);
+                c.score = craterdex_tokens::verify::verified_score(c.score, n, VERIFY_WEIGHT);
+                Some(c)
+            })
+            .collect();
+        for c in verified {
+            match hits.iter_mut().find(|h| h.row == c.row) {
+                Some(h) => *h = c,
+                None => hits.push(c),
+            }
+        }
+        if params.group_views {
+            craterdex_index::order_by_crater(
+                &mut hits,
+                |h| (h.score, h.row),
+                |row| self.index.meta(row).crater_id.as_deref(),
+            );
+        } else {
+            hits.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.row.cmp(&b.row)));
+        }
+        hits.truncate(params.top_k);
+        for (i, h) in hits.iter_mut().enumerate() {
+            h.rank = i + 1;
+        }
+        hits
+    }
+
+    /// [`Engine::search_images`] with each query's `top` best images spatially verified
+    /// ([`Engine::search_verified`]): the candidates' patch tokens come from their images,
+    /// read where the index recorded them (`path`) and run through the model (the feature
+    /// cache serves them again); candidates without a readable image are not verified,
+    /// and a note says which.
+    pub fn search_images_verified(
+        &self,
+        items: &[(String, PathBuf)],
+        params: &SearchParams,
+        top: usize,
+        progress: &dyn Progress,
+    ) -> Result<Vec<QueryHits>> {
+        if top == 0 {
+            return self.search_images(items, params, progress);
+        }
+        let queries = self.query_features(items, progress)?;
+        ensure!(
+            craterdex_tokens::verify::grid_side(queries.tokens).is_some(),
+            Error::Invalid(format!(
+                "spatial verification needs one square grid of patch tokens per image; this \
+                 model gives {} tokens per image (an oriented index's crops are seen several \
+                 times)",
+                queries.tokens
+            ))
+        );
+        let descriptors = self.encode(&queries);
+        let mut rows: Vec<usize> = self
+            .verification_candidates(&descriptors, params, top)
+            .iter()
+            .flatten()
+            .map(|h| h.row)
+            .collect();
+        rows.sort_unstable();
+        rows.dedup();
+        let mut unplaced = 0;
+        let candidates: Vec<(String, PathBuf)> = rows
+            .iter()
+            .filter_map(|&r| {
+                let m = self.index.meta(r);
+                let path = m.path.as_ref().map(PathBuf::from);
+                unplaced += usize::from(path.is_none());
+                path.map(|p| (m.id.clone(), p))
+            })
+            .collect();
+        if unplaced > 0 {
+            progress.note(&format!(
+                "verification: {unplaced} candidates have no image path in the index and keep their scores"
+            ));
+        }
+        let features = if candidates.is_empty() {
+            FeatureSet::default()
+        } else {
+            self.extractor_or_err()?
+                .extract(&candidates, "candidates to verify", progress)
+                .or_else(|e| match e {
+                    // none readable: nothing to verify, the plain ranking stands
+                    Error::Invalid(_) => Ok(FeatureSet::default()),
+                    e => Err(e),
+                })?
+        };
+        let grids = PatchGrids::new(&features);
+        let query_grids: Vec<PatchGrid> = feature_refs(&queries)
+            .into_iter()
+            .map(|f| self.patch_grid(f))
+            .collect();
+        let results = self.search_verified(&descriptors, &query_grids, params, top, &|hit| {
+            grids.get(self, &hit.id)
+        });
+        Ok(QueryHits::named(&queries.ids, results))
+    }
+
     /// Ranked hits for decoded query images named `ids` (arrays handed over from Python), each
     /// also searched turned and mirrored when `turns` > 1.
     pub fn search_decoded(
@@ -339,6 +565,7 @@ impl Engine {
                     score: h.score,
                     stage1: h.stage1,
                     stage2: h.stage2,
+                    inliers: None,
                     meta: m.clone(),
                     row: h.row,
                 }

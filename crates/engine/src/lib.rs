@@ -25,13 +25,13 @@ mod shared;
 mod test_images;
 
 pub use build::{Entries, LearnFrom};
-pub use engine::{Engine, QueryHits, SearchHit};
+pub use engine::{Engine, PatchGrid, PatchGrids, QueryHits, SearchHit};
 pub use error::{Error, Result};
 pub use extractor::{turn_variant_count, turn_variants, Extractor};
 pub use info::{IndexInfo, IvfInfo};
 pub use options::{
     default_precision, Defaults, ModelOptions, RecipeOptions, SearchLimits, SearchOptions,
-    Whitening, DEFAULT_PRECISION_WHY, MAX_TURNS, TURN_MARGIN,
+    Whitening, DEFAULT_PRECISION_WHY, MAX_TURNS, TURN_MARGIN, VERIFY_WEIGHT,
 };
 pub use plan::{learn_rows, learn_sample, BuildPlan, LEARN_SAMPLE_IMAGES};
 pub use progress::{Progress, Silent};

@@ -261,6 +261,13 @@ pub struct SearchOptions {
 /// docs/results.md, "Queries at an unknown heading".
 pub const TURN_MARGIN: f32 = 0.05;
 
+/// Score per inlier when a search verifies its first hits spatially
+/// ([`crate::Engine::search_verified`]): right candidates gather about 130 inliers and wrong ones
+/// 35-55 on the real benchmarks while their late-interaction scores differ by hundredths,
+/// and every weight from 0.01 to 0.05 gave the same answers on both
+/// (`scripts/spatial_verification.py`; docs/results.md, "Spatial verification").
+pub const VERIFY_WEIGHT: f32 = 0.01;
+
 /// Most turns a search may ask for (every 10 degrees).
 pub const MAX_TURNS: usize = 36;
 

@@ -232,6 +232,7 @@ mod tests {
             score,
             stage1: None,
             stage2: None,
+            inliers: None,
             meta: Default::default(),
             row: 0,
         };

@@ -83,6 +83,8 @@ pub struct RegimeId {
     pub grouped: bool,
     /// Each query also searched turned and mirrored (`craterdex search --turns N`).
     pub turns: Option<usize>,
+    /// The first N hits spatially verified (`craterdex search --verify N`).
+    pub verify: Option<usize>,
 }
 
 impl RegimeId {
@@ -96,6 +98,7 @@ impl RegimeId {
             whitening: Whiten::Off,
             grouped: false,
             turns: None,
+            verify: None,
         }
     }
 
@@ -185,6 +188,9 @@ impl std::fmt::Display for RegimeId {
         if let Some(t) = self.turns {
             write!(f, "_turns{t}")?;
         }
+        if let Some(n) = self.verify {
+            write!(f, "_verify{n}")?;
+        }
         Ok(())
     }
 }
@@ -199,14 +205,19 @@ impl std::str::FromStr for RegimeId {
     fn from_str(name: &str) -> Result<Self, Invalid> {
         let bad = || Invalid(format!("{name:?} is not a regime name"));
         let mut rest = name;
-        let turns = match rest.rsplit_once("_turns") {
-            Some((head, t)) if !head.is_empty() => {
-                let t = t.parse::<usize>().map_err(|_| bad())?;
-                rest = head;
-                Some(t)
+        // a trailing `_<suffix>N`: its number, and the name without it
+        let mut numbered = |suffix: &str| -> Result<Option<usize>, Invalid> {
+            match rest.rsplit_once(suffix) {
+                Some((head, n)) if !head.is_empty() => {
+                    let n = n.parse::<usize>().map_err(|_| bad())?;
+                    rest = head;
+                    Ok(Some(n))
+                }
+                _ => Ok(None),
             }
-            _ => None,
         };
+        let verify = numbered("_verify")?;
+        let turns = numbered("_turns")?;
         let mut take = |suffix: &str| {
             let found = rest.ends_with(suffix) && rest.len() > suffix.len();
             if found {
@@ -264,6 +275,7 @@ impl std::str::FromStr for RegimeId {
             whitening,
             grouped,
             turns,
+            verify,
         })
     }
 }
@@ -297,6 +309,8 @@ mod tests {
             "two_stage_s100_k32_int8_pairwhite_grouped",
             "two_stage_s100_k32_int8_ivf_white",
             "two_stage_s100_k32_int8_pairwhite_grouped_turns12",
+            "two_stage_s100_k32_int8_pairwhite_grouped_verify10",
+            "two_stage_s100_k32_int8_pairwhite_verify5",
         ] {
             let id: RegimeId = name.parse().unwrap();
             assert_eq!(id.to_string(), name);
@@ -310,6 +324,12 @@ mod tests {
             .unwrap();
         assert_eq!(turned.turns, Some(12));
         assert!(turned.grouped);
+        let verified: RegimeId = "two_stage_s100_k32_int8_pairwhite_grouped_verify10"
+            .parse()
+            .unwrap();
+        assert_eq!((verified.verify, verified.turns), (Some(10), None));
+        assert!(verified.grouped);
+        assert!("cls_verifyX".parse::<RegimeId>().is_err());
     }
 
     #[test]

@@ -11,14 +11,17 @@
 //! with whitening, suffixed `_white`, learned only from gallery images of craters that no
 //! query finds relevant. The single vectors, `inst_fps_k32` and the two-stage regimes are also
 //! run with their hits listed crater by crater ([`SearchParams::group_views`], what `search`
-//! does by default), suffixed `_grouped`.
+//! does by default), suffixed `_grouped`. On request the shipped recipe is also searched
+//! with each query turned (`_turnsN`) and with its first N hits spatially verified
+//! (`_verifyN`).
 
 use crate::error::Result;
 use crate::metrics::{evaluate_ranking, shortlist_recall, summarise, QueryResult, Summary};
 pub use crate::regime::{Family, RegimeId, Tokens, Whiten};
 use craterdex_engine::{
     encode_all, Aggregation, Codec, Descriptors, Encoder, Engine, FeatureSet, ImageMeta,
-    IndexRecipe, IvfSetting, Mode, Pooling, Recipe, SearchHit, SearchParams, SeedStrategy,
+    IndexRecipe, IvfSetting, Mode, PatchGrid, PatchGrids, Pooling, Recipe, SearchHit, SearchParams,
+    SeedStrategy,
 };
 use craterdex_tokens::whitening::DEFAULT_REGULARISATION;
 use craterdex_tokens::DEFAULT_PAIR_BLEND;
@@ -42,6 +45,10 @@ pub struct EvalOptions {
     /// With more than 1, the shipped recipe is also run with each query searched turned and
     /// mirrored (`craterdex search --turns`), as `..._grouped_turnsN`.
     pub turns: usize,
+    /// With more than 0, the shipped recipe is also run with each query's first `verify`
+    /// hits spatially verified (`craterdex search --verify`), as `..._verifyN` (views
+    /// grouped and not).
+    pub verify: usize,
 }
 
 impl Default for EvalOptions {
@@ -62,6 +69,7 @@ impl Default for EvalOptions {
             whiten_reg: DEFAULT_REGULARISATION,
             seed: 0,
             turns: 1,
+            verify: 0,
         }
     }
 }
@@ -130,6 +138,8 @@ struct Search {
     params: SearchParams,
     /// Each query searched as its turn variants.
     turned: bool,
+    /// Each query's first N hits spatially verified.
+    verify: Option<usize>,
 }
 
 impl Search {
@@ -139,6 +149,7 @@ impl Search {
             id,
             params,
             turned: false,
+            verify: None,
         }
     }
 
@@ -171,16 +182,23 @@ fn query_ms(engine: &Engine, queries: &Queries, params: &SearchParams) -> f64 {
     t.elapsed().as_secs_f64() * 1e3 / timed.max(1) as f64
 }
 
-/// The queries of a search: one set of descriptors each, or each as its turn variants.
+/// The queries of a search: one set of descriptors each, or each as its turn variants, or
+/// each with its patch grid for spatial verification.
 enum Queries<'q> {
     Plain(&'q [Descriptors]),
     Turned(&'q [Vec<Descriptors>]),
+    Verified {
+        queries: &'q [Descriptors],
+        grids: &'q [PatchGrid],
+        top: usize,
+        gallery: &'q PatchGrids<'q>,
+    },
 }
 
 impl Queries<'_> {
     fn len(&self) -> usize {
         match self {
-            Queries::Plain(d) => d.len(),
+            Queries::Plain(d) | Queries::Verified { queries: d, .. } => d.len(),
             Queries::Turned(v) => v.len(),
         }
     }
@@ -190,14 +208,34 @@ impl Queries<'_> {
         match self {
             Queries::Plain(d) => Queries::Plain(&d[range]),
             Queries::Turned(v) => Queries::Turned(&v[range]),
+            Queries::Verified {
+                queries,
+                grids,
+                top,
+                gallery,
+            } => Queries::Verified {
+                queries: &queries[range.clone()],
+                grids: &grids[range],
+                top: *top,
+                gallery,
+            },
         }
     }
 
-    /// Every query's hits from `engine`, a turned query ranked over its variants.
+    /// Every query's hits from `engine`, a turned query ranked over its variants, a verified
+    /// one as [`Engine::search_verified`] reranks them.
     fn search(&self, engine: &Engine, params: &SearchParams) -> Vec<Vec<SearchHit>> {
         match self {
             Queries::Plain(d) => engine.search(d, params),
             Queries::Turned(v) => engine.search_turned(v, params),
+            Queries::Verified {
+                queries,
+                grids,
+                top,
+                gallery,
+            } => engine.search_verified(queries, grids, params, *top, &|h| {
+                gallery.get(engine, &h.id)
+            }),
         }
     }
 }
@@ -254,6 +292,8 @@ pub fn run(
             nprobe: None,
             seed: o.seed,
         };
+        // made under the shipped recipe's encoder, the one regime that verifies
+        let gallery_grids = PatchGrids::new(input.gallery);
         // Ranks the gallery for every query through an index built from `gallery` descriptors.
         let score = |recipe: &IndexRecipe,
                      encoder: &Encoder,
@@ -279,8 +319,21 @@ pub fn run(
                 if i > 0 {
                     progress(&s.id.to_string());
                 }
-                let these = match (s.turned, variants) {
-                    (true, Some(v)) => Queries::Turned(v),
+                let query_grids: Vec<PatchGrid> = match s.verify {
+                    Some(_) => craterdex_engine::feature_refs(input.queries)
+                        .into_par_iter()
+                        .map(|f| engine.patch_grid(f))
+                        .collect(),
+                    None => Vec::new(),
+                };
+                let these = match (s.turned, variants, s.verify) {
+                    (true, Some(v), _) => Queries::Turned(v),
+                    (_, _, Some(top)) => Queries::Verified {
+                        queries,
+                        grids: &query_grids,
+                        top,
+                        gallery: &gallery_grids,
+                    },
                     _ => Queries::Plain(queries),
                 };
                 let hits = these.search(&engine, &s.params);
@@ -488,6 +541,16 @@ pub fn run(
                 Some(v) => Some(turn_variants_of(&encoder, v, input.queries, o.turns)?),
                 None => None,
             };
+            if o.verify > 0 {
+                searches.extend(search(RegimeId::shipped()).and_grouped().map(|s| Search {
+                    id: RegimeId {
+                        verify: Some(o.verify),
+                        ..s.id
+                    },
+                    verify: Some(o.verify),
+                    ..s
+                }));
+            }
             if variants.is_some() {
                 let [_, grouped] = search(RegimeId::shipped()).and_grouped();
                 searches.push(Search {

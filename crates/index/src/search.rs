@@ -167,30 +167,40 @@ fn hits_of(lists: Vec<Vec<Scored>>, mode: Mode) -> Vec<Vec<Hit>> {
 /// Orders `hits` crater by crater: by the best score among a crater's hits, then the
 /// crater's hits together, best first; a hit without a crater is a crater of its own.
 /// Ties keep the order of rows, so the result does not depend on the order given.
-fn order_by_crater<'m>(hits: &mut Vec<Hit>, crater_of: impl Fn(usize) -> Option<&'m str>) {
-    let craters: Vec<Option<&str>> = hits.iter().map(|h| crater_of(h.row)).collect();
+/// `score_row` gives a hit's score and row, `crater_of` a row's crater.
+pub fn order_by_crater<'m, T>(
+    hits: &mut Vec<T>,
+    score_row: impl Fn(&T) -> (f32, usize),
+    crater_of: impl Fn(usize) -> Option<&'m str>,
+) {
+    let craters: Vec<Option<&str>> = hits.iter().map(|h| crater_of(score_row(h).1)).collect();
     let mut best: HashMap<&str, (f32, usize)> = HashMap::new();
     for (h, c) in hits.iter().zip(&craters) {
         if let Some(c) = c {
-            let b = best.entry(c).or_insert((h.score, h.row));
-            if h.score > b.0 || (h.score == b.0 && h.row < b.1) {
-                *b = (h.score, h.row);
+            let (score, row) = score_row(h);
+            let b = best.entry(c).or_insert((score, row));
+            if score > b.0 || (score == b.0 && row < b.1) {
+                *b = (score, row);
             }
         }
     }
     // (the crater's best score and row, then the hit's own): one key per hit, not per comparison
-    let mut keyed: Vec<((f32, usize), Hit)> = hits
+    type ScoreRow = (f32, usize);
+    let mut keyed: Vec<(ScoreRow, ScoreRow, T)> = hits
         .drain(..)
         .zip(craters)
-        .map(|(h, c)| (c.map_or((h.score, h.row), |c| best[c]), h))
+        .map(|(h, c)| {
+            let own = score_row(&h);
+            (c.map_or(own, |c| best[c]), own, h)
+        })
         .collect();
-    keyed.sort_by(|(ka, a), (kb, b)| {
+    keyed.sort_by(|(ka, a, _), (kb, b, _)| {
         kb.0.total_cmp(&ka.0)
             .then(ka.1.cmp(&kb.1))
-            .then(b.score.total_cmp(&a.score))
-            .then(a.row.cmp(&b.row))
+            .then(b.0.total_cmp(&a.0))
+            .then(a.1.cmp(&b.1))
     });
-    hits.extend(keyed.into_iter().map(|(_, h)| h));
+    hits.extend(keyed.into_iter().map(|(_, _, h)| h));
 }
 
 /// Runs `scan` over the probed lists: on one thread, or split over the pool (one query
@@ -582,7 +592,11 @@ impl Index {
     }
 
     fn order_by_crater(&self, hits: &mut Vec<Hit>) {
-        order_by_crater(hits, |row| self.meta(row).crater_id.as_deref());
+        order_by_crater(
+            hits,
+            |h| (h.score, h.row),
+            |row| self.meta(row).crater_id.as_deref(),
+        );
     }
 
     /// Groups the hits of a one-stage search (`mode`) per query: adds the views missing from

@@ -107,7 +107,7 @@ fn pair_differences(
 
 /// Pairs `(i, j)` of rows of `a` and `b` (unit rows of `d`) that are each other's most
 /// similar.
-fn mutual_nearest(a: &[f32], b: &[f32], d: usize) -> Vec<(usize, usize)> {
+pub(crate) fn mutual_nearest(a: &[f32], b: &[f32], d: usize) -> Vec<(usize, usize)> {
     let (na, nb) = (a.len() / d, b.len() / d);
     if na == 0 || nb == 0 {
         return Vec::new();

@@ -36,6 +36,12 @@ pub struct EvalCmd {
     /// query).
     #[arg(long, default_value_t = 1)]
     query_turns: usize,
+    /// Also run the shipped recipe with each query's first N hits spatially verified
+    /// (`craterdex search --verify N`), as `..._verifyN`, views grouped and not. The gallery's
+    /// patch tokens come from its features in memory; the query time shown includes
+    /// verification but not extraction.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    verify: usize,
     #[command(flatten)]
     model: ModelOpts,
 }
@@ -82,6 +88,7 @@ impl Drop for RegimeProgress {
 pub fn run(c: EvalCmd) -> Result<()> {
     let o = craterdex_eval::regimes::EvalOptions {
         turns: c.query_turns,
+        verify: c.verify,
         ..run::eval_options(c.quick)
     };
     if !(1..=craterdex_engine::MAX_TURNS).contains(&o.turns) {
@@ -109,6 +116,7 @@ pub fn run(c: EvalCmd) -> Result<()> {
         "manifest": c.manifest.display().to_string(),
         "quick": c.quick,
         "query_turns": c.query_turns,
+        "verify": c.verify,
         "model": extractor.fingerprint(),
     });
     run::write_outputs(

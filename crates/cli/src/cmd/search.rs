@@ -26,6 +26,14 @@ pub struct SearchCmd {
     manifest: Option<PathBuf>,
     #[command(flatten)]
     search: SearchOpts,
+    /// Verify the first N hits spatially: patch-token correspondences between the query and
+    /// each candidate, and the most one similarity transform (turn, scale, shift) explains,
+    /// rerank them (score + 0.01 per inlier; 10 is a good choice, 0 is off). The candidates'
+    /// images are read where the index recorded them and run through the model (up to N
+    /// forward passes per query; the feature cache serves repeats). Measured:
+    /// docs/results.md, "Spatial verification of the shortlist".
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    verify: usize,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -59,9 +67,19 @@ pub fn run(c: SearchCmd) -> Result<()> {
         Ok((results, ms))
     };
     let (results, ms) = match (&c.index, &c.shards) {
+        (Some(_), _) if c.verify > 0 && options.turns > 1 => {
+            bail!("--verify and --turns together are not supported yet: choose one")
+        }
+        (Some(index), _) if c.verify > 0 => {
+            let engine = Engine::open(index, Some(extractor))?;
+            timed(&|| engine.search_images_verified(&items, &params, c.verify, &bars))?
+        }
         (Some(index), _) => {
             let engine = Engine::open(index, Some(extractor))?;
             timed(&|| engine.search_images_turned(&items, &params, options.turns, &bars))?
+        }
+        (None, Some(_)) if c.verify > 0 => {
+            bail!("--verify is not supported with --shards yet: search one shard index at a time")
         }
         (None, Some(_)) if options.turns > 1 => {
             bail!("--turns is not supported with --shards yet: search one shard index at a time")

@@ -17,7 +17,7 @@ use craterdex_tokens::{Descriptors, Encoder, Recipe};
 use data::synthetic;
 use reference::reference;
 use std::collections::HashMap;
-use timing::{measure, scale, Setup};
+use timing::{measure, scale, Grids, Setup, WORST_CASE_TOKENS};
 
 pub fn run(b: SearchBench) -> Result<()> {
     let work = b
@@ -53,6 +53,10 @@ pub fn run(b: SearchBench) -> Result<()> {
             single: b.single,
             reference: reference_map,
             targets: Some(&targets),
+            grids: Grids::WorstCase {
+                tokens: WORST_CASE_TOKENS,
+                dim: b.dim,
+            },
         };
         measure(
             &work, &gallery, &queries, &b.codecs, &plain, &setup, &mut rows,
@@ -91,6 +95,10 @@ pub fn run(b: SearchBench) -> Result<()> {
                 single: b.single,
                 reference: reference_map,
                 targets: None,
+                grids: Grids::Real {
+                    queries: &qf,
+                    gallery: &gf,
+                },
             };
             measure(
                 &work, &gallery, &queries, &b.codecs, &enc, &setup, &mut rows,

@@ -6,6 +6,7 @@ use super::data::{clustered_image, near_copy};
 use super::table::{Row, GROUPED_STAGE};
 use crate::output::bar;
 use anyhow::{Context, Result};
+use craterdex_engine::{feature_refs, Engine, FeatureSet, PatchGrid, PatchGrids, SearchHit};
 use craterdex_index::codec::{Codec, TokenCodec};
 use craterdex_index::{ImageMeta, Index, Mode, SearchParams};
 use craterdex_tokens::{Descriptors, Encoder, Recipe};
@@ -13,6 +14,7 @@ use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Read bandwidth of this machine with every worker thread streaming its own part of a
@@ -46,6 +48,136 @@ pub(super) struct Setup<'a> {
     pub(super) single: usize,
     pub(super) reference: HashMap<String, f64>,
     pub(super) targets: Option<&'a [usize]>,
+    /// The patch grids the verification rows verify.
+    pub(super) grids: Grids<'a>,
+}
+
+/// Where the patch grids of the verification rows come from.
+pub(super) enum Grids<'a> {
+    /// A real benchmark's features, queries and gallery.
+    Real {
+        queries: &'a FeatureSet,
+        gallery: &'a FeatureSet,
+    },
+    /// Every query the same random grid of `tokens` x `dim` and every candidate a noisy copy
+    /// of it: every patch corresponds, the most work verification can meet.
+    WorstCase { tokens: usize, dim: usize },
+}
+
+/// Patch tokens per image of the synthetic verification rows: a 224 px crop's 16 x 16.
+pub(super) const WORST_CASE_TOKENS: usize = 256;
+
+/// Candidates verified per query in the verification rows (`search --verify 10`).
+const VERIFIED: usize = 10;
+
+/// Times the grouped two-stage search of the index in `dir` with each query's first
+/// [`VERIFIED`] images spatially verified (`search --verify`), one query at a time, beside
+/// the same search unverified in the same loop.
+fn time_verification(
+    dir: &Path,
+    queries: &[Descriptors],
+    codec: &str,
+    s: &Setup,
+    rows: &mut Vec<Row>,
+) -> Result<()> {
+    let engine = Engine::new(Index::open(dir)?, None)?;
+    let params = SearchParams {
+        top_k: 10,
+        shortlist: 100,
+        mode: Mode::TwoStage,
+        group_views: true,
+        ..Default::default()
+    };
+    let n = s.single.min(queries.len());
+    let (query_grids, real_gallery, copy): (Vec<PatchGrid>, _, _) = match &s.grids {
+        Grids::Real { queries, gallery } => (
+            feature_refs(queries)
+                .into_iter()
+                .take(n)
+                .map(|f| engine.patch_grid(f))
+                .collect(),
+            Some(PatchGrids::new(gallery)),
+            None,
+        ),
+        Grids::WorstCase { tokens, dim } => {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+            let mut unit = |noise: f32, base: &[f32]| -> Vec<f32> {
+                let mut t: Vec<f32> = base
+                    .iter()
+                    .map(|&x| x + noise * rng.gen_range(-1.0f32..1.0))
+                    .collect();
+                craterdex_tokens::l2_normalize_rows(&mut t, *dim);
+                t
+            };
+            let base = unit(1.0, &vec![0.0; tokens * dim]);
+            let candidate = Arc::new(PatchGrid {
+                tokens: unit(0.05, &base),
+                dim: *dim,
+            });
+            let grid = PatchGrid {
+                tokens: base,
+                dim: *dim,
+            };
+            (vec![grid; n], None, Some(candidate))
+        }
+    };
+    let candidate = |h: &SearchHit| match (&real_gallery, &copy) {
+        (Some(g), _) => g.get(&engine, &h.id),
+        (None, c) => c.clone(),
+    };
+    // the first pass makes the real gallery's grids (an index with stored patch tokens would
+    // read them); the timed pass verifies
+    for q in 0..n {
+        engine.search_verified(
+            &queries[q..q + 1],
+            &query_grids[q..q + 1],
+            &params,
+            VERIFIED,
+            &candidate,
+        );
+    }
+    let (mut plain_ms, mut verified_ms) = (Vec::new(), Vec::new());
+    for q in 0..n {
+        let t = Instant::now();
+        std::hint::black_box(engine.search(&queries[q..q + 1], &params));
+        plain_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        let t = Instant::now();
+        std::hint::black_box(engine.search_verified(
+            &queries[q..q + 1],
+            &query_grids[q..q + 1],
+            &params,
+            VERIFIED,
+            &candidate,
+        ));
+        verified_ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    for (stage, ms) in [
+        (GROUPED_STAGE.to_string(), plain_ms),
+        (verified_stage(), verified_ms),
+    ] {
+        let (p50, p95) = percentiles(ms);
+        rows.push(Row {
+            gallery: s.name.to_string(),
+            stage,
+            s: Some(100),
+            k: s.k,
+            codec: codec.to_string(),
+            mode: "same loop".into(),
+            p50_ms: p50,
+            p95_ms: p95,
+            reference_p50_ms: None,
+            recall_at_1: None,
+            shortlist_recall: None,
+            mb_read_per_query: None,
+            gmac_per_query: None,
+        });
+    }
+    Ok(())
+}
+
+/// The stage name of the verification rows.
+pub(super) fn verified_stage() -> String {
+    format!("{GROUPED_STAGE}_verify{VERIFIED}")
 }
 
 pub(super) fn time_index(
@@ -174,6 +306,11 @@ pub(super) fn measure(
             .any(|c| (*c == Codec::Int8) == (codec == Codec::Int8));
         time_index(&idx, queries, &codec.name(), s, first_of_kind, rows);
         drop(idx);
+        // verification once per gallery, on the shipped codec where it is timed
+        let shipped = codecs.iter().position(|&c| c == Codec::Int8).unwrap_or(0);
+        if i == shipped {
+            time_verification(&dir, queries, &codec.name(), s, rows)?;
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
     Ok(())
