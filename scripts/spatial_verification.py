@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Does spatial verification of the shortlist find the right crater first more often? A
-measurement through the Python package on a CraterBench-R benchmark (docs/results.md,
-"Spatial verification of the shortlist"); not part of the engine yet.
+"""Does spatial verification of the best images find the right crater first more often, and
+how should inliers weigh? An exploration through the Python package on a CraterBench-R
+benchmark (docs/results.md, "Spatial verification of the best images"); the engine's own
+(`craterdex search --verify`, `craterdex eval --verify`) is measured by eval.
 
     python3 scripts/spatial_verification.py --bench mars-rot [--top 10] [--dim 64] [--tau 1.5]
 
@@ -16,8 +17,9 @@ and each of its first `top` candidates, as instance-level retrieval verifies lan
    trying every pair of correspondences as the minimal sample (at most 2,000 pairs, drawn
    with a fixed seed); a correspondence is an inlier when the transform puts it within `tau`
    patches of its match;
-3. rerank the `top` candidates by late-interaction score + lambda * inliers (the rest of the
-   ranking stays as it was), for several lambda.
+3. rerank the `top` candidates by late-interaction score + lambda * max(0, inliers - floor)
+   (the rest of the ranking stays as it was), for several lambda and floors (`craterdex
+   search --verify` uses lambda 0.01 and a floor of a fifth of the patches, 51 of 256).
 
 Prints, per split (the benchmark's upright test.json and, where present, test_rotated.json
 searched once as given), mAP and R@1 with views grouped crater by crater (as `craterdex
@@ -37,7 +39,9 @@ import pandas as pd
 import bench_features
 import craterdex
 
-LAMBDAS = [0.0, 0.002, 0.005, 0.01, 0.02, 0.05]
+# (lambda, floor): score + lambda * max(0, inliers - floor); the engine's is (0.01, 0.2 x patches)
+WEIGHINGS = [(0.0, 0), (0.002, 0), (0.005, 0), (0.01, 0), (0.02, 0), (0.05, 0),
+             (0.01, 30), (0.01, 45), (0.01, 51), (0.01, 60), (0.01, 80)]
 MAX_PAIRS = 2000
 SCALES = (0.5, 2.0)
 
@@ -122,16 +126,16 @@ def main():
             verified[qid] = (ids, scores, counts)
         ms = 1e3 * (time.perf_counter() - t0) / len(qs)
         print(f"\n{name}: {len(qs)} queries, verification {ms:.1f} ms per query (numpy)")
-        print(f"{'lambda':>8} {'mAP':>8} {'R@1':>7} {'mAP ungr':>9} {'R@1 ungr':>9}")
-        for lam in LAMBDAS:
+        print(f"{'lambda':>8} {'floor':>5} {'mAP':>8} {'R@1':>7} {'mAP ungr':>9} {'R@1 ungr':>9}")
+        for lam, floor in WEIGHINGS:
             rows = []
             for q in qs:
                 ids, scores, counts = verified[q["image_id"]]
-                head = sorted(range(len(counts)), key=lambda k: -(scores[k] + lam * counts[k]))
+                head = sorted(range(len(counts)), key=lambda k: -(scores[k] + lam * max(0, counts[k] - floor)))
                 order = [ids[k] for k in head] + ids[len(counts):]
                 rows.append(metrics([crater_of[i] for i in order], set(q["relevant_crater_ids"])))
             m = np.mean(rows, axis=0)
-            print(f"{lam:8.3f} {m[0]:8.4f} {m[1]:7.3f} {m[2]:9.4f} {m[3]:9.3f}")
+            print(f"{lam:8.3f} {floor:5d} {m[0]:8.4f} {m[1]:7.3f} {m[2]:9.4f} {m[3]:9.3f}")
         right = [c for q in qs for i, c in zip(verified[q["image_id"]][0], verified[q["image_id"]][2])
                  if crater_of[i] in q["relevant_crater_ids"]]
         wrong = [c for q in qs for i, c in zip(verified[q["image_id"]][0], verified[q["image_id"]][2])

@@ -832,7 +832,8 @@ fn a_verified_search_counts_inliers_and_reads_candidates_where_the_index_found_t
     for h in &verified {
         if let Some(n) = h["inliers"].as_u64() {
             let li = h["stage2"].as_f64().unwrap();
-            let want = li + craterdex_engine::VERIFY_WEIGHT as f64 * n as f64;
+            let chance = (craterdex_engine::VERIFY_CHANCE_SHARE * (G * G) as f32) as f64;
+            let want = li + craterdex_engine::VERIFY_WEIGHT as f64 * (n as f64 - chance).max(0.0);
             assert!((h["score"].as_f64().unwrap() - want).abs() < 1e-4, "{h}");
         }
     }

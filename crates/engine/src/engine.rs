@@ -3,7 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::extractor::{split_fingerprint, split_reduction, Extractor};
-use crate::options::VERIFY_WEIGHT;
+use crate::options::{VERIFY_CHANCE_SHARE, VERIFY_WEIGHT};
 use crate::progress::Progress;
 use crate::recipe::{encode_all, feature_refs};
 use craterdex_errors::ensure;
@@ -11,6 +11,7 @@ use craterdex_index::{
     Hit, ImageMeta, Index, MergePolicy, MergeReport, PreparedMerge, SearchParams,
 };
 use craterdex_model::extract::FeatureSet;
+use craterdex_tokens::verify::verified_score;
 use craterdex_tokens::{Descriptors, FeatureRef};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -312,8 +313,8 @@ impl Engine {
 
     /// Ranked hits for each query with its `top` best images spatially verified
     /// ([`craterdex_tokens::verify`]): every candidate whose patch grid `candidate` gives
-    /// scores its late-interaction score plus [`VERIFY_WEIGHT`] per inlier (and records
-    /// them), then the hits are ranked again as `params` rank (crater by crater when
+    /// scores its late-interaction score plus [`VERIFY_WEIGHT`] per inlier beyond
+    /// [`VERIFY_CHANCE_SHARE`] of the grid (and records its inliers), then the hits are ranked again as `params` rank (crater by crater when
     /// grouping views). Candidates without a grid keep their scores. `grids` are the queries'
     /// own ([`Engine::patch_grid`]).
     pub fn search_verified(
@@ -366,7 +367,8 @@ impl Engine {
                 let g = grid(&c).filter(|g| g.dim == query.dim)?;
                 let n = craterdex_tokens::verify::inliers(&query.tokens, &g.tokens, query.dim);
                 c.inliers = Some(n);
-                c.score = craterdex_tokens::verify::verified_score(c.score, n, VERIFY_WEIGHT);
+                let chance = VERIFY_CHANCE_SHARE * (query.tokens.len() / query.dim) as f32;
+                c.score = verified_score(c.score, n, chance, VERIFY_WEIGHT);
                 Some(c)
             })
             .collect();

@@ -261,12 +261,18 @@ pub struct SearchOptions {
 /// docs/results.md, "Queries at an unknown heading".
 pub const TURN_MARGIN: f32 = 0.05;
 
-/// Score per inlier when a search verifies its first hits spatially
-/// ([`crate::Engine::search_verified`]): right candidates gather about 130 inliers and wrong ones
-/// 35-55 on the real benchmarks while their late-interaction scores differ by hundredths,
-/// and every weight from 0.01 to 0.05 gave the same answers on both
+/// Score per inlier (beyond [`VERIFY_CHANCE_SHARE`]) when a search verifies its best images
+/// spatially ([`crate::Engine::search_verified`]): right candidates gather about 130 inliers
+/// of 256 patches on the real benchmarks while their late-interaction scores differ from
+/// wrong ones' by hundredths; every weight from 0.01 to 0.05 gave the same answers on both
 /// (`scripts/spatial_verification.py`; docs/results.md, "Spatial verification").
 pub const VERIFY_WEIGHT: f32 = 0.01;
+
+/// The share of a grid's patches that verification counts as chance: a look-alike (or the
+/// right crater seen turned, whose patch tokens are not the turned tokens of the upright
+/// view) gathers 25-55 inliers of 256, and counting those let verification reorder turned
+/// queries by noise (docs/results.md, "Spatial verification").
+pub const VERIFY_CHANCE_SHARE: f32 = 0.2;
 
 /// Most turns a search may ask for (every 10 degrees).
 pub const MAX_TURNS: usize = 36;

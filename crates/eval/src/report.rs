@@ -376,33 +376,65 @@ fn candidates() -> [RegimeId; 5] {
     ]
 }
 
-/// The lever settings of the ablation, in the order they were added.
-const LEVERS: [(Whiten, bool, &str); 4] = [
-    (Whiten::Off, false, "paper (no whitening)"),
-    (Whiten::Pca, false, "+ PCA whitening"),
-    (Whiten::Pairs, false, "+ pair whitening"),
-    (Whiten::Pairs, true, "+ view grouping"),
-];
+/// A lever setting of the ablation: the whitening, view grouping and spatial verification
+/// (of the `N` best images) it adds.
+struct Lever {
+    whiten: Whiten,
+    grouped: bool,
+    verify: Option<usize>,
+    label: String,
+}
+
+/// The lever settings of the ablation, in the order they were added; spatial verification
+/// where the run verified (`eval --verify N`).
+fn levers(verify: Option<usize>) -> Vec<Lever> {
+    let lever = |whiten, grouped, label: &str| Lever {
+        whiten,
+        grouped,
+        verify: None,
+        label: label.to_string(),
+    };
+    let mut out = vec![
+        lever(Whiten::Off, false, "paper (no whitening)"),
+        lever(Whiten::Pca, false, "+ PCA whitening"),
+        lever(Whiten::Pairs, false, "+ pair whitening"),
+        lever(Whiten::Pairs, true, "+ view grouping"),
+    ];
+    if let Some(n) = verify {
+        out.push(Lever {
+            verify: Some(n),
+            label: format!("+ spatial verification of {n}"),
+            ..lever(Whiten::Pairs, true, "")
+        });
+    }
+    out
+}
 
 /// A table of the candidates (rows) with the levers added one at a time (columns): `cell`
 /// shows a regime `find` has, `row_end` closes a row from its cells (the extra columns of
 /// `extra_heads`). Empty when no candidate was run.
 fn lever_table<'a, T: 'a>(
+    levers: &[Lever],
     extra_heads: &str,
     find: impl Fn(RegimeId) -> Option<&'a T>,
     cell: impl Fn(&T) -> String,
     row_end: impl Fn(&[Option<&'a T>]) -> String,
 ) -> String {
     let mut h = String::from("<table><tr><th>regime</th>");
-    for (_, _, label) in LEVERS {
-        let _ = write!(h, "<th>{}</th>", esc(label));
+    for lever in levers {
+        let _ = write!(h, "<th>{}</th>", esc(&lever.label));
     }
     let _ = write!(h, "{extra_heads}</tr>");
     let mut rows = 0;
     for base in candidates() {
-        let cells: Vec<Option<&T>> = LEVERS
+        let cells: Vec<Option<&T>> = levers
             .iter()
-            .map(|&(w, g, _)| find(base.whitened(w).grouped(g)))
+            .map(|l| {
+                find(RegimeId {
+                    verify: l.verify,
+                    ..base.whitened(l.whiten).grouped(l.grouped)
+                })
+            })
             .collect();
         if cells.iter().all(Option::is_none) {
             continue;
@@ -425,6 +457,7 @@ fn lever_table<'a, T: 'a>(
 /// and its cost.
 fn ablation_table(results: &[RegimeResult]) -> String {
     lever_table(
+        &levers(results.iter().find_map(|r| r.id.verify)),
         "<th>bytes/image</th><th>ms/query</th>",
         |id| get(results, id),
         |r| format!("{:.3} <small>({:.3})</small>", r.summary.map, r.summary.r1),
@@ -440,6 +473,7 @@ fn ablation_table(results: &[RegimeResult]) -> String {
 /// same views as built, green where the loss is at most [`TURNED_LOSS_GOAL`].
 fn turned_ablation_table(t: &Turned) -> String {
     lever_table(
+        &levers(t.rows.iter().find_map(|r| r.regime.verify)),
         "",
         |id| t.rows.iter().find(|r| r.regime == id),
         |r: &TurnedRow| {
@@ -485,18 +519,27 @@ fn turned_table(t: &Turned) -> String {
 /// The candidates at each lever setting, as points (cost, mAP); `cost` says which.
 fn candidate_series(results: &[RegimeResult], cost: impl Fn(&RegimeResult) -> f64) -> Vec<Series> {
     let mut out = Vec::new();
-    for (i, &(white, grouped, label)) in LEVERS.iter().enumerate() {
+    let levers = levers(results.iter().find_map(|r| r.id.verify));
+    for (i, lever) in levers.iter().enumerate() {
         let mut pts: Vec<(f64, f64, String)> = candidates()
             .into_iter()
-            .filter_map(|b| get(results, b.whitened(white).grouped(grouped)))
+            .filter_map(|b| {
+                get(
+                    results,
+                    RegimeId {
+                        verify: lever.verify,
+                        ..b.whitened(lever.whiten).grouped(lever.grouped)
+                    },
+                )
+            })
             .map(|r| (cost(r), r.summary.map, r.id.to_string()))
             .collect();
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));
         if !pts.is_empty() {
             out.push(Series {
-                label: label.trim_start_matches("+ ").into(),
-                colour: COLOURS[i],
-                dashed: white == Whiten::Off,
+                label: lever.label.trim_start_matches("+ ").into(),
+                colour: COLOURS[i % COLOURS.len()],
+                dashed: lever.whiten == Whiten::Off,
                 points: pts.iter().map(|p| (p.0, p.1)).collect(),
                 names: pts.into_iter().map(|p| p.2).collect(),
             });
@@ -684,6 +727,25 @@ mod tests {
             per_query: vec![],
             top: vec![],
         }
+    }
+
+    #[test]
+    fn the_ablation_adds_spatial_verification_where_the_run_verified() {
+        let shipped = "two_stage_s100_k32_int8";
+        let mut res = vec![
+            r(shipped, Some(32), 0.5),
+            r(&format!("{shipped}_pairwhite_grouped"), Some(32), 0.9),
+        ];
+        let table = ablation_table(&res);
+        assert!(table.contains("+ view grouping") && !table.contains("verification"));
+        res.push(r(
+            &format!("{shipped}_pairwhite_grouped_verify10"),
+            Some(32),
+            0.95,
+        ));
+        let table = ablation_table(&res);
+        assert!(table.contains("+ spatial verification of 10"), "{table}");
+        assert!(table.contains("0.950"), "{table}");
     }
 
     #[test]

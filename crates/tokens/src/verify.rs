@@ -123,10 +123,10 @@ fn most_explained(matches: &[(Point, Point)]) -> usize {
     best
 }
 
-/// The combined score verification ranks by: the late-interaction `score` plus `weight`
-/// for every inlier.
-pub fn verified_score(score: f32, inliers: usize, weight: f32) -> f32 {
-    score + weight * inliers as f32
+/// The combined score verification ranks by: the late-interaction `score` plus `weight` for
+/// every inlier beyond `floor` (the inliers any look-alike gathers by chance).
+pub fn verified_score(score: f32, inliers: usize, floor: f32, weight: f32) -> f32 {
+    score + weight * (inliers as f32 - floor).max(0.0)
 }
 
 #[cfg(test)]
@@ -215,8 +215,11 @@ mod tests {
     }
 
     #[test]
-    fn the_verified_score_adds_the_weight_per_inlier() {
-        assert_eq!(verified_score(0.5, 0, 0.01), 0.5);
-        assert!((verified_score(0.5, 100, 0.01) - 1.5).abs() < 1e-6);
+    fn the_verified_score_adds_the_weight_per_inlier_beyond_the_floor() {
+        assert_eq!(verified_score(0.5, 0, 0.0, 0.01), 0.5);
+        assert!((verified_score(0.5, 100, 0.0, 0.01) - 1.5).abs() < 1e-6);
+        // below the floor nothing is added, above it only what exceeds it
+        assert_eq!(verified_score(0.5, 40, 50.0, 0.01), 0.5);
+        assert!((verified_score(0.5, 150, 50.0, 0.01) - 1.5).abs() < 1e-6);
     }
 }

@@ -26,12 +26,13 @@ pub struct SearchCmd {
     manifest: Option<PathBuf>,
     #[command(flatten)]
     search: SearchOpts,
-    /// Verify the first N hits spatially: patch-token correspondences between the query and
-    /// each candidate, and the most one similarity transform (turn, scale, shift) explains,
-    /// rerank them (score + 0.01 per inlier; 10 is a good choice, 0 is off). The candidates'
-    /// images are read where the index recorded them and run through the model (up to N
-    /// forward passes per query; the feature cache serves repeats). Measured:
-    /// docs/results.md, "Spatial verification of the shortlist".
+    /// Verify the N best images spatially, for map-projected (upright) queries: patch-token
+    /// correspondences between the query and each candidate, and the most of them one
+    /// similarity transform (turn, scale, shift) explains, rerank them (score + 0.01 per
+    /// inlier beyond a fifth of the patches; 10 or 20 are good choices, 0 is off). The
+    /// candidates' images are read where the index recorded them and run through the model
+    /// (up to N forward passes per query; the feature cache serves repeats). Measured:
+    /// docs/results.md, "Spatial verification of the best images".
     #[arg(long, default_value_t = 0, value_name = "N")]
     verify: usize,
     /// Print JSON instead of a table.
