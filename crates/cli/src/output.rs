@@ -68,14 +68,22 @@ pub fn print_json(value: &impl serde::Serialize) -> Result<()> {
 /// Search results as a table per query.
 pub fn print_hits(results: &[QueryHits]) {
     let f = |v: Option<f32>| v.map(|v| format!("{v:.4}")).unwrap_or_else(|| "-".into());
+    // a verified search ranks by late interaction and inliers: show both
+    let verified = results
+        .iter()
+        .any(|q| q.results.iter().any(|h| h.inliers.is_some()));
     for q in results {
         println!("query {}", q.query);
-        println!(
+        let mut head = format!(
             "  {:>4}  {:<32} {:<20} {:>8} {:>8}",
             "rank", "image", "crater", "stage1", "stage2"
         );
+        if verified {
+            head.push_str(&format!(" {:>7} {:>8}", "inliers", "score"));
+        }
+        println!("{head}");
         for h in &q.results {
-            println!(
+            let mut line = format!(
                 "  {:>4}  {:<32} {:<20} {:>8} {:>8}",
                 h.rank,
                 h.id,
@@ -83,6 +91,11 @@ pub fn print_hits(results: &[QueryHits]) {
                 f(h.stage1),
                 f(h.stage2)
             );
+            if verified {
+                let inliers = h.inliers.map_or("-".to_string(), |n| n.to_string());
+                line.push_str(&format!(" {inliers:>7} {:>8.4}", h.score));
+            }
+            println!("{line}");
         }
     }
 }

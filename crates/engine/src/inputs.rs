@@ -71,8 +71,10 @@ pub fn metas_for(items: &[(String, PathBuf)], ids: &[String]) -> Vec<ImageMeta> 
         .collect()
 }
 
-/// The metadata of `ids` (the images extraction could read, in its order), from `metas`;
-/// fails naming an id without metadata.
+/// The metadata of `ids` (the images extraction could read, in its order), from `metas`,
+/// as an index records it: image paths made absolute, so that a search run from another
+/// directory (spatial verification, serve's thumbnails) still finds the images. Fails
+/// naming an id without metadata.
 pub fn metas_in_order(
     metas: impl IntoIterator<Item = ImageMeta>,
     ids: &[String],
@@ -81,9 +83,47 @@ pub fn metas_in_order(
         metas.into_iter().map(|m| (m.id.clone(), m)).collect();
     ids.iter()
         .map(|id| {
-            by_id
+            let mut m = by_id
                 .remove(id)
-                .ok_or_else(|| Error::Invalid(format!("no metadata for {id}")))
+                .ok_or_else(|| Error::Invalid(format!("no metadata for {id}")))?;
+            m.path = m.path.map(|p| absolute_path(&p));
+            Ok(m)
         })
         .collect()
+}
+
+/// `path` made absolute against the working directory (as given where that fails).
+fn absolute_path(path: &str) -> String {
+    std::path::absolute(path).map_or_else(|_| path.to_string(), |p| p.display().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metas_come_in_the_order_of_ids_with_absolute_paths() {
+        let meta = |id: &str, path: Option<&str>| ImageMeta {
+            id: id.into(),
+            path: path.map(String::from),
+            ..Default::default()
+        };
+        let ordered = metas_in_order(
+            [meta("a", Some("crops/a.png")), meta("b", None)],
+            &["b".into(), "a".into()],
+        )
+        .unwrap();
+        assert_eq!(
+            (ordered[0].id.as_str(), ordered[0].path.as_deref()),
+            ("b", None)
+        );
+        let a = std::path::PathBuf::from(ordered[1].path.as_deref().unwrap());
+        assert!(
+            a.is_absolute() && a.ends_with("crops/a.png"),
+            "{}",
+            a.display()
+        );
+        let missing = metas_in_order([meta("a", None)], &["c".into()]).unwrap_err();
+        assert!(missing.to_string().contains("no metadata for c"));
+    }
 }
