@@ -92,6 +92,15 @@ impl Env {
         args.extend(extra);
         self.ok(&args)
     }
+    /// The gallery crops `tile_benchmark` wrote, sorted.
+    fn gallery_images(&self) -> Vec<PathBuf> {
+        let mut gallery: Vec<PathBuf> = std::fs::read_dir(self.root.join("bench/images/gallery"))
+            .unwrap()
+            .map(|d| d.unwrap().path())
+            .collect();
+        gallery.sort();
+        gallery
+    }
     /// A tiny generated checkpoint imported as model `tiny`; returns its directory.
     fn tiny_model(&self) -> String {
         let ckpt = write_tiny_model(&self.root.join("ckpt"));
@@ -690,12 +699,7 @@ fn a_turned_search_finds_a_crop_seen_turned_and_mirrored() {
     let model = e.tiny_model();
     let manifest = e.tile_benchmark("4");
     e.index_build(&model, &manifest, "idx", &["--k", "4", "--codec", "f32"]);
-    let mut gallery: Vec<std::path::PathBuf> =
-        std::fs::read_dir(e.root.join("bench/images/gallery"))
-            .unwrap()
-            .map(|d| d.unwrap().path())
-            .collect();
-    gallery.sort();
+    let gallery = e.gallery_images();
     let first = |q: &str, turns: &str| -> (String, f64) {
         let args = [
             "search",
@@ -798,12 +802,7 @@ fn a_verified_search_counts_inliers_and_reads_candidates_where_the_index_found_t
     let model = e.tiny_model();
     let manifest = e.tile_benchmark("4");
     e.index_build(&model, &manifest, "idx", &[]);
-    let mut gallery: Vec<std::path::PathBuf> =
-        std::fs::read_dir(e.root.join("bench/images/gallery"))
-            .unwrap()
-            .map(|d| d.unwrap().path())
-            .collect();
-    gallery.sort();
+    let gallery = e.gallery_images();
     let query = gallery[0].display().to_string();
     let search = |extra: &[&str]| {
         let mut args = vec![
