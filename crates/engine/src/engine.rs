@@ -314,9 +314,10 @@ impl Engine {
     /// Ranked hits for each query with its `top` best images spatially verified
     /// ([`craterdex_tokens::verify`]): every candidate whose patch grid `candidate` gives
     /// scores its late-interaction score plus [`VERIFY_WEIGHT`] per inlier beyond
-    /// [`VERIFY_CHANCE_SHARE`] of the grid (and records its inliers), then the hits are ranked again as `params` rank (crater by crater when
-    /// grouping views). Candidates without a grid keep their scores. `grids` are the queries'
-    /// own ([`Engine::patch_grid`]).
+    /// [`VERIFY_CHANCE_SHARE`] of the grid (and records its inliers), then the hits are
+    /// ranked again as `params` rank (crater by crater when grouping views). Candidates
+    /// without a grid keep their scores. `grids` are the queries' own
+    /// ([`Engine::patch_grid`]).
     pub fn search_verified(
         &self,
         queries: &[Descriptors],
