@@ -84,6 +84,16 @@ pub struct SearchHit {
     pub row: usize,
 }
 
+/// The search that lists verification's candidates: the `top` best images, views not
+/// grouped (grouping would spend the places on the views of a few craters).
+fn candidate_params(params: &SearchParams, top: usize) -> SearchParams {
+    SearchParams {
+        top_k: top,
+        group_views: false,
+        ..*params
+    }
+}
+
 /// The results of one query, named.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct QueryHits {
@@ -295,22 +305,6 @@ impl Engine {
         }
     }
 
-    /// The hits spatial verification looks at: each query's `top` best images by score,
-    /// views not grouped (grouping would spend the places on the views of a few craters).
-    pub fn verification_candidates(
-        &self,
-        queries: &[Descriptors],
-        params: &SearchParams,
-        top: usize,
-    ) -> Vec<Vec<SearchHit>> {
-        let ungrouped = SearchParams {
-            top_k: top,
-            group_views: false,
-            ..*params
-        };
-        self.search(queries, &ungrouped)
-    }
-
     /// Ranked hits for each query with its `top` best images spatially verified
     /// ([`craterdex_tokens::verify`]): every candidate whose patch grid `candidate` gives
     /// scores its late-interaction score plus [`VERIFY_WEIGHT`] per inlier beyond
@@ -326,14 +320,54 @@ impl Engine {
         top: usize,
         candidate: &(dyn Fn(&SearchHit) -> Option<Arc<PatchGrid>> + Sync),
     ) -> Vec<Vec<SearchHit>> {
+        let per_query: Vec<&[PatchGrid]> = grids.iter().map(std::slice::from_ref).collect();
+        self.verify_search(
+            &|p| self.search(queries, p),
+            &per_query,
+            params,
+            top,
+            candidate,
+        )
+    }
+
+    /// [`Engine::search_verified`] for queries given as their turn variants
+    /// ([`Engine::search_turned`]): a candidate's inliers are the most that any variant's
+    /// grid gathers (`grids[q]` holds query `q`'s variants' grids).
+    pub fn search_turned_verified(
+        &self,
+        queries: &[Vec<Descriptors>],
+        grids: &[Vec<PatchGrid>],
+        params: &SearchParams,
+        top: usize,
+        candidate: &(dyn Fn(&SearchHit) -> Option<Arc<PatchGrid>> + Sync),
+    ) -> Vec<Vec<SearchHit>> {
+        let per_query: Vec<&[PatchGrid]> = grids.iter().map(Vec::as_slice).collect();
+        self.verify_search(
+            &|p| self.search_turned(queries, p),
+            &per_query,
+            params,
+            top,
+            candidate,
+        )
+    }
+
+    /// What `search` ranks for `params`, each query's `top` best images verified against
+    /// its `grids` and ranked again.
+    fn verify_search(
+        &self,
+        search: &dyn Fn(&SearchParams) -> Vec<Vec<SearchHit>>,
+        grids: &[&[PatchGrid]],
+        params: &SearchParams,
+        top: usize,
+        candidate: &(dyn Fn(&SearchHit) -> Option<Arc<PatchGrid>> + Sync),
+    ) -> Vec<Vec<SearchHit>> {
         use rayon::prelude::*;
-        let wide = SearchParams {
+        let listed = search(&SearchParams {
             top_k: params.top_k.max(top),
             ..*params
-        };
-        let listed = self.search(queries, &wide);
+        });
         let candidates = if params.group_views {
-            self.verification_candidates(queries, params, top)
+            search(&candidate_params(params, top))
         } else {
             listed
                 .iter()
@@ -344,17 +378,17 @@ impl Engine {
             .into_par_iter()
             .zip(candidates)
             .zip(grids)
-            .map(|((hits, candidates), grid)| {
-                self.verified(grid, hits, candidates, params, candidate)
+            .map(|((hits, candidates), grids)| {
+                self.verified(grids, hits, candidates, params, candidate)
             })
             .collect()
     }
 
-    /// `hits` (as `params` ranked them) with `candidates` verified against `query` and
-    /// ranked again, `params.top_k` kept.
+    /// `hits` (as `params` ranked them) with `candidates` verified against `query` (the
+    /// most inliers over its grids) and ranked again, `params.top_k` kept.
     fn verified(
         &self,
-        query: &PatchGrid,
+        query: &[PatchGrid],
         mut hits: Vec<SearchHit>,
         candidates: Vec<SearchHit>,
         params: &SearchParams,
@@ -365,10 +399,14 @@ impl Engine {
         let verified: Vec<SearchHit> = candidates
             .into_par_iter()
             .filter_map(|mut c| {
-                let g = grid(&c).filter(|g| g.dim == query.dim)?;
-                let n = craterdex_tokens::verify::inliers(&query.tokens, &g.tokens, query.dim);
+                let first = query.first()?;
+                let g = grid(&c).filter(|g| g.dim == first.dim)?;
+                let n = query
+                    .iter()
+                    .map(|q| craterdex_tokens::verify::inliers(&q.tokens, &g.tokens, q.dim))
+                    .max()?;
                 c.inliers = Some(n);
-                let chance = VERIFY_CHANCE_SHARE * (query.tokens.len() / query.dim) as f32;
+                let chance = VERIFY_CHANCE_SHARE * (first.tokens.len() / first.dim) as f32;
                 c.score = verified_score(c.score, n, chance, VERIFY_WEIGHT);
                 Some(c)
             })
@@ -395,11 +433,33 @@ impl Engine {
         hits
     }
 
+    /// Extracts features of `(id, path)` query images and searches them as `turns` and
+    /// `verify` ask ([`crate::SearchOptions`]): turned and mirrored
+    /// ([`Engine::search_images_turned`]), with the best images spatially verified
+    /// ([`Engine::search_features_verified`]; turned queries against the variant that
+    /// matches each candidate best), or plainly.
+    pub fn search_images_as(
+        &self,
+        items: &[(String, PathBuf)],
+        params: &SearchParams,
+        turns: usize,
+        verify: usize,
+        progress: &dyn Progress,
+    ) -> Result<Vec<QueryHits>> {
+        match (turns > 1, verify > 0) {
+            (true, true) => {
+                let (ids, variants) = self
+                    .extractor_or_err()?
+                    .variant_features(items, turns, progress)?;
+                self.search_variants_verified(&ids, &variants, turns, params, verify, progress)
+            }
+            (false, true) => self.search_images_verified(items, params, verify, progress),
+            _ => self.search_images_turned(items, params, turns, progress),
+        }
+    }
+
     /// [`Engine::search_images`] with each query's `top` best images spatially verified
-    /// ([`Engine::search_verified`]): the candidates' patch tokens come from their images,
-    /// read where the index recorded them (`path`) and run through the model (the feature
-    /// cache serves them again); candidates without a readable image are not verified,
-    /// and a note says which.
+    /// ([`Engine::search_features_verified`]).
     pub fn search_images_verified(
         &self,
         items: &[(String, PathBuf)],
@@ -407,28 +467,89 @@ impl Engine {
         top: usize,
         progress: &dyn Progress,
     ) -> Result<Vec<QueryHits>> {
-        if top == 0 {
-            return self.search_images(items, params, progress);
-        }
         let queries = self.query_features(items, progress)?;
+        self.search_features_verified(&queries, params, top, progress)
+    }
+
+    /// [`Engine::search_features`] with each query's `top` best images spatially verified
+    /// ([`Engine::search_verified`]): the candidates' patch tokens come from their images,
+    /// read where the index recorded them (`path`) and run through the model (the feature
+    /// cache serves them again); candidates without a readable image are not verified,
+    /// and a note says which. 0 is a plain search.
+    pub fn search_features_verified(
+        &self,
+        queries: &FeatureSet,
+        params: &SearchParams,
+        top: usize,
+        progress: &dyn Progress,
+    ) -> Result<Vec<QueryHits>> {
+        if top == 0 {
+            return Ok(self.search_features(queries, params));
+        }
+        self.search_variants_verified(&queries.ids, queries, 1, params, top, progress)
+    }
+
+    /// Queries `ids` given as the features of their turn variants (`variants`: each
+    /// query's [`crate::turn_variant_count`] rows in a row; one row each at 1 turn),
+    /// searched turned with their `top` best images verified
+    /// ([`Engine::search_turned_verified`]), the candidates' grids from their images.
+    pub fn search_variants_verified(
+        &self,
+        ids: &[String],
+        variants: &FeatureSet,
+        turns: usize,
+        params: &SearchParams,
+        top: usize,
+        progress: &dyn Progress,
+    ) -> Result<Vec<QueryHits>> {
         ensure!(
-            craterdex_tokens::verify::grid_side(queries.tokens).is_some(),
+            craterdex_tokens::verify::grid_side(variants.tokens).is_some(),
             Error::Invalid(format!(
                 "spatial verification needs one square grid of patch tokens per image; this \
                  model gives {} tokens per image (an oriented index's crops are seen several \
                  times)",
-                queries.tokens
+                variants.tokens
             ))
         );
-        let descriptors = self.encode(&queries);
+        let per = crate::turn_variant_count(turns);
+        ensure!(
+            variants.len() == ids.len() * per,
+            Error::Invalid(format!(
+                "{} variant rows for {} queries at {turns} turns ({per} each)",
+                variants.len(),
+                ids.len()
+            ))
+        );
+        let per_query: Vec<Vec<Descriptors>> = self
+            .encode(variants)
+            .chunks(per)
+            .map(<[Descriptors]>::to_vec)
+            .collect();
         let mut rows: Vec<usize> = self
-            .verification_candidates(&descriptors, params, top)
+            .search_turned(&per_query, &candidate_params(params, top))
             .iter()
             .flatten()
             .map(|h| h.row)
             .collect();
         rows.sort_unstable();
         rows.dedup();
+        let features = self.candidate_features(&rows, progress)?;
+        let grids = PatchGrids::new(&features);
+        let all: Vec<PatchGrid> = feature_refs(variants)
+            .into_iter()
+            .map(|f| self.patch_grid(f))
+            .collect();
+        let query_grids: Vec<Vec<PatchGrid>> = all.chunks(per).map(<[PatchGrid]>::to_vec).collect();
+        let results = self.search_turned_verified(&per_query, &query_grids, params, top, &|hit| {
+            grids.get(self, &hit.id)
+        });
+        Ok(QueryHits::named(ids, results))
+    }
+
+    /// The features of the indexed images at `rows`, read where the index recorded them and
+    /// run through the model; those without a path or a readable image are left out (a note
+    /// says how many).
+    fn candidate_features(&self, rows: &[usize], progress: &dyn Progress) -> Result<FeatureSet> {
         let mut unplaced = 0;
         let candidates: Vec<(String, PathBuf)> = rows
             .iter()
@@ -444,41 +565,37 @@ impl Engine {
                 "verification: {unplaced} candidates have no image path in the index and keep their scores"
             ));
         }
-        let features = if candidates.is_empty() {
-            FeatureSet::default()
-        } else {
-            self.extractor_or_err()?
-                .extract(&candidates, "candidates to verify", progress)
-                .or_else(|e| match e {
-                    // none readable: nothing to verify, the plain ranking stands
-                    Error::Invalid(_) => Ok(FeatureSet::default()),
-                    e => Err(e),
-                })?
-        };
-        let grids = PatchGrids::new(&features);
-        let query_grids: Vec<PatchGrid> = feature_refs(&queries)
-            .into_iter()
-            .map(|f| self.patch_grid(f))
-            .collect();
-        let results = self.search_verified(&descriptors, &query_grids, params, top, &|hit| {
-            grids.get(self, &hit.id)
-        });
-        Ok(QueryHits::named(&queries.ids, results))
+        if candidates.is_empty() {
+            return Ok(FeatureSet::default());
+        }
+        self.extractor_or_err()?
+            .extract(&candidates, "candidates to verify", progress)
+            .or_else(|e| match e {
+                // none readable: nothing to verify, the plain ranking stands
+                Error::Invalid(_) => Ok(FeatureSet::default()),
+                e => Err(e),
+            })
     }
 
-    /// Ranked hits for decoded query images named `ids` (arrays handed over from Python), each
-    /// also searched turned and mirrored when `turns` > 1.
+    /// Ranked hits for decoded query images named `ids` (arrays handed over from Python, an
+    /// upload), searched as `turns` and `verify` ask ([`Engine::search_images_as`]).
     pub fn search_decoded(
         &self,
         ids: &[String],
         images: &[image::DynamicImage],
         params: &SearchParams,
         turns: usize,
+        verify: usize,
+        progress: &dyn Progress,
     ) -> Result<Vec<QueryHits>> {
         ensure!(
             ids.len() == images.len(),
             Error::Invalid(format!("{} ids for {} images", ids.len(), images.len()))
         );
+        if verify > 0 {
+            let variants = self.decoded_variant_features(ids, images, turns)?;
+            return self.search_variants_verified(ids, &variants, turns, params, verify, progress);
+        }
         let per_query = images
             .iter()
             .map(|im| self.encode_image_variants(im, turns))
@@ -495,9 +612,11 @@ impl Engine {
         image: &image::DynamicImage,
         turns: usize,
     ) -> Result<Vec<Descriptors>> {
-        let images = crate::turn_variants(image, turns);
-        let ids: Vec<String> = (0..images.len()).map(|v| v.to_string()).collect();
-        let features = self.extractor_or_err()?.features_of_images(&ids, &images)?;
+        let features = self.decoded_variant_features(
+            &["query".to_string()],
+            std::slice::from_ref(image),
+            turns,
+        )?;
         Ok(self.encode(&features))
     }
 
@@ -530,6 +649,27 @@ impl Engine {
         angle: f32,
     ) -> Result<Descriptors> {
         self.encode_image(&turned(image, angle))
+    }
+
+    /// The features of decoded images' turn variants ([`crate::turn_variants`]), each
+    /// image's in a row, named `<id>#<variant>`.
+    pub fn decoded_variant_features(
+        &self,
+        ids: &[String],
+        images: &[image::DynamicImage],
+        turns: usize,
+    ) -> Result<FeatureSet> {
+        let (names, turned): (Vec<String>, Vec<image::DynamicImage>) = ids
+            .iter()
+            .zip(images)
+            .flat_map(|(id, im)| {
+                crate::turn_variants(im, turns)
+                    .into_iter()
+                    .enumerate()
+                    .map(move |(v, im)| (format!("{id}#{v}"), im))
+            })
+            .unzip();
+        self.extractor_or_err()?.features_of_images(&names, &turned)
     }
 
     /// The descriptors of one decoded image (an upload) under the index's encoder.

@@ -31,7 +31,8 @@ pub use extractor::{turn_variant_count, turn_variants, Extractor};
 pub use info::{IndexInfo, IvfInfo};
 pub use options::{
     default_precision, Defaults, ModelOptions, RecipeOptions, SearchLimits, SearchOptions,
-    Whitening, DEFAULT_PRECISION_WHY, MAX_TURNS, TURN_MARGIN, VERIFY_CHANCE_SHARE, VERIFY_WEIGHT,
+    Whitening, DEFAULT_PRECISION_WHY, MAX_TURNS, MAX_VERIFY, TURN_MARGIN, VERIFY_CHANCE_SHARE,
+    VERIFY_WEIGHT,
 };
 pub use plan::{learn_rows, learn_sample, BuildPlan, LEARN_SAMPLE_IMAGES};
 pub use progress::{Progress, Silent};

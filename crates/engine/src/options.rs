@@ -253,6 +253,14 @@ pub struct SearchOptions {
     /// views counted [`TURN_MARGIN`] lower. 1: the query as given. Needs the query image.
     #[cfg_attr(feature = "openapi", param(minimum = 1, maximum = 36, default = 1))]
     pub turns: usize,
+    /// Verify the query's `verify` best images spatially (patch-token correspondences under
+    /// one similarity transform: turn, scale, shift) and rank them again by late-interaction score plus [`VERIFY_WEIGHT`] per inlier beyond
+    /// [`VERIFY_CHANCE_SHARE`] of the patches; 10 or 20 are good choices, 0 is off. The
+    /// candidates' images are read where the index recorded them and run through the model
+    /// (up to `verify` forward passes per query). With `turns`, each candidate is verified
+    /// against the turned view that matches it best.
+    #[cfg_attr(feature = "openapi", param(minimum = 0, maximum = 100, default = 0))]
+    pub verify: usize,
 }
 
 /// How much lower than the query as given its turned and mirrored views count in a turned
@@ -277,6 +285,9 @@ pub const VERIFY_CHANCE_SHARE: f32 = 0.2;
 /// Most turns a search may ask for (every 10 degrees).
 pub const MAX_TURNS: usize = 36;
 
+/// Most images a search may verify per query (each may cost a forward pass).
+pub const MAX_VERIFY: usize = 100;
+
 impl Default for SearchOptions {
     fn default() -> Self {
         Self {
@@ -286,6 +297,7 @@ impl Default for SearchOptions {
             nprobe: None,
             group_views: true,
             turns: 1,
+            verify: 0,
         }
     }
 }
@@ -321,6 +333,10 @@ impl SearchOptions {
         between("top_k", self.top_k, limits.max_top_k)?;
         between("shortlist", self.shortlist, limits.max_shortlist)?;
         between("turns", self.turns, MAX_TURNS)?;
+        ensure!(
+            self.verify <= MAX_VERIFY,
+            Error::Invalid(format!("verify must be at most {MAX_VERIFY}"))
+        );
         if let Some(n) = self.nprobe {
             ensure!(
                 n <= limits.max_nprobe,
@@ -413,6 +429,22 @@ mod tests {
         assert!(e.to_string().starts_with("k must be between 1"), "{e}");
         let unknown = serde_json::from_str::<RecipeOptions>(r#"{"codec": "zip"}"#).unwrap_err();
         assert!(unknown.to_string().contains("unknown codec"), "{unknown}");
+        let verify = |verify, turns| {
+            SearchOptions {
+                verify,
+                turns,
+                ..Default::default()
+            }
+            .params(&limits)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+        };
+        assert_eq!(verify(MAX_VERIFY, 1), Ok(()));
+        assert_eq!(verify(10, 12), Ok(()));
+        assert_eq!(
+            verify(MAX_VERIFY + 1, 1).unwrap_err(),
+            "verify must be at most 100"
+        );
         let extra = serde_json::from_str::<SearchOptions>(r#"{"top": 3}"#).unwrap_err();
         assert!(extra.to_string().contains("unknown field"), "{extra}");
     }

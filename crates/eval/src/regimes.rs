@@ -193,13 +193,19 @@ enum Queries<'q> {
         top: usize,
         gallery: &'q PatchGrids<'q>,
     },
+    TurnedVerified {
+        variants: &'q [Vec<Descriptors>],
+        grids: &'q [Vec<PatchGrid>],
+        top: usize,
+        gallery: &'q PatchGrids<'q>,
+    },
 }
 
 impl Queries<'_> {
     fn len(&self) -> usize {
         match self {
             Queries::Plain(d) | Queries::Verified { queries: d, .. } => d.len(),
-            Queries::Turned(v) => v.len(),
+            Queries::Turned(v) | Queries::TurnedVerified { variants: v, .. } => v.len(),
         }
     }
 
@@ -219,6 +225,17 @@ impl Queries<'_> {
                 top: *top,
                 gallery,
             },
+            Queries::TurnedVerified {
+                variants,
+                grids,
+                top,
+                gallery,
+            } => Queries::TurnedVerified {
+                variants: &variants[range.clone()],
+                grids: &grids[range],
+                top: *top,
+                gallery,
+            },
         }
     }
 
@@ -234,6 +251,14 @@ impl Queries<'_> {
                 top,
                 gallery,
             } => engine.search_verified(queries, grids, params, *top, &|h| {
+                gallery.get(engine, &h.id)
+            }),
+            Queries::TurnedVerified {
+                variants,
+                grids,
+                top,
+                gallery,
+            } => engine.search_turned_verified(variants, grids, params, *top, &|h| {
                 gallery.get(engine, &h.id)
             }),
         }
@@ -319,14 +344,34 @@ pub fn run(
                 if i > 0 {
                     progress(&s.id.to_string());
                 }
-                let query_grids: Vec<PatchGrid> = match s.verify {
-                    Some(_) => craterdex_engine::feature_refs(input.queries)
+                let grids_of = |f: &FeatureSet| -> Vec<PatchGrid> {
+                    craterdex_engine::feature_refs(f)
                         .into_par_iter()
                         .map(|f| engine.patch_grid(f))
-                        .collect(),
+                        .collect()
+                };
+                let query_grids = match s.verify {
+                    Some(_) => grids_of(input.queries),
                     None => Vec::new(),
                 };
+                let variant_grids: Vec<Vec<PatchGrid>> =
+                    match (s.turned, s.verify, variants, input.query_variants) {
+                        (true, Some(_), Some(v), Some(f)) => {
+                            let mut grids = grids_of(f).into_iter();
+                            let per = f.len() / v.len().max(1);
+                            v.iter()
+                                .map(|_| grids.by_ref().take(per).collect())
+                                .collect()
+                        }
+                        _ => Vec::new(),
+                    };
                 let these = match (s.turned, variants, s.verify) {
+                    (true, Some(v), Some(top)) => Queries::TurnedVerified {
+                        variants: v,
+                        grids: &variant_grids,
+                        top,
+                        gallery: &gallery_grids,
+                    },
                     (true, Some(v), _) => Queries::Turned(v),
                     (_, _, Some(top)) => Queries::Verified {
                         queries,
@@ -559,8 +604,21 @@ pub fn run(
                         ..grouped.id
                     },
                     turned: true,
-                    ..grouped
+                    ..grouped.clone()
                 });
+                if o.verify > 0 {
+                    // turned and verified: each candidate against the variant that matches it best
+                    searches.push(Search {
+                        id: RegimeId {
+                            turns: Some(o.turns),
+                            verify: Some(o.verify),
+                            ..grouped.id
+                        },
+                        turned: true,
+                        verify: Some(o.verify),
+                        ..grouped
+                    });
+                }
             }
             score(
                 &shipped,

@@ -69,9 +69,10 @@ impl PyIndex {
         Ok(py.detach(move || x.extract(&items, "entries", &Silent))?)
     }
 
-    /// A search of query images turned and mirrored (`turns` > 1): paths or numpy images.
+    /// A search of query images turned and mirrored (`turns` > 1) or with the best images
+    /// verified (`verify` > 0): paths or numpy images.
     #[allow(clippy::too_many_arguments)]
-    fn search_turned_json(
+    fn search_images_json(
         &self,
         py: Python<'_>,
         engine: &Arc<Engine>,
@@ -81,6 +82,7 @@ impl PyIndex {
         features: Option<FeatureArrays<'_>>,
         params: &SearchParams,
         turns: usize,
+        verify: usize,
     ) -> PyResult<String> {
         let hits = match (images, paths, features) {
             (_, _, Some(_)) => Err(invalid(
@@ -93,12 +95,12 @@ impl PyIndex {
                     .map(|(i, a)| array_image(a, i))
                     .collect::<Fallible<Vec<_>>>()
                     .py_err()?;
-                py.detach(|| engine.search_decoded(&ids, &decoded, params, turns))
+                py.detach(|| engine.search_decoded(&ids, &decoded, params, turns, verify, &Silent))
                     .map_err(Into::into)
             }
             (None, Some(paths), None) => {
                 let items: Vec<(String, PathBuf)> = ids.into_iter().zip(paths).collect();
-                py.detach(|| engine.search_images_turned(&items, params, turns, &Silent))
+                py.detach(|| engine.search_images_as(&items, params, turns, verify, &Silent))
                     .map_err(Into::into)
             }
             _ => Err(invalid("give images (numpy arrays) or paths")),
@@ -298,8 +300,8 @@ impl PyIndex {
         let options: SearchOptions = options_from_json("search options", options_json).py_err()?;
         let params = options.params(&Default::default()).py_err()?;
         let engine = self.engine.snapshot();
-        if options.turns > 1 {
-            return self.search_turned_json(
+        if options.turns > 1 || (options.verify > 0 && features.is_none()) {
+            return self.search_images_json(
                 py,
                 &engine,
                 ids,
@@ -308,6 +310,7 @@ impl PyIndex {
                 features,
                 &params,
                 options.turns,
+                options.verify,
             );
         }
         let feats = match features {
@@ -325,7 +328,9 @@ impl PyIndex {
                     .py_err()?
             }
         };
-        let hits = py.detach(|| engine.search_features(&feats, &params));
+        let hits = py
+            .detach(|| engine.search_features_verified(&feats, &params, options.verify, &Silent))
+            .py_err()?;
         to_json(&hits).py_err()
     }
 

@@ -163,6 +163,27 @@ def test_a_turned_search_finds_crops_seen_turned_and_mirrored(tiny, crops, tmp_p
         idx.search(features=f, turns=2)
 
 
+def test_a_verified_search_counts_inliers_and_finds_the_image_itself(tiny, crops, tmp_path):
+    idx = craterdex.Index.build(tmp_path / "i", crops.iloc[:12], model=tiny)
+    assert craterdex.DEFAULTS["engine"]["search"]["verify"] == 0  # a plain search by default
+    path = crops["path"][0]
+    assert idx.search(paths=[path], top_k=3)["inliers"].isna().all()
+    f = tiny.extract([path])
+    patches = f["patches"].shape[1]
+    array = np.asarray(Image.open(path))
+    for hits in (idx.search(paths=[path], top_k=3, verify=3),
+                 idx.search([array], ids=["a"], top_k=3, verify=3),
+                 idx.search(features=f, top_k=3, verify=3)):
+        # the image itself: every patch corresponds in place
+        assert hits["id"][0] == crops["id"][0]
+        assert hits["inliers"][0] == patches
+        assert 1 <= hits["inliers"].notna().sum() <= 3
+    # turned and mirrored, at 4 turns: verified against the view that undoes it
+    turned = np.ascontiguousarray(np.fliplr(np.rot90(array)))
+    both = idx.search([turned], ids=["t"], top_k=3, verify=3, turns=4)
+    assert both["id"][0] == crops["id"][0] and both["inliers"][0] == patches
+
+
 def test_link_and_dedup_return_tables(tiny, crops, tmp_path):
     first = crops[crops["id"].str.endswith("v0")]
     second = crops[crops["id"].str.endswith("v1")]

@@ -92,16 +92,20 @@ pub fn document(config: &Config, feature_dim: Option<usize>) -> Document {
             }
         }
     }
-    // turning needs the query image: only a search by image takes `turns`
+    // turning needs the query image, verifying the query's patch tokens (an image or
+    // posted features): the other searches do not take them
     for (path, item) in doc.paths.paths.iter_mut() {
-        if path != "/v1/search/image" {
-            for op in [&mut item.get, &mut item.post, &mut item.delete]
-                .into_iter()
-                .flatten()
-            {
-                if let Some(params) = &mut op.parameters {
-                    params.retain(|p| p.name != "turns");
-                }
+        let takes = |name: &str| match name {
+            "turns" => path == "/v1/search/image",
+            "verify" => path == "/v1/search/image" || path == "/v1/search/features",
+            _ => true,
+        };
+        for op in [&mut item.get, &mut item.post, &mut item.delete]
+            .into_iter()
+            .flatten()
+        {
+            if let Some(params) = &mut op.parameters {
+                params.retain(|p| takes(&p.name));
             }
         }
     }
@@ -163,6 +167,9 @@ mod tests {
         assert!(named("/v1/search/image", "post", "turns"));
         assert!(!named("/v1/search/features", "post", "turns"));
         assert!(!named("/v1/images/{id}/similar", "get", "turns"));
+        assert!(named("/v1/search/image", "post", "verify"));
+        assert!(named("/v1/search/features", "post", "verify"));
+        assert!(!named("/v1/images/{id}/similar", "get", "verify"));
         let mode = similar
             .as_array()
             .unwrap()

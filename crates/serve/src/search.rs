@@ -14,7 +14,9 @@ use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Multipart, Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::Json;
-use craterdex_engine::{Engine, Mode, SearchHit, SearchLimits, SearchOptions, SearchParams};
+use craterdex_engine::{
+    Engine, Mode, QueryHits, SearchHit, SearchLimits, SearchOptions, SearchParams, Silent,
+};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -28,30 +30,35 @@ pub async fn blocking<T: Send + 'static>(
 }
 
 /// The search a query string asks for, within the service's limits (a malformed or
-/// out-of-range parameter is a bad request).
-fn search_params(
+/// out-of-range parameter is a bad request), and the options it was read from.
+fn search_query(
     svc: &Service,
     q: Result<Query<SearchOptions>, QueryRejection>,
-) -> ApiResult<SearchParams> {
-    let (params, turns) = search_params_turned(svc, q)?;
-    if turns > 1 {
+) -> ApiResult<(SearchOptions, SearchParams)> {
+    let Query(options) = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let params = checked_params(&options, &svc.config().limits)?;
+    Ok((options, params))
+}
+
+/// Turning needs the query image: only a search by image takes `turns`.
+fn refuse_turns(options: &SearchOptions) -> ApiResult<()> {
+    if options.turns > 1 {
         return Err(ApiError::bad_request(
             "turns needs the query image: search by image (POST /v1/search/image)",
         ));
     }
-    Ok(params)
+    Ok(())
 }
 
-/// [`search_params`] and the turns asked for, for a search by image.
-fn search_params_turned(
-    svc: &Service,
-    q: Result<Query<SearchOptions>, QueryRejection>,
-) -> ApiResult<(SearchParams, usize)> {
-    let Query(options) = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    Ok((
-        checked_params(&options, &svc.config().limits)?,
-        options.turns,
-    ))
+/// Verification needs the query's patch tokens: an image or posted features.
+fn refuse_verify(options: &SearchOptions) -> ApiResult<()> {
+    if options.verify > 0 {
+        return Err(ApiError::bad_request(
+            "verify needs the query's patch tokens: search by image (POST /v1/search/image) \
+             or by features (POST /v1/search/features)",
+        ));
+    }
+    Ok(())
 }
 
 /// The search a request's options ask for, within `limits` (400 past them).
@@ -122,6 +129,10 @@ fn first(mut hits: Vec<Vec<SearchHit>>) -> Vec<SearchHit> {
     hits.pop().unwrap_or_default()
 }
 
+fn first_named(hits: Vec<QueryHits>) -> Vec<SearchHit> {
+    first(hits.into_iter().map(|q| q.results).collect())
+}
+
 /// Search with an uploaded image (needs a model).
 #[utoipa::path(
     post,
@@ -143,7 +154,7 @@ pub async fn search_image(
     mp: Result<Multipart, axum::extract::multipart::MultipartRejection>,
 ) -> ApiResult<Json<SearchResponse>> {
     authorize(&svc, &headers, false)?;
-    let (p, turns) = search_params_turned(&svc, q)?;
+    let (o, p) = search_query(&svc, q)?;
     let mp = mp.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let (bytes, _) = read_multipart(mp, &[]).await?;
     let engine = image_engine(&svc)?;
@@ -152,14 +163,27 @@ pub async fn search_image(
     blocking(move || {
         let t = Instant::now();
         let up = decode(&svc2, bytes)?;
-        let variants = engine.encode_image_variants(&up.image, turns)?;
-        let features = ms(t);
-        let t = Instant::now();
-        let hits = first(engine.search_turned(&[variants], &p));
+        // the candidates' forward passes of a verified search count as search time
+        let (hits, features, search) = if o.verify > 0 {
+            let ids = ["query".to_string()];
+            let variants =
+                engine.decoded_variant_features(&ids, std::slice::from_ref(&up.image), o.turns)?;
+            let features = ms(t);
+            let t = Instant::now();
+            let hits =
+                engine.search_variants_verified(&ids, &variants, o.turns, &p, o.verify, &Silent)?;
+            (first_named(hits), features, ms(t))
+        } else {
+            let variants = engine.encode_image_variants(&up.image, o.turns)?;
+            let features = ms(t);
+            let t = Instant::now();
+            let hits = first(engine.search_turned(&[variants], &p));
+            (hits, features, ms(t))
+        };
         let timing = Timing {
             features: Some(features),
             encode: None,
-            search: ms(t),
+            search,
         };
         let query = QueryInfo::Image {
             width: up.image.width(),
@@ -195,8 +219,15 @@ pub async fn search_features(
     body: Bytes,
 ) -> ApiResult<Json<SearchResponse>> {
     authorize(&svc, &headers, false)?;
-    let p = search_params(&svc, q)?;
+    let (o, p) = search_query(&svc, q)?;
+    refuse_turns(&o)?;
     let engine = svc.snapshot()?;
+    if o.verify > 0 && engine.extractor().is_none() {
+        return Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "verify runs the candidates' images through the model; this server has none loaded",
+        ));
+    }
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -205,14 +236,25 @@ pub async fn search_features(
     Counters::count(&svc.counters.searches);
     blocking(move || {
         let t = Instant::now();
-        let descs = engine.encode(&features);
-        let encode = ms(t);
-        let t = Instant::now();
-        let hits = first(engine.search(&descs, &p));
-        let timing = Timing {
-            features: None,
-            encode: Some(encode),
-            search: ms(t),
+        let (hits, timing) = if o.verify > 0 {
+            let hits = engine.search_features_verified(&features, &p, o.verify, &Silent)?;
+            let timing = Timing {
+                features: None,
+                encode: None,
+                search: ms(t),
+            };
+            (first_named(hits), timing)
+        } else {
+            let descs = engine.encode(&features);
+            let encode = ms(t);
+            let t = Instant::now();
+            let hits = first(engine.search(&descs, &p));
+            let timing = Timing {
+                features: None,
+                encode: Some(encode),
+                search: ms(t),
+            };
+            (hits, timing)
         };
         Ok(response(hits, &p, QueryInfo::Features, timing))
     })
@@ -238,7 +280,9 @@ pub async fn search_similar(
 ) -> ApiResult<Json<SearchResponse>> {
     authorize(&svc, &headers, false)?;
     let id = path_id(id)?;
-    let p = search_params(&svc, q)?;
+    let (o, p) = search_query(&svc, q)?;
+    refuse_turns(&o)?;
+    refuse_verify(&o)?;
     let engine = svc.snapshot()?;
     Counters::count(&svc.counters.searches);
     blocking(move || {

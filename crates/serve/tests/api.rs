@@ -276,6 +276,40 @@ async fn searches_find_the_image_itself_by_upload_features_and_id() {
     let (s, _) = call_json(&svc, upload("/v1/search/image?turns=37", &turned)).await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
 
+    // Verified (by image or by posted features), the image itself comes first with every
+    // patch in place; a search by id cannot verify.
+    let patches = features(&vit, &f.images[3]).attention.len() as u64;
+    let by_features = Request::post("/v1/search/features?top_k=3&verify=3")
+        .body(Body::from(features_json(&vit, &f.images[3], false)))
+        .unwrap();
+    for req in [
+        upload("/v1/search/image?top_k=3&verify=3", &f.images[3]),
+        by_features,
+    ] {
+        let (s, v) = call_json(&svc, req).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        assert_eq!(top_ids(&v)[0], "c03");
+        assert_eq!(v["results"][0]["inliers"].as_u64(), Some(patches), "{v}");
+        let verified = v["results"].as_array().unwrap();
+        assert!(verified.iter().filter(|h| h["inliers"].is_u64()).count() <= 3);
+    }
+    // turned and mirrored, at 4 turns: verified against the view that undoes it
+    let (s, v) = call_json(&svc, upload("/v1/search/image?verify=3&turns=4", &turned)).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(top_ids(&v)[0], "c03", "{v}");
+    assert_eq!(v["results"][0]["inliers"].as_u64(), Some(patches), "{v}");
+    let (s, v) = call_json(&svc, upload("/v1/search/image?verify=101", &turned)).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    let (s, v) = call_json(&svc, get("/v1/images/c03/similar?verify=3")).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("verify needs"),
+        "{v}"
+    );
+
     // The thumbnail URL it gives is served as a PNG.
     let (s, png) = call(&svc, get(first["thumbnail"].as_str().unwrap())).await;
     assert_eq!(s, StatusCode::OK);
@@ -351,8 +385,8 @@ async fn searches_find_the_image_itself_by_upload_features_and_id() {
     assert_eq!(s, StatusCode::OK);
     assert_eq!(v["images"], N);
     assert_eq!(v["tokens_per_image"], 4);
-    assert_eq!(v["requests"]["image_searches"], 2);
-    assert_eq!(v["requests"]["searches"], 5);
+    assert_eq!(v["requests"]["image_searches"], 4); // two verified
+    assert_eq!(v["requests"]["searches"], 6); // one verified
     assert_eq!(v["writes_enabled"], false);
 }
 

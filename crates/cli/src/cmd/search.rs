@@ -26,15 +26,6 @@ pub struct SearchCmd {
     manifest: Option<PathBuf>,
     #[command(flatten)]
     search: SearchOpts,
-    /// Verify the N best images spatially, for map-projected (upright) queries: patch-token
-    /// correspondences between the query and each candidate, and the most of them one
-    /// similarity transform (turn, scale, shift) explains, rerank them (score + 0.01 per
-    /// inlier beyond a fifth of the patches; 10 or 20 are good choices, 0 is off). The
-    /// candidates' images are read where the index recorded them and run through the model
-    /// (up to N forward passes per query; the feature cache serves repeats). Measured:
-    /// docs/results.md, "Spatial verification of the best images".
-    #[arg(long, default_value_t = 0, value_name = "N")]
-    verify: usize,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -68,18 +59,13 @@ pub fn run(c: SearchCmd) -> Result<()> {
         Ok((results, ms))
     };
     let (results, ms) = match (&c.index, &c.shards) {
-        (Some(_), _) if c.verify > 0 && options.turns > 1 => {
-            bail!("--verify and --turns together are not supported yet: choose one")
-        }
-        (Some(index), _) if c.verify > 0 => {
-            let engine = Engine::open(index, Some(extractor))?;
-            timed(&|| engine.search_images_verified(&items, &params, c.verify, &bars))?
-        }
         (Some(index), _) => {
             let engine = Engine::open(index, Some(extractor))?;
-            timed(&|| engine.search_images_turned(&items, &params, options.turns, &bars))?
+            timed(&|| {
+                engine.search_images_as(&items, &params, options.turns, options.verify, &bars)
+            })?
         }
-        (None, Some(_)) if c.verify > 0 => {
+        (None, Some(_)) if options.verify > 0 => {
             bail!("--verify is not supported with --shards yet: search one shard index at a time")
         }
         (None, Some(_)) if options.turns > 1 => {

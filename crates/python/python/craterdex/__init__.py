@@ -255,11 +255,12 @@ def _hits_frame(json_text: str) -> pd.DataFrame:
     for q in json.loads(json_text):
         for h in q["results"]:
             row = {"query": q["query"], "rank": h["rank"], "id": h["id"], "crater_id": h.get("crater_id"),
-                   "score": h["score"], "stage1": h.get("stage1"), "stage2": h.get("stage2")}
+                   "score": h["score"], "stage1": h.get("stage1"), "stage2": h.get("stage2"),
+                   "inliers": h.get("inliers")}
             for c in META_COLUMNS[2:]:
                 row[c] = h["meta"].get(c)
             rows.append(row)
-    cols = ["query", "rank", "id", "crater_id", "score", "stage1", "stage2"] + META_COLUMNS[2:]
+    cols = ["query", "rank", "id", "crater_id", "score", "stage1", "stage2", "inliers"] + META_COLUMNS[2:]
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -418,6 +419,7 @@ class Index:
         nprobe: Optional[int] = _SEARCH["nprobe"],
         group_views: bool = _SEARCH["group_views"],
         turns: int = _SEARCH["turns"],
+        verify: int = _SEARCH["verify"],
     ) -> pd.DataFrame:
         """Ranked hits for query images (numpy arrays or ``paths``) or ``features``.
 
@@ -426,14 +428,20 @@ class Index:
         crater (the views of one ``crater_id`` together, ranked by the best of them); False
         lists them image by image. ``turns`` (images or paths only): for queries at an
         unknown heading, each is also searched turned by every ``turns``-th of a circle and
-        mirrored (``2 * turns`` forward passes), every image ranked by its best score
-        (12 is a good choice; 1 searches the query as given). ``ids`` name the queries (with ``features``, in place of
-        the ids they were extracted with). Returns one row per hit: ``query``,
-        ``rank``, ``id``, ``crater_id``, ``score``, ``stage1``, ``stage2`` and the hit's
-        metadata columns.
+        mirrored (``2 * turns`` forward passes), every image ranked by its best score (12 is
+        a good choice; 1 searches the query as given). ``verify``: the ``verify`` best images
+        are verified spatially (patch-token correspondences under one similarity transform)
+        and ranked again by score + 0.01 per inlier beyond a fifth of the patches (10 or 20
+        are good choices; 0 is off); their images are read where the index recorded them
+        and run through the model (with ``turns``, each is verified against the turned view
+        that matches it best). ``ids`` name the queries (with ``features``, in place of the
+        ids they were extracted with). Returns one row per hit: ``query``, ``rank``, ``id``,
+        ``crater_id``, ``score``, ``stage1``, ``stage2``, ``inliers`` (verified hits only)
+        and the hit's metadata columns.
         """
         kw = dict(options_json=json.dumps(dict(top_k=top_k, mode=mode, shortlist=shortlist, nprobe=nprobe,
-                                               group_views=group_views, turns=turns)))
+                                               group_views=group_views, turns=turns,
+                                               verify=verify)))
         if features is not None:
             fids, (c, p, a) = _features_args(features)
             if ids is not None:
