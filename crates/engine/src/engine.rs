@@ -3,7 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::extractor::{split_fingerprint, split_reduction, Extractor};
-use crate::options::{VERIFY_CHANCE_SHARE, VERIFY_WEIGHT};
+use crate::options::{TURN_MARGIN, VERIFY_CHANCE_SHARE, VERIFY_VIEWS, VERIFY_WEIGHT};
 use crate::progress::Progress;
 use crate::recipe::{encode_all, feature_refs};
 use craterdex_errors::ensure;
@@ -321,8 +321,10 @@ impl Engine {
         candidate: &(dyn Fn(&SearchHit) -> Option<Arc<PatchGrid>> + Sync),
     ) -> Vec<Vec<SearchHit>> {
         let per_query: Vec<&[PatchGrid]> = grids.iter().map(std::slice::from_ref).collect();
+        let views: Vec<&[Descriptors]> = queries.iter().map(std::slice::from_ref).collect();
         self.verify_search(
             &|p| self.search(queries, p),
+            &views,
             &per_query,
             params,
             top,
@@ -331,8 +333,9 @@ impl Engine {
     }
 
     /// [`Engine::search_verified`] for queries given as their turn variants
-    /// ([`Engine::search_turned`]): a candidate's inliers are the most that any variant's
-    /// grid gathers (`grids[q]` holds query `q`'s variants' grids).
+    /// ([`Engine::search_turned`]): a candidate's inliers are the most that the
+    /// [`VERIFY_VIEWS`] variants it matches best by late interaction gather (`grids[q]`
+    /// holds query `q`'s variants' grids).
     pub fn search_turned_verified(
         &self,
         queries: &[Vec<Descriptors>],
@@ -342,8 +345,10 @@ impl Engine {
         candidate: &(dyn Fn(&SearchHit) -> Option<Arc<PatchGrid>> + Sync),
     ) -> Vec<Vec<SearchHit>> {
         let per_query: Vec<&[PatchGrid]> = grids.iter().map(Vec::as_slice).collect();
+        let views: Vec<&[Descriptors]> = queries.iter().map(Vec::as_slice).collect();
         self.verify_search(
             &|p| self.search_turned(queries, p),
+            &views,
             &per_query,
             params,
             top,
@@ -356,6 +361,7 @@ impl Engine {
     fn verify_search(
         &self,
         search: &dyn Fn(&SearchParams) -> Vec<Vec<SearchHit>>,
+        views: &[&[Descriptors]],
         grids: &[&[PatchGrid]],
         params: &SearchParams,
         top: usize,
@@ -378,16 +384,19 @@ impl Engine {
             .into_par_iter()
             .zip(candidates)
             .zip(grids)
-            .map(|((hits, candidates), grids)| {
-                self.verified(grids, hits, candidates, params, candidate)
+            .zip(views)
+            .map(|(((hits, candidates), grids), views)| {
+                self.verified(views, grids, hits, candidates, params, candidate)
             })
             .collect()
     }
 
     /// `hits` (as `params` ranked them) with `candidates` verified against `query` (the
-    /// most inliers over its grids) and ranked again, `params.top_k` kept.
+    /// most inliers over the grids of the views each matches best) and ranked again,
+    /// `params.top_k` kept.
     fn verified(
         &self,
+        views: &[Descriptors],
         query: &[PatchGrid],
         mut hits: Vec<SearchHit>,
         candidates: Vec<SearchHit>,
@@ -401,8 +410,10 @@ impl Engine {
             .filter_map(|mut c| {
                 let first = query.first()?;
                 let g = grid(&c).filter(|g| g.dim == first.dim)?;
-                let n = query
-                    .iter()
+                let n = self
+                    .best_views(views, c.row)
+                    .into_iter()
+                    .filter_map(|v| query.get(v))
                     .map(|q| craterdex_tokens::verify::inliers(&q.tokens, &g.tokens, q.dim))
                     .max()?;
                 c.inliers = Some(n);
@@ -431,6 +442,28 @@ impl Engine {
             h.rank = i + 1;
         }
         hits
+    }
+
+    /// The views of a query (as given, then turned and mirrored) that indexed image `row`
+    /// matches best by late interaction, best first, the turned views counted
+    /// [`TURN_MARGIN`] lower as the turned search counts them: the views that register the
+    /// query to the image.
+    fn best_views(&self, views: &[Descriptors], row: usize) -> Vec<usize> {
+        let keep = VERIFY_VIEWS;
+        if views.len() <= keep {
+            return (0..views.len()).collect();
+        }
+        let margin = |v: usize| if v == 0 { 0.0 } else { TURN_MARGIN };
+        let mut scored: Vec<(usize, f32)> = views
+            .iter()
+            .enumerate()
+            .map(|(v, d)| {
+                let li = self.index.late_interaction(&d.tokens, &[row]);
+                (v, li.first().copied().unwrap_or(f32::MIN) - margin(v))
+            })
+            .collect();
+        scored.sort_by(|a, b| b.1.total_cmp(&a.1));
+        scored.into_iter().take(keep).map(|(v, _)| v).collect()
     }
 
     /// Extracts features of `(id, path)` query images and searches them as `turns` and

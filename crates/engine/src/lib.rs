@@ -32,7 +32,7 @@ pub use info::{IndexInfo, IvfInfo};
 pub use options::{
     default_precision, Defaults, ModelOptions, RecipeOptions, SearchLimits, SearchOptions,
     Whitening, DEFAULT_PRECISION_WHY, MAX_TURNS, MAX_VERIFY, TURN_MARGIN, VERIFY_CHANCE_SHARE,
-    VERIFY_WEIGHT,
+    VERIFY_VIEWS, VERIFY_WEIGHT,
 };
 pub use plan::{learn_rows, learn_sample, BuildPlan, LEARN_SAMPLE_IMAGES};
 pub use progress::{Progress, Silent};
