@@ -469,8 +469,8 @@ impl Engine {
     /// Extracts features of `(id, path)` query images and searches them as `turns` and
     /// `verify` ask ([`crate::SearchOptions`]): turned and mirrored
     /// ([`Engine::search_images_turned`]), with the best images spatially verified
-    /// ([`Engine::search_features_verified`]; turned queries against the variant that
-    /// matches each candidate best), or plainly.
+    /// ([`Engine::search_features_verified`]; turned queries through the [`VERIFY_VIEWS`]
+    /// views that match each candidate best), or plainly.
     pub fn search_images_as(
         &self,
         items: &[(String, PathBuf)],
@@ -684,25 +684,16 @@ impl Engine {
         self.encode_image(&turned(image, angle))
     }
 
-    /// The features of decoded images' turn variants ([`crate::turn_variants`]), each
-    /// image's in a row, named `<id>#<variant>`.
+    /// The features of decoded images' turn variants
+    /// ([`Extractor::features_of_variants`]).
     pub fn decoded_variant_features(
         &self,
         ids: &[String],
         images: &[image::DynamicImage],
         turns: usize,
     ) -> Result<FeatureSet> {
-        let (names, turned): (Vec<String>, Vec<image::DynamicImage>) = ids
-            .iter()
-            .zip(images)
-            .flat_map(|(id, im)| {
-                crate::turn_variants(im, turns)
-                    .into_iter()
-                    .enumerate()
-                    .map(move |(v, im)| (format!("{id}#{v}"), im))
-            })
-            .unzip();
-        self.extractor_or_err()?.features_of_images(&names, &turned)
+        self.extractor_or_err()?
+            .features_of_variants(ids, images, turns)
     }
 
     /// The descriptors of one decoded image (an upload) under the index's encoder.

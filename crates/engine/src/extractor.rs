@@ -195,21 +195,19 @@ impl Extractor {
         // a batch's worth of images at a time, so that memory stays flat
         let per_chunk = self.settings.batch.max(1).div_ceil(variants).max(1);
         for (done, chunk) in items.chunks(per_chunk).enumerate() {
-            let mut names = Vec::new();
+            let mut read = Vec::new();
             let mut images = Vec::new();
             for (id, path) in chunk {
                 match extract::read_image(id, path, self.settings.allow_partial) {
                     Ok(img) => {
-                        for (v, im) in turn_variants(&img, turns).into_iter().enumerate() {
-                            names.push(format!("{id}#{v}"));
-                            images.push(im);
-                        }
-                        ids.push(id.clone());
+                        read.push(id.clone());
+                        images.push(img);
                     }
                     Err(failure) => failures.push(failure),
                 }
             }
-            let f = self.features_of_images(&names, &images)?;
+            let f = self.features_of_variants(&read, &images, turns)?;
+            ids.extend(read);
             match &mut features {
                 Some(all) => all.append(f),
                 None => features = Some(f),
@@ -222,6 +220,31 @@ impl Extractor {
             Some(f) if !ids.is_empty() => Ok((ids, f)),
             _ => Err(Error::Invalid(format!("{what}: no image could be read"))),
         }
+    }
+
+    /// Features of the turn variants ([`turn_variants`]) of decoded images named `ids`, each
+    /// image's [`turn_variant_count`] rows in a row, named `<id>#<variant>`.
+    pub fn features_of_variants(
+        &self,
+        ids: &[String],
+        images: &[image::DynamicImage],
+        turns: usize,
+    ) -> Result<FeatureSet> {
+        ensure!(
+            ids.len() == images.len(),
+            Error::Invalid(format!("{} ids for {} images", ids.len(), images.len()))
+        );
+        let (names, turned): (Vec<String>, Vec<image::DynamicImage>) = ids
+            .iter()
+            .zip(images)
+            .flat_map(|(id, im)| {
+                turn_variants(im, turns)
+                    .into_iter()
+                    .enumerate()
+                    .map(move |(v, im)| (format!("{id}#{v}"), im))
+            })
+            .unzip();
+        self.features_of_images(&names, &turned)
     }
 
     /// Features of one decoded image (an upload).
