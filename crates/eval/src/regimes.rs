@@ -340,31 +340,34 @@ pub fn run(
                 None,
             )?;
             let engine = Engine::new(index, None)?;
+            // the queries' patch grids under this index's encoder, once for every search
+            // that verifies
+            let grids_of = |f: &FeatureSet| -> Vec<PatchGrid> {
+                craterdex_engine::feature_refs(f)
+                    .into_par_iter()
+                    .map(|f| engine.patch_grid(f))
+                    .collect()
+            };
+            let verifies = |turned: bool| {
+                searches
+                    .iter()
+                    .any(|s| s.verify.is_some() && s.turned == turned)
+            };
+            let query_grids = match verifies(false) {
+                true => grids_of(input.queries),
+                false => Vec::new(),
+            };
+            let variant_grids: Vec<Vec<PatchGrid>> = match (verifies(true), input.query_variants) {
+                (true, Some(f)) => grids_of(f)
+                    .chunks(craterdex_engine::turn_variant_count(o.turns))
+                    .map(<[PatchGrid]>::to_vec)
+                    .collect(),
+                _ => Vec::new(),
+            };
             for (i, s) in searches.into_iter().enumerate() {
                 if i > 0 {
                     progress(&s.id.to_string());
                 }
-                let grids_of = |f: &FeatureSet| -> Vec<PatchGrid> {
-                    craterdex_engine::feature_refs(f)
-                        .into_par_iter()
-                        .map(|f| engine.patch_grid(f))
-                        .collect()
-                };
-                let query_grids = match s.verify {
-                    Some(_) => grids_of(input.queries),
-                    None => Vec::new(),
-                };
-                let variant_grids: Vec<Vec<PatchGrid>> =
-                    match (s.turned, s.verify, variants, input.query_variants) {
-                        (true, Some(_), Some(v), Some(f)) => {
-                            let mut grids = grids_of(f).into_iter();
-                            let per = f.len() / v.len().max(1);
-                            v.iter()
-                                .map(|_| grids.by_ref().take(per).collect())
-                                .collect()
-                        }
-                        _ => Vec::new(),
-                    };
                 let these = match (s.turned, variants, s.verify) {
                     (true, Some(v), Some(top)) => Queries::TurnedVerified {
                         variants: v,
@@ -607,7 +610,7 @@ pub fn run(
                     ..grouped.clone()
                 });
                 if o.verify > 0 {
-                    // turned and verified: each candidate against the variant that matches it best
+                    // turned and verified: each candidate through the views that match it best
                     searches.push(Search {
                         id: RegimeId {
                             turns: Some(o.turns),
