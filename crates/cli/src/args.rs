@@ -8,7 +8,7 @@ use anyhow::Result;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Args;
 use craterdex_engine::{
-    Codec, Extractor, IvfSetting, Mode, ModelOptions, Orientation, Pooling, Precision,
+    Brightness, Codec, Extractor, IvfSetting, Mode, ModelOptions, Orientation, Pooling, Precision,
     RecipeOptions, ResizeMode, SearchOptions, SeedStrategy, Whitening,
 };
 use std::path::PathBuf;
@@ -53,6 +53,14 @@ pub struct ModelChoice {
     #[arg(long, value_parser = one_of::<Orientation>(Orientation::VARIANTS.iter().copied()),
           default_value_t = ModelOptions::default().orient)]
     pub orient: Orientation,
+    /// standardised: shift and scale every crop's brightness to mid grey and a fixed spread
+    /// before the model sees it, so that an observation's exposure and (to first order) its
+    /// sun's elevation do not change its tokens; as-is: as stored (indexes built before this
+    /// default). An index records it and its queries must use the same. Measured:
+    /// docs/results.md, "Brightness standardised".
+    #[arg(long, value_parser = one_of::<Brightness>(Brightness::VARIANTS.iter().copied()),
+          default_value_t = ModelOptions::default().brightness)]
+    pub brightness: Brightness,
     /// Token reduction: the fraction of patch tokens, those the CLS token attends to most,
     /// that go on through the second half of the blocks (1: all). Faster, and not free in
     /// accuracy: docs/performance.md.
@@ -92,6 +100,7 @@ impl ModelChoice {
             precision: self.precision,
             resize: self.resize,
             orient: self.orient,
+            brightness: self.brightness,
             keep_tokens: self.keep_tokens,
             blocks: self.blocks,
             cache: false,
@@ -202,6 +211,12 @@ pub struct SearchOpts {
     /// Measured: docs/results.md, "Queries at an unknown heading".
     #[arg(long, default_value_t = SearchOptions::default().turns)]
     pub turns: usize,
+    /// For query images lit from the other side than the catalogue (another time of day):
+    /// also search each with its brightness inverted, how a crater looks with the sun turned
+    /// 180 degrees, each image ranked by its best score (twice the forward passes of --turns).
+    /// Measured: docs/results.md, "Relit queries".
+    #[arg(long)]
+    pub opposite_sun: bool,
     /// Verify the N best images spatially, for map-projected (upright) queries: patch-token
     /// correspondences between the query and each candidate, and the most of them one
     /// similarity transform (turn, scale, shift) explains, rerank them (score + 0.01 per
@@ -222,6 +237,7 @@ impl SearchOpts {
             nprobe: self.nprobe,
             group_views: !self.ungrouped,
             turns: self.turns,
+            opposite_sun: self.opposite_sun,
             verify: self.verify,
         }
     }

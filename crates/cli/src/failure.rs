@@ -62,6 +62,11 @@ pub fn hint(e: &anyhow::Error) -> Option<String> {
             "search it with --orient {}, as it was built",
             built.name()
         )),
+        craterdex_engine::Error::Brightness { built, .. } => Some(format!(
+            "search it with --brightness {}, as it was built (indexes built before brightness \
+             was standardised by default need --brightness as-is, or a rebuild)",
+            built.name()
+        )),
         craterdex_engine::Error::NoModel(_) => {
             Some("give --model (or leave it out for the default model)".into())
         }

@@ -501,16 +501,40 @@ fn eval_default_regime_ranks_like_index_build_and_search() {
     ];
     args.extend(common);
     e.ok(&args);
+    // an eval takes one set of query views: the opposite sun in a second run
+    let mut args = vec![
+        "eval",
+        "--manifest",
+        &manifest,
+        "--quick",
+        "--per-query",
+        "pq_sun.csv",
+        "--opposite-sun",
+        "--verify",
+        "3",
+    ];
+    args.extend(common);
+    e.ok(&args);
     e.index_build(&model, &manifest, "idx", &[]);
-    let csv = std::fs::read_to_string(e.root.join("pq.csv")).unwrap();
-    // search lists views crater by crater unless told --ungrouped, and searches turned and
-    // mirrored with --turns: each form must rank as the eval regime of the same name
+    let csv = std::fs::read_to_string(e.root.join("pq.csv")).unwrap()
+        + &std::fs::read_to_string(e.root.join("pq_sun.csv")).unwrap();
+    // search lists views crater by crater unless told --ungrouped, searches turned and
+    // mirrored with --turns and relit with --opposite-sun: each form must rank as the eval
+    // regime of the same name
     for (regime, flags) in [
         ("two_stage_s100_k32_int8_pairwhite_grouped", &[][..]),
         ("two_stage_s100_k32_int8_pairwhite", &["--ungrouped"][..]),
         (
             "two_stage_s100_k32_int8_pairwhite_grouped_turns4",
             &["--turns", "4"][..],
+        ),
+        (
+            "two_stage_s100_k32_int8_pairwhite_grouped_oppsun",
+            &["--opposite-sun"][..],
+        ),
+        (
+            "two_stage_s100_k32_int8_pairwhite_grouped_oppsun_verify3",
+            &["--opposite-sun", "--verify", "3"][..],
         ),
         (
             "two_stage_s100_k32_int8_pairwhite_grouped_verify3",
@@ -603,7 +627,10 @@ fn an_index_of_reduced_passes_needs_queries_reduced_alike() {
     let info: serde_json::Value =
         serde_json::from_str(&e.ok(&["index", "info", "--index", "idx"])).unwrap();
     assert!(
-        info["model"].as_str().unwrap().ends_with("~keep0.5@b2"),
+        info["model"]
+            .as_str()
+            .unwrap()
+            .ends_with("~keep0.5@b2+standardised"),
         "{info}"
     );
     let query = e.path("bench/images/gallery");
@@ -689,6 +716,84 @@ fn index_of_oriented_crops_needs_and_serves_oriented_queries(orient: &str, wrong
         v[0]["results"][0]["id"].as_str().unwrap().to_string()
     };
     assert_eq!(top(query), top(&turned));
+}
+
+/// Crops' brightness is standardised by default: an index records it (`+standardised` in its
+/// model's name) and refuses queries prepared otherwise, naming the option; a crop under
+/// another exposure is found as itself with its own score.
+#[test]
+fn an_index_records_standardised_brightness_and_its_queries_need_the_same() {
+    let e = Env::new();
+    let model = e.tiny_model();
+    let manifest = e.tile_benchmark("4");
+    let common = ["--model", model.as_str(), "--size", "16"];
+    e.index_build(&model, &manifest, "idx", &["--k", "4", "--codec", "f32"]);
+    let info: serde_json::Value =
+        serde_json::from_str(&e.ok(&["index", "info", "--index", "idx"])).unwrap();
+    assert!(
+        info["model"].as_str().unwrap().ends_with("+standardised"),
+        "{info}"
+    );
+    let gallery = e.gallery_images();
+    let query = gallery[0].display().to_string();
+    let mut args = vec!["search", "--index", "idx", query.as_str(), "--json"];
+    args.extend(["--brightness", "as-is"]);
+    args.extend(common);
+    let o = e.run(&args);
+    assert_eq!(o.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("brightness standardised;"), "{err}");
+    assert!(
+        err.contains("hint: search it with --brightness standardised,"),
+        "{err}"
+    );
+    let first = |q: &str| -> (String, f64) {
+        let mut args = vec![
+            "search",
+            "--index",
+            "idx",
+            q,
+            "--json",
+            "--top",
+            "1",
+            "--mode",
+            "exhaustive",
+            "--ungrouped",
+        ];
+        args.extend(common);
+        let v: serde_json::Value = serde_json::from_str(&e.ok(&args)).unwrap();
+        let hit = &v[0]["results"][0];
+        (
+            hit["id"].as_str().unwrap().to_string(),
+            hit["score"].as_f64().unwrap(),
+        )
+    };
+    let (id, own) = first(&query);
+    // half the contrast, brighter: the same crop after standardising (up to 8-bit rounding)
+    let exposed = e.root.join("exposed.png");
+    let grey = image::open(&gallery[0]).unwrap().to_luma8();
+    image::GrayImage::from_fn(grey.width(), grey.height(), |x, y| {
+        image::Luma([(100.0 + 0.5 * grey.get_pixel(x, y)[0] as f32).round() as u8])
+    })
+    .save(&exposed)
+    .unwrap();
+    let (found, score) = first(exposed.to_str().unwrap());
+    assert_eq!(found, id);
+    assert!((score - own).abs() < 0.02, "{score} vs {own}");
+    // an index of crops as stored takes queries as stored
+    e.index_build(
+        &model,
+        &manifest,
+        "plain",
+        &["--k", "4", "--brightness", "as-is"],
+    );
+    let info: serde_json::Value =
+        serde_json::from_str(&e.ok(&["index", "info", "--index", "plain"])).unwrap();
+    assert!(!info["model"].as_str().unwrap().contains('+'), "{info}");
+    let mut args = vec!["search", "--index", "plain", query.as_str(), "--json"];
+    args.extend(["--brightness", "as-is"]);
+    args.extend(common);
+    e.ok(&args);
 }
 
 /// `search --turns 4`: a gallery crop turned by a quarter and mirrored is found as itself,
@@ -794,6 +899,68 @@ fn a_turned_search_finds_a_crop_seen_turned_and_mirrored() {
         "16",
     ]);
     assert_eq!(o.status.code(), Some(3), "0 turns are refused");
+}
+
+/// `search --opposite-sun`: a gallery crop with its brightness inverted (lit from the other
+/// side, to first order) is found as itself, through the inverted view, scored
+/// `OPPOSITE_SUN_MARGIN` below its own score; the index and its bytes are unchanged.
+#[test]
+fn a_search_under_the_opposite_sun_finds_a_crop_lit_from_the_other_side() {
+    let e = Env::new();
+    let model = e.tiny_model();
+    let manifest = e.tile_benchmark("4");
+    e.index_build(&model, &manifest, "idx", &["--k", "4", "--codec", "f32"]);
+    let gallery = e.gallery_images();
+    let first = |q: &str, extra: &[&str]| -> (String, f64) {
+        let mut args = vec![
+            "search",
+            "--index",
+            "idx",
+            q,
+            "--json",
+            "--top",
+            "1",
+            "--mode",
+            "exhaustive",
+            "--ungrouped",
+            "--model",
+            &model,
+            "--size",
+            "16",
+        ];
+        args.extend(extra);
+        let v: serde_json::Value = serde_json::from_str(&e.ok(&args)).unwrap();
+        let hit = &v[0]["results"][0];
+        (
+            hit["id"].as_str().unwrap().to_string(),
+            hit["score"].as_f64().unwrap(),
+        )
+    };
+    let mut found_only_relit = 0;
+    for (i, path) in gallery.iter().take(3).enumerate() {
+        let own = path.display().to_string();
+        let (id, self_score) = first(&own, &[]);
+        assert_eq!(Some(id.as_str()), path.file_stem().and_then(|s| s.to_str()));
+        // the query itself scores as in a plain search
+        assert_eq!(first(&own, &["--opposite-sun"]), (id.clone(), self_score));
+        let relit = e.root.join(format!("relit{i}.png"));
+        let mut im = image::open(path).unwrap();
+        im.invert();
+        im.save(&relit).unwrap();
+        let relit = relit.to_str().unwrap();
+        let (found, score) = first(relit, &["--opposite-sun"]);
+        assert_eq!(found, id, "{relit}");
+        let margin = craterdex_engine::OPPOSITE_SUN_MARGIN as f64;
+        assert!(
+            (score - (self_score - margin)).abs() < 2e-3,
+            "{score} vs {self_score}"
+        );
+        found_only_relit += usize::from(first(relit, &[]).0 != id);
+    }
+    assert!(
+        found_only_relit > 0,
+        "the plain search found every inverted crop"
+    );
 }
 
 #[test]

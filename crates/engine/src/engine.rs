@@ -3,9 +3,10 @@
 
 use crate::error::{Error, Result};
 use crate::extractor::{split_fingerprint, split_reduction, Extractor};
-use crate::options::{TURN_MARGIN, VERIFY_CHANCE_SHARE, VERIFY_VIEWS, VERIFY_WEIGHT};
+use crate::options::{VERIFY_CHANCE_SHARE, VERIFY_VIEWS, VERIFY_WEIGHT};
 use crate::progress::Progress;
 use crate::recipe::{encode_all, feature_refs};
+use crate::views::QueryViews;
 use craterdex_errors::ensure;
 use craterdex_index::{
     Hit, ImageMeta, Index, MergePolicy, MergeReport, PreparedMerge, SearchParams,
@@ -126,13 +127,20 @@ pub struct Engine {
 fn check_compatible(index: &Index, extractor: &Extractor) -> Result<()> {
     let fingerprint = extractor.fingerprint();
     if let Some(built) = index.model() {
-        // the same model with crops turned another way: say which option makes them match
-        let ((model, orient), (built_model, built_orient)) =
+        // the same model with crops turned or lit another way: say which option makes them
+        // match
+        let ((model, orient, bright), (built_model, built_orient, built_bright)) =
             (split_fingerprint(&fingerprint), split_fingerprint(built));
         if model == built_model && orient != built_orient {
             return Err(Error::Orientation {
                 built: built_orient,
                 loaded: orient,
+            });
+        }
+        if model == built_model && bright != built_bright {
+            return Err(Error::Brightness {
+                built: built_bright,
+                loaded: bright,
             });
         }
         // the same model with another token reduction or depth: say which options make
@@ -254,43 +262,43 @@ impl Engine {
         Ok(self.search_features(&self.query_features(items, progress)?, params))
     }
 
-    /// [`Engine::search_images`] with each query also searched turned and mirrored
-    /// ([`crate::turn_variants`], `turns` of them; see [`crate::SearchOptions::turns`]); 1 is
-    /// a plain search.
-    pub fn search_images_turned(
+    /// [`Engine::search_images`] with each query searched in its `views` (turned, mirrored,
+    /// under the opposite sun: [`QueryViews`]); the query alone is a plain search.
+    pub fn search_images_in_views(
         &self,
         items: &[(String, PathBuf)],
         params: &SearchParams,
-        turns: usize,
+        views: QueryViews,
         progress: &dyn Progress,
     ) -> Result<Vec<QueryHits>> {
-        if turns <= 1 {
+        if views.is_plain() {
             return self.search_images(items, params, progress);
         }
         let (ids, features) = self
             .extractor_or_err()?
-            .variant_features(items, turns, progress)?;
-        let variants = self.encode(&features);
-        let per_query: Vec<Vec<Descriptors>> = variants
-            .chunks(crate::turn_variant_count(turns))
+            .variant_features(items, views, progress)?;
+        let encoded = self.encode(&features);
+        let per_query: Vec<Vec<Descriptors>> = encoded
+            .chunks(views.count())
             .map(<[Descriptors]>::to_vec)
             .collect();
         Ok(QueryHits::named(
             &ids,
-            self.search_turned(&per_query, params),
+            self.search_views(&per_query, views, params),
         ))
     }
 
-    /// Ranked hits for queries given as their variants (the query as given first, then its
-    /// turned and mirrored views), each image by its best score over them, the others
-    /// [`crate::TURN_MARGIN`] lower.
-    pub fn search_turned(
+    /// Ranked hits for queries given as their `views` ([`QueryViews::images`]: the query as
+    /// given first), each image by its best score over them, each view counted its
+    /// [`QueryViews::margin`] lower.
+    pub fn search_views(
         &self,
         queries: &[Vec<Descriptors>],
+        views: QueryViews,
         params: &SearchParams,
     ) -> Vec<Vec<SearchHit>> {
         self.index
-            .search_variants(queries, params, crate::options::TURN_MARGIN)
+            .search_variants(queries, params, &views.margins())
             .iter()
             .map(|h| self.describe(h))
             .collect()
@@ -321,10 +329,11 @@ impl Engine {
         candidate: &(dyn Fn(&SearchHit) -> Option<Arc<PatchGrid>> + Sync),
     ) -> Vec<Vec<SearchHit>> {
         let per_query: Vec<&[PatchGrid]> = grids.iter().map(std::slice::from_ref).collect();
-        let views: Vec<&[Descriptors]> = queries.iter().map(std::slice::from_ref).collect();
+        let descriptors: Vec<&[Descriptors]> = queries.iter().map(std::slice::from_ref).collect();
         self.verify_search(
             &|p| self.search(queries, p),
-            &views,
+            &descriptors,
+            QueryViews::PLAIN,
             &per_query,
             params,
             top,
@@ -332,23 +341,25 @@ impl Engine {
         )
     }
 
-    /// [`Engine::search_verified`] for queries given as their turn variants
-    /// ([`Engine::search_turned`]): a candidate's inliers are the most that the
-    /// [`VERIFY_VIEWS`] variants it matches best by late interaction gather (`grids[q]`
-    /// holds query `q`'s variants' grids).
-    pub fn search_turned_verified(
+    /// [`Engine::search_verified`] for queries given as their `views`
+    /// ([`Engine::search_views`]): a candidate's inliers are the most that the
+    /// [`VERIFY_VIEWS`] views it matches best by late interaction gather (`grids[q]` holds
+    /// query `q`'s views' grids).
+    pub fn search_views_verified(
         &self,
         queries: &[Vec<Descriptors>],
+        views: QueryViews,
         grids: &[Vec<PatchGrid>],
         params: &SearchParams,
         top: usize,
         candidate: &(dyn Fn(&SearchHit) -> Option<Arc<PatchGrid>> + Sync),
     ) -> Vec<Vec<SearchHit>> {
         let per_query: Vec<&[PatchGrid]> = grids.iter().map(Vec::as_slice).collect();
-        let views: Vec<&[Descriptors]> = queries.iter().map(Vec::as_slice).collect();
+        let descriptors: Vec<&[Descriptors]> = queries.iter().map(Vec::as_slice).collect();
         self.verify_search(
-            &|p| self.search_turned(queries, p),
-            &views,
+            &|p| self.search_views(queries, views, p),
+            &descriptors,
+            views,
             &per_query,
             params,
             top,
@@ -357,11 +368,13 @@ impl Engine {
     }
 
     /// What `search` ranks for `params`, each query's `top` best images verified against
-    /// its `grids` and ranked again.
+    /// the `grids` of its `views` (`descriptors`) and ranked again.
+    #[allow(clippy::too_many_arguments)]
     fn verify_search(
         &self,
         search: &dyn Fn(&SearchParams) -> Vec<Vec<SearchHit>>,
-        views: &[&[Descriptors]],
+        descriptors: &[&[Descriptors]],
+        views: QueryViews,
         grids: &[&[PatchGrid]],
         params: &SearchParams,
         top: usize,
@@ -384,9 +397,14 @@ impl Engine {
             .into_par_iter()
             .zip(candidates)
             .zip(grids)
-            .zip(views)
-            .map(|(((hits, candidates), grids), views)| {
-                self.verified(views, grids, hits, candidates, params, candidate)
+            .zip(descriptors)
+            .map(|(((hits, candidates), grids), descriptors)| {
+                let query = QueryInViews {
+                    descriptors,
+                    views,
+                    grids,
+                };
+                self.verified(&query, hits, candidates, params, candidate)
             })
             .collect()
     }
@@ -396,8 +414,7 @@ impl Engine {
     /// `params.top_k` kept.
     fn verified(
         &self,
-        views: &[Descriptors],
-        query: &[PatchGrid],
+        query: &QueryInViews,
         mut hits: Vec<SearchHit>,
         candidates: Vec<SearchHit>,
         params: &SearchParams,
@@ -408,12 +425,12 @@ impl Engine {
         let verified: Vec<SearchHit> = candidates
             .into_par_iter()
             .filter_map(|mut c| {
-                let first = query.first()?;
+                let first = query.grids.first()?;
                 let g = grid(&c).filter(|g| g.dim == first.dim)?;
                 let n = self
-                    .best_views(views, c.row)
+                    .best_views(query, c.row)
                     .into_iter()
-                    .filter_map(|v| query.get(v))
+                    .filter_map(|v| query.grids.get(v))
                     .map(|q| craterdex_tokens::verify::inliers(&q.tokens, &g.tokens, q.dim))
                     .max()?;
                 c.inliers = Some(n);
@@ -444,50 +461,53 @@ impl Engine {
         hits
     }
 
-    /// The views of a query (as given, then turned and mirrored) that indexed image `row`
-    /// matches best by late interaction, best first, the turned views counted
-    /// [`TURN_MARGIN`] lower as the turned search counts them: the views that register the
-    /// query to the image.
-    fn best_views(&self, views: &[Descriptors], row: usize) -> Vec<usize> {
+    /// The views of a query (as given, then turned, mirrored or relit) that indexed image
+    /// `row` matches best by late interaction, best first, each counted its
+    /// [`QueryViews::margin`] lower as the search in views counts them: the views that
+    /// register the query to the image.
+    fn best_views(&self, query: &QueryInViews, row: usize) -> Vec<usize> {
         let keep = VERIFY_VIEWS;
-        if views.len() <= keep {
-            return (0..views.len()).collect();
+        if query.descriptors.len() <= keep {
+            return (0..query.descriptors.len()).collect();
         }
-        let margin = |v: usize| if v == 0 { 0.0 } else { TURN_MARGIN };
-        let mut scored: Vec<(usize, f32)> = views
+        let mut scored: Vec<(usize, f32)> = query
+            .descriptors
             .iter()
             .enumerate()
             .map(|(v, d)| {
                 let li = self.index.late_interaction(&d.tokens, &[row]);
-                (v, li.first().copied().unwrap_or(f32::MIN) - margin(v))
+                (
+                    v,
+                    li.first().copied().unwrap_or(f32::MIN) - query.views.margin(v),
+                )
             })
             .collect();
         scored.sort_by(|a, b| b.1.total_cmp(&a.1));
         scored.into_iter().take(keep).map(|(v, _)| v).collect()
     }
 
-    /// Extracts features of `(id, path)` query images and searches them as `turns` and
-    /// `verify` ask ([`crate::SearchOptions`]): turned and mirrored
-    /// ([`Engine::search_images_turned`]), with the best images spatially verified
-    /// ([`Engine::search_features_verified`]; turned queries through the [`VERIFY_VIEWS`]
-    /// views that match each candidate best), or plainly.
+    /// Extracts features of `(id, path)` query images and searches them as `views` and
+    /// `verify` ask ([`crate::SearchOptions`]): in their views
+    /// ([`Engine::search_images_in_views`]), with the best images spatially verified
+    /// ([`Engine::search_features_verified`]; a query in several views through the
+    /// [`VERIFY_VIEWS`] views that match each candidate best), or plainly.
     pub fn search_images_as(
         &self,
         items: &[(String, PathBuf)],
         params: &SearchParams,
-        turns: usize,
+        views: QueryViews,
         verify: usize,
         progress: &dyn Progress,
     ) -> Result<Vec<QueryHits>> {
-        match (turns > 1, verify > 0) {
-            (true, true) => {
-                let (ids, variants) = self
+        match (views.is_plain(), verify > 0) {
+            (false, true) => {
+                let (ids, features) = self
                     .extractor_or_err()?
-                    .variant_features(items, turns, progress)?;
-                self.search_variants_verified(&ids, &variants, turns, params, verify, progress)
+                    .variant_features(items, views, progress)?;
+                self.search_variants_verified(&ids, &features, views, params, verify, progress)
             }
-            (false, true) => self.search_images_verified(items, params, verify, progress),
-            _ => self.search_images_turned(items, params, turns, progress),
+            (true, true) => self.search_images_verified(items, params, verify, progress),
+            _ => self.search_images_in_views(items, params, views, progress),
         }
     }
 
@@ -519,18 +539,25 @@ impl Engine {
         if top == 0 {
             return Ok(self.search_features(queries, params));
         }
-        self.search_variants_verified(&queries.ids, queries, 1, params, top, progress)
+        self.search_variants_verified(
+            &queries.ids,
+            queries,
+            QueryViews::PLAIN,
+            params,
+            top,
+            progress,
+        )
     }
 
-    /// Queries `ids` given as the features of their turn variants (`variants`: each
-    /// query's [`crate::turn_variant_count`] rows in a row; one row each at 1 turn),
-    /// searched turned with their `top` best images verified
-    /// ([`Engine::search_turned_verified`]), the candidates' grids from their images.
+    /// Queries `ids` given as the features of their `views` (`variants`: each query's
+    /// [`QueryViews::count`] rows in a row; one row each for a plain search), searched in
+    /// those views with their `top` best images verified ([`Engine::search_views_verified`]),
+    /// the candidates' grids from their images.
     pub fn search_variants_verified(
         &self,
         ids: &[String],
         variants: &FeatureSet,
-        turns: usize,
+        views: QueryViews,
         params: &SearchParams,
         top: usize,
         progress: &dyn Progress,
@@ -544,11 +571,11 @@ impl Engine {
                 variants.tokens
             ))
         );
-        let per = crate::turn_variant_count(turns);
+        let per = views.count();
         ensure!(
             variants.len() == ids.len() * per,
             Error::Invalid(format!(
-                "{} variant rows for {} queries at {turns} turns ({per} each)",
+                "{} view rows for {} queries of {per} views each",
                 variants.len(),
                 ids.len()
             ))
@@ -559,7 +586,7 @@ impl Engine {
             .map(<[Descriptors]>::to_vec)
             .collect();
         let mut rows: Vec<usize> = self
-            .search_turned(&per_query, &candidate_params(params, top))
+            .search_views(&per_query, views, &candidate_params(params, top))
             .iter()
             .flatten()
             .map(|h| h.row)
@@ -573,9 +600,10 @@ impl Engine {
             .map(|f| self.patch_grid(f))
             .collect();
         let query_grids: Vec<Vec<PatchGrid>> = all.chunks(per).map(<[PatchGrid]>::to_vec).collect();
-        let results = self.search_turned_verified(&per_query, &query_grids, params, top, &|hit| {
-            grids.get(self, &hit.id)
-        });
+        let results =
+            self.search_views_verified(&per_query, views, &query_grids, params, top, &|hit| {
+                grids.get(self, &hit.id)
+            });
         Ok(QueryHits::named(ids, results))
     }
 
@@ -611,13 +639,13 @@ impl Engine {
     }
 
     /// Ranked hits for decoded query images named `ids` (arrays handed over from Python, an
-    /// upload), searched as `turns` and `verify` ask ([`Engine::search_images_as`]).
+    /// upload), searched as `views` and `verify` ask ([`Engine::search_images_as`]).
     pub fn search_decoded(
         &self,
         ids: &[String],
         images: &[image::DynamicImage],
         params: &SearchParams,
-        turns: usize,
+        views: QueryViews,
         verify: usize,
         progress: &dyn Progress,
     ) -> Result<Vec<QueryHits>> {
@@ -626,29 +654,29 @@ impl Engine {
             Error::Invalid(format!("{} ids for {} images", ids.len(), images.len()))
         );
         if verify > 0 {
-            let variants = self.decoded_variant_features(ids, images, turns)?;
-            return self.search_variants_verified(ids, &variants, turns, params, verify, progress);
+            let variants = self.decoded_variant_features(ids, images, views)?;
+            return self.search_variants_verified(ids, &variants, views, params, verify, progress);
         }
         let per_query = images
             .iter()
-            .map(|im| self.encode_image_variants(im, turns))
+            .map(|im| self.encode_image_variants(im, views))
             .collect::<Result<Vec<_>>>()?;
         Ok(QueryHits::named(
             ids,
-            self.search_turned(&per_query, params),
+            self.search_views(&per_query, views, params),
         ))
     }
 
-    /// The descriptors of one decoded image's turn variants ([`crate::turn_variants`]).
+    /// The descriptors of one decoded image's `views` ([`QueryViews::images`]).
     pub fn encode_image_variants(
         &self,
         image: &image::DynamicImage,
-        turns: usize,
+        views: QueryViews,
     ) -> Result<Vec<Descriptors>> {
         let features = self.decoded_variant_features(
             &["query".to_string()],
             std::slice::from_ref(image),
-            turns,
+            views,
         )?;
         Ok(self.encode(&features))
     }
@@ -684,16 +712,15 @@ impl Engine {
         self.encode_image(&turned(image, angle))
     }
 
-    /// The features of decoded images' turn variants
-    /// ([`Extractor::features_of_variants`]).
+    /// The features of decoded images' `views` ([`Extractor::features_of_variants`]).
     pub fn decoded_variant_features(
         &self,
         ids: &[String],
         images: &[image::DynamicImage],
-        turns: usize,
+        views: QueryViews,
     ) -> Result<FeatureSet> {
         self.extractor_or_err()?
-            .features_of_variants(ids, images, turns)
+            .features_of_variants(ids, images, views)
     }
 
     /// The descriptors of one decoded image (an upload) under the index's encoder.
@@ -843,6 +870,14 @@ impl Engine {
             extractor: self.extractor.clone(),
         }
     }
+}
+
+/// One query as verification sees it: its views' descriptors and patch grids, in the order
+/// of [`QueryViews::images`].
+struct QueryInViews<'a> {
+    descriptors: &'a [Descriptors],
+    views: QueryViews,
+    grids: &'a [PatchGrid],
 }
 
 /// `image` turned by `angle` radians about its centre (image axes, x right and y down).

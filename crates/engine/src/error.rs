@@ -1,7 +1,7 @@
 //! What can go wrong running the pipeline: each crate's own errors, and the engine's.
 
 use craterdex_errors::IoError;
-use craterdex_model::Orientation;
+use craterdex_model::{Brightness, Orientation};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -19,6 +19,13 @@ pub enum Error {
     Orientation {
         built: Orientation,
         loaded: Orientation,
+    },
+    /// The index was built from crops whose brightness was set another way than the loaded
+    /// model sets it.
+    #[error("the index was built with crops' brightness {}; its queries need the same", built.name())]
+    Brightness {
+        built: Brightness,
+        loaded: Brightness,
     },
     /// Changing an index that lives in memory only.
     #[error("an index held in memory cannot be changed")]
@@ -42,7 +49,7 @@ craterdex_errors::error_kinds!(Error {
     wrapped: { Model, Fetch, Tokens, Index, Io },
     // their message is whole as it is
     whole: {
-        Error::Orientation { .. } => InvalidInput,
+        Error::Orientation { .. } | Error::Brightness { .. } => InvalidInput,
         Error::NoSuchImage(_) => NotFound,
         Error::NoModel(_) | Error::InMemory => Unsupported,
     },

@@ -4,10 +4,13 @@
 use crate::error::{Error, Result};
 use crate::options::ModelOptions;
 use crate::progress::Progress;
+use crate::views::QueryViews;
 use craterdex_errors::{ensure, ResultExt};
 use craterdex_fetch as fetch;
 use craterdex_model::extract::{self, ExtractOptions, FeatureSet};
-use craterdex_model::{preprocess, ImageFeatures, Orientation, Preprocess, ResizeMode, Vit};
+use craterdex_model::{
+    preprocess, Brightness, ImageFeatures, Orientation, Preprocess, ResizeMode, Vit,
+};
 use std::path::PathBuf;
 use strum::IntoEnumIterator;
 
@@ -26,6 +29,7 @@ pub struct Extractor {
     vit: Vit,
     resize: ResizeMode,
     orientation: Orientation,
+    brightness: Brightness,
     settings: ExtractSettings,
 }
 
@@ -61,6 +65,7 @@ impl Extractor {
             vit,
             resize: options.resize,
             orientation: options.orient,
+            brightness: options.brightness,
             settings: ExtractSettings {
                 batch: options.batch.max(1),
                 cache: options.cache,
@@ -76,16 +81,17 @@ impl Extractor {
     pub fn preprocess(&self) -> Preprocess {
         Preprocess {
             orientation: self.orientation,
+            brightness: self.brightness,
             ..self.vit.preprocess(self.resize)
         }
     }
     /// The model's fingerprint (with the token reduction and the blocks run when not all),
-    /// and the orientation when crops are turned: indexes record it and refuse queries whose
-    /// features would not be comparable (`--keep-tokens 0.5 --blocks 8` shows in the model's
-    /// name as `...~keep0.5@b8`).
+    /// the brightness when crops are standardised and the orientation when they are turned:
+    /// indexes record it and refuse queries whose features would not be comparable
+    /// (`--keep-tokens 0.5 --blocks 8` shows in the model's name as `...~keep0.5@b8`).
     pub fn fingerprint(&self) -> String {
         let model = self.vit.config().fingerprint() + &self.vit.reduction_tag().unwrap_or_default();
-        fingerprint_with(&model, self.orientation)
+        fingerprint_with(&model, self.orientation, self.brightness)
     }
     /// Feature width.
     pub fn dim(&self) -> usize {
@@ -177,20 +183,20 @@ impl Extractor {
         Ok(out)
     }
 
-    /// Features of the turn variants ([`turn_variants`]) of `(id, path)` images, row
-    /// `i * variants + v` for the `i`-th image read: the ids of the images read and their
-    /// features. Images that cannot be read are skipped and listed through `progress`.
+    /// Features of the `views` ([`QueryViews::images`]) of `(id, path)` images, row
+    /// `i * views.count() + v` for the `i`-th image read: the ids of the images read and
+    /// their features. Images that cannot be read are skipped and listed through `progress`.
     pub fn variant_features(
         &self,
         items: &[(String, PathBuf)],
-        turns: usize,
+        views: QueryViews,
         progress: &dyn Progress,
     ) -> Result<(Vec<String>, FeatureSet)> {
-        let variants = turn_variant_count(turns);
+        let variants = views.count();
         let mut ids = Vec::new();
         let mut features: Option<FeatureSet> = None;
         let mut failures = Vec::new();
-        let what = "queries, turned and mirrored";
+        let what = "queries, each in its views";
         progress.start(what, items.len());
         // a batch's worth of images at a time, so that memory stays flat
         let per_chunk = self.settings.batch.max(1).div_ceil(variants).max(1);
@@ -206,7 +212,7 @@ impl Extractor {
                     Err(failure) => failures.push(failure),
                 }
             }
-            let f = self.features_of_variants(&read, &images, turns)?;
+            let f = self.features_of_variants(&read, &images, views)?;
             ids.extend(read);
             match &mut features {
                 Some(all) => all.append(f),
@@ -222,13 +228,13 @@ impl Extractor {
         }
     }
 
-    /// Features of the turn variants ([`turn_variants`]) of decoded images named `ids`, each
-    /// image's [`turn_variant_count`] rows in a row, named `<id>#<variant>`.
+    /// Features of the `views` ([`QueryViews::images`]) of decoded images named `ids`, each
+    /// image's [`QueryViews::count`] rows in a row, named `<id>#<view>`.
     pub fn features_of_variants(
         &self,
         ids: &[String],
         images: &[image::DynamicImage],
-        turns: usize,
+        views: QueryViews,
     ) -> Result<FeatureSet> {
         ensure!(
             ids.len() == images.len(),
@@ -238,7 +244,8 @@ impl Extractor {
             .iter()
             .zip(images)
             .flat_map(|(id, im)| {
-                turn_variants(im, turns)
+                views
+                    .images(im)
                     .into_iter()
                     .enumerate()
                     .map(move |(v, im)| (format!("{id}#{v}"), im))
@@ -279,58 +286,43 @@ fn report_failures(what: &str, failures: &[extract::Failure], progress: &dyn Pro
     progress.note(&msg);
 }
 
-/// How many images a search at `turns` looks at per query: the query alone at 1 (a plain
-/// search, [`crate::SearchOptions::turns`]), else `2 * turns`.
-pub fn turn_variant_count(turns: usize) -> usize {
-    if turns <= 1 {
-        1
-    } else {
-        2 * turns
+/// A model fingerprint as an index records it: `model`, then `+<brightness>` unless crops
+/// are as stored, then `+<orientation>` unless they are as is (so indexes built before
+/// either option existed keep theirs).
+fn fingerprint_with(model: &str, orientation: Orientation, brightness: Brightness) -> String {
+    let mut out = model.to_string();
+    if brightness != Brightness::AsIs {
+        out = format!("{out}+{}", brightness.name());
     }
-}
-
-/// The images a turned search looks at, [`turn_variant_count`] of them: `image` alone at 1
-/// turn; else `image` and its mirror image (left to right), then each further turn by a
-/// `turns`-th of a circle and its mirror image.
-pub fn turn_variants(image: &image::DynamicImage, turns: usize) -> Vec<image::DynamicImage> {
-    if turns <= 1 {
-        return vec![image.clone()];
-    }
-    let mut out = Vec::with_capacity(turn_variant_count(turns));
-    for t in 0..turns {
-        let im = if t == 0 {
-            image.clone()
-        } else {
-            let angle = std::f32::consts::TAU * t as f32 / turns as f32;
-            image::DynamicImage::ImageRgb32F(preprocess::turn(&image.to_rgb32f(), angle))
-        };
-        out.push(im.fliph());
-        out.insert(out.len() - 1, im);
+    if orientation != Orientation::AsIs {
+        out = format!("{out}+{}", orientation.name());
     }
     out
 }
 
-/// A model fingerprint as an index records it: with `orientation` unless crops are as is
-/// (so indexes built before orientations existed keep theirs).
-fn fingerprint_with(model: &str, orientation: Orientation) -> String {
-    match orientation {
-        Orientation::AsIs => model.to_string(),
-        o => format!("{model}+{}", o.name()),
-    }
+/// The model, orientation and brightness of a fingerprint [`fingerprint_with`] made (a
+/// model name may itself hold a `+`: only known suffixes are taken off).
+pub(crate) fn split_fingerprint(fingerprint: &str) -> (&str, Orientation, Brightness) {
+    let (rest, orientation) = strip_named(fingerprint, Orientation::iter(), Orientation::AsIs);
+    let (model, brightness) = strip_named(rest, Brightness::iter(), Brightness::AsIs);
+    (model, orientation, brightness)
 }
 
-/// The model and orientation of a fingerprint [`fingerprint_with`] made (a model name may
-/// itself hold a `+`: only a known orientation's suffix is taken off).
-pub(crate) fn split_fingerprint(fingerprint: &str) -> (&str, Orientation) {
-    Orientation::iter()
-        .filter(|&o| o != Orientation::AsIs)
-        .find_map(|o| {
-            fingerprint
-                .strip_suffix(o.name())
+/// `s` without a `+<name>` suffix of one of `values` (other than `plain`, which has none),
+/// and the value it named (`plain` without one).
+fn strip_named<T: Copy + PartialEq + Into<&'static str>>(
+    s: &str,
+    values: impl Iterator<Item = T>,
+    plain: T,
+) -> (&str, T) {
+    values
+        .filter(|&v| v != plain)
+        .find_map(|v| {
+            s.strip_suffix(v.into())
                 .and_then(|m| m.strip_suffix('+'))
-                .map(|m| (m, o))
+                .map(|m| (m, v))
         })
-        .unwrap_or((fingerprint, Orientation::AsIs))
+        .unwrap_or((s, plain))
 }
 
 /// The model part of a fingerprint split into its base, the fraction of tokens kept and the
@@ -347,29 +339,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_fingerprint_splits_back_into_model_and_orientation() {
-        for model in ["dinov2-abc123", "a+b-abc123", "x+shading-1"] {
+    fn a_fingerprint_splits_back_into_model_orientation_and_brightness() {
+        for model in [
+            "dinov2-abc123",
+            "a+b-abc123",
+            "x+shading-1",
+            "y+standardised-2",
+        ] {
             for o in Orientation::iter() {
-                assert_eq!(split_fingerprint(&fingerprint_with(model, o)), (model, o));
+                for b in Brightness::iter() {
+                    let fp = fingerprint_with(model, o, b);
+                    assert_eq!(split_fingerprint(&fp), (model, o, b), "{fp}");
+                }
             }
         }
-    }
-
-    /// One turn is a plain search: the query alone, one forward pass (a search by image
-    /// with the default `turns` must not also run the mirror image).
-    #[test]
-    fn one_turn_is_the_image_alone_more_add_each_turn_and_its_mirror() {
-        let img = image::DynamicImage::ImageLuma8(image::GrayImage::from_fn(6, 4, |x, y| {
-            image::Luma([(x * 40 + y) as u8])
-        }));
-        for turns in [0, 1] {
-            assert_eq!(turn_variants(&img, turns), std::slice::from_ref(&img));
-            assert_eq!(turn_variant_count(turns), 1);
-        }
-        let v = turn_variants(&img, 4);
-        assert_eq!(v.len(), turn_variant_count(4));
-        assert_eq!(v.len(), 8);
-        assert_eq!((&v[0], &v[1]), (&img, &img.fliph()));
-        assert_ne!(v[2], img);
+        // what indexes built before either option recorded
+        assert_eq!(
+            split_fingerprint("dinov2-abc@b8+shading"),
+            ("dinov2-abc@b8", Orientation::Shading, Brightness::AsIs)
+        );
+        assert_eq!(
+            fingerprint_with("m", Orientation::AsIs, Brightness::AsIs),
+            "m"
+        );
     }
 }

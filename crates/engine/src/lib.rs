@@ -23,22 +23,24 @@ mod sharded;
 mod shared;
 #[cfg(test)]
 mod test_images;
+mod views;
 
 pub use build::{Entries, LearnFrom};
 pub use engine::{Engine, PatchGrid, PatchGrids, QueryHits, SearchHit};
 pub use error::{Error, Result};
-pub use extractor::{turn_variant_count, turn_variants, Extractor};
+pub use extractor::Extractor;
 pub use info::{IndexInfo, IvfInfo};
 pub use options::{
     default_precision, Defaults, ModelOptions, RecipeOptions, SearchLimits, SearchOptions,
-    Whitening, DEFAULT_PRECISION_WHY, MAX_TURNS, MAX_VERIFY, TURN_MARGIN, VERIFY_CHANCE_SHARE,
-    VERIFY_VIEWS, VERIFY_WEIGHT,
+    Whitening, DEFAULT_PRECISION_WHY, MAX_TURNS, MAX_VERIFY, OPPOSITE_SUN_MARGIN, TURN_MARGIN,
+    VERIFY_CHANCE_SHARE, VERIFY_VIEWS, VERIFY_WEIGHT,
 };
 pub use plan::{learn_rows, learn_sample, BuildPlan, LEARN_SAMPLE_IMAGES};
 pub use progress::{Progress, Silent};
 pub use recipe::{encode_all, feature_refs, IndexRecipe, IvfSetting, IVF_AUTO_MIN_IMAGES};
 pub use sharded::{merge_hits, QueryEncoder, ShardedEngine};
 pub use shared::SharedEngine;
+pub use views::{opposite_sun, QueryViews};
 
 // What front ends need from the crates below to use the engine.
 pub use craterdex_index::shards;
@@ -46,5 +48,5 @@ pub use craterdex_index::{
     Codec, Hit, ImageMeta, Index, MergePolicy, MergeReport, Mode, SearchParams, Stage1,
 };
 pub use craterdex_model::extract::FeatureSet;
-pub use craterdex_model::{Orientation, Precision, ResizeMode};
+pub use craterdex_model::{Brightness, Orientation, Precision, ResizeMode};
 pub use craterdex_tokens::{Aggregation, Descriptors, Encoder, Pooling, Recipe, SeedStrategy};

@@ -5,9 +5,10 @@
 
 use crate::error::{Error, Result};
 use crate::recipe::{IndexRecipe, IvfSetting};
+use crate::views::QueryViews;
 use craterdex_errors::ensure;
 use craterdex_index::{Codec, Mode, SearchParams, Stage1};
-use craterdex_model::{Orientation, Precision, ResizeMode};
+use craterdex_model::{Brightness, Orientation, Precision, ResizeMode};
 use craterdex_tokens::{Aggregation, Pooling, Recipe, SeedStrategy};
 use serde::{Deserialize, Serialize};
 use serde_with::{serde_as, DisplayFromStr};
@@ -28,6 +29,10 @@ pub struct ModelOptions {
     /// How crops are turned before the model sees them; an index records it, and its
     /// queries must be turned the same way.
     pub orient: Orientation,
+    /// How a crop's brightness is set before the model sees it (default: standardised, mean
+    /// mid grey and a fixed spread); an index records it, and its queries must be prepared
+    /// the same way. Measured in docs/results.md, "Brightness standardised".
+    pub brightness: Brightness,
     /// Fraction of patch tokens kept past the middle block (the most attended ones; 1: all):
     /// training-free token reduction, measured in docs/performance.md.
     pub keep_tokens: f32,
@@ -51,6 +56,7 @@ impl Default for ModelOptions {
             precision: default_precision(),
             resize: ResizeMode::Squash,
             orient: Orientation::AsIs,
+            brightness: Brightness::Standardised,
             keep_tokens: 1.0,
             blocks: None,
             batch: 16,
@@ -253,6 +259,12 @@ pub struct SearchOptions {
     /// views counted [`TURN_MARGIN`] lower. 1: the query as given. Needs the query image.
     #[cfg_attr(feature = "openapi", param(minimum = 1, maximum = 36, default = 1))]
     pub turns: usize,
+    /// For a query image lit from another side than the catalogue (an observation at another
+    /// time of day): also search it with its brightness inverted, which is how a crater looks
+    /// with the sun's azimuth turned by 180 degrees, and rank every image by its best score,
+    /// the inverted views counted [`OPPOSITE_SUN_MARGIN`] lower. Doubles the views (and forward
+    /// passes) of `turns`. Needs the query image.
+    pub opposite_sun: bool,
     /// Verify the query's `verify` best images spatially (patch-token correspondences under
     /// one similarity transform: turn, scale, shift) and rank them again by late-interaction score plus [`VERIFY_WEIGHT`] per inlier beyond
     /// [`VERIFY_CHANCE_SHARE`] of the patches; 10 or 20 are good choices, 0 is off. The
@@ -268,6 +280,10 @@ pub struct SearchOptions {
 /// 0.006 mAP of a plain search while turned ones went from 0.35 to 0.92 mAP (Mars);
 /// docs/results.md, "Queries at an unknown heading".
 pub const TURN_MARGIN: f32 = 0.05;
+
+/// How much lower than the query as given a view of it under the opposite sun (its
+/// brightness inverted, [`crate::SearchOptions::opposite_sun`]) counts.
+pub const OPPOSITE_SUN_MARGIN: f32 = 0.05;
 
 /// Score per inlier (beyond [`VERIFY_CHANCE_SHARE`]) when a search verifies its best images
 /// spatially ([`crate::Engine::search_verified`]): right candidates gather about 130 inliers
@@ -304,6 +320,7 @@ impl Default for SearchOptions {
             nprobe: None,
             group_views: true,
             turns: 1,
+            opposite_sun: false,
             verify: 0,
         }
     }
@@ -328,6 +345,14 @@ impl Default for SearchLimits {
 }
 
 impl SearchOptions {
+    /// The views of a query image these options search ([`QueryViews`]).
+    pub fn views(&self) -> QueryViews {
+        QueryViews {
+            turns: self.turns,
+            opposite_sun: self.opposite_sun,
+        }
+    }
+
     /// The search these options ask for, checked against `limits`.
     pub fn params(&self, limits: &SearchLimits) -> Result<SearchParams> {
         let between = |name: &str, v: usize, max: usize| -> Result<()> {

@@ -4,7 +4,7 @@
 //! paper's tables and the JSON outputs use (`inst_fps_k32`, `two_stage_s100_k32_int8`,
 //! `max_pairwhite_grouped`, ...), so reports and the command line match on the type.
 
-use craterdex_engine::{Codec, Pooling, SeedStrategy};
+use craterdex_engine::{Codec, Pooling, QueryViews, SeedStrategy};
 use craterdex_errors::Invalid;
 use serde::Serialize;
 
@@ -81,8 +81,9 @@ pub struct RegimeId {
     pub whitening: Whiten,
     /// Hits listed crater by crater.
     pub grouped: bool,
-    /// Each query also searched turned and mirrored (`craterdex search --turns N`).
-    pub turns: Option<usize>,
+    /// Each query searched in several views: turned and mirrored (`craterdex search
+    /// --turns N`, named `_turnsN`), under the opposite sun (`--opposite-sun`, `_oppsun`).
+    pub views: QueryViews,
     /// The first N hits spatially verified (`craterdex search --verify N`).
     pub verify: Option<usize>,
 }
@@ -97,7 +98,7 @@ impl RegimeId {
             ivf: false,
             whitening: Whiten::Off,
             grouped: false,
-            turns: None,
+            views: QueryViews::PLAIN,
             verify: None,
         }
     }
@@ -185,13 +186,39 @@ impl std::fmt::Display for RegimeId {
         if self.grouped {
             f.write_str("_grouped")?;
         }
-        if let Some(t) = self.turns {
-            write!(f, "_turns{t}")?;
+        if self.views.turns > 1 {
+            write!(f, "_turns{}", self.views.turns)?;
+        }
+        if self.views.opposite_sun {
+            f.write_str("_oppsun")?;
         }
         if let Some(n) = self.verify {
             write!(f, "_verify{n}")?;
         }
         Ok(())
+    }
+}
+
+/// Takes a trailing `suffix` off `rest` (a name is never the suffix alone): whether it was
+/// there.
+fn take_suffix(rest: &mut &str, suffix: &str) -> bool {
+    let found = rest.ends_with(suffix) && rest.len() > suffix.len();
+    if found {
+        *rest = &rest[..rest.len() - suffix.len()];
+    }
+    found
+}
+
+/// Takes a trailing `<suffix>N` off `rest`: `Some(Some(N))`, `Some(None)` when there is none,
+/// `None` when what follows the suffix is no number.
+fn take_numbered(rest: &mut &str, suffix: &str) -> Option<Option<usize>> {
+    match rest.rsplit_once(suffix) {
+        Some((head, n)) if !head.is_empty() => {
+            let n = n.parse::<usize>().ok()?;
+            *rest = head;
+            Some(Some(n))
+        }
+        _ => Some(None),
     }
 }
 
@@ -205,26 +232,10 @@ impl std::str::FromStr for RegimeId {
     fn from_str(name: &str) -> Result<Self, Invalid> {
         let bad = || Invalid(format!("{name:?} is not a regime name"));
         let mut rest = name;
-        // a trailing `_<suffix>N`: its number, and the name without it
-        let mut numbered = |suffix: &str| -> Result<Option<usize>, Invalid> {
-            match rest.rsplit_once(suffix) {
-                Some((head, n)) if !head.is_empty() => {
-                    let n = n.parse::<usize>().map_err(|_| bad())?;
-                    rest = head;
-                    Ok(Some(n))
-                }
-                _ => Ok(None),
-            }
-        };
-        let verify = numbered("_verify")?;
-        let turns = numbered("_turns")?;
-        let mut take = |suffix: &str| {
-            let found = rest.ends_with(suffix) && rest.len() > suffix.len();
-            if found {
-                rest = &rest[..rest.len() - suffix.len()];
-            }
-            found
-        };
+        let verify = take_numbered(&mut rest, "_verify").ok_or_else(bad)?;
+        let opposite_sun = take_suffix(&mut rest, "_oppsun");
+        let turns = take_numbered(&mut rest, "_turns").ok_or_else(bad)?;
+        let mut take = |suffix: &str| take_suffix(&mut rest, suffix);
         let grouped = take("_grouped");
         let whitening = if take("_pairwhite") {
             Whiten::Pairs
@@ -274,7 +285,10 @@ impl std::str::FromStr for RegimeId {
             ivf,
             whitening,
             grouped,
-            turns,
+            views: QueryViews {
+                turns: turns.unwrap_or(1),
+                opposite_sun,
+            },
             verify,
         })
     }
@@ -309,6 +323,8 @@ mod tests {
             "two_stage_s100_k32_int8_pairwhite_grouped",
             "two_stage_s100_k32_int8_ivf_white",
             "two_stage_s100_k32_int8_pairwhite_grouped_turns12",
+            "two_stage_s100_k32_int8_pairwhite_grouped_oppsun",
+            "two_stage_s100_k32_int8_pairwhite_grouped_turns12_oppsun_verify20",
             "two_stage_s100_k32_int8_pairwhite_grouped_verify10",
             "two_stage_s100_k32_int8_pairwhite_verify5",
         ] {
@@ -322,14 +338,25 @@ mod tests {
         let turned: RegimeId = "two_stage_s100_k32_int8_pairwhite_grouped_turns12"
             .parse()
             .unwrap();
-        assert_eq!(turned.turns, Some(12));
+        assert_eq!(turned.views, QueryViews::turned(12));
         assert!(turned.grouped);
         let verified: RegimeId = "two_stage_s100_k32_int8_pairwhite_grouped_verify10"
             .parse()
             .unwrap();
-        assert_eq!((verified.verify, verified.turns), (Some(10), None));
+        assert_eq!(
+            (verified.verify, verified.views),
+            (Some(10), QueryViews::PLAIN)
+        );
         assert!(verified.grouped);
         assert!("cls_verifyX".parse::<RegimeId>().is_err());
+        let relit: RegimeId = "two_stage_s100_k32_int8_pairwhite_grouped_turns12_oppsun_verify20"
+            .parse()
+            .unwrap();
+        let views = QueryViews {
+            turns: 12,
+            opposite_sun: true,
+        };
+        assert_eq!((relit.views, relit.verify), (views, Some(20)));
     }
 
     #[test]

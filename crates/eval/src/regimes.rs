@@ -12,16 +12,16 @@
 //! query finds relevant. The single vectors, `inst_fps_k32` and the two-stage regimes are also
 //! run with their hits listed crater by crater ([`SearchParams::group_views`], what `search`
 //! does by default), suffixed `_grouped`. On request the shipped recipe is also searched
-//! with each query turned (`_turnsN`) and with its first N hits spatially verified
-//! (`_verifyN`).
+//! with each query in several views, turned (`_turnsN`) or under the opposite sun
+//! (`_oppsun`), and with its first N hits spatially verified (`_verifyN`).
 
 use crate::error::Result;
 use crate::metrics::{evaluate_ranking, shortlist_recall, summarise, QueryResult, Summary};
 pub use crate::regime::{Family, RegimeId, Tokens, Whiten};
 use craterdex_engine::{
     encode_all, Aggregation, Codec, Descriptors, Encoder, Engine, FeatureSet, ImageMeta,
-    IndexRecipe, IvfSetting, Mode, PatchGrid, PatchGrids, Pooling, Recipe, SearchHit, SearchParams,
-    SeedStrategy,
+    IndexRecipe, IvfSetting, Mode, PatchGrid, PatchGrids, Pooling, QueryViews, Recipe, SearchHit,
+    SearchParams, SeedStrategy,
 };
 use craterdex_tokens::whitening::DEFAULT_REGULARISATION;
 use craterdex_tokens::DEFAULT_PAIR_BLEND;
@@ -42,9 +42,9 @@ pub struct EvalOptions {
     pub whitening: Vec<Whiten>,
     pub whiten_reg: f32,
     pub seed: u64,
-    /// With more than 1, the shipped recipe is also run with each query searched turned and
-    /// mirrored (`craterdex search --turns`), as `..._grouped_turnsN`.
-    pub turns: usize,
+    /// Unless plain, the shipped recipe is also run with each query searched in these views
+    /// (`craterdex search --turns N --opposite-sun`), as `..._grouped_turnsN_oppsun`.
+    pub views: QueryViews,
     /// With more than 0, the shipped recipe is also run with each query's first `verify`
     /// hits spatially verified (`craterdex search --verify`), as `..._verifyN` (views
     /// grouped and not).
@@ -68,7 +68,7 @@ impl Default for EvalOptions {
             whitening: vec![Whiten::Off, Whiten::Pca, Whiten::Pairs],
             whiten_reg: DEFAULT_REGULARISATION,
             seed: 0,
-            turns: 1,
+            views: QueryViews::PLAIN,
             verify: 0,
         }
     }
@@ -121,8 +121,8 @@ pub struct EvalInput<'a> {
     pub relevance: &'a [BTreeSet<String>],
     /// Gallery positions whitening may learn from (craters no query looks for).
     pub whitening_rows: Vec<usize>,
-    /// Features of each query's turn variants (`craterdex_engine::turn_variants`, rows
-    /// `q * turn_variant_count(turns) + v`), for the turned regime ([`EvalOptions::turns`]).
+    /// Features of each query's views (`craterdex_engine::QueryViews::images`, rows
+    /// `q * views.count() + v`), for the regime in views ([`EvalOptions::views`]).
     pub query_variants: Option<&'a FeatureSet>,
 }
 
@@ -136,8 +136,8 @@ struct Search {
     /// Tokens per image (for every-token regimes, the patch count).
     k: Option<usize>,
     params: SearchParams,
-    /// Each query searched as its turn variants.
-    turned: bool,
+    /// Each query searched in its views ([`EvalOptions::views`]).
+    in_views: bool,
     /// Each query's first N hits spatially verified.
     verify: Option<usize>,
 }
@@ -148,7 +148,7 @@ impl Search {
             k: id.k(),
             id,
             params,
-            turned: false,
+            in_views: false,
             verify: None,
         }
     }
@@ -182,19 +182,20 @@ fn query_ms(engine: &Engine, queries: &Queries, params: &SearchParams) -> f64 {
     t.elapsed().as_secs_f64() * 1e3 / timed.max(1) as f64
 }
 
-/// The queries of a search: one set of descriptors each, or each as its turn variants, or
-/// each with its patch grid for spatial verification.
+/// The queries of a search: one set of descriptors each, or each in its views, or each with
+/// its patch grid for spatial verification.
 enum Queries<'q> {
     Plain(&'q [Descriptors]),
-    Turned(&'q [Vec<Descriptors>]),
+    InViews(&'q [Vec<Descriptors>], QueryViews),
     Verified {
         queries: &'q [Descriptors],
         grids: &'q [PatchGrid],
         top: usize,
         gallery: &'q PatchGrids<'q>,
     },
-    TurnedVerified {
+    InViewsVerified {
         variants: &'q [Vec<Descriptors>],
+        views: QueryViews,
         grids: &'q [Vec<PatchGrid>],
         top: usize,
         gallery: &'q PatchGrids<'q>,
@@ -205,7 +206,7 @@ impl Queries<'_> {
     fn len(&self) -> usize {
         match self {
             Queries::Plain(d) | Queries::Verified { queries: d, .. } => d.len(),
-            Queries::Turned(v) | Queries::TurnedVerified { variants: v, .. } => v.len(),
+            Queries::InViews(v, _) | Queries::InViewsVerified { variants: v, .. } => v.len(),
         }
     }
 
@@ -213,7 +214,7 @@ impl Queries<'_> {
     fn range(&self, range: std::ops::Range<usize>) -> Queries<'_> {
         match self {
             Queries::Plain(d) => Queries::Plain(&d[range]),
-            Queries::Turned(v) => Queries::Turned(&v[range]),
+            Queries::InViews(v, views) => Queries::InViews(&v[range], *views),
             Queries::Verified {
                 queries,
                 grids,
@@ -225,13 +226,15 @@ impl Queries<'_> {
                 top: *top,
                 gallery,
             },
-            Queries::TurnedVerified {
+            Queries::InViewsVerified {
                 variants,
+                views,
                 grids,
                 top,
                 gallery,
-            } => Queries::TurnedVerified {
+            } => Queries::InViewsVerified {
                 variants: &variants[range.clone()],
+                views: *views,
                 grids: &grids[range],
                 top: *top,
                 gallery,
@@ -239,12 +242,12 @@ impl Queries<'_> {
         }
     }
 
-    /// Every query's hits from `engine`, a turned query ranked over its variants, a verified
-    /// one as [`Engine::search_verified`] reranks them.
+    /// Every query's hits from `engine`, a query in views ranked over them, a verified one
+    /// as [`Engine::search_verified`] reranks them.
     fn search(&self, engine: &Engine, params: &SearchParams) -> Vec<Vec<SearchHit>> {
         match self {
             Queries::Plain(d) => engine.search(d, params),
-            Queries::Turned(v) => engine.search_turned(v, params),
+            Queries::InViews(v, views) => engine.search_views(v, *views, params),
             Queries::Verified {
                 queries,
                 grids,
@@ -253,12 +256,13 @@ impl Queries<'_> {
             } => engine.search_verified(queries, grids, params, *top, &|h| {
                 gallery.get(engine, &h.id)
             }),
-            Queries::TurnedVerified {
+            Queries::InViewsVerified {
                 variants,
+                views,
                 grids,
                 top,
                 gallery,
-            } => engine.search_turned_verified(variants, grids, params, *top, &|h| {
+            } => engine.search_views_verified(variants, *views, grids, params, *top, &|h| {
                 gallery.get(engine, &h.id)
             }),
         }
@@ -348,10 +352,10 @@ pub fn run(
                     .map(|f| engine.patch_grid(f))
                     .collect()
             };
-            let verifies = |turned: bool| {
+            let verifies = |in_views: bool| {
                 searches
                     .iter()
-                    .any(|s| s.verify.is_some() && s.turned == turned)
+                    .any(|s| s.verify.is_some() && s.in_views == in_views)
             };
             let query_grids = match verifies(false) {
                 true => grids_of(input.queries),
@@ -359,7 +363,7 @@ pub fn run(
             };
             let variant_grids: Vec<Vec<PatchGrid>> = match (verifies(true), input.query_variants) {
                 (true, Some(f)) => grids_of(f)
-                    .chunks(craterdex_engine::turn_variant_count(o.turns))
+                    .chunks(o.views.count())
                     .map(<[PatchGrid]>::to_vec)
                     .collect(),
                 _ => Vec::new(),
@@ -368,14 +372,15 @@ pub fn run(
                 if i > 0 {
                     progress(&s.id.to_string());
                 }
-                let these = match (s.turned, variants, s.verify) {
-                    (true, Some(v), Some(top)) => Queries::TurnedVerified {
+                let these = match (s.in_views, variants, s.verify) {
+                    (true, Some(v), Some(top)) => Queries::InViewsVerified {
                         variants: v,
+                        views: o.views,
                         grids: &variant_grids,
                         top,
                         gallery: &gallery_grids,
                     },
-                    (true, Some(v), _) => Queries::Turned(v),
+                    (true, Some(v), _) => Queries::InViews(v, o.views),
                     (_, _, Some(top)) => Queries::Verified {
                         queries,
                         grids: &query_grids,
@@ -585,8 +590,8 @@ pub fn run(
             let search =
                 |id: RegimeId| Search::new(id.whitened(white), rank_all(Mode::TwoStage, 100));
             let mut searches: Vec<Search> = search(RegimeId::shipped()).and_grouped().into();
-            let variants = match input.query_variants.filter(|_| o.turns > 1) {
-                Some(v) => Some(turn_variants_of(&encoder, v, input.queries, o.turns)?),
+            let variants = match input.query_variants.filter(|_| !o.views.is_plain()) {
+                Some(v) => Some(views_of(&encoder, v, input.queries, o.views)?),
                 None => None,
             };
             if o.verify > 0 {
@@ -603,21 +608,21 @@ pub fn run(
                 let [_, grouped] = search(RegimeId::shipped()).and_grouped();
                 searches.push(Search {
                     id: RegimeId {
-                        turns: Some(o.turns),
+                        views: o.views,
                         ..grouped.id
                     },
-                    turned: true,
+                    in_views: true,
                     ..grouped.clone()
                 });
                 if o.verify > 0 {
-                    // turned and verified: each candidate through the views that match it best
+                    // in views and verified: each candidate through the views that match it best
                     searches.push(Search {
                         id: RegimeId {
-                            turns: Some(o.turns),
+                            views: o.views,
                             verify: Some(o.verify),
                             ..grouped.id
                         },
-                        turned: true,
+                        in_views: true,
                         verify: Some(o.verify),
                         ..grouped
                     });
@@ -654,15 +659,15 @@ pub fn run(
     Ok(out)
 }
 
-/// Each query's turn variants encoded by `encoder`, in the queries' order: `variants` holds
-/// `craterdex_engine::turn_variant_count(turns)` rows per query, named `<query id>#<variant>`.
-fn turn_variants_of(
+/// Each query's views encoded by `encoder`, in the queries' order: `variants` holds
+/// `views.count()` rows per query, named `<query id>#<view>`.
+fn views_of(
     encoder: &Encoder,
     variants: &FeatureSet,
     queries: &FeatureSet,
-    turns: usize,
+    views: QueryViews,
 ) -> Result<Vec<Vec<Descriptors>>> {
-    let per = craterdex_engine::turn_variant_count(turns);
+    let per = views.count();
     let aligned = variants.len() == per * queries.len()
         && queries.ids.iter().enumerate().all(|(q, id)| {
             variants.ids[q * per]
@@ -671,7 +676,7 @@ fn turn_variants_of(
         });
     if !aligned {
         return Err(crate::Error::Invalid(format!(
-            "the turn variants ({} images) are not {per} per query of the {} queries, in order",
+            "the query views ({} images) are not {per} per query of the {} queries, in order",
             variants.len(),
             queries.len()
         )));

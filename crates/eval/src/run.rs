@@ -37,21 +37,21 @@ pub fn evaluate(
 ) -> Result<EvalOutcome> {
     let gallery = extractor.extract(&b.gallery_items(), "gallery", progress)?;
     let queries = extractor.extract(&b.query_items(), "queries", progress)?;
-    let variants = turn_variants(extractor, &b, o, progress)?;
+    let variants = query_views(extractor, &b, o, progress)?;
     evaluate_features(b, gallery, queries, variants.as_ref(), o, on_regime)
 }
 
-/// The queries' turn variants when the options ask for a turned regime.
-fn turn_variants(
+/// The features of the queries' views when the options ask for a regime in views.
+fn query_views(
     extractor: &Extractor,
     b: &manifest::Benchmark,
     o: &regimes::EvalOptions,
     progress: &dyn Progress,
 ) -> Result<Option<FeatureSet>> {
-    if o.turns <= 1 {
+    if o.views.is_plain() {
         return Ok(None);
     }
-    let (_, features) = extractor.variant_features(&b.query_items(), o.turns, progress)?;
+    let (_, features) = extractor.variant_features(&b.query_items(), o.views, progress)?;
     Ok(Some(features))
 }
 
@@ -95,7 +95,7 @@ pub fn evaluate_turned(
     progress: &dyn Progress,
 ) -> Result<TurnedOutcome> {
     let queries = extractor.extract(&turned.query_items(), "turned queries", progress)?;
-    let variants = turn_variants(extractor, turned, o, progress)?;
+    let variants = query_views(extractor, turned, o, progress)?;
     let results = regimes::run_on_benchmark(
         turned,
         &upright.gallery,

@@ -730,7 +730,7 @@ impl Index {
         &self,
         queries: &[Vec<Descriptors>],
         params: &SearchParams,
-        margin: f32,
+        margins: &[f32],
     ) -> Vec<Vec<Hit>> {
         let flat: Vec<Descriptors> = queries.iter().flatten().cloned().collect();
         if flat.len() == queries.len() {
@@ -742,7 +742,7 @@ impl Index {
             .iter()
             .map(|variants| {
                 let lists: Vec<Vec<Hit>> = lists.by_ref().take(variants.len()).collect();
-                let mut hits = best_of_variants(lists, margin);
+                let mut hits = best_of_variants(lists, margins);
                 // as a plain search lists them: reranked hits (grouped when asked), then the
                 // shortlist's tail by its stage-1 scores
                 let tail_from = hits
@@ -767,14 +767,14 @@ fn is_reranked(h: &Hit, mode: Mode) -> bool {
     mode != Mode::TwoStage || h.stage2.is_some()
 }
 
-/// Each row's hit with the best score over the variants' lists (the first list as scored,
-/// the others `margin` lower; a late-interaction score before any stage-1 one), reranked
-/// hits first, each part best first.
-fn best_of_variants(lists: Vec<Vec<Hit>>, margin: f32) -> Vec<Hit> {
+/// Each row's hit with the best score over the variants' lists (variant `v`'s scores
+/// `margins[v]` lower, 0 past the end; a late-interaction score before any stage-1 one),
+/// reranked hits first, each part best first.
+fn best_of_variants(lists: Vec<Vec<Hit>>, margins: &[f32]) -> Vec<Hit> {
     let key = |h: &Hit| (h.stage2.is_some(), h.score);
     let mut best: HashMap<usize, Hit> = HashMap::new();
     for (v, list) in lists.into_iter().enumerate() {
-        let penalty = if v == 0 { 0.0 } else { margin };
+        let penalty = margins.get(v).copied().unwrap_or(0.0);
         for h in list {
             let h = Hit {
                 score: h.score - penalty,
@@ -839,7 +839,7 @@ mod tests {
     fn variants_keep_each_rows_best_score_the_others_a_margin_lower() {
         let as_given = vec![hit(1, 0.60), hit(2, 0.50)];
         let turned = vec![hit(2, 0.64), hit(3, 0.70)];
-        let fused = best_of_variants(vec![as_given.clone(), turned.clone()], 0.05);
+        let fused = best_of_variants(vec![as_given.clone(), turned.clone()], &[0.0, 0.05]);
         let rows: Vec<(usize, f32)> = fused.iter().map(|h| (h.row, h.score)).collect();
         // row 3 only through the turned variant (0.65), row 1 as given (0.60), row 2's
         // turned 0.64 - 0.05 = 0.59 beats its 0.50
@@ -849,7 +849,7 @@ mod tests {
         assert_eq!(rows[2].0, 2);
         assert!((rows[2].1 - 0.59).abs() < 1e-6 && (rows[0].1 - 0.65).abs() < 1e-6);
         // a margin larger than the gap keeps the query's own first answer
-        let fused = best_of_variants(vec![as_given.clone(), turned], 0.2);
+        let fused = best_of_variants(vec![as_given.clone(), turned.clone()], &[0.0, 0.2]);
         assert_eq!(fused[0].row, 1);
         // a shortlist's tail (stage-1 scores, another scale) stays behind reranked hits,
         // and a row reranked in one variant keeps that score
@@ -858,7 +858,14 @@ mod tests {
             stage1: Some(score),
             ..hit(row, score)
         };
-        let fused = best_of_variants(vec![as_given, vec![tail(4, 0.95), tail(1, 0.99)]], 0.05);
+        // each variant its own margin: the first list may count lower too
+        let fused = best_of_variants(vec![as_given.clone(), turned], &[0.2, 0.0]);
+        assert_eq!(fused[0].row, 3);
+        assert!((fused[0].score - 0.70).abs() < 1e-6);
+        let fused = best_of_variants(
+            vec![as_given, vec![tail(4, 0.95), tail(1, 0.99)]],
+            &[0.0, 0.05],
+        );
         let rows: Vec<usize> = fused.iter().map(|h| h.row).collect();
         assert_eq!(rows, [1, 2, 4]);
         assert_eq!(fused[0].score, 0.60);

@@ -22,7 +22,7 @@ pub mod vit;
 
 pub use config::{Architecture, ModelConfig};
 pub use error::{Error, Result};
-pub use preprocess::{Orientation, Preprocess, ResizeMode};
+pub use preprocess::{Brightness, Orientation, Preprocess, ResizeMode};
 pub use vit::{retrieval_blocks, ImageFeatures, Precision, Vit, VitWeights};
 
 use std::path::Path;
@@ -43,6 +43,7 @@ impl Vit {
             std: self.config().std,
             resize,
             orientation: Default::default(),
+            brightness: Default::default(),
         }
     }
 }

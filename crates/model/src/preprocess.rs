@@ -53,21 +53,100 @@ pub struct Preprocess {
     pub resize: ResizeMode,
     #[serde(default)]
     pub orientation: Orientation,
+    #[serde(default)]
+    pub brightness: Brightness,
 }
 
 impl Preprocess {
-    /// A stable description for cache keys (unchanged for [`Orientation::AsIs`], so caches
-    /// written before orientations existed stay valid).
+    /// A stable description for cache keys (unchanged for [`Orientation::AsIs`] and
+    /// [`Brightness::AsIs`], so caches written before either existed stay valid).
     pub fn key(&self) -> String {
-        let key = format!(
+        let mut key = format!(
             "{}-{:?}-{:?}-{:?}",
             self.size, self.mean, self.std, self.resize
         );
-        match self.orientation {
-            Orientation::AsIs => key,
-            o => format!("{key}-{}", o.name()),
+        if self.orientation != Orientation::AsIs {
+            key = format!("{key}-{}", self.orientation.name());
         }
+        if self.brightness != Brightness::AsIs {
+            key = format!("{key}-{}", self.brightness.name());
+        }
+        key
     }
+}
+
+/// How a crop's brightness is set before the model sees it: `as-is` or `standardised`.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Default,
+    strum::Display,
+    strum::EnumIter,
+    strum::VariantNames,
+    strum::IntoStaticStr,
+    serde_with::SerializeDisplay,
+    serde_with::DeserializeFromStr,
+)]
+#[strum(serialize_all = "kebab-case")]
+pub enum Brightness {
+    /// As stored (what a [`Preprocess`] written before brightness options existed means).
+    #[default]
+    AsIs,
+    /// Shifted and scaled so that the crop's mean is mid grey and its standard deviation
+    /// [`STANDARD_SPREAD`] ([`standardise`]): the exposure of an observation, and to first
+    /// order the elevation of its sun (under Lambertian light a slope's brightness departs
+    /// from flat ground's in proportion to the cotangent of the sun's elevation), no longer
+    /// change what the model sees.
+    Standardised,
+}
+
+impl Brightness {
+    pub fn name(self) -> &'static str {
+        self.into()
+    }
+}
+
+impl std::str::FromStr for Brightness {
+    type Err = Invalid;
+    fn from_str(s: &str) -> std::result::Result<Self, Invalid> {
+        parse_named("brightness", s, Self::iter(), &[])
+    }
+}
+
+/// The standard deviation of a [`Brightness::Standardised`] crop's brightness (0 to 1): the
+/// spread chosen on the Mars and NAC benchmarks (docs/results.md, "Brightness
+/// standardised").
+pub const STANDARD_SPREAD: f32 = 32.0 / 255.0;
+
+/// The most a crop's contrast is raised by [`standardise`]: a nearly flat crop keeps its
+/// noise near its own level instead of being stretched to the full spread.
+const MAX_GAIN: f32 = 8.0;
+
+/// `img` with its brightness standardised ([`Brightness::Standardised`]): every channel
+/// shifted by the mean brightness (the channels' mean over all pixels) to mid grey and
+/// scaled by [`STANDARD_SPREAD`] over its standard deviation (at most [`MAX_GAIN`]), then
+/// clamped to 0..1. A flat image comes out mid grey.
+pub fn standardise(img: &Rgb32FImage) -> Rgb32FImage {
+    let values = img.as_raw();
+    if values.is_empty() {
+        return img.clone();
+    }
+    let n = values.len() as f64;
+    let mean = values.iter().map(|&v| v as f64).sum::<f64>() / n;
+    let var = values
+        .iter()
+        .map(|&v| (v as f64 - mean).powi(2))
+        .sum::<f64>()
+        / n;
+    let gain = (STANDARD_SPREAD as f64 / var.sqrt().max(f64::MIN_POSITIVE)).min(MAX_GAIN as f64);
+    let out: Vec<f32> = values
+        .iter()
+        .map(|&v| (0.5 + gain * (v as f64 - mean)).clamp(0.0, 1.0) as f32)
+        .collect();
+    Rgb32FImage::from_raw(img.width(), img.height(), out).expect("the same dimensions")
 }
 
 /// How a crop is turned before the model sees it: `as-is`, `shading` or `shading-spread`.
@@ -315,8 +394,18 @@ pub fn to_tensors(img: &DynamicImage, p: &Preprocess) -> Vec<Vec<f32>> {
         .collect()
 }
 
-/// The image at the model's input size, squashed or centre-cropped.
+/// The image at the model's input size, squashed or centre-cropped, its brightness set as
+/// `p.brightness` says.
 fn resized(img: &DynamicImage, p: &Preprocess) -> Rgb32FImage {
+    let square = resized_as_stored(img, p);
+    match p.brightness {
+        Brightness::AsIs => square,
+        Brightness::Standardised => standardise(&square),
+    }
+}
+
+/// The image at the model's input size, squashed or centre-cropped.
+fn resized_as_stored(img: &DynamicImage, p: &Preprocess) -> Rgb32FImage {
     let s = p.size as u32;
     let rgb: Rgb32FImage = if img.width() == 0 || img.height() == 0 {
         Rgb32FImage::new(s, s)
@@ -454,6 +543,7 @@ mod tests {
             std: [0.5, 0.5, 0.5],
             resize,
             orientation: Orientation::AsIs,
+            brightness: Brightness::AsIs,
         }
     }
 
@@ -669,6 +759,74 @@ mod tests {
         let as_is = prep(14, ResizeMode::Squash);
         assert_eq!(as_is.key(), "14-[0.5, 0.5, 0.5]-[0.5, 0.5, 0.5]-Squash");
         assert_ne!(shaded(14).key(), as_is.key());
+        let standardised = Preprocess {
+            brightness: Brightness::Standardised,
+            ..as_is.clone()
+        };
+        assert_eq!(
+            standardised.key(),
+            "14-[0.5, 0.5, 0.5]-[0.5, 0.5, 0.5]-Squash-standardised"
+        );
+    }
+
+    fn stats(img: &Rgb32FImage) -> (f64, f64) {
+        let v = img.as_raw();
+        let n = v.len() as f64;
+        let mean = v.iter().map(|&x| x as f64).sum::<f64>() / n;
+        let var = v.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n;
+        (mean, var.sqrt())
+    }
+
+    /// What standardising is for: a crop under another exposure (or, to first order, a sun
+    /// at another elevation: the same shading, stronger or weaker) looks the same after it.
+    #[test]
+    fn standardised_crops_do_not_depend_on_exposure() {
+        let crop = Rgb32FImage::from_fn(40, 30, |x, y| {
+            let v = 0.4 + 0.1 * ((x as f32 * 0.7).sin() + (y as f32 * 0.3).cos());
+            Rgb([v, v, v])
+        });
+        let (mean, std) = stats(&standardise(&crop));
+        assert!((mean - 0.5).abs() < 1e-4, "{mean}");
+        assert!((std - STANDARD_SPREAD as f64).abs() < 1e-4, "{std}");
+        let exposed = Rgb32FImage::from_fn(40, 30, |x, y| {
+            let v = crop.get_pixel(x, y)[0];
+            let v = 0.15 + 0.6 * v;
+            Rgb([v, v, v])
+        });
+        let (a, b) = (standardise(&crop), standardise(&exposed));
+        let most = a
+            .as_raw()
+            .iter()
+            .zip(b.as_raw())
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        assert!(most < 1e-5, "{most}");
+        assert_ne!(crop, exposed);
+        // a flat crop is mid grey; a nearly flat one is stretched by at most MAX_GAIN
+        let flat = Rgb32FImage::from_pixel(8, 8, Rgb([0.9, 0.9, 0.9]));
+        assert!(standardise(&flat).as_raw().iter().all(|&v| v == 0.5));
+        let faint = Rgb32FImage::from_fn(8, 8, |x, _| {
+            let v = 0.5 + 0.001 * (x % 2) as f32;
+            Rgb([v, v, v])
+        });
+        let (_, std) = stats(&standardise(&faint));
+        assert!((std - 0.0005 * MAX_GAIN as f64).abs() < 1e-5, "{std}");
+        // the model sees it so when asked, and as stored otherwise
+        let dynamic = DynamicImage::ImageRgb32F(exposed.clone());
+        let p = prep(40, ResizeMode::Squash);
+        assert_ne!(
+            to_tensor(&dynamic, &p),
+            to_tensor(&DynamicImage::ImageRgb32F(crop.clone()), &p)
+        );
+        let p = Preprocess {
+            brightness: Brightness::Standardised,
+            ..p
+        };
+        let (x, y) = (
+            to_tensor(&dynamic, &p),
+            to_tensor(&DynamicImage::ImageRgb32F(crop), &p),
+        );
+        assert!(x.iter().zip(&y).all(|(a, b)| (a - b).abs() < 1e-4));
     }
 
     #[test]

@@ -159,8 +159,28 @@ def test_a_turned_search_finds_crops_seen_turned_and_mirrored(tiny, crops, tmp_p
             # found through the variant that undoes the turn, counted 0.05 lower
             assert abs(hits["score"][0] - (hits["stage2"][0] - 0.05)) < 1e-4
     f = tiny.extract([crops["path"][0]])
-    with pytest.raises(craterdex.InvalidInputError, match="turns needs the query images"):
+    with pytest.raises(craterdex.InvalidInputError, match="turns and opposite_sun need the query images"):
         idx.search(features=f, turns=2)
+
+
+def test_a_search_under_the_opposite_sun_finds_crops_lit_from_the_other_side(tiny, crops, tmp_path):
+    recipe = craterdex.Recipe(codec="f32")
+    idx = craterdex.Index.build(tmp_path / "i", crops.iloc[:12], model=tiny, recipe=recipe)
+    assert craterdex.DEFAULTS["engine"]["search"]["opposite_sun"] is False
+    for i in range(3):
+        relit = 255 - np.asarray(Image.open(crops["path"][i]).convert("L"))
+        by_array = idx.search([relit], ids=["r"], top_k=1, mode="exhaustive", group_views=False,
+                              opposite_sun=True)
+        path = tmp_path / f"r{i}.png"
+        Image.fromarray(relit).save(path)
+        by_path = idx.search(paths=[path], top_k=1, mode="exhaustive", group_views=False, opposite_sun=True)
+        for hits in (by_array, by_path):
+            assert hits["id"][0] == crops["id"][i]
+            # found through the inverted view, counted 0.05 lower
+            assert abs(hits["score"][0] - (hits["stage2"][0] - 0.05)) < 1e-4
+    f = tiny.extract([crops["path"][0]])
+    with pytest.raises(craterdex.InvalidInputError, match="opposite_sun need the query images"):
+        idx.search(features=f, opposite_sun=True)
 
 
 def test_a_verified_search_counts_inliers_and_finds_the_image_itself(tiny, crops, tmp_path):

@@ -150,9 +150,10 @@ def test_the_cluster_answers_the_rest_of_craterdex_serves_api(cluster, crops, ti
     assert search_image(path, "top_k=1001")[0] == 400
     # a turned search is one server's: refused, and not in the cluster's document
     assert search_image(path, "turns=4")[0] == 400
+    assert search_image(path, "opposite_sun=true")[0] == 400
     assert search_image(path, "verify=3")[0] == 400
     image_params = doc["paths"]["/v1/search/image"]["post"]["parameters"]
-    assert not {"turns", "verify"} & {p["name"] for p in image_params}
+    assert not {"turns", "opposite_sun", "verify"} & {p["name"] for p in image_params}
     assert search_image(path, "mode=exhaustive&top_k=3")[1]["params"] == {"mode": "exhaustive", "top_k": 3,
                                                                            "shortlist": None}
     # an indexed image: its metadata, thumbnail and similar images, from whichever shard holds it

@@ -40,11 +40,12 @@ fn search_query(
     Ok((options, params))
 }
 
-/// Turning needs the query image: only a search by image takes `turns`.
-fn refuse_turns(options: &SearchOptions) -> ApiResult<()> {
-    if options.turns > 1 {
+/// Turning or relighting needs the query image: only a search by image takes `turns` or
+/// `opposite_sun`.
+fn refuse_views(options: &SearchOptions) -> ApiResult<()> {
+    if !options.views().is_plain() {
         return Err(ApiError::bad_request(
-            "turns needs the query image: search by image (POST /v1/search/image)",
+            "turns and opposite_sun need the query image: search by image (POST /v1/search/image)",
         ));
     }
     Ok(())
@@ -166,18 +167,27 @@ pub async fn search_image(
         // the candidates' forward passes of a verified search count as search time
         let (hits, features, search) = if o.verify > 0 {
             let ids = ["query".to_string()];
-            let variants =
-                engine.decoded_variant_features(&ids, std::slice::from_ref(&up.image), o.turns)?;
+            let variants = engine.decoded_variant_features(
+                &ids,
+                std::slice::from_ref(&up.image),
+                o.views(),
+            )?;
             let features = ms(t);
             let t = Instant::now();
-            let hits =
-                engine.search_variants_verified(&ids, &variants, o.turns, &p, o.verify, &Silent)?;
+            let hits = engine.search_variants_verified(
+                &ids,
+                &variants,
+                o.views(),
+                &p,
+                o.verify,
+                &Silent,
+            )?;
             (first_named(hits), features, ms(t))
         } else {
-            let variants = engine.encode_image_variants(&up.image, o.turns)?;
+            let variants = engine.encode_image_variants(&up.image, o.views())?;
             let features = ms(t);
             let t = Instant::now();
-            let hits = first(engine.search_turned(&[variants], &p));
+            let hits = first(engine.search_views(&[variants], o.views(), &p));
             (hits, features, ms(t))
         };
         let timing = Timing {
@@ -220,7 +230,7 @@ pub async fn search_features(
 ) -> ApiResult<Json<SearchResponse>> {
     authorize(&svc, &headers, false)?;
     let (o, p) = search_query(&svc, q)?;
-    refuse_turns(&o)?;
+    refuse_views(&o)?;
     let engine = svc.snapshot()?;
     if o.verify > 0 && engine.extractor().is_none() {
         return Err(ApiError::new(
@@ -281,7 +291,7 @@ pub async fn search_similar(
     authorize(&svc, &headers, false)?;
     let id = path_id(id)?;
     let (o, p) = search_query(&svc, q)?;
-    refuse_turns(&o)?;
+    refuse_views(&o)?;
     refuse_verify(&o)?;
     let engine = svc.snapshot()?;
     Counters::count(&svc.counters.searches);

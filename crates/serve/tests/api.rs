@@ -68,14 +68,18 @@ fn write_image(path: &Path, seed: u64, side: u32) {
     img.save(path).unwrap();
 }
 
-fn features(vit: &Vit, path: &Path) -> craterdex_model::vit::ImageFeatures {
+/// An image's features as a client with the service's model computes them.
+fn features(x: &craterdex_engine::Extractor, path: &Path) -> craterdex_model::vit::ImageFeatures {
     let img = craterdex_model::preprocess::load_image(path).unwrap();
-    let t = craterdex_model::preprocess::to_tensor(&img, &vit.preprocess(Default::default()));
-    vit.forward(&[t]).unwrap().pop().unwrap()
+    x.features_of(&img).unwrap()
 }
 
-fn descriptors(vit: &Vit, encoder: &Encoder, path: &Path) -> craterdex_tokens::Descriptors {
-    let f = features(vit, path);
+fn descriptors(
+    x: &craterdex_engine::Extractor,
+    encoder: &Encoder,
+    path: &Path,
+) -> craterdex_tokens::Descriptors {
+    let f = features(x, path);
     encoder.encode(FeatureRef {
         cls: &f.cls,
         patches: &f.patches,
@@ -87,7 +91,7 @@ fn fixture() -> Fixture {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().to_path_buf();
     let model_dir = tiny_model(&root);
-    let vit = load_model(&model_dir);
+    let vit = extractor(&model_dir);
     std::fs::create_dir_all(root.join("images")).unwrap();
     let images: Vec<PathBuf> = (0..N + 2)
         .map(|i| {
@@ -129,7 +133,7 @@ fn fixture() -> Fixture {
         &index,
         &encoder,
         &codec,
-        Some(vit.config().fingerprint()),
+        Some(vit.fingerprint()),
         &entries,
         None,
     )
@@ -209,7 +213,7 @@ fn upload(uri: &str, image: &Path) -> Request<Body> {
     post_multipart(uri, multipart(&[("image", Some("q.png"), &bytes)]), None)
 }
 
-fn features_json(vit: &Vit, path: &Path, nested: bool) -> Vec<u8> {
+fn features_json(vit: &craterdex_engine::Extractor, path: &Path, nested: bool) -> Vec<u8> {
     let f = features(vit, path);
     let patches: Value = if nested {
         json!(f.patches.chunks(D).map(|r| r.to_vec()).collect::<Vec<_>>())
@@ -233,7 +237,7 @@ fn top_ids(v: &Value) -> Vec<String> {
 async fn searches_find_the_image_itself_by_upload_features_and_id() {
     let f = fixture();
     let svc = service(&f, |_| {});
-    let vit = load_model(&f.model_dir);
+    let vit = extractor(&f.model_dir);
 
     let (s, v) = call_json(&svc, upload("/v1/search/image?top_k=5", &f.images[3])).await;
     assert_eq!(s, StatusCode::OK, "{v}");
@@ -275,6 +279,37 @@ async fn searches_find_the_image_itself_by_upload_features_and_id() {
     assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
     let (s, _) = call_json(&svc, upload("/v1/search/image?turns=37", &turned)).await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
+
+    // Inverted (lit from the other side, to first order), it is found through the inverted
+    // view, scored the opposite sun's margin below its late-interaction score; posted
+    // features cannot be relit.
+    let relit = f.images[3].with_file_name("relit.png");
+    let mut im = image::open(&f.images[3]).unwrap();
+    im.invert();
+    im.save(&relit).unwrap();
+    let (s, v) = call_json(
+        &svc,
+        upload("/v1/search/image?top_k=1&opposite_sun=true", &relit),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(top_ids(&v)[0], "c03");
+    let hit = &v["results"][0];
+    let (score, li) = (
+        hit["score"].as_f64().unwrap(),
+        hit["stage2"].as_f64().unwrap(),
+    );
+    assert!(li > 0.99, "{v}");
+    assert!(
+        (score - (li - craterdex_engine::OPPOSITE_SUN_MARGIN as f64)).abs() < 1e-4,
+        "{v}"
+    );
+    let req = Request::post("/v1/search/features?opposite_sun=true")
+        .body(Body::from(features_json(&vit, &f.images[7], false)))
+        .unwrap();
+    let (s, v) = call_json(&svc, req).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v.to_string().contains("opposite_sun"), "{v}");
 
     // Verified (by image or by posted features), the image itself comes first with every
     // patch in place; a search by id cannot verify.
@@ -385,7 +420,7 @@ async fn searches_find_the_image_itself_by_upload_features_and_id() {
     assert_eq!(s, StatusCode::OK);
     assert_eq!(v["images"], N);
     assert_eq!(v["tokens_per_image"], 4);
-    assert_eq!(v["requests"]["image_searches"], 4); // two verified
+    assert_eq!(v["requests"]["image_searches"], 5); // two verified, one relit
     assert_eq!(v["requests"]["searches"], 6); // one verified
     assert_eq!(v["writes_enabled"], false);
 }
@@ -962,7 +997,7 @@ async fn link_decides_and_inserts_only_with_the_key_and_only_once() {
 /// pattern to register), each crop one of the fixture's images.
 fn field_fixture() -> (Fixture, Vec<(f64, f64, f64)>) {
     let mut f = fixture();
-    let vit = load_model(&f.model_dir);
+    let vit = extractor(&f.model_dir);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
     let field: Vec<(f64, f64, f64)> = (0..40)
         .map(|_| {
@@ -999,7 +1034,7 @@ fn field_fixture() -> (Fixture, Vec<(f64, f64, f64)>) {
         &f.index,
         &encoder,
         &codec,
-        Some(vit.config().fingerprint()),
+        Some(vit.fingerprint()),
         &entries,
         None,
     )

@@ -54,7 +54,6 @@ fn a_source_registered_turned_is_compared_at_the_reference_orientation() {
     let (model_dir, _) =
         craterdex_model::import::import_file(&ckpt, "tiny", &root.join("models")).unwrap();
     let vit = craterdex_model::load(&model_dir, Some(16)).unwrap();
-    let fingerprint = vit.config().fingerprint();
     let extractor = Arc::new(Extractor::new(
         vit,
         &ModelOptions {
@@ -62,6 +61,7 @@ fn a_source_registered_turned_is_compared_at_the_reference_orientation() {
             ..Default::default()
         },
     ));
+    let fingerprint = extractor.fingerprint();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
     let field: Vec<(f64, f64, f64)> = (0..30)
         .map(|_| {

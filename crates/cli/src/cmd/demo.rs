@@ -185,7 +185,7 @@ pub fn run(c: DemoCmd) -> Result<()> {
     let json = c.out.join("results.json");
     let report = c.out.join("report.html");
     let info = serde_json::json!({
-        "benchmark": manifest.display().to_string(), "model": vit.config().fingerprint(), "quick": c.quick,
+        "benchmark": manifest.display().to_string(), "model": extractor.fingerprint(), "quick": c.quick,
         "gallery extraction": extraction,
         "index_two_stage_s100_k32_int8_pairwhite_grouped": {"R@1": recall(1), "R@5": recall(5), "R@10": recall(10), "ms_per_query": per_query_ms},
         "workflows (link/results.json, review page link/review.html)": workflow_summary(&link),

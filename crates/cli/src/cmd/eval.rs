@@ -36,6 +36,11 @@ pub struct EvalCmd {
     /// query).
     #[arg(long, default_value_t = 1)]
     query_turns: usize,
+    /// Also run the shipped recipe with every query searched under the opposite sun as well
+    /// (its brightness inverted, `craterdex search --opposite-sun`), as `..._grouped_oppsun`
+    /// (with --query-turns, `..._grouped_turnsN_oppsun`); twice the forward passes per query.
+    #[arg(long)]
+    opposite_sun: bool,
     /// Also run the shipped recipe with each query's first N hits spatially verified
     /// (`craterdex search --verify N`), as `..._verifyN`, views grouped and not. The gallery's
     /// patch tokens come from its features in memory; the query time shown includes
@@ -87,11 +92,14 @@ impl Drop for RegimeProgress {
 
 pub fn run(c: EvalCmd) -> Result<()> {
     let o = craterdex_eval::regimes::EvalOptions {
-        turns: c.query_turns,
+        views: craterdex_engine::QueryViews {
+            turns: c.query_turns,
+            opposite_sun: c.opposite_sun,
+        },
         verify: c.verify,
         ..run::eval_options(c.quick)
     };
-    if !(1..=craterdex_engine::MAX_TURNS).contains(&o.turns) {
+    if !(1..=craterdex_engine::MAX_TURNS).contains(&o.views.turns) {
         anyhow::bail!(
             "--query-turns must be between 1 and {}",
             craterdex_engine::MAX_TURNS
@@ -116,6 +124,7 @@ pub fn run(c: EvalCmd) -> Result<()> {
         "manifest": c.manifest.display().to_string(),
         "quick": c.quick,
         "query_turns": c.query_turns,
+        "opposite_sun": c.opposite_sun,
         "verify": c.verify,
         "model": extractor.fingerprint(),
     });

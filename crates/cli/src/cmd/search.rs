@@ -62,14 +62,17 @@ pub fn run(c: SearchCmd) -> Result<()> {
         (Some(index), _) => {
             let engine = Engine::open(index, Some(extractor))?;
             timed(&|| {
-                engine.search_images_as(&items, &params, options.turns, options.verify, &bars)
+                engine.search_images_as(&items, &params, options.views(), options.verify, &bars)
             })?
         }
         (None, Some(_)) if options.verify > 0 => {
             bail!("--verify is not supported with --shards yet: search one shard index at a time")
         }
-        (None, Some(_)) if options.turns > 1 => {
-            bail!("--turns is not supported with --shards yet: search one shard index at a time")
+        (None, Some(_)) if !options.views().is_plain() => {
+            bail!(
+                "--turns and --opposite-sun are not supported with --shards yet: search one \
+                 shard index at a time"
+            )
         }
         (None, Some(set)) => {
             let engine = ShardedEngine::open(set, Some(extractor))?;

@@ -172,6 +172,7 @@ class Model:
         precision: str = _MODEL["precision"],
         resize: str = _MODEL["resize"],
         orient: str = _MODEL["orient"],
+        brightness: str = _MODEL["brightness"],
         keep_tokens: float = _MODEL["keep_tokens"],
         blocks: Optional[int] = _MODEL["blocks"],
         batch: int = _MODEL["batch"],
@@ -182,13 +183,17 @@ class Model:
         has VNNI or AMX, f32 elsewhere, as ``craterdex cpu`` says); ``orient``: ``as-is``,
         ``shading`` (crops turned by their crater's shading and seen with their mirror
         image, as ``craterdex --orient shading``) or ``shading-spread`` (the same at the
-        shading angle and 20 degrees either side); an index records it. ``keep_tokens``: the
+        shading angle and 20 degrees either side); ``brightness``: ``standardised`` (every
+        crop shifted and scaled to mid grey and a fixed spread, so that exposure and the
+        sun's elevation matter less; the default) or ``as-is`` (indexes built before that
+        default); an index records both. ``keep_tokens``: the
         fraction of patch tokens kept past the middle block (token reduction; 1: all);
         ``blocks``: blocks of the backbone run (``None``: two thirds of them, 8 of 12), every
         feature from the last one run; an index records both. ``cache``: reuse features
         of image files already extracted (``$CRATERDEX_HOME/features``)."""
         spec = dict(model=None if path is None else os.fspath(path), size=size,
-                    precision=precision, resize=resize, orient=orient, keep_tokens=keep_tokens,
+                    precision=precision, resize=resize, orient=orient, brightness=brightness,
+                    keep_tokens=keep_tokens,
                     blocks=blocks, batch=batch, cache=cache)
         return cls(_native.Model.load(json.dumps(spec)), spec)
 
@@ -419,6 +424,7 @@ class Index:
         nprobe: Optional[int] = _SEARCH["nprobe"],
         group_views: bool = _SEARCH["group_views"],
         turns: int = _SEARCH["turns"],
+        opposite_sun: bool = _SEARCH["opposite_sun"],
         verify: int = _SEARCH["verify"],
     ) -> pd.DataFrame:
         """Ranked hits for query images (numpy arrays or ``paths``) or ``features``.
@@ -429,7 +435,10 @@ class Index:
         lists them image by image. ``turns`` (images or paths only): for queries at an
         unknown heading, each is also searched turned by every ``turns``-th of a circle and
         mirrored (``2 * turns`` forward passes), every image ranked by its best score (12 is
-        a good choice; 1 searches the query as given). ``verify``: the ``verify`` best images
+        a good choice; 1 searches the query as given). ``opposite_sun`` (images or paths
+        only): for queries lit from the other side than the catalogue, each view is also
+        searched with its brightness inverted (how a crater looks with the sun turned 180
+        degrees; twice the forward passes). ``verify``: the ``verify`` best images
         are verified spatially (patch-token correspondences under one similarity transform)
         and ranked again by score + 0.01 per inlier beyond a fifth of the patches (10 or 20
         are good choices; 0 is off); their images are read where the index recorded them
@@ -441,7 +450,7 @@ class Index:
         """
         kw = dict(options_json=json.dumps(dict(top_k=top_k, mode=mode, shortlist=shortlist, nprobe=nprobe,
                                                group_views=group_views, turns=turns,
-                                               verify=verify)))
+                                               opposite_sun=opposite_sun, verify=verify)))
         if features is not None:
             fids, (c, p, a) = _features_args(features)
             if ids is not None:

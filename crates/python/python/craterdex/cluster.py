@@ -181,9 +181,10 @@ def _native_call(f: Any, *args: Any) -> Any:
 def _search_options(request: Request) -> Dict[str, Any]:
     """The query string's search options, read and checked by ``craterdex serve``'s reader."""
     opts = json.loads(_native_call(_native.search_options_json, request.url.query))
-    if opts.get("turns", 1) > 1:
-        # the router scatters one query's descriptors; a turned search is one server's
-        raise _Refused(400, "turns is not supported on a cluster yet: search one craterdex serve")
+    if opts.get("turns", 1) > 1 or opts.get("opposite_sun", False):
+        # the router scatters one query's descriptors; a search in views is one server's
+        raise _Refused(400, "turns and opposite_sun are not supported on a cluster yet: "
+                            "search one craterdex serve")
     if opts.get("verify", 0) > 0:
         # verification reads the candidates' images, which each shard's server holds
         raise _Refused(400, "verify is not supported on a cluster yet: search one craterdex serve")
@@ -258,10 +259,11 @@ class Router:
         doc = json.loads(_native.service_document_json(dim))
         for path in _NOT_ON_A_CLUSTER:
             doc["paths"].pop(path, None)
-        for item in doc["paths"].values():  # turned, verified searches are one server's (see _search_options)
+        for item in doc["paths"].values():  # searches in views, verified ones are one server's (see _search_options)
             for op in item.values():
                 if isinstance(op, dict) and "parameters" in op:
-                    op["parameters"] = [p for p in op["parameters"] if p.get("name") not in ("turns", "verify")]
+                    op["parameters"] = [p for p in op["parameters"]
+                                        if p.get("name") not in ("turns", "opposite_sun", "verify")]
         self.document = doc
 
     async def _call(self, handle: Any, method: str, *args) -> Any:
