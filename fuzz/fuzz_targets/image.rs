@@ -1,9 +1,9 @@
 //! craterdex's own image loader (format sniffing, the strict JPEG check, decoding with the
-//! image crate's limits) and the model's preprocessing. Nothing may panic or allocate
-//! without bound.
+//! image crate's limits) and the model's preprocessing (turned and brightness-standardised
+//! views included). Nothing may panic or allocate without bound.
 #![no_main]
 use craterdex_model::preprocess::{
-    decode_image_with, to_tensor, to_tensors, Orientation, Preprocess, ResizeMode,
+    decode_image_with, to_tensor, to_tensors, Brightness, Orientation, Preprocess, ResizeMode,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -14,9 +14,11 @@ fuzz_target!(|data: &[u8]| {
         std: [0.25; 3],
         resize: ResizeMode::CenterCrop,
         orientation: Orientation::AsIs,
+        brightness: Brightness::AsIs,
     };
     let turned = Preprocess {
         orientation: Orientation::Shading,
+        brightness: Brightness::Standardised,
         ..prep.clone()
     };
     for allow_partial in [false, true] {
