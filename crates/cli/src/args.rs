@@ -57,7 +57,7 @@ pub struct ModelChoice {
     /// before the model sees it, so that an observation's exposure and (to first order) its
     /// sun's elevation do not change its tokens; as-is: as stored (indexes built before this
     /// default). An index records it and its queries must use the same. Measured:
-    /// docs/results.md, "Brightness standardised".
+    /// docs/results.md, "Another sun, another exposure".
     #[arg(long, value_parser = one_of::<Brightness>(Brightness::VARIANTS.iter().copied()),
           default_value_t = ModelOptions::default().brightness)]
     pub brightness: Brightness,
@@ -214,7 +214,7 @@ pub struct SearchOpts {
     /// For query images lit from the other side than the catalogue (another time of day):
     /// also search each with its brightness inverted, how a crater looks with the sun turned
     /// 180 degrees, each image ranked by its best score (twice the forward passes of --turns).
-    /// Measured: docs/results.md, "Relit queries".
+    /// Measured: docs/results.md, "Another sun, another exposure".
     #[arg(long)]
     pub opposite_sun: bool,
     /// Verify the N best images spatially, for map-projected (upright) queries: patch-token

@@ -31,7 +31,7 @@ pub struct ModelOptions {
     pub orient: Orientation,
     /// How a crop's brightness is set before the model sees it (default: standardised, mean
     /// mid grey and a fixed spread); an index records it, and its queries must be prepared
-    /// the same way. Measured in docs/results.md, "Brightness standardised".
+    /// the same way. Measured in docs/results.md, "Another sun, another exposure".
     pub brightness: Brightness,
     /// Fraction of patch tokens kept past the middle block (the most attended ones; 1: all):
     /// training-free token reduction, measured in docs/performance.md.

@@ -117,8 +117,8 @@ impl std::str::FromStr for Brightness {
 }
 
 /// The standard deviation of a [`Brightness::Standardised`] crop's brightness (0 to 1): the
-/// spread chosen on the Mars and NAC benchmarks (docs/results.md, "Brightness
-/// standardised").
+/// spread chosen on the Mars and NAC benchmarks (docs/results.md, "Another sun, another
+/// exposure").
 pub const STANDARD_SPREAD: f32 = 32.0 / 255.0;
 
 /// The most a crop's contrast is raised by [`standardise`]: a nearly flat crop keeps its
