@@ -78,7 +78,7 @@ def prewhitened_index(g, gallery, seeds="fps"):
     """An f32 index of gallery features that are already whitened (a dict as `Model.extract`
     returns; the index adds no whitening and no IVF)."""
     return craterdex.Index.build(os.path.join(tempfile.mkdtemp(prefix="craterdex-measure-"), "idx"), g,
-                                 features=gallery, recipe=craterdex.Recipe(codec="f32", ivf="off", whiten=False,
+                                 features=gallery, recipe=craterdex.Recipe(codec="f32", ivf="off", whitening="none",
                                                                            seeds=seeds))
 
 

@@ -72,6 +72,12 @@ pub struct ModelChoice {
     /// and its queries must use the same: indexes built before this default need `--blocks 12`.
     #[arg(long)]
     pub blocks: Option<usize>,
+    /// Multi-scale: also see every crop at these input sizes (comma-separated pixels, e.g.
+    /// 322), the patch tokens of every size pooled into one set of instance tokens: same bytes
+    /// per image and search time, one forward pass per size. An index records them and its
+    /// queries must use the same. Measured: docs/results.md, "Multi-scale tokens".
+    #[arg(long, value_delimiter = ',')]
+    pub extra_sizes: Vec<usize>,
 }
 
 /// [`ModelChoice`] plus how extraction runs.
@@ -103,6 +109,7 @@ impl ModelChoice {
             brightness: self.brightness,
             keep_tokens: self.keep_tokens,
             blocks: self.blocks,
+            extra_sizes: self.extra_sizes.clone(),
             cache: false,
             ..Default::default()
         }

@@ -599,9 +599,9 @@ fn an_index_of_shading_spread_crops_needs_and_serves_oriented_queries() {
     );
 }
 
-/// An index built with token reduction and patch tokens from an earlier block records both in
-/// its model's name; a query from the full pass is refused with the options named, one made
-/// alike is served.
+/// An index built with token reduction, patch tokens from an earlier block and an extra
+/// input size records all three in its model's name; a query from the full pass at one size
+/// is refused with the options named, one made alike is served.
 #[test]
 fn an_index_of_reduced_passes_needs_queries_reduced_alike() {
     let e = Env::new();
@@ -617,7 +617,14 @@ fn an_index_of_reduced_passes_needs_queries_reduced_alike() {
     ]);
     let model = e.path("home/models/tiny4");
     let manifest = e.tile_benchmark("4");
-    let options = ["--keep-tokens", "0.5", "--blocks", "2"];
+    let options = [
+        "--keep-tokens",
+        "0.5",
+        "--blocks",
+        "2",
+        "--extra-sizes",
+        "24",
+    ];
     e.index_build(
         &model,
         &manifest,
@@ -630,7 +637,7 @@ fn an_index_of_reduced_passes_needs_queries_reduced_alike() {
         info["model"]
             .as_str()
             .unwrap()
-            .ends_with("~keep0.5@b2+standardised"),
+            .ends_with("~keep0.5@b2&24+standardised"),
         "{info}"
     );
     let query = e.path("bench/images/gallery");
@@ -647,7 +654,10 @@ fn an_index_of_reduced_passes_needs_queries_reduced_alike() {
     let o = e.run(&search);
     assert_eq!(o.status.code(), Some(3));
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("--keep-tokens 0.5 --blocks 2"), "{err}");
+    assert!(
+        err.contains("--keep-tokens 0.5 --blocks 2 --extra-sizes 24"),
+        "{err}"
+    );
     let mut reduced = search.to_vec();
     reduced.extend(options);
     let v: serde_json::Value = serde_json::from_str(&e.ok(&reduced)).unwrap();

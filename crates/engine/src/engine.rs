@@ -2,7 +2,7 @@
 //! Every front end asks it for ranked hits; none wires model, tokens and index itself.
 
 use crate::error::{Error, Result};
-use crate::extractor::{split_fingerprint, split_reduction, Extractor};
+use crate::extractor::{split_fingerprint, split_reduction, BackboneRun, Extractor};
 use crate::options::{VERIFY_CHANCE_SHARE, VERIFY_VIEWS, VERIFY_WEIGHT};
 use crate::progress::Progress;
 use crate::recipe::{encode_all, feature_refs};
@@ -143,21 +143,28 @@ fn check_compatible(index: &Index, extractor: &Extractor) -> Result<()> {
                 loaded: bright,
             });
         }
-        // the same model with another token reduction or depth: say which options make
-        // them match
-        let (base, kept, blocks) = split_reduction(model);
-        let (built_base, built_kept, built_blocks) = split_reduction(built_model);
-        if base == built_base && (kept, blocks) != (built_kept, built_blocks) {
+        // the same model with another token reduction, depth or sizes: say which options
+        // make them match
+        let (base, run) = split_reduction(model);
+        let (built_base, built_run) = split_reduction(built_model);
+        if base == built_base && run != built_run {
             let depth = extractor.vit().config().depth;
-            let options = |kept: &str, blocks: &str| match blocks {
-                "all" => format!("--keep-tokens {kept} --blocks {depth}"),
-                b => format!("--keep-tokens {kept} --blocks {b}"),
+            let options = |run: &BackboneRun| {
+                let blocks = match run.blocks {
+                    "all" => depth.to_string(),
+                    b => b.to_string(),
+                };
+                let sizes = match run.extra_sizes {
+                    "" => String::new(),
+                    s => format!(" --extra-sizes {s}"),
+                };
+                format!("--keep-tokens {} --blocks {blocks}{sizes}", run.kept)
             };
             return Err(Error::Invalid(format!(
                 "the index was built with {}, the model runs with {}; its queries need the \
                  index's options",
-                options(built_kept, built_blocks),
-                options(kept, blocks)
+                options(&built_run),
+                options(&run)
             )));
         }
     }
@@ -567,7 +574,7 @@ impl Engine {
             Error::Invalid(format!(
                 "spatial verification needs one square grid of patch tokens per image; this \
                  model gives {} tokens per image (an oriented index's crops are seen several \
-                 times)",
+                 times, a multi-scale one's at several sizes)",
                 variants.tokens
             ))
         );

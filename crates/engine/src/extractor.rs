@@ -11,6 +11,7 @@ use craterdex_model::extract::{self, ExtractOptions, FeatureSet};
 use craterdex_model::{
     preprocess, Brightness, ImageFeatures, Orientation, Preprocess, ResizeMode, Vit,
 };
+use rayon::prelude::*;
 use std::path::PathBuf;
 use strum::IntoEnumIterator;
 
@@ -54,7 +55,8 @@ impl Extractor {
             .with_context(|| format!("cannot load the model in {}", dir.display()))?
             .with_precision(spec.precision)?
             .with_token_reduction(spec.keep_tokens)?
-            .with_blocks(spec.blocks)?;
+            .with_blocks(spec.blocks)?
+            .with_extra_sizes(&spec.extra_sizes)?;
         Ok(Self::new(vit, options))
     }
 
@@ -88,7 +90,8 @@ impl Extractor {
     /// The model's fingerprint (with the token reduction and the blocks run when not all),
     /// the brightness when crops are standardised and the orientation when they are turned:
     /// indexes record it and refuse queries whose features would not be comparable
-    /// (`--keep-tokens 0.5 --blocks 8` shows in the model's name as `...~keep0.5@b8`).
+    /// (`--keep-tokens 0.5 --blocks 8 --extra-sizes 322` shows in the model's name as
+    /// `...~keep0.5@b8&322`).
     pub fn fingerprint(&self) -> String {
         let model = self.vit.config().fingerprint() + &self.vit.reduction_tag().unwrap_or_default();
         fingerprint_with(&model, self.orientation, self.brightness)
@@ -171,11 +174,11 @@ impl Extractor {
             .zip(images.chunks(self.settings.batch.max(1)))
         {
             let tensors: Vec<_> = batch
-                .iter()
-                .flat_map(|im| preprocess::to_tensors(im, &pre))
+                .par_iter()
+                .map(|im| preprocess::to_tensors_at_each_size(im, &pre))
                 .collect();
             let features =
-                ImageFeatures::group_views(self.vit.forward(&tensors)?, pre.orientation.views());
+                extract::features_of_tensors(&self.vit, tensors, pre.orientation.views())?;
             for (id, f) in ids.iter().zip(features) {
                 out.push(id.clone(), &f);
             }
@@ -257,8 +260,8 @@ impl Extractor {
     /// Features of one decoded image (an upload).
     pub fn features_of(&self, image: &image::DynamicImage) -> Result<ImageFeatures> {
         let pre = self.preprocess();
-        let views = self.vit.forward(&preprocess::to_tensors(image, &pre))?;
-        ImageFeatures::group_views(views, pre.orientation.views())
+        let tensors = vec![preprocess::to_tensors_at_each_size(image, &pre)];
+        extract::features_of_tensors(&self.vit, tensors, pre.orientation.views())?
             .pop()
             .ok_or_else(|| Error::Invalid("the model returned no features".into()))
     }
@@ -325,13 +328,32 @@ fn strip_named<T: Copy + PartialEq + Into<&'static str>>(
         .unwrap_or((s, plain))
 }
 
-/// The model part of a fingerprint split into its base, the fraction of tokens kept and the
-/// blocks run (`all` when every block runs): `base~keepF@bN` as
-/// [`craterdex_model::Vit::reduction_tag`] writes it, each part optional.
-pub(crate) fn split_reduction(model: &str) -> (&str, &str, &str) {
-    let (rest, block) = model.rsplit_once("@b").unwrap_or((model, "all"));
+/// How a model's backbone runs, as its fingerprint's model part says: the fraction of
+/// tokens kept, the blocks run (`all` when every block runs) and the extra input sizes
+/// (empty when none).
+#[derive(Debug, PartialEq)]
+pub(crate) struct BackboneRun<'a> {
+    pub kept: &'a str,
+    pub blocks: &'a str,
+    pub extra_sizes: &'a str,
+}
+
+/// The model part of a fingerprint split into its base and how the backbone runs:
+/// `base~keepF@bN&S1,S2` as [`craterdex_model::Vit::reduction_tag`] writes it, each part
+/// optional.
+pub(crate) fn split_reduction(model: &str) -> (&str, BackboneRun<'_>) {
+    let (rest, extra_sizes) = model
+        .rsplit_once('&')
+        .filter(|(_, sizes)| sizes.chars().all(|c| c.is_ascii_digit() || c == ','))
+        .unwrap_or((model, ""));
+    let (rest, blocks) = rest.rsplit_once("@b").unwrap_or((rest, "all"));
     let (base, kept) = rest.split_once("~keep").unwrap_or((rest, "1"));
-    (base, kept, block)
+    let run = BackboneRun {
+        kept,
+        blocks,
+        extra_sizes,
+    };
+    (base, run)
 }
 
 #[cfg(test)]
@@ -362,5 +384,23 @@ mod tests {
             fingerprint_with("m", Orientation::AsIs, Brightness::AsIs),
             "m"
         );
+    }
+
+    #[test]
+    fn a_model_name_splits_into_its_base_and_how_the_backbone_runs() {
+        let run = |kept, blocks, extra_sizes| BackboneRun {
+            kept,
+            blocks,
+            extra_sizes,
+        };
+        assert_eq!(split_reduction("m-1"), ("m-1", run("1", "all", "")));
+        assert_eq!(split_reduction("m-1@b8"), ("m-1", run("1", "8", "")));
+        assert_eq!(
+            split_reduction("m-1~keep0.5@b8&322,448"),
+            ("m-1", run("0.5", "8", "322,448"))
+        );
+        assert_eq!(split_reduction("m-1&322"), ("m-1", run("1", "all", "322")));
+        // a name of its own with an ampersand is not taken for sizes
+        assert_eq!(split_reduction("r&d-1"), ("r&d-1", run("1", "all", "")));
     }
 }

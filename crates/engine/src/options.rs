@@ -40,6 +40,10 @@ pub struct ModelOptions {
     /// ViT-S/14's 12); every feature comes from the last one run. Measured in
     /// docs/results.md.
     pub blocks: Option<usize>,
+    /// Multi-scale: further input sizes each crop is also seen at, the patch tokens of every
+    /// size pooled into one set of instance tokens (one forward pass per size; empty: the
+    /// model's size only). An index records them. Measured in docs/results.md.
+    pub extra_sizes: Vec<usize>,
     /// Images per forward pass.
     pub batch: usize,
     /// Reuse features of image files already extracted (`$CRATERDEX_HOME/features`).
@@ -59,6 +63,7 @@ impl Default for ModelOptions {
             brightness: Brightness::Standardised,
             keep_tokens: 1.0,
             blocks: None,
+            extra_sizes: Vec::new(),
             batch: 16,
             cache: true,
             allow_partial_images: false,

@@ -312,6 +312,52 @@ fn read_cached(path: &Path, dim: usize, tokens: usize) -> Option<ImageFeatures> 
     })
 }
 
+/// An image ready for the model: its tensors at each input size, each size's views in
+/// order ([`preprocess::to_tensors_at_each_size`]).
+pub type ImageTensors = Vec<Vec<Vec<f32>>>;
+
+/// One set of features per image of `images`: a forward pass per input size over every
+/// image's views at that size, then each image's views and sizes pooled
+/// ([`ImageFeatures::of_views`]: CLS averaged, patch tokens and attention of every view at
+/// the first size, then at the next, ...).
+pub fn features_of_tensors(
+    vit: &Vit,
+    images: Vec<ImageTensors>,
+    views: usize,
+) -> Result<Vec<ImageFeatures>> {
+    let count = images.len();
+    let sizes = images.first().map_or(0, Vec::len);
+    ensure!(
+        images.iter().all(|im| im.len() == sizes),
+        Error::Invalid("images prepared at different numbers of input sizes".into())
+    );
+    let mut at_size: Vec<Vec<Vec<f32>>> = vec![Vec::with_capacity(count * views); sizes];
+    for image in images {
+        for (all, tensors) in at_size.iter_mut().zip(image) {
+            all.extend(tensors);
+        }
+    }
+    let mut per_size = Vec::with_capacity(sizes);
+    for tensors in at_size {
+        let features = ImageFeatures::group_views(vit.forward(&tensors)?, views);
+        ensure!(
+            features.len() == count,
+            Error::Invalid(format!(
+                "{} images prepared with {views} views each gave {} feature sets",
+                count,
+                features.len()
+            ))
+        );
+        per_size.push(features.into_iter());
+    }
+    if sizes == 1 {
+        return Ok(per_size.pop().map(Iterator::collect).unwrap_or_default());
+    }
+    Ok((0..count)
+        .map(|_| ImageFeatures::of_views(per_size.iter_mut().filter_map(Iterator::next).collect()))
+        .collect())
+}
+
 /// Extracts features for `(id, path)` pairs. Unreadable images are skipped and reported in
 /// `failures`; they never stop the run. `progress` is called with the number of images done.
 pub fn extract(
@@ -323,7 +369,7 @@ pub fn extract(
     let model_fp = vit.features_fingerprint();
     let prep_key = opts.preprocess.key();
     let views = opts.preprocess.orientation.views();
-    let (dim, tokens) = (vit.dim(), vit.num_patches() * views);
+    let (dim, tokens) = (vit.dim(), vit.patches_per_view() * views);
     let mut features = FeatureSet {
         dim,
         tokens,
@@ -336,50 +382,44 @@ pub fn extract(
         // Read, hash, look up the cache and preprocess in parallel.
         enum Prepared {
             Cached(ImageFeatures),
-            Tensor(Vec<Vec<f32>>, Option<PathBuf>),
+            Tensor(Option<PathBuf>),
             Failed(Error),
         }
-        let prepared: Vec<Prepared> = chunk
+        let (prepared, tensors): (Vec<Prepared>, Vec<Option<ImageTensors>>) = chunk
             .par_iter()
             .map(|(_, path)| {
                 let bytes = match std::fs::read(path) {
                     Ok(b) => b,
-                    Err(e) => return Prepared::Failed(Error::Invalid(format!("cannot read: {e}"))),
+                    Err(e) => {
+                        let error = Error::Invalid(format!("cannot read: {e}"));
+                        return (Prepared::Failed(error), None);
+                    }
                 };
                 let cpath = opts
                     .cache
                     .as_ref()
                     .map(|root| cache_path(root, &model_fp, &prep_key, &sha256_hex(&bytes)));
                 if let Some(f) = cpath.as_ref().and_then(|p| read_cached(p, dim, tokens)) {
-                    return Prepared::Cached(f);
+                    return (Prepared::Cached(f), None);
                 }
                 match preprocess::decode_image_with(&bytes, opts.allow_partial) {
                     Ok(img) => {
-                        Prepared::Tensor(preprocess::to_tensors(&img, &opts.preprocess), cpath)
+                        let t = preprocess::to_tensors_at_each_size(&img, &opts.preprocess);
+                        (Prepared::Tensor(cpath), Some(t))
                     }
-                    Err(e) => Prepared::Failed(e),
+                    Err(e) => (Prepared::Failed(e), None),
                 }
             })
-            .collect();
-        let tensors: Vec<Vec<f32>> = prepared
-            .iter()
-            .filter_map(|p| {
-                if let Prepared::Tensor(t, _) = p {
-                    Some(t.clone())
-                } else {
-                    None
-                }
-            })
-            .flatten()
-            .collect();
-        let mut computed = ImageFeatures::group_views(vit.forward(&tensors)?, views).into_iter();
+            .unzip();
+        let tensors: Vec<ImageTensors> = tensors.into_iter().flatten().collect();
+        let mut computed = features_of_tensors(vit, tensors, views)?.into_iter();
         for ((id, path), p) in chunk.iter().zip(prepared) {
             match p {
                 Prepared::Cached(f) => {
                     cache_hits += 1;
                     features.push(id.clone(), &f);
                 }
-                Prepared::Tensor(_, cpath) => {
+                Prepared::Tensor(cpath) => {
                     // the forward pass returns one feature set per prepared tensor
                     let Some(f) = computed.next() else {
                         unreachable!("the forward pass returned too few images")

@@ -35,10 +35,11 @@ pub fn load(dir: &Path, input_size: Option<usize>) -> Result<Vit> {
 }
 
 impl Vit {
-    /// The preprocessing this model expects at its input size.
+    /// The preprocessing this model expects at its input sizes.
     pub fn preprocess(&self, resize: ResizeMode) -> Preprocess {
         Preprocess {
             size: self.input_size(),
+            extra_sizes: self.input_sizes()[1..].to_vec(),
             mean: self.config().mean,
             std: self.config().std,
             resize,

@@ -55,6 +55,10 @@ pub struct Preprocess {
     pub orientation: Orientation,
     #[serde(default)]
     pub brightness: Brightness,
+    /// Multi-scale: further input sizes each image is also seen at (the model must run at
+    /// them: [`crate::Vit::with_extra_sizes`]).
+    #[serde(default)]
+    pub extra_sizes: Vec<usize>,
 }
 
 impl Preprocess {
@@ -71,7 +75,22 @@ impl Preprocess {
         if self.brightness != Brightness::AsIs {
             key = format!("{key}-{}", self.brightness.name());
         }
+        if !self.extra_sizes.is_empty() {
+            key = format!("{key}-also{:?}", self.extra_sizes);
+        }
         key
+    }
+
+    /// This preparation at each of its input sizes, its own first, each without extra sizes.
+    pub fn at_each_size(&self) -> Vec<Preprocess> {
+        std::iter::once(self.size)
+            .chain(self.extra_sizes.iter().copied())
+            .map(|size| Preprocess {
+                size,
+                extra_sizes: Vec::new(),
+                ..self.clone()
+            })
+            .collect()
     }
 }
 
@@ -394,6 +413,15 @@ pub fn to_tensors(img: &DynamicImage, p: &Preprocess) -> Vec<Vec<f32>> {
         .collect()
 }
 
+/// The tensors of an image at each input size of `p` ([`Preprocess::at_each_size`]), each
+/// size's views as [`to_tensors`] gives them.
+pub fn to_tensors_at_each_size(img: &DynamicImage, p: &Preprocess) -> Vec<Vec<Vec<f32>>> {
+    p.at_each_size()
+        .iter()
+        .map(|at| to_tensors(img, at))
+        .collect()
+}
+
 /// The image at the model's input size, squashed or centre-cropped, its brightness set as
 /// `p.brightness` says.
 fn resized(img: &DynamicImage, p: &Preprocess) -> Rgb32FImage {
@@ -544,6 +572,7 @@ mod tests {
             resize,
             orientation: Orientation::AsIs,
             brightness: Brightness::AsIs,
+            extra_sizes: Vec::new(),
         }
     }
 
@@ -767,6 +796,24 @@ mod tests {
             standardised.key(),
             "14-[0.5, 0.5, 0.5]-[0.5, 0.5, 0.5]-Squash-standardised"
         );
+    }
+
+    #[test]
+    fn extra_sizes_give_tensors_at_each_size_and_their_own_cache_key() {
+        let p = Preprocess {
+            extra_sizes: vec![28, 21],
+            ..shaded(14)
+        };
+        assert_ne!(p.key(), shaded(14).key());
+        let sizes: Vec<usize> = p.at_each_size().iter().map(|a| a.size).collect();
+        assert_eq!(sizes, [14, 28, 21]);
+        assert!(p.at_each_size().iter().all(|a| a.extra_sizes.is_empty()));
+        let tensors = to_tensors_at_each_size(&crater(40, 0.5), &p);
+        assert_eq!(tensors.len(), 3);
+        for (views, size) in tensors.iter().zip(sizes) {
+            assert_eq!(views.len(), 2, "every size sees both shading views");
+            assert!(views.iter().all(|v| v.len() == 3 * size * size));
+        }
     }
 
     fn stats(img: &Rgb32FImage) -> (f64, f64) {

@@ -305,14 +305,12 @@ impl LayerNorm {
 pub struct PatchEmbed {
     proj: Linear,
     patch: usize,
-    grid: usize,
-    input_size: usize,
 }
 
 impl PatchEmbed {
-    /// `[B * G * G, D]` patch embeddings of `[3, S, S]` images.
-    pub fn forward(&self, images: &[Vec<f32>]) -> Vec<f32> {
-        let (p, g, s) = (self.patch, self.grid, self.input_size);
+    /// `[B * G * G, D]` patch embeddings of `[3, S, S]` images, `G = S / patch`.
+    pub fn forward(&self, images: &[Vec<f32>], s: usize) -> Vec<f32> {
+        let (p, g) = (self.patch, s / self.patch);
         let n = g * g;
         let kdim = 3 * p * p;
         let mut cols = vec![0f32; images.len() * n * kdim];
@@ -499,25 +497,16 @@ impl PassProfile {
     }
 }
 
-/// A backbone ready to run at one input size.
-pub struct Vit {
-    config: ModelConfig,
+/// An input size a backbone runs at, with its position embeddings.
+struct Scale {
     input_size: usize,
     grid: usize,
-    precision: Precision,
-    /// Fraction of patch tokens kept through the second half of the blocks (1: all).
-    keep_tokens: f32,
-    embed: PatchEmbed,
-    cls_token: Vec<f32>,
     /// Position embeddings resampled to `grid`, `[1 + grid*grid, D]`.
     pos_embed: Vec<f32>,
-    blocks: Vec<Block>,
-    norm: LayerNorm,
 }
 
-impl Vit {
-    pub fn new(config: ModelConfig, weights: VitWeights, input_size: usize) -> Result<Self> {
-        weights.validate(&config)?;
+impl Scale {
+    fn new(config: &ModelConfig, pos_embed: &[f32], input_size: usize) -> Result<Self> {
         let grid = input_size / config.patch_size;
         ensure!(
             grid >= 1,
@@ -526,8 +515,43 @@ impl Vit {
                 config.patch_size
             ))
         );
+        Ok(Self {
+            input_size,
+            grid,
+            pos_embed: resample_pos_embed(pos_embed, config.hidden_size, config.pos_grid, grid),
+        })
+    }
+    fn patches(&self) -> usize {
+        self.grid * self.grid
+    }
+}
+
+/// The largest input size a backbone accepts besides its own (a 1,024 px crop has 5,329
+/// patches of 14 px; attention grows with their square).
+pub const MAX_EXTRA_SIZE: usize = 1024;
+
+/// A backbone ready to run at its input size, and at the extra sizes it was given
+/// ([`Vit::with_extra_sizes`]).
+pub struct Vit {
+    config: ModelConfig,
+    /// The model's input size first, then the extra ones.
+    scales: Vec<Scale>,
+    /// The checkpoint's position embeddings, resampled for each extra size.
+    source_pos_embed: Vec<f32>,
+    precision: Precision,
+    /// Fraction of patch tokens kept through the second half of the blocks (1: all).
+    keep_tokens: f32,
+    embed: PatchEmbed,
+    cls_token: Vec<f32>,
+    blocks: Vec<Block>,
+    norm: LayerNorm,
+}
+
+impl Vit {
+    pub fn new(config: ModelConfig, weights: VitWeights, input_size: usize) -> Result<Self> {
+        weights.validate(&config)?;
+        let scale = Scale::new(&config, &weights.pos_embed, input_size)?;
         let (d, h, p) = (config.hidden_size, config.mlp_hidden, config.patch_size);
-        let pos_embed = resample_pos_embed(&weights.pos_embed, d, config.pos_grid, grid);
         let eps = config.layer_norm_eps;
         let norm = |w: Vec<f32>, b: Vec<f32>| LayerNorm {
             weight: w,
@@ -557,16 +581,13 @@ impl Vit {
             embed: PatchEmbed {
                 proj: Linear::new(weights.patch_w, weights.patch_b, 3 * p * p, d),
                 patch: p,
-                grid,
-                input_size,
             },
             cls_token: weights.cls_token,
-            pos_embed,
+            scales: vec![scale],
+            source_pos_embed: weights.pos_embed,
             blocks,
             norm: norm(weights.norm_w, weights.norm_b),
             config,
-            input_size,
-            grid,
             precision: Precision::F32,
             keep_tokens: 1.0,
         })
@@ -595,6 +616,47 @@ impl Vit {
         self.blocks.len()
     }
 
+    /// Multi-scale: makes the backbone run at these input sizes too (position embeddings
+    /// resampled for each), so that a crop can be seen at several sizes and the tokens of
+    /// every size pooled into one set ([`crate::extract::features_of_prepared`]). Sizes must
+    /// differ from the model's and from each other, and lie between the patch size and
+    /// [`MAX_EXTRA_SIZE`].
+    pub fn with_extra_sizes(mut self, sizes: &[usize]) -> Result<Self> {
+        let patch = self.config.patch_size;
+        for (i, &size) in sizes.iter().enumerate() {
+            ensure!(
+                (patch..=MAX_EXTRA_SIZE).contains(&size),
+                Error::Invalid(format!(
+                    "an extra input size must be between the patch size {patch} and \
+                     {MAX_EXTRA_SIZE}, not {size}"
+                ))
+            );
+            ensure!(
+                !self.input_sizes().contains(&size) && !sizes[..i].contains(&size),
+                Error::Invalid(format!(
+                    "input size {size} is given twice (the model's own is {})",
+                    self.input_size()
+                ))
+            );
+        }
+        self.scales.truncate(1);
+        for &size in sizes {
+            let scale = Scale::new(&self.config, &self.source_pos_embed, size)?;
+            self.scales.push(scale);
+        }
+        Ok(self)
+    }
+
+    /// The input sizes a crop is seen at: the model's, then the extra ones.
+    pub fn input_sizes(&self) -> Vec<usize> {
+        self.scales.iter().map(|s| s.input_size).collect()
+    }
+
+    /// Patch tokens of one view of an image: one grid per input size.
+    pub fn patches_per_view(&self) -> usize {
+        self.scales.iter().map(Scale::patches).sum()
+    }
+
     /// Training-free token reduction: after the middle block, each image keeps the
     /// `fraction` of its patch tokens that the CLS token attends to most (averaged over the
     /// heads), and only those (with CLS) pass through the remaining blocks; the others keep
@@ -610,16 +672,17 @@ impl Vit {
         Ok(self)
     }
 
-    /// Patch tokens kept through the second half of the blocks.
-    fn kept_patches(&self) -> usize {
-        let n = self.num_patches();
+    /// Of `n` patch tokens, those kept through the second half of the blocks.
+    fn kept_patches(&self, n: usize) -> usize {
         ((self.keep_tokens as f64 * n as f64).ceil() as usize).clamp(1, n)
     }
 
-    /// The block after which tokens are dropped (`None`: every token runs every block).
+    /// The block after which tokens are dropped (`None`: every token runs every block),
+    /// decided at the model's own input size.
     fn reduction_block(&self) -> Option<usize> {
         let depth = self.blocks.len();
-        (depth >= 2 && self.kept_patches() < self.num_patches()).then(|| depth / 2 - 1)
+        let n = self.num_patches();
+        (depth >= 2 && self.kept_patches(n) < n).then(|| depth / 2 - 1)
     }
 
     /// Switches the linear layers' arithmetic from f32 (as loaded). bf16 needs AMX tiles; int8
@@ -680,21 +743,28 @@ impl Vit {
         }
     }
 
-    /// `~keepF` when token reduction is on (`F` the fraction kept) and `@bN` when only the
-    /// first `N` blocks run, for fingerprints: such features are not comparable with a whole,
-    /// unreduced pass's.
+    /// `~keepF` when token reduction is on (`F` the fraction kept), `@bN` when only the
+    /// first `N` blocks run and `&S1,S2` for the extra input sizes, for fingerprints: such
+    /// features are not comparable with a whole, unreduced pass's at one size.
     pub fn reduction_tag(&self) -> Option<String> {
         let keep = self
             .reduction_block()
             .map(|_| format!("~keep{}", self.keep_tokens));
         let blocks =
             (self.blocks.len() < self.config.depth).then(|| format!("@b{}", self.blocks.len()));
-        match (keep, blocks) {
-            (None, None) => None,
-            (k, b) => Some(format!(
-                "{}{}",
+        let extra = self.input_sizes()[1..]
+            .iter()
+            .map(usize::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        let sizes = (!extra.is_empty()).then(|| format!("&{extra}"));
+        match (keep, blocks, sizes) {
+            (None, None, None) => None,
+            (k, b, s) => Some(format!(
+                "{}{}{}",
                 k.unwrap_or_default(),
-                b.unwrap_or_default()
+                b.unwrap_or_default(),
+                s.unwrap_or_default()
             )),
         }
     }
@@ -702,23 +772,27 @@ impl Vit {
     pub fn config(&self) -> &ModelConfig {
         &self.config
     }
+    /// The model's own input size (the first of [`Vit::input_sizes`]).
     pub fn input_size(&self) -> usize {
-        self.input_size
+        self.scales[0].input_size
     }
+    /// Patch tokens of an image at the model's own input size.
     pub fn num_patches(&self) -> usize {
-        self.grid * self.grid
+        self.scales[0].patches()
     }
     pub fn dim(&self) -> usize {
         self.config.hidden_size
     }
 
-    /// Runs a batch of preprocessed images, each `[3, S, S]` CHW with S the input size.
+    /// Runs a batch of preprocessed images, each `[3, S, S]` CHW with S one of the
+    /// [`Vit::input_sizes`], the same for the whole batch.
     pub fn forward(&self, images: &[Vec<f32>]) -> Result<Vec<ImageFeatures>> {
         Ok(self.forward_profiled(images)?.0)
     }
 
-    /// Multiply-adds, counted as two operations, of one image's forward pass: the linear
-    /// layers (patch embedding included) and attention's two products per head.
+    /// Multiply-adds, counted as two operations, of one image's forward passes (one per
+    /// input size): the linear layers (patch embedding included) and attention's two
+    /// products per head.
     pub fn flops_per_image(&self) -> f64 {
         let c = &self.config;
         let (d, h) = (c.hidden_size, c.mlp_hidden);
@@ -727,9 +801,15 @@ impl Vit {
             // the blocks past the split run on fewer tokens
             Some(split) => {
                 let later = (self.blocks.len() - 1 - split) as f64;
-                all - later
-                    * (block_flops(d, h, 1 + self.num_patches())
-                        - block_flops(d, h, 1 + self.kept_patches()))
+                let saved: f64 = self
+                    .scales
+                    .iter()
+                    .map(|sc| {
+                        let n = sc.patches();
+                        block_flops(d, h, 1 + n) - block_flops(d, h, 1 + self.kept_patches(n))
+                    })
+                    .sum();
+                all - later * saved
             }
             None => all,
         }
@@ -739,21 +819,22 @@ impl Vit {
     /// another runtime cut after as many blocks does).
     pub fn flops_of_every_token(&self) -> f64 {
         let c = &self.config;
+        let skipped = (c.depth - self.blocks.len()) as f64;
         self.flops_of_whole_model()
-            - (c.depth - self.blocks.len()) as f64
-                * block_flops(c.hidden_size, c.mlp_hidden, 1 + self.num_patches())
+            - self
+                .scales
+                .iter()
+                .map(|sc| skipped * block_flops(c.hidden_size, c.mlp_hidden, 1 + sc.patches()))
+                .sum::<f64>()
     }
 
-    /// Operations of one image through every block with every token.
+    /// Operations of one image through every block with every token, at every input size.
     pub fn flops_of_whole_model(&self) -> f64 {
         let c = &self.config;
-        vit_flops(
-            c.hidden_size,
-            c.depth,
-            c.mlp_hidden,
-            c.patch_size,
-            self.grid,
-        )
+        self.scales
+            .iter()
+            .map(|sc| vit_flops(c.hidden_size, c.depth, c.mlp_hidden, c.patch_size, sc.grid))
+            .sum()
     }
 
     /// [`Vit::forward`], and where its time went.
@@ -761,7 +842,23 @@ impl Vit {
         &self,
         images: &[Vec<f32>],
     ) -> Result<(Vec<ImageFeatures>, PassProfile)> {
-        let s = self.input_size;
+        let mut profile = PassProfile::default();
+        let Some(first) = images.first() else {
+            return Ok((Vec::new(), profile));
+        };
+        let scale = self
+            .scales
+            .iter()
+            .find(|sc| first.len() == 3 * sc.input_size * sc.input_size)
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "image 0 of the batch has {} values, expected 3xSxS for S one of the input \
+                     sizes {:?}",
+                    first.len(),
+                    self.input_sizes()
+                ))
+            })?;
+        let s = scale.input_size;
         for (i, im) in images.iter().enumerate() {
             ensure!(
                 im.len() == 3 * s * s,
@@ -771,15 +868,12 @@ impl Vit {
                 ))
             );
         }
-        let mut profile = PassProfile::default();
-        if images.is_empty() {
-            return Ok((Vec::new(), profile));
-        }
         let d = self.config.hidden_size;
         let b = images.len();
-        let t = 1 + self.num_patches();
+        let n = scale.patches();
+        let t = 1 + n;
         let rows = b * t;
-        let mut x = self.tokens(images, &mut profile);
+        let mut x = self.tokens(images, scale, &mut profile);
         let mut scratch = Scratch {
             normed: vec![0f32; rows * d],
             qkv: vec![0f32; rows * 3 * d],
@@ -796,8 +890,8 @@ impl Vit {
         }
         if split < last {
             let mut clock = Instant::now();
-            let kept = kept_rows(&last_attn, b, t - 1, self.kept_patches());
-            let tk = 1 + self.kept_patches();
+            let kept = kept_rows(&last_attn, b, n, self.kept_patches(n));
+            let tk = 1 + self.kept_patches(n);
             let mut small = vec![0f32; b * tk * d];
             for (dst, &row) in small.chunks_exact_mut(d).zip(&kept) {
                 dst.copy_from_slice(&x[row * d..(row + 1) * d]);
@@ -837,21 +931,22 @@ impl Vit {
     }
 
     /// `[B * T, D]`: the CLS token and the patch embeddings, plus positions.
-    fn tokens(&self, images: &[Vec<f32>], p: &mut PassProfile) -> Vec<f32> {
+    fn tokens(&self, images: &[Vec<f32>], scale: &Scale, p: &mut PassProfile) -> Vec<f32> {
         let d = self.config.hidden_size;
-        let n = self.num_patches();
+        let n = scale.patches();
         let t = 1 + n;
+        let pos_embed = &scale.pos_embed;
         let mut clock = Instant::now();
-        let patches = self.embed.forward(images);
+        let patches = self.embed.forward(images, scale.input_size);
         PassProfile::lap(&mut p.linear, &mut clock);
         let mut x = vec![0f32; images.len() * t * d];
         x.par_chunks_mut(t * d).enumerate().for_each(|(i, img)| {
             for (j, v) in img[..d].iter_mut().enumerate() {
-                *v = self.cls_token[j] + self.pos_embed[j];
+                *v = self.cls_token[j] + pos_embed[j];
             }
             let src = &patches[i * n * d..(i + 1) * n * d];
             for (k, v) in img[d..].iter_mut().enumerate() {
-                *v = src[k] + self.pos_embed[d + k];
+                *v = src[k] + pos_embed[d + k];
             }
         });
         PassProfile::lap(&mut p.elementwise, &mut clock);

@@ -175,6 +175,7 @@ class Model:
         brightness: str = _MODEL["brightness"],
         keep_tokens: float = _MODEL["keep_tokens"],
         blocks: Optional[int] = _MODEL["blocks"],
+        extra_sizes: Sequence[int] = tuple(_MODEL["extra_sizes"]),
         batch: int = _MODEL["batch"],
         cache: bool = _MODEL["cache"],
     ) -> "Model":
@@ -189,12 +190,14 @@ class Model:
         default); an index records both. ``keep_tokens``: the
         fraction of patch tokens kept past the middle block (token reduction; 1: all);
         ``blocks``: blocks of the backbone run (``None``: two thirds of them, 8 of 12), every
-        feature from the last one run; an index records both. ``cache``: reuse features
-        of image files already extracted (``$CRATERDEX_HOME/features``)."""
+        feature from the last one run; ``extra_sizes``: multi-scale, further input sizes
+        every crop is also seen at, the patch tokens of every size pooled into one set of
+        instance tokens (one forward pass per size); an index records all three. ``cache``:
+        reuse features of image files already extracted (``$CRATERDEX_HOME/features``)."""
         spec = dict(model=None if path is None else os.fspath(path), size=size,
                     precision=precision, resize=resize, orient=orient, brightness=brightness,
-                    keep_tokens=keep_tokens,
-                    blocks=blocks, batch=batch, cache=cache)
+                    keep_tokens=keep_tokens, blocks=blocks, extra_sizes=tuple(extra_sizes),
+                    batch=batch, cache=cache)
         return cls(_native.Model.load(json.dumps(spec)), spec)
 
     @staticmethod
