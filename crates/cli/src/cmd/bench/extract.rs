@@ -21,6 +21,14 @@ fn peak_rss_mb() -> f64 {
 
 pub fn run(b: ExtractBench) -> Result<()> {
     let options = b.model.options();
+    if !options.extra_sizes.is_empty() {
+        // onnxruntime's reference runs one size, and the GFLOP/s would mix two passes
+        bail!(
+            "bench extract times the forward pass at one input size; time each size of \
+             --extra-sizes with --size S, or a multi-scale extraction with `craterdex extract \
+             --no-cache`"
+        );
+    }
     let mut items = images_in(&b.dir)?;
     if items.len() < b.images {
         bail!(
