@@ -92,11 +92,11 @@ pub fn document(config: &Config, feature_dim: Option<usize>) -> Document {
             }
         }
     }
-    // turning needs the query image, verifying the query's patch tokens (an image or
-    // posted features): the other searches do not take them
+    // turning and relighting need the query image, verifying the query's patch tokens (an
+    // image or posted features): the other searches do not take them
     for (path, item) in doc.paths.paths.iter_mut() {
         let takes = |name: &str| match name {
-            "turns" => path == "/v1/search/image",
+            "turns" | "opposite_sun" => path == "/v1/search/image",
             "verify" => path == "/v1/search/image" || path == "/v1/search/features",
             _ => true,
         };
@@ -167,6 +167,9 @@ mod tests {
         assert!(named("/v1/search/image", "post", "turns"));
         assert!(!named("/v1/search/features", "post", "turns"));
         assert!(!named("/v1/images/{id}/similar", "get", "turns"));
+        assert!(named("/v1/search/image", "post", "opposite_sun"));
+        assert!(!named("/v1/search/features", "post", "opposite_sun"));
+        assert!(!named("/v1/images/{id}/similar", "get", "opposite_sun"));
         assert!(named("/v1/search/image", "post", "verify"));
         assert!(named("/v1/search/features", "post", "verify"));
         assert!(!named("/v1/images/{id}/similar", "get", "verify"));
