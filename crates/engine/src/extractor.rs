@@ -8,10 +8,7 @@ use crate::views::QueryViews;
 use craterdex_errors::{ensure, ResultExt};
 use craterdex_fetch as fetch;
 use craterdex_model::extract::{self, ExtractOptions, FeatureSet};
-use craterdex_model::{
-    preprocess, Brightness, ImageFeatures, Orientation, Preprocess, ResizeMode, Vit,
-};
-use rayon::prelude::*;
+use craterdex_model::{Brightness, ImageFeatures, Orientation, Preprocess, ResizeMode, Vit};
 use std::path::PathBuf;
 use strum::IntoEnumIterator;
 
@@ -173,12 +170,7 @@ impl Extractor {
             .chunks(self.settings.batch.max(1))
             .zip(images.chunks(self.settings.batch.max(1)))
         {
-            let tensors: Vec<_> = batch
-                .par_iter()
-                .map(|im| preprocess::to_tensors_at_each_size(im, &pre))
-                .collect();
-            let features =
-                extract::features_of_tensors(&self.vit, tensors, pre.orientation.views())?;
+            let features = extract::features_of_images(&self.vit, batch, &pre)?;
             for (id, f) in ids.iter().zip(features) {
                 out.push(id.clone(), &f);
             }
@@ -260,8 +252,7 @@ impl Extractor {
     /// Features of one decoded image (an upload).
     pub fn features_of(&self, image: &image::DynamicImage) -> Result<ImageFeatures> {
         let pre = self.preprocess();
-        let tensors = vec![preprocess::to_tensors_at_each_size(image, &pre)];
-        extract::features_of_tensors(&self.vit, tensors, pre.orientation.views())?
+        extract::features_of_images(&self.vit, std::slice::from_ref(image), &pre)?
             .pop()
             .ok_or_else(|| Error::Invalid("the model returned no features".into()))
     }

@@ -358,6 +358,19 @@ pub fn features_of_tensors(
         .collect())
 }
 
+/// [`features_of_tensors`] of decoded images, prepared as `prep` says (in parallel).
+pub fn features_of_images(
+    vit: &Vit,
+    images: &[image::DynamicImage],
+    prep: &Preprocess,
+) -> Result<Vec<ImageFeatures>> {
+    let tensors = images
+        .par_iter()
+        .map(|im| preprocess::to_tensors_at_each_size(im, prep))
+        .collect();
+    features_of_tensors(vit, tensors, prep.orientation.views())
+}
+
 /// Extracts features for `(id, path)` pairs. Unreadable images are skipped and reported in
 /// `failures`; they never stop the run. `progress` is called with the number of images done.
 pub fn extract(
