@@ -66,8 +66,6 @@ impl Env {
         args.extend(extra);
         self.ok(&args)
     }
-    /// `index build` of the benchmark at `manifest` into `out` with the tiny model at
-    /// `model` (16 px), plus `extra` options; returns what it printed.
     /// The test tile's benchmark in `bench/` (`queries` query craters, craters >= 10 px):
     /// its manifest path.
     fn tile_benchmark(&self, queries: &str) -> String {
@@ -76,6 +74,8 @@ impl Env {
         self.path("bench/splits/test.json")
     }
 
+    /// `index build` of the benchmark at `manifest` into `out` with the tiny model at
+    /// `model` (16 px), plus `extra` options; returns what it printed.
     fn index_build(&self, model: &str, manifest: &str, out: &str, extra: &[&str]) -> String {
         let mut args = vec![
             "index",
@@ -91,6 +91,33 @@ impl Env {
         ];
         args.extend(extra);
         self.ok(&args)
+    }
+    /// The best image (id and score) for `query` in `index`, searched exhaustively and
+    /// ungrouped with the tiny model at `model` (16 px), plus `extra` options.
+    fn top_hit(&self, index: &str, model: &str, query: &str, extra: &[&str]) -> (String, f64) {
+        let mut args = vec![
+            "search",
+            "--index",
+            index,
+            query,
+            "--json",
+            "--top",
+            "1",
+            "--mode",
+            "exhaustive",
+            "--ungrouped",
+            "--model",
+            model,
+            "--size",
+            "16",
+        ];
+        args.extend(extra);
+        let v: serde_json::Value = serde_json::from_str(&self.ok(&args)).unwrap();
+        let hit = &v[0]["results"][0];
+        (
+            hit["id"].as_str().unwrap().to_string(),
+            hit["score"].as_f64().unwrap(),
+        )
     }
     /// The gallery crops `tile_benchmark` wrote, sorted.
     fn gallery_images(&self) -> Vec<PathBuf> {
@@ -757,27 +784,7 @@ fn an_index_records_standardised_brightness_and_its_queries_need_the_same() {
         err.contains("hint: search it with --brightness standardised,"),
         "{err}"
     );
-    let first = |q: &str| -> (String, f64) {
-        let mut args = vec![
-            "search",
-            "--index",
-            "idx",
-            q,
-            "--json",
-            "--top",
-            "1",
-            "--mode",
-            "exhaustive",
-            "--ungrouped",
-        ];
-        args.extend(common);
-        let v: serde_json::Value = serde_json::from_str(&e.ok(&args)).unwrap();
-        let hit = &v[0]["results"][0];
-        (
-            hit["id"].as_str().unwrap().to_string(),
-            hit["score"].as_f64().unwrap(),
-        )
-    };
+    let first = |q: &str| e.top_hit("idx", &model, q, &[]);
     let (id, own) = first(&query);
     // half the contrast, brighter: the same crop after standardising (up to 8-bit rounding)
     let exposed = e.root.join("exposed.png");
@@ -815,32 +822,7 @@ fn a_turned_search_finds_a_crop_seen_turned_and_mirrored() {
     let manifest = e.tile_benchmark("4");
     e.index_build(&model, &manifest, "idx", &["--k", "4", "--codec", "f32"]);
     let gallery = e.gallery_images();
-    let first = |q: &str, turns: &str| -> (String, f64) {
-        let args = [
-            "search",
-            "--index",
-            "idx",
-            q,
-            "--json",
-            "--top",
-            "1",
-            "--mode",
-            "exhaustive",
-            "--ungrouped",
-            "--turns",
-            turns,
-            "--model",
-            &model,
-            "--size",
-            "16",
-        ];
-        let v: serde_json::Value = serde_json::from_str(&e.ok(&args)).unwrap();
-        let hit = &v[0]["results"][0];
-        (
-            hit["id"].as_str().unwrap().to_string(),
-            hit["score"].as_f64().unwrap(),
-        )
-    };
+    let first = |q: &str, turns: &str| e.top_hit("idx", &model, q, &["--turns", turns]);
     for (i, path) in gallery.iter().take(3).enumerate() {
         let own = path.display().to_string();
         let (id, self_score) = first(&own, "1");
@@ -921,31 +903,7 @@ fn a_search_under_the_opposite_sun_finds_a_crop_lit_from_the_other_side() {
     let manifest = e.tile_benchmark("4");
     e.index_build(&model, &manifest, "idx", &["--k", "4", "--codec", "f32"]);
     let gallery = e.gallery_images();
-    let first = |q: &str, extra: &[&str]| -> (String, f64) {
-        let mut args = vec![
-            "search",
-            "--index",
-            "idx",
-            q,
-            "--json",
-            "--top",
-            "1",
-            "--mode",
-            "exhaustive",
-            "--ungrouped",
-            "--model",
-            &model,
-            "--size",
-            "16",
-        ];
-        args.extend(extra);
-        let v: serde_json::Value = serde_json::from_str(&e.ok(&args)).unwrap();
-        let hit = &v[0]["results"][0];
-        (
-            hit["id"].as_str().unwrap().to_string(),
-            hit["score"].as_f64().unwrap(),
-        )
-    };
+    let first = |q: &str, extra: &[&str]| e.top_hit("idx", &model, q, extra);
     let mut found_only_relit = 0;
     for (i, path) in gallery.iter().take(3).enumerate() {
         let own = path.display().to_string();
