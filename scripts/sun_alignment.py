@@ -37,7 +37,7 @@ from PIL import Image
 
 import craterdex
 
-from turn_fusion import ap_r1, fused, turn
+from turn_fusion import fused_scores, turn
 
 SIGMA = 0.16  # craterdex_model::preprocess::SHADING_SIGMA
 SIZE = 224
@@ -180,24 +180,8 @@ def main():
         global EPS
         EPS, make = a.relit, relit_views
     rules = [("as given", 0), ("max", 0), ("margin", 0.02), ("margin", 0.05), ("margin", 0.08)]
-    scores = {}
-    for name, queries in sets.items():
-        arrays, ids = [], []
-        for q in queries:
-            for v, img in enumerate(make(grey(os.path.join(a.bench, q["path"])), suns, a.spread)):
-                arrays.append(img)
-                ids.append(f"{q['image_id']}#{v}")
-        hits = index.search(features=model.extract(arrays, ids=ids), top_k=100)
-        hits["q"] = hits["query"].str.rsplit("#", n=1).str[0]
-        hits["view"] = hits["query"].str.rsplit("#", n=1).str[1].astype(int)
-        per_query = dict(tuple(hits.groupby("q")))
-        for rule, p in rules:
-            results = []
-            for q in queries:
-                relevant = set(q["relevant_crater_ids"])
-                n = sum(per_crater.get(c, 0) for c in relevant)
-                results.append(ap_r1(fused(per_query[q["image_id"]], rule, p), relevant, n))
-            scores[(rule, p, name)] = (np.mean([r[0] for r in results]), np.mean([r[1] for r in results]))
+    scores = fused_scores(index, model, sets, per_crater, rules,
+                          lambda q: make(grey(os.path.join(a.bench, q["path"])), suns, a.spread))
     views = len(make(np.zeros((8, 8), np.uint8), suns, a.spread))
     print(f"{a.bench} ({a.turned}), {len(sets['turned'])} paired views, {views} views per query, "
           f"spread {a.spread:g} deg (mAP / R@1)")

@@ -81,6 +81,31 @@ def fused(hits, rule, p):
     return best.sort_values(["cs", "score"], ascending=False)["crater_id"].tolist()
 
 
+def fused_scores(index, model, sets, per_crater, rules, views_of):
+    """mAP and R@1 by (rule, p, set name): every query of each set of `sets` searched in the
+    views `views_of(query)` gives (`<id>#<view>`, top 100), its per-view hits fused by each
+    (rule, p) of `rules` and ranked against its relevant craters."""
+    scores = {}
+    for name, queries in sets.items():
+        arrays, ids = [], []
+        for q in queries:
+            for v, img in enumerate(views_of(q)):
+                arrays.append(img)
+                ids.append(f"{q['image_id']}#{v}")
+        hits = index.search(features=model.extract(arrays, ids=ids), top_k=100)
+        hits["q"] = hits["query"].str.rsplit("#", n=1).str[0]
+        hits["view"] = hits["query"].str.rsplit("#", n=1).str[1].astype(int)
+        per_query = dict(tuple(hits.groupby("q")))
+        for rule, p in rules:
+            results = []
+            for q in queries:
+                relevant = set(q["relevant_crater_ids"])
+                n = sum(per_crater.get(c, 0) for c in relevant)
+                results.append(ap_r1(fused(per_query[q["image_id"]], rule, p), relevant, n))
+            scores[(rule, p, name)] = (np.mean([r[0] for r in results]), np.mean([r[1] for r in results]))
+    return scores
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bench", required=True)
@@ -97,24 +122,8 @@ def main():
     sets = {"upright": [by_id[t["image_id"][:-1]] for t in turned["query_images"]],
             "turned": turned["query_images"]}
     rules = [("as given", 0), ("max", 0), ("margin", 0.02), ("margin", 0.05), ("gate", 0.5)]
-    scores = {}
-    for name, queries in sets.items():
-        arrays, ids = [], []
-        for q in queries:
-            for v, img in enumerate(views(os.path.join(a.bench, q["path"]), a.turns)):
-                arrays.append(img)
-                ids.append(f"{q['image_id']}#{v}")
-        hits = index.search(features=model.extract(arrays, ids=ids), top_k=100)
-        hits["q"] = hits["query"].str.rsplit("#", n=1).str[0]
-        hits["view"] = hits["query"].str.rsplit("#", n=1).str[1].astype(int)
-        per_query = dict(tuple(hits.groupby("q")))
-        for rule, p in rules:
-            results = []
-            for q in queries:
-                relevant = set(q["relevant_crater_ids"])
-                n = sum(per_crater.get(c, 0) for c in relevant)
-                results.append(ap_r1(fused(per_query[q["image_id"]], rule, p), relevant, n))
-            scores[(rule, p, name)] = (np.mean([r[0] for r in results]), np.mean([r[1] for r in results]))
+    scores = fused_scores(index, model, sets, per_crater, rules,
+                          lambda q: views(os.path.join(a.bench, q["path"]), a.turns))
     print(f"{a.bench}, {len(sets['turned'])} paired views, {2 * a.turns} views per query (mAP / R@1)")
     for rule, p in rules:
         u, t = scores[(rule, p, "upright")], scores[(rule, p, "turned")]
