@@ -233,6 +233,19 @@ fn top_ids(v: &Value) -> Vec<String> {
         .collect()
 }
 
+/// The best hit of search answer `v` is `id`, found through a view of the query that matches
+/// it nearly exactly by late interaction and scored that view's `margin` lower.
+fn assert_found_through_a_view(v: &Value, id: &str, margin: f32) {
+    assert_eq!(top_ids(v)[0], id);
+    let hit = &v["results"][0];
+    let (score, li) = (
+        hit["score"].as_f64().unwrap(),
+        hit["stage2"].as_f64().unwrap(),
+    );
+    assert!(li > 0.99, "{v}");
+    assert!((score - (li - margin as f64)).abs() < 1e-4, "{v}");
+}
+
 #[tokio::test]
 async fn searches_find_the_image_itself_by_upload_features_and_id() {
     let f = fixture();
@@ -260,17 +273,7 @@ async fn searches_find_the_image_itself_by_upload_features_and_id() {
         .unwrap();
     let (s, v) = call_json(&svc, upload("/v1/search/image?top_k=1&turns=4", &turned)).await;
     assert_eq!(s, StatusCode::OK, "{v}");
-    assert_eq!(top_ids(&v)[0], "c03");
-    let hit = &v["results"][0];
-    let (score, li) = (
-        hit["score"].as_f64().unwrap(),
-        hit["stage2"].as_f64().unwrap(),
-    );
-    assert!(li > 0.99, "{v}");
-    assert!(
-        (score - (li - craterdex_engine::TURN_MARGIN as f64)).abs() < 1e-4,
-        "{v}"
-    );
+    assert_found_through_a_view(&v, "c03", craterdex_engine::TURN_MARGIN);
     let body = features_json(&vit, &f.images[7], false);
     let req = Request::post("/v1/search/features?turns=2")
         .body(Body::from(body))
@@ -293,17 +296,7 @@ async fn searches_find_the_image_itself_by_upload_features_and_id() {
     )
     .await;
     assert_eq!(s, StatusCode::OK, "{v}");
-    assert_eq!(top_ids(&v)[0], "c03");
-    let hit = &v["results"][0];
-    let (score, li) = (
-        hit["score"].as_f64().unwrap(),
-        hit["stage2"].as_f64().unwrap(),
-    );
-    assert!(li > 0.99, "{v}");
-    assert!(
-        (score - (li - craterdex_engine::OPPOSITE_SUN_MARGIN as f64)).abs() < 1e-4,
-        "{v}"
-    );
+    assert_found_through_a_view(&v, "c03", craterdex_engine::OPPOSITE_SUN_MARGIN);
     let req = Request::post("/v1/search/features?opposite_sun=true")
         .body(Body::from(features_json(&vit, &f.images[7], false)))
         .unwrap();
