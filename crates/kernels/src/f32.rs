@@ -234,16 +234,18 @@ pub(crate) mod x86 {
     }
 
     /// `acc[r][v] = sum_{i<k} q[i][v-th register of the block] * a[r * lda + i]` for `R` rows
-    /// of `a` against one packed block `q` (`[k][NV * LANES]`).
+    /// of `a` against one packed block `q` (`[k][NV * LANES]`, rows `q_stride` floats apart:
+    /// `NV * LANES`, or wider where only the first registers of a block are wanted).
     #[inline(always)]
     pub(crate) unsafe fn rows_block<V: Vector, const R: usize, const NV: usize>(
         q: *const f32,
+        q_stride: usize,
         a: *const f32,
         lda: usize,
         k: usize,
     ) -> [[V::F; NV]; R] {
-        // SAFETY: (whole body) the caller guarantees the features of V, that q holds
-        // k * NV * LANES floats and a R rows of k floats, lda apart.
+        // SAFETY: (whole body) the caller guarantees the features of V, that q holds k rows
+        // of at least NV * LANES floats, q_stride apart, and a R rows of k floats, lda apart.
         unsafe {
             // R broadcasts, then each query register is loaded once and used R times:
             // R * NV accumulators + R + 1 registers in all (16 on AVX2 at R = 3, NV = 4).
@@ -254,7 +256,7 @@ pub(crate) mod x86 {
                     *g = V::splat_f(*a.add(r * lda + i));
                 }
                 for v in 0..NV {
-                    let qv = V::load_f(q.add((i * NV + v) * V::LANES));
+                    let qv = V::load_f(q.add(i * q_stride + v * V::LANES));
                     for r in 0..R {
                         acc[r][v] = V::fmadd(g[r], qv, acc[r][v]);
                     }
@@ -284,7 +286,7 @@ pub(crate) mod x86 {
                 let mut m = [V::splat_f(f32::NEG_INFINITY); NV];
                 let mut r = 0;
                 while r + R <= kd {
-                    let acc = rows_block::<V, R, NV>(q, doc.as_ptr().add(r * d), d, d);
+                    let acc = rows_block::<V, R, NV>(q, block, doc.as_ptr().add(r * d), d, d);
                     for a in &acc {
                         for v in 0..NV {
                             m[v] = V::max_f(m[v], a[v]);
@@ -293,7 +295,7 @@ pub(crate) mod x86 {
                     r += R;
                 }
                 while r < kd {
-                    let [a] = rows_block::<V, 1, NV>(q, doc.as_ptr().add(r * d), d, d);
+                    let [a] = rows_block::<V, 1, NV>(q, block, doc.as_ptr().add(r * d), d, d);
                     for v in 0..NV {
                         m[v] = V::max_f(m[v], a[v]);
                     }
@@ -328,14 +330,14 @@ pub(crate) mod x86 {
                 }
             };
             while r + R <= n {
-                let acc = rows_block::<V, R, NV>(q.as_ptr(), rows.as_ptr().add(r * d), d, d);
+                let acc = rows_block::<V, R, NV>(q.as_ptr(), block, rows.as_ptr().add(r * d), d, d);
                 for (i, a) in acc.iter().enumerate() {
                     store(out, r + i, a);
                 }
                 r += R;
             }
             while r < n {
-                let [a] = rows_block::<V, 1, NV>(q.as_ptr(), rows.as_ptr().add(r * d), d, d);
+                let [a] = rows_block::<V, 1, NV>(q.as_ptr(), block, rows.as_ptr().add(r * d), d, d);
                 store(out, r, &a);
                 r += 1;
             }

@@ -31,39 +31,72 @@ impl PackedF32 {
     /// Packs `B` given row-major with its own row stride (`b[i * stride + j] = B[i, j]`; e.g.
     /// the values of an attention head inside fused q|k|v rows).
     pub fn from_rows(b: &[f32], k: usize, n: usize, stride: usize) -> Self {
+        let mut p = Self::zeroed(0, 0, active());
+        p.refill_from_rows(b, k, n, stride);
+        p
+    }
+
+    /// [`PackedF32::from_rows`] into this packing's memory (one attention head after another
+    /// allocates nothing).
+    pub fn refill_from_rows(&mut self, b: &[f32], k: usize, n: usize, stride: usize) {
         assert!(
             k == 0 || b.len() >= (k - 1) * stride + n,
             "b is shorter than k rows"
         );
-        let mut p = Self::zeroed(k, n, active());
+        self.reshape(k, n);
+        if self.data.is_empty() {
+            return;
+        }
         // each row's columns of a block are contiguous on both sides
-        for (blk, panel) in p.data.chunks_exact_mut(k * NB).enumerate() {
+        for (blk, panel) in self.data.chunks_exact_mut(k * NB).enumerate() {
             let (col, width) = (blk * NB, NB.min(n - blk * NB));
             for (i, dst) in panel.chunks_exact_mut(NB).enumerate() {
                 dst[..width].copy_from_slice(&b[i * stride + col..i * stride + col + width]);
+                dst[width..].fill(0.0);
             }
         }
-        p
     }
 
     /// Packs `B` given by its columns: column `j` is `bt[j * stride..j * stride + k]` (e.g. the
     /// keys of an attention head, whose products with the queries are `Q K^T`).
     pub fn from_columns(bt: &[f32], n: usize, k: usize, stride: usize) -> Self {
+        let mut p = Self::zeroed(0, 0, active());
+        p.refill_from_columns(bt, n, k, stride);
+        p
+    }
+
+    /// [`PackedF32::from_columns`] into this packing's memory.
+    pub fn refill_from_columns(&mut self, bt: &[f32], n: usize, k: usize, stride: usize) {
         assert!(
             n == 0 || bt.len() >= (n - 1) * stride + k,
             "bt is shorter than n columns"
         );
-        let mut p = Self::zeroed(k, n, active());
+        self.reshape(k, n);
+        if self.data.is_empty() {
+            return;
+        }
         // a column is contiguous in bt and NB apart in the block: read it once, in order
-        for (blk, panel) in p.data.chunks_exact_mut(k * NB).enumerate() {
-            for c in 0..NB.min(n - blk * NB) {
+        for (blk, panel) in self.data.chunks_exact_mut(k * NB).enumerate() {
+            let width = NB.min(n - blk * NB);
+            for c in 0..width {
                 let column = &bt[(blk * NB + c) * stride..(blk * NB + c) * stride + k];
                 for (dst, &v) in panel[c..].iter_mut().step_by(NB).zip(column) {
                     *dst = v;
                 }
             }
+            if width < NB {
+                panel
+                    .chunks_exact_mut(NB)
+                    .for_each(|row| row[width..].fill(0.0));
+            }
         }
-        p
+    }
+
+    /// Sizes the packing for a `[k, n]` right-hand side, keeping its memory.
+    fn reshape(&mut self, k: usize, n: usize) {
+        self.k = k;
+        self.n = n;
+        self.data.resize(n.div_ceil(NB) * k * NB, 0.0);
     }
 
     /// [`PackedF32::from_kn`] for the kernels of `level` (capped at what the CPU has).
@@ -283,18 +316,45 @@ mod x86 {
                     let width = NB.min(n - blk * NB);
                     let panel = panel.as_ptr().add(k0 * NB);
                     let o = out.as_mut_ptr().add(blk * NB);
-                    let mut r = 0;
-                    while r + R <= m {
-                        let acc = rows_block::<V, R, NV>(panel, a.add(r * lda), lda, kc);
-                        store_f32::<V, R, NV>(&acc, o.add(r * ldo), ldo, width, accumulate);
-                        r += R;
-                    }
-                    while r < m {
-                        let acc = rows_block::<V, 1, NV>(panel, a.add(r * lda), lda, kc);
-                        store_f32::<V, 1, NV>(&acc, o.add(r * ldo), ldo, width, accumulate);
-                        r += 1;
+                    if width <= V::LANES {
+                        // a last block no wider than a register (the 257th key of a ViT's
+                        // Q K^T) multiplied with its first register only: half the work
+                        panel_rows::<V, R, 1>(a, m, lda, panel, kc, o, ldo, width, accumulate);
+                    } else {
+                        panel_rows::<V, R, NV>(a, m, lda, panel, kc, o, ldo, width, accumulate);
                     }
                 }
+            }
+        }
+    }
+
+    /// Every row of `a` against the first `NV` registers of one packed block's depth slice.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn panel_rows<V: Vector, const R: usize, const NV: usize>(
+        a: *const f32,
+        m: usize,
+        lda: usize,
+        panel: *const f32,
+        kc: usize,
+        o: *mut f32,
+        ldo: usize,
+        width: usize,
+        accumulate: bool,
+    ) {
+        // SAFETY: (whole body) features of V per the caller; a holds m rows of kc floats lda
+        // apart, panel kc rows of NB floats, o m rows of width floats ldo apart.
+        unsafe {
+            let mut r = 0;
+            while r + R <= m {
+                let acc = rows_block::<V, R, NV>(panel, NB, a.add(r * lda), lda, kc);
+                store_f32::<V, R, NV>(&acc, o.add(r * ldo), ldo, width, accumulate);
+                r += R;
+            }
+            while r < m {
+                let acc = rows_block::<V, 1, NV>(panel, NB, a.add(r * lda), lda, kc);
+                store_f32::<V, 1, NV>(&acc, o.add(r * ldo), ldo, width, accumulate);
+                r += 1;
             }
         }
     }

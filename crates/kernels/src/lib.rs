@@ -5,7 +5,8 @@
 //! process and capped by `CRATERDEX_KERNEL`; dot products, late interaction (MaxSim) and
 //! query-by-row products on f32 and on int8 codes (`f32`, `int8`); matrix products with a
 //! packed right-hand side and the f32 and int8 linear layers of the ViT (`gemm`); the ViT's
-//! element-wise and row-wise maps (`nn`); the int8 quantiser; nearest-centroid search for
+//! element-wise and row-wise maps (`nn`); multi-head attention over fused q|k|v rows
+//! (`attention`); the int8 quantiser; nearest-centroid search for
 //! product quantisation (`pq`); AMX tile products (`amx`). Knows nothing of images, models,
 //! descriptors or indexes: callers pass plain row-major slices.
 //!
@@ -16,6 +17,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod amx;
+pub mod attention;
 pub mod f32;
 pub mod gemm;
 mod i8_block;

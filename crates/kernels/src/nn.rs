@@ -80,14 +80,27 @@ pub fn softmax_scaled(row: &mut [f32], scale: f32) {
 
 /// [`softmax_scaled`] with the kernels of `level` (capped at what the CPU has).
 pub fn softmax_scaled_at(level: Level, row: &mut [f32], scale: f32) {
+    let inv = 1.0 / softmax_numerators_at(level, row, scale);
+    row.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// The numerators of `softmax(scale * row)` in place, `e^(scale (v - max))`, and their sum:
+/// a caller that multiplies the row by a matrix divides the (narrower) product by the sum
+/// instead of the row.
+pub fn softmax_numerators(row: &mut [f32], scale: f32) -> f32 {
+    softmax_numerators_at(active(), row, scale)
+}
+
+/// [`softmax_numerators`] with the kernels of `level` (capped at what the CPU has).
+pub fn softmax_numerators_at(level: Level, row: &mut [f32], scale: f32) -> f32 {
     dispatch!(level,
-        avx512 => x86::softmax_avx512(row, scale),
-        avx2 => x86::softmax_avx2(row, scale),
-        portable => softmax_lanes(row, scale))
+        avx512 => x86::numerators_avx512(row, scale),
+        avx2 => x86::numerators_avx2(row, scale),
+        portable => numerators_lanes(row, scale))
 }
 
 #[inline(always)]
-fn softmax_lanes(row: &mut [f32], scale: f32) {
+fn numerators_lanes(row: &mut [f32], scale: f32) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; LANES];
     let mut chunks = row.chunks_exact(LANES);
     for c in &mut chunks {
@@ -113,8 +126,7 @@ fn softmax_lanes(row: &mut [f32], scale: f32) {
         *v = exp_nonpositive((*v - max) * scale);
         sum += *v;
     }
-    let inv = 1.0 / sum;
-    row.iter_mut().for_each(|v| *v *= inv);
+    sum
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -128,12 +140,12 @@ mod x86 {
         super::layer_norm_row(r, o, w, b, eps)
     }
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn softmax_avx2(row: &mut [f32], scale: f32) {
-        super::softmax_lanes(row, scale)
+    pub unsafe fn numerators_avx2(row: &mut [f32], scale: f32) -> f32 {
+        super::numerators_lanes(row, scale)
     }
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn softmax_avx512(row: &mut [f32], scale: f32) {
-        super::softmax_lanes(row, scale)
+    pub unsafe fn numerators_avx512(row: &mut [f32], scale: f32) -> f32 {
+        super::numerators_lanes(row, scale)
     }
 }
 

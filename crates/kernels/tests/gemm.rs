@@ -181,3 +181,31 @@ fn strided_packings_keep_every_value() {
         );
     }
 }
+
+/// One packing refilled shape after shape (as attention reuses a thread's buffers from head
+/// to head) multiplies exactly as a fresh packing of each: no value of an earlier, larger
+/// shape survives in the padding.
+#[test]
+fn refilled_packings_multiply_as_fresh_ones() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    let mut by_rows = PackedF32::from_rows(&[], 0, 0, 0);
+    let mut by_columns = PackedF32::from_columns(&[], 0, 0, 0);
+    for (m, k, n) in SHAPES.iter().rev().chain(SHAPES.iter()).copied() {
+        let b = randn(&mut rng, k * n);
+        let bt: Vec<f32> = (0..n)
+            .flat_map(|j| (0..k).map(move |i| (i, j)))
+            .map(|(i, j)| b[i * n + j])
+            .collect();
+        let a = randn(&mut rng, m * k);
+        by_rows.refill_from_rows(&b, k, n, n);
+        by_columns.refill_from_columns(&bt, n, k, k);
+        let product = |p: &PackedF32| {
+            let mut out = vec![f32::NAN; m * n];
+            gemm::matmul_f32(&a, m, k, p, &mut out, n, false);
+            out
+        };
+        let fresh = product(&PackedF32::from_kn(&b, k, n));
+        assert_eq!(product(&by_rows), fresh, "rows m{m} k{k} n{n}");
+        assert_eq!(product(&by_columns), fresh, "columns m{m} k{k} n{n}");
+    }
+}

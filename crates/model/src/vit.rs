@@ -9,6 +9,7 @@ use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use craterdex_errors::ensure;
 use craterdex_kernels::amx::{self, PackedBf16};
+use craterdex_kernels::attention;
 use craterdex_kernels::gemm::{self, PackedF32};
 use craterdex_kernels::linear_i8::{self, PackedI8Linear};
 use craterdex_kernels::nn;
@@ -342,68 +343,6 @@ pub struct Attention {
     heads: usize,
 }
 
-impl Attention {
-    /// `softmax(Q K^T / sqrt(dh)) V` per image and head, into the heads' columns of `out`.
-    fn mix_heads(
-        &self,
-        qkv: &[f32],
-        b: usize,
-        t: usize,
-        d: usize,
-        out: &mut [f32],
-        cls_attn: Option<&mut [f32]>,
-    ) {
-        let heads = self.heads;
-        let dh = d / heads;
-        let scale = 1.0 / (dh as f32).sqrt();
-        let rs = 3 * d;
-        let want_cls = cls_attn.is_some();
-        // each job computes one (image, head): its [T, dh] output and the CLS row
-        let jobs: Vec<(Vec<f32>, Vec<f32>)> = (0..b * heads)
-            .into_par_iter()
-            .map_init(
-                || vec![0f32; t * t],
-                |scores, job| {
-                    let (img, head) = (job / heads, job % heads);
-                    let base = img * t * rs;
-                    let q = &qkv[base + head * dh..];
-                    let keys = PackedF32::from_columns(&qkv[base + d + head * dh..], t, dh, rs);
-                    gemm::matmul_f32(q, t, rs, &keys, scores, t, false);
-                    scores
-                        .chunks_mut(t)
-                        .for_each(|row| nn::softmax_scaled(row, scale));
-                    let values = PackedF32::from_rows(&qkv[base + 2 * d + head * dh..], t, dh, rs);
-                    let mut o = vec![0f32; t * dh];
-                    gemm::matmul_f32(scores, t, t, &values, &mut o, dh, false);
-                    // the CLS row is only read when asked for (the last block)
-                    let cls_row = if want_cls {
-                        scores[1..t].to_vec()
-                    } else {
-                        Vec::new()
-                    };
-                    (o, cls_row)
-                },
-            )
-            .collect();
-        for (job, (o, _)) in jobs.iter().enumerate() {
-            let (img, head) = (job / heads, job % heads);
-            for (r, row) in o.chunks_exact(dh).enumerate() {
-                out[(img * t + r) * d + head * dh..][..dh].copy_from_slice(row);
-            }
-        }
-        if let Some(cls) = cls_attn {
-            let n = t - 1;
-            cls.iter_mut().for_each(|v| *v = 0.0);
-            for (job, (_, row)) in jobs.iter().enumerate() {
-                let dst = &mut cls[(job / heads) * n..][..n];
-                dst.iter_mut()
-                    .zip(row)
-                    .for_each(|(a, r)| *a += r / heads as f32);
-            }
-        }
-    }
-}
-
 pub struct Mlp {
     fc1: Linear,
     fc2: Linear,
@@ -445,7 +384,7 @@ impl Block {
         let a = &self.attn;
         a.qkv.forward(&s.normed, b * t, &mut s.qkv);
         PassProfile::lap(&mut p.linear, &mut clock);
-        a.mix_heads(&s.qkv, b, t, d, &mut s.mixed, cls_attn);
+        attention::multi_head(&s.qkv, b, t, d, a.heads, &mut s.mixed, cls_attn);
         PassProfile::lap(&mut p.attention, &mut clock);
         a.proj.forward(&s.mixed, b * t, &mut s.delta);
         PassProfile::lap(&mut p.linear, &mut clock);
