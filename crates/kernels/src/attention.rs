@@ -57,23 +57,24 @@ pub fn multi_head(
     let threads = rayon::current_num_threads().max(1);
     let shares = threads.div_ceil(b).min(t);
     let rows = t.div_ceil(shares);
+    // per image, its CLS row (none to fill for a lone token)
     let mut cls: Vec<Option<&mut [f32]>> = match cls_attention {
-        Some(c) => {
+        Some(c) if t > 1 => {
             assert!(c.len() >= b * (t - 1));
             c.chunks_mut(t - 1).take(b).map(Some).collect()
         }
-        None => (0..b).map(|_| None).collect(),
+        _ => (0..b).map(|_| None).collect(),
     };
     out[..b * t * d]
         .par_chunks_mut(t * d)
         .zip(qkv.par_chunks(t * 3 * d))
         .zip(cls.par_iter_mut())
         .for_each(|((out, qkv), cls)| {
-            let cls = cls.take();
-            let mut firsts: Vec<Option<&mut [f32]>> = vec![cls];
-            firsts.resize_with(t.div_ceil(rows), || None);
+            // the CLS row goes to the share that holds the first token
+            let mut cls_of_share: Vec<Option<&mut [f32]>> = vec![cls.take()];
+            cls_of_share.resize_with(t.div_ceil(rows), || None);
             out.par_chunks_mut(rows * d)
-                .zip(firsts.into_par_iter())
+                .zip(cls_of_share.into_par_iter())
                 .enumerate()
                 .for_each(|(share, (out, cls))| {
                     SCRATCH.with_borrow_mut(|s| {
@@ -184,44 +185,41 @@ mod tests {
     }
 
     fn check(qkv: &[f32], b: usize, t: usize, d: usize, heads: usize) {
-        {
-            let mut out = vec![f32::NAN; b * t * d];
-            let mut cls = vec![f32::NAN; b * (t - 1)];
-            let wants_cls = t > 1;
-            multi_head(
-                qkv,
-                b,
-                t,
-                d,
-                heads,
-                &mut out,
-                wants_cls.then_some(&mut cls[..]),
-            );
-            let dh = d / heads;
-            let mut cls_want = vec![0f64; b * (t - 1)];
-            for img in 0..b {
-                for head in 0..heads {
-                    let want = reference(qkv, t, d, heads, img, head);
-                    for r in 0..t {
-                        for j in 0..dh {
-                            let got = out[(img * t + r) * d + head * dh + j] as f64;
-                            assert!(
-                                (got - want[r * dh + j]).abs() < 1e-5,
-                                "b{b} t{t} img{img} head{head} ({r},{j}): {got} vs {}",
-                                want[r * dh + j]
-                            );
-                        }
-                    }
-                    for c in 1..t {
-                        cls_want[img * (t - 1) + c - 1] += want[t * dh + c] / heads as f64;
+        let mut out = vec![f32::NAN; b * t * d];
+        let mut cls = vec![f32::NAN; b * (t - 1)];
+        multi_head(qkv, b, t, d, heads, &mut out, Some(&mut cls[..]));
+        let dh = d / heads;
+        let mut cls_want = vec![0f64; b * (t - 1)];
+        for img in 0..b {
+            for head in 0..heads {
+                let want = reference(qkv, t, d, heads, img, head);
+                for r in 0..t {
+                    for j in 0..dh {
+                        let got = out[(img * t + r) * d + head * dh + j] as f64;
+                        assert!(
+                            (got - want[r * dh + j]).abs() < 1e-5,
+                            "b{b} t{t} img{img} head{head} ({r},{j}): {got} vs {}",
+                            want[r * dh + j]
+                        );
                     }
                 }
-            }
-            if wants_cls {
-                for (g, w) in cls.iter().zip(&cls_want) {
-                    assert!((*g as f64 - w).abs() < 1e-6, "b{b} t{t} cls {g} vs {w}");
+                for c in 1..t {
+                    cls_want[img * (t - 1) + c - 1] += want[t * dh + c] / heads as f64;
                 }
             }
         }
+        for (g, w) in cls.iter().zip(&cls_want) {
+            assert!((*g as f64 - w).abs() < 1e-6, "b{b} t{t} cls {g} vs {w}");
+        }
+    }
+
+    #[test]
+    fn a_lone_token_attends_to_itself_and_has_no_cls_row_to_fill() {
+        let (d, heads) = (8, 2);
+        let qkv: Vec<f32> = (0..3 * d).map(|i| i as f32 * 0.1).collect();
+        let mut out = vec![f32::NAN; d];
+        let mut cls: Vec<f32> = Vec::new();
+        multi_head(&qkv, 1, 1, d, heads, &mut out, Some(&mut cls[..]));
+        assert_eq!(out, qkv[2 * d..].to_vec());
     }
 }
