@@ -69,20 +69,9 @@ pub fn exp_nonpositive(input: f32) -> f32 {
     }
 }
 
-/// Lanes of the reductions in [`softmax_scaled`]: independent partial maxima and sums, so the
+/// Lanes of the reductions in [`softmax_numerators`]: independent partial maxima and sums, so the
 /// loops vectorise instead of waiting on one running value.
 const LANES: usize = 16;
-
-/// `softmax(scale * row)` in place.
-pub fn softmax_scaled(row: &mut [f32], scale: f32) {
-    softmax_scaled_at(active(), row, scale)
-}
-
-/// [`softmax_scaled`] with the kernels of `level` (capped at what the CPU has).
-pub fn softmax_scaled_at(level: Level, row: &mut [f32], scale: f32) {
-    let inv = 1.0 / softmax_numerators_at(level, row, scale);
-    row.iter_mut().for_each(|v| *v *= inv);
-}
 
 /// The numerators of `softmax(scale * row)` in place, `e^(scale (v - max))`, and their sum:
 /// a caller that multiplies the row by a matrix divides the (narrower) product by the sum
@@ -235,14 +224,20 @@ mod tests {
         assert_eq!(exp_nonpositive(f32::NEG_INFINITY), 0.0);
     }
 
+    /// `softmax(scale * row)` from its numerators and their sum.
+    fn normalised(row: &mut [f32], scale: f32) {
+        let total = softmax_numerators(row, scale);
+        row.iter_mut().for_each(|v| *v /= total);
+    }
+
     #[test]
     fn softmax_rows_sum_to_one() {
         let mut r = vec![1.0, 2.0, 3.0, -1000.0];
-        softmax_scaled(&mut r, 1.0);
+        normalised(&mut r, 1.0);
         assert!((r.iter().sum::<f32>() - 1.0).abs() < 1e-6);
         assert_eq!(r[3], 0.0);
         let mut s = vec![2.0, 4.0];
-        softmax_scaled(&mut s, 0.5);
+        normalised(&mut s, 0.5);
         assert!((s[1] / s[0] - std::f32::consts::E).abs() < 1e-5);
     }
 
@@ -260,7 +255,8 @@ mod tests {
                     .collect();
                 let total: f64 = e.iter().sum();
                 let mut got = row.clone();
-                softmax_scaled_at(level, &mut got, 0.3);
+                let sum = softmax_numerators_at(level, &mut got, 0.3);
+                got.iter_mut().for_each(|v| *v /= sum);
                 for (i, (g, w)) in got.iter().zip(&e).enumerate() {
                     let want = w / total;
                     assert!(
