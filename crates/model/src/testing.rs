@@ -78,6 +78,23 @@ pub fn write_tiny_checkpoint_of_depth(
     path
 }
 
+/// [`write_tiny_checkpoint_of_depth`] into `root/ckpt-NAME`, imported as model `name` under
+/// `root/models`: the model's directory, ready for [`crate::load`].
+pub fn import_tiny_model(
+    root: &Path,
+    name: &str,
+    dim: usize,
+    patch: usize,
+    grid: usize,
+    depth: usize,
+) -> PathBuf {
+    let ckpt =
+        write_tiny_checkpoint_of_depth(&root.join(format!("ckpt-{name}")), dim, patch, grid, depth);
+    crate::import::import_file(&ckpt, name, &root.join("models"))
+        .expect("importing a generated checkpoint")
+        .0
+}
+
 /// A safetensors file of f32 tensors given as (name, shape, little-endian bytes).
 pub fn f32_safetensors(tensors: &[(String, Vec<usize>, Vec<u8>)]) -> Vec<u8> {
     let views: Vec<(String, safetensors::tensor::TensorView)> = tensors

@@ -3,7 +3,7 @@
 
 use craterdex_model::extract::{features_of_tensors, ImageTensors};
 use craterdex_model::preprocess::{to_tensors_at_each_size, ResizeMode};
-use craterdex_model::testing::write_tiny_checkpoint_of_depth;
+use craterdex_model::testing::import_tiny_model;
 use image::{DynamicImage, Rgb, RgbImage};
 
 fn crop(seed: u32) -> DynamicImage {
@@ -17,9 +17,7 @@ fn crop(seed: u32) -> DynamicImage {
 fn extra_sizes_pool_each_size_forward_pass_into_one_feature_set() {
     let root = tempfile::tempdir().unwrap();
     // 2 blocks, 4-px patches, position embeddings on a 6 x 6 grid
-    let ckpt = write_tiny_checkpoint_of_depth(&root.path().join("ckpt"), 16, 4, 6, 2);
-    let (model, _) =
-        craterdex_model::import::import_file(&ckpt, "tiny", &root.path().join("models")).unwrap();
+    let model = import_tiny_model(root.path(), "tiny", 16, 4, 6, 2);
     let dir = model.as_path();
     let one = craterdex_model::load(dir, Some(24)).unwrap();
     let other = craterdex_model::load(dir, Some(32)).unwrap();
@@ -81,9 +79,7 @@ fn extra_sizes_pool_each_size_forward_pass_into_one_feature_set() {
 #[test]
 fn extra_sizes_are_checked() {
     let root = tempfile::tempdir().unwrap();
-    let ckpt = write_tiny_checkpoint_of_depth(&root.path().join("ckpt"), 16, 4, 6, 2);
-    let (model, _) =
-        craterdex_model::import::import_file(&ckpt, "tiny", &root.path().join("models")).unwrap();
+    let model = import_tiny_model(root.path(), "tiny", 16, 4, 6, 2);
     let load = || craterdex_model::load(model.as_path(), Some(24)).unwrap();
     for bad in [vec![24], vec![32, 32], vec![2], vec![5000]] {
         let err = load().with_extra_sizes(&bad).err();

@@ -1,6 +1,6 @@
 //! Token reduction: which tokens go on past the middle block, and what the others keep.
 
-use craterdex_model::testing::write_tiny_checkpoint_of_depth;
+use craterdex_model::testing::import_tiny_model;
 use craterdex_model::Precision;
 
 fn images(n: usize, size: usize) -> Vec<Vec<f32>> {
@@ -17,9 +17,7 @@ fn images(n: usize, size: usize) -> Vec<Vec<f32>> {
 fn reduced_passes_drop_the_least_attended_tokens_after_the_middle_block() {
     let root = tempfile::tempdir().unwrap();
     // 4 blocks, a 6 x 6 grid of 4-px patches
-    let ckpt = write_tiny_checkpoint_of_depth(&root.path().join("ckpt"), 16, 4, 6, 4);
-    let (model, _) =
-        craterdex_model::import::import_file(&ckpt, "tiny", &root.path().join("models")).unwrap();
+    let model = import_tiny_model(root.path(), "tiny", 16, 4, 6, 4);
     let dir = model.as_path();
     let full = craterdex_model::load(dir, Some(24)).unwrap();
     let n = full.num_patches();
@@ -81,17 +79,8 @@ fn reduced_passes_drop_the_least_attended_tokens_after_the_middle_block() {
 #[test]
 fn a_truncated_backbone_is_the_first_blocks_of_the_whole() {
     let root = tempfile::tempdir().unwrap();
-    let import = |depth: usize| {
-        let ckpt =
-            write_tiny_checkpoint_of_depth(&root.path().join(format!("c{depth}")), 16, 4, 6, depth);
-        craterdex_model::import::import_file(
-            &ckpt,
-            &format!("tiny{depth}"),
-            &root.path().join("models"),
-        )
-        .unwrap()
-        .0
-    };
+    let import =
+        |depth: usize| import_tiny_model(root.path(), &format!("tiny{depth}"), 16, 4, 6, depth);
     let (deep, shallow) = (import(4), import(2));
     let load = |dir: &std::path::Path| craterdex_model::load(dir, Some(24)).unwrap();
     let ims = images(2, 24);

@@ -30,10 +30,7 @@ struct Fixture {
 }
 
 fn tiny_model(root: &Path) -> PathBuf {
-    let ckpt = craterdex_model::testing::write_tiny_checkpoint(&root.join("ckpt"), D, 4, 4);
-    let (dir, _) =
-        craterdex_model::import::import_file(&ckpt, "tiny", &root.join("models")).unwrap();
-    dir
+    craterdex_model::testing::import_tiny_model(root, "tiny", D, 4, 4, 1)
 }
 
 fn load_model(dir: &Path) -> Vit {

@@ -50,9 +50,7 @@ fn close(a: &Descriptors, b: &Descriptors) -> bool {
 fn a_source_registered_turned_is_compared_at_the_reference_orientation() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
-    let ckpt = craterdex_model::testing::write_tiny_checkpoint(&root.join("ckpt"), 32, 4, 4);
-    let (model_dir, _) =
-        craterdex_model::import::import_file(&ckpt, "tiny", &root.join("models")).unwrap();
+    let model_dir = craterdex_model::testing::import_tiny_model(root, "tiny", 32, 4, 4, 1);
     let vit = craterdex_model::load(&model_dir, Some(16)).unwrap();
     let extractor = Arc::new(Extractor::new(
         vit,
