@@ -146,7 +146,7 @@ const MAX_GAIN: f32 = 8.0;
 
 /// `img` with its brightness standardised ([`Brightness::Standardised`]): every channel
 /// shifted by the mean brightness (the channels' mean over all pixels) to mid grey and
-/// scaled by [`STANDARD_SPREAD`] over its standard deviation (at most [`MAX_GAIN`]), then
+/// scaled by [`STANDARD_SPREAD`] over its standard deviation (at most `MAX_GAIN`, 8), then
 /// clamped to 0..1. A flat image comes out mid grey.
 pub fn standardise(img: &Rgb32FImage) -> Rgb32FImage {
     let values = img.as_raw();

@@ -557,7 +557,7 @@ impl Vit {
 
     /// Multi-scale: makes the backbone run at these input sizes too (position embeddings
     /// resampled for each), so that a crop can be seen at several sizes and the tokens of
-    /// every size pooled into one set ([`crate::extract::features_of_prepared`]). Sizes must
+    /// every size pooled into one set ([`crate::extract::features_of_tensors`]). Sizes must
     /// differ from the model's and from each other, and lie between the patch size and
     /// [`MAX_EXTRA_SIZE`].
     pub fn with_extra_sizes(mut self, sizes: &[usize]) -> Result<Self> {
