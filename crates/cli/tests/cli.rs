@@ -306,6 +306,8 @@ fn full_workflow_on_a_tiny_model() {
         "t.json",
         "--report",
         "t.html",
+        "--per-query",
+        "t.csv",
     ];
     args.extend(common);
     let printed = e.ok(&args);
@@ -336,6 +338,16 @@ fn full_workflow_on_a_tiny_model() {
         .find(|r| r["regime"] == "inst_fps_k32_white")
         .unwrap();
     assert!((paired["map_turned"].as_f64().unwrap() - map).abs() < 1e-9);
+    // the per-query rows of both query sets, each under its split's name
+    let csv = std::fs::read_to_string(e.root.join("t.csv")).unwrap();
+    let rows_of = |split: &str| {
+        csv.lines()
+            .filter(|l| l.starts_with(&format!("{split},inst_fps_k32_white,")))
+            .count()
+    };
+    assert!(csv.starts_with("split,regime,query_id,"), "{csv}");
+    assert!(rows_of("test") > 0);
+    assert_eq!(rows_of("test_rotated"), turned_views);
     let html = std::fs::read_to_string(e.root.join("t.html")).unwrap();
     assert!(html.contains("<h2>Turned queries</h2>"));
     assert!(html.contains("inst_fps_k32_pairwhite_grouped"));
@@ -588,12 +600,12 @@ fn eval_default_regime_ranks_like_index_build_and_search() {
         let from_eval: std::collections::BTreeMap<String, Vec<String>> = csv
             .lines()
             .skip(1)
-            .filter(|l| l.starts_with(&format!("{regime},")))
+            .filter(|l| l.starts_with(&format!("test,{regime},")))
             .map(|l| {
                 let cols: Vec<&str> = l.split(',').collect();
                 (
-                    cols[1].to_string(),
-                    cols[5].split(' ').map(String::from).collect(),
+                    cols[2].to_string(),
+                    cols[6].split(' ').map(String::from).collect(),
                 )
             })
             .collect();

@@ -714,15 +714,32 @@ pub fn to_json(results: &[RegimeResult], extra: serde_json::Value) -> serde_json
     serde_json::json!({"regimes": regimes, "run": extra})
 }
 
-/// Per-query rows for diffing two runs: regime, query id, first relevant rank, AP, and the
-/// ten best gallery image ids (space-separated, best first).
+/// Per-query rows for diffing two runs: the query split (`test` as built, or the turned or
+/// relit split's name), regime, query id, first relevant rank, AP, and the ten best gallery
+/// image ids (space-separated, best first).
 pub fn per_query_csv(
+    split: &str,
     results: &[RegimeResult],
     query_ids: &[String],
     gallery_ids: &[String],
 ) -> String {
-    let mut s =
-        String::from("regime,query_id,first_relevant_rank,average_precision,relevant,top10\n");
+    let mut s = String::from(PER_QUERY_HEADER);
+    s.push_str(&per_query_rows(split, results, query_ids, gallery_ids));
+    s
+}
+
+/// The header line of [`per_query_csv`].
+pub const PER_QUERY_HEADER: &str =
+    "split,regime,query_id,first_relevant_rank,average_precision,relevant,top10\n";
+
+/// [`per_query_csv`] without its header: a second query split's rows to append.
+pub fn per_query_rows(
+    split: &str,
+    results: &[RegimeResult],
+    query_ids: &[String],
+    gallery_ids: &[String],
+) -> String {
+    let mut s = String::new();
     for r in results {
         for q in &r.per_query {
             let top: Vec<&str> = r.top[q.query]
@@ -730,7 +747,8 @@ pub fn per_query_csv(
                 .map(|&g| gallery_ids[g].as_str())
                 .collect();
             s.push_str(&format!(
-                "{},{},{},{},{},{}\n",
+                "{},{},{},{},{},{},{}\n",
+                split,
                 r.id,
                 query_ids[q.query],
                 q.first_relevant_rank

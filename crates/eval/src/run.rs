@@ -117,6 +117,7 @@ pub fn evaluate_turned(
         manifest: manifest_path.to_path_buf(),
         results,
         comparison,
+        query_ids: queries.ids,
     })
 }
 
@@ -144,6 +145,8 @@ pub struct TurnedOutcome {
     pub results: Vec<regimes::RegimeResult>,
     /// Paired with the upright run view by view.
     pub comparison: turned::Turned,
+    /// The turned or relit query views, in the order of the results' per-query rows.
+    pub query_ids: Vec<String>,
 }
 
 /// Writes the table, JSON, per-query CSV and HTML report of an evaluation.
@@ -173,10 +176,21 @@ pub fn write_outputs(
         eprintln!("wrote {}", j.display());
     }
     if let Some(p) = per_query {
-        craterdex_durable::write_atomic(
-            p,
-            regimes::per_query_csv(&out.results, &out.queries.ids, &out.gallery.ids).as_bytes(),
-        )?;
+        let mut csv = regimes::per_query_csv(
+            &out.benchmark.manifest.split_name,
+            &out.results,
+            &out.queries.ids,
+            &out.gallery.ids,
+        );
+        if let Some(t) = turned_run {
+            csv.push_str(&regimes::per_query_rows(
+                &t.comparison.split,
+                &t.results,
+                &t.query_ids,
+                &out.gallery.ids,
+            ));
+        }
+        craterdex_durable::write_atomic(p, csv.as_bytes())?;
         eprintln!("wrote {}", p.display());
     }
     if let Some(r) = report {
