@@ -227,9 +227,10 @@ pub struct SearchOpts {
     /// Verify the N best images spatially, for map-projected (upright) queries: patch-token
     /// correspondences between the query and each candidate, and the most of them one
     /// similarity transform (turn, scale, shift) explains, rerank them (score + 0.01 per
-    /// inlier beyond a fifth of the patches; 10 or 20 are good choices, 0 is off). The
-    /// candidates' images are read where the index recorded them and run through the model
-    /// (up to N forward passes per query; the feature cache serves repeats). Measured:
+    /// inlier beyond a fifth of the patches; 20 is a good choice, 50 with --turns, 0 is off).
+    /// A verified search reranks a shortlist of at least 400 (a deeper --shortlist is kept).
+    /// The candidates' images are read where the index recorded them and run through the
+    /// model (up to N forward passes per query; the feature cache serves repeats). Measured:
     /// docs/results.md, "Spatial verification of the best images".
     #[arg(long, default_value_t = SearchOptions::default().verify, value_name = "N")]
     pub verify: usize,

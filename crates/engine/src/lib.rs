@@ -33,7 +33,7 @@ pub use info::{IndexInfo, IvfInfo};
 pub use options::{
     default_precision, Defaults, ModelOptions, RecipeOptions, SearchLimits, SearchOptions,
     Whitening, DEFAULT_PRECISION_WHY, MAX_TURNS, MAX_VERIFY, OPPOSITE_SUN_MARGIN, TURN_MARGIN,
-    VERIFY_CHANCE_SHARE, VERIFY_VIEWS, VERIFY_WEIGHT,
+    VERIFY_CHANCE_SHARE, VERIFY_SHORTLIST, VERIFY_VIEWS, VERIFY_WEIGHT,
 };
 pub use plan::{learn_rows, learn_sample, BuildPlan, LEARN_SAMPLE_IMAGES};
 pub use progress::{Progress, Silent};

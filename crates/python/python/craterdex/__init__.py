@@ -443,10 +443,11 @@ class Index:
         searched with its brightness inverted (how a crater looks with the sun turned 180
         degrees; twice the forward passes). ``verify``: the ``verify`` best images
         are verified spatially (patch-token correspondences under one similarity transform)
-        and ranked again by score + 0.01 per inlier beyond a fifth of the patches (10 or 20
-        are good choices; 0 is off); their images are read where the index recorded them
-        and run through the model (with ``turns``, each is verified against the 3 turned
-        views that match it best). ``ids`` name the queries (with ``features``, in place of the
+        and ranked again by score + 0.01 per inlier beyond a fifth of the patches (20 is a
+        good choice, 50 with ``turns``; 0 is off; a verified search reranks a shortlist of
+        at least 400); their images are read where the index recorded them and run through
+        the model (with ``turns``, each is verified against the 3 turned views that match it
+        best). ``ids`` name the queries (with ``features``, in place of the
         ids they were extracted with). Returns one row per hit: ``query``, ``rank``, ``id``,
         ``crater_id``, ``score``, ``stage1``, ``stage2``, ``inliers`` (verified hits only)
         and the hit's metadata columns.

@@ -141,12 +141,21 @@ pub(super) fn print(rows: &[Row], engines: &[String]) {
     }
     for (title, ratios) in [
         (
-            "view grouping (two-stage S 100, single query p50):",
+            "view grouping (two-stage S 100, single query p50):".to_string(),
             stage_ratios(rows, GROUPED_STAGE, "two_stage", "single"),
         ),
         (
-            "spatial verification of the 10 best images (grouped two-stage S 100, one query at a time, the same loop):",
-            stage_ratios(rows, &super::timing::verified_stage(), GROUPED_STAGE, "same loop"),
+            format!(
+                "spatial verification of the 10 best images (grouped two-stage, S 100 plain and \
+                 {} verified, one query at a time, the same loop):",
+                craterdex_engine::VERIFY_SHORTLIST
+            ),
+            stage_ratios(
+                rows,
+                &super::timing::verified_stage(),
+                GROUPED_STAGE,
+                "same loop",
+            ),
         ),
     ] {
         if !ratios.is_empty() {
