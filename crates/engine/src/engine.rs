@@ -3,13 +3,13 @@
 
 use crate::error::{Error, Result};
 use crate::extractor::{split_fingerprint, split_reduction, BackboneRun, Extractor};
-use crate::options::{VERIFY_CHANCE_SHARE, VERIFY_SHORTLIST, VERIFY_VIEWS, VERIFY_WEIGHT};
+use crate::options::{verified_search_params, VERIFY_CHANCE_SHARE, VERIFY_VIEWS, VERIFY_WEIGHT};
 use crate::progress::Progress;
 use crate::recipe::{encode_all, feature_refs};
 use crate::views::QueryViews;
 use craterdex_errors::ensure;
 use craterdex_index::{
-    Hit, ImageMeta, Index, MergePolicy, MergeReport, Mode, PreparedMerge, SearchParams,
+    Hit, ImageMeta, Index, MergePolicy, MergeReport, PreparedMerge, SearchParams,
 };
 use craterdex_model::extract::FeatureSet;
 use craterdex_tokens::verify::verified_score;
@@ -91,20 +91,6 @@ fn candidate_params(params: &SearchParams, top: usize) -> SearchParams {
     SearchParams {
         top_k: top,
         group_views: false,
-        ..*params
-    }
-}
-
-/// `params` as a verified search runs them: a two-stage shortlist at least
-/// [`VERIFY_SHORTLIST`] deep, so that the right image that stage 1 ranks low (a turned or
-/// faint crater) can reach the verified candidates.
-fn verified_search_params(params: &SearchParams) -> SearchParams {
-    SearchParams {
-        shortlist: if params.mode == Mode::TwoStage {
-            params.shortlist.max(VERIFY_SHORTLIST)
-        } else {
-            params.shortlist
-        },
         ..*params
     }
 }
@@ -905,32 +891,4 @@ struct QueryInViews<'a> {
 /// `image` turned by `angle` radians about its centre (image axes, x right and y down).
 fn turned(image: &image::DynamicImage, angle: f32) -> image::DynamicImage {
     image::DynamicImage::ImageRgb32F(craterdex_model::preprocess::turn(&image.to_rgb32f(), angle))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_verified_two_stage_search_reranks_a_deeper_shortlist_and_keeps_a_deeper_one() {
-        let two_stage = |shortlist| SearchParams {
-            top_k: 10,
-            shortlist,
-            mode: Mode::TwoStage,
-            stage1: Default::default(),
-            group_views: true,
-        };
-        let deepened = verified_search_params(&two_stage(100));
-        assert_eq!(deepened.shortlist, VERIFY_SHORTLIST);
-        assert_eq!((deepened.top_k, deepened.group_views), (10, true));
-        assert_eq!(verified_search_params(&two_stage(5000)).shortlist, 5000);
-        // without a shortlist there is nothing to deepen
-        for mode in [Mode::Exhaustive, Mode::Stage1] {
-            let p = SearchParams {
-                mode,
-                ..two_stage(100)
-            };
-            assert_eq!(verified_search_params(&p).shortlist, 100);
-        }
-    }
 }

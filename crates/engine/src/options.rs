@@ -389,13 +389,32 @@ impl SearchOptions {
                 Error::Invalid(format!("nprobe must be at most {}", limits.max_nprobe))
             );
         }
-        Ok(SearchParams {
+        let params = SearchParams {
             top_k: self.top_k,
             shortlist: self.shortlist,
             mode: self.mode,
             stage1: Stage1::from_nprobe(self.nprobe),
             group_views: self.group_views,
+        };
+        Ok(if self.verify > 0 {
+            verified_search_params(&params)
+        } else {
+            params
         })
+    }
+}
+
+/// `params` as a verified search runs them ([`crate::Engine::search_verified`]): a two-stage
+/// shortlist at least [`VERIFY_SHORTLIST`] deep, so that the right image that stage 1 ranks
+/// low (a turned or faint crater) can reach the verified candidates.
+pub fn verified_search_params(params: &SearchParams) -> SearchParams {
+    SearchParams {
+        shortlist: if params.mode == Mode::TwoStage {
+            params.shortlist.max(VERIFY_SHORTLIST)
+        } else {
+            params.shortlist
+        },
+        ..*params
     }
 }
 
@@ -493,5 +512,40 @@ mod tests {
         );
         let extra = serde_json::from_str::<SearchOptions>(r#"{"top": 3}"#).unwrap_err();
         assert!(extra.to_string().contains("unknown field"), "{extra}");
+    }
+
+    #[test]
+    fn a_verified_two_stage_search_reranks_a_deeper_shortlist_and_keeps_a_deeper_one() {
+        let two_stage = |shortlist| SearchParams {
+            top_k: 10,
+            shortlist,
+            mode: Mode::TwoStage,
+            stage1: Default::default(),
+            group_views: true,
+        };
+        let deepened = verified_search_params(&two_stage(100));
+        assert_eq!(deepened.shortlist, VERIFY_SHORTLIST);
+        assert_eq!((deepened.top_k, deepened.group_views), (10, true));
+        assert_eq!(verified_search_params(&two_stage(5000)).shortlist, 5000);
+        // without a shortlist there is nothing to deepen
+        for mode in [Mode::Exhaustive, Mode::Stage1] {
+            let p = SearchParams {
+                mode,
+                ..two_stage(100)
+            };
+            assert_eq!(verified_search_params(&p).shortlist, 100);
+        }
+        // the options a front end parses say what the search will run (the HTTP API echoes it)
+        let shortlist_of = |verify| {
+            SearchOptions {
+                verify,
+                ..Default::default()
+            }
+            .params(&SearchLimits::default())
+            .unwrap()
+            .shortlist
+        };
+        assert_eq!(shortlist_of(0), 100);
+        assert_eq!(shortlist_of(20), VERIFY_SHORTLIST);
     }
 }
