@@ -729,7 +729,7 @@ pub fn per_query_csv(
 }
 
 /// The header line of [`per_query_csv`].
-pub const PER_QUERY_HEADER: &str =
+const PER_QUERY_HEADER: &str =
     "split,regime,query_id,first_relevant_rank,average_precision,relevant,top10\n";
 
 /// [`per_query_csv`] without its header: a second query split's rows to append.

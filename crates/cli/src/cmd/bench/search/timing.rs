@@ -152,7 +152,7 @@ fn time_verification(
         verified_ms.push(t.elapsed().as_secs_f64() * 1e3);
     }
     // a verified search reranks a deeper shortlist than the plain one it is timed beside
-    let verified_shortlist = params.shortlist.max(craterdex_engine::VERIFY_SHORTLIST);
+    let verified_shortlist = craterdex_engine::verified_search_params(&params).shortlist;
     for (stage, shortlist, ms) in [
         (GROUPED_STAGE.to_string(), params.shortlist, plain_ms),
         (verified_stage(), verified_shortlist, verified_ms),
