@@ -638,9 +638,10 @@ fn an_index_of_shading_spread_crops_needs_and_serves_oriented_queries() {
     );
 }
 
-/// An index built with token reduction, patch tokens from an earlier block and an extra
-/// input size records all three in its model's name; a query from the full pass at one size
-/// is refused with the options named, one made alike is served.
+/// An index built at an input size of its own, with token reduction, patch tokens from an
+/// earlier block and an extra input size records all four in its model's name; a query from
+/// the full pass at one size, or from the same pass at another size, is refused with the
+/// options named, one made alike is served.
 #[test]
 fn an_index_of_reduced_passes_needs_queries_reduced_alike() {
     let e = Env::new();
@@ -676,7 +677,7 @@ fn an_index_of_reduced_passes_needs_queries_reduced_alike() {
         info["model"]
             .as_str()
             .unwrap()
-            .ends_with("~keep0.5@b2&24+standardised"),
+            .ends_with("^16~keep0.5@b2&24+standardised"),
         "{info}"
     );
     let query = e.path("bench/images/gallery");
@@ -701,6 +702,19 @@ fn an_index_of_reduced_passes_needs_queries_reduced_alike() {
     reduced.extend(options);
     let v: serde_json::Value = serde_json::from_str(&e.ok(&reduced)).unwrap();
     assert!(!v[0]["results"].as_array().unwrap().is_empty(), "{v}");
+    // the input size is part of the pass too: the same options at another size are refused
+    let other_size: Vec<&str> = reduced
+        .iter()
+        .map(|&a| if a == "16" { "32" } else { a })
+        .collect();
+    let o = e.run(&other_size);
+    assert_eq!(o.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("built with --size 16 --keep-tokens 0.5")
+            && err.contains("runs with --size 32"),
+        "{err}"
+    );
     let o = e.run(&[&search[..], &["--keep-tokens", "0"]].concat());
     assert_eq!(o.status.code(), Some(3), "a fraction of 0 is refused");
 }

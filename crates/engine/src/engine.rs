@@ -143,13 +143,18 @@ fn check_compatible(index: &Index, extractor: &Extractor) -> Result<()> {
                 loaded: bright,
             });
         }
-        // the same model with another token reduction, depth or sizes: say which options
-        // make them match
+        // the same model at another input size, token reduction, depth or extra sizes: say
+        // which options make them match
         let (base, run) = split_reduction(model);
         let (built_base, built_run) = split_reduction(built_model);
         if base == built_base && run != built_run {
-            let depth = extractor.vit().config().depth;
+            let config = extractor.vit().config();
+            let (depth, own_size) = (config.depth, config.image_size);
             let options = |run: &BackboneRun| {
+                let size = match run.size {
+                    "" => own_size.to_string(),
+                    s => s.to_string(),
+                };
                 let blocks = match run.blocks {
                     "all" => depth.to_string(),
                     b => b.to_string(),
@@ -158,7 +163,10 @@ fn check_compatible(index: &Index, extractor: &Extractor) -> Result<()> {
                     "" => String::new(),
                     s => format!(" --extra-sizes {s}"),
                 };
-                format!("--keep-tokens {} --blocks {blocks}{sizes}", run.kept)
+                format!(
+                    "--size {size} --keep-tokens {} --blocks {blocks}{sizes}",
+                    run.kept
+                )
             };
             return Err(Error::Invalid(format!(
                 "the index was built with {}, the model runs with {}; its queries need the \

@@ -87,8 +87,8 @@ impl Extractor {
     /// The model's fingerprint (with the token reduction and the blocks run when not all),
     /// the brightness when crops are standardised and the orientation when they are turned:
     /// indexes record it and refuse queries whose features would not be comparable
-    /// (`--keep-tokens 0.5 --blocks 8 --extra-sizes 322` shows in the model's name as
-    /// `...~keep0.5@b8&322`).
+    /// (`--size 322 --keep-tokens 0.5 --blocks 8 --extra-sizes 448` shows in the model's name
+    /// as `...^322~keep0.5@b8&448`).
     pub fn fingerprint(&self) -> String {
         let model = self.vit.config().fingerprint() + &self.vit.reduction_tag().unwrap_or_default();
         fingerprint_with(&model, self.orientation, self.brightness)
@@ -319,18 +319,20 @@ fn strip_named<T: Copy + PartialEq + Into<&'static str>>(
         .unwrap_or((s, plain))
 }
 
-/// How a model's backbone runs, as its fingerprint's model part says: the fraction of
-/// tokens kept, the blocks run (`all` when every block runs) and the extra input sizes
+/// How a model's backbone runs, as its fingerprint's model part says: the input size, the
+/// fraction of tokens kept, the blocks run (`all` when every block runs) and the extra input sizes
 /// (empty when none).
 #[derive(Debug, PartialEq)]
 pub(crate) struct BackboneRun<'a> {
+    /// The input size (empty: the model's own).
+    pub size: &'a str,
     pub kept: &'a str,
     pub blocks: &'a str,
     pub extra_sizes: &'a str,
 }
 
 /// The model part of a fingerprint split into its base and how the backbone runs:
-/// `base~keepF@bN&S1,S2` as [`craterdex_model::Vit::reduction_tag`] writes it, each part
+/// `base^S~keepF@bN&S1,S2` as [`craterdex_model::Vit::reduction_tag`] writes it, each part
 /// optional.
 pub(crate) fn split_reduction(model: &str) -> (&str, BackboneRun<'_>) {
     let (rest, extra_sizes) = model
@@ -338,8 +340,13 @@ pub(crate) fn split_reduction(model: &str) -> (&str, BackboneRun<'_>) {
         .filter(|(_, sizes)| sizes.chars().all(|c| c.is_ascii_digit() || c == ','))
         .unwrap_or((model, ""));
     let (rest, blocks) = rest.rsplit_once("@b").unwrap_or((rest, "all"));
-    let (base, kept) = rest.split_once("~keep").unwrap_or((rest, "1"));
+    let (rest, kept) = rest.split_once("~keep").unwrap_or((rest, "1"));
+    let (base, size) = rest
+        .rsplit_once('^')
+        .filter(|(_, size)| !size.is_empty() && size.chars().all(|c| c.is_ascii_digit()))
+        .unwrap_or((rest, ""));
     let run = BackboneRun {
+        size,
         kept,
         blocks,
         extra_sizes,
@@ -380,6 +387,7 @@ mod tests {
     #[test]
     fn a_model_name_splits_into_its_base_and_how_the_backbone_runs() {
         let run = |kept, blocks, extra_sizes| BackboneRun {
+            size: "",
             kept,
             blocks,
             extra_sizes,
@@ -391,7 +399,20 @@ mod tests {
             ("m-1", run("0.5", "8", "322,448"))
         );
         assert_eq!(split_reduction("m-1&322"), ("m-1", run("1", "all", "322")));
-        // a name of its own with an ampersand is not taken for sizes
+        assert_eq!(
+            split_reduction("m-1^322~keep0.5@b8&448"),
+            (
+                "m-1",
+                BackboneRun {
+                    size: "322",
+                    ..run("0.5", "8", "448")
+                }
+            )
+        );
+        let (base, at_322) = split_reduction("m-1^322");
+        assert_eq!((base, at_322.size), ("m-1", "322"));
+        // a name of its own with a caret or an ampersand is not taken for sizes
+        assert_eq!(split_reduction("a^b-1"), ("a^b-1", run("1", "all", "")));
         assert_eq!(split_reduction("r&d-1"), ("r&d-1", run("1", "all", "")));
     }
 }

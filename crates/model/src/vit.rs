@@ -682,10 +682,13 @@ impl Vit {
         }
     }
 
-    /// `~keepF` when token reduction is on (`F` the fraction kept), `@bN` when only the
-    /// first `N` blocks run and `&S1,S2` for the extra input sizes, for fingerprints: such
-    /// features are not comparable with a whole, unreduced pass's at one size.
+    /// `^S` when the input size is not the model's own (`--size S`), `~keepF` when token
+    /// reduction is on (`F` the fraction kept), `@bN` when only the first `N` blocks run and
+    /// `&S1,S2` for the extra input sizes, for fingerprints: such features are not comparable
+    /// with a whole, unreduced pass's at the model's one size.
     pub fn reduction_tag(&self) -> Option<String> {
+        let size = (self.input_size() != self.config.image_size)
+            .then(|| format!("^{}", self.input_size()));
         let keep = self
             .reduction_block()
             .map(|_| format!("~keep{}", self.keep_tokens));
@@ -697,10 +700,11 @@ impl Vit {
             .collect::<Vec<_>>()
             .join(",");
         let sizes = (!extra.is_empty()).then(|| format!("&{extra}"));
-        match (keep, blocks, sizes) {
-            (None, None, None) => None,
-            (k, b, s) => Some(format!(
-                "{}{}{}",
+        match (size, keep, blocks, sizes) {
+            (None, None, None, None) => None,
+            (z, k, b, s) => Some(format!(
+                "{}{}{}{}",
+                z.unwrap_or_default(),
                 k.unwrap_or_default(),
                 b.unwrap_or_default(),
                 s.unwrap_or_default()
