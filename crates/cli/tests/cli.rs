@@ -110,6 +110,7 @@ impl Env {
             model,
             "--size",
             "16",
+            "--no-recheck",
         ];
         args.extend(extra);
         let v: serde_json::Value = serde_json::from_str(&self.ok(&args)).unwrap();
@@ -554,15 +555,39 @@ fn eval_default_regime_ranks_like_index_build_and_search() {
     ];
     args.extend(common);
     e.ok(&args);
+    // and the default search of a query image, rechecked, in a third
+    let mut args = vec![
+        "eval",
+        "--manifest",
+        &manifest,
+        "--quick",
+        "--per-query",
+        "pq_recheck.csv",
+        "--recheck",
+    ];
+    args.extend(common);
+    let table = e.ok(&args);
+    assert!(
+        table.contains("of the queries searched again in turns"),
+        "{table}"
+    );
     e.index_build(&model, &manifest, "idx", &[]);
     let csv = std::fs::read_to_string(e.root.join("pq.csv")).unwrap()
-        + &std::fs::read_to_string(e.root.join("pq_sun.csv")).unwrap();
+        + &std::fs::read_to_string(e.root.join("pq_sun.csv")).unwrap()
+        + &std::fs::read_to_string(e.root.join("pq_recheck.csv")).unwrap();
     // search lists views crater by crater unless told --ungrouped, searches turned and
     // mirrored with --turns and relit with --opposite-sun: each form must rank as the eval
     // regime of the same name
     for (regime, flags) in [
-        ("two_stage_s100_k32_int8_pairwhite_grouped", &[][..]),
-        ("two_stage_s100_k32_int8_pairwhite", &["--ungrouped"][..]),
+        ("two_stage_s100_k32_int8_pairwhite_grouped_recheck", &[][..]),
+        (
+            "two_stage_s100_k32_int8_pairwhite_grouped",
+            &["--no-recheck"][..],
+        ),
+        (
+            "two_stage_s100_k32_int8_pairwhite",
+            &["--ungrouped", "--no-recheck"][..],
+        ),
         (
             "two_stage_s100_k32_int8_pairwhite_grouped_turns4",
             &["--turns", "4"][..],
@@ -965,21 +990,32 @@ fn a_verified_search_counts_inliers_and_reads_candidates_where_the_index_found_t
     e.index_build(&model, &manifest, "idx", &[]);
     let gallery = e.gallery_images();
     let query = gallery[0].display().to_string();
-    let search = |extra: &[&str]| {
+    let search_for = |query: &str, extra: &[&str]| {
         let mut args = vec![
-            "search", "--index", "idx", &query, "--json", "--top", "5", "--model", &model,
-            "--size", "16",
+            "search", "--index", "idx", query, "--json", "--top", "5", "--model", &model, "--size",
+            "16",
         ];
         args.extend(extra);
         e.run(&args)
     };
+    let search = |extra: &[&str]| search_for(&query, extra);
     let hits = |o: &Output| -> Vec<serde_json::Value> {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
         v[0]["results"].as_array().unwrap().clone()
     };
-    let plain = hits(&search(&[]));
+    let plain = hits(&search(&["--no-recheck"]));
     assert!(plain.iter().all(|h| h.get("inliers").is_none()));
+    // by default the best images are verified (the query registers with itself: no second
+    // search)
+    let o = search(&[]);
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("searched again"));
+    let rechecked = hits(&o);
+    assert_eq!(
+        Some(rechecked[0]["id"].as_str().unwrap()),
+        gallery[0].file_stem().and_then(|s| s.to_str())
+    );
+    assert_eq!(rechecked[0]["inliers"].as_u64(), Some((G * G) as u64));
     let verified = hits(&search(&["--verify", "3"]));
     // the image itself: every patch corresponds in place
     assert_eq!(

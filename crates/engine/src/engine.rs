@@ -3,7 +3,10 @@
 
 use crate::error::{Error, Result};
 use crate::extractor::{split_fingerprint, split_reduction, BackboneRun, Extractor};
-use crate::options::{verified_search_params, VERIFY_CHANCE_SHARE, VERIFY_VIEWS, VERIFY_WEIGHT};
+use crate::options::{
+    verified_search_params, SearchOptions, RECHECK_INLIER_SHARE, RECHECK_TURNS, RECHECK_VERIFY,
+    VERIFY_CHANCE_SHARE, VERIFY_VIEWS, VERIFY_WEIGHT,
+};
 use crate::progress::Progress;
 use crate::recipe::{encode_all, feature_refs};
 use crate::views::QueryViews;
@@ -15,6 +18,7 @@ use craterdex_model::extract::FeatureSet;
 use craterdex_tokens::verify::verified_score;
 use craterdex_tokens::{Descriptors, FeatureRef};
 use serde::Serialize;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -83,6 +87,49 @@ pub struct SearchHit {
     /// The image's row in the index.
     #[serde(skip)]
     pub row: usize,
+}
+
+/// Whether a query's verified hits leave it unsure ([`crate::SearchOptions::recheck`]): its
+/// first hit was verified and gathered fewer than [`RECHECK_INLIER_SHARE`] of the query's
+/// `patches` as inliers. A first hit that could not be verified (no image) gives no reason
+/// to search again.
+pub fn unsure(hits: &[SearchHit], patches: usize) -> bool {
+    hits.first()
+        .and_then(|h| h.inliers)
+        .is_some_and(|n| (n as f32) < RECHECK_INLIER_SHARE * patches as f32)
+}
+
+/// The ids and features of query images in some views ([`Engine::search_rechecked`]): of
+/// the queries named, or of all of them (`None`), unreadable images left out.
+pub type QueryFeatures<'a> =
+    dyn Fn(Option<&HashSet<String>>, QueryViews) -> Result<(Vec<String>, FeatureSet)> + 'a;
+
+/// Replaces the answers of the queries that `given` leaves [`unsure`] (of `patches` patches
+/// each) by what `search_again` answers for them (by query name; a query it does not
+/// answer keeps its own); how many were unsure.
+fn recheck_answers(
+    given: &mut [QueryHits],
+    patches: usize,
+    search_again: &dyn Fn(&HashSet<String>) -> Result<Vec<QueryHits>>,
+) -> Result<usize> {
+    let again: HashSet<String> = given
+        .iter()
+        .filter(|h| unsure(&h.results, patches))
+        .map(|h| h.query.clone())
+        .collect();
+    if again.is_empty() {
+        return Ok(0);
+    }
+    let mut answers: HashMap<String, Vec<SearchHit>> = search_again(&again)?
+        .into_iter()
+        .map(|h| (h.query, h.results))
+        .collect();
+    for h in given.iter_mut() {
+        if let Some(r) = answers.remove(&h.query) {
+            h.results = r;
+        }
+    }
+    Ok(again.len())
 }
 
 /// The search that lists verification's candidates: the `top` best images, views not
@@ -502,19 +549,38 @@ impl Engine {
         scored.into_iter().take(keep).map(|(v, _)| v).collect()
     }
 
-    /// Extracts features of `(id, path)` query images and searches them as `views` and
-    /// `verify` ask ([`crate::SearchOptions`]): in their views
-    /// ([`Engine::search_images_in_views`]), with the best images spatially verified
-    /// ([`Engine::search_features_verified`]; a query in several views through the
-    /// [`VERIFY_VIEWS`] views that match each candidate best), or plainly.
+    /// Extracts features of `(id, path)` query images and searches them as `options` ask
+    /// ([`crate::SearchOptions`]): in their views ([`Engine::search_images_in_views`]), with
+    /// the best images spatially verified ([`Engine::search_features_verified`]; a query in
+    /// several views through the [`VERIFY_VIEWS`] views that match each candidate best),
+    /// rechecked ([`Engine::search_rechecked`]) or plainly; `params` are `options`' own,
+    /// checked by the front end.
     pub fn search_images_as(
         &self,
         items: &[(String, PathBuf)],
         params: &SearchParams,
-        views: QueryViews,
-        verify: usize,
+        options: &SearchOptions,
         progress: &dyn Progress,
     ) -> Result<Vec<QueryHits>> {
+        let (views, verify) = (options.views(), options.verify);
+        if options.rechecks() {
+            let extractor = self.extractor_or_err()?;
+            return self.search_rechecked(
+                &|only, views| match only {
+                    None => extractor.variant_features(items, views, progress),
+                    Some(ids) => {
+                        let some: Vec<(String, PathBuf)> = items
+                            .iter()
+                            .filter(|(id, _)| ids.contains(id))
+                            .cloned()
+                            .collect();
+                        extractor.variant_features(&some, views, progress)
+                    }
+                },
+                params,
+                progress,
+            );
+        }
         match (views.is_plain(), verify > 0) {
             (false, true) => {
                 let (ids, features) = self
@@ -525,6 +591,48 @@ impl Engine {
             (true, true) => self.search_images_verified(items, params, verify, progress),
             _ => self.search_images_in_views(items, params, views, progress),
         }
+    }
+
+    /// Queries searched as given with their [`RECHECK_VERIFY`] best images verified; those
+    /// whose first hit does not register with them ([`unsure`]) searched again in
+    /// [`RECHECK_TURNS`] turns, verified alike ([`crate::SearchOptions::recheck`]). `features`
+    /// gives the queries' ids and features in `views` (the ids asked for, or all of them;
+    /// unreadable images left out). Where verification cannot run (no square patch grid:
+    /// an oriented or multi-scale index) the search is plain.
+    pub fn search_rechecked(
+        &self,
+        features: &QueryFeatures,
+        params: &SearchParams,
+        progress: &dyn Progress,
+    ) -> Result<Vec<QueryHits>> {
+        let (ids, plain) = features(None, QueryViews::PLAIN)?;
+        let Some(side) = craterdex_tokens::verify::grid_side(plain.tokens) else {
+            return Ok(QueryHits::named(
+                &ids,
+                self.search(&self.encode(&plain), params),
+            ));
+        };
+        let views = QueryViews::turned(RECHECK_TURNS);
+        let mut hits = self.search_variants_verified(
+            &ids,
+            &plain,
+            QueryViews::PLAIN,
+            params,
+            RECHECK_VERIFY,
+            progress,
+        )?;
+        let again = recheck_answers(&mut hits, side * side, &|again| {
+            let (ids, turned) = features(Some(again), views)?;
+            self.search_variants_verified(&ids, &turned, views, params, RECHECK_VERIFY, progress)
+        })?;
+        if again > 0 {
+            progress.note(&format!(
+                "{again} of {} queries did not register with their first hit: searched again \
+                 in {RECHECK_TURNS} turns",
+                hits.len()
+            ));
+        }
+        Ok(hits)
     }
 
     /// [`Engine::search_images`] with each query's `top` best images spatially verified
@@ -655,20 +763,38 @@ impl Engine {
     }
 
     /// Ranked hits for decoded query images named `ids` (arrays handed over from Python, an
-    /// upload), searched as `views` and `verify` ask ([`Engine::search_images_as`]).
+    /// upload), searched as `options` ask ([`Engine::search_images_as`]).
     pub fn search_decoded(
         &self,
         ids: &[String],
         images: &[image::DynamicImage],
         params: &SearchParams,
-        views: QueryViews,
-        verify: usize,
+        options: &SearchOptions,
         progress: &dyn Progress,
     ) -> Result<Vec<QueryHits>> {
         ensure!(
             ids.len() == images.len(),
             Error::Invalid(format!("{} ids for {} images", ids.len(), images.len()))
         );
+        let (views, verify) = (options.views(), options.verify);
+        if options.rechecks() {
+            return self.search_rechecked(
+                &|only, views| {
+                    let (ids, images): (Vec<String>, Vec<image::DynamicImage>) = ids
+                        .iter()
+                        .zip(images)
+                        .filter(|(id, _)| only.is_none_or(|o| o.contains(*id)))
+                        .map(|(id, im)| (id.clone(), im.clone()))
+                        .unzip();
+                    Ok((
+                        ids.clone(),
+                        self.decoded_variant_features(&ids, &images, views)?,
+                    ))
+                },
+                params,
+                progress,
+            );
+        }
         if verify > 0 {
             let variants = self.decoded_variant_features(ids, images, views)?;
             return self.search_variants_verified(ids, &variants, views, params, verify, progress);
@@ -899,4 +1025,67 @@ struct QueryInViews<'a> {
 /// `image` turned by `angle` radians about its centre (image axes, x right and y down).
 fn turned(image: &image::DynamicImage, angle: f32) -> image::DynamicImage {
     image::DynamicImage::ImageRgb32F(craterdex_model::preprocess::turn(&image.to_rgb32f(), angle))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hit(id: &str, inliers: Option<usize>) -> SearchHit {
+        SearchHit {
+            rank: 1,
+            id: id.into(),
+            crater_id: None,
+            score: 0.5,
+            stage1: None,
+            stage2: None,
+            inliers,
+            meta: ImageMeta {
+                id: id.into(),
+                ..Default::default()
+            },
+            row: 0,
+        }
+    }
+
+    fn answer(query: &str, first: SearchHit) -> QueryHits {
+        QueryHits {
+            query: query.into(),
+            results: vec![first],
+        }
+    }
+
+    #[test]
+    fn a_query_whose_first_hit_does_not_register_is_answered_again() {
+        let patches = 256;
+        let least = (RECHECK_INLIER_SHARE * patches as f32).ceil() as usize;
+        assert!(!unsure(&[hit("a", Some(least))], patches));
+        assert!(unsure(&[hit("a", Some(least - 1))], patches));
+        // nothing verified, or nothing found: no reason to search again
+        assert!(!unsure(&[hit("a", None)], patches));
+        assert!(!unsure(&[], patches));
+        let mut given = vec![
+            answer("registers", hit("x", Some(200))),
+            answer("turned", hit("wrong", Some(20))),
+            answer("no image", hit("y", None)),
+            answer("turned too", hit("wrong", Some(3))),
+        ];
+        let asked = std::sync::Mutex::new(Vec::new());
+        let again = recheck_answers(&mut given, patches, &|ids| {
+            let mut ids: Vec<String> = ids.iter().cloned().collect();
+            ids.sort();
+            asked.lock().unwrap().extend(ids.clone());
+            // the second search answers one of the two (the other's image was unreadable)
+            Ok(vec![answer("turned", hit("right", Some(150)))])
+        })
+        .unwrap();
+        assert_eq!(again, 2);
+        assert_eq!(*asked.lock().unwrap(), ["turned", "turned too"]);
+        let firsts: Vec<&str> = given.iter().map(|h| h.results[0].id.as_str()).collect();
+        assert_eq!(firsts, ["x", "right", "y", "wrong"]);
+        // every query registering: no second search at all
+        let mut sure = vec![answer("registers", hit("x", Some(200)))];
+        let none = recheck_answers(&mut sure, patches, &|_| panic!("searched again")).unwrap();
+        assert_eq!(none, 0);
+    }
 }

@@ -26,14 +26,15 @@ mod test_images;
 mod views;
 
 pub use build::{Entries, LearnFrom};
-pub use engine::{Engine, PatchGrid, PatchGrids, QueryHits, SearchHit};
+pub use engine::{unsure, Engine, PatchGrid, PatchGrids, QueryHits, SearchHit};
 pub use error::{Error, Result};
 pub use extractor::Extractor;
 pub use info::{IndexInfo, IvfInfo};
 pub use options::{
     default_precision, verified_search_params, Defaults, ModelOptions, RecipeOptions, SearchLimits,
     SearchOptions, Whitening, DEFAULT_PRECISION_WHY, MAX_TURNS, MAX_VERIFY, OPPOSITE_SUN_MARGIN,
-    TURN_MARGIN, VERIFY_CHANCE_SHARE, VERIFY_SHORTLIST, VERIFY_VIEWS, VERIFY_WEIGHT,
+    RECHECK_INLIER_SHARE, RECHECK_TURNS, RECHECK_VERIFY, TURN_MARGIN, VERIFY_CHANCE_SHARE,
+    VERIFY_SHORTLIST, VERIFY_VIEWS, VERIFY_WEIGHT,
 };
 pub use plan::{learn_rows, learn_sample, BuildPlan, LEARN_SAMPLE_IMAGES};
 pub use progress::{Progress, Silent};

@@ -279,7 +279,31 @@ pub struct SearchOptions {
     /// search reranks a shortlist of at least [`VERIFY_SHORTLIST`].
     #[cfg_attr(feature = "openapi", param(minimum = 0, maximum = 100, default = 0))]
     pub verify: usize,
+    /// For a query image searched as given (`turns` 1, `verify` 0, the defaults): verify its
+    /// [`RECHECK_VERIFY`] best images, and where the first of them does not register with the
+    /// query (fewer than [`RECHECK_INLIER_SHARE`] of its patches as inliers under one
+    /// similarity transform, as when the query is turned, mirrored or under another sun)
+    /// search it again as at an unknown heading (`turns` [`RECHECK_TURNS`], `verify`
+    /// [`RECHECK_VERIFY`]). A query that registers costs one forward pass, as before; one
+    /// searched again 2 x [`RECHECK_TURNS`] more. Needs the query image and the candidates'
+    /// images; without them, or with other `turns` or `verify`, the search is as asked.
+    #[cfg_attr(feature = "openapi", param(default = true))]
+    pub recheck: bool,
 }
+
+/// Images verified per query by a search that rechecks ([`SearchOptions::recheck`]), first as
+/// given and, where the query is searched again, in its turned views: 50, the advice for
+/// queries at an unknown heading (docs/results.md, "Turned and verified").
+pub const RECHECK_VERIFY: usize = 50;
+
+/// Turns of a query searched again ([`SearchOptions::recheck`]): 12, every 30 degrees.
+pub const RECHECK_TURNS: usize = 12;
+
+/// The share of a query's patches that its verified first hit must gather as inliers for a
+/// search to keep the answer as given ([`SearchOptions::recheck`]). On the NAC benchmark the
+/// upright queries' verified first hits gathered 87-155 inliers of 256 (every one right),
+/// turned queries' mostly fewer than 62 (docs/results.md, "Rechecked by default").
+pub const RECHECK_INLIER_SHARE: f32 = 0.3;
 
 /// How much lower than the query as given its turned and mirrored views count in a turned
 /// search: on the Mars and NAC benchmarks (12 turns), 0.05 kept upright queries within
@@ -336,6 +360,7 @@ impl Default for SearchOptions {
             turns: 1,
             opposite_sun: false,
             verify: 0,
+            recheck: true,
         }
     }
 }
@@ -365,6 +390,12 @@ impl SearchOptions {
             turns: self.turns,
             opposite_sun: self.opposite_sun,
         }
+    }
+
+    /// Whether a search of a query image with these options rechecks its answer
+    /// ([`SearchOptions::recheck`]): asked, and no turns or verification asked instead.
+    pub fn rechecks(&self) -> bool {
+        self.recheck && self.views().is_plain() && self.verify == 0
     }
 
     /// The search these options ask for, checked against `limits`.
@@ -468,6 +499,23 @@ mod tests {
             (p.top_k, p.shortlist, p.mode, p.group_views),
             (10, 100, Mode::TwoStage, true)
         );
+        // a query image is rechecked unless told otherwise or given turns or verification
+        let o = SearchOptions::default();
+        assert!(o.rechecks());
+        for asked in [
+            SearchOptions {
+                recheck: false,
+                ..o
+            },
+            SearchOptions { turns: 12, ..o },
+            SearchOptions {
+                opposite_sun: true,
+                ..o
+            },
+            SearchOptions { verify: 20, ..o },
+        ] {
+            assert!(!asked.rechecks(), "{asked:?}");
+        }
     }
 
     #[test]

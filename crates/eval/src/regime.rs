@@ -86,6 +86,9 @@ pub struct RegimeId {
     pub views: QueryViews,
     /// The first N hits spatially verified (`craterdex search --verify N`).
     pub verify: Option<usize>,
+    /// Rechecked as `craterdex search` searches query images by default: verified, and
+    /// searched again in turns where the first hit does not register (`_recheck`).
+    pub recheck: bool,
 }
 
 impl RegimeId {
@@ -100,6 +103,7 @@ impl RegimeId {
             grouped: false,
             views: QueryViews::PLAIN,
             verify: None,
+            recheck: false,
         }
     }
 
@@ -195,6 +199,9 @@ impl std::fmt::Display for RegimeId {
         if let Some(n) = self.verify {
             write!(f, "_verify{n}")?;
         }
+        if self.recheck {
+            f.write_str("_recheck")?;
+        }
         Ok(())
     }
 }
@@ -232,6 +239,7 @@ impl std::str::FromStr for RegimeId {
     fn from_str(name: &str) -> Result<Self, Invalid> {
         let bad = || Invalid(format!("{name:?} is not a regime name"));
         let mut rest = name;
+        let recheck = take_suffix(&mut rest, "_recheck");
         let verify = take_numbered(&mut rest, "_verify").ok_or_else(bad)?;
         let opposite_sun = take_suffix(&mut rest, "_oppsun");
         let turns = take_numbered(&mut rest, "_turns").ok_or_else(bad)?;
@@ -290,6 +298,7 @@ impl std::str::FromStr for RegimeId {
                 opposite_sun,
             },
             verify,
+            recheck,
         })
     }
 }
@@ -327,6 +336,7 @@ mod tests {
             "two_stage_s100_k32_int8_pairwhite_grouped_turns12_oppsun_verify20",
             "two_stage_s100_k32_int8_pairwhite_grouped_verify10",
             "two_stage_s100_k32_int8_pairwhite_verify5",
+            "two_stage_s100_k32_int8_pairwhite_grouped_recheck",
         ] {
             let id: RegimeId = name.parse().unwrap();
             assert_eq!(id.to_string(), name);
@@ -349,6 +359,10 @@ mod tests {
         );
         assert!(verified.grouped);
         assert!("cls_verifyX".parse::<RegimeId>().is_err());
+        let rechecked: RegimeId = "two_stage_s100_k32_int8_pairwhite_grouped_recheck"
+            .parse()
+            .unwrap();
+        assert!(rechecked.recheck && rechecked.grouped && rechecked.verify.is_none());
         let relit: RegimeId = "two_stage_s100_k32_int8_pairwhite_grouped_turns12_oppsun_verify20"
             .parse()
             .unwrap();

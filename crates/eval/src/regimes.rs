@@ -19,9 +19,9 @@ use crate::error::Result;
 use crate::metrics::{evaluate_ranking, shortlist_recall, summarise, QueryResult, Summary};
 pub use crate::regime::{Family, RegimeId, Tokens, Whiten};
 use craterdex_engine::{
-    encode_all, Aggregation, Codec, Descriptors, Encoder, Engine, FeatureSet, ImageMeta,
+    encode_all, unsure, Aggregation, Codec, Descriptors, Encoder, Engine, FeatureSet, ImageMeta,
     IndexRecipe, IvfSetting, Mode, PatchGrid, PatchGrids, Pooling, QueryViews, Recipe, SearchHit,
-    SearchParams, SeedStrategy,
+    SearchParams, SeedStrategy, RECHECK_TURNS, RECHECK_VERIFY,
 };
 use craterdex_tokens::whitening::DEFAULT_REGULARISATION;
 use craterdex_tokens::DEFAULT_PAIR_BLEND;
@@ -49,6 +49,11 @@ pub struct EvalOptions {
     /// hits spatially verified (`craterdex search --verify`), as `..._verifyN` (views
     /// grouped and not).
     pub verify: usize,
+    /// The shipped recipe also rechecked as `craterdex search` does by default
+    /// ([`craterdex_engine::SearchOptions::recheck`]), as `..._grouped_recheck`: made of its
+    /// `_grouped_verifyN` and `_grouped_turnsT_verifyN` searches, which need `verify` and
+    /// `views` to be the engine's [`RECHECK_VERIFY`] and [`RECHECK_TURNS`].
+    pub recheck: bool,
 }
 
 impl Default for EvalOptions {
@@ -70,6 +75,7 @@ impl Default for EvalOptions {
             seed: 0,
             views: QueryViews::PLAIN,
             verify: 0,
+            recheck: false,
         }
     }
 }
@@ -105,6 +111,9 @@ pub struct RegimeResult {
     /// Milliseconds per query, one query at a time for its 10 best (the mean over up to
     /// [`TIMED_QUERIES`] queries, on this machine's threads and kernel level).
     pub query_ms: f64,
+    /// The share of queries a rechecked regime searched again in turns.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub searched_again: Option<f64>,
     #[serde(skip)]
     pub per_query: Vec<QueryResult>,
     /// The 10 best gallery positions per query.
@@ -368,6 +377,16 @@ pub fn run(
                     .collect(),
                 _ => Vec::new(),
             };
+            // the verified searches a rechecked regime is made of: as given, in turns
+            let mut parts: [Option<(Vec<Vec<SearchHit>>, f64)>; 2] = [None, None];
+            let part_of = |s: &Search| {
+                let rechecks = o.recheck
+                    && s.params.group_views
+                    && s.verify == Some(RECHECK_VERIFY)
+                    && (!s.in_views || o.views == QueryViews::turned(RECHECK_TURNS));
+                rechecks.then_some(usize::from(s.in_views))
+            };
+            let mut last: Option<Search> = None;
             for (i, s) in searches.into_iter().enumerate() {
                 if i > 0 {
                     progress(&s.id.to_string());
@@ -418,18 +437,60 @@ pub fn run(
                             .collect();
                         shortlist_recall(&reranked, s.params.shortlist)
                     });
+                let bytes_per_image = engine.index().token_bytes_per_image()
+                    + if s.params.mode == Mode::Exhaustive {
+                        0
+                    } else {
+                        engine.index().single_dim() * 4
+                    };
+                let ms = query_ms(&engine, &these, &s.params);
+                if let Some(part) = part_of(&s) {
+                    parts[part] = Some((hits, ms));
+                }
                 out.push(RegimeResult {
                     id: s.id,
                     summary: summarise(&per_query),
                     k: s.k,
-                    bytes_per_image: engine.index().token_bytes_per_image()
-                        + if s.params.mode == Mode::Exhaustive {
-                            0
-                        } else {
-                            engine.index().single_dim() * 4
-                        },
+                    bytes_per_image,
                     shortlist_recall,
-                    query_ms: query_ms(&engine, &these, &s.params),
+                    query_ms: ms,
+                    searched_again: None,
+                    per_query,
+                    top,
+                });
+                last = Some(s);
+            }
+            if let ([Some((given, given_ms)), Some((turned, turned_ms))], Some(s)) = (parts, last) {
+                progress("recheck");
+                let patches = input.queries.tokens;
+                let again: Vec<bool> = given.iter().map(|h| unsure(h, patches)).collect();
+                let rankings: Vec<Vec<usize>> = given
+                    .iter()
+                    .zip(&turned)
+                    .zip(&again)
+                    .map(|((g, t), &again)| {
+                        let h = if again { t } else { g };
+                        h.iter().map(|h| positions[h.id.as_str()]).collect()
+                    })
+                    .collect();
+                let (per_query, top) = results_of(&rankings, input);
+                let share = again.iter().filter(|&&a| a).count() as f64 / again.len().max(1) as f64;
+                let mut id = RegimeId {
+                    views: QueryViews::PLAIN,
+                    verify: None,
+                    recheck: true,
+                    ..s.id
+                };
+                id.grouped = true;
+                out.push(RegimeResult {
+                    id,
+                    summary: summarise(&per_query),
+                    k: s.k,
+                    bytes_per_image: out.last().map_or(0, |r| r.bytes_per_image),
+                    shortlist_recall: None,
+                    // as given for every query, in turns for the share searched again
+                    query_ms: given_ms + share * turned_ms,
+                    searched_again: Some(share),
                     per_query,
                     top,
                 });
@@ -785,6 +846,15 @@ pub fn table(results: &[RegimeResult]) -> String {
                 .unwrap_or_default(),
             r.query_ms
         ));
+    }
+    for r in results {
+        if let Some(share) = r.searched_again {
+            s.push_str(&format!(
+                "{}: {:.1}% of the queries searched again in turns\n",
+                r.id,
+                100.0 * share
+            ));
+        }
     }
     s
 }

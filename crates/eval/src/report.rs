@@ -724,6 +724,7 @@ mod tests {
             bytes_per_image: k.unwrap_or(1) * 1536,
             shortlist_recall: None,
             query_ms: 1.0,
+            searched_again: None,
             per_query: vec![],
             top: vec![],
         }

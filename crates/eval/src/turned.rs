@@ -160,6 +160,7 @@ mod tests {
             bytes_per_image: 0,
             shortlist_recall: None,
             query_ms: 0.0,
+            searched_again: None,
             per_query: per_query
                 .into_iter()
                 .map(|(query, ap, rank)| QueryResult {

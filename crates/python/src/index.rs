@@ -9,8 +9,8 @@ use crate::convert::{
 use crate::failure::{invalid, no_model, Fallible, OrPy};
 use crate::model::PyModel;
 use craterdex_engine::{
-    Engine, Entries, FeatureSet, ImageMeta, LearnFrom, MergePolicy, QueryViews, RecipeOptions,
-    SearchOptions, SearchParams, SharedEngine, Silent,
+    Engine, Entries, FeatureSet, ImageMeta, LearnFrom, MergePolicy, RecipeOptions, SearchOptions,
+    SearchParams, SharedEngine, Silent,
 };
 use craterdex_workflows::{DedupOptions, Frames, LinkOptions, LinkRule, Neighbours};
 use numpy::{IntoPyArray, PyArrayMethods};
@@ -69,8 +69,8 @@ impl PyIndex {
         Ok(py.detach(move || x.extract(&items, "entries", &Silent))?)
     }
 
-    /// A search of query images in several views (turned, mirrored, under the opposite sun)
-    /// or with the best images verified (`verify` > 0): paths or numpy images.
+    /// A search of query images in several views (turned, mirrored, under the opposite sun),
+    /// with the best images verified (`verify` > 0) or rechecked: paths or numpy images.
     #[allow(clippy::too_many_arguments)]
     fn search_images_json(
         &self,
@@ -81,8 +81,7 @@ impl PyIndex {
         paths: Option<Vec<PathBuf>>,
         features: Option<FeatureArrays<'_>>,
         params: &SearchParams,
-        views: QueryViews,
-        verify: usize,
+        options: &SearchOptions,
     ) -> PyResult<String> {
         let hits = match (images, paths, features) {
             (_, _, Some(_)) => Err(invalid(
@@ -95,12 +94,12 @@ impl PyIndex {
                     .map(|(i, a)| array_image(a, i))
                     .collect::<Fallible<Vec<_>>>()
                     .py_err()?;
-                py.detach(|| engine.search_decoded(&ids, &decoded, params, views, verify, &Silent))
+                py.detach(|| engine.search_decoded(&ids, &decoded, params, options, &Silent))
                     .map_err(Into::into)
             }
             (None, Some(paths), None) => {
                 let items: Vec<(String, PathBuf)> = ids.into_iter().zip(paths).collect();
-                py.detach(|| engine.search_images_as(&items, params, views, verify, &Silent))
+                py.detach(|| engine.search_images_as(&items, params, options, &Silent))
                     .map_err(Into::into)
             }
             _ => Err(invalid("give images (numpy arrays) or paths")),
@@ -300,18 +299,10 @@ impl PyIndex {
         let options: SearchOptions = options_from_json("search options", options_json).py_err()?;
         let params = options.params(&Default::default()).py_err()?;
         let engine = self.engine.snapshot();
-        if !options.views().is_plain() || (options.verify > 0 && features.is_none()) {
-            return self.search_images_json(
-                py,
-                &engine,
-                ids,
-                images,
-                paths,
-                features,
-                &params,
-                options.views(),
-                options.verify,
-            );
+        let image_search = options.verify > 0 || options.rechecks();
+        if !options.views().is_plain() || (image_search && features.is_none()) {
+            return self
+                .search_images_json(py, &engine, ids, images, paths, features, &params, &options);
         }
         let feats = match features {
             Some((cls, patches, attention)) => {

@@ -185,11 +185,17 @@ def test_a_search_under_the_opposite_sun_finds_crops_lit_from_the_other_side(tin
 
 def test_a_verified_search_counts_inliers_and_finds_the_image_itself(tiny, crops, tmp_path):
     idx = craterdex.Index.build(tmp_path / "i", crops.iloc[:12], model=tiny)
-    assert craterdex.DEFAULTS["engine"]["search"]["verify"] == 0  # a plain search by default
+    search_defaults = craterdex.DEFAULTS["engine"]["search"]
+    assert search_defaults["verify"] == 0 and search_defaults["recheck"]
     path = crops["path"][0]
-    assert idx.search(paths=[path], top_k=3)["inliers"].isna().all()
+    assert idx.search(paths=[path], top_k=3, recheck=False)["inliers"].isna().all()
     f = tiny.extract([path])
     patches = f["patches"].shape[1]
+    # by default a query image is rechecked: its best images verified, the image itself first
+    # with every patch in place (so not searched again); posted features are searched as given
+    rechecked = idx.search(paths=[path], top_k=3)
+    assert rechecked["id"][0] == crops["id"][0] and rechecked["inliers"][0] == patches
+    assert idx.search(features=f, top_k=3)["inliers"].isna().all()
     array = np.asarray(Image.open(path))
     for hits in (idx.search(paths=[path], top_k=3, verify=3),
                  idx.search([array], ids=["a"], top_k=3, verify=3),

@@ -111,7 +111,9 @@ def test_the_cluster_answers_as_the_whole_index(cluster, crops, tiny):
     for path in crops["path"][:6]:
         status, got = search_image(path)
         assert status == 200 and got["partial"] is False and got["missing_shards"] == [], got
-        want = whole.search(paths=[path], top_k=5, shortlist=1000)
+        # a cluster searches a query image as given, not rechecked (the candidates' images
+        # are each shard's)
+        want = whole.search(paths=[path], top_k=5, shortlist=1000, recheck=False)
         assert [h["id"] for h in got["results"]] == list(want["id"])
         np.testing.assert_allclose([h["score"] for h in got["results"]], want["score"], atol=1e-5)
         assert [h["rank"] for h in got["results"]] == [1, 2, 3, 4, 5]
@@ -153,7 +155,7 @@ def test_the_cluster_answers_the_rest_of_craterdex_serves_api(cluster, crops, ti
     assert search_image(path, "opposite_sun=true")[0] == 400
     assert search_image(path, "verify=3")[0] == 400
     image_params = doc["paths"]["/v1/search/image"]["post"]["parameters"]
-    assert not {"turns", "opposite_sun", "verify"} & {p["name"] for p in image_params}
+    assert not {"turns", "opposite_sun", "verify", "recheck"} & {p["name"] for p in image_params}
     assert search_image(path, "mode=exhaustive&top_k=3")[1]["params"] == {"mode": "exhaustive", "top_k": 3,
                                                                            "shortlist": None}
     # an indexed image: its metadata, thumbnail and similar images, from whichever shard holds it

@@ -152,7 +152,8 @@ pub struct SearchEcho {
 /// Milliseconds per step.
 #[derive(Serialize, ToSchema)]
 pub struct Timing {
-    /// The forward pass of an uploaded image.
+    /// The forward pass of an uploaded image (left out where a rechecked search interleaves
+    /// extraction with search: all of it counts as search).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub features: Option<f64>,
     /// Encoding posted features into descriptors.

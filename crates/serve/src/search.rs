@@ -165,7 +165,13 @@ pub async fn search_image(
         let t = Instant::now();
         let up = decode(&svc2, bytes)?;
         // the candidates' forward passes of a verified search count as search time
-        let (hits, features, search) = if o.verify > 0 {
+        let (hits, features, search) = if o.rechecks() {
+            // extraction and search interleave (a query searched again is extracted again)
+            let ids = ["query".to_string()];
+            let images = std::slice::from_ref(&up.image);
+            let hits = engine.search_decoded(&ids, images, &p, &o, &Silent)?;
+            (first_named(hits), None, ms(t))
+        } else if o.verify > 0 {
             let ids = ["query".to_string()];
             let variants = engine.decoded_variant_features(
                 &ids,
@@ -182,16 +188,16 @@ pub async fn search_image(
                 o.verify,
                 &Silent,
             )?;
-            (first_named(hits), features, ms(t))
+            (first_named(hits), Some(features), ms(t))
         } else {
             let variants = engine.encode_image_variants(&up.image, o.views())?;
             let features = ms(t);
             let t = Instant::now();
             let hits = first(engine.search_views(&[variants], o.views(), &p));
-            (hits, features, ms(t))
+            (hits, Some(features), ms(t))
         };
         let timing = Timing {
-            features: Some(features),
+            features,
             encode: None,
             search,
         };

@@ -258,6 +258,21 @@ async fn searches_find_the_image_itself_by_upload_features_and_id() {
     assert!(first["stage2"].as_f64().unwrap() > 0.99);
     assert_eq!(first["crater_id"], "crater-1");
     assert_eq!(first["meta"]["lat"], 13.0);
+    // rechecked by default: the best images verified, the image itself with every patch in
+    // place (so not searched again; extraction and search timed as one); recheck=false
+    // searches as given
+    let patches = features(&vit, &f.images[3]).attention.len() as u64;
+    assert_eq!(first["inliers"].as_u64(), Some(patches), "{v}");
+    assert!(v["timing_ms"].get("features").is_none(), "{v}");
+    let (s, v) = call_json(
+        &svc,
+        upload("/v1/search/image?top_k=5&recheck=false", &f.images[3]),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(top_ids(&v)[0], "c03");
+    assert!(v["results"][0].get("inliers").is_none(), "{v}");
+    assert!(v["timing_ms"]["features"].is_f64(), "{v}");
 
     // Turned by a quarter and mirrored, it is found through the variant that undoes that,
     // scored the turn margin below its late-interaction score; posted features cannot turn.
@@ -303,7 +318,6 @@ async fn searches_find_the_image_itself_by_upload_features_and_id() {
 
     // Verified (by image or by posted features), the image itself comes first with every
     // patch in place; a search by id cannot verify.
-    let patches = features(&vit, &f.images[3]).attention.len() as u64;
     let by_features = Request::post("/v1/search/features?top_k=3&verify=3")
         .body(Body::from(features_json(&vit, &f.images[3], false)))
         .unwrap();
@@ -410,7 +424,7 @@ async fn searches_find_the_image_itself_by_upload_features_and_id() {
     assert_eq!(s, StatusCode::OK);
     assert_eq!(v["images"], N);
     assert_eq!(v["tokens_per_image"], 4);
-    assert_eq!(v["requests"]["image_searches"], 5); // two verified, one relit
+    assert_eq!(v["requests"]["image_searches"], 6); // two verified, one relit, one not rechecked
     assert_eq!(v["requests"]["searches"], 6); // one verified
     assert_eq!(v["writes_enabled"], false);
 }

@@ -47,6 +47,12 @@ pub struct EvalCmd {
     /// verification but not extraction.
     #[arg(long, default_value_t = 0, value_name = "N")]
     verify: usize,
+    /// Also run the shipped recipe rechecked, as `craterdex search` searches query images by
+    /// default: each query verified, and searched again in 12 turns where its first hit does
+    /// not register with it, as `..._grouped_recheck`. Runs the regimes it is made of too
+    /// (`--query-turns 12 --verify 50`).
+    #[arg(long)]
+    recheck: bool,
     #[command(flatten)]
     model: ModelOpts,
 }
@@ -90,13 +96,25 @@ impl Drop for RegimeProgress {
     }
 }
 
-pub fn run(c: EvalCmd) -> Result<()> {
+pub fn run(mut c: EvalCmd) -> Result<()> {
+    if c.recheck {
+        use craterdex_engine::{RECHECK_TURNS, RECHECK_VERIFY};
+        if ![1, RECHECK_TURNS].contains(&c.query_turns) || ![0, RECHECK_VERIFY].contains(&c.verify)
+        {
+            anyhow::bail!(
+                "--recheck runs --query-turns {RECHECK_TURNS} --verify {RECHECK_VERIFY}, as \
+                 search rechecks; leave them out or give those"
+            );
+        }
+        (c.query_turns, c.verify) = (RECHECK_TURNS, RECHECK_VERIFY);
+    }
     let o = craterdex_eval::regimes::EvalOptions {
         views: craterdex_engine::QueryViews {
             turns: c.query_turns,
             opposite_sun: c.opposite_sun,
         },
         verify: c.verify,
+        recheck: c.recheck,
         ..run::eval_options(c.quick)
     };
     if !(1..=craterdex_engine::MAX_TURNS).contains(&o.views.turns) {
@@ -126,6 +144,7 @@ pub fn run(c: EvalCmd) -> Result<()> {
         "query_turns": c.query_turns,
         "opposite_sun": c.opposite_sun,
         "verify": c.verify,
+        "recheck": c.recheck,
         "model": extractor.fingerprint(),
     });
     run::write_outputs(

@@ -61,9 +61,7 @@ pub fn run(c: SearchCmd) -> Result<()> {
     let (results, ms) = match (&c.index, &c.shards) {
         (Some(index), _) => {
             let engine = Engine::open(index, Some(extractor))?;
-            timed(&|| {
-                engine.search_images_as(&items, &params, options.views(), options.verify, &bars)
-            })?
+            timed(&|| engine.search_images_as(&items, &params, &options, &bars))?
         }
         (None, Some(_)) if options.verify > 0 => {
             bail!("--verify is not supported with --shards yet: search one shard index at a time")
@@ -75,6 +73,11 @@ pub fn run(c: SearchCmd) -> Result<()> {
             )
         }
         (None, Some(set)) => {
+            if options.rechecks() {
+                eprintln!(
+                    "note: a search of shards is not rechecked yet: queries searched as given"
+                );
+            }
             let engine = ShardedEngine::open(set, Some(extractor))?;
             timed(&|| engine.search_images(&items, &params, &bars))?
         }

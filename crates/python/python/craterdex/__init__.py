@@ -429,6 +429,7 @@ class Index:
         turns: int = _SEARCH["turns"],
         opposite_sun: bool = _SEARCH["opposite_sun"],
         verify: int = _SEARCH["verify"],
+        recheck: bool = _SEARCH["recheck"],
     ) -> pd.DataFrame:
         """Ranked hits for query images (numpy arrays or ``paths``) or ``features``.
 
@@ -447,14 +448,19 @@ class Index:
         good choice, 50 with ``turns``; 0 is off; a verified search reranks a shortlist of
         at least 400); their images are read where the index recorded them and run through
         the model (with ``turns``, each is verified against the 3 turned views that match it
-        best). ``ids`` name the queries (with ``features``, in place of the
+        best). ``recheck`` (images or paths, without ``turns`` or ``verify``; on by
+        default): the 50 best images are verified and a query whose first hit does not
+        register with it (under 30% of its patches as inliers: turned, mirrored, another sun)
+        is searched again with ``turns=12, verify=50``; False searches every query only as
+        given. ``ids`` name the queries (with ``features``, in place of the
         ids they were extracted with). Returns one row per hit: ``query``, ``rank``, ``id``,
         ``crater_id``, ``score``, ``stage1``, ``stage2``, ``inliers`` (verified hits only)
         and the hit's metadata columns.
         """
         kw = dict(options_json=json.dumps(dict(top_k=top_k, mode=mode, shortlist=shortlist, nprobe=nprobe,
                                                group_views=group_views, turns=turns,
-                                               opposite_sun=opposite_sun, verify=verify)))
+                                               opposite_sun=opposite_sun, verify=verify,
+                                               recheck=recheck)))
         if features is not None:
             fids, (c, p, a) = _features_args(features)
             if ids is not None:

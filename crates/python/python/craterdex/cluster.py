@@ -188,6 +188,8 @@ def _search_options(request: Request) -> Dict[str, Any]:
     if opts.get("verify", 0) > 0:
         # verification reads the candidates' images, which each shard's server holds
         raise _Refused(400, "verify is not supported on a cluster yet: search one craterdex serve")
+    # rechecking verifies against the candidates' images too: a cluster searches as given
+    opts["recheck"] = False
     return opts
 
 
@@ -263,7 +265,7 @@ class Router:
             for op in item.values():
                 if isinstance(op, dict) and "parameters" in op:
                     op["parameters"] = [p for p in op["parameters"]
-                                        if p.get("name") not in ("turns", "opposite_sun", "verify")]
+                                        if p.get("name") not in ("turns", "opposite_sun", "verify", "recheck")]
         self.document = doc
 
     async def _call(self, handle: Any, method: str, *args) -> Any:
