@@ -236,9 +236,10 @@ pub struct SearchOpts {
     pub verify: usize,
     /// Search every query image only as given. By default (without --turns or --verify) each
     /// query's 50 best images are verified spatially, and a query whose first hit does not
-    /// register with it (fewer than 30% of its patches as inliers: turned, mirrored, another
+    /// register with it (fewer than 40% of its patches as inliers: turned, mirrored, another
     /// sun) is searched again with --turns 12 --verify 50 (24 more forward passes for that
-    /// query). Measured: docs/results.md, "Rechecked by default".
+    /// query), the better registered answer kept. Measured: docs/results.md, "Rechecked by
+    /// default".
     #[arg(long)]
     pub no_recheck: bool,
 }

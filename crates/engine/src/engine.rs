@@ -99,14 +99,23 @@ pub fn unsure(hits: &[SearchHit], patches: usize) -> bool {
         .is_some_and(|n| (n as f32) < RECHECK_INLIER_SHARE * patches as f32)
 }
 
+/// Whether a query searched again keeps its new answer ([`crate::SearchOptions::recheck`]):
+/// when the new first hit registers with it at least as well (as many inliers) as the first
+/// hit of the search as given. An upright query searched again can meet a look-alike through
+/// a turned view; its own answer then stands.
+pub fn registers_better(again: &[SearchHit], given: &[SearchHit]) -> bool {
+    let inliers = |hits: &[SearchHit]| hits.first().and_then(|h| h.inliers).unwrap_or(0);
+    inliers(again) >= inliers(given)
+}
+
 /// The ids and features of query images in some views ([`Engine::search_rechecked`]): of
 /// the queries named, or of all of them (`None`), unreadable images left out.
 pub type QueryFeatures<'a> =
     dyn Fn(Option<&HashSet<String>>, QueryViews) -> Result<(Vec<String>, FeatureSet)> + 'a;
 
 /// Replaces the answers of the queries that `given` leaves [`unsure`] (of `patches` patches
-/// each) by what `search_again` answers for them (by query name; a query it does not
-/// answer keeps its own); how many were unsure.
+/// each) by what `search_again` answers for them where that [`registers_better`] (by query
+/// name; a query it does not answer keeps its own); how many were unsure.
 fn recheck_answers(
     given: &mut [QueryHits],
     patches: usize,
@@ -126,7 +135,9 @@ fn recheck_answers(
         .collect();
     for h in given.iter_mut() {
         if let Some(r) = answers.remove(&h.query) {
-            h.results = r;
+            if registers_better(&r, &h.results) {
+                h.results = r;
+            }
         }
     }
     Ok(again.len())
@@ -1069,20 +1080,28 @@ mod tests {
             answer("turned", hit("wrong", Some(20))),
             answer("no image", hit("y", None)),
             answer("turned too", hit("wrong", Some(3))),
+            answer("upright, unsure", hit("own", Some(60))),
         ];
         let asked = std::sync::Mutex::new(Vec::new());
         let again = recheck_answers(&mut given, patches, &|ids| {
             let mut ids: Vec<String> = ids.iter().cloned().collect();
             ids.sort();
             asked.lock().unwrap().extend(ids.clone());
-            // the second search answers one of the two (the other's image was unreadable)
-            Ok(vec![answer("turned", hit("right", Some(150)))])
+            // the second search answers two of the three (one image was unreadable), one
+            // through a look-alike that registers worse than the answer as given
+            Ok(vec![
+                answer("turned", hit("right", Some(150))),
+                answer("upright, unsure", hit("look-alike", Some(40))),
+            ])
         })
         .unwrap();
-        assert_eq!(again, 2);
-        assert_eq!(*asked.lock().unwrap(), ["turned", "turned too"]);
+        assert_eq!(again, 3);
+        assert_eq!(
+            *asked.lock().unwrap(),
+            ["turned", "turned too", "upright, unsure"]
+        );
         let firsts: Vec<&str> = given.iter().map(|h| h.results[0].id.as_str()).collect();
-        assert_eq!(firsts, ["x", "right", "y", "wrong"]);
+        assert_eq!(firsts, ["x", "right", "y", "wrong", "own"]);
         // every query registering: no second search at all
         let mut sure = vec![answer("registers", hit("x", Some(200)))];
         let none = recheck_answers(&mut sure, patches, &|_| panic!("searched again")).unwrap();

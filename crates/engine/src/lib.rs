@@ -26,7 +26,7 @@ mod test_images;
 mod views;
 
 pub use build::{Entries, LearnFrom};
-pub use engine::{unsure, Engine, PatchGrid, PatchGrids, QueryHits, SearchHit};
+pub use engine::{registers_better, unsure, Engine, PatchGrid, PatchGrids, QueryHits, SearchHit};
 pub use error::{Error, Result};
 pub use extractor::Extractor;
 pub use info::{IndexInfo, IvfInfo};

@@ -19,9 +19,9 @@ use crate::error::Result;
 use crate::metrics::{evaluate_ranking, shortlist_recall, summarise, QueryResult, Summary};
 pub use crate::regime::{Family, RegimeId, Tokens, Whiten};
 use craterdex_engine::{
-    encode_all, unsure, Aggregation, Codec, Descriptors, Encoder, Engine, FeatureSet, ImageMeta,
-    IndexRecipe, IvfSetting, Mode, PatchGrid, PatchGrids, Pooling, QueryViews, Recipe, SearchHit,
-    SearchParams, SeedStrategy, RECHECK_TURNS, RECHECK_VERIFY,
+    encode_all, registers_better, unsure, Aggregation, Codec, Descriptors, Encoder, Engine,
+    FeatureSet, ImageMeta, IndexRecipe, IvfSetting, Mode, PatchGrid, PatchGrids, Pooling,
+    QueryViews, Recipe, SearchHit, SearchParams, SeedStrategy, RECHECK_TURNS, RECHECK_VERIFY,
 };
 use craterdex_tokens::whitening::DEFAULT_REGULARISATION;
 use craterdex_tokens::DEFAULT_PAIR_BLEND;
@@ -469,7 +469,11 @@ pub fn run(
                     .zip(&turned)
                     .zip(&again)
                     .map(|((g, t), &again)| {
-                        let h = if again { t } else { g };
+                        let h = if again && registers_better(t, g) {
+                            t
+                        } else {
+                            g
+                        };
                         h.iter().map(|h| positions[h.id.as_str()]).collect()
                     })
                     .collect();

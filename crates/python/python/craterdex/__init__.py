@@ -450,9 +450,9 @@ class Index:
         the model (with ``turns``, each is verified against the 3 turned views that match it
         best). ``recheck`` (images or paths, without ``turns`` or ``verify``; on by
         default): the 50 best images are verified and a query whose first hit does not
-        register with it (under 30% of its patches as inliers: turned, mirrored, another sun)
-        is searched again with ``turns=12, verify=50``; False searches every query only as
-        given. ``ids`` name the queries (with ``features``, in place of the
+        register with it (under 40% of its patches as inliers: turned, mirrored, another sun)
+        is searched again with ``turns=12, verify=50``, the better registered answer kept;
+        False searches every query only as given. ``ids`` name the queries (with ``features``, in place of the
         ids they were extracted with). Returns one row per hit: ``query``, ``rank``, ``id``,
         ``crater_id``, ``score``, ``stage1``, ``stage2``, ``inliers`` (verified hits only)
         and the hit's metadata columns.
