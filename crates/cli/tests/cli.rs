@@ -527,46 +527,25 @@ fn eval_default_regime_ranks_like_index_build_and_search() {
     let model = e.tiny_model();
     let manifest = e.tile_benchmark("5");
     let common = ["--model", model.as_str(), "--size", "16"];
-    let mut args = vec![
-        "eval",
-        "--manifest",
-        &manifest,
-        "--quick",
-        "--per-query",
-        "pq.csv",
-        "--query-turns",
-        "4",
-        "--verify",
-        "3",
-    ];
-    args.extend(common);
-    e.ok(&args);
+    // an eval of the benchmark writing its per-query CSV to `csv`; what it printed
+    let eval_to = |csv: &str, views: &[&str]| {
+        let mut args = vec![
+            "eval",
+            "--manifest",
+            &manifest,
+            "--quick",
+            "--per-query",
+            csv,
+        ];
+        args.extend(views);
+        args.extend(common);
+        e.ok(&args)
+    };
+    eval_to("pq.csv", &["--query-turns", "4", "--verify", "3"]);
     // an eval takes one set of query views: the opposite sun in a second run
-    let mut args = vec![
-        "eval",
-        "--manifest",
-        &manifest,
-        "--quick",
-        "--per-query",
-        "pq_sun.csv",
-        "--opposite-sun",
-        "--verify",
-        "3",
-    ];
-    args.extend(common);
-    e.ok(&args);
+    eval_to("pq_sun.csv", &["--opposite-sun", "--verify", "3"]);
     // and the default search of a query image, rechecked, in a third
-    let mut args = vec![
-        "eval",
-        "--manifest",
-        &manifest,
-        "--quick",
-        "--per-query",
-        "pq_recheck.csv",
-        "--recheck",
-    ];
-    args.extend(common);
-    let table = e.ok(&args);
+    let table = eval_to("pq_recheck.csv", &["--recheck"]);
     assert!(
         table.contains("of the queries searched again in turns"),
         "{table}"

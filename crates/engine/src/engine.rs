@@ -115,8 +115,9 @@ pub type QueryFeatures<'a> =
 
 /// Replaces the answers of the queries that `given` leaves [`unsure`] (of `patches` patches
 /// each) by what `search_again` answers for them where that [`registers_better`] (by query
-/// name; a query it does not answer keeps its own); how many were unsure.
-fn recheck_answers(
+/// name; a query it does not answer keeps its own); how many were unsure. What
+/// [`Engine::search_rechecked`] does with its two searches, and eval with its regimes'.
+pub fn recheck_answers(
     given: &mut [QueryHits],
     patches: usize,
     search_again: &dyn Fn(&HashSet<String>) -> Result<Vec<QueryHits>>,
@@ -797,10 +798,8 @@ impl Engine {
                         .filter(|(id, _)| only.is_none_or(|o| o.contains(*id)))
                         .map(|(id, im)| (id.clone(), im.clone()))
                         .unzip();
-                    Ok((
-                        ids.clone(),
-                        self.decoded_variant_features(&ids, &images, views)?,
-                    ))
+                    let features = self.decoded_variant_features(&ids, &images, views)?;
+                    Ok((ids, features))
                 },
                 params,
                 progress,

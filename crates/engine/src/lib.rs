@@ -26,7 +26,9 @@ mod test_images;
 mod views;
 
 pub use build::{Entries, LearnFrom};
-pub use engine::{registers_better, unsure, Engine, PatchGrid, PatchGrids, QueryHits, SearchHit};
+pub use engine::{
+    recheck_answers, registers_better, unsure, Engine, PatchGrid, PatchGrids, QueryHits, SearchHit,
+};
 pub use error::{Error, Result};
 pub use extractor::Extractor;
 pub use info::{IndexInfo, IvfInfo};

@@ -19,8 +19,8 @@ use crate::error::Result;
 use crate::metrics::{evaluate_ranking, shortlist_recall, summarise, QueryResult, Summary};
 pub use crate::regime::{Family, RegimeId, Tokens, Whiten};
 use craterdex_engine::{
-    encode_all, registers_better, unsure, Aggregation, Codec, Descriptors, Encoder, Engine,
-    FeatureSet, ImageMeta, IndexRecipe, IvfSetting, Mode, PatchGrid, PatchGrids, Pooling,
+    encode_all, recheck_answers, Aggregation, Codec, Descriptors, Encoder, Engine, FeatureSet,
+    ImageMeta, IndexRecipe, IvfSetting, Mode, PatchGrid, PatchGrids, Pooling, QueryHits,
     QueryViews, Recipe, SearchHit, SearchParams, SeedStrategy, RECHECK_TURNS, RECHECK_VERIFY,
 };
 use craterdex_tokens::whitening::DEFAULT_REGULARISATION;
@@ -386,7 +386,6 @@ pub fn run(
                     && (!s.in_views || o.views == QueryViews::turned(RECHECK_TURNS));
                 rechecks.then_some(usize::from(s.in_views))
             };
-            let mut last: Option<Search> = None;
             for (i, s) in searches.into_iter().enumerate() {
                 if i > 0 {
                     progress(&s.id.to_string());
@@ -458,38 +457,44 @@ pub fn run(
                     per_query,
                     top,
                 });
-                last = Some(s);
             }
-            if let ([Some((given, given_ms)), Some((turned, turned_ms))], Some(s)) = (parts, last) {
+            if let [Some((given, given_ms)), Some((turned, turned_ms))] = parts {
                 progress("recheck");
-                let patches = input.queries.tokens;
-                let again: Vec<bool> = given.iter().map(|h| unsure(h, patches)).collect();
-                let rankings: Vec<Vec<usize>> = given
+                // the engine's own splice, the queries named by their positions (the turned
+                // answers handed over once, not copied)
+                let named = |q: usize, results: Vec<SearchHit>| QueryHits {
+                    query: q.to_string(),
+                    results,
+                };
+                let mut answers: Vec<QueryHits> = given
+                    .into_iter()
+                    .enumerate()
+                    .map(|(q, h)| named(q, h))
+                    .collect();
+                let turned = std::sync::Mutex::new(turned);
+                let again = recheck_answers(&mut answers, input.queries.tokens, &|asked| {
+                    let mut turned = turned.lock().unwrap_or_else(|e| e.into_inner());
+                    Ok(turned
+                        .iter_mut()
+                        .enumerate()
+                        .filter(|(q, _)| asked.contains(&q.to_string()))
+                        .map(|(q, h)| named(q, std::mem::take(h)))
+                        .collect())
+                })?;
+                let rankings: Vec<Vec<usize>> = answers
                     .iter()
-                    .zip(&turned)
-                    .zip(&again)
-                    .map(|((g, t), &again)| {
-                        let h = if again && registers_better(t, g) {
-                            t
-                        } else {
-                            g
-                        };
-                        h.iter().map(|h| positions[h.id.as_str()]).collect()
-                    })
+                    .map(|a| a.results.iter().map(|h| positions[h.id.as_str()]).collect())
                     .collect();
                 let (per_query, top) = results_of(&rankings, input);
-                let share = again.iter().filter(|&&a| a).count() as f64 / again.len().max(1) as f64;
-                let mut id = RegimeId {
-                    views: QueryViews::PLAIN,
-                    verify: None,
+                let share = again as f64 / answers.len().max(1) as f64;
+                let id = RegimeId {
                     recheck: true,
-                    ..s.id
+                    ..RegimeId::shipped().whitened(white).grouped(true)
                 };
-                id.grouped = true;
                 out.push(RegimeResult {
                     id,
                     summary: summarise(&per_query),
-                    k: s.k,
+                    k: id.k(),
                     bytes_per_image: out.last().map_or(0, |r| r.bytes_per_image),
                     shortlist_recall: None,
                     // as given for every query, in turns for the share searched again
