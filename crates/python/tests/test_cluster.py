@@ -154,6 +154,10 @@ def test_the_cluster_answers_the_rest_of_craterdex_serves_api(cluster, crops, ti
     assert search_image(path, "turns=4")[0] == 400
     assert search_image(path, "opposite_sun=true")[0] == 400
     assert search_image(path, "verify=3")[0] == 400
+    # rechecking is asked for by name and refused; left out or turned off, the search goes on as given
+    status, body = search_image(path, "recheck=true")
+    assert status == 400 and "recheck" in str(body), body
+    assert search_image(path, "recheck=false&top_k=3")[0] == 200
     image_params = doc["paths"]["/v1/search/image"]["post"]["parameters"]
     assert not {"turns", "opposite_sun", "verify", "recheck"} & {p["name"] for p in image_params}
     assert search_image(path, "mode=exhaustive&top_k=3")[1]["params"] == {"mode": "exhaustive", "top_k": 3,

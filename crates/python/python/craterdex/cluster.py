@@ -42,6 +42,7 @@ import json
 import os
 import tempfile
 import time
+import urllib.parse
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -188,7 +189,11 @@ def _search_options(request: Request) -> Dict[str, Any]:
     if opts.get("verify", 0) > 0:
         # verification reads the candidates' images, which each shard's server holds
         raise _Refused(400, "verify is not supported on a cluster yet: search one craterdex serve")
-    # rechecking verifies against the candidates' images too: a cluster searches as given
+    # rechecking verifies against the candidates' images too: a cluster searches as given,
+    # and says so where the request asks for it by name instead of dropping the parameter
+    if opts.get("recheck", False) and "recheck" in urllib.parse.parse_qs(request.url.query):
+        raise _Refused(400, "recheck is not supported on a cluster yet: a cluster searches query "
+                            "images as given; search one craterdex serve, or leave recheck out")
     opts["recheck"] = False
     return opts
 
