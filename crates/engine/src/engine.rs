@@ -4,8 +4,9 @@
 use crate::error::{Error, Result};
 use crate::extractor::{split_fingerprint, split_reduction, BackboneRun, Extractor};
 use crate::options::{
-    verified_search_params, SearchOptions, RECHECK_INLIER_SHARE, RECHECK_TURNS, RECHECK_VERIFY,
-    VERIFY_CHANCE_SHARE, VERIFY_VIEWS, VERIFY_WEIGHT,
+    verified_search_params, SearchOptions, RECHECK_AGAIN_VERIFY, RECHECK_INLIER_SHARE,
+    RECHECK_KEEP_SHARE, RECHECK_TURNS, RECHECK_VERIFY, VERIFY_CHANCE_SHARE, VERIFY_VIEWS,
+    VERIFY_WEIGHT,
 };
 use crate::progress::Progress;
 use crate::recipe::{encode_all, feature_refs};
@@ -99,13 +100,15 @@ pub fn unsure(hits: &[SearchHit], patches: usize) -> bool {
         .is_some_and(|n| (n as f32) < RECHECK_INLIER_SHARE * patches as f32)
 }
 
-/// Whether a query searched again keeps its new answer ([`crate::SearchOptions::recheck`]):
-/// when the new first hit registers with it at least as well (as many inliers) as the first
-/// hit of the search as given. An upright query searched again can meet a look-alike through
-/// a turned view; its own answer then stands.
-pub fn registers_better(again: &[SearchHit], given: &[SearchHit]) -> bool {
+/// Whether a query of `patches` patches searched again keeps its new answer
+/// ([`crate::SearchOptions::recheck`]): when the new first hit registers with it at least as
+/// well (as many inliers) as the first hit of the search as given, and with at least
+/// [`RECHECK_KEEP_SHARE`] of its patches. An upright query searched again can meet a
+/// look-alike through a turned view, and a query under another sun registers in no view; the
+/// answer as given, verified, then stands.
+pub fn registers_better(again: &[SearchHit], given: &[SearchHit], patches: usize) -> bool {
     let inliers = |hits: &[SearchHit]| hits.first().and_then(|h| h.inliers).unwrap_or(0);
-    inliers(again) >= inliers(given)
+    inliers(again) >= inliers(given) && inliers(again) as f32 >= RECHECK_KEEP_SHARE * patches as f32
 }
 
 /// The ids and features of query images in some views ([`Engine::search_rechecked`]): of
@@ -136,7 +139,7 @@ pub fn recheck_answers(
         .collect();
     for h in given.iter_mut() {
         if let Some(r) = answers.remove(&h.query) {
-            if registers_better(&r, &h.results) {
+            if registers_better(&r, &h.results, patches) {
                 h.results = r;
             }
         }
@@ -607,7 +610,7 @@ impl Engine {
 
     /// Queries searched as given with their [`RECHECK_VERIFY`] best images verified; those
     /// whose first hit does not register with them ([`unsure`]) searched again in
-    /// [`RECHECK_TURNS`] turns, verified alike ([`crate::SearchOptions::recheck`]). `features`
+    /// [`RECHECK_TURNS`] turns with their [`RECHECK_AGAIN_VERIFY`] best images verified ([`crate::SearchOptions::recheck`]). `features`
     /// gives the queries' ids and features in `views` (the ids asked for, or all of them;
     /// unreadable images left out). Where verification cannot run (no square patch grid:
     /// an oriented or multi-scale index) the search is plain.
@@ -635,7 +638,14 @@ impl Engine {
         )?;
         let again = recheck_answers(&mut hits, side * side, &|again| {
             let (ids, turned) = features(Some(again), views)?;
-            self.search_variants_verified(&ids, &turned, views, params, RECHECK_VERIFY, progress)
+            self.search_variants_verified(
+                &ids,
+                &turned,
+                views,
+                params,
+                RECHECK_AGAIN_VERIFY,
+                progress,
+            )
         })?;
         if again > 0 {
             progress.note(&format!(
@@ -1080,27 +1090,44 @@ mod tests {
             answer("no image", hit("y", None)),
             answer("turned too", hit("wrong", Some(3))),
             answer("upright, unsure", hit("own", Some(60))),
+            answer("relit", hit("own, verified", Some(30))),
         ];
         let asked = std::sync::Mutex::new(Vec::new());
         let again = recheck_answers(&mut given, patches, &|ids| {
             let mut ids: Vec<String> = ids.iter().cloned().collect();
             ids.sort();
             asked.lock().unwrap().extend(ids.clone());
-            // the second search answers two of the three (one image was unreadable), one
-            // through a look-alike that registers worse than the answer as given
+            // the second search answers three of the four (one image was unreadable): one
+            // through a look-alike that registers worse than the answer as given, one better
+            // than it but with too few inliers to register at all
             Ok(vec![
                 answer("turned", hit("right", Some(150))),
                 answer("upright, unsure", hit("look-alike", Some(40))),
+                answer("relit", hit("turned look-alike", Some(50))),
             ])
         })
         .unwrap();
-        assert_eq!(again, 3);
+        assert_eq!(again, 4);
         assert_eq!(
             *asked.lock().unwrap(),
-            ["turned", "turned too", "upright, unsure"]
+            ["relit", "turned", "turned too", "upright, unsure"]
         );
         let firsts: Vec<&str> = given.iter().map(|h| h.results[0].id.as_str()).collect();
-        assert_eq!(firsts, ["x", "right", "y", "wrong", "own"]);
+        assert_eq!(firsts, ["x", "right", "y", "wrong", "own", "own, verified"]);
+        // the new answer must register as well as the old and with its own share of inliers
+        let keep = (RECHECK_KEEP_SHARE * patches as f32).ceil() as usize;
+        let old = [hit("old", Some(10))];
+        assert!(registers_better(&[hit("new", Some(keep))], &old, patches));
+        assert!(!registers_better(
+            &[hit("new", Some(keep - 1))],
+            &old,
+            patches
+        ));
+        assert!(!registers_better(
+            &[hit("new", Some(keep + 5))],
+            &[hit("old", Some(keep + 6))],
+            patches
+        ));
         // every query registering: no second search at all
         let mut sure = vec![answer("registers", hit("x", Some(200)))];
         let none = recheck_answers(&mut sure, patches, &|_| panic!("searched again")).unwrap();

@@ -21,7 +21,8 @@ pub use crate::regime::{Family, RegimeId, Tokens, Whiten};
 use craterdex_engine::{
     encode_all, recheck_answers, Aggregation, Codec, Descriptors, Encoder, Engine, FeatureSet,
     ImageMeta, IndexRecipe, IvfSetting, Mode, PatchGrid, PatchGrids, Pooling, QueryHits,
-    QueryViews, Recipe, SearchHit, SearchParams, SeedStrategy, RECHECK_TURNS, RECHECK_VERIFY,
+    QueryViews, Recipe, SearchHit, SearchParams, SeedStrategy, RECHECK_AGAIN_VERIFY, RECHECK_TURNS,
+    RECHECK_VERIFY,
 };
 use craterdex_tokens::whitening::DEFAULT_REGULARISATION;
 use craterdex_tokens::DEFAULT_PAIR_BLEND;
@@ -51,8 +52,9 @@ pub struct EvalOptions {
     pub verify: usize,
     /// The shipped recipe also rechecked as `craterdex search` does by default
     /// ([`craterdex_engine::SearchOptions::recheck`]), as `..._grouped_recheck`: made of its
-    /// `_grouped_verifyN` and `_grouped_turnsT_verifyN` searches, which need `verify` and
-    /// `views` to be the engine's [`RECHECK_VERIFY`] and [`RECHECK_TURNS`].
+    /// `_grouped_verifyN` and `_grouped_turnsT_verifyM` searches, which need `verify` and
+    /// `views` to be the engine's [`RECHECK_VERIFY`] and [`RECHECK_TURNS`]; the search in
+    /// views then verifies [`RECHECK_AGAIN_VERIFY`], as the engine's search again does.
     pub recheck: bool,
 }
 
@@ -382,8 +384,13 @@ pub fn run(
             let part_of = |s: &Search| {
                 let rechecks = o.recheck
                     && s.params.group_views
-                    && s.verify == Some(RECHECK_VERIFY)
-                    && (!s.in_views || o.views == QueryViews::turned(RECHECK_TURNS));
+                    && match s.in_views {
+                        false => s.verify == Some(RECHECK_VERIFY),
+                        true => {
+                            s.verify == Some(RECHECK_AGAIN_VERIFY)
+                                && o.views == QueryViews::turned(RECHECK_TURNS)
+                        }
+                    };
                 rechecks.then_some(usize::from(s.in_views))
             };
             for (i, s) in searches.into_iter().enumerate() {
@@ -685,15 +692,21 @@ pub fn run(
                     ..grouped.clone()
                 });
                 if o.verify > 0 {
-                    // in views and verified: each candidate through the views that match it best
+                    // in views and verified: each candidate through the views that match it
+                    // best; as deep as the engine's search again where rechecking
+                    let verify = if o.recheck {
+                        RECHECK_AGAIN_VERIFY
+                    } else {
+                        o.verify
+                    };
                     searches.push(Search {
                         id: RegimeId {
                             views: o.views,
-                            verify: Some(o.verify),
+                            verify: Some(verify),
                             ..grouped.id
                         },
                         in_views: true,
-                        verify: Some(o.verify),
+                        verify: Some(verify),
                         ..grouped
                     });
                 }

@@ -146,8 +146,10 @@ pub(super) fn print(rows: &[Row], engines: &[String]) {
         ),
         (
             format!(
-                "spatial verification of the 10 best images (grouped two-stage, S 100 plain and \
-                 {} verified, one query at a time, the same loop):",
+                "spatial verification of the {} best images, as a query image's default search \
+                 does before deciding to search again (grouped two-stage, S 100 plain and {} \
+                 verified, one query at a time, the same loop):",
+                super::timing::VERIFIED,
                 craterdex_engine::VERIFY_SHORTLIST
             ),
             stage_ratios(

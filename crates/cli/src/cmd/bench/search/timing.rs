@@ -67,8 +67,9 @@ pub(super) enum Grids<'a> {
 /// Patch tokens per image of the synthetic verification rows: a 224 px crop's 16 x 16.
 pub(super) const WORST_CASE_TOKENS: usize = 256;
 
-/// Candidates verified per query in the verification rows (`search --verify 10`).
-const VERIFIED: usize = 10;
+/// Candidates verified per query in the verification rows: those a query image's default,
+/// rechecked search verifies (`search --verify 50`).
+pub(super) const VERIFIED: usize = craterdex_engine::RECHECK_VERIFY;
 
 /// Times the grouped two-stage search of the index in `dir` with each query's first
 /// [`VERIFIED`] images spatially verified (`search --verify`), one query at a time, beside
