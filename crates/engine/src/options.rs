@@ -284,10 +284,12 @@ pub struct SearchOptions {
     /// query (fewer than [`RECHECK_INLIER_SHARE`] of its patches as inliers under one
     /// similarity transform, as when the query is turned, mirrored or under another sun)
     /// search it again as at an unknown heading (`turns` [`RECHECK_TURNS`], `verify`
-    /// [`RECHECK_AGAIN_VERIFY`]), keeping the new answer where its first hit registers at least as
-    /// well and with at least [`RECHECK_KEEP_SHARE`] of the patches ([`crate::registers_better`]). A query that registers costs one forward pass, as
-    /// before; one searched again 2 x [`RECHECK_TURNS`] more. Needs the query image and the candidates'
-    /// images; without them, or with other `turns` or `verify`, the search is as asked.
+    /// [`RECHECK_AGAIN_VERIFY`]), keeping the new answer where its first hit registers at
+    /// least as well and with at least [`RECHECK_KEEP_SHARE`] of the patches
+    /// ([`crate::registers_better`]). A query that registers costs one forward pass, as
+    /// before; one searched again 2 x [`RECHECK_TURNS`] more. Needs the query image and the
+    /// candidates' images; without them, or with other `turns` or `verify`, the search is as
+    /// asked.
     #[cfg_attr(feature = "openapi", param(default = true))]
     pub recheck: bool,
 }
