@@ -108,7 +108,8 @@ pub fn unsure(hits: &[SearchHit], patches: usize) -> bool {
 /// answer as given, verified, then stands.
 pub fn registers_better(again: &[SearchHit], given: &[SearchHit], patches: usize) -> bool {
     let inliers = |hits: &[SearchHit]| hits.first().and_then(|h| h.inliers).unwrap_or(0);
-    inliers(again) >= inliers(given) && inliers(again) as f32 >= RECHECK_KEEP_SHARE * patches as f32
+    let new = inliers(again);
+    new >= inliers(given) && new as f32 >= RECHECK_KEEP_SHARE * patches as f32
 }
 
 /// The ids and features of query images in some views ([`Engine::search_rechecked`]): of
@@ -611,8 +612,8 @@ impl Engine {
     /// Queries searched as given with their [`RECHECK_VERIFY`] best images verified; those
     /// whose first hit does not register with them ([`unsure`]) searched again in
     /// [`RECHECK_TURNS`] turns with their [`RECHECK_AGAIN_VERIFY`] best images verified
-    /// ([`crate::SearchOptions::recheck`]). `features` gives the queries' ids and features in `views` (the ids asked for, or all of them;
-    /// unreadable images left out). Where verification cannot run (no square patch grid:
+    /// ([`crate::SearchOptions::recheck`]). `features` gives the queries' ids and features
+    /// in `views` (the ids asked for, or all of them; unreadable images left out). Where verification cannot run (no square patch grid:
     /// an oriented or multi-scale index) the search is plain.
     pub fn search_rechecked(
         &self,

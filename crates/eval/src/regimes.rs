@@ -83,6 +83,16 @@ impl Default for EvalOptions {
 }
 
 impl EvalOptions {
+    /// Images verified per query by the verified search in views: as deep as the engine's
+    /// search again ([`RECHECK_AGAIN_VERIFY`]) where rechecking, else `verify`.
+    fn verify_in_views(&self) -> usize {
+        if self.recheck {
+            RECHECK_AGAIN_VERIFY
+        } else {
+            self.verify
+        }
+    }
+
     /// A reduced set: K 16 and 32, S 100, int8, the default recipe, no full LI or k-means.
     pub fn quick() -> Self {
         Self {
@@ -387,7 +397,7 @@ pub fn run(
                     && match s.in_views {
                         false => s.verify == Some(RECHECK_VERIFY),
                         true => {
-                            s.verify == Some(RECHECK_AGAIN_VERIFY)
+                            s.verify == Some(o.verify_in_views())
                                 && o.views == QueryViews::turned(RECHECK_TURNS)
                         }
                     };
@@ -692,13 +702,8 @@ pub fn run(
                     ..grouped.clone()
                 });
                 if o.verify > 0 {
-                    // in views and verified: each candidate through the views that match it
-                    // best; as deep as the engine's search again where rechecking
-                    let verify = if o.recheck {
-                        RECHECK_AGAIN_VERIFY
-                    } else {
-                        o.verify
-                    };
+                    // in views and verified: each candidate through the views that match it best
+                    let verify = o.verify_in_views();
                     searches.push(Search {
                         id: RegimeId {
                             views: o.views,

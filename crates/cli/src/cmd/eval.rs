@@ -50,7 +50,7 @@ pub struct EvalCmd {
     /// Also run the shipped recipe rechecked, as `craterdex search` searches query images by
     /// default: each query verified, and searched again in 12 turns where its first hit does
     /// not register with it, as `..._grouped_recheck`. Runs the regimes it is made of too
-    /// (`--query-turns 12 --verify 50`, the search in turns verifying 200 as search's does).
+    /// (`--query-turns 12 --verify 50`, the search in turns verifying 200 as search's search again does).
     #[arg(long)]
     recheck: bool,
     #[command(flatten)]

@@ -453,8 +453,8 @@ class Index:
         register with it (under 40% of its patches as inliers: turned, mirrored, another sun)
         is searched again in 12 turns with its 200 best images verified, the new answer
         kept where its first hit registers better (with at least 30% of the patches);
-        False searches every query only as given. ``ids`` name the queries (with ``features``, in place of the
-        ids they were extracted with). Returns one row per hit: ``query``, ``rank``, ``id``,
+        False searches every query only as given. ``ids`` name the queries (with
+        ``features``, in place of the ids they were extracted with). Returns one row per hit: ``query``, ``rank``, ``id``,
         ``crater_id``, ``score``, ``stage1``, ``stage2``, ``inliers`` (verified hits only)
         and the hit's metadata columns.
         """
