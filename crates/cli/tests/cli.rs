@@ -547,7 +547,7 @@ fn eval_default_regime_ranks_like_index_build_and_search() {
     // and the default search of a query image, rechecked, in a third
     let table = eval_to("pq_recheck.csv", &["--recheck"]);
     assert!(
-        table.contains("of the queries searched again in turns"),
+        table.contains("of the queries searched again (turns, opposite sun)"),
         "{table}"
     );
     e.index_build(&model, &manifest, "idx", &[]);

@@ -5,8 +5,8 @@ use crate::error::{Error, Result};
 use crate::extractor::{split_fingerprint, split_reduction, BackboneRun, Extractor};
 use crate::options::{
     verified_search_params, SearchOptions, RECHECK_AGAIN_VERIFY, RECHECK_INLIER_SHARE,
-    RECHECK_KEEP_SHARE, RECHECK_TURNS, RECHECK_VERIFY, VERIFY_CHANCE_SHARE, VERIFY_VIEWS,
-    VERIFY_WEIGHT,
+    RECHECK_KEEP_SHARE, RECHECK_TURNS, RECHECK_VERIFY, RECHECK_VIEWS, VERIFY_CHANCE_SHARE,
+    VERIFY_VIEWS, VERIFY_WEIGHT,
 };
 use crate::progress::Progress;
 use crate::recipe::{encode_all, feature_refs};
@@ -611,7 +611,7 @@ impl Engine {
 
     /// Queries searched as given with their [`RECHECK_VERIFY`] best images verified; those
     /// whose first hit does not register with them ([`unsure`]) searched again in
-    /// [`RECHECK_TURNS`] turns with their [`RECHECK_AGAIN_VERIFY`] best images verified
+    /// [`RECHECK_VIEWS`] ([`RECHECK_TURNS`] turns and the opposite sun) with their [`RECHECK_AGAIN_VERIFY`] best images verified
     /// ([`crate::SearchOptions::recheck`]). `features` gives the queries' ids and features
     /// in `views` (the ids asked for, or all of them; unreadable images left out). Where verification cannot run (no square patch grid:
     /// an oriented or multi-scale index) the search is plain.
@@ -628,7 +628,7 @@ impl Engine {
                 self.search(&self.encode(&plain), params),
             ));
         };
-        let views = QueryViews::turned(RECHECK_TURNS);
+        let views = RECHECK_VIEWS;
         let mut hits = self.search_variants_verified(
             &ids,
             &plain,
@@ -651,7 +651,7 @@ impl Engine {
         if again > 0 {
             progress.note(&format!(
                 "{again} of {} queries did not register with their first hit: searched again \
-                 in {RECHECK_TURNS} turns",
+                 in {RECHECK_TURNS} turns and under the opposite sun",
                 hits.len()
             ));
         }

@@ -36,7 +36,7 @@ pub use options::{
     default_precision, verified_search_params, Defaults, ModelOptions, RecipeOptions, SearchLimits,
     SearchOptions, Whitening, DEFAULT_PRECISION_WHY, MAX_TURNS, MAX_VERIFY, OPPOSITE_SUN_MARGIN,
     RECHECK_AGAIN_VERIFY, RECHECK_INLIER_SHARE, RECHECK_KEEP_SHARE, RECHECK_TURNS, RECHECK_VERIFY,
-    TURN_MARGIN, VERIFY_CHANCE_SHARE, VERIFY_SHORTLIST, VERIFY_VIEWS, VERIFY_WEIGHT,
+    RECHECK_VIEWS, TURN_MARGIN, VERIFY_CHANCE_SHARE, VERIFY_SHORTLIST, VERIFY_VIEWS, VERIFY_WEIGHT,
 };
 pub use plan::{learn_rows, learn_sample, BuildPlan, LEARN_SAMPLE_IMAGES};
 pub use progress::{Progress, Silent};

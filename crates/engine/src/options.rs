@@ -283,31 +283,42 @@ pub struct SearchOptions {
     /// [`RECHECK_VERIFY`] best images, and where the first of them does not register with the
     /// query (fewer than [`RECHECK_INLIER_SHARE`] of its patches as inliers under one
     /// similarity transform, as when the query is turned, mirrored or under another sun)
-    /// search it again as at an unknown heading (`turns` [`RECHECK_TURNS`], `verify`
-    /// [`RECHECK_AGAIN_VERIFY`]), keeping the new answer where its first hit registers at
+    /// search it again as at an unknown heading and under the opposite sun ([`RECHECK_VIEWS`],
+    /// `verify` [`RECHECK_AGAIN_VERIFY`]), keeping the new answer where its first hit registers at
     /// least as well and with at least [`RECHECK_KEEP_SHARE`] of the patches
     /// ([`crate::registers_better`]). A query that registers costs one forward pass, as
-    /// before; one searched again 2 x [`RECHECK_TURNS`] more. Needs the query image and the
+    /// before; one searched again 2 x [`RECHECK_TURNS`] + 1 more. Needs the query image and the
     /// candidates' images; without them, or with other `turns` or `verify`, the search is as
     /// asked.
     #[cfg_attr(feature = "openapi", param(default = true))]
     pub recheck: bool,
 }
 
-/// Images verified per query by a search that rechecks ([`SearchOptions::recheck`]), first as
-/// given and, where the query is searched again, in its turned views: 50, the advice for
-/// queries at an unknown heading (docs/results.md, "Turned and verified").
+/// Images verified per query by a search that rechecks ([`SearchOptions::recheck`]) as given:
+/// 50, the advice for queries at an unknown heading (docs/results.md, "Turned and verified").
 pub const RECHECK_VERIFY: usize = 50;
 
-/// Images verified per query searched again in turns ([`SearchOptions::recheck`]): 200. The
-/// right crater of a turned query seen through its nearest turn can stand below the 50th
-/// place; verifying 200 found it first for 173 of 174 turned NAC queries where 50 found it for
-/// 168 (docs/results.md, "Rechecked by default"). Above `verify`'s limit for a caller's own
-/// searches ([`MAX_VERIFY`]): the engine asks it for the few queries that did not register.
+/// Images verified per query searched again ([`SearchOptions::recheck`], [`RECHECK_VIEWS`]):
+/// 200. The right crater of a turned query seen through its nearest turn can stand below the
+/// 50th place; verifying 200 found it first for 173 of 174 turned NAC queries where 50 found
+/// it for 168 (docs/results.md, "Rechecked by default"). Above `verify`'s limit for a
+/// caller's own searches ([`MAX_VERIFY`]): the engine asks it for the few queries that did
+/// not register.
 pub const RECHECK_AGAIN_VERIFY: usize = 200;
 
 /// Turns of a query searched again ([`SearchOptions::recheck`]): 12, every 30 degrees.
 pub const RECHECK_TURNS: usize = 12;
+
+/// The views of a query searched again ([`SearchOptions::recheck`]): [`RECHECK_TURNS`] turns,
+/// each also mirrored, and the query as given under the opposite sun (its brightness
+/// inverted), 2 x [`RECHECK_TURNS`] + 1 views. A query under a sun from the other side
+/// registers in no turn; its inverted view is how it looks under the catalogue's sun, for
+/// one forward pass more (docs/results.md, "Rechecked by default").
+pub const RECHECK_VIEWS: QueryViews = QueryViews {
+    turns: RECHECK_TURNS,
+    opposite_sun: false,
+    opposite_sun_given: true,
+};
 
 /// The share of a query's patches that its verified first hit must gather as inliers for a
 /// search to keep the answer as given ([`SearchOptions::recheck`]). The upright queries'
@@ -411,6 +422,7 @@ impl SearchOptions {
         QueryViews {
             turns: self.turns,
             opposite_sun: self.opposite_sun,
+            opposite_sun_given: false,
         }
     }
 

@@ -15,6 +15,10 @@ pub struct QueryViews {
     pub turns: usize,
     /// Each of those also with its brightness inverted.
     pub opposite_sun: bool,
+    /// The query as given also with its brightness inverted, one view more (where
+    /// `opposite_sun` does not invert every view already): the views a search again looks at
+    /// ([`crate::RECHECK_VIEWS`]).
+    pub opposite_sun_given: bool,
 }
 
 impl Default for QueryViews {
@@ -28,6 +32,7 @@ impl QueryViews {
     pub const PLAIN: QueryViews = QueryViews {
         turns: 1,
         opposite_sun: false,
+        opposite_sun_given: false,
     };
 
     /// Views turned by every `turns`-th of a circle (and mirrored).
@@ -39,9 +44,13 @@ impl QueryViews {
     }
 
     /// How many views: the query alone, `2 * turns` with turns, twice that under the
-    /// opposite sun.
+    /// opposite sun, one more with the query as given under it alone.
     pub fn count(&self) -> usize {
-        self.turned_count() * if self.opposite_sun { 2 } else { 1 }
+        match (self.opposite_sun, self.opposite_sun_given) {
+            (true, _) => 2 * self.turned_count(),
+            (false, true) => self.turned_count() + 1,
+            (false, false) => self.turned_count(),
+        }
     }
 
     /// The query as given alone: nothing but a plain search.
@@ -60,7 +69,8 @@ impl QueryViews {
     /// The [`QueryViews::count`] images of `image` a search looks at: `image`, then (with
     /// turns) its mirror image (left to right) and each further turn by a `turns`-th of a
     /// circle and its mirror image, then (under the opposite sun) each of those with its
-    /// brightness inverted. Turns reflect the image at its edges, so no blank corner appears.
+    /// brightness inverted, or `image` alone inverted (`opposite_sun_given`). Turns reflect
+    /// the image at its edges, so no blank corner appears.
     pub fn images(&self, image: &image::DynamicImage) -> Vec<image::DynamicImage> {
         let mut out = Vec::with_capacity(self.count());
         for t in 0..self.turns.max(1) {
@@ -81,6 +91,8 @@ impl QueryViews {
         if self.opposite_sun {
             let relit: Vec<image::DynamicImage> = out.iter().map(opposite_sun).collect();
             out.extend(relit);
+        } else if self.opposite_sun_given {
+            out.push(opposite_sun(image));
         }
         out
     }
@@ -161,6 +173,7 @@ mod tests {
         let turned = QueryViews {
             turns: 3,
             opposite_sun: true,
+            opposite_sun_given: false,
         };
         let v = turned.images(&img());
         assert_eq!(v.len(), 12);
@@ -176,6 +189,7 @@ mod tests {
         let v = QueryViews {
             turns: 2,
             opposite_sun: true,
+            opposite_sun_given: false,
         };
         let m = v.margins();
         assert_eq!(m.len(), 8);
@@ -186,5 +200,33 @@ mod tests {
             .iter()
             .all(|&x| x == TURN_MARGIN + OPPOSITE_SUN_MARGIN));
         assert_eq!(QueryViews::PLAIN.margins(), vec![0.0]);
+    }
+
+    /// A search again adds one view to the turns, the query as given inverted, counted as
+    /// the opposite sun counts it; with every view inverted it adds nothing more.
+    #[test]
+    fn the_opposite_sun_given_adds_the_query_inverted_alone() {
+        let v = QueryViews {
+            opposite_sun_given: true,
+            ..QueryViews::turned(3)
+        };
+        let images = v.images(&img());
+        assert_eq!((images.len(), v.count()), (7, 7));
+        assert_eq!(&images[..6], &QueryViews::turned(3).images(&img())[..]);
+        assert_eq!(images[6], opposite_sun(&img()));
+        assert_eq!(v.margin(6), OPPOSITE_SUN_MARGIN);
+        assert_eq!(v.margin(1), TURN_MARGIN);
+        let plain = QueryViews {
+            opposite_sun_given: true,
+            ..QueryViews::PLAIN
+        };
+        assert_eq!(plain.images(&img()), vec![img(), opposite_sun(&img())]);
+        assert_eq!(plain.margins(), vec![0.0, OPPOSITE_SUN_MARGIN]);
+        let every = QueryViews {
+            opposite_sun: true,
+            ..v
+        };
+        assert_eq!(every.count(), 12);
+        assert_eq!(every.images(&img()).len(), 12);
     }
 }

@@ -87,7 +87,8 @@ pub struct RegimeId {
     /// The first N hits spatially verified (`craterdex search --verify N`).
     pub verify: Option<usize>,
     /// Rechecked as `craterdex search` searches query images by default: verified, and
-    /// searched again in turns where the first hit does not register (`_recheck`).
+    /// searched again in turns and under the opposite sun where the first hit does not
+    /// register (`_recheck`).
     pub recheck: bool,
 }
 
@@ -195,6 +196,8 @@ impl std::fmt::Display for RegimeId {
         }
         if self.views.opposite_sun {
             f.write_str("_oppsun")?;
+        } else if self.views.opposite_sun_given {
+            f.write_str("_oppgiven")?;
         }
         if let Some(n) = self.verify {
             write!(f, "_verify{n}")?;
@@ -242,6 +245,7 @@ impl std::str::FromStr for RegimeId {
         let recheck = take_suffix(&mut rest, "_recheck");
         let verify = take_numbered(&mut rest, "_verify").ok_or_else(bad)?;
         let opposite_sun = take_suffix(&mut rest, "_oppsun");
+        let opposite_sun_given = !opposite_sun && take_suffix(&mut rest, "_oppgiven");
         let turns = take_numbered(&mut rest, "_turns").ok_or_else(bad)?;
         let mut take = |suffix: &str| take_suffix(&mut rest, suffix);
         let grouped = take("_grouped");
@@ -296,6 +300,7 @@ impl std::str::FromStr for RegimeId {
             views: QueryViews {
                 turns: turns.unwrap_or(1),
                 opposite_sun,
+                opposite_sun_given,
             },
             verify,
             recheck,
@@ -337,6 +342,7 @@ mod tests {
             "two_stage_s100_k32_int8_pairwhite_grouped_verify10",
             "two_stage_s100_k32_int8_pairwhite_verify5",
             "two_stage_s100_k32_int8_pairwhite_grouped_recheck",
+            "two_stage_s100_k32_int8_pairwhite_grouped_turns12_oppgiven_verify200",
         ] {
             let id: RegimeId = name.parse().unwrap();
             assert_eq!(id.to_string(), name);
@@ -369,8 +375,17 @@ mod tests {
         let views = QueryViews {
             turns: 12,
             opposite_sun: true,
+            opposite_sun_given: false,
         };
         assert_eq!((relit.views, relit.verify), (views, Some(20)));
+        let again: RegimeId =
+            "two_stage_s100_k32_int8_pairwhite_grouped_turns12_oppgiven_verify200"
+                .parse()
+                .unwrap();
+        assert_eq!(
+            (again.views, again.verify),
+            (craterdex_engine::RECHECK_VIEWS, Some(200))
+        );
     }
 
     #[test]

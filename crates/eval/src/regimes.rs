@@ -21,8 +21,8 @@ pub use crate::regime::{Family, RegimeId, Tokens, Whiten};
 use craterdex_engine::{
     encode_all, recheck_answers, Aggregation, Codec, Descriptors, Encoder, Engine, FeatureSet,
     ImageMeta, IndexRecipe, IvfSetting, Mode, PatchGrid, PatchGrids, Pooling, QueryHits,
-    QueryViews, Recipe, SearchHit, SearchParams, SeedStrategy, RECHECK_AGAIN_VERIFY, RECHECK_TURNS,
-    RECHECK_VERIFY,
+    QueryViews, Recipe, SearchHit, SearchParams, SeedStrategy, RECHECK_AGAIN_VERIFY,
+    RECHECK_VERIFY, RECHECK_VIEWS,
 };
 use craterdex_tokens::whitening::DEFAULT_REGULARISATION;
 use craterdex_tokens::DEFAULT_PAIR_BLEND;
@@ -52,9 +52,10 @@ pub struct EvalOptions {
     pub verify: usize,
     /// The shipped recipe also rechecked as `craterdex search` does by default
     /// ([`craterdex_engine::SearchOptions::recheck`]), as `..._grouped_recheck`: made of its
-    /// `_grouped_verifyN` and `_grouped_turnsT_verifyM` searches, which need `verify` and
-    /// `views` to be the engine's [`RECHECK_VERIFY`] and [`RECHECK_TURNS`]; the search in
-    /// views then verifies [`RECHECK_AGAIN_VERIFY`], as the engine's search again does.
+    /// `_grouped_verifyN` and `_grouped_turnsT_oppgiven_verifyM` searches, which need
+    /// `verify` and `views` to be the engine's [`RECHECK_VERIFY`] and [`RECHECK_VIEWS`]; the
+    /// search in views then verifies [`RECHECK_AGAIN_VERIFY`], as the engine's search again
+    /// does.
     pub recheck: bool,
 }
 
@@ -123,7 +124,8 @@ pub struct RegimeResult {
     /// Milliseconds per query, one query at a time for its 10 best (the mean over up to
     /// [`TIMED_QUERIES`] queries, on this machine's threads and kernel level).
     pub query_ms: f64,
-    /// The share of queries a rechecked regime searched again in turns.
+    /// The share of queries a rechecked regime searched again (in turns and under the
+    /// opposite sun).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub searched_again: Option<f64>,
     #[serde(skip)]
@@ -396,10 +398,7 @@ pub fn run(
                     && s.params.group_views
                     && match s.in_views {
                         false => s.verify == Some(RECHECK_VERIFY),
-                        true => {
-                            s.verify == Some(o.verify_in_views())
-                                && o.views == QueryViews::turned(RECHECK_TURNS)
-                        }
+                        true => s.verify == Some(o.verify_in_views()) && o.views == RECHECK_VIEWS,
                     };
                 rechecks.then_some(usize::from(s.in_views))
             };
@@ -877,7 +876,7 @@ pub fn table(results: &[RegimeResult]) -> String {
     for r in results {
         if let Some(share) = r.searched_again {
             s.push_str(&format!(
-                "{}: {:.1}% of the queries searched again in turns\n",
+                "{}: {:.1}% of the queries searched again (turns, opposite sun)\n",
                 r.id,
                 100.0 * share
             ));

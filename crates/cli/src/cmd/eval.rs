@@ -48,9 +48,10 @@ pub struct EvalCmd {
     #[arg(long, default_value_t = 0, value_name = "N")]
     verify: usize,
     /// Also run the shipped recipe rechecked, as `craterdex search` searches query images by
-    /// default: each query verified, and searched again in 12 turns where its first hit does
-    /// not register with it, as `..._grouped_recheck`. Runs the regimes it is made of too
-    /// (`--query-turns 12 --verify 50`, the search in turns verifying 200 as search's search again does).
+    /// default: each query verified, and searched again in 12 turns and under the opposite
+    /// sun where its first hit does not register with it, as `..._grouped_recheck`. Runs the
+    /// regimes it is made of too (`..._grouped_verify50` and
+    /// `..._grouped_turns12_oppgiven_verify200`, as search's search again verifies 200).
     #[arg(long)]
     recheck: bool,
     #[command(flatten)]
@@ -97,22 +98,28 @@ impl Drop for RegimeProgress {
 }
 
 pub fn run(mut c: EvalCmd) -> Result<()> {
+    let mut views = craterdex_engine::QueryViews {
+        turns: c.query_turns,
+        opposite_sun: c.opposite_sun,
+        opposite_sun_given: false,
+    };
     if c.recheck {
-        use craterdex_engine::{RECHECK_TURNS, RECHECK_VERIFY};
-        if ![1, RECHECK_TURNS].contains(&c.query_turns) || ![0, RECHECK_VERIFY].contains(&c.verify)
+        use craterdex_engine::{RECHECK_TURNS, RECHECK_VERIFY, RECHECK_VIEWS};
+        if ![1, RECHECK_TURNS].contains(&c.query_turns)
+            || ![0, RECHECK_VERIFY].contains(&c.verify)
+            || c.opposite_sun
         {
             anyhow::bail!(
-                "--recheck runs --query-turns {RECHECK_TURNS} --verify {RECHECK_VERIFY}, as \
-                 search rechecks; leave them out or give those"
+                "--recheck searches again in --query-turns {RECHECK_TURNS} and the query as \
+                 given under the opposite sun, verifying {RECHECK_VERIFY} as given, as search \
+                 rechecks; leave out --query-turns, --verify and --opposite-sun or give those \
+                 numbers"
             );
         }
-        (c.query_turns, c.verify) = (RECHECK_TURNS, RECHECK_VERIFY);
+        (views, c.query_turns, c.verify) = (RECHECK_VIEWS, RECHECK_TURNS, RECHECK_VERIFY);
     }
     let o = craterdex_eval::regimes::EvalOptions {
-        views: craterdex_engine::QueryViews {
-            turns: c.query_turns,
-            opposite_sun: c.opposite_sun,
-        },
+        views,
         verify: c.verify,
         recheck: c.recheck,
         ..run::eval_options(c.quick)
