@@ -239,8 +239,8 @@ pub struct SearchOpts {
     /// register with it (fewer than 40% of its patches as inliers: turned, mirrored, another
     /// sun) is searched again in 12 turns and, as given, under the opposite sun (its
     /// brightness inverted), with its 200 best images verified (25 more forward passes for
-    /// that query); the new answer is kept where its first hit registers better,
-    /// with at least 30% of the patches. Measured: docs/results.md, "Rechecked by default".
+    /// that query); the new answer is kept where its first hit registers better, with at
+    /// least 30% of the patches. Measured: docs/results.md, "Rechecked by default".
     #[arg(long)]
     pub no_recheck: bool,
 }

@@ -611,10 +611,11 @@ impl Engine {
 
     /// Queries searched as given with their [`RECHECK_VERIFY`] best images verified; those
     /// whose first hit does not register with them ([`unsure`]) searched again in
-    /// [`RECHECK_VIEWS`] ([`RECHECK_TURNS`] turns and the opposite sun) with their [`RECHECK_AGAIN_VERIFY`] best images verified
-    /// ([`crate::SearchOptions::recheck`]). `features` gives the queries' ids and features
-    /// in `views` (the ids asked for, or all of them; unreadable images left out). Where verification cannot run (no square patch grid:
-    /// an oriented or multi-scale index) the search is plain.
+    /// [`RECHECK_VIEWS`] ([`RECHECK_TURNS`] turns and the opposite sun) with their
+    /// [`RECHECK_AGAIN_VERIFY`] best images verified ([`crate::SearchOptions::recheck`]).
+    /// `features` gives the queries' ids and features in `views` (the ids asked for, or all
+    /// of them; unreadable images left out). Where verification cannot run (no square patch
+    /// grid: an oriented or multi-scale index) the search is plain.
     pub fn search_rechecked(
         &self,
         features: &QueryFeatures,

@@ -283,13 +283,13 @@ pub struct SearchOptions {
     /// [`RECHECK_VERIFY`] best images, and where the first of them does not register with the
     /// query (fewer than [`RECHECK_INLIER_SHARE`] of its patches as inliers under one
     /// similarity transform, as when the query is turned, mirrored or under another sun)
-    /// search it again as at an unknown heading and under the opposite sun ([`RECHECK_VIEWS`],
-    /// `verify` [`RECHECK_AGAIN_VERIFY`]), keeping the new answer where its first hit registers at
-    /// least as well and with at least [`RECHECK_KEEP_SHARE`] of the patches
-    /// ([`crate::registers_better`]). A query that registers costs one forward pass, as
-    /// before; one searched again 2 x [`RECHECK_TURNS`] + 1 more. Needs the query image and the
-    /// candidates' images; without them, or with other `turns` or `verify`, the search is as
-    /// asked.
+    /// search it again as at an unknown heading and under the opposite sun
+    /// ([`RECHECK_VIEWS`], `verify` [`RECHECK_AGAIN_VERIFY`]), keeping the new answer where
+    /// its first hit registers at least as well and with at least [`RECHECK_KEEP_SHARE`] of
+    /// the patches ([`crate::registers_better`]). A query that registers costs one forward
+    /// pass, as before; one searched again 2 x [`RECHECK_TURNS`] + 1 more. Needs the query
+    /// image and the candidates' images; without them, or with other `turns` or `verify`, the
+    /// search is as asked.
     #[cfg_attr(feature = "openapi", param(default = true))]
     pub recheck: bool,
 }
