@@ -639,10 +639,10 @@ impl Engine {
             progress,
         )?;
         let again = recheck_answers(&mut hits, side * side, &|again| {
-            let (ids, turned) = features(Some(again), views)?;
+            let (ids, in_views) = features(Some(again), views)?;
             self.search_variants_verified(
                 &ids,
-                &turned,
+                &in_views,
                 views,
                 params,
                 RECHECK_AGAIN_VERIFY,

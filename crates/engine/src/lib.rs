@@ -43,7 +43,7 @@ pub use progress::{Progress, Silent};
 pub use recipe::{encode_all, feature_refs, IndexRecipe, IvfSetting, IVF_AUTO_MIN_IMAGES};
 pub use sharded::{merge_hits, QueryEncoder, ShardedEngine};
 pub use shared::SharedEngine;
-pub use views::{opposite_sun, QueryViews};
+pub use views::{opposite_sun, OppositeSun, QueryViews};
 
 // What front ends need from the crates below to use the engine.
 pub use craterdex_index::shards;

@@ -5,7 +5,7 @@
 
 use crate::error::{Error, Result};
 use crate::recipe::{IndexRecipe, IvfSetting};
-use crate::views::QueryViews;
+use crate::views::{OppositeSun, QueryViews};
 use craterdex_errors::ensure;
 use craterdex_index::{Codec, Mode, SearchParams, Stage1};
 use craterdex_model::{Brightness, Orientation, Precision, ResizeMode};
@@ -316,8 +316,7 @@ pub const RECHECK_TURNS: usize = 12;
 /// one forward pass more (docs/results.md, "Rechecked by default").
 pub const RECHECK_VIEWS: QueryViews = QueryViews {
     turns: RECHECK_TURNS,
-    opposite_sun: false,
-    opposite_sun_given: true,
+    opposite_sun: OppositeSun::Given,
 };
 
 /// The share of a query's patches that its verified first hit must gather as inliers for a
@@ -421,8 +420,7 @@ impl SearchOptions {
     pub fn views(&self) -> QueryViews {
         QueryViews {
             turns: self.turns,
-            opposite_sun: self.opposite_sun,
-            opposite_sun_given: false,
+            opposite_sun: OppositeSun::every_if(self.opposite_sun),
         }
     }
 

@@ -13,12 +13,33 @@ pub struct QueryViews {
     /// The query as given and mirrored, each turned by every `turns`-th of a circle (1: the
     /// query alone).
     pub turns: usize,
-    /// Each of those also with its brightness inverted.
-    pub opposite_sun: bool,
-    /// The query as given also with its brightness inverted, one view more (where
-    /// `opposite_sun` does not invert every view already): the views a search again looks at
+    /// Which of those are also seen with their brightness inverted.
+    pub opposite_sun: OppositeSun,
+}
+
+/// Which views of a query a search also looks at under the opposite sun (brightness
+/// inverted, [`opposite_sun`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OppositeSun {
+    /// None.
+    Off,
+    /// The query as given alone, one view more: the views a search again looks at
     /// ([`crate::RECHECK_VIEWS`]).
-    pub opposite_sun_given: bool,
+    Given,
+    /// Every view (`--opposite-sun`), twice the views.
+    Every,
+}
+
+impl OppositeSun {
+    /// [`OppositeSun::Every`] when asked for, else [`OppositeSun::Off`]: what a caller's
+    /// `opposite_sun` option means.
+    pub fn every_if(asked: bool) -> Self {
+        if asked {
+            Self::Every
+        } else {
+            Self::Off
+        }
+    }
 }
 
 impl Default for QueryViews {
@@ -31,8 +52,7 @@ impl QueryViews {
     /// The query as given, alone: a plain search.
     pub const PLAIN: QueryViews = QueryViews {
         turns: 1,
-        opposite_sun: false,
-        opposite_sun_given: false,
+        opposite_sun: OppositeSun::Off,
     };
 
     /// Views turned by every `turns`-th of a circle (and mirrored).
@@ -46,10 +66,10 @@ impl QueryViews {
     /// How many views: the query alone, `2 * turns` with turns, twice that under the
     /// opposite sun, one more with the query as given under it alone.
     pub fn count(&self) -> usize {
-        match (self.opposite_sun, self.opposite_sun_given) {
-            (true, _) => 2 * self.turned_count(),
-            (false, true) => self.turned_count() + 1,
-            (false, false) => self.turned_count(),
+        match self.opposite_sun {
+            OppositeSun::Every => 2 * self.turned_count(),
+            OppositeSun::Given => self.turned_count() + 1,
+            OppositeSun::Off => self.turned_count(),
         }
     }
 
@@ -69,7 +89,7 @@ impl QueryViews {
     /// The [`QueryViews::count`] images of `image` a search looks at: `image`, then (with
     /// turns) its mirror image (left to right) and each further turn by a `turns`-th of a
     /// circle and its mirror image, then (under the opposite sun) each of those with its
-    /// brightness inverted, or `image` alone inverted (`opposite_sun_given`). Turns reflect
+    /// brightness inverted, or `image` alone inverted ([`OppositeSun::Given`]). Turns reflect
     /// the image at its edges, so no blank corner appears.
     pub fn images(&self, image: &image::DynamicImage) -> Vec<image::DynamicImage> {
         let mut out = Vec::with_capacity(self.count());
@@ -88,11 +108,13 @@ impl QueryViews {
                 out.push(im);
             }
         }
-        if self.opposite_sun {
-            let relit: Vec<image::DynamicImage> = out.iter().map(opposite_sun).collect();
-            out.extend(relit);
-        } else if self.opposite_sun_given {
-            out.push(opposite_sun(image));
+        match self.opposite_sun {
+            OppositeSun::Every => {
+                let relit: Vec<image::DynamicImage> = out.iter().map(opposite_sun).collect();
+                out.extend(relit);
+            }
+            OppositeSun::Given => out.push(opposite_sun(image)),
+            OppositeSun::Off => {}
         }
         out
     }
@@ -160,7 +182,7 @@ mod tests {
     #[test]
     fn the_opposite_sun_adds_each_view_inverted_after_the_views() {
         let plain = QueryViews {
-            opposite_sun: true,
+            opposite_sun: OppositeSun::Every,
             ..QueryViews::PLAIN
         };
         let v = plain.images(&img());
@@ -172,8 +194,7 @@ mod tests {
         }
         let turned = QueryViews {
             turns: 3,
-            opposite_sun: true,
-            opposite_sun_given: false,
+            opposite_sun: OppositeSun::Every,
         };
         let v = turned.images(&img());
         assert_eq!(v.len(), 12);
@@ -188,8 +209,7 @@ mod tests {
     fn only_the_query_as_given_counts_in_full() {
         let v = QueryViews {
             turns: 2,
-            opposite_sun: true,
-            opposite_sun_given: false,
+            opposite_sun: OppositeSun::Every,
         };
         let m = v.margins();
         assert_eq!(m.len(), 8);
@@ -203,11 +223,11 @@ mod tests {
     }
 
     /// A search again adds one view to the turns, the query as given inverted, counted as
-    /// the opposite sun counts it; with every view inverted it adds nothing more.
+    /// the opposite sun counts it.
     #[test]
     fn the_opposite_sun_given_adds_the_query_inverted_alone() {
         let v = QueryViews {
-            opposite_sun_given: true,
+            opposite_sun: OppositeSun::Given,
             ..QueryViews::turned(3)
         };
         let images = v.images(&img());
@@ -217,16 +237,10 @@ mod tests {
         assert_eq!(v.margin(6), OPPOSITE_SUN_MARGIN);
         assert_eq!(v.margin(1), TURN_MARGIN);
         let plain = QueryViews {
-            opposite_sun_given: true,
+            opposite_sun: OppositeSun::Given,
             ..QueryViews::PLAIN
         };
         assert_eq!(plain.images(&img()), vec![img(), opposite_sun(&img())]);
         assert_eq!(plain.margins(), vec![0.0, OPPOSITE_SUN_MARGIN]);
-        let every = QueryViews {
-            opposite_sun: true,
-            ..v
-        };
-        assert_eq!(every.count(), 12);
-        assert_eq!(every.images(&img()).len(), 12);
     }
 }

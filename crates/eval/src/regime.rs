@@ -4,7 +4,7 @@
 //! paper's tables and the JSON outputs use (`inst_fps_k32`, `two_stage_s100_k32_int8`,
 //! `max_pairwhite_grouped`, ...), so reports and the command line match on the type.
 
-use craterdex_engine::{Codec, Pooling, QueryViews, SeedStrategy};
+use craterdex_engine::{Codec, OppositeSun, Pooling, QueryViews, SeedStrategy};
 use craterdex_errors::Invalid;
 use serde::Serialize;
 
@@ -194,10 +194,10 @@ impl std::fmt::Display for RegimeId {
         if self.views.turns > 1 {
             write!(f, "_turns{}", self.views.turns)?;
         }
-        if self.views.opposite_sun {
-            f.write_str("_oppsun")?;
-        } else if self.views.opposite_sun_given {
-            f.write_str("_oppgiven")?;
+        match self.views.opposite_sun {
+            OppositeSun::Every => f.write_str("_oppsun")?,
+            OppositeSun::Given => f.write_str("_oppgiven")?,
+            OppositeSun::Off => {}
         }
         if let Some(n) = self.verify {
             write!(f, "_verify{n}")?;
@@ -244,8 +244,13 @@ impl std::str::FromStr for RegimeId {
         let mut rest = name;
         let recheck = take_suffix(&mut rest, "_recheck");
         let verify = take_numbered(&mut rest, "_verify").ok_or_else(bad)?;
-        let opposite_sun = take_suffix(&mut rest, "_oppsun");
-        let opposite_sun_given = !opposite_sun && take_suffix(&mut rest, "_oppgiven");
+        let opposite_sun = if take_suffix(&mut rest, "_oppsun") {
+            OppositeSun::Every
+        } else if take_suffix(&mut rest, "_oppgiven") {
+            OppositeSun::Given
+        } else {
+            OppositeSun::Off
+        };
         let turns = take_numbered(&mut rest, "_turns").ok_or_else(bad)?;
         let mut take = |suffix: &str| take_suffix(&mut rest, suffix);
         let grouped = take("_grouped");
@@ -300,7 +305,6 @@ impl std::str::FromStr for RegimeId {
             views: QueryViews {
                 turns: turns.unwrap_or(1),
                 opposite_sun,
-                opposite_sun_given,
             },
             verify,
             recheck,
@@ -374,8 +378,7 @@ mod tests {
             .unwrap();
         let views = QueryViews {
             turns: 12,
-            opposite_sun: true,
-            opposite_sun_given: false,
+            opposite_sun: OppositeSun::Every,
         };
         assert_eq!((relit.views, relit.verify), (views, Some(20)));
         let again: RegimeId =

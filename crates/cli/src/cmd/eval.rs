@@ -100,8 +100,7 @@ impl Drop for RegimeProgress {
 pub fn run(mut c: EvalCmd) -> Result<()> {
     let mut views = craterdex_engine::QueryViews {
         turns: c.query_turns,
-        opposite_sun: c.opposite_sun,
-        opposite_sun_given: false,
+        opposite_sun: craterdex_engine::OppositeSun::every_if(c.opposite_sun),
     };
     if c.recheck {
         use craterdex_engine::{RECHECK_TURNS, RECHECK_VERIFY, RECHECK_VIEWS};
@@ -116,7 +115,7 @@ pub fn run(mut c: EvalCmd) -> Result<()> {
                  numbers"
             );
         }
-        (views, c.query_turns, c.verify) = (RECHECK_VIEWS, RECHECK_TURNS, RECHECK_VERIFY);
+        (views, c.verify) = (RECHECK_VIEWS, RECHECK_VERIFY);
     }
     let o = craterdex_eval::regimes::EvalOptions {
         views,
@@ -148,7 +147,7 @@ pub fn run(mut c: EvalCmd) -> Result<()> {
     let info = serde_json::json!({
         "manifest": c.manifest.display().to_string(),
         "quick": c.quick,
-        "query_turns": c.query_turns,
+        "query_turns": o.views.turns,
         "opposite_sun": c.opposite_sun,
         "verify": c.verify,
         "recheck": c.recheck,
