@@ -191,10 +191,16 @@ impl F32Query {
 /// build targets baseline x86-64, whose 4-lane SSE would leave most of a newer CPU idle).
 /// `f` must be branch-free arithmetic for the wide versions to vectorise.
 pub fn map_in_place(v: &mut [f32], f: impl Fn(f32) -> f32) {
+    map_in_place_fused(v, &f, &f)
+}
+
+/// [`map_in_place`] with two forms of `f`: `fused` for the vector levels, which all have FMA
+/// (its fused multiply-adds are one instruction there), `plain` for the portable level.
+pub fn map_in_place_fused(v: &mut [f32], fused: impl Fn(f32) -> f32, plain: impl Fn(f32) -> f32) {
     dispatch!(active(),
-        avx512 => x86::map_avx512(v, f),
-        avx2 => x86::map_avx2(v, f),
-        portable => v.iter_mut().for_each(|x| *x = f(*x)))
+        avx512 => x86::map_avx512(v, fused),
+        avx2 => x86::map_avx2(v, fused),
+        portable => v.iter_mut().for_each(|x| *x = plain(*x)))
 }
 
 /// Every row's dot products with one packed block of query tokens (`q` `[d][BLOCK]`): `lanes`

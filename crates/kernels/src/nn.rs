@@ -1,8 +1,8 @@
 //! The element-wise and row-wise operations of a transformer block: exact (erf) GELU, row
-//! softmax, layer norm, and the scaled residual add. Branch-free arithmetic, compiled for the
-//! widest vectors of the active level through [`map_in_place`].
+//! softmax, layer norm, and the residual add. Branch-free arithmetic, compiled for the
+//! widest vectors of the active level through [`map_in_place_fused`].
 
-use crate::f32::map_in_place;
+use crate::f32::map_in_place_fused;
 use crate::level::{active, dispatch, Level};
 use rayon::prelude::*;
 
@@ -10,56 +10,69 @@ use rayon::prelude::*;
 /// XLA and Eigen use for f32: within 5e-7 (4 ulp near 1) of libm's erff (tested), branch-free
 /// so that loops over it vectorise. libm's scalar erff took a third of the forward pass.
 #[inline(always)]
-pub fn erf_rational(x: f32) -> f32 {
+pub fn erf_rational<const FUSED: bool>(x: f32) -> f32 {
     let x = x.clamp(-4.0, 4.0);
     let x2 = x * x;
     let mut p = -2.726_142_3e-10_f32;
-    p = p * x2 + 2.770_681_4e-8;
-    p = p * x2 - 2.101_024e-6;
-    p = p * x2 - 5.692_506_4e-5;
-    p = p * x2 - 7.349_906_3e-4;
-    p = p * x2 - 2.954_6e-3;
-    p = p * x2 - 1.609_603_3e-2;
+    p = mul_add::<FUSED>(p, x2, 2.770_681_4e-8);
+    p = mul_add::<FUSED>(p, x2, -2.101_024e-6);
+    p = mul_add::<FUSED>(p, x2, -5.692_506_4e-5);
+    p = mul_add::<FUSED>(p, x2, -7.349_906_3e-4);
+    p = mul_add::<FUSED>(p, x2, -2.954_6e-3);
+    p = mul_add::<FUSED>(p, x2, -1.609_603_3e-2);
     let mut q = -1.456_607_2e-5_f32;
-    q = q * x2 - 2.133_740_6e-4;
-    q = q * x2 - 1.682_827e-3;
-    q = q * x2 - 7.373_329e-3;
-    q = q * x2 - 1.426_474e-2;
+    q = mul_add::<FUSED>(q, x2, -2.133_740_6e-4);
+    q = mul_add::<FUSED>(q, x2, -1.682_827e-3);
+    q = mul_add::<FUSED>(q, x2, -7.373_329e-3);
+    q = mul_add::<FUSED>(q, x2, -1.426_474e-2);
     x * p / q
+}
+
+/// `a * b + c`, rounded once where `FUSED`: for kernels inlined into functions compiled with
+/// FMA, where it is one instruction instead of two (Rust does not contract `a * b + c` on
+/// its own); rounded twice elsewhere, where a fused multiply-add would be a library call.
+#[inline(always)]
+fn mul_add<const FUSED: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FUSED {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
 }
 
 /// Exact (erf) GELU, as in the reference DINO and DINOv2 code.
 #[inline(always)]
-pub fn gelu(x: f32) -> f32 {
-    0.5 * x * (1.0 + erf_rational(x * std::f32::consts::FRAC_1_SQRT_2))
+pub fn gelu<const FUSED: bool>(x: f32) -> f32 {
+    0.5 * x * (1.0 + erf_rational::<FUSED>(x * std::f32::consts::FRAC_1_SQRT_2))
 }
 
 /// GELU over a buffer, in parallel chunks.
 pub fn gelu_in_place(v: &mut [f32]) {
-    v.par_chunks_mut(4096).for_each(|c| map_in_place(c, gelu));
+    v.par_chunks_mut(4096)
+        .for_each(|c| map_in_place_fused(c, gelu::<true>, gelu::<false>));
 }
 
 /// `e^x` for `x <= 0` (softmax after subtracting the row maximum): `2^n e^r` with
 /// `|r| <= ln2/2` and a degree-6 Taylor polynomial, branch-free so that it vectorises; within
 /// 3 ulp of libm's expf (tested). Below -87 (e^x < 2^-125) the result is zero.
 #[inline(always)]
-pub fn exp_nonpositive(input: f32) -> f32 {
+pub fn exp_nonpositive<const FUSED: bool>(input: f32) -> f32 {
     let x = input.max(-87.0);
     // Round to nearest by adding and removing 1.5 * 2^23 (f32::round is not one instruction);
     // the sum's low mantissa bits are then n itself, read without a float-to-int conversion
     // (Rust's saturating `as i32` kept the loop from vectorising).
     const ROUNDER: f32 = 12_582_912.0;
-    let shifted = x * std::f32::consts::LOG2_E + ROUNDER;
+    let shifted = mul_add::<FUSED>(x, std::f32::consts::LOG2_E, ROUNDER);
     let n = shifted - ROUNDER;
     // ln 2 split in two so that n * ln2 is exact in its high part.
-    let r = (x - n * 0.693_145_75) - n * 1.428_606_8e-6;
+    let r = mul_add::<FUSED>(-n, 1.428_606_8e-6, mul_add::<FUSED>(-n, 0.693_145_75, x));
     let mut p = 1.0 / 720.0;
-    p = p * r + 1.0 / 120.0;
-    p = p * r + 1.0 / 24.0;
-    p = p * r + 1.0 / 6.0;
-    p = p * r + 0.5;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
+    p = mul_add::<FUSED>(p, r, 1.0 / 120.0);
+    p = mul_add::<FUSED>(p, r, 1.0 / 24.0);
+    p = mul_add::<FUSED>(p, r, 1.0 / 6.0);
+    p = mul_add::<FUSED>(p, r, 0.5);
+    p = mul_add::<FUSED>(p, r, 1.0);
+    p = mul_add::<FUSED>(p, r, 1.0);
     let n_bits = shifted.to_bits().wrapping_sub(ROUNDER.to_bits());
     let scale = f32::from_bits(n_bits.wrapping_add(127) << 23);
     if input < -87.0 {
@@ -85,11 +98,11 @@ pub fn softmax_numerators_at(level: Level, row: &mut [f32], scale: f32) -> f32 {
     dispatch!(level,
         avx512 => x86::numerators_avx512(row, scale),
         avx2 => x86::numerators_avx2(row, scale),
-        portable => numerators_lanes(row, scale))
+        portable => numerators_lanes::<false>(row, scale))
 }
 
 #[inline(always)]
-fn numerators_lanes(row: &mut [f32], scale: f32) -> f32 {
+fn numerators_lanes<const FUSED: bool>(row: &mut [f32], scale: f32) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; LANES];
     let mut chunks = row.chunks_exact(LANES);
     for c in &mut chunks {
@@ -106,13 +119,13 @@ fn numerators_lanes(row: &mut [f32], scale: f32) -> f32 {
     let mut chunks = row.chunks_exact_mut(LANES);
     for c in &mut chunks {
         for (s, v) in sums.iter_mut().zip(c) {
-            *v = exp_nonpositive((*v - max) * scale);
+            *v = exp_nonpositive::<FUSED>((*v - max) * scale);
             *s += *v;
         }
     }
     let mut sum: f32 = sums.iter().sum();
     for v in chunks.into_remainder() {
-        *v = exp_nonpositive((*v - max) * scale);
+        *v = exp_nonpositive::<FUSED>((*v - max) * scale);
         sum += *v;
     }
     sum
@@ -130,11 +143,11 @@ mod x86 {
     }
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn numerators_avx2(row: &mut [f32], scale: f32) -> f32 {
-        super::numerators_lanes(row, scale)
+        super::numerators_lanes::<true>(row, scale)
     }
     #[target_feature(enable = "avx512f")]
     pub unsafe fn numerators_avx512(row: &mut [f32], scale: f32) -> f32 {
-        super::numerators_lanes(row, scale)
+        super::numerators_lanes::<true>(row, scale)
     }
 }
 
@@ -182,18 +195,11 @@ fn layer_norm_row(r: &[f32], o: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
     }
 }
 
-/// `x += y` row by row, with `y` scaled per column when `scale` is given (layer scale).
-pub fn add_residual(x: &mut [f32], y: &[f32], scale: Option<&[f32]>, d: usize) {
+/// `x += y`, in parallel over rows of `d`.
+pub fn add_residual(x: &mut [f32], y: &[f32], d: usize) {
     x.par_chunks_mut(d)
         .zip(y.par_chunks(d))
-        .for_each(|(xr, yr)| match scale {
-            Some(s) => xr
-                .iter_mut()
-                .zip(yr)
-                .zip(s)
-                .for_each(|((a, b), g)| *a += b * g),
-            None => xr.iter_mut().zip(yr).for_each(|(a, b)| *a += b),
-        });
+        .for_each(|(xr, yr)| xr.iter_mut().zip(yr).for_each(|(a, b)| *a += b));
 }
 
 #[cfg(test)]
@@ -205,7 +211,9 @@ mod tests {
         let mut worst = 0f32;
         for i in -2_000_000..=2_000_000 {
             let x = i as f32 * 3e-6; // [-6, 6]
-            worst = worst.max((erf_rational(x) - libm::erff(x)).abs());
+            let want = libm::erff(x);
+            worst = worst.max((erf_rational::<false>(x) - want).abs());
+            worst = worst.max((erf_rational::<true>(x) - want).abs());
         }
         assert!(worst < 5e-7, "worst |erf error| {worst}");
     }
@@ -215,13 +223,17 @@ mod tests {
         let mut worst_ulp = 0i64;
         for i in 0..=1_000_000 {
             let x = -(i as f32) * 8.0e-5; // [-80, 0]
-            let (got, want) = (exp_nonpositive(x), x.exp());
-            worst_ulp = worst_ulp.max((got.to_bits() as i64 - want.to_bits() as i64).abs());
+            let want = x.exp().to_bits() as i64;
+            for got in [exp_nonpositive::<false>(x), exp_nonpositive::<true>(x)] {
+                worst_ulp = worst_ulp.max((got.to_bits() as i64 - want).abs());
+            }
         }
         assert!(worst_ulp <= 3, "worst error {worst_ulp} ulp");
-        assert_eq!(exp_nonpositive(0.0), 1.0);
-        assert_eq!(exp_nonpositive(-90.0), 0.0);
-        assert_eq!(exp_nonpositive(f32::NEG_INFINITY), 0.0);
+        for exp in [exp_nonpositive::<false>, exp_nonpositive::<true>] {
+            assert_eq!(exp(0.0), 1.0);
+            assert_eq!(exp(-90.0), 0.0);
+            assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+        }
     }
 
     /// `softmax(scale * row)` from its numerators and their sum.

@@ -110,6 +110,33 @@ fn int8_linear_layers_are_identical_on_every_level_exact_and_close_to_f32() {
     }
 }
 
+/// A linear layer added to a residual stream matches the layer's output added afterwards,
+/// on every level.
+#[test]
+fn residual_linear_adds_the_layer_to_what_the_rows_hold() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(8);
+    for (m, k, n) in SHAPES {
+        let x = randn(&mut rng, m * k);
+        let w = randn(&mut rng, k * n);
+        let bias = randn(&mut rng, n);
+        let stream = randn(&mut rng, m * n);
+        for l in levels() {
+            let packed = PackedF32::from_kn_at(l, &w, k, n);
+            let mut layer = vec![f32::NAN; m * n];
+            gemm::linear_f32(&x, m, &packed, &bias, &mut layer);
+            let mut got = stream.clone();
+            gemm::linear_f32_residual(&x, m, &packed, &bias, &mut got);
+            for (i, (g, (s, y))) in got.iter().zip(stream.iter().zip(&layer)).enumerate() {
+                assert!(
+                    (g - (s + y)).abs() < 1e-5 * (k as f32).sqrt(),
+                    "{l} m{m} k{k} n{n} [{i}]: {g} vs {}",
+                    s + y
+                );
+            }
+        }
+    }
+}
+
 /// The int8 path against the documented quantisation done by hand in integers and f64:
 /// activations per row and group of 64, asymmetric with codes 0..=254; weights per column,
 /// symmetric 8-bit.

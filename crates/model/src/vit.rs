@@ -263,6 +263,25 @@ impl Linear {
         };
     }
 
+    /// `residual[rows, out] += x[rows, in] W + b`: for f32 in the products' stores (no buffer
+    /// for the layer's output, no pass to add it); the other precisions write `scratch` and
+    /// add it.
+    pub fn forward_residual(
+        &self,
+        x: &[f32],
+        rows: usize,
+        residual: &mut [f32],
+        scratch: &mut [f32],
+    ) {
+        match &self.kernel {
+            LinearKernel::F32(w) => gemm::linear_f32_residual(x, rows, w, &self.bias, residual),
+            _ => {
+                self.forward(x, rows, scratch);
+                nn::add_residual(residual, scratch, self.out_dim);
+            }
+        }
+    }
+
     /// `out[rows, out] = x[rows, in] W + b`, multithreaded over rows.
     pub fn forward(&self, x: &[f32], rows: usize, out: &mut [f32]) {
         let (k, n) = (self.in_dim, self.out_dim);
@@ -348,14 +367,30 @@ pub struct Mlp {
     fc2: Linear,
 }
 
-/// A pre-norm transformer block, with layer scale for DINOv2.
+/// A pre-norm transformer block. DINOv2's layer scales are folded into the layers before
+/// them (`proj` and `fc2`, [`fold_layer_scale`]).
 pub struct Block {
     norm1: LayerNorm,
     attn: Attention,
-    ls1: Option<Vec<f32>>,
     norm2: LayerNorm,
     mlp: Mlp,
-    ls2: Option<Vec<f32>>,
+}
+
+/// `x + s (h W + b) = x + h (W s) + b s`: a layer scale `s` (one factor per output column)
+/// folded into the linear layer before it, so that the layer's products go straight into the
+/// residual stream.
+fn fold_layer_scale(
+    mut w: Vec<f32>,
+    mut b: Vec<f32>,
+    scale: Option<&[f32]>,
+) -> (Vec<f32>, Vec<f32>) {
+    if let Some(s) = scale {
+        for row in w.chunks_exact_mut(s.len()) {
+            row.iter_mut().zip(s).for_each(|(w, s)| *w *= s);
+        }
+        b.iter_mut().zip(s).for_each(|(b, s)| *b *= s);
+    }
+    (w, b)
 }
 
 /// Buffers one forward pass reuses from block to block.
@@ -386,9 +421,8 @@ impl Block {
         PassProfile::lap(&mut p.linear, &mut clock);
         attention::multi_head(&s.qkv, b, t, d, a.heads, &mut s.mixed, cls_attn);
         PassProfile::lap(&mut p.attention, &mut clock);
-        a.proj.forward(&s.mixed, b * t, &mut s.delta);
+        a.proj.forward_residual(&s.mixed, b * t, x, &mut s.delta);
         PassProfile::lap(&mut p.linear, &mut clock);
-        nn::add_residual(x, &s.delta, self.ls1.as_deref(), d);
         self.norm2.forward(x, &mut s.normed);
         PassProfile::lap(&mut p.elementwise, &mut clock);
         let m = &self.mlp;
@@ -396,10 +430,8 @@ impl Block {
         PassProfile::lap(&mut p.linear, &mut clock);
         nn::gelu_in_place(&mut s.hidden[..b * t * m.fc1.out_dim]);
         PassProfile::lap(&mut p.elementwise, &mut clock);
-        m.fc2.forward(&s.hidden, b * t, &mut s.delta);
+        m.fc2.forward_residual(&s.hidden, b * t, x, &mut s.delta);
         PassProfile::lap(&mut p.linear, &mut clock);
-        nn::add_residual(x, &s.delta, self.ls2.as_deref(), d);
-        PassProfile::lap(&mut p.elementwise, &mut clock);
     }
 
     fn linears_mut(&mut self) -> [&mut Linear; 4] {
@@ -500,20 +532,22 @@ impl Vit {
         let blocks = weights
             .blocks
             .into_iter()
-            .map(|bw| Block {
-                norm1: norm(bw.norm1_w, bw.norm1_b),
-                attn: Attention {
-                    qkv: Linear::new(bw.qkv_w, bw.qkv_b, d, 3 * d),
-                    proj: Linear::new(bw.proj_w, bw.proj_b, d, d),
-                    heads: config.num_heads,
-                },
-                ls1: bw.ls1,
-                norm2: norm(bw.norm2_w, bw.norm2_b),
-                mlp: Mlp {
-                    fc1: Linear::new(bw.fc1_w, bw.fc1_b, d, h),
-                    fc2: Linear::new(bw.fc2_w, bw.fc2_b, h, d),
-                },
-                ls2: bw.ls2,
+            .map(|bw| {
+                let (proj_w, proj_b) = fold_layer_scale(bw.proj_w, bw.proj_b, bw.ls1.as_deref());
+                let (fc2_w, fc2_b) = fold_layer_scale(bw.fc2_w, bw.fc2_b, bw.ls2.as_deref());
+                Block {
+                    norm1: norm(bw.norm1_w, bw.norm1_b),
+                    attn: Attention {
+                        qkv: Linear::new(bw.qkv_w, bw.qkv_b, d, 3 * d),
+                        proj: Linear::new(proj_w, proj_b, d, d),
+                        heads: config.num_heads,
+                    },
+                    norm2: norm(bw.norm2_w, bw.norm2_b),
+                    mlp: Mlp {
+                        fc1: Linear::new(bw.fc1_w, bw.fc1_b, d, h),
+                        fc2: Linear::new(fc2_w, fc2_b, h, d),
+                    },
+                }
             })
             .collect();
         Ok(Self {
@@ -822,7 +856,11 @@ impl Vit {
             qkv: vec![0f32; rows * 3 * d],
             mixed: vec![0f32; rows * d],
             hidden: vec![0f32; rows * self.config.mlp_hidden],
-            delta: vec![0f32; rows * d],
+            // f32 layers add to the residual stream themselves
+            delta: match self.precision {
+                Precision::F32 => Vec::new(),
+                _ => vec![0f32; rows * d],
+            },
         };
         let mut last_attn = vec![0f32; b * (t - 1)];
         let last = self.blocks.len() - 1;
