@@ -265,21 +265,25 @@ impl Linear {
 
     /// `residual[rows, out] += x[rows, in] W + b`: for f32 in the products' stores (no buffer
     /// for the layer's output, no pass to add it); the other precisions write `scratch` and
-    /// add it.
-    pub fn forward_residual(
+    /// add it, a pass the profile counts as element-wise work.
+    fn forward_residual(
         &self,
         x: &[f32],
         rows: usize,
         residual: &mut [f32],
         scratch: &mut [f32],
+        p: &mut PassProfile,
+        clock: &mut Instant,
     ) {
-        match &self.kernel {
-            LinearKernel::F32(w) => gemm::linear_f32_residual(x, rows, w, &self.bias, residual),
-            _ => {
-                self.forward(x, rows, scratch);
-                nn::add_residual(residual, scratch, self.out_dim);
-            }
+        if let LinearKernel::F32(w) = &self.kernel {
+            gemm::linear_f32_residual(x, rows, w, &self.bias, residual);
+            PassProfile::lap(&mut p.linear, clock);
+            return;
         }
+        self.forward(x, rows, scratch);
+        PassProfile::lap(&mut p.linear, clock);
+        nn::add_residual(residual, scratch, self.out_dim);
+        PassProfile::lap(&mut p.elementwise, clock);
     }
 
     /// `out[rows, out] = x[rows, in] W + b`, multithreaded over rows.
@@ -421,8 +425,8 @@ impl Block {
         PassProfile::lap(&mut p.linear, &mut clock);
         attention::multi_head(&s.qkv, b, t, d, a.heads, &mut s.mixed, cls_attn);
         PassProfile::lap(&mut p.attention, &mut clock);
-        a.proj.forward_residual(&s.mixed, b * t, x, &mut s.delta);
-        PassProfile::lap(&mut p.linear, &mut clock);
+        a.proj
+            .forward_residual(&s.mixed, b * t, x, &mut s.delta, p, &mut clock);
         self.norm2.forward(x, &mut s.normed);
         PassProfile::lap(&mut p.elementwise, &mut clock);
         let m = &self.mlp;
@@ -430,8 +434,8 @@ impl Block {
         PassProfile::lap(&mut p.linear, &mut clock);
         nn::gelu_in_place(&mut s.hidden[..b * t * m.fc1.out_dim]);
         PassProfile::lap(&mut p.elementwise, &mut clock);
-        m.fc2.forward_residual(&s.hidden, b * t, x, &mut s.delta);
-        PassProfile::lap(&mut p.linear, &mut clock);
+        m.fc2
+            .forward_residual(&s.hidden, b * t, x, &mut s.delta, p, &mut clock);
     }
 
     fn linears_mut(&mut self) -> [&mut Linear; 4] {
