@@ -264,14 +264,15 @@ impl Linear {
     }
 
     /// `residual[rows, out] += x[rows, in] W + b`: for f32 in the products' stores (no buffer
-    /// for the layer's output, no pass to add it); the other precisions write `scratch` and
-    /// add it, a pass the profile counts as element-wise work.
+    /// for the layer's output, no pass to add it); the other precisions write `scratch`
+    /// (grown to the rows here, the only place that knows it is needed) and add it, a pass
+    /// the profile counts as element-wise work.
     fn forward_residual(
         &self,
         x: &[f32],
         rows: usize,
         residual: &mut [f32],
-        scratch: &mut [f32],
+        scratch: &mut Vec<f32>,
         p: &mut PassProfile,
         clock: &mut Instant,
     ) {
@@ -280,6 +281,7 @@ impl Linear {
             PassProfile::lap(&mut p.linear, clock);
             return;
         }
+        scratch.resize(scratch.len().max(rows * self.out_dim), 0.0);
         self.forward(x, rows, scratch);
         PassProfile::lap(&mut p.linear, clock);
         nn::add_residual(residual, scratch, self.out_dim);
@@ -860,11 +862,7 @@ impl Vit {
             qkv: vec![0f32; rows * 3 * d],
             mixed: vec![0f32; rows * d],
             hidden: vec![0f32; rows * self.config.mlp_hidden],
-            // f32 layers add to the residual stream themselves
-            delta: match self.precision {
-                Precision::F32 => Vec::new(),
-                _ => vec![0f32; rows * d],
-            },
+            delta: Vec::new(),
         };
         let mut last_attn = vec![0f32; b * (t - 1)];
         let last = self.blocks.len() - 1;
