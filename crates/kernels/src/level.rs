@@ -204,8 +204,8 @@ pub enum Arithmetic {
 /// The peak operations per second one logical CPU reaches with `arith` at `level` (a
 /// multiply-add counts two), and how it was derived: the clock ([`measured_mhz`] on x86-64,
 /// else `cpu MHz` of /proc/cpuinfo) times the operations the level's widest units issue per
-/// cycle (FMA ports x lanes x 2; AMD family 25, Zen 3/4, runs 512-bit operations on 256-bit
-/// units). `None` where the clock is not known.
+/// cycle (FMA ports x lanes x 2; int8 without VNNI: byte products, vpmaddubsw; AMD family 25,
+/// Zen 3/4, runs 512-bit operations on 256-bit units). `None` where the clock is not known.
 pub fn peak_ops_per_cpu(level: Level, arith: Arithmetic) -> Option<(f64, String)> {
     let (mhz, clock) = match measured_mhz() {
         Some(m) => (m, "measured clock"),
@@ -230,6 +230,19 @@ pub fn peak_ops_per_cpu(level: Level, arith: Arithmetic) -> Option<(f64, String)
                 (256.0, "AVX-512 VNNI: 2 ports x 64 int8 x 2")
             }
         }
+        // without a dot-product instruction int8 multiplies bytes into pairs of 16-bit sums
+        (Level::Avx512, Arithmetic::Int8) if half_width_512 => (
+            128.0,
+            "AVX-512BW byte products (vpmaddubsw) on 256-bit units: 2 ports x 32 int8 x 2",
+        ),
+        (Level::Avx512, Arithmetic::Int8) => (
+            256.0,
+            "AVX-512BW byte products (vpmaddubsw): 2 ports x 64 int8 x 2",
+        ),
+        (Level::Avx2, Arithmetic::Int8) => (
+            128.0,
+            "AVX2 byte products (vpmaddubsw): 2 ports x 32 int8 x 2",
+        ),
         (Level::Avx512 | Level::Amx, _) if half_width_512 => {
             (32.0, "AVX-512 on 256-bit units: 2 FMA x 8 f32 x 2")
         }
@@ -325,5 +338,21 @@ mod tests {
         assert!(active() <= detected());
         assert_eq!(supported().first(), Some(&Level::Portable));
         assert_eq!(supported().last(), Some(&detected()));
+    }
+
+    /// int8 products on AVX2 issue four times f32's operations per cycle (32 byte pairs per
+    /// instruction against 8 floats), so a kernel reading above f32's peak is not above 100%.
+    #[test]
+    fn int8_peaks_count_byte_products() {
+        let (Some((f32_ops, _)), Some((int8_ops, how))) = (
+            peak_ops_per_cpu(Level::Avx2, Arithmetic::F32),
+            peak_ops_per_cpu(Level::Avx2, Arithmetic::Int8),
+        ) else {
+            return; // no clock known on this machine
+        };
+        // both from the clock measured once per process
+        let ratio = int8_ops / f32_ops;
+        assert!((ratio - 4.0).abs() < 1e-9, "{ratio}: {how}");
+        assert!(how.contains("vpmaddubsw"), "{how}");
     }
 }
