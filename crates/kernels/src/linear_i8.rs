@@ -244,10 +244,14 @@ pub fn linear_i8(x: &[f32], m: usize, w: &PackedI8Linear, bias: &[f32], out: &mu
         .for_each(|(o, x)| {
             let mr = x.len() / k;
             let q = quantise_rows(x, mr, k, w.kp, w.level);
-            int8_products(&q, mr, w, o);
+            let done = int8_products(&q, mr, w, bias, o);
             let mut shift = vec![0f32; n];
             for (r, o) in o.chunks_exact_mut(n).enumerate() {
-                finish_row(o, &mut shift, &q, r, w, bias);
+                match r < done.rows {
+                    true if done.columns < n => finish_columns(o, &q, r, w, bias, done.columns),
+                    true => {}
+                    false => finish_row(o, &mut shift, &q, r, w, bias),
+                }
             }
         });
 }
@@ -291,6 +295,44 @@ fn finish_row_plain(
     }
 }
 
+/// [`finish_row_plain`] for the columns from `first` on alone (the same operations, so the
+/// same outputs).
+fn finish_columns(
+    out: &mut [f32],
+    q: &QuantisedRows,
+    r: usize,
+    w: &PackedI8Linear,
+    bias: &[f32],
+    first: usize,
+) {
+    let (n, groups) = (w.n, w.groups());
+    let mut shift = vec![0f32; n - first];
+    for g in 0..groups {
+        let c = q.scales[r * groups + g] * q.zeros[r * groups + g] as f32;
+        let sums = &w.colsums[g * n + first..(g + 1) * n];
+        for (s, &sum) in shift.iter_mut().zip(sums) {
+            *s += c * sum;
+        }
+    }
+    for (j, s) in (first..n).zip(shift) {
+        out[j] = (out[j] - s) * w.scales[j] + bias[j];
+    }
+}
+
+/// The outputs a products kernel left final (its rows `..rows`, columns `..columns`); the
+/// rest hold group sums for [`finish_row`].
+struct Finished {
+    rows: usize,
+    columns: usize,
+}
+
+impl Finished {
+    const NONE: Finished = Finished {
+        rows: 0,
+        columns: 0,
+    };
+}
+
 /// One group's integer products into the running sums of one row: `sums[j] += p[j] as f32 *
 /// scale` (the first group sets them), the same f32 operations on every level.
 #[inline(always)]
@@ -302,8 +344,14 @@ fn add_group(sums: &mut [f32], p: &[i32], scale: f32, first: bool) {
 }
 
 /// `out[r * n + j] = sum_g scale[r, g] * sum_{i in g} code[r, i] * W8[i, j]`, group by
-/// group.
-fn int8_products(q: &QuantisedRows, m: usize, w: &PackedI8Linear, out: &mut [f32]) {
+/// group; where the kernel finishes outputs itself (VNNI), those it returns are final.
+fn int8_products(
+    q: &QuantisedRows,
+    m: usize,
+    w: &PackedI8Linear,
+    bias: &[f32],
+    out: &mut [f32],
+) -> Finished {
     let (kp, n, groups) = (w.kp, w.n, w.groups());
     if !w.tiles.is_empty() {
         let cols = w.tiles[0].columns();
@@ -324,13 +372,19 @@ fn int8_products(q: &QuantisedRows, m: usize, w: &PackedI8Linear, out: &mut [f32
                 );
             }
         }
-        return;
+        return Finished::NONE;
     }
     // q.codes is [m, kp], out [m, n], the packed codes [blocks][kp / 4][NB][4]
     dispatch!(w.level,
-        avx512 => x86::int8_products_avx512(q, m, w, out),
-        avx2 => x86::int8_products_avx2(q, m, w, out),
-        portable => int8_products_plain(q, m, w, out))
+    avx512 => x86::int8_products_avx512(q, m, w, bias, out),
+    avx2 => {
+        x86::int8_products_avx2(q, m, w, out);
+        Finished::NONE
+    },
+    portable => {
+        int8_products_plain(q, m, w, out);
+        Finished::NONE
+    })
 }
 
 fn int8_products_plain(q: &QuantisedRows, m: usize, w: &PackedI8Linear, out: &mut [f32]) {
@@ -360,7 +414,7 @@ fn int8_products_plain(q: &QuantisedRows, m: usize, w: &PackedI8Linear, out: &mu
 mod x86 {
     use super::{
         add_group, finish_row_plain, group_scale, quantise_group, quantise_groups_with,
-        quantise_into, PackedI8Linear, QuantisedRows, GROUP, NB,
+        quantise_into, Finished, PackedI8Linear, QuantisedRows, GROUP, NB,
     };
     use crate::level::has_avx512_vnni;
     use crate::simd::{Avx2, Avx512, Avx512Vnni, Vector};
@@ -584,12 +638,18 @@ mod x86 {
         unsafe { int8_generic::<Avx512, 6, 2>(q, m, w, out) }
     }
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn int8_vnni(q: &QuantisedRows, m: usize, w: &PackedI8Linear, out: &mut [f32]) {
+    unsafe fn int8_vnni(
+        q: &QuantisedRows,
+        m: usize,
+        w: &PackedI8Linear,
+        bias: &[f32],
+        out: &mut [f32],
+    ) -> Finished {
         // six rows: their 12 integer and 12 f32 accumulators, two weight registers and a
         // broadcast fit the 32 registers, so every group's sums stay there (Zen 5, bench
         // extract: 12 rows flushed through memory 72 images/s, kept 83 with spills, 6 rows 96)
         // SAFETY: the features are enabled on this function.
-        unsafe { vnni_unsigned::<6>(q, m, w, out) }
+        unsafe { vnni_unsigned::<6>(q, m, w, bias, out) }
     }
 
     /// One group's products of `R` rows of unsigned codes (`a`, rows `kp` apart) with one
@@ -665,8 +725,9 @@ mod x86 {
         q: &QuantisedRows,
         m: usize,
         w: &PackedI8Linear,
+        bias: &[f32],
         out: &mut [f32],
-    ) {
+    ) -> Finished {
         let (n, groups) = (w.n, w.groups());
         let codes: Vec<u8> = q.codes.iter().map(|&c| (c as u8) ^ 0x80).collect();
         // SAFETY: (whole body) AVX-512 VNNI per the caller; codes is [m, kp], out [m, n], each
@@ -695,10 +756,29 @@ mod x86 {
                                 }
                             }
                         }
+                        // finished as finish_row does it: the zero points' shift summed
+                        // group by group, then scaled and biased
                         for (i, s) in sums.iter().enumerate() {
-                            let o = out.as_mut_ptr().add((r + i) * n + col);
-                            _mm512_storeu_ps(o, s[0]);
-                            _mm512_storeu_ps(o.add(16), s[1]);
+                            let row = r + i;
+                            let mut shift = [_mm512_setzero_ps(); 2];
+                            for g in 0..groups {
+                                let term =
+                                    q.scales[row * groups + g] * q.zeros[row * groups + g] as f32;
+                                let term = _mm512_set1_ps(term);
+                                let sums = w.colsums.as_ptr().add(g * n + col);
+                                for (v, shift) in shift.iter_mut().enumerate() {
+                                    let c = _mm512_loadu_ps(sums.add(16 * v));
+                                    *shift = _mm512_add_ps(*shift, _mm512_mul_ps(term, c));
+                                }
+                            }
+                            let o = out.as_mut_ptr().add(row * n + col);
+                            for v in 0..2 {
+                                let x = _mm512_sub_ps(s[v], shift[v]);
+                                let scale = _mm512_loadu_ps(w.scales.as_ptr().add(col + 16 * v));
+                                let x = _mm512_mul_ps(x, scale);
+                                let b = _mm512_loadu_ps(bias.as_ptr().add(col + 16 * v));
+                                _mm512_storeu_ps(o.add(16 * v), _mm512_add_ps(x, b));
+                            }
                         }
                         r += R;
                         continue;
@@ -726,6 +806,10 @@ mod x86 {
                 }
             }
         }
+        Finished {
+            rows: m / R * R,
+            columns: n / NB * NB,
+        }
     }
 
     /// The group-wise int8 products on AVX-512, with VNNI where the CPU has it.
@@ -733,14 +817,16 @@ mod x86 {
         q: &QuantisedRows,
         m: usize,
         w: &PackedI8Linear,
+        bias: &[f32],
         out: &mut [f32],
-    ) {
+    ) -> Finished {
         if has_avx512_vnni() {
             // SAFETY: VNNI was detected; AVX-512 per the caller.
-            unsafe { int8_vnni(q, m, w, out) }
+            unsafe { int8_vnni(q, m, w, bias, out) }
         } else {
             // SAFETY: AVX-512 per the caller.
-            unsafe { int8_avx512(q, m, w, out) }
+            unsafe { int8_avx512(q, m, w, out) };
+            Finished::NONE
         }
     }
 
