@@ -208,6 +208,14 @@ pub fn run(b: ExtractBench) -> Result<()> {
         fraction(gflops, peak_gflops(level, Precision::F32, threads).as_ref()),
         summary["peak_rss_mb"].as_f64().unwrap_or(f64::NAN)
     );
+    if level < craterdex_kernels::level::detected() {
+        // onnxruntime picks its kernels from the CPU alone (no switch caps them at run time)
+        println!(
+            "note: craterdex runs at {level} (CRATERDEX_KERNEL) while onnxruntime runs the best \
+             kernels of this CPU ({}): the ratios below compare different levels",
+            craterdex_kernels::level::detected()
+        );
+    }
     for (e, _, mine) in &engines {
         let mut r: Vec<f64> = mine.iter().zip(&theirs).map(|(m, t)| t / m).collect();
         let each: Vec<String> = r.iter().map(|x| format!("{x:.2}")).collect();
