@@ -146,7 +146,7 @@ pub fn has_avx512_vnni() -> bool {
 }
 
 /// Whether int8 products run on an int8 dot-product instruction at the active level (VNNI's
-/// `vpdpbusd` or AMX tiles), where int8 extraction is 1.4-1.7x f32; on AVX2 it gains about
+/// `vpdpbusd` or AMX tiles), where int8 extraction is 1.7-2.0x f32; on AVX2 it gains about
 /// 1.07x and on the portable level it runs at a fifth of f32's speed (docs/performance.md).
 pub fn int8_in_hardware() -> bool {
     let level = active();
