@@ -376,18 +376,17 @@ fn int8_products(
     }
     // q.codes is [m, kp], out [m, n], the packed codes [blocks][kp / 4][NB][4]
     dispatch!(w.level,
-    avx512 => x86::int8_products_avx512(q, m, w, bias, out),
-    avx2 => {
-        x86::int8_products_avx2(q, m, w, out);
-        Finished::NONE
-    },
-    portable => {
-        int8_products_plain(q, m, w, out);
-        Finished::NONE
-    })
+        avx512 => x86::int8_products_avx512(q, m, w, bias, out),
+        avx2 => x86::int8_products_avx2(q, m, w, out),
+        portable => int8_products_plain(q, m, w, out))
 }
 
-fn int8_products_plain(q: &QuantisedRows, m: usize, w: &PackedI8Linear, out: &mut [f32]) {
+fn int8_products_plain(
+    q: &QuantisedRows,
+    m: usize,
+    w: &PackedI8Linear,
+    out: &mut [f32],
+) -> Finished {
     let (kp, n, groups) = (w.kp, w.n, w.groups());
     let mut p = [0i32; NB];
     for (blk, panel) in w.codes.chunks_exact(kp * NB).enumerate() {
@@ -408,6 +407,7 @@ fn int8_products_plain(q: &QuantisedRows, m: usize, w: &PackedI8Linear, out: &mu
             }
         }
     }
+    Finished::NONE
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -719,7 +719,9 @@ mod x86 {
     /// [`int8_generic`] on VNNI with the activations' codes made unsigned (plus 128): the
     /// products of a group are then `sum (c + 128) w`, from which 128 times the group's
     /// column sums is subtracted in integers, so the sums (and the outputs) are exactly those
-    /// of the signed kernels on every other level.
+    /// of the signed kernels on every other level. Whole blocks of `R` rows and 32 columns
+    /// keep their sums in registers across the groups and are finished there (as
+    /// `finish_row` would); what it returns says which outputs are final.
     #[inline(always)]
     unsafe fn vnni_unsigned<const R: usize>(
         q: &QuantisedRows,
@@ -836,8 +838,9 @@ mod x86 {
         m: usize,
         w: &PackedI8Linear,
         out: &mut [f32],
-    ) {
+    ) -> Finished {
         // SAFETY: AVX2 and FMA per the caller.
-        unsafe { int8_avx2(q, m, w, out) }
+        unsafe { int8_avx2(q, m, w, out) };
+        Finished::NONE
     }
 }
