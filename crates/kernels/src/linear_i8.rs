@@ -248,7 +248,9 @@ pub fn linear_i8(x: &[f32], m: usize, w: &PackedI8Linear, bias: &[f32], out: &mu
             let mut shift = vec![0f32; n];
             for (r, o) in o.chunks_exact_mut(n).enumerate() {
                 match r < done.rows {
-                    true if done.columns < n => finish_columns(o, &q, r, w, bias, done.columns),
+                    true if done.columns < n => {
+                        finish_columns(o, &mut shift, &q, r, w, bias, done.columns)
+                    }
                     true => {}
                     false => finish_row(o, &mut shift, &q, r, w, bias),
                 }
@@ -270,35 +272,15 @@ fn finish_row(
     dispatch!(w.level,
         avx512 => x86::finish_avx512(out, shift, q, r, w, bias),
         avx2 => x86::finish_avx2(out, shift, q, r, w, bias),
-        portable => finish_row_plain(out, shift, q, r, w, bias))
+        portable => finish_columns(out, shift, q, r, w, bias, 0))
 }
 
+/// [`finish_row`]'s operations for the row's columns from `first` on (`shift` at least that
+/// many floats): the portable form, and the columns a kernel left unfinished.
 #[inline(always)]
-fn finish_row_plain(
-    out: &mut [f32],
-    shift: &mut [f32],
-    q: &QuantisedRows,
-    r: usize,
-    w: &PackedI8Linear,
-    bias: &[f32],
-) {
-    let (n, groups) = (w.n, w.groups());
-    shift.fill(0.0);
-    for g in 0..groups {
-        let c = q.scales[r * groups + g] * q.zeros[r * groups + g] as f32;
-        for (s, &sum) in shift.iter_mut().zip(&w.colsums[g * n..(g + 1) * n]) {
-            *s += c * sum;
-        }
-    }
-    for j in 0..n {
-        out[j] = (out[j] - shift[j]) * w.scales[j] + bias[j];
-    }
-}
-
-/// [`finish_row_plain`] for the columns from `first` on alone (the same operations, so the
-/// same outputs).
 fn finish_columns(
     out: &mut [f32],
+    shift: &mut [f32],
     q: &QuantisedRows,
     r: usize,
     w: &PackedI8Linear,
@@ -306,15 +288,15 @@ fn finish_columns(
     first: usize,
 ) {
     let (n, groups) = (w.n, w.groups());
-    let mut shift = vec![0f32; n - first];
+    let shift = &mut shift[..n - first];
+    shift.fill(0.0);
     for g in 0..groups {
         let c = q.scales[r * groups + g] * q.zeros[r * groups + g] as f32;
-        let sums = &w.colsums[g * n + first..(g + 1) * n];
-        for (s, &sum) in shift.iter_mut().zip(sums) {
+        for (s, &sum) in shift.iter_mut().zip(&w.colsums[g * n + first..(g + 1) * n]) {
             *s += c * sum;
         }
     }
-    for (j, s) in (first..n).zip(shift) {
+    for (j, &s) in (first..n).zip(shift.iter()) {
         out[j] = (out[j] - s) * w.scales[j] + bias[j];
     }
 }
@@ -413,7 +395,7 @@ fn int8_products_plain(
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{
-        add_group, finish_row_plain, group_scale, quantise_group, quantise_groups_with,
+        add_group, finish_columns, group_scale, quantise_group, quantise_groups_with,
         quantise_into, Finished, PackedI8Linear, QuantisedRows, GROUP, NB,
     };
     use crate::level::has_avx512_vnni;
@@ -547,9 +529,9 @@ mod x86 {
         w: &PackedI8Linear,
         bias: &[f32],
     ) {
-        finish_row_plain(out, shift, q, r, w, bias)
+        finish_columns(out, shift, q, r, w, bias, 0)
     }
-    /// [`finish_row_plain`] sixteen columns at a time with their shift kept in a register
+    /// [`finish_columns`] sixteen columns at a time with their shift kept in a register
     /// across the groups (`shift` is only the portable form's buffer): the same operations in
     /// the same order (no fused multiply-add), so the same outputs; widths that are not a
     /// multiple of 16 go the portable way.
@@ -564,9 +546,9 @@ mod x86 {
     ) {
         let (n, groups) = (w.n, w.groups());
         if n % 16 != 0 {
-            return finish_row_plain(out, shift, q, r, w, bias);
+            return finish_columns(out, shift, q, r, w, bias, 0);
         }
-        // each group's zero-point term, as finish_row_plain computes it
+        // each group's zero-point term, as finish_columns computes it
         let term = |g: usize| q.scales[r * groups + g] * q.zeros[r * groups + g] as f32;
         // SAFETY: (whole body) AVX-512 per the caller; out, bias and w.scales hold n floats,
         // w.colsums groups * n, and n is a multiple of 16.
