@@ -237,10 +237,12 @@ pub struct SearchOpts {
     /// Search every query image only as given. By default (without --turns or --verify) each
     /// query's 50 best images are verified spatially, and a query whose first hit does not
     /// register with it (fewer than 40% of its patches as inliers: turned, mirrored, another
-    /// sun) is searched again in 12 turns and, as given, under the opposite sun (its
-    /// brightness inverted), with its 200 best images verified (25 more forward passes for
-    /// that query); the new answer is kept where its first hit registers better, with at
-    /// least 30% of the patches. Measured: docs/results.md, "Rechecked by default".
+    /// sun) is searched again: first turned so that its shading points toward the
+    /// catalogue's suns (it and its mirror image, 50 verified; 2 forward passes per sun),
+    /// and where it still does not register in 12 turns and, as given, under the opposite sun
+    /// (its brightness inverted), with its 200 best images verified (25 more forward passes);
+    /// a new answer is kept where its first hit registers better, with at least 30% of the
+    /// patches. Measured: docs/results.md, "Rechecked by default".
     #[arg(long)]
     pub no_recheck: bool,
 }

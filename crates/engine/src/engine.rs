@@ -5,12 +5,12 @@ use crate::error::{Error, Result};
 use crate::extractor::{split_fingerprint, split_reduction, BackboneRun, Extractor};
 use crate::options::{
     verified_search_params, SearchOptions, RECHECK_AGAIN_VERIFY, RECHECK_INLIER_SHARE,
-    RECHECK_KEEP_SHARE, RECHECK_TURNS, RECHECK_VERIFY, RECHECK_VIEWS, VERIFY_CHANCE_SHARE,
-    VERIFY_VIEWS, VERIFY_WEIGHT,
+    RECHECK_KEEP_SHARE, RECHECK_TOWARD_VERIFY, RECHECK_TURNS, RECHECK_VERIFY, RECHECK_VIEWS,
+    SUN_SAMPLE, VERIFY_CHANCE_SHARE, VERIFY_VIEWS, VERIFY_WEIGHT,
 };
 use crate::progress::Progress;
 use crate::recipe::{encode_all, feature_refs};
-use crate::views::QueryViews;
+use crate::views::{shading_angle_of, sun_headings, QueryViews, Suns};
 use craterdex_errors::ensure;
 use craterdex_index::{
     Hit, ImageMeta, Index, MergePolicy, MergeReport, PreparedMerge, SearchParams,
@@ -21,7 +21,7 @@ use craterdex_tokens::{Descriptors, FeatureRef};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// An image's patch tokens as spatial verification compares them ([`Engine::patch_grid`]):
 /// a square grid of unit rows `dim` wide, row by row.
@@ -158,6 +158,26 @@ fn candidate_params(params: &SearchParams, top: usize) -> SearchParams {
     }
 }
 
+/// The rows of a catalogue of `n` images whose dipoles give its suns: [`SUN_SAMPLE`] spread
+/// evenly, or all of them.
+pub fn sun_sample_rows(n: usize) -> Vec<usize> {
+    let m = SUN_SAMPLE.min(n);
+    (0..m).map(|i| i * n / m).collect()
+}
+
+/// The catalogue's sun headings ([`sun_headings`]) from the shading dipoles of the images at
+/// `paths` (those unreadable left out): what [`Engine::catalogue_suns`] measures on an index,
+/// and eval on a benchmark's gallery.
+pub fn sun_headings_of(paths: &[PathBuf]) -> Suns {
+    use rayon::prelude::*;
+    let angles: Vec<f32> = paths
+        .par_iter()
+        .filter_map(|p| craterdex_model::preprocess::load_image(p).ok())
+        .map(|im| shading_angle_of(&im))
+        .collect();
+    sun_headings(&angles)
+}
+
 /// The results of one query, named.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct QueryHits {
@@ -183,6 +203,8 @@ impl QueryHits {
 pub struct Engine {
     index: Index,
     extractor: Option<Arc<Extractor>>,
+    /// The catalogue's suns, measured on first need ([`Engine::catalogue_suns`]).
+    suns: OnceLock<Suns>,
 }
 
 /// Fails unless queries from `extractor` can search `index`: the same model (when the index
@@ -262,7 +284,11 @@ impl Engine {
         if let Some(x) = &extractor {
             check_compatible(&index, x)?;
         }
-        Ok(Self { index, extractor })
+        Ok(Self {
+            index,
+            extractor,
+            suns: OnceLock::new(),
+        })
     }
 
     /// This engine answering image queries with `extractor` (checked against the index).
@@ -609,10 +635,27 @@ impl Engine {
         }
     }
 
+    /// The headings of the catalogue's suns ([`sun_headings`]) from the shading dipoles of
+    /// [`SUN_SAMPLE`] indexed images spread evenly over the index, read where it recorded
+    /// them; measured once per engine. None where no image is readable.
+    pub fn catalogue_suns(&self) -> Suns {
+        *self.suns.get_or_init(|| {
+            let paths: Vec<PathBuf> = sun_sample_rows(self.index.rows())
+                .into_iter()
+                .filter_map(|r| self.index.meta(r).path.as_ref().map(PathBuf::from))
+                .collect();
+            sun_headings_of(&paths)
+        })
+    }
+
     /// Queries searched as given with their [`RECHECK_VERIFY`] best images verified; those
-    /// whose first hit does not register with them ([`unsure`]) searched again in
-    /// [`RECHECK_VIEWS`] ([`RECHECK_TURNS`] turns and the opposite sun) with their
-    /// [`RECHECK_AGAIN_VERIFY`] best images verified ([`crate::SearchOptions::recheck`]).
+    /// whose first hit does not register with them ([`unsure`]) searched again, first
+    /// turned toward the catalogue's suns ([`Engine::catalogue_suns`],
+    /// [`QueryViews::toward`]: two views per sun, [`RECHECK_TOWARD_VERIFY`] verified), and
+    /// those still unsure in [`RECHECK_VIEWS`] ([`RECHECK_TURNS`] turns and the opposite sun)
+    /// with their [`RECHECK_AGAIN_VERIFY`] best images verified
+    /// ([`crate::SearchOptions::recheck`]); each new answer kept where it
+    /// [`registers_better`].
     /// `features` gives the queries' ids and features in `views` (the ids asked for, or all
     /// of them; unreadable images left out). Where verification cannot run (no square patch
     /// grid: an oriented or multi-scale index) the search is plain.
@@ -638,6 +681,29 @@ impl Engine {
             RECHECK_VERIFY,
             progress,
         )?;
+        let suns = self.catalogue_suns();
+        let toward = QueryViews::toward(suns);
+        let toward_again = match suns.is_empty() {
+            true => 0,
+            false => recheck_answers(&mut hits, side * side, &|again| {
+                let (ids, in_views) = features(Some(again), toward)?;
+                self.search_variants_verified(
+                    &ids,
+                    &in_views,
+                    toward,
+                    params,
+                    RECHECK_TOWARD_VERIFY,
+                    progress,
+                )
+            })?,
+        };
+        if toward_again > 0 {
+            progress.note(&format!(
+                "{toward_again} of {} queries did not register with their first hit: searched \
+                 again turned toward the catalogue's suns ({suns})",
+                hits.len(),
+            ));
+        }
         let again = recheck_answers(&mut hits, side * side, &|again| {
             let (ids, in_views) = features(Some(again), views)?;
             self.search_variants_verified(
@@ -651,9 +717,14 @@ impl Engine {
         })?;
         if again > 0 {
             progress.note(&format!(
-                "{again} of {} queries did not register with their first hit: searched again \
+                "{again} of {} queries did not register with their first hit{}: searched again \
                  in {RECHECK_TURNS} turns and under the opposite sun",
-                hits.len()
+                hits.len(),
+                if toward_again > 0 {
+                    " nor turned toward its suns"
+                } else {
+                    ""
+                }
             ));
         }
         Ok(hits)
@@ -1032,6 +1103,7 @@ impl Engine {
         Engine {
             index,
             extractor: self.extractor.clone(),
+            suns: OnceLock::new(),
         }
     }
 }

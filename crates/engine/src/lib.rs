@@ -27,7 +27,8 @@ mod views;
 
 pub use build::{Entries, LearnFrom};
 pub use engine::{
-    recheck_answers, registers_better, unsure, Engine, PatchGrid, PatchGrids, QueryHits, SearchHit,
+    recheck_answers, registers_better, sun_headings_of, sun_sample_rows, unsure, Engine, PatchGrid,
+    PatchGrids, QueryHits, SearchHit,
 };
 pub use error::{Error, Result};
 pub use extractor::Extractor;
@@ -35,15 +36,19 @@ pub use info::{IndexInfo, IvfInfo};
 pub use options::{
     default_precision, verified_search_params, Defaults, ModelOptions, RecipeOptions, SearchLimits,
     SearchOptions, Whitening, DEFAULT_PRECISION_WHY, MAX_TURNS, MAX_VERIFY, OPPOSITE_SUN_MARGIN,
-    RECHECK_AGAIN_VERIFY, RECHECK_INLIER_SHARE, RECHECK_KEEP_SHARE, RECHECK_TURNS, RECHECK_VERIFY,
-    RECHECK_VIEWS, TURN_MARGIN, VERIFY_CHANCE_SHARE, VERIFY_SHORTLIST, VERIFY_VIEWS, VERIFY_WEIGHT,
+    RECHECK_AGAIN_VERIFY, RECHECK_INLIER_SHARE, RECHECK_KEEP_SHARE, RECHECK_TOWARD_VERIFY,
+    RECHECK_TURNS, RECHECK_VERIFY, RECHECK_VIEWS, SUN_APART_DEGREES, SUN_SAMPLE, SUN_SHARE,
+    SUN_WINDOW_DEGREES, TURN_MARGIN, VERIFY_CHANCE_SHARE, VERIFY_SHORTLIST, VERIFY_VIEWS,
+    VERIFY_WEIGHT,
 };
 pub use plan::{learn_rows, learn_sample, BuildPlan, LEARN_SAMPLE_IMAGES};
 pub use progress::{Progress, Silent};
 pub use recipe::{encode_all, feature_refs, IndexRecipe, IvfSetting, IVF_AUTO_MIN_IMAGES};
 pub use sharded::{merge_hits, QueryEncoder, ShardedEngine};
 pub use shared::SharedEngine;
-pub use views::{opposite_sun, OppositeSun, QueryViews};
+pub use views::{
+    opposite_sun, shading_angle_of, sun_headings, OppositeSun, QueryViews, Suns, MAX_SUNS,
+};
 
 // What front ends need from the crates below to use the engine.
 pub use craterdex_index::shards;

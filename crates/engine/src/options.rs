@@ -284,13 +284,15 @@ pub struct SearchOptions {
     /// [`RECHECK_VERIFY`] best images, and where the first of them does not register with the
     /// query (fewer than [`RECHECK_INLIER_SHARE`] of its patches as inliers under one
     /// similarity transform, as when the query is turned, mirrored or under another sun)
-    /// search it again as at an unknown heading and under the opposite sun
-    /// ([`RECHECK_VIEWS`], `verify` [`RECHECK_AGAIN_VERIFY`]), keeping the new answer where
-    /// its first hit registers at least as well and with at least [`RECHECK_KEEP_SHARE`] of
-    /// the patches ([`crate::registers_better`]). A query that registers costs one forward
-    /// pass, as before; one searched again 2 x [`RECHECK_TURNS`] + 1 more. Needs the query
-    /// image and the candidates' images; without them, or with other `turns` or `verify`, the
-    /// search is as asked.
+    /// search it again, first turned toward the catalogue's suns ([`crate::QueryViews::toward`],
+    /// `verify` [`RECHECK_TOWARD_VERIFY`]), and where it still does not register as at an
+    /// unknown heading and under the opposite sun ([`RECHECK_VIEWS`], `verify`
+    /// [`RECHECK_AGAIN_VERIFY`]), keeping each new answer where its first hit registers at
+    /// least as well and with at least [`RECHECK_KEEP_SHARE`] of the patches
+    /// ([`crate::registers_better`]). A query that registers costs one forward pass, as
+    /// before; one searched again 2 more per sun of the catalogue, and 2 x [`RECHECK_TURNS`] +
+    /// 1 more where it still does not register. Needs the query image and the candidates'
+    /// images; without them, or with other `turns` or `verify`, the search is as asked.
     #[cfg_attr(feature = "openapi", param(default = true))]
     pub recheck: bool,
 }
@@ -318,6 +320,7 @@ pub const RECHECK_TURNS: usize = 12;
 pub const RECHECK_VIEWS: QueryViews = QueryViews {
     turns: RECHECK_TURNS,
     opposite_sun: OppositeSun::Given,
+    ..QueryViews::PLAIN
 };
 
 /// The share of a query's patches that its verified first hit must gather as inliers for a
@@ -337,6 +340,28 @@ pub const RECHECK_INLIER_SHARE: f32 = 0.4;
 /// given, verified, was right more often than the turned views' (docs/results.md,
 /// "Rechecked by default"): 0.3 (77) keeps it.
 pub const RECHECK_KEEP_SHARE: f32 = 0.3;
+
+/// Images verified per query searched again toward the catalogue's suns first
+/// ([`SearchOptions::recheck`], [`crate::QueryViews::toward`]): the query brought back to
+/// the catalogue's heading by its shading ranks its crater as an upright query does, and an
+/// upright query is verified at [`RECHECK_VERIFY`].
+pub const RECHECK_TOWARD_VERIFY: usize = RECHECK_VERIFY;
+
+/// Indexed images whose shading dipoles give the catalogue's suns ([`crate::sun_headings`],
+/// [`crate::Engine::catalogue_suns`]): 64, spread evenly over the index.
+pub const SUN_SAMPLE: usize = 64;
+
+/// The share of a catalogue's dipoles that a sun heading must gather within
+/// +-[`SUN_WINDOW_DEGREES`] ([`crate::sun_headings`]): 0.15.
+pub const SUN_SHARE: f32 = 0.15;
+
+/// Half-width of the window that gathers a sun heading's dipoles ([`crate::sun_headings`]):
+/// 20 degrees.
+pub const SUN_WINDOW_DEGREES: f32 = 20.0;
+
+/// The least angle between two of a catalogue's sun headings ([`crate::sun_headings`]): 60
+/// degrees.
+pub const SUN_APART_DEGREES: f32 = 60.0;
 
 /// How much lower than the query as given its turned and mirrored views count in a turned
 /// search: on the Mars and NAC benchmarks (12 turns), 0.05 kept upright queries within
@@ -422,6 +447,7 @@ impl SearchOptions {
         QueryViews {
             turns: self.turns,
             opposite_sun: OppositeSun::every_if(self.opposite_sun),
+            ..QueryViews::PLAIN
         }
     }
 

@@ -1,9 +1,12 @@
 //! The views of a query image a search looks at when its heading or its sun may not be the
 //! catalogue's: the query as given first, then turned and mirrored views, then the same with
-//! the light from the other side. Every view is searched and each indexed image keeps its
-//! best score over them, the views other than the query as given counted lower.
+//! the light from the other side; or the query turned toward the catalogue's suns. Every view
+//! is searched and each indexed image keeps its best score over them, the views other than
+//! the query as given counted lower.
 
-use crate::options::{OPPOSITE_SUN_MARGIN, TURN_MARGIN};
+use crate::options::{
+    OPPOSITE_SUN_MARGIN, SUN_APART_DEGREES, SUN_SHARE, SUN_WINDOW_DEGREES, TURN_MARGIN,
+};
 use craterdex_model::preprocess;
 
 /// Which views of a query image a search looks at ([`crate::SearchOptions::turns`] and
@@ -15,6 +18,121 @@ pub struct QueryViews {
     pub turns: usize,
     /// Which of those are also seen with their brightness inverted.
     pub opposite_sun: OppositeSun,
+    /// Unless empty, the views are these instead: for each sun, the query and its mirror
+    /// image each turned so that its shading dipole points toward that sun
+    /// ([`QueryViews::toward`]).
+    pub toward: Suns,
+}
+
+/// Most sun headings a catalogue is seen under ([`Suns`]).
+pub const MAX_SUNS: usize = 2;
+
+/// The headings (whole degrees, image axes: x right, y down) that the shading dipoles of a
+/// catalogue's craters share ([`sun_headings`]): where its images' suns shine from. A
+/// map-projected tile has one; a catalogue of several observations a few.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Suns {
+    degrees: [i16; MAX_SUNS],
+    len: u8,
+}
+
+impl Suns {
+    /// The headings of `radians` (the first [`MAX_SUNS`]), rounded to whole degrees.
+    pub fn from_radians(radians: &[f32]) -> Self {
+        let mut s = Self::default();
+        for &r in radians.iter().take(MAX_SUNS) {
+            s.degrees[s.len as usize] = (r.to_degrees().round() as i32).rem_euclid(360) as i16;
+            s.len += 1;
+        }
+        s
+    }
+
+    /// Each heading in radians.
+    pub fn radians(&self) -> Vec<f32> {
+        self.degrees[..self.len as usize]
+            .iter()
+            .map(|&d| (d as f32).to_radians())
+            .collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl std::fmt::Display for Suns {
+    /// The headings in degrees, as `20, 165 degrees`; `none` where empty.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.is_empty() {
+            return f.write_str("none");
+        }
+        let list: Vec<String> = self.degrees[..self.len()]
+            .iter()
+            .map(i16::to_string)
+            .collect();
+        write!(f, "{} degrees", list.join(", "))
+    }
+}
+
+/// The sun headings that the shading dipoles `angles` (radians, [`shading_angle_of`]) of a
+/// catalogue's images share: the heading with the most dipoles within +-[`SUN_WINDOW_DEGREES`]
+/// (on a whole-degree grid), if it holds at least [`SUN_SHARE`] of them, then the next at
+/// least [`SUN_APART_DEGREES`] from it, up to [`MAX_SUNS`]; each the circular mean of the
+/// dipoles within its window. Craters whose walls the sun lights unevenly scatter their
+/// dipoles; a catalogue of one sun still gathers most within the window.
+pub fn sun_headings(angles: &[f32]) -> Suns {
+    let degrees: Vec<f32> = angles
+        .iter()
+        .filter(|a| a.is_finite())
+        .map(|a| a.to_degrees().rem_euclid(360.0))
+        .collect();
+    let apart = |a: f32, b: f32| ((a - b + 180.0).rem_euclid(360.0) - 180.0).abs();
+    let near = |centre: f32| -> Vec<f32> {
+        degrees
+            .iter()
+            .copied()
+            .filter(|&d| apart(d, centre) <= SUN_WINDOW_DEGREES)
+            .collect()
+    };
+    let mut found: Vec<f32> = Vec::new();
+    while found.len() < MAX_SUNS {
+        let best = (0..360)
+            .map(|c| c as f32)
+            .filter(|&c| found.iter().all(|&f| apart(c, f) >= SUN_APART_DEGREES))
+            .map(|c| (c, near(c).len()))
+            .max_by_key(|&(c, n)| (n, std::cmp::Reverse(c as i32)));
+        match best {
+            Some((c, n)) if n > 0 && n as f32 >= SUN_SHARE * degrees.len() as f32 => {
+                let (sin, cos) = near(c)
+                    .iter()
+                    .map(|d| d.to_radians().sin_cos())
+                    .fold((0.0, 0.0), |(s, c), (ds, dc)| (s + ds, c + dc));
+                found.push(sin.atan2(cos).to_degrees());
+            }
+            _ => break,
+        }
+    }
+    let radians: Vec<f32> = found.iter().map(|d| d.to_radians()).collect();
+    Suns::from_radians(&radians)
+}
+
+/// Side of the square a crop is brought to before its shading dipole is measured: the
+/// model's input, where the dipole of [`preprocess::shading_angle`] was tuned.
+const SHADING_SIDE: u32 = 224;
+
+/// The direction (radians, image axes) of `image`'s shading dipole at its centre
+/// ([`preprocess::shading_angle`]), measured at [`SHADING_SIDE`] px.
+pub fn shading_angle_of(image: &image::DynamicImage) -> f32 {
+    let square = image.resize_exact(
+        SHADING_SIDE,
+        SHADING_SIDE,
+        image::imageops::FilterType::Triangle,
+    );
+    preprocess::shading_angle(&square.to_rgb32f())
 }
 
 /// Which views of a query a search also looks at under the opposite sun (brightness
@@ -53,7 +171,21 @@ impl QueryViews {
     pub const PLAIN: QueryViews = QueryViews {
         turns: 1,
         opposite_sun: OppositeSun::Off,
+        toward: Suns {
+            degrees: [0; MAX_SUNS],
+            len: 0,
+        },
     };
+
+    /// For each of `suns`, the query and its mirror image turned toward it: a turned or
+    /// mirrored query brought back to the catalogue's heading by its shading, whatever its
+    /// turn, in two views per sun.
+    pub fn toward(suns: Suns) -> Self {
+        Self {
+            toward: suns,
+            ..Self::PLAIN
+        }
+    }
 
     /// Views turned by every `turns`-th of a circle (and mirrored).
     pub fn turned(turns: usize) -> Self {
@@ -66,6 +198,9 @@ impl QueryViews {
     /// How many views: the query alone, `2 * turns` with turns, twice that under the
     /// opposite sun, one more with the query as given under it alone.
     pub fn count(&self) -> usize {
+        if !self.toward.is_empty() {
+            return 2 * self.toward.len();
+        }
         match self.opposite_sun {
             OppositeSun::Every => 2 * self.turned_count(),
             OppositeSun::Given => self.turned_count() + 1,
@@ -89,9 +224,28 @@ impl QueryViews {
     /// The [`QueryViews::count`] images of `image` a search looks at: `image`, then (with
     /// turns) its mirror image (left to right) and each further turn by a `turns`-th of a
     /// circle and its mirror image, then (under the opposite sun) each of those with its
-    /// brightness inverted, or `image` alone inverted ([`OppositeSun::Given`]). Turns reflect
-    /// the image at its edges, so no blank corner appears.
+    /// brightness inverted, or `image` alone inverted ([`OppositeSun::Given`]). Toward suns:
+    /// for each sun, `image` and its mirror image turned so that their shading dipoles
+    /// ([`shading_angle_of`]) point toward it. Turns reflect the image at its edges, so no
+    /// blank corner appears.
     pub fn images(&self, image: &image::DynamicImage) -> Vec<image::DynamicImage> {
+        if !self.toward.is_empty() {
+            let bases = [image.clone(), image.fliph()];
+            let dipoles = bases.each_ref().map(shading_angle_of);
+            return self
+                .toward
+                .radians()
+                .into_iter()
+                .flat_map(|sun| {
+                    bases.iter().zip(dipoles).map(move |(b, dipole)| {
+                        image::DynamicImage::ImageRgb32F(preprocess::turn(
+                            &b.to_rgb32f(),
+                            sun - dipole,
+                        ))
+                    })
+                })
+                .collect();
+        }
         let mut out = Vec::with_capacity(self.count());
         for t in 0..self.turns.max(1) {
             let im = if t == 0 {
@@ -120,9 +274,12 @@ impl QueryViews {
     }
 
     /// How much lower view `v` of [`QueryViews::images`] counts than the query as given: 0
-    /// for the query itself, [`TURN_MARGIN`] for a turned or mirrored view,
-    /// [`OPPOSITE_SUN_MARGIN`] more for a view under the opposite sun.
+    /// for the query itself, [`TURN_MARGIN`] for a turned or mirrored view (every view toward
+    /// a sun), [`OPPOSITE_SUN_MARGIN`] more for a view under the opposite sun.
     pub fn margin(&self, v: usize) -> f32 {
+        if !self.toward.is_empty() {
+            return TURN_MARGIN;
+        }
         let turned = self.turned_count();
         let turn = if v.is_multiple_of(turned) {
             0.0
@@ -195,6 +352,7 @@ mod tests {
         let turned = QueryViews {
             turns: 3,
             opposite_sun: OppositeSun::Every,
+            ..QueryViews::PLAIN
         };
         let v = turned.images(&img());
         assert_eq!(v.len(), 12);
@@ -210,6 +368,7 @@ mod tests {
         let v = QueryViews {
             turns: 2,
             opposite_sun: OppositeSun::Every,
+            ..QueryViews::PLAIN
         };
         let m = v.margins();
         assert_eq!(m.len(), 8);
@@ -220,6 +379,97 @@ mod tests {
             .iter()
             .all(|&x| x == TURN_MARGIN + OPPOSITE_SUN_MARGIN));
         assert_eq!(QueryViews::PLAIN.margins(), vec![0.0]);
+    }
+
+    /// A bowl (depth growing with the square of the radius inside 0.4 of the half-width) lit
+    /// from `light` radians under Lambertian shading, with a dark pit off its axis so that
+    /// its mirror image differs.
+    fn lit_bowl(side: u32, light: f32) -> image::DynamicImage {
+        let c = (side as f32 - 1.0) / 2.0;
+        image::DynamicImage::ImageLuma8(image::GrayImage::from_fn(side, side, |x, y| {
+            let (dx, dy) = ((x as f32 - c) / c, (y as f32 - c) / c);
+            let (gx, gy) = match dx * dx + dy * dy < 0.16 {
+                true => (2.0 * dx, 2.0 * dy),
+                false => (0.0, 0.0),
+            };
+            let pit = (dx - 0.5).powi(2) + (dy + 0.3).powi(2) < 0.01;
+            let v = 0.5 - 0.4 * (gx * light.cos() + gy * light.sin()) - if pit { 0.3 } else { 0.0 };
+            image::Luma([(v.clamp(0.0, 1.0) * 255.0) as u8])
+        }))
+    }
+
+    fn apart(a: f32, b: f32) -> f32 {
+        let tau = std::f32::consts::TAU;
+        ((a - b + tau / 2.0).rem_euclid(tau) - tau / 2.0).abs()
+    }
+
+    /// However the query was turned or mirrored, each view toward a sun has its shading
+    /// dipole pointing at that sun; two views per sun, none counted as the query as given.
+    #[test]
+    fn views_toward_a_sun_bring_the_dipole_to_it_whatever_the_turn() {
+        let sun = 0.4f32;
+        let upright = lit_bowl(96, sun + std::f32::consts::PI);
+        assert!(apart(shading_angle_of(&upright), sun) < 0.1);
+        let suns = Suns::from_radians(&[sun, -2.0]);
+        let views = QueryViews::toward(suns);
+        assert_eq!((views.count(), views.is_plain()), (4, false));
+        assert_eq!(views.margins(), vec![TURN_MARGIN; 4]);
+        for turn_by in [0.0f32, 1.3, -2.6] {
+            for mirrored in [false, true] {
+                let turned = image::DynamicImage::ImageRgb32F(preprocess::turn(
+                    &upright.to_rgb32f(),
+                    turn_by,
+                ));
+                let query = if mirrored { turned.fliph() } else { turned };
+                let images = views.images(&query);
+                assert_eq!(images.len(), 4);
+                for (v, im) in images.iter().enumerate() {
+                    let toward = suns.radians()[v / 2];
+                    let a = shading_angle_of(im);
+                    assert!(
+                        apart(a, toward) < 0.1,
+                        "turn {turn_by}, mirrored {mirrored}, view {v}: {a} for {toward}"
+                    );
+                }
+                // the two views of one sun are mirror images, not the same view twice
+                assert_ne!(images[0], images[1]);
+            }
+        }
+    }
+
+    #[test]
+    fn sun_headings_are_where_most_dipoles_point() {
+        let deg = |d: &[f32]| d.iter().map(|d| d.to_radians()).collect::<Vec<f32>>();
+        // one sun: dipoles within 15 degrees of 350, a few strays
+        let one: Vec<f32> = (0..42)
+            .map(|i| 350.0 + (i % 7) as f32 * 5.0 - 15.0)
+            .chain([100.0, 200.0, 250.0])
+            .collect();
+        let suns = sun_headings(&deg(&one));
+        assert_eq!((suns.len(), suns.to_string()), (1, "350 degrees".into()));
+        assert!(apart(suns.radians()[0], 350f32.to_radians()) < 3f32.to_radians());
+        // two observations' suns, 160 degrees apart, and the strays
+        let two: Vec<f32> = one
+            .iter()
+            .chain(
+                &(0..30)
+                    .map(|i| 150.0 + (i % 5) as f32 * 3.0)
+                    .collect::<Vec<_>>(),
+            )
+            .copied()
+            .collect();
+        let suns = sun_headings(&deg(&two));
+        assert_eq!(suns.len(), 2);
+        assert!(apart(suns.radians()[0], 350f32.to_radians()) < 3f32.to_radians());
+        assert!(apart(suns.radians()[1], 156f32.to_radians()) < 3f32.to_radians());
+        // dipoles spread all round: no sun to turn toward; none at all: none either
+        let spread: Vec<f32> = (0..72).map(|i| i as f32 * 5.0).collect();
+        assert!(sun_headings(&deg(&spread)).is_empty());
+        assert!(sun_headings(&[]).is_empty());
+        assert_eq!(sun_headings(&[]).to_string(), "none");
+        assert!(sun_headings(&[f32::NAN]).is_empty());
+        // a heading just below a full turn is 0, not 360
+        assert_eq!(Suns::from_radians(&[-1e-6]).to_string(), "0 degrees");
     }
 
     /// A search again adds one view to the turns, the query as given inverted, counted as

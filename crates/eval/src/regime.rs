@@ -305,6 +305,7 @@ impl std::str::FromStr for RegimeId {
             views: QueryViews {
                 turns: turns.unwrap_or(1),
                 opposite_sun,
+                ..QueryViews::PLAIN
             },
             verify,
             recheck,
@@ -379,6 +380,7 @@ mod tests {
         let views = QueryViews {
             turns: 12,
             opposite_sun: OppositeSun::Every,
+            ..QueryViews::PLAIN
         };
         assert_eq!((relit.views, relit.verify), (views, Some(20)));
         let again: RegimeId =

@@ -22,7 +22,7 @@ use craterdex_engine::{
     encode_all, recheck_answers, Aggregation, Codec, Descriptors, Encoder, Engine, FeatureSet,
     ImageMeta, IndexRecipe, IvfSetting, Mode, PatchGrid, PatchGrids, Pooling, QueryHits,
     QueryViews, Recipe, SearchHit, SearchParams, SeedStrategy, RECHECK_AGAIN_VERIFY,
-    RECHECK_VERIFY, RECHECK_VIEWS,
+    RECHECK_TOWARD_VERIFY, RECHECK_VERIFY, RECHECK_VIEWS,
 };
 use craterdex_tokens::whitening::DEFAULT_REGULARISATION;
 use craterdex_tokens::DEFAULT_PAIR_BLEND;
@@ -124,10 +124,14 @@ pub struct RegimeResult {
     /// Milliseconds per query, one query at a time for its 10 best (the mean over up to
     /// [`TIMED_QUERIES`] queries, on this machine's threads and kernel level).
     pub query_ms: f64,
-    /// The share of queries a rechecked regime searched again (in turns and under the
-    /// opposite sun).
+    /// The share of queries a rechecked regime searched again (toward the gallery's suns
+    /// first where it has them).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub searched_again: Option<f64>,
+    /// The share of queries a rechecked regime searched in turns and under the opposite sun
+    /// (those still unsure after the search toward the gallery's suns).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub searched_in_turns: Option<f64>,
     #[serde(skip)]
     pub per_query: Vec<QueryResult>,
     /// The 10 best gallery positions per query.
@@ -147,7 +151,14 @@ pub struct EvalInput<'a> {
     /// Features of each query's views (`craterdex_engine::QueryViews::images`, rows
     /// `q * views.count() + v`), for the regime in views ([`EvalOptions::views`]).
     pub query_variants: Option<&'a FeatureSet>,
+    /// Features of each query turned toward the gallery's suns (`QueryViews::toward`, rows
+    /// as `query_variants`'), for the rechecked regime's first search again.
+    pub query_toward: Option<(QueryViews, &'a FeatureSet)>,
 }
+
+/// One of the verified searches a rechecked regime is made of: every query's hits, the
+/// milliseconds per query and the search's parameters.
+type RecheckPart = (Vec<Vec<SearchHit>>, f64, SearchParams);
 
 /// Queries timed one at a time per regime.
 pub const TIMED_QUERIES: usize = 32;
@@ -299,6 +310,7 @@ pub fn run_on_benchmark(
     gallery: &FeatureSet,
     queries: &FeatureSet,
     query_variants: Option<&FeatureSet>,
+    query_toward: Option<(QueryViews, &FeatureSet)>,
     o: &EvalOptions,
     progress: &dyn Fn(&str),
 ) -> Result<Vec<RegimeResult>> {
@@ -311,6 +323,7 @@ pub fn run_on_benchmark(
         relevance: &aligned.relevance,
         whitening_rows: b.unqueried_gallery_rows(&gallery.ids),
         query_variants,
+        query_toward,
     };
     run(&input, o, progress)
 }
@@ -392,7 +405,7 @@ pub fn run(
                 _ => Vec::new(),
             };
             // the verified searches a rechecked regime is made of: as given, in turns
-            let mut parts: [Option<(Vec<Vec<SearchHit>>, f64)>; 2] = [None, None];
+            let mut parts: [Option<RecheckPart>; 2] = [None, None];
             let part_of = |s: &Search| {
                 let rechecks = o.recheck
                     && s.params.group_views
@@ -460,7 +473,7 @@ pub fn run(
                     };
                 let ms = query_ms(&engine, &these, &s.params);
                 if let Some(part) = part_of(&s) {
-                    parts[part] = Some((hits, ms));
+                    parts[part] = Some((hits, ms, s.params));
                 }
                 out.push(RegimeResult {
                     id: s.id,
@@ -470,11 +483,12 @@ pub fn run(
                     shortlist_recall,
                     query_ms: ms,
                     searched_again: None,
+                    searched_in_turns: None,
                     per_query,
                     top,
                 });
             }
-            if let [Some((given, given_ms)), Some((turned, turned_ms))] = parts {
+            if let [Some((given, given_ms, given_params)), Some((turned, turned_ms, _))] = parts {
                 progress("recheck");
                 // the engine's own splice, the queries named by their positions (the turned
                 // answers handed over once, not copied)
@@ -487,22 +501,52 @@ pub fn run(
                     .enumerate()
                     .map(|(q, h)| named(q, h))
                     .collect();
+                // hands a search's answers to the queries asked for, once
+                let answer =
+                    |hits: &std::sync::Mutex<Vec<Vec<SearchHit>>>,
+                     asked: &std::collections::HashSet<String>| {
+                        let mut hits = hits.lock().unwrap_or_else(|e| e.into_inner());
+                        Ok(hits
+                            .iter_mut()
+                            .enumerate()
+                            .filter(|(q, _)| asked.contains(&q.to_string()))
+                            .map(|(q, h)| named(q, std::mem::take(h)))
+                            .collect())
+                    };
+                // first toward the gallery's suns, as the engine searches again
+                let (toward_again, toward_ms) = match input.query_toward {
+                    Some((views, f)) => {
+                        let variants = views_of(encoder, f, input.queries, views)?;
+                        let grids: Vec<Vec<PatchGrid>> = grids_of(f)
+                            .chunks(views.count())
+                            .map(<[PatchGrid]>::to_vec)
+                            .collect();
+                        let these = Queries::InViewsVerified {
+                            variants: &variants,
+                            views,
+                            grids: &grids,
+                            top: RECHECK_TOWARD_VERIFY,
+                            gallery: &gallery_grids,
+                        };
+                        let hits = std::sync::Mutex::new(these.search(&engine, &given_params));
+                        let again = recheck_answers(&mut answers, input.queries.tokens, &|a| {
+                            answer(&hits, a)
+                        })?;
+                        (again, query_ms(&engine, &these, &given_params))
+                    }
+                    None => (0, 0.0),
+                };
                 let turned = std::sync::Mutex::new(turned);
                 let again = recheck_answers(&mut answers, input.queries.tokens, &|asked| {
-                    let mut turned = turned.lock().unwrap_or_else(|e| e.into_inner());
-                    Ok(turned
-                        .iter_mut()
-                        .enumerate()
-                        .filter(|(q, _)| asked.contains(&q.to_string()))
-                        .map(|(q, h)| named(q, std::mem::take(h)))
-                        .collect())
+                    answer(&turned, asked)
                 })?;
                 let rankings: Vec<Vec<usize>> = answers
                     .iter()
                     .map(|a| a.results.iter().map(|h| positions[h.id.as_str()]).collect())
                     .collect();
                 let (per_query, top) = results_of(&rankings, input);
-                let share = again as f64 / answers.len().max(1) as f64;
+                let share_of = |n: usize| n as f64 / answers.len().max(1) as f64;
+                let (share, toward_share) = (share_of(again), share_of(toward_again));
                 let id = RegimeId {
                     recheck: true,
                     ..RegimeId::shipped().whitened(white).grouped(true)
@@ -513,9 +557,14 @@ pub fn run(
                     k: id.k(),
                     bytes_per_image: out.last().map_or(0, |r| r.bytes_per_image),
                     shortlist_recall: None,
-                    // as given for every query, in turns for the share searched again
-                    query_ms: given_ms + share * turned_ms,
-                    searched_again: Some(share),
+                    // as given for every query, toward the suns for the share searched again,
+                    // in turns for the share still unsure
+                    query_ms: given_ms + toward_share * toward_ms + share * turned_ms,
+                    searched_again: Some(match input.query_toward {
+                        Some(_) => toward_share,
+                        None => share,
+                    }),
+                    searched_in_turns: Some(share),
                     per_query,
                     top,
                 });
@@ -874,11 +923,13 @@ pub fn table(results: &[RegimeResult]) -> String {
         ));
     }
     for r in results {
-        if let Some(share) = r.searched_again {
+        if let (Some(share), Some(turns)) = (r.searched_again, r.searched_in_turns) {
             s.push_str(&format!(
-                "{}: {:.1}% of the queries searched again (turns, opposite sun)\n",
+                "{}: {:.1}% of the queries searched again, {:.1}% in turns and under the \
+                 opposite sun\n",
                 r.id,
-                100.0 * share
+                100.0 * share,
+                100.0 * turns
             ));
         }
     }

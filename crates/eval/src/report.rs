@@ -725,6 +725,7 @@ mod tests {
             shortlist_recall: None,
             query_ms: 1.0,
             searched_again: None,
+            searched_in_turns: None,
             per_query: vec![],
             top: vec![],
         }

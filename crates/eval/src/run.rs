@@ -6,7 +6,7 @@
 use crate::error::{Error, Result};
 use crate::regime::{RegimeId, Tokens, Whiten};
 use crate::{manifest, regimes, turned};
-use craterdex_engine::{Extractor, FeatureSet, Progress};
+use craterdex_engine::{Extractor, FeatureSet, Progress, QueryViews};
 use craterdex_errors::ensure;
 use std::path::{Path, PathBuf};
 
@@ -38,7 +38,51 @@ pub fn evaluate(
     let gallery = extractor.extract(&b.gallery_items(), "gallery", progress)?;
     let queries = extractor.extract(&b.query_items(), "queries", progress)?;
     let variants = query_views(extractor, &b, o, progress)?;
-    evaluate_features(b, gallery, queries, variants.as_ref(), o, on_regime)
+    let toward = query_toward(extractor, &b, &b, o, progress)?;
+    let results = regimes::run_on_benchmark(
+        &b,
+        &gallery,
+        &queries,
+        variants.as_ref(),
+        toward.as_ref().map(|(v, f)| (*v, f)),
+        o,
+        on_regime,
+    )?;
+    Ok(EvalOutcome {
+        results,
+        benchmark: b,
+        gallery,
+        queries,
+    })
+}
+
+/// The features of the queries of `b` turned toward the suns of `gallery`'s images
+/// ([`QueryViews::toward`], [`craterdex_engine::sun_headings_of`] on the images an engine
+/// would sample) when the options recheck, as the engine's first search again; none where
+/// the gallery shows no sun.
+fn query_toward(
+    extractor: &Extractor,
+    b: &manifest::Benchmark,
+    gallery: &manifest::Benchmark,
+    o: &regimes::EvalOptions,
+    progress: &dyn Progress,
+) -> Result<Option<(QueryViews, FeatureSet)>> {
+    if !o.recheck {
+        return Ok(None);
+    }
+    let items = gallery.gallery_items();
+    let paths: Vec<PathBuf> = craterdex_engine::sun_sample_rows(items.len())
+        .into_iter()
+        .map(|r| items[r].1.clone())
+        .collect();
+    let suns = craterdex_engine::sun_headings_of(&paths);
+    progress.note(&format!("the gallery's suns: {suns}"));
+    if suns.is_empty() {
+        return Ok(None);
+    }
+    let views = QueryViews::toward(suns);
+    let (_, features) = extractor.variant_features(&b.query_items(), views, progress)?;
+    Ok(Some((views, features)))
 }
 
 /// The features of the queries' views when the options ask for a regime in views.
@@ -96,11 +140,13 @@ pub fn evaluate_turned(
 ) -> Result<TurnedOutcome> {
     let queries = extractor.extract(&turned.query_items(), "turned queries", progress)?;
     let variants = query_views(extractor, turned, o, progress)?;
+    let toward = query_toward(extractor, turned, &upright.benchmark, o, progress)?;
     let results = regimes::run_on_benchmark(
         turned,
         &upright.gallery,
         &queries,
         variants.as_ref(),
+        toward.as_ref().map(|(v, f)| (*v, f)),
         o,
         &|_| {},
     )?;
@@ -130,7 +176,8 @@ pub fn evaluate_features(
     o: &regimes::EvalOptions,
     on_regime: &dyn Fn(&str),
 ) -> Result<EvalOutcome> {
-    let results = regimes::run_on_benchmark(&b, &gallery, &queries, query_variants, o, on_regime)?;
+    let results =
+        regimes::run_on_benchmark(&b, &gallery, &queries, query_variants, None, o, on_regime)?;
     Ok(EvalOutcome {
         results,
         benchmark: b,

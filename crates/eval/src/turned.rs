@@ -161,6 +161,7 @@ mod tests {
             shortlist_recall: None,
             query_ms: 0.0,
             searched_again: None,
+            searched_in_turns: None,
             per_query: per_query
                 .into_iter()
                 .map(|(query, ap, rank)| QueryResult {

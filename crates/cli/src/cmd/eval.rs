@@ -48,10 +48,11 @@ pub struct EvalCmd {
     #[arg(long, default_value_t = 0, value_name = "N")]
     verify: usize,
     /// Also run the shipped recipe rechecked, as `craterdex search` searches query images by
-    /// default: each query verified, and searched again in 12 turns and under the opposite
-    /// sun where its first hit does not register with it, as `..._grouped_recheck`. Runs the
-    /// regimes it is made of too (`..._grouped_verify50` and
-    /// `..._grouped_turns12_oppgiven_verify200`, as search's search again verifies 200).
+    /// default: each query verified, and where its first hit does not register with it
+    /// searched again turned toward the gallery's suns, then in 12 turns and under the
+    /// opposite sun where it still does not, as `..._grouped_recheck`. Runs the regimes it is
+    /// made of too (`..._grouped_verify50` and `..._grouped_turns12_oppgiven_verify200`, as
+    /// search's search again verifies 200); the search toward the suns has no row of its own.
     #[arg(long)]
     recheck: bool,
     #[command(flatten)]
@@ -101,6 +102,7 @@ pub fn run(mut c: EvalCmd) -> Result<()> {
     let mut views = craterdex_engine::QueryViews {
         turns: c.query_turns,
         opposite_sun: craterdex_engine::OppositeSun::every_if(c.opposite_sun),
+        ..craterdex_engine::QueryViews::PLAIN
     };
     if c.recheck {
         use craterdex_engine::{RECHECK_TURNS, RECHECK_VERIFY, RECHECK_VIEWS};

@@ -451,9 +451,11 @@ class Index:
         best). ``recheck`` (images or paths, without ``turns`` or ``verify``; on by
         default): the 50 best images are verified and a query whose first hit does not
         register with it (under 40% of its patches as inliers: turned, mirrored, another sun)
-        is searched again in 12 turns and, as given, with its brightness inverted (the
-        opposite sun), with its 200 best images verified, the new answer kept where its
-        first hit registers better (with at least 30% of the patches); False searches every
+        is searched again, first turned so that its shading points toward the catalogue's
+        suns (it and its mirror image, 50 verified), and where it still does not register
+        in 12 turns and, as given, with its brightness inverted (the opposite sun), with its
+        200 best images verified, a new answer kept where its first hit registers better
+        (with at least 30% of the patches); False searches every
         query only as given. ``ids`` name the queries (with ``features``, in place of the
         ids they were extracted with). Returns one row per hit: ``query``, ``rank``, ``id``,
         ``crater_id``, ``score``, ``stage1``, ``stage2``, ``inliers`` (verified hits only)

@@ -82,6 +82,7 @@ pub fn run(b: EvalBench) -> Result<()> {
         relevance: &relevance,
         whitening_rows: (0..n).filter(|&i| !queried.contains(&craters[i])).collect(),
         query_variants: None,
+        query_toward: None,
     };
     let opts = if b.full {
         EvalOptions::default()
