@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How far a crater's shading dipole strays from its tile's sun: the cue of the search again
 toward the catalogue's suns (docs/results.md, "Searched again toward the catalogue's suns
-first").
+first"). Also the home of the dipole that scripts/sun_alignment.py measures with.
 
     python3 scripts/dipole_spread.py BENCH      # a benchmark built by `craterdex bench-build`
 
@@ -25,37 +25,45 @@ SIGMA = 0.16  # craterdex_model::preprocess::SHADING_SIGMA
 SIZE = 224
 
 
-def dipole(path):
-    a = np.asarray(Image.open(path).convert("L").resize((SIZE, SIZE), Image.BICUBIC), np.float64)
+def dipole(img):
+    """The engine's shading angle (radians, x right, y down) of a grey crop at model size,
+    and the dipole's length over the weighted brightness spread (how clear it is)."""
+    a = np.asarray(Image.fromarray(img).resize((SIZE, SIZE), Image.BICUBIC), np.float64) / 255
     h, w = a.shape
     half = min(w, h) / 2
     y, x = np.mgrid[0:h, 0:w].astype(np.float64)
     dx, dy = (x - (w - 1) / 2) / half, (y - (h - 1) / 2) / half
     wt = np.exp(-(dx * dx + dy * dy) / SIGMA**2)
     v = wt * (a - (wt * a).sum() / wt.sum())
-    return math.degrees(math.atan2((v * dy).sum(), (v * dx).sum()))
+    mx, my = (v * dx).sum(), (v * dy).sum()
+    spread = math.sqrt((wt * (a - (wt * a).sum() / wt.sum()) ** 2).sum() / wt.sum()) + 1e-9
+    return math.atan2(my, mx), math.hypot(mx, my) / spread / wt.sum() * 100
 
 
-def circular_mean(degrees):
-    r = np.radians(degrees)
-    s, c = np.sin(r).mean(), np.cos(r).mean()
-    return math.degrees(math.atan2(s, c)), math.hypot(s, c)
+def grey(path):
+    return np.asarray(Image.open(path).convert("L"), np.uint8)
+
+
+def circular_mean(angles, weights):
+    z = (np.asarray(weights) * np.exp(1j * np.asarray(angles))).sum() / np.sum(weights)
+    return float(np.angle(z)), float(abs(z))
 
 
 def main():
     root = sys.argv[1]
     split = json.load(open(f"{root}/splits/test.json"))
     tile = lambda crater: crater.rsplit("-", 1)[0]
+    angle = lambda im: dipole(grey(f"{root}/{im['path']}"))[0]
     gallery = collections.defaultdict(list)
     for im in split["gallery_images"]:
-        gallery[tile(im["crater_id"])].append(dipole(f"{root}/{im['path']}"))
+        gallery[tile(im["crater_id"])].append(angle(im))
     suns = {}
     for t, angles in sorted(gallery.items()):
-        suns[t], r = circular_mean(angles)
-        print(f"{t}: {len(angles)} gallery crops, sun {suns[t]:.0f} degrees, R {r:.2f}")
+        suns[t], r = circular_mean(angles, [1.0] * len(angles))
+        print(f"{t}: {len(angles)} gallery crops, sun {math.degrees(suns[t]):.0f} degrees, R {r:.2f}")
     off = np.array(
         [
-            abs((dipole(f"{root}/{im['path']}") - suns[tile(im["crater_id"])] + 180) % 360 - 180)
+            abs(math.degrees((angle(im) - suns[tile(im["crater_id"])] + math.pi) % math.tau - math.pi))
             for im in split["query_images"]
         ]
     )

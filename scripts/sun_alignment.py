@@ -33,34 +33,11 @@ import tempfile
 
 import numpy as np
 import pandas as pd
-from PIL import Image
 
 import craterdex
 
+from dipole_spread import circular_mean, dipole, grey
 from turn_fusion import fused_scores, turn
-
-SIGMA = 0.16  # craterdex_model::preprocess::SHADING_SIGMA
-SIZE = 224
-
-
-def dipole(img):
-    """The engine's shading angle (radians, x right, y down) of a grey crop at model size,
-    and the dipole's length over the weighted brightness spread (how clear it is)."""
-    a = np.asarray(Image.fromarray(img).resize((SIZE, SIZE), Image.BICUBIC), np.float64) / 255
-    h, w = a.shape
-    half = min(w, h) / 2
-    y, x = np.mgrid[0:h, 0:w].astype(np.float64)
-    dx, dy = (x - (w - 1) / 2) / half, (y - (h - 1) / 2) / half
-    wt = np.exp(-(dx * dx + dy * dy) / SIGMA**2)
-    v = wt * (a - (wt * a).sum() / wt.sum())
-    mx, my = (v * dx).sum(), (v * dy).sum()
-    spread = math.sqrt((wt * (a - (wt * a).sum() / wt.sum()) ** 2).sum() / wt.sum()) + 1e-9
-    return math.atan2(my, mx), math.hypot(mx, my) / spread / wt.sum() * 100
-
-
-def grey(path):
-    return np.asarray(Image.open(path).convert("L"), np.uint8)
-
 
 def inverted_views(img, suns, spread):
     """As given, then its brightness inverted: a sun from the opposite side, to first order."""
@@ -132,11 +109,6 @@ def sun_modes(angles, share=0.15, window=20.0, apart=60.0, most=4):
         near = [a for a in angles if abs((math.degrees(a) - m + 180) % 360 - 180) <= window]
         out.append(circular_mean(near, [1.0] * len(near))[0])
     return out
-
-
-def circular_mean(angles, weights):
-    z = (np.asarray(weights) * np.exp(1j * np.asarray(angles))).sum() / np.sum(weights)
-    return float(np.angle(z)), float(abs(z))
 
 
 def true_turn(view_type):
