@@ -672,7 +672,6 @@ impl Engine {
                 self.search(&self.encode(&plain), params),
             ));
         };
-        let views = RECHECK_VIEWS;
         let mut hits = self.search_variants_verified(
             &ids,
             &plain,
@@ -681,21 +680,17 @@ impl Engine {
             RECHECK_VERIFY,
             progress,
         )?;
+        // the unsure queries of `hits` searched again in `views` with `top` verified; how many
+        let search_again = |hits: &mut [QueryHits], views: QueryViews, top: usize| {
+            recheck_answers(hits, side * side, &|again| {
+                let (ids, in_views) = features(Some(again), views)?;
+                self.search_variants_verified(&ids, &in_views, views, params, top, progress)
+            })
+        };
         let suns = self.catalogue_suns();
-        let toward = QueryViews::toward(suns);
         let toward_again = match suns.is_empty() {
             true => 0,
-            false => recheck_answers(&mut hits, side * side, &|again| {
-                let (ids, in_views) = features(Some(again), toward)?;
-                self.search_variants_verified(
-                    &ids,
-                    &in_views,
-                    toward,
-                    params,
-                    RECHECK_TOWARD_VERIFY,
-                    progress,
-                )
-            })?,
+            false => search_again(&mut hits, QueryViews::toward(suns), RECHECK_TOWARD_VERIFY)?,
         };
         if toward_again > 0 {
             progress.note(&format!(
@@ -704,17 +699,7 @@ impl Engine {
                 hits.len(),
             ));
         }
-        let again = recheck_answers(&mut hits, side * side, &|again| {
-            let (ids, in_views) = features(Some(again), views)?;
-            self.search_variants_verified(
-                &ids,
-                &in_views,
-                views,
-                params,
-                RECHECK_AGAIN_VERIFY,
-                progress,
-            )
-        })?;
+        let again = search_again(&mut hits, RECHECK_VIEWS, RECHECK_AGAIN_VERIFY)?;
         if again > 0 {
             progress.note(&format!(
                 "{again} of {} queries did not register with their first hit{}: searched again \
