@@ -1432,12 +1432,10 @@ fn lit_crater(side: u32, pits: &[(f32, f32)]) -> GrayImage {
     })
 }
 
-/// A query turned and mirrored does not register as given; turned toward the catalogue's
-/// one sun it is the indexed crater again, found without the search in 12 turns.
-#[test]
-fn a_turned_query_is_found_again_toward_the_catalogues_sun_first() {
-    let e = Env::new();
-    let model = e.tiny_model();
+/// Eight lit craters (their own pits, one sun from the left) indexed with the tiny model at
+/// 64 px in `idx`, and crater c3 turned by 2.3 rad and mirrored as a query; the model
+/// options the index needs and the query's path.
+fn lit_catalogue(e: &Env, model: &str) -> (Vec<String>, PathBuf) {
     let dir = e.root.join("lit");
     std::fs::create_dir_all(&dir).unwrap();
     let mut csv = String::from("id,crater_id\n");
@@ -1453,9 +1451,11 @@ fn a_turned_query_is_found_again_toward_the_catalogues_sun_first() {
         csv.push_str(&format!("c{i},crater{i}\n"));
     }
     std::fs::write(e.root.join("lit.csv"), csv).unwrap();
-    let common = ["--model", model.as_str(), "--size", "64"];
+    let common: Vec<String> = ["--model", model, "--size", "64"]
+        .map(String::from)
+        .to_vec();
     let mut build = vec!["index", "build", "--dir", "lit", "--out", "idx"];
-    build.extend(common);
+    build.extend(common.iter().map(String::as_str));
     e.ok(&build);
     let turned = image::DynamicImage::ImageRgb32F(craterdex_model::preprocess::turn(
         &image::open(dir.join("c3.png")).unwrap().to_rgb32f(),
@@ -1465,6 +1465,16 @@ fn a_turned_query_is_found_again_toward_the_catalogues_sun_first() {
     .to_luma8();
     let query = e.root.join("turned.png");
     turned.save(&query).unwrap();
+    (common, query)
+}
+
+/// A query turned and mirrored does not register as given; turned toward the catalogue's
+/// one sun it is the indexed crater again, found without the search in 12 turns.
+#[test]
+fn a_turned_query_is_found_again_toward_the_catalogues_sun_first() {
+    let e = Env::new();
+    let model = e.tiny_model();
+    let (common, query) = lit_catalogue(&e, &model);
     let mut search = vec![
         "search",
         "--index",
@@ -1474,7 +1484,7 @@ fn a_turned_query_is_found_again_toward_the_catalogues_sun_first() {
         "--top",
         "3",
     ];
-    search.extend(common);
+    search.extend(common.iter().map(String::as_str));
     let o = e.run(&search);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{stderr}");
@@ -1492,4 +1502,57 @@ fn a_turned_query_is_found_again_toward_the_catalogues_sun_first() {
         inliers >= craterdex_engine::RECHECK_INLIER_SHARE * (G * G) as f32,
         "{inliers} inliers"
     );
+}
+
+/// A shard set is searched as its index is: rechecked by default (the turned query found
+/// toward the catalogue's sun, measured over every shard), in turns with verification, and
+/// as given; the same hits, inliers and scores as the index the set was cut from.
+#[test]
+fn a_shard_set_searches_a_turned_query_as_its_index_does() {
+    let e = Env::new();
+    let model = e.tiny_model();
+    let (common, query) = lit_catalogue(&e, &model);
+    e.ok(&[
+        "index", "split", "--index", "idx", "--shards", "2", "--out", "set",
+    ]);
+    let hits = |target: &[&str], options: &[&str]| {
+        let mut search = vec!["search", query.to_str().unwrap(), "--json", "--top", "4"];
+        search.extend(target);
+        search.extend(options);
+        search.extend(common.iter().map(String::as_str));
+        let o = e.run(&search);
+        let stderr = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(o.status.success(), "{stderr}");
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let hits: Vec<(String, Option<u64>, i64)> = v[0]["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| {
+                (
+                    h["id"].as_str().unwrap().to_string(),
+                    h["inliers"].as_u64(),
+                    (h["score"].as_f64().unwrap() * 1e4).round() as i64,
+                )
+            })
+            .collect();
+        (hits, stderr)
+    };
+    for options in [
+        &[][..],
+        &["--turns", "4", "--verify", "5"][..],
+        &["--no-recheck"][..],
+    ] {
+        let (whole, _) = hits(&["--index", "idx"], options);
+        let (sharded, stderr) = hits(&["--shards", "set"], options);
+        assert_eq!(whole, sharded, "{options:?}");
+        if options.is_empty() {
+            assert_eq!(sharded[0].0, "c3");
+            assert!(sharded[0].1.is_some(), "{sharded:?}");
+            assert!(
+                stderr.contains("searched again turned toward the catalogue's suns (0 degrees)"),
+                "{stderr}"
+            );
+        }
+    }
 }

@@ -1,12 +1,12 @@
 //! [`Engine`]: one index, its encoder, and optionally the model that makes its queries.
 //! Every front end asks it for ranked hits; none wires model, tokens and index itself.
 
+use crate::catalogue::{self, sun_sample_paths, Catalogue};
 use crate::error::{Error, Result};
 use crate::extractor::{split_fingerprint, split_reduction, BackboneRun, Extractor};
 use crate::options::{
-    verified_search_params, SearchOptions, RECHECK_AGAIN_VERIFY, RECHECK_INLIER_SHARE,
-    RECHECK_KEEP_SHARE, RECHECK_TOWARD_VERIFY, RECHECK_TURNS, RECHECK_VERIFY, RECHECK_VIEWS,
-    SUN_SAMPLE, VERIFY_CHANCE_SHARE, VERIFY_VIEWS, VERIFY_WEIGHT,
+    verified_search_params, SearchOptions, RECHECK_INLIER_SHARE, RECHECK_KEEP_SHARE,
+    VERIFY_CHANCE_SHARE, VERIFY_VIEWS, VERIFY_WEIGHT,
 };
 use crate::progress::Progress;
 use crate::recipe::{encode_all, feature_refs};
@@ -150,7 +150,7 @@ pub fn recheck_answers(
 
 /// The search that lists verification's candidates: the `top` best images, views not
 /// grouped (grouping would spend the places on the views of a few craters).
-fn candidate_params(params: &SearchParams, top: usize) -> SearchParams {
+pub(crate) fn candidate_params(params: &SearchParams, top: usize) -> SearchParams {
     SearchParams {
         top_k: top,
         group_views: false,
@@ -158,11 +158,12 @@ fn candidate_params(params: &SearchParams, top: usize) -> SearchParams {
     }
 }
 
-/// The rows of a catalogue of `n` images whose dipoles give its suns: [`SUN_SAMPLE`] spread
-/// evenly, or all of them.
-pub fn sun_sample_rows(n: usize) -> Vec<usize> {
-    let m = SUN_SAMPLE.min(n);
-    (0..m).map(|i| i * n / m).collect()
+/// The search whose hits verification ranks again: as asked, at least `top` deep.
+fn listed_params(params: &SearchParams, top: usize) -> SearchParams {
+    SearchParams {
+        top_k: params.top_k.max(top),
+        ..*params
+    }
 }
 
 /// The catalogue's sun headings ([`sun_headings`]) from the shading dipoles of the images at
@@ -307,7 +308,7 @@ impl Engine {
         self.extractor.as_ref()
     }
 
-    fn extractor_or_err(&self) -> Result<&Extractor> {
+    pub(crate) fn extractor_or_err(&self) -> Result<&Extractor> {
         self.extractor
             .as_deref()
             .ok_or(Error::NoModel("image queries"))
@@ -484,20 +485,35 @@ impl Engine {
         top: usize,
         candidate: &(dyn Fn(&SearchHit) -> Option<Arc<PatchGrid>> + Sync),
     ) -> Vec<Vec<SearchHit>> {
-        use rayon::prelude::*;
         let params = &verified_search_params(params);
-        let listed = search(&SearchParams {
-            top_k: params.top_k.max(top),
-            ..*params
-        });
-        let candidates = if params.group_views {
-            search(&candidate_params(params, top))
-        } else {
-            listed
-                .iter()
-                .map(|h| h[..top.min(h.len())].to_vec())
-                .collect()
-        };
+        let listed = search(&listed_params(params, top));
+        let candidates = search(&candidate_params(params, top));
+        self.verify_listed(
+            listed,
+            candidates,
+            descriptors,
+            views,
+            grids,
+            params,
+            candidate,
+        )
+    }
+
+    /// Each query's `listed` hits (as `params` ranked them: a verified search's params) with
+    /// its `candidates` verified against the `grids` of its `views` (`descriptors`) and
+    /// ranked again.
+    #[allow(clippy::too_many_arguments)]
+    fn verify_listed(
+        &self,
+        listed: Vec<Vec<SearchHit>>,
+        candidates: Vec<Vec<SearchHit>>,
+        descriptors: &[&[Descriptors]],
+        views: QueryViews,
+        grids: &[&[PatchGrid]],
+        params: &SearchParams,
+        candidate: &(dyn Fn(&SearchHit) -> Option<Arc<PatchGrid>> + Sync),
+    ) -> Vec<Vec<SearchHit>> {
+        use rayon::prelude::*;
         listed
             .into_par_iter()
             .zip(candidates)
@@ -604,115 +620,36 @@ impl Engine {
         options: &SearchOptions,
         progress: &dyn Progress,
     ) -> Result<Vec<QueryHits>> {
-        let (views, verify) = (options.views(), options.verify);
-        if options.rechecks() {
-            let extractor = self.extractor_or_err()?;
-            return self.search_rechecked(
-                &|only, views| match only {
-                    None => extractor.variant_features(items, views, progress),
-                    Some(ids) => {
-                        let some: Vec<(String, PathBuf)> = items
-                            .iter()
-                            .filter(|(id, _)| ids.contains(id))
-                            .cloned()
-                            .collect();
-                        extractor.variant_features(&some, views, progress)
-                    }
-                },
-                params,
-                progress,
-            );
-        }
-        match (views.is_plain(), verify > 0) {
-            (false, true) => {
-                let (ids, features) = self
-                    .extractor_or_err()?
-                    .variant_features(items, views, progress)?;
-                self.search_variants_verified(&ids, &features, views, params, verify, progress)
-            }
-            (true, true) => self.search_images_verified(items, params, verify, progress),
-            _ => self.search_images_in_views(items, params, views, progress),
-        }
+        catalogue::search_images_as(self, items, params, options, progress)
     }
 
     /// The headings of the catalogue's suns ([`sun_headings`]) from the shading dipoles of
-    /// [`SUN_SAMPLE`] indexed images spread evenly over the index, read where it recorded
-    /// them; measured once per engine. None where no image is readable.
+    /// [`crate::SUN_SAMPLE`] indexed images ([`crate::sun_sample`]), read where the index
+    /// recorded them; measured once per engine. None where no image is readable.
     pub fn catalogue_suns(&self) -> Suns {
-        *self.suns.get_or_init(|| {
-            let paths: Vec<PathBuf> = sun_sample_rows(self.index.rows())
-                .into_iter()
-                .filter_map(|r| self.index.meta(r).path.as_ref().map(PathBuf::from))
-                .collect();
-            sun_headings_of(&paths)
-        })
+        *self
+            .suns
+            .get_or_init(|| sun_headings_of(&sun_sample_paths(&[&self.index])))
     }
 
-    /// Queries searched as given with their [`RECHECK_VERIFY`] best images verified; those
-    /// whose first hit does not register with them ([`unsure`]) searched again, first
+    /// Queries searched as given with their [`crate::RECHECK_VERIFY`] best images verified;
+    /// those whose first hit does not register with them ([`unsure`]) searched again, first
     /// turned toward the catalogue's suns ([`Engine::catalogue_suns`],
-    /// [`QueryViews::toward`]: two views per sun, [`RECHECK_TOWARD_VERIFY`] verified), and
-    /// those still unsure in [`RECHECK_VIEWS`] ([`RECHECK_TURNS`] turns and the opposite sun)
-    /// with their [`RECHECK_AGAIN_VERIFY`] best images verified
+    /// [`QueryViews::toward`]: two views per sun, [`crate::RECHECK_TOWARD_VERIFY`]
+    /// verified), and those still unsure in [`crate::RECHECK_VIEWS`] (turns and the
+    /// opposite sun) with their [`crate::RECHECK_AGAIN_VERIFY`] best images verified
     /// ([`crate::SearchOptions::recheck`]); each new answer kept where it
-    /// [`registers_better`].
-    /// `features` gives the queries' ids and features in `views` (the ids asked for, or all
-    /// of them; unreadable images left out). Where verification cannot run (no square patch
-    /// grid: an oriented or multi-scale index) the search is plain.
+    /// [`registers_better`]. `features` gives the queries' ids and features in some views
+    /// (the ids asked for, or all of them; unreadable images left out). Where verification
+    /// cannot run (no square patch grid: an oriented or multi-scale index) the search is
+    /// plain.
     pub fn search_rechecked(
         &self,
         features: &QueryFeatures,
         params: &SearchParams,
         progress: &dyn Progress,
     ) -> Result<Vec<QueryHits>> {
-        let (ids, plain) = features(None, QueryViews::PLAIN)?;
-        let Some(side) = craterdex_tokens::verify::grid_side(plain.tokens) else {
-            return Ok(QueryHits::named(
-                &ids,
-                self.search(&self.encode(&plain), params),
-            ));
-        };
-        let mut hits = self.search_variants_verified(
-            &ids,
-            &plain,
-            QueryViews::PLAIN,
-            params,
-            RECHECK_VERIFY,
-            progress,
-        )?;
-        // the unsure queries of `hits` searched again in `views` with `top` verified; how many
-        let search_again = |hits: &mut [QueryHits], views: QueryViews, top: usize| {
-            recheck_answers(hits, side * side, &|again| {
-                let (ids, in_views) = features(Some(again), views)?;
-                self.search_variants_verified(&ids, &in_views, views, params, top, progress)
-            })
-        };
-        let suns = self.catalogue_suns();
-        let toward_again = match suns.is_empty() {
-            true => 0,
-            false => search_again(&mut hits, QueryViews::toward(suns), RECHECK_TOWARD_VERIFY)?,
-        };
-        if toward_again > 0 {
-            progress.note(&format!(
-                "{toward_again} of {} queries did not register with their first hit: searched \
-                 again turned toward the catalogue's suns ({suns})",
-                hits.len(),
-            ));
-        }
-        let again = search_again(&mut hits, RECHECK_VIEWS, RECHECK_AGAIN_VERIFY)?;
-        if again > 0 {
-            progress.note(&format!(
-                "{again} of {} queries did not register with their first hit{}: searched again \
-                 in {RECHECK_TURNS} turns and under the opposite sun",
-                hits.len(),
-                if toward_again > 0 {
-                    " nor turned toward its suns"
-                } else {
-                    ""
-                }
-            ));
-        }
-        Ok(hits)
+        catalogue::search_rechecked(self, features, params, progress)
     }
 
     /// [`Engine::search_images`] with each query's `top` best images spatially verified
@@ -766,6 +703,52 @@ impl Engine {
         top: usize,
         progress: &dyn Progress,
     ) -> Result<Vec<QueryHits>> {
+        let queries = self.viewed_queries(ids, variants, views)?;
+        let params = verified_search_params(params);
+        let candidates =
+            self.search_views(&queries.descriptors, views, &candidate_params(&params, top));
+        let results =
+            self.verify_candidates(&queries, views, &params, top, candidates, progress)?;
+        Ok(QueryHits::named(ids, results))
+    }
+
+    /// This index's hits for `queries` in their `views` as a verified search lists them
+    /// (`params`: a verified search's), its `candidates` among them verified and ranked
+    /// again: what each shard of a set answers once the set has chosen the candidates of
+    /// every shard ([`crate::ShardedEngine::search_variants_verified`]).
+    pub(crate) fn verify_candidates(
+        &self,
+        queries: &ViewedQueries,
+        views: QueryViews,
+        params: &SearchParams,
+        top: usize,
+        candidates: Vec<Vec<SearchHit>>,
+        progress: &dyn Progress,
+    ) -> Result<Vec<Vec<SearchHit>>> {
+        let features = self.candidate_features(&rows_of(&candidates), progress)?;
+        let grids = PatchGrids::new(&features);
+        let listed = self.search_views(&queries.descriptors, views, &listed_params(params, top));
+        let (descriptors, query_grids) = queries.slices();
+        Ok(self.verify_listed(
+            listed,
+            candidates,
+            &descriptors,
+            views,
+            &query_grids,
+            params,
+            &|hit| grids.get(self, &hit.id),
+        ))
+    }
+
+    /// Queries `ids` given as the features of their `views` (each query's
+    /// [`QueryViews::count`] rows in a row) as verification compares them, refused where
+    /// they cannot be verified.
+    pub(crate) fn viewed_queries(
+        &self,
+        ids: &[String],
+        variants: &FeatureSet,
+        views: QueryViews,
+    ) -> Result<ViewedQueries> {
         ensure!(
             craterdex_tokens::verify::grid_side(variants.tokens).is_some(),
             Error::Invalid(format!(
@@ -784,31 +767,17 @@ impl Engine {
                 ids.len()
             ))
         );
-        let per_query: Vec<Vec<Descriptors>> = self
+        let descriptors = self
             .encode(variants)
             .chunks(per)
             .map(<[Descriptors]>::to_vec)
             .collect();
-        let mut rows: Vec<usize> = self
-            .search_views(&per_query, views, &candidate_params(params, top))
-            .iter()
-            .flatten()
-            .map(|h| h.row)
-            .collect();
-        rows.sort_unstable();
-        rows.dedup();
-        let features = self.candidate_features(&rows, progress)?;
-        let grids = PatchGrids::new(&features);
         let all: Vec<PatchGrid> = feature_refs(variants)
             .into_iter()
             .map(|f| self.patch_grid(f))
             .collect();
-        let query_grids: Vec<Vec<PatchGrid>> = all.chunks(per).map(<[PatchGrid]>::to_vec).collect();
-        let results =
-            self.search_views_verified(&per_query, views, &query_grids, params, top, &|hit| {
-                grids.get(self, &hit.id)
-            });
-        Ok(QueryHits::named(ids, results))
+        let grids = all.chunks(per).map(<[PatchGrid]>::to_vec).collect();
+        Ok(ViewedQueries { descriptors, grids })
     }
 
     /// The features of the indexed images at `rows`, read where the index recorded them and
@@ -1091,6 +1060,62 @@ impl Engine {
             suns: OnceLock::new(),
         }
     }
+}
+
+impl Catalogue for Engine {
+    fn query_model(&self) -> Result<&Extractor> {
+        self.extractor_or_err()
+    }
+    fn encode(&self, features: &FeatureSet) -> Vec<Descriptors> {
+        Engine::encode(self, features)
+    }
+    fn search_views(
+        &self,
+        queries: &[Vec<Descriptors>],
+        views: QueryViews,
+        params: &SearchParams,
+    ) -> Vec<Vec<SearchHit>> {
+        Engine::search_views(self, queries, views, params)
+    }
+    fn search_variants_verified(
+        &self,
+        ids: &[String],
+        variants: &FeatureSet,
+        views: QueryViews,
+        params: &SearchParams,
+        top: usize,
+        progress: &dyn Progress,
+    ) -> Result<Vec<QueryHits>> {
+        Engine::search_variants_verified(self, ids, variants, views, params, top, progress)
+    }
+    fn suns(&self) -> Suns {
+        self.catalogue_suns()
+    }
+}
+
+/// Queries in their views as verification compares them ([`Engine::viewed_queries`]): per
+/// query, its views' descriptors and patch grids, in the order of [`QueryViews::images`].
+pub(crate) struct ViewedQueries {
+    pub descriptors: Vec<Vec<Descriptors>>,
+    pub grids: Vec<Vec<PatchGrid>>,
+}
+
+impl ViewedQueries {
+    /// Each query's descriptors and grids, as [`Engine::verify_listed`] takes them.
+    pub fn slices(&self) -> (Vec<&[Descriptors]>, Vec<&[PatchGrid]>) {
+        (
+            self.descriptors.iter().map(Vec::as_slice).collect(),
+            self.grids.iter().map(Vec::as_slice).collect(),
+        )
+    }
+}
+
+/// The indexed rows of `lists`' hits, each once, in order.
+fn rows_of(lists: &[Vec<SearchHit>]) -> Vec<usize> {
+    let mut rows: Vec<usize> = lists.iter().flatten().map(|h| h.row).collect();
+    rows.sort_unstable();
+    rows.dedup();
+    rows
 }
 
 /// One query as verification sees it: its views' descriptors and patch grids, in the order

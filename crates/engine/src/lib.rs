@@ -10,6 +10,7 @@
 //! command line.
 
 mod build;
+mod catalogue;
 mod engine;
 mod error;
 mod extractor;
@@ -26,9 +27,10 @@ mod test_images;
 mod views;
 
 pub use build::{Entries, LearnFrom};
+pub use catalogue::sun_sample;
 pub use engine::{
-    recheck_answers, registers_better, sun_headings_of, sun_sample_rows, unsure, Engine, PatchGrid,
-    PatchGrids, QueryHits, SearchHit,
+    recheck_answers, registers_better, sun_headings_of, unsure, Engine, PatchGrid, PatchGrids,
+    QueryFeatures, QueryHits, SearchHit,
 };
 pub use error::{Error, Result};
 pub use extractor::Extractor;

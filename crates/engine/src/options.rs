@@ -348,7 +348,7 @@ pub const RECHECK_KEEP_SHARE: f32 = 0.3;
 pub const RECHECK_TOWARD_VERIFY: usize = RECHECK_VERIFY;
 
 /// Indexed images whose shading dipoles give the catalogue's suns ([`crate::sun_headings`],
-/// [`crate::Engine::catalogue_suns`]): 64, spread evenly over the index.
+/// [`crate::Engine::catalogue_suns`]): 64, those whose ids hash lowest ([`crate::sun_sample`]).
 pub const SUN_SAMPLE: usize = 64;
 
 /// The share of a catalogue's dipoles that a sun heading must gather within

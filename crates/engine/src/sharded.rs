@@ -4,17 +4,22 @@
 //! query is encoded once and scores compare across shards; every view of a crater lies in
 //! one shard, so each shard's grouping of views is already the grouping of the whole.
 
-use crate::engine::{Engine, QueryHits, SearchHit};
+use crate::catalogue::{self, sun_sample_paths, Catalogue};
+use crate::engine::{
+    candidate_params, sun_headings_of, Engine, QueryFeatures, QueryHits, SearchHit,
+};
 use crate::error::{Error, Result};
 use crate::extractor::Extractor;
+use crate::options::{verified_search_params, SearchOptions};
 use crate::progress::Progress;
+use crate::views::{QueryViews, Suns};
 use craterdex_errors::ensure;
 use craterdex_index::shards::ShardSet;
-use craterdex_index::SearchParams;
+use craterdex_index::{Index, SearchParams};
 use craterdex_model::extract::FeatureSet;
 use craterdex_tokens::Descriptors;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// The first `top_k` hits of the shards' lists (each ranked as `search` ranks it), ranked
 /// again: by score, or, with `group_views`, crater by crater (a crater's views, which lie in
@@ -89,6 +94,8 @@ impl QueryEncoder {
 pub struct ShardedEngine {
     pub set: ShardSet,
     shards: Vec<Engine>,
+    /// The catalogue's suns, measured on first need ([`ShardedEngine::catalogue_suns`]).
+    suns: OnceLock<Suns>,
 }
 
 impl ShardedEngine {
@@ -105,7 +112,11 @@ impl ShardedEngine {
             !shards.is_empty(),
             Error::Invalid(format!("{}: a set of no shards", dir.display()))
         );
-        Ok(Self { set, shards })
+        Ok(Self {
+            set,
+            shards,
+            suns: OnceLock::new(),
+        })
     }
 
     pub fn shards(&self) -> &[Engine] {
@@ -150,6 +161,163 @@ impl ShardedEngine {
         let features = self.shards[0].query_features(items, progress)?;
         Ok(self.search_features(&features, params))
     }
+
+    /// Query images `(name, path)` searched as `options` ask, as one index searches them
+    /// ([`Engine::search_images_as`]): rechecked by default, in views, verified or plainly.
+    pub fn search_images_as(
+        &self,
+        items: &[(String, PathBuf)],
+        params: &SearchParams,
+        options: &SearchOptions,
+        progress: &dyn Progress,
+    ) -> Result<Vec<QueryHits>> {
+        catalogue::search_images_as(self, items, params, options, progress)
+    }
+
+    /// Ranked hits for queries given as their `views`: every shard searched
+    /// ([`Engine::search_views`]), the lists merged.
+    pub fn search_views(
+        &self,
+        queries: &[Vec<Descriptors>],
+        views: QueryViews,
+        params: &SearchParams,
+    ) -> Vec<Vec<SearchHit>> {
+        let per_shard: Vec<Vec<Vec<SearchHit>>> = self
+            .shards
+            .iter()
+            .map(|e| e.search_views(queries, views, params))
+            .collect();
+        by_query(per_shard, queries.len())
+            .into_iter()
+            .map(|lists| merge_hits(lists, params.top_k, params.group_views))
+            .collect()
+    }
+
+    /// Queries `ids` given as the features of their `views` with the catalogue's `top` best
+    /// images spatially verified, as one index verifies them
+    /// ([`Engine::search_variants_verified`]): the candidates are the best `top` of all
+    /// shards' lists, each verified by its shard (its images, its late-interaction scores
+    /// per view), and the shards' lists, ranked again, are merged.
+    pub fn search_variants_verified(
+        &self,
+        ids: &[String],
+        variants: &FeatureSet,
+        views: QueryViews,
+        params: &SearchParams,
+        top: usize,
+        progress: &dyn Progress,
+    ) -> Result<Vec<QueryHits>> {
+        // the shards share their encoder: the first encodes the queries for all
+        let queries = self.shards[0].viewed_queries(ids, variants, views)?;
+        let params = verified_search_params(params);
+        let listed: Vec<Vec<Vec<SearchHit>>> = self
+            .shards
+            .iter()
+            .map(|e| e.search_views(&queries.descriptors, views, &candidate_params(&params, top)))
+            .collect();
+        let per_shard = self
+            .shards
+            .iter()
+            .zip(best_of_shards(listed, top))
+            .map(|(e, candidates)| {
+                e.verify_candidates(&queries, views, &params, top, candidates, progress)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let merged = by_query(per_shard, ids.len())
+            .into_iter()
+            .map(|lists| merge_hits(lists, params.top_k, params.group_views))
+            .collect();
+        Ok(QueryHits::named(ids, merged))
+    }
+
+    /// Queries searched as given, those whose first hit does not register searched again
+    /// ([`Engine::search_rechecked`]), over every shard.
+    pub fn search_rechecked(
+        &self,
+        features: &QueryFeatures,
+        params: &SearchParams,
+        progress: &dyn Progress,
+    ) -> Result<Vec<QueryHits>> {
+        catalogue::search_rechecked(self, features, params, progress)
+    }
+
+    /// The headings of the catalogue's suns, from the images of every shard that the index
+    /// they were cut from samples ([`crate::sun_sample`], [`Engine::catalogue_suns`]);
+    /// measured once.
+    pub fn catalogue_suns(&self) -> Suns {
+        *self.suns.get_or_init(|| {
+            let indexes: Vec<&Index> = self.shards.iter().map(Engine::index).collect();
+            sun_headings_of(&sun_sample_paths(&indexes))
+        })
+    }
+}
+
+impl Catalogue for ShardedEngine {
+    fn query_model(&self) -> Result<&Extractor> {
+        self.shards[0].extractor_or_err()
+    }
+    fn encode(&self, features: &FeatureSet) -> Vec<Descriptors> {
+        self.shards[0].encode(features)
+    }
+    fn search_views(
+        &self,
+        queries: &[Vec<Descriptors>],
+        views: QueryViews,
+        params: &SearchParams,
+    ) -> Vec<Vec<SearchHit>> {
+        ShardedEngine::search_views(self, queries, views, params)
+    }
+    fn search_variants_verified(
+        &self,
+        ids: &[String],
+        variants: &FeatureSet,
+        views: QueryViews,
+        params: &SearchParams,
+        top: usize,
+        progress: &dyn Progress,
+    ) -> Result<Vec<QueryHits>> {
+        ShardedEngine::search_variants_verified(self, ids, variants, views, params, top, progress)
+    }
+    fn suns(&self) -> Suns {
+        self.catalogue_suns()
+    }
+}
+
+/// Lists per shard and query turned into lists per query and shard.
+fn by_query<T>(per_shard: Vec<Vec<T>>, queries: usize) -> Vec<Vec<T>> {
+    let mut out: Vec<Vec<T>> = (0..queries).map(|_| Vec::new()).collect();
+    for lists in per_shard {
+        for (q, list) in lists.into_iter().enumerate() {
+            out[q].push(list);
+        }
+    }
+    out
+}
+
+/// Of each shard's candidate lists (`listed[shard][query]`, best first), each query's
+/// `top` best over all shards by score (ties: shard order, then rank), handed back to the
+/// shards that hold them: what one index's search of the whole catalogue lists first.
+fn best_of_shards(listed: Vec<Vec<Vec<SearchHit>>>, top: usize) -> Vec<Vec<Vec<SearchHit>>> {
+    let shards = listed.len();
+    let queries = listed.first().map_or(0, Vec::len);
+    let mut out: Vec<Vec<Vec<SearchHit>>> = vec![vec![Vec::new(); queries]; shards];
+    for (q, lists) in by_query(listed, queries).into_iter().enumerate() {
+        let mut all: Vec<(usize, usize, SearchHit)> = lists
+            .into_iter()
+            .enumerate()
+            .flat_map(|(s, hits)| hits.into_iter().enumerate().map(move |(r, h)| (s, r, h)))
+            .collect();
+        all.sort_by(|a, b| {
+            b.2.score
+                .total_cmp(&a.2.score)
+                .then(a.0.cmp(&b.0))
+                .then(a.1.cmp(&b.1))
+        });
+        for (s, _, hit) in all.into_iter().take(top) {
+            out[s][q].push(hit);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -221,6 +389,35 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Each query's best candidates over all shards go back to the shards that hold them:
+    /// by score, ties to the first shard, at most `top` in all.
+    #[test]
+    fn the_best_candidates_of_all_shards_return_to_their_shards() {
+        let hit = |id: &str, score: f32| SearchHit {
+            rank: 0,
+            id: id.into(),
+            crater_id: None,
+            score,
+            stage1: None,
+            stage2: None,
+            inliers: None,
+            meta: Default::default(),
+            row: 0,
+        };
+        let listed = vec![
+            vec![vec![hit("a", 0.9), hit("b", 0.4)], vec![hit("p", 0.2)]],
+            vec![vec![hit("c", 0.8), hit("d", 0.4)], vec![hit("q", 0.3)]],
+        ];
+        let chosen = best_of_shards(listed, 3);
+        let ids = |hits: &[SearchHit]| hits.iter().map(|h| h.id.clone()).collect::<Vec<_>>();
+        // query 0: a, c, then b (tied with d, the first shard's)
+        assert_eq!(ids(&chosen[0][0]), ["a", "b"]);
+        assert_eq!(ids(&chosen[1][0]), ["c"]);
+        // query 1: fewer than `top` in all, every one kept
+        assert_eq!(ids(&chosen[0][1]), ["p"]);
+        assert_eq!(ids(&chosen[1][1]), ["q"]);
     }
 
     #[test]

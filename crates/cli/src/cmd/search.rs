@@ -63,23 +63,9 @@ pub fn run(c: SearchCmd) -> Result<()> {
             let engine = Engine::open(index, Some(extractor))?;
             timed(&|| engine.search_images_as(&items, &params, &options, &bars))?
         }
-        (None, Some(_)) if options.verify > 0 => {
-            bail!("--verify is not supported with --shards yet: search one shard index at a time")
-        }
-        (None, Some(_)) if !options.views().is_plain() => {
-            bail!(
-                "--turns and --opposite-sun are not supported with --shards yet: search one \
-                 shard index at a time"
-            )
-        }
         (None, Some(set)) => {
-            if options.rechecks() {
-                eprintln!(
-                    "note: a search of shards is not rechecked yet: queries searched as given"
-                );
-            }
             let engine = ShardedEngine::open(set, Some(extractor))?;
-            timed(&|| engine.search_images(&items, &params, &bars))?
+            timed(&|| engine.search_images_as(&items, &params, &options, &bars))?
         }
         (None, None) => bail!("give --index or --shards"),
     };

@@ -1,0 +1,223 @@
+//! The searches of query images that one index ([`crate::Engine`]) and a set of shards
+//! ([`crate::ShardedEngine`]) answer alike: as the search options ask
+//! ([`search_images_as`]), and rechecked where a first hit does not register
+//! ([`search_rechecked`]). Each catalogue says how it searches descriptors, verifies
+//! candidates and finds its suns; the order of the searches lives here once.
+
+use crate::engine::{recheck_answers, QueryFeatures, QueryHits, SearchHit};
+use crate::error::Result;
+use crate::extractor::Extractor;
+use crate::options::{
+    SearchOptions, RECHECK_AGAIN_VERIFY, RECHECK_TOWARD_VERIFY, RECHECK_TURNS, RECHECK_VERIFY,
+    RECHECK_VIEWS, SUN_SAMPLE,
+};
+use crate::progress::Progress;
+use crate::views::{QueryViews, Suns};
+use craterdex_index::{Index, SearchParams};
+use craterdex_model::extract::FeatureSet;
+use craterdex_tokens::Descriptors;
+use std::path::{Path, PathBuf};
+
+/// What a search of query images needs of a catalogue.
+pub(crate) trait Catalogue {
+    /// The model that reads query images, refused when none is loaded.
+    fn query_model(&self) -> Result<&Extractor>;
+    /// Descriptors of features under the catalogue's encoder.
+    fn encode(&self, features: &FeatureSet) -> Vec<Descriptors>;
+    /// Ranked hits for queries given as their `views`, each image by its best view.
+    fn search_views(
+        &self,
+        queries: &[Vec<Descriptors>],
+        views: QueryViews,
+        params: &SearchParams,
+    ) -> Vec<Vec<SearchHit>>;
+    /// Queries `ids` given as the features of their `views`, with their `top` best images
+    /// spatially verified.
+    fn search_variants_verified(
+        &self,
+        ids: &[String],
+        variants: &FeatureSet,
+        views: QueryViews,
+        params: &SearchParams,
+        top: usize,
+        progress: &dyn Progress,
+    ) -> Result<Vec<QueryHits>>;
+    /// The headings of the catalogue's suns.
+    fn suns(&self) -> Suns;
+}
+
+/// The images whose dipoles give the suns of a catalogue made of `indexes` (one, or a set's
+/// shards): [`sun_sample`] of their live images, read where the indexes recorded them.
+pub(crate) fn sun_sample_paths(indexes: &[&Index]) -> Vec<PathBuf> {
+    sun_sample(indexes.iter().flat_map(|index| {
+        index.live_rows().filter_map(|r| {
+            let m = index.meta(r);
+            m.path.as_deref().map(|p| (m.id.as_str(), Path::new(p)))
+        })
+    }))
+}
+
+/// Of a catalogue's images `(id, path)`, the [`SUN_SAMPLE`] whose dipoles give its suns (or
+/// all of them): those whose ids hash lowest (crc32, ties by id), so that an index, the
+/// shards it is cut into and a benchmark's gallery in any order sample the same images.
+pub fn sun_sample<'a>(images: impl IntoIterator<Item = (&'a str, &'a Path)>) -> Vec<PathBuf> {
+    let mut keyed: Vec<(u32, &str, &Path)> = images
+        .into_iter()
+        .map(|(id, path)| (crc32fast::hash(id.as_bytes()), id, path))
+        .collect();
+    if keyed.len() > SUN_SAMPLE {
+        keyed.select_nth_unstable(SUN_SAMPLE - 1);
+        keyed.truncate(SUN_SAMPLE);
+    }
+    keyed.sort_unstable();
+    keyed.into_iter().map(|(_, _, p)| p.to_path_buf()).collect()
+}
+
+/// Query images `(id, path)` searched in `catalogue` as `options` ask: rechecked
+/// ([`search_rechecked`]), in their views, with their best images spatially verified, or
+/// plainly; `params` are `options`' own, checked by the front end.
+pub(crate) fn search_images_as(
+    catalogue: &dyn Catalogue,
+    items: &[(String, PathBuf)],
+    params: &SearchParams,
+    options: &SearchOptions,
+    progress: &dyn Progress,
+) -> Result<Vec<QueryHits>> {
+    let model = catalogue.query_model()?;
+    if options.rechecks() {
+        return search_rechecked(
+            catalogue,
+            &|only, views| match only {
+                None => model.variant_features(items, views, progress),
+                Some(ids) => {
+                    let some: Vec<(String, PathBuf)> = items
+                        .iter()
+                        .filter(|(id, _)| ids.contains(id))
+                        .cloned()
+                        .collect();
+                    model.variant_features(&some, views, progress)
+                }
+            },
+            params,
+            progress,
+        );
+    }
+    let (views, verify) = (options.views(), options.verify);
+    let (ids, features) = match views.is_plain() {
+        true => {
+            let features = model.extract(items, "queries", progress)?;
+            (features.ids.clone(), features)
+        }
+        false => model.variant_features(items, views, progress)?,
+    };
+    if verify > 0 {
+        return catalogue
+            .search_variants_verified(&ids, &features, views, params, verify, progress);
+    }
+    let per_query: Vec<Vec<Descriptors>> = catalogue
+        .encode(&features)
+        .chunks(views.count())
+        .map(<[Descriptors]>::to_vec)
+        .collect();
+    Ok(QueryHits::named(
+        &ids,
+        catalogue.search_views(&per_query, views, params),
+    ))
+}
+
+/// What [`crate::Engine::search_rechecked`] does, over any catalogue.
+pub(crate) fn search_rechecked(
+    catalogue: &dyn Catalogue,
+    features: &QueryFeatures,
+    params: &SearchParams,
+    progress: &dyn Progress,
+) -> Result<Vec<QueryHits>> {
+    let (ids, plain) = features(None, QueryViews::PLAIN)?;
+    let Some(side) = craterdex_tokens::verify::grid_side(plain.tokens) else {
+        let per_query: Vec<Vec<Descriptors>> = catalogue
+            .encode(&plain)
+            .into_iter()
+            .map(|d| vec![d])
+            .collect();
+        return Ok(QueryHits::named(
+            &ids,
+            catalogue.search_views(&per_query, QueryViews::PLAIN, params),
+        ));
+    };
+    let mut hits = catalogue.search_variants_verified(
+        &ids,
+        &plain,
+        QueryViews::PLAIN,
+        params,
+        RECHECK_VERIFY,
+        progress,
+    )?;
+    // the unsure queries of `hits` searched again in `views` with `top` verified; how many
+    let search_again = |hits: &mut [QueryHits], views: QueryViews, top: usize| {
+        recheck_answers(hits, side * side, &|again| {
+            let (ids, in_views) = features(Some(again), views)?;
+            catalogue.search_variants_verified(&ids, &in_views, views, params, top, progress)
+        })
+    };
+    let suns = catalogue.suns();
+    let toward_again = match suns.is_empty() {
+        true => 0,
+        false => search_again(&mut hits, QueryViews::toward(suns), RECHECK_TOWARD_VERIFY)?,
+    };
+    if toward_again > 0 {
+        progress.note(&format!(
+            "{toward_again} of {} queries did not register with their first hit: searched \
+             again turned toward the catalogue's suns ({suns})",
+            hits.len(),
+        ));
+    }
+    let again = search_again(&mut hits, RECHECK_VIEWS, RECHECK_AGAIN_VERIFY)?;
+    if again > 0 {
+        progress.note(&format!(
+            "{again} of {} queries did not register with their first hit{}: searched again \
+             in {RECHECK_TURNS} turns and under the opposite sun",
+            hits.len(),
+            if toward_again > 0 {
+                " nor turned toward its suns"
+            } else {
+                ""
+            }
+        ));
+    }
+    Ok(hits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The sample is the same images whatever their order and however they are split, and
+    /// at most SUN_SAMPLE of them.
+    #[test]
+    fn the_sun_sample_does_not_depend_on_order_or_sharding() {
+        let ids: Vec<String> = (0..500).map(|i| format!("crater-{i}_2x")).collect();
+        let paths: Vec<PathBuf> = ids
+            .iter()
+            .map(|i| PathBuf::from(format!("{i}.png")))
+            .collect();
+        let images = || {
+            ids.iter()
+                .map(String::as_str)
+                .zip(paths.iter().map(PathBuf::as_path))
+        };
+        let sample = sun_sample(images());
+        assert_eq!(sample.len(), SUN_SAMPLE);
+        let reversed: Vec<_> = images().rev().collect();
+        assert_eq!(sun_sample(reversed), sample);
+        // every third image in one part, the rest in another, sampled together
+        let (a, b): (Vec<_>, Vec<_>) = images().enumerate().partition(|(i, _)| i % 3 == 0);
+        let parts = b.into_iter().chain(a).map(|(_, x)| x);
+        assert_eq!(sun_sample(parts), sample);
+        // spread over the catalogue, not its first ids
+        let first: Vec<&PathBuf> = paths.iter().take(SUN_SAMPLE).collect();
+        assert_ne!(sample.iter().collect::<Vec<_>>(), first);
+        // fewer images than the sample: all of them
+        assert_eq!(sun_sample(images().take(10)).len(), 10);
+        assert!(sun_sample(std::iter::empty()).is_empty());
+    }
+}
