@@ -6,7 +6,7 @@
 use crate::error::{Error, Result};
 use crate::regime::{RegimeId, Tokens, Whiten};
 use crate::{manifest, regimes, turned};
-use craterdex_engine::{Extractor, FeatureSet, Progress, QueryViews};
+use craterdex_engine::{Extractor, FeatureSet, Progress, QueryViews, Suns};
 use craterdex_errors::ensure;
 use std::path::{Path, PathBuf};
 
@@ -15,6 +15,9 @@ pub struct EvalOutcome {
     pub benchmark: manifest::Benchmark,
     pub gallery: FeatureSet,
     pub queries: FeatureSet,
+    /// The gallery's suns ([`gallery_suns`]) where the options recheck: a turned run of the
+    /// same gallery searches toward them too.
+    pub suns: Option<Suns>,
 }
 
 /// The regimes of a quick run, or all of them.
@@ -38,7 +41,8 @@ pub fn evaluate(
     let gallery = extractor.extract(&b.gallery_items(), "gallery", progress)?;
     let queries = extractor.extract(&b.query_items(), "queries", progress)?;
     let variants = query_views(extractor, &b, o, progress)?;
-    let toward = query_toward(extractor, &b, &b, o, progress)?;
+    let suns = o.recheck.then(|| gallery_suns(&b, progress));
+    let toward = query_toward(extractor, &b, suns, progress)?;
     let results = regimes::run_on_benchmark(
         &b,
         &gallery,
@@ -53,33 +57,33 @@ pub fn evaluate(
         benchmark: b,
         gallery,
         queries,
+        suns,
     })
 }
 
-/// The features of the queries of `b` turned toward the suns of `gallery`'s images
-/// ([`QueryViews::toward`], [`craterdex_engine::sun_headings_of`] on the images an engine
-/// would sample) when the options recheck, as the engine's first search again; none where
-/// the gallery shows no sun.
+/// The suns of `gallery`'s images as an engine measures those of its index
+/// ([`craterdex_engine::sun_sample`], [`craterdex_engine::sun_headings_of`]).
+fn gallery_suns(gallery: &manifest::Benchmark, progress: &dyn Progress) -> Suns {
+    let items = gallery.gallery_items();
+    let sample =
+        craterdex_engine::sun_sample(items.iter().map(|(id, p)| (id.as_str(), p.as_path())));
+    let suns = craterdex_engine::sun_headings_of(&sample);
+    progress.note(&format!("the gallery's suns: {suns}"));
+    suns
+}
+
+/// The features of the queries of `b` turned toward `suns` ([`QueryViews::toward`]) as the
+/// engine's first search again turns them; none without suns (the options do not recheck,
+/// or the gallery shows no sun).
 fn query_toward(
     extractor: &Extractor,
     b: &manifest::Benchmark,
-    gallery: &manifest::Benchmark,
-    o: &regimes::EvalOptions,
+    suns: Option<Suns>,
     progress: &dyn Progress,
 ) -> Result<Option<(QueryViews, FeatureSet)>> {
-    if !o.recheck {
+    let Some(suns) = suns.filter(|s| !s.is_empty()) else {
         return Ok(None);
-    }
-    let items = gallery.gallery_items();
-    let paths: Vec<PathBuf> = craterdex_engine::sun_sample_rows(items.len())
-        .into_iter()
-        .map(|r| items[r].1.clone())
-        .collect();
-    let suns = craterdex_engine::sun_headings_of(&paths);
-    progress.note(&format!("the gallery's suns: {suns}"));
-    if suns.is_empty() {
-        return Ok(None);
-    }
+    };
     let views = QueryViews::toward(suns);
     let (_, features) = extractor.variant_features(&b.query_items(), views, progress)?;
     Ok(Some((views, features)))
@@ -140,7 +144,7 @@ pub fn evaluate_turned(
 ) -> Result<TurnedOutcome> {
     let queries = extractor.extract(&turned.query_items(), "turned queries", progress)?;
     let variants = query_views(extractor, turned, o, progress)?;
-    let toward = query_toward(extractor, turned, &upright.benchmark, o, progress)?;
+    let toward = query_toward(extractor, turned, upright.suns, progress)?;
     let results = regimes::run_on_benchmark(
         turned,
         &upright.gallery,
@@ -183,6 +187,7 @@ pub fn evaluate_features(
         benchmark: b,
         gallery,
         queries,
+        suns: None,
     })
 }
 
