@@ -357,42 +357,6 @@ impl Engine {
         self.extractor_or_err()?.extract(items, "queries", progress)
     }
 
-    /// Extracts features of `(id, path)` images with the loaded model and searches them.
-    pub fn search_images(
-        &self,
-        items: &[(String, PathBuf)],
-        params: &SearchParams,
-        progress: &dyn Progress,
-    ) -> Result<Vec<QueryHits>> {
-        Ok(self.search_features(&self.query_features(items, progress)?, params))
-    }
-
-    /// [`Engine::search_images`] with each query searched in its `views` (turned, mirrored,
-    /// under the opposite sun: [`QueryViews`]); the query alone is a plain search.
-    pub fn search_images_in_views(
-        &self,
-        items: &[(String, PathBuf)],
-        params: &SearchParams,
-        views: QueryViews,
-        progress: &dyn Progress,
-    ) -> Result<Vec<QueryHits>> {
-        if views.is_plain() {
-            return self.search_images(items, params, progress);
-        }
-        let (ids, features) = self
-            .extractor_or_err()?
-            .variant_features(items, views, progress)?;
-        let encoded = self.encode(&features);
-        let per_query: Vec<Vec<Descriptors>> = encoded
-            .chunks(views.count())
-            .map(<[Descriptors]>::to_vec)
-            .collect();
-        Ok(QueryHits::named(
-            &ids,
-            self.search_views(&per_query, views, params),
-        ))
-    }
-
     /// Ranked hits for queries given as their `views` ([`QueryViews::images`]: the query as
     /// given first), each image by its best score over them, each view counted its
     /// [`QueryViews::margin`] lower.
@@ -608,11 +572,11 @@ impl Engine {
     }
 
     /// Extracts features of `(id, path)` query images and searches them as `options` ask
-    /// ([`crate::SearchOptions`]): in their views ([`Engine::search_images_in_views`]), with
-    /// the best images spatially verified ([`Engine::search_features_verified`]; a query in
-    /// several views through the [`VERIFY_VIEWS`] views that match each candidate best),
-    /// rechecked ([`Engine::search_rechecked`]) or plainly; `params` are `options`' own,
-    /// checked by the front end.
+    /// ([`crate::SearchOptions`]): rechecked ([`Engine::search_rechecked`]), in their views
+    /// ([`Engine::search_views`]), with the best images spatially verified
+    /// ([`Engine::search_variants_verified`]; a query in several views through the
+    /// [`VERIFY_VIEWS`] views that match each candidate best) or plainly; `params` are
+    /// `options`' own, checked by the front end.
     pub fn search_images_as(
         &self,
         items: &[(String, PathBuf)],
@@ -650,19 +614,6 @@ impl Engine {
         progress: &dyn Progress,
     ) -> Result<Vec<QueryHits>> {
         catalogue::search_rechecked(self, features, params, progress)
-    }
-
-    /// [`Engine::search_images`] with each query's `top` best images spatially verified
-    /// ([`Engine::search_features_verified`]).
-    pub fn search_images_verified(
-        &self,
-        items: &[(String, PathBuf)],
-        params: &SearchParams,
-        top: usize,
-        progress: &dyn Progress,
-    ) -> Result<Vec<QueryHits>> {
-        let queries = self.query_features(items, progress)?;
-        self.search_features_verified(&queries, params, top, progress)
     }
 
     /// [`Engine::search_features`] with each query's `top` best images spatially verified

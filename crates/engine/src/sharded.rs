@@ -143,25 +143,6 @@ impl ShardedEngine {
             .collect()
     }
 
-    /// Ranked hits for backbone features: encoded once (the shards share their encoder).
-    pub fn search_features(&self, features: &FeatureSet, params: &SearchParams) -> Vec<QueryHits> {
-        QueryHits::named(
-            &features.ids,
-            self.search(&self.shards[0].encode(features), params),
-        )
-    }
-
-    /// Ranked hits for query images `(name, path)`: each read by the model once.
-    pub fn search_images(
-        &self,
-        items: &[(String, PathBuf)],
-        params: &SearchParams,
-        progress: &dyn Progress,
-    ) -> Result<Vec<QueryHits>> {
-        let features = self.shards[0].query_features(items, progress)?;
-        Ok(self.search_features(&features, params))
-    }
-
     /// Query images `(name, path)` searched as `options` ask, as one index searches them
     /// ([`Engine::search_images_as`]): rechecked by default, in views, verified or plainly.
     pub fn search_images_as(
