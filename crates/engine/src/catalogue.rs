@@ -4,7 +4,7 @@
 //! ([`search_rechecked`]). Each catalogue says how it searches descriptors, verifies
 //! candidates and finds its suns; the order of the searches lives here once.
 
-use crate::engine::{recheck_answers, QueryFeatures, QueryHits, SearchHit};
+use crate::engine::{recheck_answers, sun_headings_of, QueryFeatures, QueryHits, SearchHit};
 use crate::error::Result;
 use crate::extractor::Extractor;
 use crate::options::{
@@ -46,15 +46,16 @@ pub(crate) trait Catalogue {
     fn suns(&self) -> Suns;
 }
 
-/// The images whose dipoles give the suns of a catalogue made of `indexes` (one, or a set's
-/// shards): [`sun_sample`] of their live images, read where the indexes recorded them.
-pub(crate) fn sun_sample_paths(indexes: &[&Index]) -> Vec<PathBuf> {
-    sun_sample(indexes.iter().flat_map(|index| {
+/// The suns of a catalogue made of `indexes` (one, or a set's shards): the headings of the
+/// dipoles of [`sun_sample`] of their live images ([`sun_headings_of`]), read where the
+/// indexes recorded them.
+pub(crate) fn suns_of(indexes: &[&Index]) -> Suns {
+    sun_headings_of(&sun_sample(indexes.iter().flat_map(|index| {
         index.live_rows().filter_map(|r| {
             let m = index.meta(r);
             m.path.as_deref().map(|p| (m.id.as_str(), Path::new(p)))
         })
-    }))
+    })))
 }
 
 /// Of a catalogue's images `(id, path)`, the [`SUN_SAMPLE`] whose dipoles give its suns (or

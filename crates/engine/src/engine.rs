@@ -1,7 +1,7 @@
 //! [`Engine`]: one index, its encoder, and optionally the model that makes its queries.
 //! Every front end asks it for ranked hits; none wires model, tokens and index itself.
 
-use crate::catalogue::{self, sun_sample_paths, Catalogue};
+use crate::catalogue::{self, suns_of, Catalogue};
 use crate::error::{Error, Result};
 use crate::extractor::{split_fingerprint, split_reduction, BackboneRun, Extractor};
 use crate::options::{
@@ -591,9 +591,7 @@ impl Engine {
     /// [`crate::SUN_SAMPLE`] indexed images ([`crate::sun_sample`]), read where the index
     /// recorded them; measured once per engine. None where no image is readable.
     pub fn catalogue_suns(&self) -> Suns {
-        *self
-            .suns
-            .get_or_init(|| sun_headings_of(&sun_sample_paths(&[&self.index])))
+        *self.suns.get_or_init(|| suns_of(&[&self.index]))
     }
 
     /// Queries searched as given with their [`crate::RECHECK_VERIFY`] best images verified;

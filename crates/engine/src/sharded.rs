@@ -4,10 +4,8 @@
 //! query is encoded once and scores compare across shards; every view of a crater lies in
 //! one shard, so each shard's grouping of views is already the grouping of the whole.
 
-use crate::catalogue::{self, sun_sample_paths, Catalogue};
-use crate::engine::{
-    candidate_params, sun_headings_of, Engine, QueryFeatures, QueryHits, SearchHit,
-};
+use crate::catalogue::{self, suns_of, Catalogue};
+use crate::engine::{candidate_params, Engine, QueryHits, SearchHit};
 use crate::error::{Error, Result};
 use crate::extractor::Extractor;
 use crate::options::{verified_search_params, SearchOptions};
@@ -130,17 +128,12 @@ impl ShardedEngine {
 
     /// Ranked hits for each query's descriptors: every shard searched, the lists merged.
     pub fn search(&self, queries: &[Descriptors], params: &SearchParams) -> Vec<Vec<SearchHit>> {
-        let per_shard: Vec<Vec<Vec<SearchHit>>> = self
+        let per_shard = self
             .shards
             .iter()
             .map(|e| e.search(queries, params))
             .collect();
-        (0..queries.len())
-            .map(|q| {
-                let lists = per_shard.iter().map(|s| s[q].clone()).collect();
-                merge_hits(lists, params.top_k, params.group_views)
-            })
-            .collect()
+        merged_per_query(per_shard, queries.len(), params)
     }
 
     /// Query images `(name, path)` searched as `options` ask, as one index searches them
@@ -163,15 +156,12 @@ impl ShardedEngine {
         views: QueryViews,
         params: &SearchParams,
     ) -> Vec<Vec<SearchHit>> {
-        let per_shard: Vec<Vec<Vec<SearchHit>>> = self
+        let per_shard = self
             .shards
             .iter()
             .map(|e| e.search_views(queries, views, params))
             .collect();
-        by_query(per_shard, queries.len())
-            .into_iter()
-            .map(|lists| merge_hits(lists, params.top_k, params.group_views))
-            .collect()
+        merged_per_query(per_shard, queries.len(), params)
     }
 
     /// Queries `ids` given as the features of their `views` with the catalogue's `top` best
@@ -204,22 +194,10 @@ impl ShardedEngine {
                 e.verify_candidates(&queries, views, &params, top, candidates, progress)
             })
             .collect::<Result<Vec<_>>>()?;
-        let merged = by_query(per_shard, ids.len())
-            .into_iter()
-            .map(|lists| merge_hits(lists, params.top_k, params.group_views))
-            .collect();
-        Ok(QueryHits::named(ids, merged))
-    }
-
-    /// Queries searched as given, those whose first hit does not register searched again
-    /// ([`Engine::search_rechecked`]), over every shard.
-    pub fn search_rechecked(
-        &self,
-        features: &QueryFeatures,
-        params: &SearchParams,
-        progress: &dyn Progress,
-    ) -> Result<Vec<QueryHits>> {
-        catalogue::search_rechecked(self, features, params, progress)
+        Ok(QueryHits::named(
+            ids,
+            merged_per_query(per_shard, ids.len(), &params),
+        ))
     }
 
     /// The headings of the catalogue's suns, from the images of every shard that the index
@@ -228,7 +206,7 @@ impl ShardedEngine {
     pub fn catalogue_suns(&self) -> Suns {
         *self.suns.get_or_init(|| {
             let indexes: Vec<&Index> = self.shards.iter().map(Engine::index).collect();
-            sun_headings_of(&sun_sample_paths(&indexes))
+            suns_of(&indexes)
         })
     }
 }
@@ -262,6 +240,19 @@ impl Catalogue for ShardedEngine {
     fn suns(&self) -> Suns {
         self.catalogue_suns()
     }
+}
+
+/// Each query's hits over every shard (`per_shard[shard][query]`, each list ranked as
+/// `params` rank), merged by [`merge_hits`].
+fn merged_per_query(
+    per_shard: Vec<Vec<Vec<SearchHit>>>,
+    queries: usize,
+    params: &SearchParams,
+) -> Vec<Vec<SearchHit>> {
+    by_query(per_shard, queries)
+        .into_iter()
+        .map(|lists| merge_hits(lists, params.top_k, params.group_views))
+        .collect()
 }
 
 /// Lists per shard and query turned into lists per query and shard.
