@@ -1,8 +1,9 @@
-//! The searches of query images that one index ([`crate::Engine`]) and a set of shards
-//! ([`crate::ShardedEngine`]) answer alike: as the search options ask
-//! ([`search_images_as`]), and rechecked where a first hit does not register
-//! ([`search_rechecked`]). Each catalogue says how it searches descriptors, verifies
-//! candidates and finds its suns; the order of the searches lives here once.
+//! The searches of query images that one index ([`crate::Engine`]), a set of shards on this
+//! machine ([`crate::ShardedEngine`]) and a cluster's shards ([`crate::ShardCalls`] of a
+//! router) answer alike: as the search options ask ([`search_as`]), and rechecked where a
+//! first hit does not register ([`search_rechecked`]). Each catalogue says how it searches
+//! descriptors, verifies candidates and finds its suns; the order of the searches lives here
+//! once.
 
 use crate::engine::{recheck_answers, sun_headings_of, QueryFeatures, QueryHits, SearchHit};
 use crate::error::Result;
@@ -12,25 +13,23 @@ use crate::options::{
     RECHECK_VIEWS, SUN_SAMPLE,
 };
 use crate::progress::Progress;
-use crate::views::{QueryViews, Suns};
+use crate::views::{sun_headings, QueryViews, Suns};
 use craterdex_index::{Index, SearchParams};
 use craterdex_model::extract::FeatureSet;
 use craterdex_tokens::Descriptors;
 use std::path::{Path, PathBuf};
 
 /// What a search of query images needs of a catalogue.
-pub(crate) trait Catalogue {
-    /// The model that reads query images, refused when none is loaded.
-    fn query_model(&self) -> Result<&Extractor>;
+pub trait Catalogue {
     /// Descriptors of features under the catalogue's encoder.
-    fn encode(&self, features: &FeatureSet) -> Vec<Descriptors>;
+    fn encode(&self, features: &FeatureSet) -> Result<Vec<Descriptors>>;
     /// Ranked hits for queries given as their `views`, each image by its best view.
     fn search_views(
         &self,
         queries: &[Vec<Descriptors>],
         views: QueryViews,
         params: &SearchParams,
-    ) -> Vec<Vec<SearchHit>>;
+    ) -> Result<Vec<Vec<SearchHit>>>;
     /// Queries `ids` given as the features of their `views`, with their `top` best images
     /// spatially verified.
     fn search_variants_verified(
@@ -43,25 +42,40 @@ pub(crate) trait Catalogue {
         progress: &dyn Progress,
     ) -> Result<Vec<QueryHits>>;
     /// The headings of the catalogue's suns.
-    fn suns(&self) -> Suns;
+    fn suns(&self) -> Result<Suns>;
 }
 
 /// The suns of a catalogue made of `indexes` (one, or a set's shards): the headings of the
 /// dipoles of [`sun_sample`] of their live images ([`sun_headings_of`]), read where the
 /// indexes recorded them.
 pub(crate) fn suns_of(indexes: &[&Index]) -> Suns {
-    sun_headings_of(&sun_sample(indexes.iter().flat_map(|index| {
-        index.live_rows().filter_map(|r| {
-            let m = index.meta(r);
-            m.path.as_deref().map(|p| (m.id.as_str(), Path::new(p)))
-        })
-    })))
+    sun_headings_of(&sun_sample(
+        indexes.iter().flat_map(|index| placed_images(index)),
+    ))
+}
+
+/// The live images of `index` whose files it recorded: `(id, path)`.
+pub(crate) fn placed_images(index: &Index) -> impl Iterator<Item = (&str, &Path)> {
+    index.live_rows().filter_map(|r| {
+        let m = index.meta(r);
+        m.path.as_deref().map(|p| (m.id.as_str(), Path::new(p)))
+    })
 }
 
 /// Of a catalogue's images `(id, path)`, the [`SUN_SAMPLE`] whose dipoles give its suns (or
 /// all of them): those whose ids hash lowest (crc32, ties by id), so that an index, the
 /// shards it is cut into and a benchmark's gallery in any order sample the same images.
 pub fn sun_sample<'a>(images: impl IntoIterator<Item = (&'a str, &'a Path)>) -> Vec<PathBuf> {
+    sampled_images(images)
+        .into_iter()
+        .map(|(_, p)| p.to_path_buf())
+        .collect()
+}
+
+/// [`sun_sample`] with each image's id.
+pub(crate) fn sampled_images<'a>(
+    images: impl IntoIterator<Item = (&'a str, &'a Path)>,
+) -> Vec<(&'a str, &'a Path)> {
     let mut keyed: Vec<(u32, &str, &Path)> = images
         .into_iter()
         .map(|(id, path)| (crc32fast::hash(id.as_bytes()), id, path))
@@ -71,63 +85,96 @@ pub fn sun_sample<'a>(images: impl IntoIterator<Item = (&'a str, &'a Path)>) -> 
         keyed.truncate(SUN_SAMPLE);
     }
     keyed.sort_unstable();
-    keyed.into_iter().map(|(_, _, p)| p.to_path_buf()).collect()
+    keyed.into_iter().map(|(_, id, p)| (id, p)).collect()
 }
 
-/// Query images `(id, path)` searched in `catalogue` as `options` ask: rechecked
-/// ([`search_rechecked`]), in their views, with their best images spatially verified, or
-/// plainly; `params` are `options`' own, checked by the front end.
+/// The catalogue's suns from what each of its parts found of its own [`sun_sample`]: the
+/// ids of its images and their shading dipoles' headings in radians (None where the image
+/// could not be read). The sample of the whole is the [`SUN_SAMPLE`] of those ids that hash
+/// lowest, as [`suns_of`] samples it: what a cluster's router measures from its shards.
+pub fn suns_from_samples(parts: impl IntoIterator<Item = Vec<(String, Option<f32>)>>) -> Suns {
+    let mut keyed: Vec<(u32, String, Option<f32>)> = parts
+        .into_iter()
+        .flatten()
+        .map(|(id, angle)| (crc32fast::hash(id.as_bytes()), id, angle))
+        .collect();
+    keyed.sort_unstable_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+    keyed.dedup_by(|a, b| a.1 == b.1);
+    let angles: Vec<f32> = keyed
+        .into_iter()
+        .take(SUN_SAMPLE)
+        .filter_map(|(_, _, angle)| angle)
+        .collect();
+    sun_headings(&angles)
+}
+
+/// Query images `(id, path)` read by `model` and searched in `catalogue` as `options` ask
+/// ([`search_as`]).
 pub(crate) fn search_images_as(
     catalogue: &dyn Catalogue,
+    model: &Extractor,
     items: &[(String, PathBuf)],
     params: &SearchParams,
     options: &SearchOptions,
     progress: &dyn Progress,
 ) -> Result<Vec<QueryHits>> {
-    let model = catalogue.query_model()?;
+    let features = |only: Option<&std::collections::HashSet<String>>, views: QueryViews| {
+        let some: Vec<(String, PathBuf)>;
+        let items = match only {
+            None => items,
+            Some(ids) => {
+                some = items
+                    .iter()
+                    .filter(|(id, _)| ids.contains(id))
+                    .cloned()
+                    .collect();
+                &some
+            }
+        };
+        match views.is_plain() {
+            // as given: through the feature cache
+            true => model
+                .extract(items, "queries", progress)
+                .map(|f| (f.ids.clone(), f)),
+            false => model.variant_features(items, views, progress),
+        }
+    };
+    search_as(catalogue, &features, params, options, progress)
+}
+
+/// Queries whose ids and features in some views `features` gives, searched in `catalogue`
+/// as `options` ask: rechecked ([`search_rechecked`]), in their views, with their best
+/// images spatially verified, or plainly; `params` are `options`' own, checked by the front
+/// end.
+pub fn search_as(
+    catalogue: &dyn Catalogue,
+    features: &QueryFeatures,
+    params: &SearchParams,
+    options: &SearchOptions,
+    progress: &dyn Progress,
+) -> Result<Vec<QueryHits>> {
     if options.rechecks() {
-        return search_rechecked(
-            catalogue,
-            &|only, views| match only {
-                None => model.variant_features(items, views, progress),
-                Some(ids) => {
-                    let some: Vec<(String, PathBuf)> = items
-                        .iter()
-                        .filter(|(id, _)| ids.contains(id))
-                        .cloned()
-                        .collect();
-                    model.variant_features(&some, views, progress)
-                }
-            },
-            params,
-            progress,
-        );
+        return search_rechecked(catalogue, features, params, progress);
     }
     let (views, verify) = (options.views(), options.verify);
-    let (ids, features) = match views.is_plain() {
-        true => {
-            let features = model.extract(items, "queries", progress)?;
-            (features.ids.clone(), features)
-        }
-        false => model.variant_features(items, views, progress)?,
-    };
+    let (ids, features) = features(None, views)?;
     if verify > 0 {
         return catalogue
             .search_variants_verified(&ids, &features, views, params, verify, progress);
     }
     let per_query: Vec<Vec<Descriptors>> = catalogue
-        .encode(&features)
+        .encode(&features)?
         .chunks(views.count())
         .map(<[Descriptors]>::to_vec)
         .collect();
     Ok(QueryHits::named(
         &ids,
-        catalogue.search_views(&per_query, views, params),
+        catalogue.search_views(&per_query, views, params)?,
     ))
 }
 
 /// What [`crate::Engine::search_rechecked`] does, over any catalogue.
-pub(crate) fn search_rechecked(
+pub fn search_rechecked(
     catalogue: &dyn Catalogue,
     features: &QueryFeatures,
     params: &SearchParams,
@@ -136,13 +183,13 @@ pub(crate) fn search_rechecked(
     let (ids, plain) = features(None, QueryViews::PLAIN)?;
     let Some(side) = craterdex_tokens::verify::grid_side(plain.tokens) else {
         let per_query: Vec<Vec<Descriptors>> = catalogue
-            .encode(&plain)
+            .encode(&plain)?
             .into_iter()
             .map(|d| vec![d])
             .collect();
         return Ok(QueryHits::named(
             &ids,
-            catalogue.search_views(&per_query, QueryViews::PLAIN, params),
+            catalogue.search_views(&per_query, QueryViews::PLAIN, params)?,
         ));
     };
     let mut hits = catalogue.search_variants_verified(
@@ -160,7 +207,7 @@ pub(crate) fn search_rechecked(
             catalogue.search_variants_verified(&ids, &in_views, views, params, top, progress)
         })
     };
-    let suns = catalogue.suns();
+    let suns = catalogue.suns()?;
     let toward_again = match suns.is_empty() {
         true => 0,
         false => search_again(&mut hits, QueryViews::toward(suns), RECHECK_TOWARD_VERIFY)?,

@@ -1,7 +1,7 @@
 //! [`Engine`]: one index, its encoder, and optionally the model that makes its queries.
 //! Every front end asks it for ranked hits; none wires model, tokens and index itself.
 
-use crate::catalogue::{self, suns_of, Catalogue};
+use crate::catalogue::{self, placed_images, sampled_images, suns_of, Catalogue};
 use crate::error::{Error, Result};
 use crate::extractor::{split_fingerprint, split_reduction, BackboneRun, Extractor};
 use crate::options::{
@@ -584,7 +584,14 @@ impl Engine {
         options: &SearchOptions,
         progress: &dyn Progress,
     ) -> Result<Vec<QueryHits>> {
-        catalogue::search_images_as(self, items, params, options, progress)
+        catalogue::search_images_as(
+            self,
+            self.extractor_or_err()?,
+            items,
+            params,
+            options,
+            progress,
+        )
     }
 
     /// The headings of the catalogue's suns ([`sun_headings`]) from the shading dipoles of
@@ -592,6 +599,22 @@ impl Engine {
     /// recorded them; measured once per engine. None where no image is readable.
     pub fn catalogue_suns(&self) -> Suns {
         *self.suns.get_or_init(|| suns_of(&[&self.index]))
+    }
+
+    /// This index's own [`crate::sun_sample`]: each image's id and the heading of its
+    /// shading dipole in radians (None where its image cannot be read), what a cluster's
+    /// router gathers from every shard ([`crate::suns_from_samples`]).
+    pub fn sun_sample_angles(&self) -> Vec<(String, Option<f32>)> {
+        use rayon::prelude::*;
+        sampled_images(placed_images(&self.index))
+            .par_iter()
+            .map(|&(id, p)| {
+                let angle = craterdex_model::preprocess::load_image(p)
+                    .ok()
+                    .map(|im| shading_angle_of(&im));
+                (id.to_string(), angle)
+            })
+            .collect()
     }
 
     /// Queries searched as given with their [`crate::RECHECK_VERIFY`] best images verified;
@@ -689,6 +712,42 @@ impl Engine {
         ))
     }
 
+    /// What this index answers as one shard of a set whose verified search chose the
+    /// candidates of every shard ([`crate::ShardCalls::verify_chosen`]): its hits for
+    /// queries `ids` given as the features of their `views`, listed as a verified search of
+    /// `params` lists them, the candidates it listed that `chosen[q]` names (by id) verified
+    /// and ranked again. The candidates are listed again here, so that their rows and scores
+    /// are this index's as it stands now.
+    #[allow(clippy::too_many_arguments)]
+    pub fn verify_chosen(
+        &self,
+        ids: &[String],
+        variants: &FeatureSet,
+        views: QueryViews,
+        params: &SearchParams,
+        top: usize,
+        chosen: &[HashSet<String>],
+        progress: &dyn Progress,
+    ) -> Result<Vec<Vec<SearchHit>>> {
+        ensure!(
+            chosen.len() == ids.len(),
+            Error::Invalid(format!(
+                "candidates for {} queries, {} queries",
+                chosen.len(),
+                ids.len()
+            ))
+        );
+        let queries = self.viewed_queries(ids, variants, views)?;
+        let params = verified_search_params(params);
+        let candidates = self
+            .search_views(&queries.descriptors, views, &candidate_params(&params, top))
+            .into_iter()
+            .zip(chosen)
+            .map(|(hits, keep)| hits.into_iter().filter(|h| keep.contains(&h.id)).collect())
+            .collect();
+        self.verify_candidates(&queries, views, &params, top, candidates, progress)
+    }
+
     /// Queries `ids` given as the features of their `views` (each query's
     /// [`QueryViews::count`] rows in a row) as verification compares them, refused where
     /// they cannot be verified.
@@ -774,35 +833,22 @@ impl Engine {
             ids.len() == images.len(),
             Error::Invalid(format!("{} ids for {} images", ids.len(), images.len()))
         );
-        let (views, verify) = (options.views(), options.verify);
-        if options.rechecks() {
-            return self.search_rechecked(
-                &|only, views| {
-                    let (ids, images): (Vec<String>, Vec<image::DynamicImage>) = ids
-                        .iter()
-                        .zip(images)
-                        .filter(|(id, _)| only.is_none_or(|o| o.contains(*id)))
-                        .map(|(id, im)| (id.clone(), im.clone()))
-                        .unzip();
-                    let features = self.decoded_variant_features(&ids, &images, views)?;
-                    Ok((ids, features))
-                },
-                params,
-                progress,
-            );
-        }
-        if verify > 0 {
-            let variants = self.decoded_variant_features(ids, images, views)?;
-            return self.search_variants_verified(ids, &variants, views, params, verify, progress);
-        }
-        let per_query = images
-            .iter()
-            .map(|im| self.encode_image_variants(im, views))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(QueryHits::named(
-            ids,
-            self.search_views(&per_query, views, params),
-        ))
+        catalogue::search_as(
+            self,
+            &|only, views| {
+                let (ids, images): (Vec<String>, Vec<image::DynamicImage>) = ids
+                    .iter()
+                    .zip(images)
+                    .filter(|(id, _)| only.is_none_or(|o| o.contains(*id)))
+                    .map(|(id, im)| (id.clone(), im.clone()))
+                    .unzip();
+                let features = self.decoded_variant_features(&ids, &images, views)?;
+                Ok((ids, features))
+            },
+            params,
+            options,
+            progress,
+        )
     }
 
     /// The descriptors of one decoded image's `views` ([`QueryViews::images`]).
@@ -1012,19 +1058,16 @@ impl Engine {
 }
 
 impl Catalogue for Engine {
-    fn query_model(&self) -> Result<&Extractor> {
-        self.extractor_or_err()
-    }
-    fn encode(&self, features: &FeatureSet) -> Vec<Descriptors> {
-        Engine::encode(self, features)
+    fn encode(&self, features: &FeatureSet) -> Result<Vec<Descriptors>> {
+        Ok(Engine::encode(self, features))
     }
     fn search_views(
         &self,
         queries: &[Vec<Descriptors>],
         views: QueryViews,
         params: &SearchParams,
-    ) -> Vec<Vec<SearchHit>> {
-        Engine::search_views(self, queries, views, params)
+    ) -> Result<Vec<Vec<SearchHit>>> {
+        Ok(Engine::search_views(self, queries, views, params))
     }
     fn search_variants_verified(
         &self,
@@ -1037,8 +1080,8 @@ impl Catalogue for Engine {
     ) -> Result<Vec<QueryHits>> {
         Engine::search_variants_verified(self, ids, variants, views, params, top, progress)
     }
-    fn suns(&self) -> Suns {
-        self.catalogue_suns()
+    fn suns(&self) -> Result<Suns> {
+        Ok(self.catalogue_suns())
     }
 }
 

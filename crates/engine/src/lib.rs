@@ -27,7 +27,7 @@ mod test_images;
 mod views;
 
 pub use build::{Entries, LearnFrom};
-pub use catalogue::sun_sample;
+pub use catalogue::{search_as, search_rechecked, sun_sample, suns_from_samples, Catalogue};
 pub use engine::{
     recheck_answers, registers_better, sun_headings_of, unsure, Engine, PatchGrid, PatchGrids,
     QueryFeatures, QueryHits, SearchHit,
@@ -46,7 +46,7 @@ pub use options::{
 pub use plan::{learn_rows, learn_sample, BuildPlan, LEARN_SAMPLE_IMAGES};
 pub use progress::{Progress, Silent};
 pub use recipe::{encode_all, feature_refs, IndexRecipe, IvfSetting, IVF_AUTO_MIN_IMAGES};
-pub use sharded::{merge_hits, QueryEncoder, ShardedEngine};
+pub use sharded::{merge_hits, OverShards, QueryEncoder, ShardCalls, ShardedEngine};
 pub use shared::SharedEngine;
 pub use views::{
     opposite_sun, shading_angle_of, sun_headings, OppositeSun, QueryViews, Suns, MAX_SUNS,

@@ -1,6 +1,6 @@
-//! A set of shard indexes searched as one catalogue ([`ShardedEngine`]), and the merge of
-//! per-shard hit lists ([`merge_hits`]) that a cluster's router applies to the answers of
-//! its shard replicas. Every shard has the same encoder (checked when the set is read), so a
+//! A set of shard indexes searched as one catalogue: on this machine ([`ShardedEngine`]) or
+//! wherever its shards answer ([`ShardCalls`], [`OverShards`]: a cluster's router), and the
+//! merge of per-shard hit lists ([`merge_hits`]). Every shard has the same encoder (checked when the set is read), so a
 //! query is encoded once and scores compare across shards; every view of a crater lies in
 //! one shard, so each shard's grouping of views is already the grouping of the whole.
 
@@ -16,6 +16,7 @@ use craterdex_index::shards::ShardSet;
 use craterdex_index::{Index, SearchParams};
 use craterdex_model::extract::FeatureSet;
 use craterdex_tokens::Descriptors;
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
@@ -145,59 +146,8 @@ impl ShardedEngine {
         options: &SearchOptions,
         progress: &dyn Progress,
     ) -> Result<Vec<QueryHits>> {
-        catalogue::search_images_as(self, items, params, options, progress)
-    }
-
-    /// Ranked hits for queries given as their `views`: every shard searched
-    /// ([`Engine::search_views`]), the lists merged.
-    pub fn search_views(
-        &self,
-        queries: &[Vec<Descriptors>],
-        views: QueryViews,
-        params: &SearchParams,
-    ) -> Vec<Vec<SearchHit>> {
-        let per_shard = self
-            .shards
-            .iter()
-            .map(|e| e.search_views(queries, views, params))
-            .collect();
-        merged_per_query(per_shard, queries.len(), params)
-    }
-
-    /// Queries `ids` given as the features of their `views` with the catalogue's `top` best
-    /// images spatially verified, as one index verifies them
-    /// ([`Engine::search_variants_verified`]): the candidates are the best `top` of all
-    /// shards' lists, each verified by its shard (its images, its late-interaction scores
-    /// per view), and the shards' lists, ranked again, are merged.
-    pub fn search_variants_verified(
-        &self,
-        ids: &[String],
-        variants: &FeatureSet,
-        views: QueryViews,
-        params: &SearchParams,
-        top: usize,
-        progress: &dyn Progress,
-    ) -> Result<Vec<QueryHits>> {
-        // the shards share their encoder: the first encodes the queries for all
-        let queries = self.shards[0].viewed_queries(ids, variants, views)?;
-        let params = verified_search_params(params);
-        let listed: Vec<Vec<Vec<SearchHit>>> = self
-            .shards
-            .iter()
-            .map(|e| e.search_views(&queries.descriptors, views, &candidate_params(&params, top)))
-            .collect();
-        let per_shard = self
-            .shards
-            .iter()
-            .zip(best_of_shards(listed, top))
-            .map(|(e, candidates)| {
-                e.verify_candidates(&queries, views, &params, top, candidates, progress)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(QueryHits::named(
-            ids,
-            merged_per_query(per_shard, ids.len(), &params),
-        ))
+        let model = self.shards[0].extractor_or_err()?;
+        catalogue::search_images_as(&OverShards(self), model, items, params, options, progress)
     }
 
     /// The headings of the catalogue's suns, from the images of every shard that the index
@@ -211,21 +161,58 @@ impl ShardedEngine {
     }
 }
 
-impl Catalogue for ShardedEngine {
-    fn query_model(&self) -> Result<&Extractor> {
-        self.shards[0].extractor_or_err()
-    }
-    fn encode(&self, features: &FeatureSet) -> Vec<Descriptors> {
-        self.shards[0].encode(features)
+/// What a set of shards answers shard by shard, wherever its shards are: on this machine
+/// ([`ShardedEngine`]) or on a cluster's replicas (a router's calls, in the Python
+/// package). [`OverShards`] makes a catalogue of it, which merges the shards' answers.
+/// Lists per shard come as `[shard][query]`; a shard that did not answer gives empty lists.
+pub trait ShardCalls {
+    /// Descriptors of features under the set's shared encoder.
+    fn encode(&self, features: &FeatureSet) -> Result<Vec<Descriptors>>;
+    /// Every shard's ranked hits for queries given as their `views`
+    /// ([`Engine::search_views`]).
+    fn search_views(
+        &self,
+        queries: &[Vec<Descriptors>],
+        views: QueryViews,
+        params: &SearchParams,
+    ) -> Result<Vec<Vec<Vec<SearchHit>>>>;
+    /// Every shard's verified hits ([`Engine::verify_chosen`]) for queries `ids` given as
+    /// the features of their `views`, the candidates of shard `s` named by `chosen[s]`.
+    #[allow(clippy::too_many_arguments)]
+    fn verify_chosen(
+        &self,
+        ids: &[String],
+        variants: &FeatureSet,
+        views: QueryViews,
+        params: &SearchParams,
+        top: usize,
+        chosen: &[Vec<HashSet<String>>],
+        progress: &dyn Progress,
+    ) -> Result<Vec<Vec<Vec<SearchHit>>>>;
+    /// The headings of the whole set's suns ([`crate::suns_from_samples`]).
+    fn suns(&self) -> Result<Suns>;
+}
+
+/// A set of shards searched as one catalogue: each shard's lists merged ([`merge_hits`]);
+/// a verified search verifies the best candidates of all shards, each in its own shard.
+pub struct OverShards<'a>(pub &'a dyn ShardCalls);
+
+impl Catalogue for OverShards<'_> {
+    fn encode(&self, features: &FeatureSet) -> Result<Vec<Descriptors>> {
+        self.0.encode(features)
     }
     fn search_views(
         &self,
         queries: &[Vec<Descriptors>],
         views: QueryViews,
         params: &SearchParams,
-    ) -> Vec<Vec<SearchHit>> {
-        ShardedEngine::search_views(self, queries, views, params)
+    ) -> Result<Vec<Vec<SearchHit>>> {
+        let per_shard = self.0.search_views(queries, views, params)?;
+        Ok(merged_per_query(per_shard, queries.len(), params))
     }
+    /// As one index verifies them ([`Engine::search_variants_verified`]): the candidates
+    /// are the best `top` of all shards' lists, each verified by its shard (its images, its
+    /// late-interaction scores per view), and the shards' lists, ranked again, are merged.
     fn search_variants_verified(
         &self,
         ids: &[String],
@@ -235,10 +222,73 @@ impl Catalogue for ShardedEngine {
         top: usize,
         progress: &dyn Progress,
     ) -> Result<Vec<QueryHits>> {
-        ShardedEngine::search_variants_verified(self, ids, variants, views, params, top, progress)
+        let per_query: Vec<Vec<Descriptors>> = self
+            .0
+            .encode(variants)?
+            .chunks(views.count())
+            .map(<[Descriptors]>::to_vec)
+            .collect();
+        let verified = verified_search_params(params);
+        let listed = self
+            .0
+            .search_views(&per_query, views, &candidate_params(&verified, top))?;
+        let chosen: Vec<Vec<HashSet<String>>> = best_of_shards(listed, top)
+            .into_iter()
+            .map(|lists| {
+                lists
+                    .into_iter()
+                    .map(|hits| hits.into_iter().map(|h| h.id).collect())
+                    .collect()
+            })
+            .collect();
+        let per_shard = self
+            .0
+            .verify_chosen(ids, variants, views, params, top, &chosen, progress)?;
+        Ok(QueryHits::named(
+            ids,
+            merged_per_query(per_shard, ids.len(), &verified),
+        ))
     }
-    fn suns(&self) -> Suns {
-        self.catalogue_suns()
+    fn suns(&self) -> Result<Suns> {
+        self.0.suns()
+    }
+}
+
+impl ShardCalls for ShardedEngine {
+    fn encode(&self, features: &FeatureSet) -> Result<Vec<Descriptors>> {
+        // the shards share their encoder: the first encodes the queries for all
+        Ok(self.shards[0].encode(features))
+    }
+    fn search_views(
+        &self,
+        queries: &[Vec<Descriptors>],
+        views: QueryViews,
+        params: &SearchParams,
+    ) -> Result<Vec<Vec<Vec<SearchHit>>>> {
+        Ok(self
+            .shards
+            .iter()
+            .map(|e| e.search_views(queries, views, params))
+            .collect())
+    }
+    fn verify_chosen(
+        &self,
+        ids: &[String],
+        variants: &FeatureSet,
+        views: QueryViews,
+        params: &SearchParams,
+        top: usize,
+        chosen: &[Vec<HashSet<String>>],
+        progress: &dyn Progress,
+    ) -> Result<Vec<Vec<Vec<SearchHit>>>> {
+        self.shards
+            .iter()
+            .zip(chosen)
+            .map(|(e, chosen)| e.verify_chosen(ids, variants, views, params, top, chosen, progress))
+            .collect()
+    }
+    fn suns(&self) -> Result<Suns> {
+        Ok(self.catalogue_suns())
     }
 }
 
@@ -295,6 +345,7 @@ fn best_of_shards(listed: Vec<Vec<Vec<SearchHit>>>, top: usize) -> Vec<Vec<Vec<S
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::options::SUN_SAMPLE;
     use crate::test_images::{image, write_index};
     use craterdex_index::Mode;
 
@@ -361,6 +412,49 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A cluster's router finds the suns of a set from what each shard samples of its own
+    /// images: the same suns as the set on this machine and the index it was cut from.
+    #[test]
+    fn the_suns_from_each_shards_sample_are_the_whole_index_suns() {
+        let tmp = tempfile::tempdir().unwrap();
+        // 240 images lit from two sides (30 and 200 degrees), one of them unreadable: more
+        // than a sample in every shard
+        let images: Vec<_> = (0..240)
+            .map(|i| {
+                let (mut m, d) = image(i);
+                let sun = if i % 3 == 0 { 200f32 } else { 30f32 }.to_radians();
+                let path = tmp.path().join(format!("{i}.png"));
+                match i {
+                    7 => std::fs::write(&path, b"not a png").unwrap(),
+                    _ => image::GrayImage::from_fn(32, 32, |x, y| {
+                        let (dx, dy) = (x as f32 - 15.5, y as f32 - 15.5);
+                        let v = 128.0 + 3.0 * (dx * sun.cos() + dy * sun.sin());
+                        image::Luma([v as u8])
+                    })
+                    .save(&path)
+                    .unwrap(),
+                }
+                m.path = Some(path.display().to_string());
+                m.crater_id = Some(format!("c{}", i / 2));
+                (m, d)
+            })
+            .collect();
+        let dir = tmp.path().join("idx");
+        write_index(&dir, &images);
+        let whole = Engine::open(&dir, None).unwrap();
+        whole
+            .index()
+            .split(&tmp.path().join("set"), 3, &[])
+            .unwrap();
+        let set = ShardedEngine::open(&tmp.path().join("set"), None).unwrap();
+        let samples: Vec<_> = set.shards().iter().map(Engine::sun_sample_angles).collect();
+        assert!(samples.iter().all(|s| s.len() == SUN_SAMPLE));
+        let suns = crate::suns_from_samples(samples);
+        assert_eq!(suns.len(), 2, "{suns}");
+        assert_eq!(suns, whole.catalogue_suns());
+        assert_eq!(suns, set.catalogue_suns());
     }
 
     /// Each query's best candidates over all shards go back to the shards that hold them:

@@ -11,7 +11,7 @@ use craterdex_model::preprocess;
 
 /// Which views of a query image a search looks at ([`crate::SearchOptions::turns`] and
 /// [`crate::SearchOptions::opposite_sun`]); the default is the query alone.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct QueryViews {
     /// The query as given and mirrored, each turned by every `turns`-th of a circle (1: the
     /// query alone).
@@ -30,7 +30,8 @@ pub const MAX_SUNS: usize = 2;
 /// The headings (whole degrees, image axes: x right, y down) that the shading dipoles of a
 /// catalogue's craters share ([`sun_headings`]): where its images' suns shine from. A
 /// map-projected tile has one; a catalogue of several observations a few.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(into = "Vec<i16>", from = "Vec<i16>")]
 pub struct Suns {
     degrees: [i16; MAX_SUNS],
     len: u8,
@@ -61,6 +62,20 @@ impl Suns {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+}
+
+/// Suns as their headings in degrees (the first [`MAX_SUNS`]).
+impl From<Vec<i16>> for Suns {
+    fn from(degrees: Vec<i16>) -> Self {
+        let radians: Vec<f32> = degrees.iter().map(|&d| (d as f32).to_radians()).collect();
+        Self::from_radians(&radians)
+    }
+}
+
+impl From<Suns> for Vec<i16> {
+    fn from(suns: Suns) -> Self {
+        suns.degrees[..suns.len()].to_vec()
     }
 }
 
@@ -137,7 +152,7 @@ pub fn shading_angle_of(image: &image::DynamicImage) -> f32 {
 
 /// Which views of a query a search also looks at under the opposite sun (brightness
 /// inverted, [`opposite_sun`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum OppositeSun {
     /// None.
     Off,

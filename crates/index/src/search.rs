@@ -45,7 +45,7 @@ pub enum Mode {
 }
 
 /// How stage 1 finds its shortlist.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub enum Stage1 {
     /// IVF with the index's default `nprobe` when the index has IVF lists, exact otherwise.
     #[default]
@@ -67,7 +67,8 @@ impl Stage1 {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
+/// What one search asks (serialised as a cluster's router sends it to a shard).
+#[derive(Clone, Copy, Debug, Serialize, serde::Deserialize)]
 pub struct SearchParams {
     /// Results per query.
     pub top_k: usize,

@@ -198,6 +198,57 @@ impl PyIndex {
         to_json(&craterdex_engine::QueryHits::named(&ids, hits)).py_err()
     }
 
+    /// Hits (JSON, per query) of queries given as the descriptors of their views, as a
+    /// cluster's router sends them to a shard (`craterdex.cluster`): `single` `[N * V,
+    /// Ds]`, `tokens` `[N * V, K, Dt]`, `views_json` and `params_json` as the engine
+    /// serialises them.
+    fn search_views_json(
+        &self,
+        py: Python<'_>,
+        single: numpy::PyReadonlyArray2<f32>,
+        tokens: numpy::PyReadonlyArray3<f32>,
+        views_json: &str,
+        params_json: &str,
+    ) -> PyResult<String> {
+        let engine = self.engine.snapshot();
+        crate::cluster::shard::search_views(py, &engine, single, tokens, views_json, params_json)
+    }
+
+    /// This index's verified hits (JSON, per query) as one shard of a cluster whose router
+    /// chose every shard's candidates (`chosen_json`: per query, the ids of this shard's),
+    /// the queries given as the features of their views (needs the model).
+    #[allow(clippy::too_many_arguments)]
+    fn verify_chosen_json(
+        &self,
+        py: Python<'_>,
+        ids: Vec<String>,
+        features: NamedFeatures<'_>,
+        views_json: &str,
+        params_json: &str,
+        top: usize,
+        chosen_json: &str,
+    ) -> PyResult<String> {
+        let variants = named_features(features).py_err()?;
+        let engine = self.engine.snapshot();
+        crate::cluster::shard::verify_chosen(
+            py,
+            &engine,
+            ids,
+            variants,
+            views_json,
+            params_json,
+            top,
+            chosen_json,
+        )
+    }
+
+    /// The ids of this index's sample of images for the catalogue's suns and their shading
+    /// dipoles' headings (JSON `[[id, radians or null], ...]`).
+    fn sun_sample_json(&self, py: Python<'_>) -> PyResult<String> {
+        let engine = self.engine.snapshot();
+        to_json(&py.detach(|| engine.sun_sample_angles())).py_err()
+    }
+
     /// This index's evidence (JSON) for linking one entry (`meta_json`, one record; its
     /// descriptors `single` `[1, Ds]`, `tokens` `[1, K, Dt]`): its appearance hits and the
     /// rows near the entry's position, as `link_decision_json` takes them from every shard.

@@ -9,8 +9,10 @@
 //!
 //! Modules: `failure` (errors to exceptions), `convert` (values in and out), `model` and
 //! `index` (the classes), `jobs` (evaluation, builds in parts, defaults), `service` (the
-//! HTTP API's pieces `craterdex.cluster`'s router answers with, from craterdex-serve).
+//! HTTP API's pieces `craterdex.cluster`'s router answers with, from craterdex-serve),
+//! `cluster` (the router's calls to its shards as the engine's shard calls).
 
+mod cluster;
 mod convert;
 mod failure;
 mod index;
@@ -33,6 +35,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(jobs::commit_shards, m)?)?;
     m.add_function(wrap_pyfunction!(jobs::shards_of, m)?)?;
     m.add_function(wrap_pyfunction!(jobs::merge_hits_json, m)?)?;
+    m.add_function(wrap_pyfunction!(cluster::cluster_search_json, m)?)?;
     m.add_function(wrap_pyfunction!(jobs::posted_features, m)?)?;
     m.add_function(wrap_pyfunction!(jobs::cpu, m)?)?;
     m.add_function(wrap_pyfunction!(jobs::defaults_json, m)?)?;

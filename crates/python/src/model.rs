@@ -88,4 +88,26 @@ impl PyModel {
         let f = self.features(py, ids, images, paths).py_err()?;
         to_numpy_features(py, f)
     }
+
+    /// Features of images at `paths` named `ids` in the views `views_json` names (a
+    /// `QueryViews` as the engine serialises it, which a cluster's router sends): the ids of
+    /// the images read and a dict of `ids`, `cls`, `patches`, `attention`, each image's
+    /// views in a row.
+    fn variant_features<'py>(
+        &self,
+        py: Python<'py>,
+        ids: Vec<String>,
+        paths: Vec<PathBuf>,
+        views_json: &str,
+    ) -> PyResult<(Vec<String>, Bound<'py, PyDict>)> {
+        ensure_len(ids.len(), paths.len()).py_err()?;
+        let views: craterdex_engine::QueryViews =
+            options_from_json("views", views_json).py_err()?;
+        let items: Vec<(String, PathBuf)> = ids.into_iter().zip(paths).collect();
+        let x = self.extractor.clone();
+        let (read, f) = py
+            .detach(move || x.variant_features(&items, views, &Silent))
+            .py_err()?;
+        Ok((read, to_numpy_features(py, f)?))
+    }
 }

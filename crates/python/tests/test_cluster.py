@@ -24,6 +24,7 @@ pytest.importorskip("multipart")
 
 import craterdex  # noqa: E402
 import craterdex.cluster as cc  # noqa: E402
+import helpers  # noqa: E402
 from ray import serve  # noqa: E402
 
 PORT = 8765
@@ -102,21 +103,43 @@ def replicas_of(deployment):
     return [a for a in named if f"#{deployment}#" in a["name"]]
 
 
+def same_hits(got, want):
+    """A cluster's answer (JSON hits) and the whole index's (a DataFrame): the same images,
+    scores and inliers, in the same order."""
+    assert [h["id"] for h in got] == list(want["id"]), (got, want)
+    np.testing.assert_allclose([h["score"] for h in got], want["score"], atol=1e-4)
+    assert [h.get("inliers") for h in got] == [None if v != v else v for v in want["inliers"]]
+    assert [h["rank"] for h in got] == list(range(1, len(got) + 1))
+
+
 def test_the_cluster_answers_as_the_whole_index(cluster, crops, tiny):
-    whole, _ = cluster
+    whole, d = cluster
     assert request("GET", "/v1/health") == (200, {"status": "ok"})
     status, ready = request("GET", "/v1/ready")
     assert status == 200 and sorted(ready["shards"]) == ["shard-000", "shard-001"], ready
     assert sum(s["images"] for s in ready["shards"].values()) == len(crops)
-    for path in crops["path"][:6]:
+    # query crops as given, and turned a quarter and mirrored (another orbit)
+    turned = []
+    for i in range(3):
+        p = str(d / f"turned{i}.pgm")
+        helpers.write_pgm(p, np.ascontiguousarray(np.rot90(helpers.crater_image(i)).T[::-1]))
+        turned.append(p)
+    for path in list(crops["path"][:6]) + turned:
         status, got = search_image(path)
         assert status == 200 and got["partial"] is False and got["missing_shards"] == [], got
-        # a cluster searches a query image as given, not rechecked (the candidates' images
-        # are each shard's)
-        want = whole.search(paths=[path], top_k=5, shortlist=1000, recheck=False)
-        assert [h["id"] for h in got["results"]] == list(want["id"])
-        np.testing.assert_allclose([h["score"] for h in got["results"]], want["score"], atol=1e-5)
-        assert [h["rank"] for h in got["results"]] == [1, 2, 3, 4, 5]
+        # searched as one index searches it: rechecked by default (the best candidates of
+        # all shards verified, each by the shard that holds its image; searched again where
+        # the first hit does not register)
+        same_hits(got["results"], whole.search(paths=[path], top_k=5, shortlist=1000))
+    # in views and verified as the request asks, and as given
+    for query, asked in [("turns=4&verify=5", dict(turns=4, verify=5)),
+                         ("opposite_sun=true&verify=3&group_views=false", dict(opposite_sun=True, verify=3,
+                                                                              group_views=False)),
+                         ("turns=3", dict(turns=3, recheck=False)), ("recheck=false", dict(recheck=False))]:
+        for path in [crops["path"][1], turned[0]]:
+            status, got = search_image(path, f"top_k=5&shortlist=1000&{query}")
+            assert status == 200, got
+            same_hits(got["results"], whole.search(paths=[path], top_k=5, shortlist=1000, **asked))
     # posted features answer as the uploaded image does
     f = tiny.extract([crops["path"][0]])
     body = json.dumps({"cls": f["cls"][0].tolist(), "patches": f["patches"][0].tolist(),
@@ -124,7 +147,13 @@ def test_the_cluster_answers_as_the_whole_index(cluster, crops, tiny):
     status, got = request("POST", "/v1/search/features?top_k=5&shortlist=1000", body,
                           {"Content-Type": "application/json"})
     assert status == 200, got
-    assert [h["id"] for h in got["results"]] == [h["id"] for h in search_image(crops["path"][0])[1]["results"]]
+    plain = search_image(crops["path"][0], "top_k=5&shortlist=1000&recheck=false")[1]["results"]
+    assert [h["id"] for h in got["results"]] == [h["id"] for h in plain]
+    # verified as the whole index verifies posted features
+    status, got = request("POST", "/v1/search/features?top_k=5&shortlist=1000&verify=3", body,
+                          {"Content-Type": "application/json"})
+    assert status == 200, got
+    same_hits(got["results"], whole.search(features=f, top_k=5, shortlist=1000, verify=3))
     assert request("POST", "/v1/search/features", b"{not json", {"Content-Type": "application/json"})[0] == 400
     assert request("POST", "/v1/search/image?top_k=0", *multipart({"image": b"x"}))[0] == 400
 
@@ -150,16 +179,13 @@ def test_the_cluster_answers_the_rest_of_craterdex_serves_api(cluster, crops, ti
     path = crops["path"][2]
     assert search_image(path, "mode=bogus")[0] == 400
     assert search_image(path, "top_k=1001")[0] == 400
-    # a turned search is one server's: refused, and not in the cluster's document
-    assert search_image(path, "turns=4")[0] == 400
-    assert search_image(path, "opposite_sun=true")[0] == 400
-    assert search_image(path, "verify=3")[0] == 400
-    # rechecking is asked for by name and refused; left out or turned off, the search goes on as given
-    status, body = search_image(path, "recheck=true")
-    assert status == 400 and "recheck" in str(body), body
-    assert search_image(path, "recheck=false&top_k=3")[0] == 200
+    assert search_image(path, "turns=100")[0] == 400
+    # views need the query image, verification its patch tokens: refused as craterdex serve refuses them
+    assert search_image(path, "turns=4&recheck=true")[0] == 200
     image_params = doc["paths"]["/v1/search/image"]["post"]["parameters"]
-    assert not {"turns", "opposite_sun", "verify", "recheck"} & {p["name"] for p in image_params}
+    assert {"turns", "opposite_sun", "verify", "recheck"} <= {p["name"] for p in image_params}
+    assert request("GET", f"/v1/images/{crops['id'][0]}/similar?turns=4")[0] == 400
+    assert request("GET", f"/v1/images/{crops['id'][0]}/similar?verify=3")[0] == 400
     assert search_image(path, "mode=exhaustive&top_k=3")[1]["params"] == {"mode": "exhaustive", "top_k": 3,
                                                                            "shortlist": None}
     # an indexed image: its metadata, thumbnail and similar images, from whichever shard holds it

@@ -6,14 +6,19 @@ set with Ray Serve, an existing distributed engine: Ray gives the replicas, rest
 when they die, routes calls to live ones and runs the HTTP ingress; craterdex's own engine
 answers inside every shard replica. The application:
 
-* one deployment per shard, ``R`` replicas each (:class:`ShardReplica`: the shard's index,
-  opened without a model, searched by descriptors);
-* an encoder deployment (:class:`Encoder`) that runs the model once per query image;
-* a router (:class:`Router`, the HTTP ingress) that encodes a query once with the set's
-  shared encoder, scatters its descriptors to every shard, retries a failed call once (Ray
-  routes the retry to a live replica), merges the lists (``craterdex search --shards``
-  merges them the same way: by score, views of one crater together), and routes an added
-  image to the shard that owns its crater.
+* one deployment per shard, ``R`` replicas each (:class:`ShardReplica`: the shard's index
+  with the model, which reads its own candidates' images when a search verifies them);
+* an encoder deployment (:class:`Encoder`) that runs the model on query images;
+* a router (:class:`Router`, the HTTP ingress) that searches a query image as one index
+  searches it, in the engine's own order (rechecked by default: as given with the best
+  candidates verified, then, where the first hit does not register, turned toward the
+  catalogue's suns and in turns and under the opposite sun; or in the views and with the
+  verification the request asks for; ``_native.cluster_search_json`` drives it and calls
+  back here): it encodes each view once with the set's shared encoder, scatters the
+  descriptors to every shard, sends the best candidates of all shards back to the shards
+  that hold them to be verified, retries a failed call once (Ray routes the retry to a live
+  replica), merges the lists (as ``craterdex search --shards`` merges them: by score, views
+  of one crater together), and routes an added image to the shard that owns its crater.
 
 The router answers ``craterdex serve``'s API with the same request forms, response fields,
 OpenAPI document and web page: it reads forms, search options and feature bodies with
@@ -42,7 +47,6 @@ import json
 import os
 import tempfile
 import time
-import urllib.parse
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -66,20 +70,42 @@ def shard_names(shards_dir: str) -> List[str]:
 
 
 class ShardReplica:
-    """One replica of one shard: its index, opened without a model (queries come as
-    descriptors from the router). Images added through the cluster are kept beside the
-    shard (``SHARD.uploads``), as ``craterdex serve`` keeps them beside its index."""
+    """One replica of one shard: its index with the model (queries come as descriptors from
+    the router; the model reads the shard's own candidates when a search verifies them).
+    Images added through the cluster are kept beside the shard (``SHARD.uploads``), as
+    ``craterdex serve`` keeps them beside its index."""
 
-    def __init__(self, shard_dir: str):
+    def __init__(self, shard_dir: str, model: Optional[Model] = None):
         self.shard_dir = shard_dir
         self.upload_dir = shard_dir.rstrip(os.sep) + ".uploads"
-        self.index = Index.open(shard_dir)
+        self.index = Index.open(shard_dir, model=model)
 
     def search(self, ids: List[str], single: np.ndarray, tokens: np.ndarray, options_json: str) -> str:
         """Hits of each query's descriptors (JSON, as ``Index.search`` finds them), with what
         the shard's other replicas wrote."""
         self.index.refresh()
         return self.index._native.search_descriptors_json(ids, single, tokens, options_json)
+
+    def search_views(self, single: np.ndarray, tokens: np.ndarray, views_json: str, params_json: str) -> str:
+        """Hits (JSON, per query) of queries given as the descriptors of their views, each
+        query's views in a row: a round of the engine's search over the cluster."""
+        self.index.refresh()
+        return self.index._native.search_views_json(single, tokens, views_json, params_json)
+
+    def verify_chosen(self, ids: List[str], features: Dict[str, Any], views_json: str, params_json: str,
+                      top: int, chosen_json: str) -> str:
+        """This shard's verified hits (JSON, per query): the candidates the router chose
+        here (``chosen_json``) verified against the queries' views (``features``) with the
+        candidates' images, which this shard's node holds."""
+        self.index.refresh()
+        named = (list(features["ids"]), features["cls"], features["patches"], features["attention"])
+        return self.index._native.verify_chosen_json(ids, named, views_json, params_json, top, chosen_json)
+
+    def sun_sample(self) -> str:
+        """The ids of this shard's sample of images for the catalogue's suns and their
+        shading dipoles' headings (JSON)."""
+        self.index.refresh()
+        return self.index._native.sun_sample_json()
 
     def link_evidence(self, meta_json: str, single: np.ndarray, tokens: np.ndarray) -> str:
         """What this shard knows of an entry to link (JSON): its appearance hits and its rows
@@ -147,16 +173,28 @@ class Encoder:
 
     def extract(self, images: List[bytes]) -> Dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="craterdex-upload") as d:
-            paths = []
-            for i, data in enumerate(images):
-                p = os.path.join(d, f"{i}")
-                with open(p, "wb") as f:
-                    f.write(data)
-                paths.append(p)
-            return self.model.extract(paths, ids=[str(i) for i in range(len(images))])
+            return self.model.extract(_written(images, d), ids=[str(i) for i in range(len(images))])
+
+    def variant_features(self, images: List[bytes], ids: List[str], views_json: str
+                         ) -> Tuple[List[str], Dict[str, Any]]:
+        """The ids of the images read and their features in the views ``views_json`` names
+        (each image's views in a row)."""
+        with tempfile.TemporaryDirectory(prefix="craterdex-upload") as d:
+            return self.model._native.variant_features(ids, _written(images, d), views_json)
 
     def ready(self) -> Dict[str, Any]:
         return {"model": self.model.fingerprint}
+
+
+def _written(images: List[bytes], directory: str) -> List[str]:
+    """Uploaded images written to files in ``directory`` (the model reads files)."""
+    paths = []
+    for i, data in enumerate(images):
+        p = os.path.join(directory, f"{i}")
+        with open(p, "wb") as f:
+            f.write(data)
+        paths.append(p)
+    return paths
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -179,22 +217,20 @@ def _native_call(f: Any, *args: Any) -> Any:
         raise _Refused(*e.args)
 
 
-def _search_options(request: Request) -> Dict[str, Any]:
-    """The query string's search options, read and checked by ``craterdex serve``'s reader."""
+def _search_options(request: Request, query: str) -> Dict[str, Any]:
+    """The query string's search options, read and checked by ``craterdex serve``'s reader,
+    for a search by ``query`` (``image``, ``features`` or ``indexed``), refused where
+    ``craterdex serve`` refuses them: views need the query image, verification its patch
+    tokens; a search by features or by an indexed image is not rechecked."""
     opts = json.loads(_native_call(_native.search_options_json, request.url.query))
-    if opts.get("turns", 1) > 1 or opts.get("opposite_sun", False):
-        # the router scatters one query's descriptors; a search in views is one server's
-        raise _Refused(400, "turns and opposite_sun are not supported on a cluster yet: "
-                            "search one craterdex serve")
-    if opts.get("verify", 0) > 0:
-        # verification reads the candidates' images, which each shard's server holds
-        raise _Refused(400, "verify is not supported on a cluster yet: search one craterdex serve")
-    # rechecking verifies against the candidates' images too: a cluster searches as given,
-    # and says so where the request asks for it by name instead of dropping the parameter
-    if opts.get("recheck", False) and "recheck" in urllib.parse.parse_qs(request.url.query):
-        raise _Refused(400, "recheck is not supported on a cluster yet: a cluster searches query "
-                            "images as given; search one craterdex serve, or leave recheck out")
-    opts["recheck"] = False
+    if query != "image":
+        if opts.get("turns", 1) > 1 or opts.get("opposite_sun", False):
+            raise _Refused(400, "turns and opposite_sun need the query image: search by image "
+                                "(POST /v1/search/image)")
+        if query == "indexed" and opts.get("verify", 0) > 0:
+            raise _Refused(400, "verify needs the query's patch tokens: search by image "
+                                "(POST /v1/search/image) or by features (POST /v1/search/features)")
+        opts["recheck"] = False
     return opts
 
 
@@ -226,6 +262,47 @@ async def _read_entry(request: Request) -> Tuple[bytes, Dict[str, Any]]:
     return data, meta
 
 
+class _ShardCalls:
+    """The router's calls to its shards as the engine asks for them
+    (``_native.cluster_search_json``, on a worker thread): each runs on the router's event
+    loop and answers per shard a JSON string, or None where the shard failed (named in
+    ``missing``). A round no shard answers is refused (503)."""
+
+    def __init__(self, router: "Router", loop: asyncio.AbstractEventLoop, features: Any):
+        self.router, self.loop, self.features_of = router, loop, features
+        self.missing: set = set()
+
+    def _wait(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def _answers(self, answers: List[Any], missing: List[str]) -> List[Optional[str]]:
+        self.missing.update(missing)
+        if len(missing) == len(answers):
+            raise _Refused(503, f"no shard answered ({', '.join(missing)})")
+        return [None if isinstance(a, BaseException) else a for a in answers]
+
+    def features(self, only: Optional[List[str]], views_json: str) -> Tuple[List[str], Dict[str, Any]]:
+        return self._wait(self.features_of(only, views_json))
+
+    def search_views(self, single: np.ndarray, tokens: np.ndarray, views_json: str, params_json: str
+                     ) -> List[Optional[str]]:
+        return self._answers(*self._wait(self.router._everywhere("search_views", single, tokens, views_json,
+                                                                 params_json)))
+
+    def verify_chosen(self, ids: List[str], features: Dict[str, Any], views_json: str, params_json: str, top: int,
+                      chosen: List[str]) -> List[Optional[str]]:
+        args = [(ids, features, views_json, params_json, top, c) for c in chosen]
+        return self._answers(*self._wait(self.router._each("verify_chosen", args)))
+
+    def sun_samples(self) -> List[Optional[str]]:
+        if self.router.sun_samples is None:
+            answers = self._answers(*self._wait(self.router._everywhere("sun_sample")))
+            if all(a is not None for a in answers):
+                self.router.sun_samples = answers  # measured once, as one index measures its suns
+            return answers
+        return self.router.sun_samples
+
+
 # Routes of craterdex serve the cluster does not answer: sources are registered per server.
 _NOT_ON_A_CLUSTER = ("/v1/register",)
 
@@ -254,7 +331,10 @@ class Router:
         self.shards, self.names, self.encoder, self.dim = shards, names, encoder, dim
         # the shards' shared encoder: each query is encoded once, here, and its descriptors
         # (K tokens) go to every shard rather than its features (every patch token)
+        self.encoder_json = encoder_json
         self.query_encoder = _native.QueryEncoder(encoder_json)
+        # each shard's sample for the catalogue's suns, once every shard has answered
+        self.sun_samples: Optional[List[Optional[str]]] = None
         self.rule_json = rule_json
         self.rule_source = json.loads(rule_json).get("source", "default")
         self.api_key = api_key
@@ -266,11 +346,6 @@ class Router:
         doc = json.loads(_native.service_document_json(dim))
         for path in _NOT_ON_A_CLUSTER:
             doc["paths"].pop(path, None)
-        for item in doc["paths"].values():  # searches in views, verified ones are one server's (see _search_options)
-            for op in item.values():
-                if isinstance(op, dict) and "parameters" in op:
-                    op["parameters"] = [p for p in op["parameters"]
-                                        if p.get("name") not in ("turns", "opposite_sun", "verify", "recheck")]
         self.document = doc
 
     async def _call(self, handle: Any, method: str, *args) -> Any:
@@ -319,6 +394,25 @@ class Router:
             raise _Refused(422, "unreadable image")
         return features
 
+    async def _each(self, method: str, args_per_shard: List[Tuple[Any, ...]]) -> Tuple[List[Any], List[str]]:
+        """``method`` on every shard with that shard's arguments: the answers (an exception
+        where a shard failed) and the shards that failed."""
+        answers = await asyncio.gather(*(self._call(s, method, *a) for s, a in zip(self.shards, args_per_shard)),
+                                       return_exceptions=True)
+        return answers, [n for n, a in zip(self.names, answers) if isinstance(a, BaseException)]
+
+    async def _search_as_engine(self, features: Any, opts: Dict[str, Any]) -> Tuple[List[Dict], List[str]]:
+        """The hits of one query over the shards, searched in the engine's order as
+        ``opts`` ask (``_native.cluster_search_json``, run on a worker thread that calls
+        back into this loop); ``features(only, views_json)`` is a coroutine giving the
+        query's ids and features in some views. The shards that did not answer a round."""
+        self.counters["searches"] += 1
+        calls = _ShardCalls(self, asyncio.get_running_loop(), features)
+        text = await asyncio.to_thread(_native.cluster_search_json, self.encoder_json, self.dim, calls,
+                                       json.dumps(opts))
+        answers = json.loads(text)
+        return (answers[0]["results"] if answers else []), sorted(calls.missing)
+
     async def _search(self, ids: List[str], desc: Dict[str, Any], opts: Dict[str, Any]
                       ) -> Tuple[List[List[Dict]], List[str]]:
         self.counters["searches"] += 1
@@ -332,16 +426,13 @@ class Router:
             merged.append(json.loads(_native.merge_hits_json(per_shard, opts["top_k"], bool(opts["group_views"]))))
         return merged, missing
 
-    async def _encode_and_search(self, features: Dict[str, Any], opts: Dict[str, Any], timing: Dict[str, float]
-                                 ) -> Tuple[List[Dict], List[str]]:
-        """The merged hits of one query's features and the shards that did not answer;
-        the milliseconds of encoding and searching go into ``timing``."""
-        t0 = time.perf_counter()
-        desc = self._encode(features)
-        t1 = time.perf_counter()
-        hits, missing = await self._search(list(features["ids"]), desc, opts)
-        timing.update(encode=_ms(t1 - t0), search=_ms(time.perf_counter() - t1))
-        return hits[0], missing
+    async def _extract_views(self, data: bytes, views_json: str) -> Tuple[List[str], Dict[str, Any]]:
+        """The features of one uploaded image in some views (the encoder deployment runs
+        the model), under the query's name."""
+        try:
+            return await self._call(self.encoder, "variant_features", [data], ["query"], views_json)
+        except Exception as e:
+            raise _Refused(422, f"unreadable image: {str(e).splitlines()[0]}")
 
     def _response(self, hits: List[Dict], opts: Dict[str, Any], query: Dict[str, Any], timing: Dict[str, float],
                   missing: List[str]) -> JSONResponse:
@@ -401,8 +492,11 @@ class Router:
 
     @app.post("/v1/search/image")
     async def search_image(self, request: Request) -> JSONResponse:
+        """A query image searched as one index searches it (rechecked by default); the
+        model's passes over the query and the candidates count as search time, as
+        ``craterdex serve`` counts them for a rechecked search."""
         try:
-            opts = _search_options(request)
+            opts = _search_options(request, "image")
             form = await request.form()
             upload = form.get("image")
             if upload is None or not hasattr(upload, "read"):
@@ -411,9 +505,8 @@ class Router:
             width, height = _native_call(_native.image_size, data)
             self.counters["image_searches"] += 1
             t0 = time.perf_counter()
-            features = await self._extract(data)
-            timing = {"features": _ms(time.perf_counter() - t0)}
-            hits, missing = await self._encode_and_search(features, opts, timing)
+            hits, missing = await self._search_as_engine(lambda only, views: self._extract_views(data, views), opts)
+            timing = {"search": _ms(time.perf_counter() - t0)}
         except _Refused as r:
             return self._refusal(r)
         query = {"kind": "image", "width": width, "height": height, "bytes": len(data)}
@@ -422,13 +515,26 @@ class Router:
     @app.post("/v1/search/features")
     async def search_features(self, request: Request) -> JSONResponse:
         try:
-            opts = _search_options(request)
+            opts = _search_options(request, "features")
             posted = _native.posted_features(await request.body(), request.headers.get("content-type", ""),
                                              self.dim)
             if "error" in posted:
                 raise _Refused(400 if posted["error"] == "malformed" else 422, posted["message"])
-            timing: Dict[str, float] = {}
-            hits, missing = await self._encode_and_search(posted, opts, timing)
+            t0 = time.perf_counter()
+            desc = self._encode(posted)
+            t1 = time.perf_counter()
+            if opts.get("verify", 0) > 0:
+                async def as_posted(only: Any, views: str) -> Tuple[List[str], Dict[str, Any]]:
+                    return list(posted["ids"]), posted
+
+                hits, missing = await self._search_as_engine(as_posted, opts)
+            else:
+                # one round, nothing to order: the descriptors scattered from here (the
+                # engine's round trip through a worker thread halved the throughput of
+                # plain searches, docs/performance.md)
+                found, missing = await self._search(list(posted["ids"]), desc, opts)
+                hits = found[0]
+            timing = {"encode": _ms(t1 - t0), "search": _ms(time.perf_counter() - t1)}
         except _Refused as r:
             return self._refusal(r)
         return self._response(hits, opts, {"kind": "features"}, timing, missing)
@@ -436,7 +542,7 @@ class Router:
     @app.get("/v1/images/{image_id:path}/similar")
     async def search_similar(self, image_id: str, request: Request) -> JSONResponse:
         try:
-            opts = _search_options(request)
+            opts = _search_options(request, "indexed")
             t0 = time.perf_counter()
             desc = await self._owner_answer("descriptors", image_id)
             hits, missing = await self._search([image_id], desc, opts)
@@ -606,7 +712,7 @@ def application(shards_dir: str, *, replicas: int = 2, model: Optional[Model] = 
     spread = {"max_replicas_per_node": 1} if one_replica_per_node else {}
     shard_apps = [
         serve.deployment(ShardReplica, name=f"shard-{i:03d}", num_replicas=replicas,
-                         ray_actor_options=placement(n), **spread).bind(os.path.join(shards_dir, n))
+                         ray_actor_options=placement(n), **spread).bind(os.path.join(shards_dir, n), model)
         for i, n in enumerate(names)
     ]
     encoder = serve.deployment(Encoder, name="encoder", ray_actor_options={"num_cpus": replica_cpus}).bind(model)
