@@ -98,7 +98,8 @@ pub struct ModelOpts {
 }
 
 impl ModelChoice {
-    /// The options of a model that runs without the on-disk feature cache (the service).
+    /// The options of the model chosen, the on-disk feature cache off (the commands that
+    /// use it say so: [`ModelOpts`], `serve`).
     pub fn options(&self) -> ModelOptions {
         ModelOptions {
             model: self.model.clone(),

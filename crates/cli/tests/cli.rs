@@ -1556,3 +1556,134 @@ fn a_shard_set_searches_a_turned_query_as_its_index_does() {
         }
     }
 }
+
+/// A `craterdex serve` process, stopped when dropped.
+struct Server(std::process::Child, std::net::SocketAddr);
+
+impl Server {
+    /// `craterdex serve` with `args` in `e`'s root, once it answers ready.
+    fn start(e: &Env, args: &[&str]) -> Server {
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_craterdex"))
+            .arg("serve")
+            .args(args)
+            .args(["--addr", &addr.to_string()])
+            .env("CRATERDEX_HOME", e.root.join("home"))
+            .current_dir(&e.root)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let server = Server(child, addr);
+        for _ in 0..300 {
+            if server.request("GET", "/v1/ready", "", &[]).0 == 200 {
+                return server;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        panic!("craterdex serve {args:?} not ready after 30 s");
+    }
+
+    /// Status and body of one request (HTTP/1.1, the connection closed after it).
+    fn request(&self, method: &str, path: &str, content_type: &str, body: &[u8]) -> (u16, String) {
+        use std::io::{Read, Write};
+        let Ok(mut s) = std::net::TcpStream::connect(self.1) else {
+            return (0, String::new());
+        };
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: \
+             {content_type}\r\nContent-Length: {}\r\n\r\n",
+            self.1,
+            body.len()
+        );
+        s.write_all(head.as_bytes()).unwrap();
+        s.write_all(body).unwrap();
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        let text = String::from_utf8_lossy(&out).to_string();
+        let status = text
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+        (status, body)
+    }
+
+    /// A search by image (`query` the options) of the file at `image`.
+    fn search_image(&self, image: &Path, query: &str) -> (u16, String) {
+        let boundary = "craterdexboundary";
+        let mut body = format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"image\"; \
+             filename=\"q.png\"\r\nContent-Type: image/png\r\n\r\n"
+        )
+        .into_bytes();
+        body.extend(std::fs::read(image).unwrap());
+        body.extend(format!("\r\n--{boundary}--\r\n").as_bytes());
+        self.request(
+            "POST",
+            &format!("/v1/search/image?{query}"),
+            &format!("multipart/form-data; boundary={boundary}"),
+            &body,
+        )
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Files under `dir`, at any depth.
+fn files_under(dir: &Path) -> usize {
+    std::fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .flatten()
+            .map(|e| match e.path().is_dir() {
+                true => files_under(&e.path()),
+                false => 1,
+            })
+            .sum()
+    })
+}
+
+/// `craterdex serve` reads the candidates a verified search verifies through the on-disk
+/// feature cache, as the command line does, so that a search again runs the model on none of
+/// them; `--no-cache` writes nothing there.
+#[test]
+fn the_service_reads_verified_candidates_through_the_feature_cache_unless_told_not_to() {
+    let e = Env::new();
+    let model = e.tiny_model();
+    let (common, _) = lit_catalogue(&e, &model);
+    let query = e.root.join("lit").join("c2.png");
+    let cache = e.root.join("home").join("features");
+    let mut args = vec!["--index", "idx"];
+    args.extend(common.iter().map(String::as_str));
+    for (extra, cached) in [(None, true), (Some("--no-cache"), false)] {
+        // the index build filled the cache with the gallery's features
+        let _ = std::fs::remove_dir_all(&cache);
+        let mut args = args.clone();
+        args.extend(extra);
+        let server = Server::start(&e, &args);
+        let (status, body) = server.search_image(&query, "verify=4&recheck=false&top_k=4");
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["results"][0]["id"], "c2", "{body}");
+        assert!(v["results"][0]["inliers"].as_u64().is_some(), "{body}");
+        // the 4 candidates' features kept (or not) for the next search
+        let kept = files_under(&cache);
+        assert_eq!(
+            kept >= 4,
+            cached,
+            "{extra:?}: {kept} files in the feature cache"
+        );
+        assert!(
+            cached || kept == 0,
+            "{extra:?}: {kept} files in the feature cache"
+        );
+    }
+}

@@ -18,6 +18,11 @@ pub struct ServeCmd {
     /// Serve feature and similar-image searches only, without loading a model.
     #[arg(long)]
     no_model: bool,
+    /// Run the candidates that a verified or rechecked search reads through the model
+    /// every time, without the on-disk feature cache ($CRATERDEX_HOME/features, keyed by
+    /// the image's content and the model), which otherwise serves an image read before.
+    #[arg(long)]
+    no_cache: bool,
     /// File holding the API key for writes (default: $CRATERDEX_API_KEY); without a key,
     /// adding and removing images is disabled.
     #[arg(long)]
@@ -78,7 +83,10 @@ pub fn run(c: ServeCmd) -> Result<()> {
     if c.no_model && c.model.model.is_some() {
         bail!("--no-model and --model exclude each other");
     }
-    let options = c.model.options();
+    let options = craterdex_engine::ModelOptions {
+        cache: !c.no_cache,
+        ..c.model.options()
+    };
     let no_model = c.no_model;
     craterdex_serve::serve_blocking(
         &c.addr,
