@@ -22,8 +22,8 @@ use std::sync::Mutex;
 /// The router's calls (a Python object with `features`, `search_views`, `verify_chosen` and
 /// `sun_samples`, each answering per shard a JSON string or None where the shard failed)
 /// and the set's shared encoder.
-struct RouterCalls {
-    encoder: QueryEncoder,
+struct RouterCalls<'a> {
+    encoder: &'a QueryEncoder,
     /// The width of the model's features, which sets the width of the encoder's tokens.
     feature_dim: usize,
     calls: Py<PyAny>,
@@ -31,7 +31,7 @@ struct RouterCalls {
     raised: Mutex<Option<PyErr>>,
 }
 
-impl RouterCalls {
+impl RouterCalls<'_> {
     /// `method` of the router's calls with `args`, its answer read by `read`; an exception
     /// is kept to be raised again once the engine returns.
     fn call<T>(
@@ -87,7 +87,7 @@ fn padded(lists: Vec<Vec<Vec<SearchHit>>>, queries: usize) -> Vec<Vec<Vec<Search
         .collect()
 }
 
-impl ShardCalls for RouterCalls {
+impl ShardCalls for RouterCalls<'_> {
     fn encode(&self, features: &FeatureSet) -> craterdex_engine::Result<Vec<Descriptors>> {
         self.encoder.encode(features)
     }
@@ -160,7 +160,8 @@ impl ShardCalls for RouterCalls {
     }
 }
 
-/// Searches the router's queries over the shards its `calls` reach
+/// Searches the router's queries over the shards its `calls` reach, their descriptors made by
+/// the set's shared `encoder`
 /// (`calls.features(only, views_json)` gives the ids of the queries `only` names, or of all,
 /// and their features in some views: a dict of `ids`, `cls`, `patches`, `attention`, each
 /// query's views in a row; the model's features are `feature_dim` wide), as `options_json`
@@ -168,10 +169,9 @@ impl ShardCalls for RouterCalls {
 /// verified or plainly, in the engine's order ([`craterdex_engine::search_as`]). The hits
 /// per query (JSON, as `search_json` gives them). An exception a call raised is raised
 /// again as it was.
-#[pyfunction]
 pub fn cluster_search_json(
     py: Python<'_>,
-    encoder_json: &[u8],
+    encoder: &QueryEncoder,
     feature_dim: usize,
     calls: Py<PyAny>,
     options_json: &str,
@@ -180,7 +180,7 @@ pub fn cluster_search_json(
         crate::convert::options_from_json("search options", options_json).py_err()?;
     let params = options.params(&Default::default()).py_err()?;
     let router = RouterCalls {
-        encoder: QueryEncoder::from_json(encoder_json).py_err()?,
+        encoder,
         feature_dim,
         calls,
         raised: Mutex::new(None),

@@ -181,6 +181,19 @@ impl PyQueryEncoder {
         })
     }
 
+    /// Searches a cluster's queries over the shards the router's `calls` reach, in the
+    /// engine's order, with this encoder (`crate::cluster::cluster_search_json`; parsed once
+    /// per router: a set's encoder.json holds its whitening, megabytes of JSON).
+    fn search_cluster_json(
+        &self,
+        py: Python<'_>,
+        feature_dim: usize,
+        calls: Py<PyAny>,
+        options_json: &str,
+    ) -> PyResult<String> {
+        crate::cluster::cluster_search_json(py, &self.encoder, feature_dim, calls, options_json)
+    }
+
     /// Descriptors of features (`ids`, `cls` `[N, D]`, `patches` `[N, T, D]`, `attention`
     /// `[N, T]`): a dict of `single` `[N, Ds]` and `tokens` `[N, K, Dt]`.
     fn encode<'py>(

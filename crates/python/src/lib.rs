@@ -35,7 +35,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(jobs::commit_shards, m)?)?;
     m.add_function(wrap_pyfunction!(jobs::shards_of, m)?)?;
     m.add_function(wrap_pyfunction!(jobs::merge_hits_json, m)?)?;
-    m.add_function(wrap_pyfunction!(cluster::cluster_search_json, m)?)?;
     m.add_function(wrap_pyfunction!(jobs::posted_features, m)?)?;
     m.add_function(wrap_pyfunction!(jobs::cpu, m)?)?;
     m.add_function(wrap_pyfunction!(jobs::defaults_json, m)?)?;

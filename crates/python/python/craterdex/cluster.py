@@ -13,7 +13,7 @@ answers inside every shard replica. The application:
   searches it, in the engine's own order (rechecked by default: as given with the best
   candidates verified, then, where the first hit does not register, turned toward the
   catalogue's suns and in turns and under the opposite sun; or in the views and with the
-  verification the request asks for; ``_native.cluster_search_json`` drives it and calls
+  verification the request asks for; ``QueryEncoder.search_cluster_json`` drives it and calls
   back here): it encodes each view once with the set's shared encoder, scatters the
   descriptors to every shard, sends the best candidates of all shards back to the shards
   that hold them to be verified, retries a failed call once (Ray routes the retry to a live
@@ -264,7 +264,7 @@ async def _read_entry(request: Request) -> Tuple[bytes, Dict[str, Any]]:
 
 class _ShardCalls:
     """The router's calls to its shards as the engine asks for them
-    (``_native.cluster_search_json``, on a worker thread): each runs on the router's event
+    (``QueryEncoder.search_cluster_json``, on a worker thread): each runs on the router's event
     loop and answers per shard a JSON string, or None where the shard failed (named in
     ``missing``). A round no shard answers is refused (503)."""
 
@@ -331,7 +331,6 @@ class Router:
         self.shards, self.names, self.encoder, self.dim = shards, names, encoder, dim
         # the shards' shared encoder: each query is encoded once, here, and its descriptors
         # (K tokens) go to every shard rather than its features (every patch token)
-        self.encoder_json = encoder_json
         self.query_encoder = _native.QueryEncoder(encoder_json)
         # each shard's sample for the catalogue's suns, once every shard has answered
         self.sun_samples: Optional[List[Optional[str]]] = None
@@ -403,13 +402,12 @@ class Router:
 
     async def _search_as_engine(self, features: Any, opts: Dict[str, Any]) -> Tuple[List[Dict], List[str]]:
         """The hits of one query over the shards, searched in the engine's order as
-        ``opts`` ask (``_native.cluster_search_json``, run on a worker thread that calls
+        ``opts`` ask (``QueryEncoder.search_cluster_json``, run on a worker thread that calls
         back into this loop); ``features(only, views_json)`` is a coroutine giving the
         query's ids and features in some views. The shards that did not answer a round."""
         self.counters["searches"] += 1
         calls = _ShardCalls(self, asyncio.get_running_loop(), features)
-        text = await asyncio.to_thread(_native.cluster_search_json, self.encoder_json, self.dim, calls,
-                                       json.dumps(opts))
+        text = await asyncio.to_thread(self.query_encoder.search_cluster_json, self.dim, calls, json.dumps(opts))
         answers = json.loads(text)
         return (answers[0]["results"] if answers else []), sorted(calls.missing)
 
@@ -520,21 +518,14 @@ class Router:
                                              self.dim)
             if "error" in posted:
                 raise _Refused(400 if posted["error"] == "malformed" else 422, posted["message"])
-            t0 = time.perf_counter()
-            desc = self._encode(posted)
-            t1 = time.perf_counter()
-            if opts.get("verify", 0) > 0:
-                async def as_posted(only: Any, views: str) -> Tuple[List[str], Dict[str, Any]]:
-                    return list(posted["ids"]), posted
+            self._encode(posted)  # refused (422) here where the width is not the set's
 
-                hits, missing = await self._search_as_engine(as_posted, opts)
-            else:
-                # one round, nothing to order: the descriptors scattered from here (the
-                # engine's round trip through a worker thread halved the throughput of
-                # plain searches, docs/performance.md)
-                found, missing = await self._search(list(posted["ids"]), desc, opts)
-                hits = found[0]
-            timing = {"encode": _ms(t1 - t0), "search": _ms(time.perf_counter() - t1)}
+            async def as_posted(only: Any, views: str) -> Tuple[List[str], Dict[str, Any]]:
+                return list(posted["ids"]), posted
+
+            t0 = time.perf_counter()
+            hits, missing = await self._search_as_engine(as_posted, opts)
+            timing = {"search": _ms(time.perf_counter() - t0)}
         except _Refused as r:
             return self._refusal(r)
         return self._response(hits, opts, {"kind": "features"}, timing, missing)
