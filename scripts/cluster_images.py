@@ -20,11 +20,12 @@ import json
 import os
 import subprocess
 import time
-import urllib.error
 import urllib.request
 import uuid
 
 import numpy as np
+
+from bench_cluster import wait_ready  # scripts/ is on the path of a script run from it
 
 
 def post_image(url, data, timeout=600):
@@ -37,19 +38,6 @@ def post_image(url, data, timeout=600):
     with urllib.request.urlopen(req, timeout=timeout) as r:
         out = json.loads(r.read())
     return time.perf_counter() - t, out
-
-
-def wait_ready(url, seconds=300):
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(url + "/v1/ready", timeout=5) as r:
-                if r.status == 200:
-                    return
-        except Exception:
-            pass
-        time.sleep(0.5)
-    raise SystemExit(f"{url} not ready after {seconds} s")
 
 
 def run(url, queries, options):
