@@ -738,6 +738,20 @@ impl Engine {
             ))
         );
         let queries = self.viewed_queries(ids, variants, views)?;
+        self.verify_chosen_viewed(&queries, views, params, top, chosen, progress)
+    }
+
+    /// [`Engine::verify_chosen`] for queries already prepared for verification (one
+    /// preparation serves every shard of a set on this machine).
+    pub(crate) fn verify_chosen_viewed(
+        &self,
+        queries: &ViewedQueries,
+        views: QueryViews,
+        params: &SearchParams,
+        top: usize,
+        chosen: &[HashSet<String>],
+        progress: &dyn Progress,
+    ) -> Result<Vec<Vec<SearchHit>>> {
         let params = verified_search_params(params);
         let candidates = self
             .search_views(&queries.descriptors, views, &candidate_params(&params, top))
@@ -745,7 +759,7 @@ impl Engine {
             .zip(chosen)
             .map(|(hits, keep)| hits.into_iter().filter(|h| keep.contains(&h.id)).collect())
             .collect();
-        self.verify_candidates(&queries, views, &params, top, candidates, progress)
+        self.verify_candidates(queries, views, &params, top, candidates, progress)
     }
 
     /// Queries `ids` given as the features of their `views` (each query's

@@ -281,10 +281,21 @@ impl ShardCalls for ShardedEngine {
         chosen: &[Vec<HashSet<String>>],
         progress: &dyn Progress,
     ) -> Result<Vec<Vec<Vec<SearchHit>>>> {
+        ensure!(
+            chosen.iter().all(|c| c.len() == ids.len()),
+            Error::Invalid(format!(
+                "candidates chosen for other than {} queries",
+                ids.len()
+            ))
+        );
+        // the shards share their encoder: the queries are prepared once for all
+        let queries = self.shards[0].viewed_queries(ids, variants, views)?;
         self.shards
             .iter()
             .zip(chosen)
-            .map(|(e, chosen)| e.verify_chosen(ids, variants, views, params, top, chosen, progress))
+            .map(|(e, chosen)| {
+                e.verify_chosen_viewed(&queries, views, params, top, chosen, progress)
+            })
             .collect()
     }
     fn suns(&self) -> Result<Suns> {
