@@ -1504,6 +1504,89 @@ fn a_turned_query_is_found_again_toward_the_catalogues_sun_first() {
     );
 }
 
+/// A crater in rough terrain (a bowl and bumps 3-5 px across placed by `seed`) shaded by a sun
+/// along `sun` radians under linear Lambertian light: brightness departs from flat ground's
+/// by the slope along the sun, as the relit benchmark's hillshades do.
+fn shaded_terrain(side: u32, seed: u32, sun: f32) -> GrayImage {
+    let bumps: Vec<(f32, f32, f32, f32)> = (0..40u32)
+        .map(|i| {
+            let h = (seed * 7919 + i * 104_729).wrapping_mul(2_654_435_761);
+            let u = |k: u32| ((h.rotate_left(k * 8) >> 20) & 0xfff) as f32 / 4096.0;
+            (
+                u(0),
+                u(1),
+                0.02 + 0.02 * u(2),
+                if u(3) > 0.5 { 0.5 } else { -0.5 },
+            )
+        })
+        .collect();
+    let height = |x: f32, y: f32| {
+        let r2 = (x - 0.5).powi(2) + (y - 0.5).powi(2);
+        let bumps: f32 = bumps
+            .iter()
+            .map(|&(bx, by, r, a)| a * (-((x - bx).powi(2) + (y - by).powi(2)) / (r * r)).exp())
+            .sum();
+        -(-r2 / 0.03).exp() + 0.3 * bumps
+    };
+    let e = 1.0 / side as f32;
+    let (sin, cos) = sun.sin_cos();
+    GrayImage::from_fn(side, side, |x, y| {
+        let (u, v) = (x as f32 * e, y as f32 * e);
+        let gx = (height(u + e, v) - height(u - e, v)) / (2.0 * e);
+        let gy = (height(u, v + e) - height(u, v - e)) / (2.0 * e);
+        let b = 0.5 - 0.04 * (gx * cos + gy * sin);
+        Luma([(b.clamp(0.0, 1.0) * 255.0) as u8])
+    })
+}
+
+/// A query under a sun turned by 90 degrees registers neither as given nor turned toward the
+/// catalogue's sun; relit toward it, it is the indexed crater again, found without the
+/// search in 12 turns.
+#[test]
+fn a_query_under_another_sun_is_found_again_relit_toward_the_catalogues_sun() {
+    let e = Env::new();
+    let model = e.tiny_model();
+    let dir = e.root.join("shaded");
+    std::fs::create_dir_all(&dir).unwrap();
+    for i in 0..8 {
+        shaded_terrain(64, i, 0.0)
+            .save(dir.join(format!("t{i}.png")))
+            .unwrap();
+    }
+    let query = e.root.join("relit.png");
+    shaded_terrain(64, 3, std::f32::consts::FRAC_PI_2)
+        .save(&query)
+        .unwrap();
+    let common = ["--model", model.as_str(), "--size", "64"];
+    let mut build = vec!["index", "build", "--dir", "shaded", "--out", "idx"];
+    build.extend(common);
+    e.ok(&build);
+    let mut search = vec![
+        "search",
+        "--index",
+        "idx",
+        query.to_str().unwrap(),
+        "--json",
+        "--top",
+        "3",
+    ];
+    search.extend(common);
+    let o = e.run(&search);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("searched again relit toward the catalogue's suns"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("in 12 turns"), "{stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v[0]["results"][0]["id"].as_str(), Some("t3"), "{v}");
+    // as given, the other sun's shading is another crater's
+    search.push("--no-recheck");
+    let v: serde_json::Value = serde_json::from_str(&e.ok(&search)).unwrap();
+    assert_ne!(v[0]["results"][0]["id"].as_str(), Some("t3"), "{v}");
+}
+
 /// A shard set is searched as its index is: rechecked by default (the turned query found
 /// toward the catalogue's sun, measured over every shard), in turns with verification, and
 /// as given; the same hits, inliers and scores as the index the set was cut from.

@@ -9,8 +9,8 @@ use crate::engine::{recheck_answers, sun_headings_of, QueryFeatures, QueryHits, 
 use crate::error::Result;
 use crate::extractor::Extractor;
 use crate::options::{
-    SearchOptions, RECHECK_AGAIN_VERIFY, RECHECK_TOWARD_VERIFY, RECHECK_TURNS, RECHECK_VERIFY,
-    RECHECK_VIEWS, SUN_SAMPLE,
+    SearchOptions, RECHECK_AGAIN_VERIFY, RECHECK_KEEP_SHARE, RECHECK_RELIT_KEEP_SHARE,
+    RECHECK_TOWARD_VERIFY, RECHECK_TURNS, RECHECK_VERIFY, RECHECK_VIEWS, SUN_SAMPLE,
 };
 use crate::progress::Progress;
 use crate::views::{sun_headings, QueryViews, Suns};
@@ -173,6 +173,42 @@ pub fn search_as(
     ))
 }
 
+/// One search again of the queries a rechecked search is still unsure of
+/// ([`crate::SearchOptions::recheck`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Recheck {
+    /// The views of each query it searches.
+    pub views: QueryViews,
+    /// Images it verifies per query.
+    pub verify: usize,
+    /// The share of a query's patches its new first hit must gather as inliers to be kept
+    /// ([`crate::registers_better`]).
+    pub keep_share: f32,
+}
+
+/// The searches again toward a catalogue's `suns` that a rechecked search runs, in order, for
+/// the queries still unsure after each ([`crate::SearchOptions::recheck`]): turned toward them
+/// ([`QueryViews::toward`], kept at [`RECHECK_KEEP_SHARE`]), then relit toward them
+/// ([`QueryViews::relit_toward`], kept at [`RECHECK_RELIT_KEEP_SHARE`]), each verifying
+/// [`RECHECK_TOWARD_VERIFY`]; none without suns. After them, [`RECHECK_VIEWS`].
+pub fn toward_stages(suns: Suns) -> Vec<Recheck> {
+    if suns.is_empty() {
+        return Vec::new();
+    }
+    vec![
+        Recheck {
+            views: QueryViews::toward(suns),
+            verify: RECHECK_TOWARD_VERIFY,
+            keep_share: RECHECK_KEEP_SHARE,
+        },
+        Recheck {
+            views: QueryViews::relit_toward(suns),
+            verify: RECHECK_TOWARD_VERIFY,
+            keep_share: RECHECK_RELIT_KEEP_SHARE,
+        },
+    ]
+}
+
 /// What [`crate::Engine::search_rechecked`] does, over any catalogue.
 pub fn search_rechecked(
     catalogue: &dyn Catalogue,
@@ -200,36 +236,60 @@ pub fn search_rechecked(
         RECHECK_VERIFY,
         progress,
     )?;
-    // the unsure queries of `hits` searched again in `views` with `top` verified; how many
-    let search_again = |hits: &mut [QueryHits], views: QueryViews, top: usize| {
-        recheck_answers(hits, side * side, &|again| {
-            let (ids, in_views) = features(Some(again), views)?;
-            catalogue.search_variants_verified(&ids, &in_views, views, params, top, progress)
+    // the unsure queries of `hits` searched again as `stage` asks; how many
+    let search_again = |hits: &mut [QueryHits], stage: Recheck| {
+        recheck_answers(hits, side * side, stage.keep_share, &|again| {
+            let (ids, in_views) = features(Some(again), stage.views)?;
+            catalogue.search_variants_verified(
+                &ids,
+                &in_views,
+                stage.views,
+                params,
+                stage.verify,
+                progress,
+            )
         })
     };
     let suns = catalogue.suns()?;
-    let toward_again = match suns.is_empty() {
-        true => 0,
-        false => search_again(&mut hits, QueryViews::toward(suns), RECHECK_TOWARD_VERIFY)?,
-    };
-    if toward_again > 0 {
-        progress.note(&format!(
-            "{toward_again} of {} queries did not register with their first hit: searched \
-             again turned toward the catalogue's suns ({suns})",
-            hits.len(),
-        ));
+    let mut brought = Vec::new();
+    for stage in toward_stages(suns) {
+        let n = search_again(&mut hits, stage)?;
+        if n > 0 {
+            let how = match stage.views.relit {
+                false => "turned",
+                true => "relit",
+            };
+            progress.note(&format!(
+                "{n} of {} queries did not register with their first hit{}: searched again \
+                 {how} toward the catalogue's suns ({suns})",
+                hits.len(),
+                if brought.is_empty() {
+                    ""
+                } else {
+                    " nor turned toward its suns"
+                },
+            ));
+        }
+        brought.push(n);
     }
-    let again = search_again(&mut hits, RECHECK_VIEWS, RECHECK_AGAIN_VERIFY)?;
+    let again = search_again(
+        &mut hits,
+        Recheck {
+            views: RECHECK_VIEWS,
+            verify: RECHECK_AGAIN_VERIFY,
+            keep_share: RECHECK_KEEP_SHARE,
+        },
+    )?;
     if again > 0 {
+        let nor = match brought.iter().filter(|&&n| n > 0).count() {
+            0 => "",
+            1 => " nor turned toward its suns",
+            _ => " nor turned or relit toward its suns",
+        };
         progress.note(&format!(
-            "{again} of {} queries did not register with their first hit{}: searched again \
+            "{again} of {} queries did not register with their first hit{nor}: searched again \
              in {RECHECK_TURNS} turns and under the opposite sun",
             hits.len(),
-            if toward_again > 0 {
-                " nor turned toward its suns"
-            } else {
-                ""
-            }
         ));
     }
     Ok(hits)

@@ -5,8 +5,8 @@ use crate::catalogue::{self, placed_images, sampled_images, suns_of, Catalogue};
 use crate::error::{Error, Result};
 use crate::extractor::{split_fingerprint, split_reduction, BackboneRun, Extractor};
 use crate::options::{
-    verified_search_params, SearchOptions, RECHECK_INLIER_SHARE, RECHECK_KEEP_SHARE,
-    VERIFY_CHANCE_SHARE, VERIFY_VIEWS, VERIFY_WEIGHT,
+    verified_search_params, SearchOptions, RECHECK_INLIER_SHARE, VERIFY_CHANCE_SHARE, VERIFY_VIEWS,
+    VERIFY_WEIGHT,
 };
 use crate::progress::Progress;
 use crate::recipe::{encode_all, feature_refs};
@@ -103,13 +103,19 @@ pub fn unsure(hits: &[SearchHit], patches: usize) -> bool {
 /// Whether a query of `patches` patches searched again keeps its new answer
 /// ([`crate::SearchOptions::recheck`]): when the new first hit registers with it at least as
 /// well (as many inliers) as the first hit of the search as given, and with at least
-/// [`RECHECK_KEEP_SHARE`] of its patches. An upright query searched again can meet a
-/// look-alike through a turned view, and a query under another sun registers in no view; the
-/// answer as given, verified, then stands.
-pub fn registers_better(again: &[SearchHit], given: &[SearchHit], patches: usize) -> bool {
+/// `keep_share` of its patches ([`crate::RECHECK_KEEP_SHARE`], or a search's own,
+/// [`crate::Recheck`]). An
+/// upright query searched again can meet a look-alike through a turned view, and a query
+/// under another sun registers in no turned view; the answer as given, verified, then stands.
+pub fn registers_better(
+    again: &[SearchHit],
+    given: &[SearchHit],
+    patches: usize,
+    keep_share: f32,
+) -> bool {
     let inliers = |hits: &[SearchHit]| hits.first().and_then(|h| h.inliers).unwrap_or(0);
     let new = inliers(again);
-    new >= inliers(given) && new as f32 >= RECHECK_KEEP_SHARE * patches as f32
+    new >= inliers(given) && new as f32 >= keep_share * patches as f32
 }
 
 /// The ids and features of query images in some views ([`Engine::search_rechecked`]): of
@@ -124,6 +130,7 @@ pub type QueryFeatures<'a> =
 pub fn recheck_answers(
     given: &mut [QueryHits],
     patches: usize,
+    keep_share: f32,
     search_again: &dyn Fn(&HashSet<String>) -> Result<Vec<QueryHits>>,
 ) -> Result<usize> {
     let again: HashSet<String> = given
@@ -140,7 +147,7 @@ pub fn recheck_answers(
         .collect();
     for h in given.iter_mut() {
         if let Some(r) = answers.remove(&h.query) {
-            if registers_better(&r, &h.results, patches) {
+            if registers_better(&r, &h.results, patches, keep_share) {
                 h.results = r;
             }
         }
@@ -618,10 +625,10 @@ impl Engine {
     }
 
     /// Queries searched as given with their [`crate::RECHECK_VERIFY`] best images verified;
-    /// those whose first hit does not register with them ([`unsure`]) searched again, first
-    /// turned toward the catalogue's suns ([`Engine::catalogue_suns`],
-    /// [`QueryViews::toward`]: two views per sun, [`crate::RECHECK_TOWARD_VERIFY`]
-    /// verified), and those still unsure in [`crate::RECHECK_VIEWS`] (turns and the
+    /// those whose first hit does not register with them ([`unsure`]) searched again toward
+    /// the catalogue's suns ([`Engine::catalogue_suns`], [`crate::toward_stages`]: turned,
+    /// then relit, two views per sun each, [`crate::RECHECK_TOWARD_VERIFY`] verified), and
+    /// those still unsure in [`crate::RECHECK_VIEWS`] (turns and the
     /// opposite sun) with their [`crate::RECHECK_AGAIN_VERIFY`] best images verified
     /// ([`crate::SearchOptions::recheck`]); each new answer kept where it
     /// [`registers_better`]. `features` gives the queries' ids and features in some views
@@ -1140,6 +1147,7 @@ fn turned(image: &image::DynamicImage, angle: f32) -> image::DynamicImage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::options::{RECHECK_KEEP_SHARE, RECHECK_RELIT_KEEP_SHARE};
 
     fn hit(id: &str, inliers: Option<usize>) -> SearchHit {
         SearchHit {
@@ -1183,7 +1191,7 @@ mod tests {
             answer("relit", hit("own, verified", Some(30))),
         ];
         let asked = std::sync::Mutex::new(Vec::new());
-        let again = recheck_answers(&mut given, patches, &|ids| {
+        let again = recheck_answers(&mut given, patches, RECHECK_KEEP_SHARE, &|ids| {
             let mut ids: Vec<String> = ids.iter().cloned().collect();
             ids.sort();
             asked.lock().unwrap().extend(ids.clone());
@@ -1207,20 +1215,34 @@ mod tests {
         // the new answer must register as well as the old and with its own share of inliers
         let keep = (RECHECK_KEEP_SHARE * patches as f32).ceil() as usize;
         let old = [hit("old", Some(10))];
-        assert!(registers_better(&[hit("new", Some(keep))], &old, patches));
-        assert!(!registers_better(
-            &[hit("new", Some(keep - 1))],
+        let k = RECHECK_KEEP_SHARE;
+        assert!(registers_better(
+            &[hit("new", Some(keep))],
             &old,
-            patches
+            patches,
+            k
+        ));
+        let fewer = [hit("new", Some(keep - 1))];
+        assert!(!registers_better(&fewer, &old, patches, k));
+        // a search with a lower share of its own keeps it
+        assert!(registers_better(
+            &fewer,
+            &old,
+            patches,
+            RECHECK_RELIT_KEEP_SHARE
         ));
         assert!(!registers_better(
             &[hit("new", Some(keep + 5))],
             &[hit("old", Some(keep + 6))],
-            patches
+            patches,
+            k
         ));
         // every query registering: no second search at all
         let mut sure = vec![answer("registers", hit("x", Some(200)))];
-        let none = recheck_answers(&mut sure, patches, &|_| panic!("searched again")).unwrap();
+        let none = recheck_answers(&mut sure, patches, RECHECK_KEEP_SHARE, &|_| {
+            panic!("searched again")
+        })
+        .unwrap();
         assert_eq!(none, 0);
     }
 }

@@ -285,13 +285,15 @@ pub struct SearchOptions {
     /// query (fewer than [`RECHECK_INLIER_SHARE`] of its patches as inliers under one
     /// similarity transform, as when the query is turned, mirrored or under another sun)
     /// search it again, first turned toward the catalogue's suns ([`crate::QueryViews::toward`],
-    /// `verify` [`RECHECK_TOWARD_VERIFY`]), and where it still does not register as at an
+    /// `verify` [`RECHECK_TOWARD_VERIFY`]), then relit toward them
+    /// ([`crate::QueryViews::relit_toward`], the same), and where it still does not register as at an
     /// unknown heading and under the opposite sun ([`RECHECK_VIEWS`], `verify`
     /// [`RECHECK_AGAIN_VERIFY`]), keeping each new answer where its first hit registers at
     /// least as well and with at least [`RECHECK_KEEP_SHARE`] of the patches
     /// ([`crate::registers_better`]). A query that registers costs one forward pass, as
-    /// before; one searched again 2 more per sun of the catalogue, and 2 x [`RECHECK_TURNS`] +
-    /// 1 more where it still does not register. Needs the query image and the candidates'
+    /// before; one searched again 2 more per sun of the catalogue, 2 more per sun where it
+    /// does not register turned, and 2 x [`RECHECK_TURNS`] + 1 more where it still does not
+    /// register. Needs the query image and the candidates'
     /// images; without them, or with other `turns` or `verify`, the search is as asked.
     #[cfg_attr(feature = "openapi", param(default = true))]
     pub recheck: bool,
@@ -340,6 +342,16 @@ pub const RECHECK_INLIER_SHARE: f32 = 0.4;
 /// given, verified, was right more often than the turned views' (docs/results.md,
 /// "Rechecked by default"): 0.3 (77) keeps it.
 pub const RECHECK_KEEP_SHARE: f32 = 0.3;
+
+/// The share of a query's patches that the first hit of a query relit toward the catalogue's
+/// suns ([`crate::QueryViews::relit_toward`]) must gather as inliers for the new answer to
+/// replace the first, besides registering at least as well: 0.2 (52 of 256). A relit view is
+/// a first-order picture of the crater under the other sun, and registers less than a turned
+/// one: on the relit benchmark's queries under a sun turned by 90 degrees, the relit views'
+/// right first hits gathered 29-154 inliers (half of them 80 or more) and the wrong ones 12-43
+/// for nine in ten; at [`RECHECK_KEEP_SHARE`] 18 right answers of 95 were not kept
+/// (docs/results.md, "Relit toward the catalogue's suns").
+pub const RECHECK_RELIT_KEEP_SHARE: f32 = 0.2;
 
 /// Images verified per query searched again toward the catalogue's suns first
 /// ([`SearchOptions::recheck`], [`crate::QueryViews::toward`]): the query brought back to

@@ -7,7 +7,7 @@
 use crate::options::{
     OPPOSITE_SUN_MARGIN, SUN_APART_DEGREES, SUN_SHARE, SUN_WINDOW_DEGREES, TURN_MARGIN,
 };
-use craterdex_model::preprocess;
+use craterdex_model::{preprocess, relight};
 
 /// Which views of a query image a search looks at ([`crate::SearchOptions::turns`] and
 /// [`crate::SearchOptions::opposite_sun`]); the default is the query alone.
@@ -20,8 +20,12 @@ pub struct QueryViews {
     pub opposite_sun: OppositeSun,
     /// Unless empty, the views are these instead: for each sun, the query and its mirror
     /// image each turned so that its shading dipole points toward that sun
-    /// ([`QueryViews::toward`]).
+    /// ([`QueryViews::toward`]), or with [`QueryViews::relit`] the query relit so.
     pub toward: Suns,
+    /// Toward the suns by relighting the query as given, not by turning it
+    /// ([`QueryViews::relit_toward`]).
+    #[serde(default)]
+    pub relit: bool,
 }
 
 /// Most sun headings a catalogue is seen under ([`Suns`]).
@@ -135,6 +139,11 @@ pub fn sun_headings(angles: &[f32]) -> Suns {
     Suns::from_radians(&radians)
 }
 
+/// Longest side of a query relit toward the catalogue's suns ([`QueryViews::relit_toward`]):
+/// larger crops are shrunk to it first, which bounds the Fourier transforms' cost (twice the
+/// side, squared) and keeps more than the model's input (224 px) sees.
+pub const RELIT_SIDE: u32 = 448;
+
 /// Side of the square a crop is brought to before its shading dipole is measured: the
 /// model's input, where the dipole of [`preprocess::shading_angle`] was tuned.
 const SHADING_SIDE: u32 = 224;
@@ -190,6 +199,7 @@ impl QueryViews {
             degrees: [0; MAX_SUNS],
             len: 0,
         },
+        relit: false,
     };
 
     /// For each of `suns`, the query and its mirror image turned toward it: a turned or
@@ -198,6 +208,18 @@ impl QueryViews {
     pub fn toward(suns: Suns) -> Self {
         Self {
             toward: suns,
+            ..Self::PLAIN
+        }
+    }
+
+    /// For each of `suns`, the query as given relit so that its sun shines from that sun's
+    /// axis ([`relight::relight`]), its own sun's axis read from its shading
+    /// ([`relight::shading_axis`]) and taken both ways: a query under another sun azimuth
+    /// shown, to first order, under the catalogue's, in two views per sun.
+    pub fn relit_toward(suns: Suns) -> Self {
+        Self {
+            toward: suns,
+            relit: true,
             ..Self::PLAIN
         }
     }
@@ -242,8 +264,32 @@ impl QueryViews {
     /// brightness inverted, or `image` alone inverted ([`OppositeSun::Given`]). Toward suns:
     /// for each sun, `image` and its mirror image turned so that their shading dipoles
     /// ([`shading_angle_of`]) point toward it. Turns reflect the image at its edges, so no
-    /// blank corner appears.
+    /// blank corner appears. Relit toward suns: for each sun, `image` relit from its shading
+    /// axis to the sun's, then from the axis taken the other way (its inverse), at most
+    /// [`RELIT_SIDE`] px across.
     pub fn images(&self, image: &image::DynamicImage) -> Vec<image::DynamicImage> {
+        if self.relit && !self.toward.is_empty() {
+            let given = match image.width().max(image.height()) > RELIT_SIDE {
+                true => image.resize(
+                    RELIT_SIDE,
+                    RELIT_SIDE,
+                    image::imageops::FilterType::Triangle,
+                ),
+                false => image.clone(),
+            }
+            .to_rgb32f();
+            let axis = relight::shading_axis(&given);
+            return self
+                .toward
+                .radians()
+                .into_iter()
+                .flat_map(|sun| {
+                    [axis, axis + std::f32::consts::PI].map(|from| {
+                        image::DynamicImage::ImageRgb32F(relight::relight(&given, from, sun))
+                    })
+                })
+                .collect();
+        }
         if !self.toward.is_empty() {
             let bases = [image.clone(), image.fliph()];
             let dipoles = bases.each_ref().map(shading_angle_of);
@@ -450,6 +496,45 @@ mod tests {
                 assert_ne!(images[0], images[1]);
             }
         }
+    }
+
+    /// A bowl lit across the catalogue's sun, relit toward it: one of the two views of the
+    /// sun shows the bowl as the catalogue's sun lights it, the other its inverse; a large
+    /// crop is relit at [`RELIT_SIDE`].
+    #[test]
+    fn views_relit_toward_a_sun_show_the_query_under_it_one_way_or_the_other() {
+        let correlation = |a: &image::DynamicImage, b: &image::DynamicImage| {
+            let (a, b) = (a.to_luma32f(), b.to_luma32f());
+            let n = a.len() as f32;
+            let (ma, mb) = (a.iter().sum::<f32>() / n, b.iter().sum::<f32>() / n);
+            let (mut ab, mut aa, mut bb) = (0.0, 0.0, 0.0);
+            for (x, y) in a.iter().zip(b.iter()) {
+                ab += (x - ma) * (y - mb);
+                aa += (x - ma) * (x - ma);
+                bb += (y - mb) * (y - mb);
+            }
+            ab / (aa * bb).sqrt()
+        };
+        let sun = 0.4f32;
+        let quarter = sun + std::f32::consts::FRAC_PI_2;
+        let (given, truth) = (lit_bowl(96, quarter), lit_bowl(96, sun));
+        let views = QueryViews::relit_toward(Suns::from_radians(&[sun]));
+        assert_eq!((views.count(), views.is_plain()), (2, false));
+        assert_eq!(views.margins(), vec![TURN_MARGIN; 2]);
+        let images = views.images(&given);
+        assert_eq!(images.len(), 2);
+        let r: Vec<f32> = images.iter().map(|im| correlation(im, &truth)).collect();
+        // (the bowl's sharp rim and its pit are more than slopes: not 1)
+        let as_given = correlation(&given, &truth);
+        let (best, worst) = (r[0].max(r[1]), r[0].min(r[1]));
+        assert!(as_given.abs() < 0.2, "{as_given}");
+        assert!(best > 0.5 && worst < -0.5, "{r:?}");
+        let large = views.images(&lit_bowl(RELIT_SIDE + 100, quarter));
+        assert_eq!(large[0].width(), RELIT_SIDE);
+        // the views are serialised with what they are
+        let back: QueryViews =
+            serde_json::from_str(&serde_json::to_string(&views).unwrap()).unwrap();
+        assert_eq!(back, views);
     }
 
     #[test]

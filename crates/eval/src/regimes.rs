@@ -21,8 +21,8 @@ pub use crate::regime::{Family, RegimeId, Tokens, Whiten};
 use craterdex_engine::{
     encode_all, recheck_answers, Aggregation, Codec, Descriptors, Encoder, Engine, FeatureSet,
     ImageMeta, IndexRecipe, IvfSetting, Mode, PatchGrid, PatchGrids, Pooling, QueryHits,
-    QueryViews, Recipe, SearchHit, SearchParams, SeedStrategy, RECHECK_AGAIN_VERIFY,
-    RECHECK_TOWARD_VERIFY, RECHECK_VERIFY, RECHECK_VIEWS,
+    QueryViews, Recheck, Recipe, SearchHit, SearchParams, SeedStrategy, RECHECK_AGAIN_VERIFY,
+    RECHECK_KEEP_SHARE, RECHECK_VERIFY, RECHECK_VIEWS,
 };
 use craterdex_tokens::whitening::DEFAULT_REGULARISATION;
 use craterdex_tokens::DEFAULT_PAIR_BLEND;
@@ -132,6 +132,10 @@ pub struct RegimeResult {
     /// (those still unsure after the search toward the gallery's suns).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub searched_in_turns: Option<f64>,
+    /// The share of queries a rechecked regime searched relit toward the gallery's suns
+    /// (those still unsure after the search turned toward them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub searched_relit: Option<f64>,
     #[serde(skip)]
     pub per_query: Vec<QueryResult>,
     /// The 10 best gallery positions per query.
@@ -151,9 +155,10 @@ pub struct EvalInput<'a> {
     /// Features of each query's views (`craterdex_engine::QueryViews::images`, rows
     /// `q * views.count() + v`), for the regime in views ([`EvalOptions::views`]).
     pub query_variants: Option<&'a FeatureSet>,
-    /// Features of each query turned toward the gallery's suns (`QueryViews::toward`, rows
-    /// as `query_variants`'), for the rechecked regime's first search again.
-    pub query_toward: Option<(QueryViews, &'a FeatureSet)>,
+    /// The rechecked regime's searches again toward the gallery's suns, in order
+    /// (`craterdex_engine::toward_stages`, and each query's features in its views, rows as
+    /// `query_variants`').
+    pub query_toward: Vec<(Recheck, &'a FeatureSet)>,
 }
 
 /// One of the verified searches a rechecked regime is made of: every query's hits, the
@@ -310,7 +315,7 @@ pub fn run_on_benchmark(
     gallery: &FeatureSet,
     queries: &FeatureSet,
     query_variants: Option<&FeatureSet>,
-    query_toward: Option<(QueryViews, &FeatureSet)>,
+    query_toward: Vec<(Recheck, &FeatureSet)>,
     o: &EvalOptions,
     progress: &dyn Fn(&str),
 ) -> Result<Vec<RegimeResult>> {
@@ -484,6 +489,7 @@ pub fn run(
                     query_ms: ms,
                     searched_again: None,
                     searched_in_turns: None,
+                    searched_relit: None,
                     per_query,
                     top,
                 });
@@ -513,40 +519,46 @@ pub fn run(
                             .map(|(q, h)| named(q, std::mem::take(h)))
                             .collect())
                     };
-                // first toward the gallery's suns, as the engine searches again
-                let (toward_again, toward_ms) = match input.query_toward {
-                    Some((views, f)) => {
-                        let variants = views_of(encoder, f, input.queries, views)?;
-                        let grids: Vec<Vec<PatchGrid>> = grids_of(f)
-                            .chunks(views.count())
-                            .map(<[PatchGrid]>::to_vec)
-                            .collect();
-                        let these = Queries::InViewsVerified {
-                            variants: &variants,
-                            views,
-                            grids: &grids,
-                            top: RECHECK_TOWARD_VERIFY,
-                            gallery: &gallery_grids,
-                        };
-                        let hits = std::sync::Mutex::new(these.search(&engine, &given_params));
-                        let again = recheck_answers(&mut answers, input.queries.tokens, &|a| {
-                            answer(&hits, a)
-                        })?;
-                        (again, query_ms(&engine, &these, &given_params))
-                    }
-                    None => (0, 0.0),
-                };
+                // first toward the gallery's suns, as the engine searches again: each stage's
+                // share of the queries and milliseconds per query
+                let mut toward: Vec<(usize, f64)> = Vec::new();
+                for &(stage, f) in &input.query_toward {
+                    let views = stage.views;
+                    let variants = views_of(encoder, f, input.queries, views)?;
+                    let grids: Vec<Vec<PatchGrid>> = grids_of(f)
+                        .chunks(views.count())
+                        .map(<[PatchGrid]>::to_vec)
+                        .collect();
+                    let these = Queries::InViewsVerified {
+                        variants: &variants,
+                        views,
+                        grids: &grids,
+                        top: stage.verify,
+                        gallery: &gallery_grids,
+                    };
+                    let hits = std::sync::Mutex::new(these.search(&engine, &given_params));
+                    let again = recheck_answers(
+                        &mut answers,
+                        input.queries.tokens,
+                        stage.keep_share,
+                        &|a| answer(&hits, a),
+                    )?;
+                    toward.push((again, query_ms(&engine, &these, &given_params)));
+                }
                 let turned = std::sync::Mutex::new(turned);
-                let again = recheck_answers(&mut answers, input.queries.tokens, &|asked| {
-                    answer(&turned, asked)
-                })?;
+                let again = recheck_answers(
+                    &mut answers,
+                    input.queries.tokens,
+                    RECHECK_KEEP_SHARE,
+                    &|asked| answer(&turned, asked),
+                )?;
                 let rankings: Vec<Vec<usize>> = answers
                     .iter()
                     .map(|a| a.results.iter().map(|h| positions[h.id.as_str()]).collect())
                     .collect();
                 let (per_query, top) = results_of(&rankings, input);
                 let share_of = |n: usize| n as f64 / answers.len().max(1) as f64;
-                let (share, toward_share) = (share_of(again), share_of(toward_again));
+                let share = share_of(again);
                 let id = RegimeId {
                     recheck: true,
                     ..RegimeId::shipped().whitened(white).grouped(true)
@@ -557,14 +569,19 @@ pub fn run(
                     k: id.k(),
                     bytes_per_image: out.last().map_or(0, |r| r.bytes_per_image),
                     shortlist_recall: None,
-                    // as given for every query, toward the suns for the share searched again,
-                    // in turns for the share still unsure
-                    query_ms: given_ms + toward_share * toward_ms + share * turned_ms,
-                    searched_again: Some(match input.query_toward {
-                        Some(_) => toward_share,
-                        None => share,
-                    }),
+                    // as given for every query, each search toward the suns for the share it
+                    // searched, in turns for the share still unsure
+                    query_ms: given_ms
+                        + toward.iter().map(|&(n, ms)| share_of(n) * ms).sum::<f64>()
+                        + share * turned_ms,
+                    searched_again: Some(toward.first().map_or(share, |&(n, _)| share_of(n))),
                     searched_in_turns: Some(share),
+                    searched_relit: input
+                        .query_toward
+                        .iter()
+                        .zip(&toward)
+                        .find(|((stage, _), _)| stage.views.relit)
+                        .map(|(_, &(n, _))| share_of(n)),
                     per_query,
                     top,
                 });
@@ -924,9 +941,13 @@ pub fn table(results: &[RegimeResult]) -> String {
     }
     for r in results {
         if let (Some(share), Some(turns)) = (r.searched_again, r.searched_in_turns) {
+            let relit = r
+                .searched_relit
+                .map(|v| format!("{:.1}% relit toward its suns, ", 100.0 * v))
+                .unwrap_or_default();
             s.push_str(&format!(
-                "{}: {:.1}% of the queries searched again, {:.1}% in turns and under the \
-                 opposite sun\n",
+                "{}: {:.1}% of the queries searched again, {relit}{:.1}% in turns and under \
+                 the opposite sun\n",
                 r.id,
                 100.0 * share,
                 100.0 * turns

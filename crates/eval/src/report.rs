@@ -726,6 +726,7 @@ mod tests {
             query_ms: 1.0,
             searched_again: None,
             searched_in_turns: None,
+            searched_relit: None,
             per_query: vec![],
             top: vec![],
         }

@@ -6,7 +6,7 @@
 use crate::error::{Error, Result};
 use crate::regime::{RegimeId, Tokens, Whiten};
 use crate::{manifest, regimes, turned};
-use craterdex_engine::{Extractor, FeatureSet, Progress, QueryViews, Suns};
+use craterdex_engine::{Extractor, FeatureSet, Progress, Recheck, Suns};
 use craterdex_errors::ensure;
 use std::path::{Path, PathBuf};
 
@@ -48,7 +48,7 @@ pub fn evaluate(
         &gallery,
         &queries,
         variants.as_ref(),
-        toward.as_ref().map(|(v, f)| (*v, f)),
+        toward.iter().map(|(stage, f)| (*stage, f)).collect(),
         o,
         on_regime,
     )?;
@@ -72,21 +72,26 @@ fn gallery_suns(gallery: &manifest::Benchmark, progress: &dyn Progress) -> Suns 
     suns
 }
 
-/// The features of the queries of `b` turned toward `suns` ([`QueryViews::toward`]) as the
-/// engine's first search again turns them; none without suns (the options do not recheck,
-/// or the gallery shows no sun).
+/// The features of the queries of `b` in the views of each search again toward `suns`
+/// ([`craterdex_engine::toward_stages`]: turned, then relit), with the images each verifies;
+/// none without suns (the options do not recheck, or the gallery shows no sun).
 fn query_toward(
     extractor: &Extractor,
     b: &manifest::Benchmark,
     suns: Option<Suns>,
     progress: &dyn Progress,
-) -> Result<Option<(QueryViews, FeatureSet)>> {
-    let Some(suns) = suns.filter(|s| !s.is_empty()) else {
-        return Ok(None);
+) -> Result<Vec<(Recheck, FeatureSet)>> {
+    let Some(suns) = suns else {
+        return Ok(Vec::new());
     };
-    let views = QueryViews::toward(suns);
-    let (_, features) = extractor.variant_features(&b.query_items(), views, progress)?;
-    Ok(Some((views, features)))
+    craterdex_engine::toward_stages(suns)
+        .into_iter()
+        .map(|stage| {
+            let (_, features) =
+                extractor.variant_features(&b.query_items(), stage.views, progress)?;
+            Ok((stage, features))
+        })
+        .collect()
 }
 
 /// The features of the queries' views when the options ask for a regime in views.
@@ -150,7 +155,7 @@ pub fn evaluate_turned(
         &upright.gallery,
         &queries,
         variants.as_ref(),
-        toward.as_ref().map(|(v, f)| (*v, f)),
+        toward.iter().map(|(stage, f)| (*stage, f)).collect(),
         o,
         &|_| {},
     )?;
@@ -180,8 +185,15 @@ pub fn evaluate_features(
     o: &regimes::EvalOptions,
     on_regime: &dyn Fn(&str),
 ) -> Result<EvalOutcome> {
-    let results =
-        regimes::run_on_benchmark(&b, &gallery, &queries, query_variants, None, o, on_regime)?;
+    let results = regimes::run_on_benchmark(
+        &b,
+        &gallery,
+        &queries,
+        query_variants,
+        Vec::new(),
+        o,
+        on_regime,
+    )?;
     Ok(EvalOutcome {
         results,
         benchmark: b,

@@ -162,6 +162,7 @@ mod tests {
             query_ms: 0.0,
             searched_again: None,
             searched_in_turns: None,
+            searched_relit: None,
             per_query: per_query
                 .into_iter()
                 .map(|(query, ap, rank)| QueryResult {

@@ -14,6 +14,7 @@ pub mod layouts;
 pub mod onnx;
 pub mod posted;
 pub mod preprocess;
+pub mod relight;
 pub mod store;
 /// Generated checkpoints for tests (feature `testing`; not in release builds).
 #[cfg(feature = "testing")]

@@ -82,7 +82,7 @@ pub fn run(b: EvalBench) -> Result<()> {
         relevance: &relevance,
         whitening_rows: (0..n).filter(|&i| !queried.contains(&craters[i])).collect(),
         query_variants: None,
-        query_toward: None,
+        query_toward: Vec::new(),
     };
     let opts = if b.full {
         EvalOptions::default()
