@@ -1468,6 +1468,25 @@ fn lit_catalogue(e: &Env, model: &str) -> (Vec<String>, PathBuf) {
     (common, query)
 }
 
+/// The hits of `query` searched by default in index `idx` (with the `model` options), whose
+/// note on stderr says it was searched again as `note` says and not in 12 turns.
+fn searched_again_without_turns(
+    e: &Env,
+    query: &Path,
+    model: &[&str],
+    note: &str,
+) -> serde_json::Value {
+    let q = query.to_str().unwrap();
+    let mut search = vec!["search", "--index", "idx", q, "--json", "--top", "3"];
+    search.extend(model);
+    let o = e.run(&search);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    assert!(stderr.contains(note), "{stderr}");
+    assert!(!stderr.contains("in 12 turns"), "{stderr}");
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
 /// A query turned and mirrored does not register as given; turned toward the catalogue's
 /// one sun it is the indexed crater again, found without the search in 12 turns.
 #[test]
@@ -1475,26 +1494,14 @@ fn a_turned_query_is_found_again_toward_the_catalogues_sun_first() {
     let e = Env::new();
     let model = e.tiny_model();
     let (common, query) = lit_catalogue(&e, &model);
-    let mut search = vec![
-        "search",
-        "--index",
-        "idx",
-        query.to_str().unwrap(),
-        "--json",
-        "--top",
-        "3",
-    ];
-    search.extend(common.iter().map(String::as_str));
-    let o = e.run(&search);
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{stderr}");
+    let common: Vec<&str> = common.iter().map(String::as_str).collect();
     // lit from the left in every image: one sun, the dipole along +x
-    assert!(
-        stderr.contains("searched again turned toward the catalogue's suns (0 degrees)"),
-        "{stderr}"
+    let v = searched_again_without_turns(
+        &e,
+        &query,
+        &common,
+        "searched again turned toward the catalogue's suns (0 degrees)",
     );
-    assert!(!stderr.contains("in 12 turns"), "{stderr}");
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let first = &v[0]["results"][0];
     assert_eq!(first["id"].as_str(), Some("c3"), "{v}");
     let inliers = first["inliers"].as_u64().unwrap() as f32;
@@ -1561,28 +1568,17 @@ fn a_query_under_another_sun_is_found_again_relit_toward_the_catalogues_sun() {
     let mut build = vec!["index", "build", "--dir", "shaded", "--out", "idx"];
     build.extend(common);
     e.ok(&build);
-    let mut search = vec![
-        "search",
-        "--index",
-        "idx",
-        query.to_str().unwrap(),
-        "--json",
-        "--top",
-        "3",
-    ];
-    search.extend(common);
-    let o = e.run(&search);
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{stderr}");
-    assert!(
-        stderr.contains("searched again relit toward the catalogue's suns"),
-        "{stderr}"
+    let v = searched_again_without_turns(
+        &e,
+        &query,
+        &common,
+        "searched again relit toward the catalogue's suns",
     );
-    assert!(!stderr.contains("in 12 turns"), "{stderr}");
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v[0]["results"][0]["id"].as_str(), Some("t3"), "{v}");
     // as given, the other sun's shading is another crater's
-    search.push("--no-recheck");
+    let q = query.to_str().unwrap();
+    let mut search = vec!["search", "--index", "idx", q, "--json", "--no-recheck"];
+    search.extend(common);
     let v: serde_json::Value = serde_json::from_str(&e.ok(&search)).unwrap();
     assert_ne!(v[0]["results"][0]["id"].as_str(), Some("t3"), "{v}");
 }
