@@ -279,15 +279,9 @@ impl QueryViews {
             }
             .to_rgb32f();
             let axis = relight::shading_axis(&given);
-            return self
-                .toward
-                .radians()
+            return relight::relight_both_ways(&given, axis, &self.toward.radians())
                 .into_iter()
-                .flat_map(|sun| {
-                    [axis, axis + std::f32::consts::PI].map(|from| {
-                        image::DynamicImage::ImageRgb32F(relight::relight(&given, from, sun))
-                    })
-                })
+                .map(image::DynamicImage::ImageRgb32F)
                 .collect();
         }
         if !self.toward.is_empty() {

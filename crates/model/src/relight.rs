@@ -47,11 +47,30 @@ pub fn shading_axis(img: &Rgb32FImage) -> f32 {
 /// `img` (gray, replicated to three channels) as if its sun's axis, `from` radians in image
 /// axes, were `to`, under linear Lambertian shading ([`RELIGHT_EPS`]); brightness mean and
 /// spread kept. Turning `from` by a half turn inverts the result: an axis read from the image
-/// alone ([`shading_axis`]) needs both.
+/// alone ([`shading_axis`]) needs both ([`relight_both_ways`]).
 pub fn relight(img: &Rgb32FImage, from: f32, to: f32) -> Rgb32FImage {
+    // one pair for the one sun
+    relit_departures(img, from, &[to])
+        .into_iter()
+        .next()
+        .map_or_else(|| img.clone(), |[relit, _]| relit)
+}
+
+/// For each of `to`, `img` relit from the axis `from` to it ([`relight`]) and then from the
+/// axis taken the other way round (the first's inverse about the mean brightness): the image
+/// transformed once, each sun's filter applied to that transform, each pair from one inverse.
+pub fn relight_both_ways(img: &Rgb32FImage, from: f32, to: &[f32]) -> Vec<Rgb32FImage> {
+    relit_departures(img, from, to)
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// The two images of [`relight_both_ways`] per sun of `to`; an empty `img` as it is.
+fn relit_departures(img: &Rgb32FImage, from: f32, to: &[f32]) -> Vec<[Rgb32FImage; 2]> {
     let (w, h) = img.dimensions();
     if w == 0 || h == 0 {
-        return img.clone();
+        return to.iter().map(|_| [img.clone(), img.clone()]).collect();
     }
     let luma = luma_of(img);
     let n = luma.len() as f32;
@@ -60,16 +79,15 @@ pub fn relight(img: &Rgb32FImage, from: f32, to: f32) -> Rgb32FImage {
     // mirrored at its edges to twice its size: periodic without a seam
     let (pw, ph) = (2 * w as usize, 2 * h as usize);
     let mirror = |i: usize, n: usize| if i < n { i } else { 2 * n - 1 - i };
-    let mut grid: Vec<Complex32> = (0..ph)
+    let mut spectrum: Vec<Complex32> = (0..ph)
         .flat_map(|y| (0..pw).map(move |x| (x, y)))
         .map(|(x, y)| {
             let v = luma[mirror(y, h as usize) * w as usize + mirror(x, w as usize)];
             Complex32::new(v - mean, 0.0)
         })
         .collect();
-    fft_2d(&mut grid, pw, ph, false);
+    fft_2d(&mut spectrum, pw, ph, false);
     let (sx, sy) = (from.cos(), from.sin());
-    let (tx, ty) = (to.cos(), to.sin());
     let frequency = |i: usize, n: usize| {
         let i = i as f32;
         if i < (n as f32 / 2.0) {
@@ -78,34 +96,43 @@ pub fn relight(img: &Rgb32FImage, from: f32, to: f32) -> Rgb32FImage {
             i / n as f32 - 1.0
         }
     };
-    for y in 0..ph {
-        let ky = frequency(y, ph);
-        for x in 0..pw {
-            let kx = frequency(x, pw);
-            let (ks, kt, kk) = (kx * sx + ky * sy, kx * tx + ky * ty, kx * kx + ky * ky);
-            let gain = if kk > 0.0 {
-                kt * ks / (ks * ks + RELIGHT_EPS * kk)
+    to.iter()
+        .map(|&to| {
+            let (tx, ty) = (to.cos(), to.sin());
+            let mut grid = spectrum.clone();
+            for y in 0..ph {
+                let ky = frequency(y, ph);
+                for x in 0..pw {
+                    let kx = frequency(x, pw);
+                    let (ks, kt, kk) = (kx * sx + ky * sy, kx * tx + ky * ty, kx * kx + ky * ky);
+                    let gain = if kk > 0.0 {
+                        kt * ks / (ks * ks + RELIGHT_EPS * kk)
+                    } else {
+                        0.0
+                    };
+                    grid[y * pw + x] *= gain;
+                }
+            }
+            fft_2d(&mut grid, pw, ph, true);
+            let out: Vec<f32> = (0..h as usize)
+                .flat_map(|y| (0..w as usize).map(move |x| (x, y)))
+                .map(|(x, y)| grid[y * pw + x].re)
+                .collect();
+            let out_spread = (out.iter().map(|v| v * v).sum::<f32>() / n).sqrt();
+            let scale = if out_spread > 0.0 {
+                spread / out_spread
             } else {
                 0.0
             };
-            grid[y * pw + x] *= gain;
-        }
-    }
-    fft_2d(&mut grid, pw, ph, true);
-    let out: Vec<f32> = (0..h as usize)
-        .flat_map(|y| (0..w as usize).map(move |x| (x, y)))
-        .map(|(x, y)| grid[y * pw + x].re)
-        .collect();
-    let out_spread = (out.iter().map(|v| v * v).sum::<f32>() / n).sqrt();
-    let scale = if out_spread > 0.0 {
-        spread / out_spread
-    } else {
-        0.0
-    };
-    Rgb32FImage::from_fn(w, h, |x, y| {
-        let v = (out[(y * w + x) as usize] * scale + mean).clamp(0.0, 1.0);
-        image::Rgb([v, v, v])
-    })
+            // the axis the other way round negates every gain: the departures negated
+            [1.0f32, -1.0].map(|sign| {
+                Rgb32FImage::from_fn(w, h, |x, y| {
+                    let v = (sign * out[(y * w + x) as usize] * scale + mean).clamp(0.0, 1.0);
+                    image::Rgb([v, v, v])
+                })
+            })
+        })
+        .collect()
 }
 
 fn luma_of(img: &Rgb32FImage) -> Vec<f32> {
@@ -192,6 +219,19 @@ mod tests {
         // the axis taken the other way round gives the inverted image
         let other = relight(&given, old + std::f32::consts::PI, new);
         assert!(correlation(&other, &truth) < -0.8);
+        // both ways from one transform: the same two images
+        let both = relight_both_ways(&given, old, &[new, old]);
+        assert_eq!(both.len(), 4);
+        let close = |a: &Rgb32FImage, b: &Rgb32FImage| {
+            a.pixels()
+                .zip(b.pixels())
+                .all(|(p, q)| (p[0] - q[0]).abs() < 1e-4)
+        };
+        assert!(close(&both[0], &relit) && close(&both[1], &other));
+        assert!(close(
+            &both[3],
+            &relight(&given, old + std::f32::consts::PI, old)
+        ));
         // brightness mean and spread kept
         let (lg, lr) = (luma_of(&given), luma_of(&relit));
         let mean = |v: &[f32]| v.iter().sum::<f32>() / v.len() as f32;
@@ -214,6 +254,7 @@ mod tests {
     fn an_empty_or_flat_image_comes_back_unharmed() {
         let empty = Rgb32FImage::new(0, 0);
         assert_eq!(relight(&empty, 0.0, 1.0).dimensions(), (0, 0));
+        assert_eq!(relight_both_ways(&empty, 0.0, &[1.0]).len(), 2);
         let flat = Rgb32FImage::from_pixel(8, 5, image::Rgb([0.4, 0.4, 0.4]));
         let out = relight(&flat, 0.0, 1.0);
         assert_eq!(out.dimensions(), (8, 5));
