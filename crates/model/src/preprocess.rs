@@ -391,13 +391,17 @@ pub fn check_complete(bytes: &[u8]) -> Result<()> {
 /// not applied: [`to_tensors`] gives every view the model sees).
 /// An empty image gives the tensor of a black one.
 pub fn to_tensor(img: &DynamicImage, p: &Preprocess) -> Vec<f32> {
-    normalise(&resized(img, p), p)
+    normalise(&resized(&readable_region(img, p), p), p)
 }
 
 /// The tensors of every view of an image that `p.orientation` asks for
 /// ([`Orientation::views`] of them, in order).
 pub fn to_tensors(img: &DynamicImage, p: &Preprocess) -> Vec<Vec<f32>> {
-    let square = resized(img, p);
+    views_of(&readable_region(img, p), p)
+}
+
+fn views_of(region: &Rgb32FImage, p: &Preprocess) -> Vec<Vec<f32>> {
+    let square = resized(region, p);
     let turns = p.orientation.turns();
     if turns.is_empty() {
         return vec![normalise(&square, p)];
@@ -416,46 +420,60 @@ pub fn to_tensors(img: &DynamicImage, p: &Preprocess) -> Vec<Vec<f32>> {
 /// The tensors of an image at each input size of `p` ([`Preprocess::at_each_size`]), each
 /// size's views as [`to_tensors`] gives them.
 pub fn to_tensors_at_each_size(img: &DynamicImage, p: &Preprocess) -> Vec<Vec<Vec<f32>>> {
+    // One conversion for every size: on a large crop it costs as much as a resize.
+    let region = readable_region(img, p);
     p.at_each_size()
         .iter()
-        .map(|at| to_tensors(img, at))
+        .map(|at| views_of(&region, at))
         .collect()
 }
 
 /// The image at the model's input size, squashed or centre-cropped, its brightness set as
 /// `p.brightness` says.
-fn resized(img: &DynamicImage, p: &Preprocess) -> Rgb32FImage {
-    let square = resized_as_stored(img, p);
+fn resized(region: &Rgb32FImage, p: &Preprocess) -> Rgb32FImage {
+    let square = resized_as_stored(region, p);
     match p.brightness {
         Brightness::AsIs => square,
         Brightness::Standardised => standardise(&square),
     }
 }
 
-/// The image at the model's input size, squashed or centre-cropped.
-fn resized_as_stored(img: &DynamicImage, p: &Preprocess) -> Rgb32FImage {
-    let s = p.size as u32;
-    let rgb: Rgb32FImage = if img.width() == 0 || img.height() == 0 {
-        Rgb32FImage::new(s, s)
-    } else {
-        img.to_rgb32f()
-    };
+/// The part of an image that preprocessing reads, in floating point: all of it, or for a
+/// centre crop at most [`MAX_ASPECT`] squares of the long side around the middle (more only
+/// costs memory). An empty image reads as black. Cut before the conversion, and converted
+/// once per image, because on a crop of tens of megapixels each full-size copy costs as much
+/// as the resize (found by the `image` fuzz target).
+fn readable_region(img: &DynamicImage, p: &Preprocess) -> Rgb32FImage {
+    let (w, h) = (img.width(), img.height());
+    if w == 0 || h == 0 {
+        return Rgb32FImage::new(p.size as u32, p.size as u32);
+    }
     match p.resize {
-        ResizeMode::Squash => resize(&rgb, s, s),
+        ResizeMode::Squash => img.to_rgb32f(),
         ResizeMode::CenterCrop => {
-            // The centre crop keeps the middle square; more than MAX_ASPECT squares of the
-            // long side around it only cost memory.
-            let (w, h) = rgb.dimensions();
             let (cw, ch) = (w.min(MAX_ASPECT * h), h.min(MAX_ASPECT * w));
-            let rgb =
-                image::imageops::crop_imm(&rgb, (w - cw) / 2, (h - ch) / 2, cw, ch).to_image();
-            let (w, h) = rgb.dimensions();
+            if (cw, ch) == (w, h) {
+                img.to_rgb32f()
+            } else {
+                img.crop_imm((w - cw) / 2, (h - ch) / 2, cw, ch).to_rgb32f()
+            }
+        }
+    }
+}
+
+/// The image at the model's input size, squashed or centre-cropped.
+fn resized_as_stored(region: &Rgb32FImage, p: &Preprocess) -> Rgb32FImage {
+    let s = p.size as u32;
+    match p.resize {
+        ResizeMode::Squash => resize(region, s, s),
+        ResizeMode::CenterCrop => {
+            let (w, h) = region.dimensions();
             let scale = s as f32 / w.min(h) as f32;
             let (nw, nh) = (
                 ((w as f32 * scale).round() as u32).max(s),
                 ((h as f32 * scale).round() as u32).max(s),
             );
-            let full = resize(&rgb, nw, nh);
+            let full = resize(region, nw, nh);
             image::imageops::crop_imm(&full, (nw - s) / 2, (nh - s) / 2, s, s).to_image()
         }
     }
@@ -675,6 +693,52 @@ mod tests {
                 assert_eq!(to_tensor(&img, &prep(14, mode)).len(), 3 * 14 * 14);
             }
         }
+    }
+
+    #[test]
+    fn every_size_is_read_from_one_conversion_with_the_same_result() {
+        // 795 bytes of complete JPEG declaring 3584x5120 pixels: within the crop budget, so
+        // it decodes; its preprocessing ran past the fuzz target's 10 s limit under ASan
+        // while every size converted, cut and copied the whole image again.
+        let large = include_bytes!(
+            "../../../fuzz/seeds/image/regression-jpeg-3584x5120-preprocessing-timeout"
+        );
+        let decoded = decode_image_with(large, false).unwrap();
+        assert_eq!((decoded.width(), decoded.height()), (3584, 5120));
+        let elongated = DynamicImage::ImageRgb8(image::RgbImage::from_fn(700, 9, |x, y| {
+            Rgb([(x * 7 + y * 3) as u8, (x * y) as u8, (x ^ y) as u8])
+        }));
+        let turned = |resize| Preprocess {
+            orientation: Orientation::Shading,
+            brightness: Brightness::Standardised,
+            extra_sizes: vec![21],
+            ..prep(28, resize)
+        };
+        let cases = [
+            (&decoded, turned(ResizeMode::CenterCrop)),
+            (&elongated, turned(ResizeMode::CenterCrop)),
+            (&elongated, turned(ResizeMode::Squash)),
+        ];
+        for (img, p) in cases {
+            let each = to_tensors_at_each_size(img, &p);
+            let one_by_one: Vec<_> = p
+                .at_each_size()
+                .iter()
+                .map(|at| to_tensors(img, at))
+                .collect();
+            assert_eq!(each, one_by_one);
+            assert_eq!(each.len(), 2);
+            assert_eq!(each[1][0].len(), 3 * 21 * 21);
+        }
+        // The centre crop reads at most 64 squares of an elongated image: the same tensor
+        // as the middle 576 x 9 cut out beforehand.
+        let middle = elongated.crop_imm((700 - 576) / 2, 0, 576, 9);
+        let p = prep(28, ResizeMode::CenterCrop);
+        assert_eq!(to_tensor(&elongated, &p), to_tensor(&middle, &p));
+        assert_ne!(
+            to_tensor(&elongated, &prep(28, ResizeMode::Squash)),
+            to_tensor(&middle, &prep(28, ResizeMode::Squash))
+        );
     }
 
     /// A lit crater off a textured plain: the wall facing the sun (from `sun` radians)
