@@ -38,10 +38,11 @@ pub struct ModelChoice {
     pub resize: ResizeMode,
     /// f32; int8: linear layers on integers (activations quantised per row and group of 64,
     /// 8-bit weights), exact products on every kernel level, fastest with AVX-512 VNNI or
-    /// AMX; or bf16: linear layers in bf16 on AMX tiles (Intel Xeon 4th generation or
-    /// later). Default: int8 where the CPU has VNNI or AMX, f32 elsewhere (measured speed
-    /// and accuracy: docs/performance.md; `craterdex cpu` says which). An index does not
-    /// record it: queries in either precision search it.
+    /// AMX; or bf16: linear layers in bf16 on AVX-512 BF16 dot products (AMD Zen 4 and
+    /// later, Intel Cooper Lake and Xeon 4th generation) or AMX tiles. Default: int8 where
+    /// the CPU has VNNI or AMX, f32 elsewhere (measured speed and accuracy:
+    /// docs/performance.md; `craterdex cpu` says which). An index does not record it:
+    /// queries in either precision search it.
     #[arg(long, value_parser = one_of::<Precision>(Precision::VARIANTS.iter().copied()),
           default_value_t = ModelOptions::default().precision)]
     pub precision: Precision,

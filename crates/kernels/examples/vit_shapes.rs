@@ -1,9 +1,10 @@
-//! GFLOP/s of the f32 kernels on the shapes of one ViT-S/14 block over a batch of 16 images
+//! GFLOP/s of the f32 kernels (and the bf16 ones, where the CPU has bf16 hardware) on the shapes of one ViT-S/14 block over a batch of 16 images
 //! at 224 px (4,112 rows): the four linear layers and the attention, best of 30 runs each, on
 //! the threads of the global pool (`RAYON_NUM_THREADS`) and the level of `CRATERDEX_KERNEL`.
 //! A tuning aid for the kernels' blocking; `craterdex bench extract` times the whole pass.
 
 use craterdex_kernels::attention::multi_head;
+use craterdex_kernels::bf16::{self, linear_bf16, PackedBf16};
 use craterdex_kernels::gemm::{linear_f32, PackedF32};
 use std::time::Instant;
 
@@ -50,6 +51,12 @@ fn main() {
             "{name:>9} [{m} x {k}] x [{k} x {n}]: {:7.2} ms {gflops:6.1} GFLOP/s",
             secs * 1e3
         );
+        if bf16::available() {
+            let w = PackedBf16::new(&values(k * n, 2), k, n);
+            let secs = best_seconds(|| linear_bf16(&x, m, &w, &bias, &mut out, false));
+            let gflops = 2.0 * (m * k * n) as f64 / secs / 1e9;
+            println!("{:>9} bf16: {:7.2} ms {gflops:6.1} GFLOP/s", "", secs * 1e3);
+        }
     }
     if !wanted("attention") {
         return;

@@ -204,7 +204,8 @@ pub enum Arithmetic {
 /// The peak operations per second one logical CPU reaches with `arith` at `level` (a
 /// multiply-add counts two), and how it was derived: the clock ([`measured_mhz`] on x86-64,
 /// else `cpu MHz` of /proc/cpuinfo) times the operations the level's widest units issue per
-/// cycle (FMA ports x lanes x 2; int8 without VNNI: byte products, vpmaddubsw; AMD family 25,
+/// cycle (FMA ports x lanes x 2; bf16 dot products: pairs, twice f32's lanes; int8 without
+/// VNNI: byte products, vpmaddubsw; AMD family 25,
 /// Zen 3/4, runs 512-bit operations on 256-bit units). `None` where the clock is not known.
 pub fn peak_ops_per_cpu(level: Level, arith: Arithmetic) -> Option<(f64, String)> {
     let (mhz, clock) = match measured_mhz() {
@@ -220,6 +221,13 @@ pub fn peak_ops_per_cpu(level: Level, arith: Arithmetic) -> Option<(f64, String)
     let (per_cycle, units) = match (level, arith) {
         (Level::Amx, Arithmetic::Bf16) => (1024.0, "AMX tiles, bf16: 16x16x32 per 16 cycles"),
         (Level::Amx, Arithmetic::Int8) => (2048.0, "AMX tiles, int8: 16x16x64 per 16 cycles"),
+        (Level::Avx512, Arithmetic::Bf16) if crate::bf16::has_avx512_bf16() => {
+            if half_width_512 {
+                (64.0, "AVX-512 BF16 on 256-bit units: 2 ports x 16 bf16 x 2")
+            } else {
+                (128.0, "AVX-512 BF16 (vdpbf16ps): 2 ports x 32 bf16 x 2")
+            }
+        }
         (Level::Avx512, Arithmetic::Int8) if has_avx512_vnni() => {
             if half_width_512 {
                 (

@@ -7,7 +7,8 @@
 //! packed right-hand side and the f32 and int8 linear layers of the ViT (`gemm`); the ViT's
 //! element-wise and row-wise maps (`nn`); multi-head attention over fused q|k|v rows
 //! (`attention`); the int8 quantiser; nearest-centroid search for
-//! product quantisation (`pq`); AMX tile products (`amx`). Knows nothing of images, models,
+//! product quantisation (`pq`); bf16 linear layers on AVX-512 BF16 or AMX (`bf16`); AMX tile
+//! products (`amx`). Knows nothing of images, models,
 //! descriptors or indexes: callers pass plain row-major slices.
 //!
 //! Results are identical across levels wherever the arithmetic is exact (every int8 path),
@@ -18,6 +19,7 @@
 
 pub mod amx;
 pub mod attention;
+pub mod bf16;
 pub mod f32;
 pub mod gemm;
 mod i8_block;

@@ -1,9 +1,8 @@
-//! The tile kernels against plain loops, over shapes around the 16/32-row and 16/32-column
-//! blocks. Skipped (with a message) on machines without AMX.
+//! The AMX tile and bf16 kernels against plain loops, over shapes around the 16/32-row and
+//! 16/32/64-column blocks. Skipped (with a message) on machines without the hardware.
 
-use craterdex_kernels::amx::{
-    available, bf16_bits, bf16_matmul_acc, i8_products, PackedBf16, PackedI8,
-};
+use craterdex_kernels::amx::{available, i8_products, PackedI8};
+use craterdex_kernels::bf16::{self, bf16_bits, bf16_matmul_acc_at, linear_bf16_at, PackedBf16};
 use rand::{Rng, SeedableRng};
 
 /// Whether `test` must be skipped here: the tile kernels cannot run without AMX.
@@ -50,9 +49,17 @@ fn int8_products_are_exact() {
     }
 }
 
+/// Every level with a bf16 kernel here (AVX-512 BF16 dot products, AMX tiles) multiplies
+/// the rounded inputs and adds to what `out` held, over shapes around the 6-row and
+/// 16/64-column register blocks and depths that are not whole pairs or tiles.
 #[test]
 fn bf16_products_match_the_rounded_inputs_and_add_to_out() {
-    if skip("kernels::products::bf16_products_match_the_rounded_inputs_and_add_to_out") {
+    let levels = bf16::levels();
+    if levels.is_empty() {
+        craterdex_testkit::skip(
+            "kernels::products::bf16_products_match_the_rounded_inputs_and_add_to_out",
+            "no bf16 hardware on this CPU (AVX-512 BF16 or AMX)",
+        );
         return;
     }
     let round = |v: f32| f32::from_bits((bf16_bits(v) as u32) << 16);
@@ -61,27 +68,75 @@ fn bf16_products_match_the_rounded_inputs_and_add_to_out() {
         (1, 1, 16),
         (17, 31, 32),
         (32, 32, 48),
+        (7, 33, 80),
         (45, 588, 64),
         (64, 384, 16),
+        (13, 1536, 128),
     ] {
         let a: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
         let w: Vec<f32> = (0..k * n).map(|_| rng.gen_range(-1.0..1.0)).collect();
         let bias: Vec<f32> = (0..m * n).map(|_| rng.gen_range(-1.0..1.0)).collect();
         let packed = PackedBf16::new(&w, k, n);
-        let mut out = bias.clone();
-        bf16_matmul_acc(&a, m, &packed, &mut out);
-        for i in 0..m {
-            for j in 0..n {
-                let want: f64 = bias[i * n + j] as f64
-                    + (0..k)
-                        .map(|t| round(a[i * k + t]) as f64 * round(w[t * n + j]) as f64)
-                        .sum::<f64>();
-                let got = out[i * n + j] as f64;
-                assert!(
-                    (got - want).abs() < 1e-4 * (k as f64).sqrt(),
-                    "m {m} k {k} n {n} at ({i}, {j}): {got} vs {want}"
-                );
+        for &level in &levels {
+            let mut out = bias.clone();
+            bf16_matmul_acc_at(level, &a, m, &packed, &mut out);
+            for i in 0..m {
+                for j in 0..n {
+                    let want: f64 = bias[i * n + j] as f64
+                        + (0..k)
+                            .map(|t| round(a[i * k + t]) as f64 * round(w[t * n + j]) as f64)
+                            .sum::<f64>();
+                    let got = out[i * n + j] as f64;
+                    assert!(
+                        (got - want).abs() < 1e-4 * (k as f64).sqrt(),
+                        "{level}: m {m} k {k} n {n} at ({i}, {j}): {got} vs {want}"
+                    );
+                }
             }
+        }
+    }
+}
+
+/// A bf16 linear layer is its products plus the bias, written or added to a residual, the
+/// same on every level that runs it (to the order of f32 additions), on more rows than one
+/// task takes.
+#[test]
+fn bf16_linear_layers_add_the_bias_or_the_residual() {
+    let levels = bf16::levels();
+    if levels.is_empty() {
+        craterdex_testkit::skip(
+            "kernels::products::bf16_linear_layers_add_the_bias_or_the_residual",
+            "no bf16 hardware on this CPU (AVX-512 BF16 or AMX)",
+        );
+        return;
+    }
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+    let (m, k, n) = (1000, 96, 64);
+    let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let w: Vec<f32> = (0..k * n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let bias: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let residual: Vec<f32> = (0..m * n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let packed = PackedBf16::new(&w, k, n);
+    let mut products = vec![0f32; m * n];
+    bf16_matmul_acc_at(levels[0], &x, m, &packed, &mut products);
+    for &level in &levels {
+        let mut plain = vec![f32::NAN; m * n];
+        linear_bf16_at(level, &x, m, &packed, &bias, &mut plain, false);
+        let mut added = residual.clone();
+        linear_bf16_at(level, &x, m, &packed, &bias, &mut added, true);
+        for i in 0..m * n {
+            let want = products[i] + bias[i % n];
+            assert!(
+                (plain[i] - want).abs() < 1e-4,
+                "{level} at {i}: {} vs {want}",
+                plain[i]
+            );
+            let want = want + residual[i];
+            assert!(
+                (added[i] - want).abs() < 1e-4,
+                "{level} at {i}: {} vs {want}",
+                added[i]
+            );
         }
     }
 }

@@ -26,7 +26,7 @@ pub enum Error {
     /// import or fetch the model again.
     #[error("{0}")]
     Corrupt(String),
-    /// Valid, but not on this machine (bf16 linear layers without AMX tiles).
+    /// Valid, but not on this machine (bf16 linear layers without bf16 hardware).
     #[error("{0}")]
     Unsupported(String),
     #[error(transparent)]

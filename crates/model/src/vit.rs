@@ -8,8 +8,8 @@
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use craterdex_errors::ensure;
-use craterdex_kernels::amx::{self, PackedBf16};
 use craterdex_kernels::attention;
+use craterdex_kernels::bf16::{self, PackedBf16};
 use craterdex_kernels::gemm::{self, PackedF32};
 use craterdex_kernels::linear_i8::{self, PackedI8Linear};
 use craterdex_kernels::nn;
@@ -195,8 +195,8 @@ pub enum Precision {
     /// f32 throughout.
     #[default]
     F32,
-    /// Linear layers take bf16 inputs and weights and accumulate in f32, on AMX tiles;
-    /// attention, norms and activations stay f32.
+    /// Linear layers take bf16 inputs and weights and accumulate in f32, on AMX tiles or
+    /// AVX-512 BF16 dot products; attention, norms and activations stay f32.
     Bf16,
     /// Linear layers in integers: the input quantised per row and group of 64 (8-bit codes,
     /// each group its own scale and zero point), weights to 8-bit codes per output column,
@@ -234,10 +234,6 @@ pub struct Linear {
     kernel: LinearKernel,
 }
 
-/// Rows per task of a bf16 product: enough to keep the tiles busy, small enough to share a
-/// batch between threads.
-const BF16_ROWS_PER_TASK: usize = 128;
-
 impl Linear {
     fn new(weight: Vec<f32>, bias: Vec<f32>, in_dim: usize, out_dim: usize) -> Self {
         let kernel = LinearKernel::F32(PackedF32::from_kn(&weight, in_dim, out_dim));
@@ -263,8 +259,8 @@ impl Linear {
         };
     }
 
-    /// `residual[rows, out] += x[rows, in] W + b`: for f32 in the products' stores (no buffer
-    /// for the layer's output, no pass to add it); the other precisions write `scratch`
+    /// `residual[rows, out] += x[rows, in] W + b`: for f32 and bf16 in the products' stores
+    /// (no buffer for the layer's output, no pass to add it); int8 writes `scratch`
     /// (grown to the rows here, the only place that knows it is needed) and add it, a pass
     /// the profile counts as element-wise work.
     fn forward_residual(
@@ -276,33 +272,27 @@ impl Linear {
         p: &mut PassProfile,
         clock: &mut Instant,
     ) {
-        if let LinearKernel::F32(w) = &self.kernel {
-            gemm::linear_f32_residual(x, rows, w, &self.bias, residual);
-            PassProfile::lap(&mut p.linear, clock);
-            return;
+        match &self.kernel {
+            LinearKernel::F32(w) => gemm::linear_f32_residual(x, rows, w, &self.bias, residual),
+            LinearKernel::Bf16(w) => bf16::linear_bf16(x, rows, w, &self.bias, residual, true),
+            LinearKernel::Int8(_) => {
+                scratch.resize(scratch.len().max(rows * self.out_dim), 0.0);
+                self.forward(x, rows, scratch);
+                PassProfile::lap(&mut p.linear, clock);
+                nn::add_residual(residual, scratch, self.out_dim);
+                PassProfile::lap(&mut p.elementwise, clock);
+                return;
+            }
         }
-        scratch.resize(scratch.len().max(rows * self.out_dim), 0.0);
-        self.forward(x, rows, scratch);
         PassProfile::lap(&mut p.linear, clock);
-        nn::add_residual(residual, scratch, self.out_dim);
-        PassProfile::lap(&mut p.elementwise, clock);
     }
 
     /// `out[rows, out] = x[rows, in] W + b`, multithreaded over rows.
     pub fn forward(&self, x: &[f32], rows: usize, out: &mut [f32]) {
-        let (k, n) = (self.in_dim, self.out_dim);
         match &self.kernel {
             LinearKernel::F32(w) => gemm::linear_f32(x, rows, w, &self.bias, out),
             LinearKernel::Int8(w) => linear_i8::linear_i8(x, rows, w, &self.bias, out),
-            LinearKernel::Bf16(w) => {
-                out[..rows * n]
-                    .par_chunks_mut(n)
-                    .for_each(|row| row.copy_from_slice(&self.bias));
-                out[..rows * n]
-                    .par_chunks_mut(BF16_ROWS_PER_TASK * n)
-                    .zip(x[..rows * k].par_chunks(BF16_ROWS_PER_TASK * k))
-                    .for_each(|(o, a)| amx::bf16_matmul_acc(a, a.len() / k, w, o));
-            }
+            LinearKernel::Bf16(w) => bf16::linear_bf16(x, rows, w, &self.bias, out, false),
         }
     }
 }
@@ -664,7 +654,8 @@ impl Vit {
         (depth >= 2 && self.kept_patches(n) < n).then(|| depth / 2 - 1)
     }
 
-    /// Switches the linear layers' arithmetic from f32 (as loaded). bf16 needs AMX tiles; int8
+    /// Switches the linear layers' arithmetic from f32 (as loaded). bf16 needs bf16 hardware
+    /// (AVX-512 BF16 or AMX tiles) at the active kernel level; int8
     /// runs on every CPU (fastest with AVX-512 VNNI or AMX; exact products everywhere).
     pub fn with_precision(mut self, precision: Precision) -> Result<Self> {
         if precision == self.precision {
@@ -680,12 +671,13 @@ impl Vit {
         );
         if precision == Precision::Bf16 {
             ensure!(
-                amx::available(),
-                Error::Unsupported(
-                    "bf16 precision needs a CPU with AMX tiles (Intel Xeon 4th generation or \
-                     later) and Linux 5.16+; int8 and f32 run here"
-                        .into()
-                )
+                bf16::available(),
+                Error::Unsupported(format!(
+                    "bf16 precision needs bf16 hardware at the kernel level in use ({}): \
+                     AVX-512 BF16 (AMD Zen 4 and later, Intel Cooper Lake and Xeon 4th \
+                     generation) or AMX tiles; int8 and f32 run here",
+                    craterdex_kernels::active()
+                ))
             );
             let (d, h) = (self.config.hidden_size, self.config.mlp_hidden);
             ensure!(

@@ -1,7 +1,8 @@
 //! Matrix products on Intel AMX tiles (int8 and bf16), used at [`Level::Amx`].
 //!
 //! Owns: detecting AMX and asking the operating system for the tile state, packing the
-//! right-hand operand into tile layout, and the tile loops (inline assembly: the AMX
+//! right-hand operand of int8 products into tile layout (bf16 weights come packed by `bf16`,
+//! in a layout both of its kernels read), and the tile loops (inline assembly: the AMX
 //! intrinsics are not stable Rust).
 //!
 //! Every product runs in tiles of 16 rows x 64 bytes (16 x 64 int8, 16 x 32 bf16), four
@@ -9,6 +10,7 @@
 //! Tile state is per thread: each call loads the tile configuration and releases it on
 //! return, so calls may run on any thread of any pool.
 
+use crate::bf16::PackedBf16;
 use crate::level::{active, Level};
 
 #[cfg(target_arch = "x86_64")]
@@ -116,92 +118,24 @@ pub fn i8_products_of_parts(parts: &[&[i8]], b: &PackedI8, out: &mut [i32]) {
     }
 }
 
-/// The right-hand side of bf16 products `A W`: `W` is `[k, n]` row-major f32 (e.g. a linear
-/// layer's weight), rounded to bf16 and packed once. `n` must be a multiple of 16; `k` is
-/// padded with zeros to a multiple of 32.
-#[derive(Clone, Debug)]
-pub struct PackedBf16 {
-    /// `[col_blocks][k_blocks]` tiles of 16 rows (pairs along k) x 16 columns x 2 bf16.
-    tiles: Vec<u16>,
-    k: usize,
-    n: usize,
-}
-
-/// bf16 elements in one tile row.
-const BF16_PER_ROW: usize = TILE_BYTES / 2;
-
-impl PackedBf16 {
-    pub fn fits(n: usize) -> bool {
-        n > 0 && n.is_multiple_of(TILE_ROWS)
-    }
-
-    pub fn new(w: &[f32], k: usize, n: usize) -> Self {
-        assert!(
-            Self::fits(n),
-            "bf16 tile products need n a multiple of 16, got {n}"
-        );
-        assert_eq!(w.len(), k * n, "W must be [k, n]");
-        let k_blocks = k.div_ceil(BF16_PER_ROW);
-        let col_blocks = n / TILE_ROWS;
-        let tile_len = TILE_ROWS * BF16_PER_ROW;
-        let mut tiles = vec![0u16; col_blocks * k_blocks * tile_len];
-        for (kk, row) in w.chunks_exact(n).enumerate() {
-            let (kb, r, half) = (kk / BF16_PER_ROW, (kk % BF16_PER_ROW) / 2, kk % 2);
-            for (j, &v) in row.iter().enumerate() {
-                let (cb, c) = (j / TILE_ROWS, j % TILE_ROWS);
-                tiles[(cb * k_blocks + kb) * tile_len + r * BF16_PER_ROW + c * 2 + half] =
-                    bf16_bits(v);
-            }
-        }
-        Self { tiles, k, n }
-    }
-
-    fn padded_k(&self) -> usize {
-        self.k.div_ceil(BF16_PER_ROW) * BF16_PER_ROW
-    }
-}
-
-/// `f32` to `bf16` with round-to-nearest-even (NaN kept NaN).
-pub fn bf16_bits(v: f32) -> u16 {
-    let bits = v.to_bits();
-    if v.is_nan() {
-        return ((bits >> 16) | 0x40) as u16;
-    }
-    let round = 0x7fff + ((bits >> 16) & 1);
-    (bits.wrapping_add(round) >> 16) as u16
-}
-
-/// `out[m, n] += A W` with `A` `[m, k]` f32 rounded to bf16 and f32 accumulation.
-/// Panics when [`available`] is false or the shapes disagree.
-pub fn bf16_matmul_acc(a: &[f32], m: usize, w: &PackedBf16, out: &mut [f32]) {
+/// `out[m, n] += A W` on the tiles: `a16` is `[m, kp]` bf16 with `kp` the packed weight's
+/// padded depth. Panics when [`available`] is false or the shapes disagree.
+pub(crate) fn bf16_tile_products(
+    a16: &[u16],
+    m: usize,
+    kp: usize,
+    w: &PackedBf16,
+    out: &mut [f32],
+) {
     assert!(available(), "AMX tiles are not available");
-    assert_eq!(a.len(), m * w.k, "A must be [m, k]");
-    assert_eq!(out.len(), m * w.n, "out must be [m, n]");
-    let kp = w.padded_k();
-    let mut a16 = vec![0u16; m * kp];
-    for (dst, src) in a16.chunks_exact_mut(kp).zip(a.chunks_exact(w.k.max(1))) {
-        dst.iter_mut()
-            .zip(src)
-            .for_each(|(d, &s)| *d = bf16_bits(s));
-    }
+    assert_eq!(kp, w.padded_k(), "A's rows must have the packed depth");
+    assert!(
+        a16.len() >= m * kp && out.len() >= m * w.n,
+        "A [m, kp] and out [m, n]"
+    );
     #[cfg(target_arch = "x86_64")]
     // SAFETY: shapes checked above; tiles are available.
     unsafe {
-        tiles::bf16_matmul_acc(&a16, m, kp, w, out)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bf16_rounding_is_nearest_even() {
-        assert_eq!(bf16_bits(1.0), 0x3f80);
-        // 1 + 2^-8 is half-way between bf16 1.0 and 1.0078125: ties go to the even 1.0
-        assert_eq!(bf16_bits(1.0 + 1.0 / 256.0), 0x3f80);
-        assert_eq!(bf16_bits(1.0 + 3.0 / 256.0), 0x3f82);
-        assert_eq!(bf16_bits(-2.0), 0xc000);
-        assert!(f32::from_bits((bf16_bits(f32::NAN) as u32) << 16).is_nan());
+        tiles::bf16_matmul_acc(a16, m, kp, w, out)
     }
 }

@@ -5,7 +5,8 @@
 //! are invisible to the compiler, so they keep their values between the `asm!` blocks of
 //! one call; nothing between them calls out of this module.
 
-use super::{PackedBf16, PackedI8, TILE_BYTES, TILE_ROWS};
+use super::{PackedI8, TILE_BYTES, TILE_ROWS};
+use crate::bf16::PackedBf16;
 use core::arch::asm;
 use core::arch::x86_64::{__cpuid, __cpuid_count};
 
@@ -323,7 +324,7 @@ pub unsafe fn bf16_matmul_acc(a16: &[u16], m: usize, kp: usize, w: &PackedBf16, 
             a16.as_ptr().cast(),
             m,
             kp * 2,
-            w.tiles.as_ptr().cast(),
+            w.data.as_ptr().cast(),
             w.n / TILE_ROWS,
             kp * 2 / TILE_BYTES,
             out.as_mut_ptr().cast(),

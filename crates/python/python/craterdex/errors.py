@@ -52,7 +52,7 @@ class CorruptDataError(CraterdexError):
 
 
 class UnsupportedError(CraterdexError):
-    """Valid, but not on this machine or build (bf16 without AMX, a search without a model)."""
+    """Valid, but not on this machine or build (bf16 without bf16 hardware, a search without a model)."""
 
     kind = "unsupported"
 

@@ -39,9 +39,10 @@ pub fn run(b: ExtractBench) -> Result<()> {
         );
     }
     items.truncate(b.images);
-    // f32 and int8 always, bf16 where the CPU has AMX tiles; each engine loads its own copy
+    // f32 and int8 always, bf16 where the level has bf16 hardware (AVX-512 BF16 or AMX);
+    // each engine loads its own copy
     let mut precisions = vec![Precision::F32, Precision::Int8];
-    if craterdex_kernels::amx::available() {
+    if craterdex_kernels::bf16::available() {
         precisions.push(Precision::Bf16);
     }
     let threads = rayon::current_num_threads();

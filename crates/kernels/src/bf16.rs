@@ -1,0 +1,365 @@
+//! bf16 linear layers `x W + b`: inputs and weights rounded to bf16, products accumulated in
+//! f32, on whichever bf16 hardware the active level has.
+//!
+//! Owns: the packed bf16 weight (one layout for both kernels), rounding f32 rows to bf16,
+//! and the products on AVX-512 BF16 dot products (`vdpbf16ps`, Intel Cooper Lake and Xeon
+//! 4th generation, AMD Zen 4 and later) at [`Level::Avx512`]; at [`Level::Amx`] the same
+//! packed weight goes to the tile kernel in `amx`. Levels without bf16 hardware have no bf16
+//! kernel ([`levels`] says which run it): bf16 there would only be slower than f32.
+//!
+//! Both kernels multiply the same rounded values and add in f32, so they differ from each
+//! other only by the order of the additions.
+
+use crate::amx;
+use crate::level::{active, detected, Level};
+use rayon::prelude::*;
+use strum::IntoEnumIterator;
+
+/// Output columns of one packed block (a 512-bit register of f32, a tile's 16 columns).
+const BLOCK_COLUMNS: usize = 16;
+/// bf16 elements of the shared dimension in one packed step of a block (a 64-byte tile row,
+/// which is 16 columns x 2 consecutive k).
+const PAIR_ROW: usize = 2 * BLOCK_COLUMNS;
+/// The packed depth is padded with zeros to a multiple of this (a whole tile of k).
+const K_ALIGN: usize = 32;
+
+/// The weight `W` (`[k, n]` row-major f32) of bf16 products, rounded to bf16 and packed
+/// once: blocks of 16 columns, each the whole (padded) depth as pairs of consecutive k side
+/// by side per column, which is what one `vdpbf16ps` register and one AMX tile row take.
+#[derive(Clone, Debug)]
+pub struct PackedBf16 {
+    /// `[n / 16][kp / 2][16 columns][2]`, depth past `k` zero.
+    pub(crate) data: Vec<u16>,
+    pub(crate) k: usize,
+    pub(crate) n: usize,
+}
+
+impl PackedBf16 {
+    /// Whether `n` output columns can be packed (whole blocks of 16).
+    pub fn fits(n: usize) -> bool {
+        n > 0 && n.is_multiple_of(BLOCK_COLUMNS)
+    }
+
+    pub fn new(w: &[f32], k: usize, n: usize) -> Self {
+        assert!(
+            Self::fits(n),
+            "bf16 products need n a multiple of 16, got {n}"
+        );
+        assert_eq!(w.len(), k * n, "W must be [k, n]");
+        let kp = padded_depth(k);
+        let block_len = kp * BLOCK_COLUMNS;
+        let mut data = vec![0u16; n / BLOCK_COLUMNS * block_len];
+        for (kk, row) in w.chunks_exact(n).enumerate() {
+            let (pair, half) = (kk / 2, kk % 2);
+            for (j, &v) in row.iter().enumerate() {
+                let (blk, c) = (j / BLOCK_COLUMNS, j % BLOCK_COLUMNS);
+                data[blk * block_len + pair * PAIR_ROW + c * 2 + half] = bf16_bits(v);
+            }
+        }
+        Self { data, k, n }
+    }
+
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    pub(crate) fn padded_k(&self) -> usize {
+        padded_depth(self.k)
+    }
+}
+
+fn padded_depth(k: usize) -> usize {
+    k.div_ceil(K_ALIGN) * K_ALIGN
+}
+
+/// `f32` to `bf16` with round-to-nearest-even (NaN kept NaN).
+pub fn bf16_bits(v: f32) -> u16 {
+    let bits = v.to_bits();
+    if v.is_nan() {
+        return ((bits >> 16) | 0x40) as u16;
+    }
+    let round = 0x7fff + ((bits >> 16) & 1);
+    (bits.wrapping_add(round) >> 16) as u16
+}
+
+/// Whether this CPU has AVX-512 BF16 dot products (`vdpbf16ps`).
+pub fn has_avx512_bf16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether `level` has a bf16 kernel on this CPU: AMX tiles, or AVX-512 with BF16 dot products.
+fn runs_at(level: Level) -> bool {
+    level <= detected()
+        && match level {
+            Level::Amx => true,
+            Level::Avx512 => has_avx512_bf16(),
+            Level::Avx2 | Level::Portable => false,
+        }
+}
+
+/// The levels this CPU runs bf16 products at, lowest first (empty without bf16 hardware).
+pub fn levels() -> Vec<Level> {
+    Level::iter().filter(|&l| runs_at(l)).collect()
+}
+
+/// Whether bf16 products run at the active level.
+pub fn available() -> bool {
+    runs_at(active())
+}
+
+/// `out[m, n] = x[m, k] W + bias` (or `+=` with `residual`) with bf16 products at the
+/// active level, in parallel over chunks of rows. Panics when [`available`] is false.
+pub fn linear_bf16(
+    x: &[f32],
+    m: usize,
+    w: &PackedBf16,
+    bias: &[f32],
+    out: &mut [f32],
+    residual: bool,
+) {
+    linear_bf16_at(active(), x, m, w, bias, out, residual)
+}
+
+/// [`linear_bf16`] at `level` (which must run bf16 here: [`levels`]).
+pub fn linear_bf16_at(
+    level: Level,
+    x: &[f32],
+    m: usize,
+    w: &PackedBf16,
+    bias: &[f32],
+    out: &mut [f32],
+    residual: bool,
+) {
+    assert!(
+        runs_at(level),
+        "no bf16 kernel at level {level} on this CPU"
+    );
+    let (k, n) = (w.k, w.n);
+    assert!(x.len() >= m * k && out.len() >= m * n && bias.len() == n);
+    let rows = crate::gemm::task_rows(k, m);
+    out[..m * n]
+        .par_chunks_mut(rows * n)
+        .zip(x[..m * k].par_chunks(rows * k.max(1)))
+        .for_each(|(o, x)| {
+            // the bias first, a pass that also brings the output rows into cache (as f32's)
+            for row in o.chunks_exact_mut(n) {
+                if residual {
+                    row.iter_mut().zip(bias).for_each(|(o, b)| *o += b);
+                } else {
+                    row.copy_from_slice(bias);
+                }
+            }
+            let mr = o.len() / n;
+            let a16 = rows_to_bf16(x, mr, k, w.padded_k());
+            products_acc(level, &a16, mr, w, o);
+        });
+}
+
+/// `out[m, n] += A W` with `A` `[m, k]` f32 rounded to bf16, at the active level.
+/// Panics when [`available`] is false or the shapes disagree.
+pub fn bf16_matmul_acc(a: &[f32], m: usize, w: &PackedBf16, out: &mut [f32]) {
+    bf16_matmul_acc_at(active(), a, m, w, out)
+}
+
+/// [`bf16_matmul_acc`] at `level` (which must run bf16 here: [`levels`]).
+pub fn bf16_matmul_acc_at(level: Level, a: &[f32], m: usize, w: &PackedBf16, out: &mut [f32]) {
+    assert!(
+        runs_at(level),
+        "no bf16 kernel at level {level} on this CPU"
+    );
+    assert_eq!(a.len(), m * w.k, "A must be [m, k]");
+    assert_eq!(out.len(), m * w.n, "out must be [m, n]");
+    let a16 = rows_to_bf16(a, m, w.k, w.padded_k());
+    products_acc(level, &a16, m, w, out);
+}
+
+fn products_acc(level: Level, a16: &[u16], m: usize, w: &PackedBf16, out: &mut [f32]) {
+    let kp = w.padded_k();
+    match level {
+        Level::Amx => amx::bf16_tile_products(a16, m, kp, w, out),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: runs_at(level) (checked by the callers) says AVX-512 BF16 exists; a16 is
+        // [m, kp] and out [m, n].
+        Level::Avx512 => unsafe { x86::dp_products_acc(a16, m, kp, w, out) },
+        _ => unreachable!("runs_at admits only Amx and Avx512"),
+    }
+}
+
+/// `x` (`[m, k]` f32) rounded to bf16 rows of `kp` (zero past `k`).
+pub(crate) fn rows_to_bf16(x: &[f32], m: usize, k: usize, kp: usize) -> Vec<u16> {
+    let mut a16 = vec![0u16; m * kp];
+    if k == 0 {
+        return a16;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512_bf16() {
+        // SAFETY: the CPU has AVX-512 BF16; a16 holds m rows of kp >= k.
+        unsafe { x86::round_rows(x, m, k, kp, &mut a16) };
+        return a16;
+    }
+    for (dst, src) in a16.chunks_exact_mut(kp).zip(x[..m * k].chunks_exact(k)) {
+        dst.iter_mut()
+            .zip(src)
+            .for_each(|(d, &s)| *d = bf16_bits(s));
+    }
+    a16
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{bf16_bits, PackedBf16, BLOCK_COLUMNS, PAIR_ROW};
+    use core::arch::x86_64::*;
+
+    /// Rows of a register block: 6 rows x 4 column blocks keep 24 accumulators, four weight
+    /// registers and a broadcast in AVX-512's 32 registers.
+    const ROWS: usize = 6;
+    /// Column blocks of 16 per register block.
+    const BLOCKS: usize = 4;
+
+    /// Rounds rows of f32 to bf16 with `vcvtne2ps2bf16` (round to nearest even, as
+    /// [`bf16_bits`]; the instruction flushes subnormal inputs to zero).
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub unsafe fn round_rows(x: &[f32], m: usize, k: usize, kp: usize, a16: &mut [u16]) {
+        for r in 0..m {
+            let (src, dst) = (&x[r * k..(r + 1) * k], &mut a16[r * kp..r * kp + k]);
+            let whole = k / 32 * 32;
+            for c in (0..whole).step_by(32) {
+                // SAFETY: c + 32 <= k on both sides; AVX-512 BF16 per the caller.
+                unsafe {
+                    let lo = _mm512_loadu_ps(src.as_ptr().add(c));
+                    let hi = _mm512_loadu_ps(src.as_ptr().add(c + 16));
+                    let packed: __m512i = core::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+                    _mm512_storeu_si512(dst.as_mut_ptr().add(c).cast(), packed);
+                }
+            }
+            for c in whole..k {
+                dst[c] = bf16_bits(src[c]);
+            }
+        }
+    }
+
+    /// `out[m, n] += A W`: `a16` `[m, kp]` bf16, blocks of 6 rows x 64 columns whose sums
+    /// stay in registers over the whole depth. A weight panel of 64 columns (48 KiB at depth
+    /// 384) is reused by every row block of the task from L1 or L2.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub unsafe fn dp_products_acc(
+        a16: &[u16],
+        m: usize,
+        kp: usize,
+        w: &PackedBf16,
+        out: &mut [f32],
+    ) {
+        let n = w.n;
+        let blocks = n / BLOCK_COLUMNS;
+        let block_len = kp * BLOCK_COLUMNS;
+        debug_assert!(a16.len() >= m * kp && out.len() >= m * n);
+        let mut blk = 0;
+        while blk < blocks {
+            let wide = blocks - blk >= BLOCKS;
+            let mut r = 0;
+            while r < m {
+                let full = m - r >= ROWS;
+                // SAFETY: (all arms) rows r.. of a16 and out exist per the counts; the panel
+                // starts at block blk and holds the blocks the arm reads; AVX-512 BF16 is
+                // enabled on this function.
+                unsafe {
+                    let a = a16.as_ptr().add(r * kp);
+                    let wp = w.data.as_ptr().add(blk * block_len);
+                    let o = out.as_mut_ptr().add(r * n + blk * BLOCK_COLUMNS);
+                    match (full, wide) {
+                        (true, true) => block::<ROWS, BLOCKS>(a, kp, wp, block_len, o, n),
+                        (true, false) => block::<ROWS, 1>(a, kp, wp, block_len, o, n),
+                        (false, true) => block::<1, BLOCKS>(a, kp, wp, block_len, o, n),
+                        (false, false) => block::<1, 1>(a, kp, wp, block_len, o, n),
+                    }
+                }
+                r += if full { ROWS } else { 1 };
+            }
+            blk += if wide { BLOCKS } else { 1 };
+        }
+    }
+
+    /// `R` rows x `C` column blocks over the whole depth, added into `out`.
+    #[inline(always)]
+    unsafe fn block<const R: usize, const C: usize>(
+        a: *const u16,
+        kp: usize,
+        w: *const u16,
+        block_len: usize,
+        out: *mut f32,
+        n: usize,
+    ) {
+        // SAFETY: (whole body) AVX-512 BF16 per the caller; a holds R rows of kp bf16, w C
+        // blocks of block_len = kp * 16, out R rows of C * 16 floats, n apart.
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); C]; R];
+            for pair in 0..kp / 2 {
+                let mut wv: [__m512bh; C] = core::mem::zeroed();
+                for (c, wv) in wv.iter_mut().enumerate() {
+                    let v = _mm512_loadu_si512(w.add(c * block_len + pair * PAIR_ROW).cast());
+                    *wv = core::mem::transmute::<__m512i, __m512bh>(v);
+                }
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    let x = a.add(i * kp + 2 * pair).cast::<i32>().read_unaligned();
+                    let x = core::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(x));
+                    for (acc, &wv) in acc.iter_mut().zip(&wv) {
+                        *acc = _mm512_dpbf16_ps(*acc, x, wv);
+                    }
+                }
+            }
+            for (i, acc) in acc.iter().enumerate() {
+                for (c, acc) in acc.iter().enumerate() {
+                    let o = out.add(i * n + c * BLOCK_COLUMNS);
+                    _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), *acc));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_rounding_is_nearest_even() {
+        assert_eq!(bf16_bits(1.0), 0x3f80);
+        // 1 + 2^-8 is half-way between bf16 1.0 and 1.0078125: ties go to the even 1.0
+        assert_eq!(bf16_bits(1.0 + 1.0 / 256.0), 0x3f80);
+        assert_eq!(bf16_bits(1.0 + 3.0 / 256.0), 0x3f82);
+        assert_eq!(bf16_bits(-2.0), 0xc000);
+        assert!(f32::from_bits((bf16_bits(f32::NAN) as u32) << 16).is_nan());
+    }
+
+    /// The vector rounding of rows agrees with the scalar one bit for bit on normal numbers,
+    /// ties included, and pads each row with zeros.
+    #[test]
+    fn rows_round_alike_on_every_path() {
+        let (m, k, kp) = (3, 45, 64);
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| match i % 5 {
+                0 => 1.0 + 1.0 / 256.0,
+                1 => -(1.0 + 3.0 / 256.0),
+                _ => (i as f32 * 0.731).sin() * 1e3,
+            })
+            .collect();
+        let a16 = rows_to_bf16(&x, m, k, kp);
+        for r in 0..m {
+            for c in 0..kp {
+                let want = if c < k { bf16_bits(x[r * k + c]) } else { 0 };
+                assert_eq!(a16[r * kp + c], want, "row {r} column {c}");
+            }
+        }
+    }
+}
