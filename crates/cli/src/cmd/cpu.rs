@@ -30,6 +30,24 @@ pub fn run(c: CpuCmd) -> Result<()> {
             ModelOptions::default().precision,
             DEFAULT_PRECISION_WHY
         );
+        let bf16: Vec<&str> = craterdex_kernels::bf16::levels()
+            .iter()
+            .map(|l| l.name())
+            .collect();
+        match (bf16.is_empty(), craterdex_kernels::bf16::available()) {
+            (true, _) => println!(
+                "--precision bf16: no bf16 hardware on this CPU (AVX-512 BF16 or AMX tiles)"
+            ),
+            (false, true) => println!(
+                "--precision bf16 runs here (levels with bf16 hardware: {})",
+                bf16.join(" ")
+            ),
+            (false, false) => println!(
+                "--precision bf16: not at the capped level {} (levels with bf16 hardware: {})",
+                level::active(),
+                bf16.join(" ")
+            ),
+        }
     }
     Ok(())
 }
