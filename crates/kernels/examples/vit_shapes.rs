@@ -3,7 +3,7 @@
 //! the threads of the global pool (`RAYON_NUM_THREADS`) and the level of `CRATERDEX_KERNEL`.
 //! A tuning aid for the kernels' blocking; `craterdex bench extract` times the whole pass.
 
-use craterdex_kernels::attention::multi_head;
+use craterdex_kernels::attention::{self, multi_head, multi_head_with, Products};
 use craterdex_kernels::bf16::{self, linear_bf16, PackedBf16};
 use craterdex_kernels::gemm::{linear_f32, PackedF32};
 use std::time::Instant;
@@ -71,4 +71,20 @@ fn main() {
         "attention {images} x {heads} heads of {tokens} tokens: {:7.2} ms {gflops:6.1} GFLOP/s",
         secs * 1e3
     );
+    if attention::runs(Products::Bf16, d, heads) {
+        let secs = best_seconds(|| {
+            multi_head_with(
+                Products::Bf16,
+                &qkv,
+                images,
+                tokens,
+                d,
+                heads,
+                &mut out,
+                Some(&mut cls),
+            )
+        });
+        let gflops = 4.0 * (images * tokens * tokens * d) as f64 / secs / 1e9;
+        println!("{:>9} bf16: {:7.2} ms {gflops:6.1} GFLOP/s", "", secs * 1e3);
+    }
 }

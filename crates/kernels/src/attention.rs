@@ -7,7 +7,11 @@
 //! buffer, no copy afterwards. Each thread reuses one set of buffers (packed keys and values,
 //! scores) from head to head and call to call. The softmax's division is applied to the
 //! `[rows, dh]` product instead of the `[rows, T]` probabilities.
+//!
+//! [`Products::Bf16`] multiplies queries, keys, probabilities and values rounded to bf16 with
+//! f32 sums (`vdpbf16ps`), the softmax staying f32: the attention of bf16 extraction.
 
+use crate::bf16::{self, PackedBf16};
 use crate::gemm::{matmul_f32, PackedF32};
 use crate::nn::softmax_numerators;
 use rayon::prelude::*;
@@ -21,6 +25,19 @@ struct HeadScratch {
     scores: Vec<f32>,
     /// Per row, the reciprocal of its numerators' sum.
     inverse_sums: Vec<f32>,
+    /// The same for bf16 products: keys transposed and values packed, queries and
+    /// probabilities rounded.
+    keys16: PackedBf16,
+    values16: PackedBf16,
+    rows16: Vec<u16>,
+}
+
+/// The arithmetic of the attention's two products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Products {
+    F32,
+    /// Operands rounded to bf16, sums in f32; needs [`bf16::dot_products_available`].
+    Bf16,
 }
 
 thread_local! {
@@ -29,6 +46,9 @@ thread_local! {
         values: PackedF32::from_rows(&[], 0, 0, 0),
         scores: Vec::new(),
         inverse_sums: Vec::new(),
+        keys16: PackedBf16::empty(),
+        values16: PackedBf16::empty(),
+        rows16: Vec::new(),
     });
 }
 
@@ -44,10 +64,49 @@ pub fn multi_head(
     out: &mut [f32],
     cls_attention: Option<&mut [f32]>,
 ) {
+    multi_head_with(
+        Products::F32,
+        qkv,
+        images,
+        tokens,
+        d,
+        heads,
+        out,
+        cls_attention,
+    )
+}
+
+/// Whether [`multi_head_with`] can run `products` here for heads of `d / heads` columns
+/// (bf16 needs AVX-512 BF16 at the active level and heads a multiple of 16 wide).
+pub fn runs(products: Products, d: usize, heads: usize) -> bool {
+    match products {
+        Products::F32 => true,
+        Products::Bf16 => {
+            bf16::dot_products_available() && heads > 0 && PackedBf16::fits(d / heads)
+        }
+    }
+}
+
+/// [`multi_head`] with the products in `products` arithmetic (which must [`runs`] here).
+#[allow(clippy::too_many_arguments)]
+pub fn multi_head_with(
+    products: Products,
+    qkv: &[f32],
+    images: usize,
+    tokens: usize,
+    d: usize,
+    heads: usize,
+    out: &mut [f32],
+    cls_attention: Option<&mut [f32]>,
+) {
     let (b, t) = (images, tokens);
     assert!(
         heads > 0 && d.is_multiple_of(heads),
         "{d} columns do not split into {heads} heads"
+    );
+    assert!(
+        runs(products, d, heads),
+        "{products:?} attention does not run here"
     );
     assert!(qkv.len() >= b * t * 3 * d && out.len() >= b * t * d);
     if b == 0 || t == 0 {
@@ -78,7 +137,7 @@ pub fn multi_head(
                 .enumerate()
                 .for_each(|(share, (out, cls))| {
                     SCRATCH.with_borrow_mut(|s| {
-                        image_rows(qkv, t, d, heads, share * rows, out, cls, s)
+                        image_rows(products, qkv, t, d, heads, share * rows, out, cls, s)
                     })
                 });
         });
@@ -87,6 +146,7 @@ pub fn multi_head(
 /// Rows `first..first + out.len() / d` of one image's attention, head after head.
 #[allow(clippy::too_many_arguments)]
 fn image_rows(
+    products: Products,
     qkv: &[f32],
     t: usize,
     d: usize,
@@ -99,6 +159,9 @@ fn image_rows(
     let (dh, stride) = (d / heads, 3 * d);
     let m = out.len() / d;
     let scale = 1.0 / (dh as f32).sqrt();
+    if products == Products::Bf16 {
+        return image_rows_bf16(qkv, t, d, heads, first, out, cls, s);
+    }
     s.scores.resize(m * t, 0.0);
     s.inverse_sums.resize(m, 0.0);
     if let Some(c) = cls.as_deref_mut() {
@@ -120,6 +183,53 @@ fn image_rows(
         }
         if let Some(c) = cls.as_deref_mut() {
             // the first token's probabilities over the others, this head's share of the mean
+            let w = s.inverse_sums[0] / heads as f32;
+            c.iter_mut()
+                .zip(&s.scores[1..t])
+                .for_each(|(c, &p)| *c += p * w);
+        }
+    }
+}
+
+/// [`image_rows`] with bf16 products: scores `[rows, T rounded to 16]` (the padding columns
+/// zero, outside the softmax), probabilities rounded at the packed depth.
+#[allow(clippy::too_many_arguments)]
+fn image_rows_bf16(
+    qkv: &[f32],
+    t: usize,
+    d: usize,
+    heads: usize,
+    first: usize,
+    out: &mut [f32],
+    mut cls: Option<&mut [f32]>,
+    s: &mut HeadScratch,
+) {
+    let (dh, stride) = (d / heads, 3 * d);
+    let m = out.len() / d;
+    let scale = 1.0 / (dh as f32).sqrt();
+    let tp = t.div_ceil(16) * 16;
+    s.scores.resize(m * tp, 0.0);
+    s.inverse_sums.resize(m, 0.0);
+    if let Some(c) = cls.as_deref_mut() {
+        c.fill(0.0);
+    }
+    for head in 0..heads {
+        let col = head * dh;
+        s.keys16.refill_transposed(&qkv[d + col..], dh, t, stride);
+        s.values16.refill_rows(&qkv[2 * d + col..], t, dh, stride);
+        let queries = &qkv[first * stride + col..];
+        bf16::round_rows_into(queries, m, dh, stride, s.keys16.padded_k(), &mut s.rows16);
+        bf16::products_into(&s.rows16, m, &s.keys16, &mut s.scores, tp, false);
+        for (row, inv) in s.scores.chunks_exact_mut(tp).zip(&mut s.inverse_sums) {
+            *inv = 1.0 / softmax_numerators(&mut row[..t], scale);
+        }
+        let kp = s.values16.padded_k();
+        bf16::round_rows_into(&s.scores, m, t, tp, kp, &mut s.rows16);
+        bf16::products_into(&s.rows16, m, &s.values16, &mut out[col..], d, false);
+        for (row, &inv) in out.chunks_exact_mut(d).zip(&s.inverse_sums) {
+            row[col..col + dh].iter_mut().for_each(|v| *v *= inv);
+        }
+        if let Some(c) = cls.as_deref_mut() {
             let w = s.inverse_sums[0] / heads as f32;
             c.iter_mut()
                 .zip(&s.scores[1..t])
@@ -210,6 +320,70 @@ mod tests {
         }
         for (g, w) in cls.iter().zip(&cls_want) {
             assert!((*g as f64 - w).abs() < 1e-6, "b{b} t{t} cls {g} vs {w}");
+        }
+    }
+
+    /// bf16 products (operands rounded to 8 significant bits, f32 sums) stay within a bf16
+    /// rounding's reach of the definition, for token counts that are not whole blocks of 16
+    /// and splits of an image's rows between tasks.
+    #[test]
+    fn bf16_products_stay_near_the_definition() {
+        let (d, heads) = (128, 2);
+        if !runs(Products::Bf16, d, heads) {
+            craterdex_testkit::skip(
+                "kernels::attention::bf16_products_stay_near_the_definition",
+                "no AVX-512 BF16 at this level",
+            );
+            return;
+        }
+        let dh = d / heads;
+        for (b, t) in [(1, 1), (1, 2), (1, 37), (3, 33), (1, 257)] {
+            let qkv: Vec<f32> = (0..b * t * 3 * d)
+                .map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 0.6)
+                .collect();
+            for threads in [1, 4] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let mut out = vec![f32::NAN; b * t * d];
+                let mut cls = vec![f32::NAN; b * (t - 1)];
+                pool.install(|| {
+                    multi_head_with(
+                        Products::Bf16,
+                        &qkv,
+                        b,
+                        t,
+                        d,
+                        heads,
+                        &mut out,
+                        Some(&mut cls[..]),
+                    )
+                });
+                let (mut worst, mut cls_worst) = (0f64, 0f64);
+                let mut cls_want = vec![0f64; b * (t - 1)];
+                for img in 0..b {
+                    for head in 0..heads {
+                        let want = reference(&qkv, t, d, heads, img, head);
+                        for r in 0..t {
+                            for j in 0..dh {
+                                let got = out[(img * t + r) * d + head * dh + j] as f64;
+                                worst = worst.max((got - want[r * dh + j]).abs());
+                            }
+                        }
+                        for c in 1..t {
+                            cls_want[img * (t - 1) + c - 1] += want[t * dh + c] / heads as f64;
+                        }
+                    }
+                }
+                for (g, w) in cls.iter().zip(&cls_want) {
+                    cls_worst = cls_worst.max((*g as f64 - w).abs() / w.abs().max(1e-3));
+                }
+                // values of size 0.3 rounded to bf16 are 1e-3 off at most; the weights' and
+                // scores' roundings add as much again
+                assert!(worst < 2e-3, "b{b} t{t} threads {threads}: worst {worst}");
+                assert!(cls_worst < 1e-3, "b{b} t{t}: cls relative {cls_worst}");
+            }
         }
     }
 

@@ -59,6 +59,91 @@ impl PackedBf16 {
         Self { data, k, n }
     }
 
+    /// No weight yet, for buffers refilled in place ([`PackedBf16::refill_rows`]).
+    pub fn empty() -> Self {
+        Self {
+            data: Vec::new(),
+            k: 0,
+            n: 0,
+        }
+    }
+
+    /// Refills with `W[kk, j] = src[kk * stride + j]` (`[k, n]` rows inside longer rows, e.g.
+    /// an attention head's values), reusing the memory.
+    pub fn refill_rows(&mut self, src: &[f32], k: usize, n: usize, stride: usize) {
+        assert!(
+            k == 0 || src.len() >= (k - 1) * stride + n,
+            "src is shorter than k rows"
+        );
+        #[cfg(target_arch = "x86_64")]
+        if has_avx512_bf16() && Self::fits(n) {
+            self.zeroed(k, n);
+            // SAFETY: AVX-512 BF16 present; src holds k rows of n, stride apart; data is
+            // [n / 16][kp / 2][32] for this k and n.
+            unsafe { x86::pack_rows(src, k, n, stride, &mut self.data) };
+            return;
+        }
+        self.refill(k, n, |kk, j| src[kk * stride + j]);
+    }
+
+    /// Refills with `W[kk, j] = src[j * stride + kk]` for `j < rows` and zero for the columns
+    /// after them up to `rows` rounded to 16 (e.g. an attention head's keys, transposed),
+    /// reusing the memory.
+    pub fn refill_transposed(&mut self, src: &[f32], k: usize, rows: usize, stride: usize) {
+        assert!(
+            rows == 0 || src.len() >= (rows - 1) * stride + k,
+            "src is shorter than rows"
+        );
+        let n = rows.div_ceil(BLOCK_COLUMNS) * BLOCK_COLUMNS;
+        #[cfg(target_arch = "x86_64")]
+        if has_avx512_bf16() && k.is_multiple_of(2) && rows * stride * 4 < i32::MAX as usize {
+            self.zeroed(k, n);
+            // SAFETY: AVX-512 BF16 present; src holds `rows` rows of k (even), stride apart,
+            // byte offsets within i32; data is [n / 16][kp / 2][32] for this k and n.
+            unsafe { x86::pack_transposed(src, k, rows, stride, &mut self.data) };
+            return;
+        }
+        self.refill(
+            k,
+            n,
+            |kk, j| if j < rows { src[j * stride + kk] } else { 0.0 },
+        );
+    }
+
+    /// Zeros for a `[k, n]` weight, reusing the memory.
+    fn zeroed(&mut self, k: usize, n: usize) {
+        assert!(
+            Self::fits(n),
+            "bf16 products need n a multiple of 16, got {n}"
+        );
+        self.data.clear();
+        self.data
+            .resize(n / BLOCK_COLUMNS * padded_depth(k) * BLOCK_COLUMNS, 0);
+        self.k = k;
+        self.n = n;
+    }
+
+    fn refill(&mut self, k: usize, n: usize, value: impl Fn(usize, usize) -> f32) {
+        self.zeroed(k, n);
+        let block_len = padded_depth(k) * BLOCK_COLUMNS;
+        for blk in 0..n / BLOCK_COLUMNS {
+            let block = &mut self.data[blk * block_len..][..block_len];
+            for (pair, step) in block
+                .chunks_exact_mut(PAIR_ROW)
+                .take(k.div_ceil(2))
+                .enumerate()
+            {
+                for c in 0..BLOCK_COLUMNS {
+                    let j = blk * BLOCK_COLUMNS + c;
+                    step[2 * c] = bf16_bits(value(2 * pair, j));
+                    if 2 * pair + 1 < k {
+                        step[2 * c + 1] = bf16_bits(value(2 * pair + 1, j));
+                    }
+                }
+            }
+        }
+    }
+
     pub fn k(&self) -> usize {
         self.k
     }
@@ -67,7 +152,8 @@ impl PackedBf16 {
         self.n
     }
 
-    pub(crate) fn padded_k(&self) -> usize {
+    /// The depth rounded up to whole tiles: the row length of `A` in bf16 products.
+    pub fn padded_k(&self) -> usize {
         padded_depth(self.k)
     }
 }
@@ -191,29 +277,75 @@ fn products_acc(level: Level, a16: &[u16], m: usize, w: &PackedBf16, out: &mut [
         #[cfg(target_arch = "x86_64")]
         // SAFETY: runs_at(level) (checked by the callers) says AVX-512 BF16 exists; a16 is
         // [m, kp] and out [m, n].
-        Level::Avx512 => unsafe { x86::dp_products_acc(a16, m, kp, w, out) },
+        Level::Avx512 => unsafe { x86::dp_products(a16, m, kp, w, out, w.n, true) },
         _ => unreachable!("runs_at admits only Amx and Avx512"),
     }
 }
 
 /// `x` (`[m, k]` f32) rounded to bf16 rows of `kp` (zero past `k`).
 pub(crate) fn rows_to_bf16(x: &[f32], m: usize, k: usize, kp: usize) -> Vec<u16> {
-    let mut a16 = vec![0u16; m * kp];
+    let mut a16 = Vec::new();
+    round_rows_into(x, m, k, k, kp, &mut a16);
+    a16
+}
+
+/// Rows `x[r * stride..r * stride + k]` for `r < m` rounded to bf16 into `a16` as `[m, kp]`
+/// (zero past `k`), reusing its memory.
+pub(crate) fn round_rows_into(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    stride: usize,
+    kp: usize,
+    a16: &mut Vec<u16>,
+) {
+    assert!(kp >= k && (m == 0 || x.len() >= (m - 1) * stride + k));
+    a16.clear();
+    a16.resize(m * kp, 0);
     if k == 0 {
-        return a16;
+        return;
     }
     #[cfg(target_arch = "x86_64")]
     if has_avx512_bf16() {
-        // SAFETY: the CPU has AVX-512 BF16; a16 holds m rows of kp >= k.
-        unsafe { x86::round_rows(x, m, k, kp, &mut a16) };
-        return a16;
+        // SAFETY: the CPU has AVX-512 BF16; x holds m rows of k, stride apart, a16 m rows of
+        // kp >= k.
+        unsafe { x86::round_rows(x, m, k, stride, kp, a16) };
+        return;
     }
-    for (dst, src) in a16.chunks_exact_mut(kp).zip(x[..m * k].chunks_exact(k)) {
+    for (r, dst) in a16.chunks_exact_mut(kp).enumerate() {
+        let src = &x[r * stride..r * stride + k];
         dst.iter_mut()
             .zip(src)
             .for_each(|(d, &s)| *d = bf16_bits(s));
     }
-    a16
+}
+
+/// Whether products of rows rounded to bf16 with a [`PackedBf16`] run on `vdpbf16ps` at the
+/// active level (what [`products_into`] needs).
+pub fn dot_products_available() -> bool {
+    active() >= Level::Avx512 && has_avx512_bf16()
+}
+
+/// `out[r * ldo + j] (+)= sum_kk a16[r * kp + kk] W[kk, j]` for `r < m`, `j < w.n()`, with
+/// `a16` rows from [`round_rows_into`] at the packed depth: a product inside a wider output
+/// (e.g. one attention head's columns). Panics when [`dot_products_available`] is false.
+pub fn products_into(
+    a16: &[u16],
+    m: usize,
+    w: &PackedBf16,
+    out: &mut [f32],
+    ldo: usize,
+    accumulate: bool,
+) {
+    assert!(dot_products_available(), "no AVX-512 BF16 at this level");
+    let kp = w.padded_k();
+    assert!(a16.len() >= m * kp, "A must be [m, kp]");
+    assert!(ldo >= w.n && (m == 0 || out.len() >= (m - 1) * ldo + w.n));
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: AVX-512 BF16 checked above; the shapes too.
+    unsafe {
+        x86::dp_products(a16, m, kp, w, out, ldo, accumulate)
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -230,9 +362,16 @@ mod x86 {
     /// Rounds rows of f32 to bf16 with `vcvtne2ps2bf16` (round to nearest even, as
     /// [`bf16_bits`]; the instruction flushes subnormal inputs to zero).
     #[target_feature(enable = "avx512f,avx512bf16")]
-    pub unsafe fn round_rows(x: &[f32], m: usize, k: usize, kp: usize, a16: &mut [u16]) {
+    pub unsafe fn round_rows(
+        x: &[f32],
+        m: usize,
+        k: usize,
+        stride: usize,
+        kp: usize,
+        a16: &mut [u16],
+    ) {
         for r in 0..m {
-            let (src, dst) = (&x[r * k..(r + 1) * k], &mut a16[r * kp..r * kp + k]);
+            let (src, dst) = (&x[r * stride..r * stride + k], &mut a16[r * kp..r * kp + k]);
             let whole = k / 32 * 32;
             for c in (0..whole).step_by(32) {
                 // SAFETY: c + 32 <= k on both sides; AVX-512 BF16 per the caller.
@@ -249,21 +388,97 @@ mod x86 {
         }
     }
 
-    /// `out[m, n] += A W`: `a16` `[m, kp]` bf16, blocks of 6 rows x 64 columns whose sums
-    /// stay in registers over the whole depth. A weight panel of 64 columns (48 KiB at depth
-    /// 384) is reused by every row block of the task from L1 or L2.
+    /// Packs `W[kk, j] = src[kk * stride + j]` (`[k, n]`): each step interleaves two rows'
+    /// 16 columns into pairs and rounds them with one `vcvtne2ps2bf16`.
     #[target_feature(enable = "avx512f,avx512bf16")]
-    pub unsafe fn dp_products_acc(
+    pub unsafe fn pack_rows(src: &[f32], k: usize, n: usize, stride: usize, data: &mut [u16]) {
+        let block_len = (data.len() / (n / BLOCK_COLUMNS)).max(1);
+        // SAFETY: (whole body) AVX-512 BF16 per the caller; rows kk < k of src hold n floats
+        // from kk * stride; data holds n / 16 blocks of block_len >= k.div_ceil(2) * 32.
+        unsafe {
+            let low = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+            let high = _mm512_add_epi32(low, _mm512_set1_epi32(8));
+            for pair in 0..k.div_ceil(2) {
+                let r0 = src.as_ptr().add(2 * pair * stride);
+                let second = 2 * pair + 1 < k;
+                for blk in 0..n / BLOCK_COLUMNS {
+                    let a = _mm512_loadu_ps(r0.add(blk * BLOCK_COLUMNS));
+                    let b = if second {
+                        _mm512_loadu_ps(r0.add(stride + blk * BLOCK_COLUMNS))
+                    } else {
+                        _mm512_setzero_ps()
+                    };
+                    let lo = _mm512_permutex2var_ps(a, low, b);
+                    let hi = _mm512_permutex2var_ps(a, high, b);
+                    let packed: __m512i = core::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+                    let dst = data.as_mut_ptr().add(blk * block_len + pair * PAIR_ROW);
+                    _mm512_storeu_si512(dst.cast(), packed);
+                }
+            }
+        }
+    }
+
+    /// Packs `W[kk, j] = src[j * stride + kk]` for `j < rows` (`k` even): each step gathers
+    /// the pair `(kk, kk + 1)` of 16 rows as 64-bit elements, already in the packed order.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub unsafe fn pack_transposed(
+        src: &[f32],
+        k: usize,
+        rows: usize,
+        stride: usize,
+        data: &mut [u16],
+    ) {
+        let blocks = rows.div_ceil(BLOCK_COLUMNS);
+        let block_len = (data.len() / blocks.max(1)).max(1);
+        // SAFETY: (whole body) AVX-512 BF16 per the caller; row j < rows of src holds k floats
+        // from j * stride, every byte offset fits i32; data holds `blocks` blocks of
+        // block_len >= k / 2 * 32; lanes of rows >= `rows` are masked off (zero).
+        unsafe {
+            let step = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            let row_bytes = _mm256_set1_epi32((stride * 4) as i32);
+            let zero = _mm512_setzero_pd();
+            for blk in 0..blocks {
+                let j0 = blk * BLOCK_COLUMNS;
+                let rows0 = _mm256_add_epi32(step, _mm256_set1_epi32(j0 as i32));
+                let first = _mm256_mullo_epi32(rows0, row_bytes);
+                let second = _mm256_add_epi32(first, _mm256_set1_epi32((8 * stride * 4) as i32));
+                let live = |from: usize| -> __mmask8 {
+                    let n = rows.saturating_sub(j0 + from).min(8);
+                    ((1u32 << n) - 1) as __mmask8
+                };
+                let (m0, m1) = (live(0), live(8));
+                for pair in 0..k / 2 {
+                    let base = src.as_ptr().add(2 * pair).cast::<f64>();
+                    let lo = _mm512_mask_i32gather_pd::<1>(zero, m0, first, base);
+                    let hi = _mm512_mask_i32gather_pd::<1>(zero, m1, second, base);
+                    let packed: __m512i = core::mem::transmute(_mm512_cvtne2ps_pbh(
+                        _mm512_castpd_ps(hi),
+                        _mm512_castpd_ps(lo),
+                    ));
+                    let dst = data.as_mut_ptr().add(blk * block_len + pair * PAIR_ROW);
+                    _mm512_storeu_si512(dst.cast(), packed);
+                }
+            }
+        }
+    }
+
+    /// `out[m, n] (+)= A W` with rows `ldo` apart: `a16` `[m, kp]` bf16, blocks of 6 rows x 64
+    /// columns whose sums stay in registers over the whole depth. A weight panel of 64
+    /// columns (48 KiB at depth 384) is reused by every row block of the task from L1 or L2.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub unsafe fn dp_products(
         a16: &[u16],
         m: usize,
         kp: usize,
         w: &PackedBf16,
         out: &mut [f32],
+        ldo: usize,
+        accumulate: bool,
     ) {
         let n = w.n;
         let blocks = n / BLOCK_COLUMNS;
         let block_len = kp * BLOCK_COLUMNS;
-        debug_assert!(a16.len() >= m * kp && out.len() >= m * n);
+        debug_assert!(a16.len() >= m * kp && (m == 0 || out.len() >= (m - 1) * ldo + n));
         let mut blk = 0;
         while blk < blocks {
             let wide = blocks - blk >= BLOCKS;
@@ -276,12 +491,13 @@ mod x86 {
                 unsafe {
                     let a = a16.as_ptr().add(r * kp);
                     let wp = w.data.as_ptr().add(blk * block_len);
-                    let o = out.as_mut_ptr().add(r * n + blk * BLOCK_COLUMNS);
+                    let o = out.as_mut_ptr().add(r * ldo + blk * BLOCK_COLUMNS);
+                    let acc = accumulate;
                     match (full, wide) {
-                        (true, true) => block::<ROWS, BLOCKS>(a, kp, wp, block_len, o, n),
-                        (true, false) => block::<ROWS, 1>(a, kp, wp, block_len, o, n),
-                        (false, true) => block::<1, BLOCKS>(a, kp, wp, block_len, o, n),
-                        (false, false) => block::<1, 1>(a, kp, wp, block_len, o, n),
+                        (true, true) => block::<ROWS, BLOCKS>(a, kp, wp, block_len, o, ldo, acc),
+                        (true, false) => block::<ROWS, 1>(a, kp, wp, block_len, o, ldo, acc),
+                        (false, true) => block::<1, BLOCKS>(a, kp, wp, block_len, o, ldo, acc),
+                        (false, false) => block::<1, 1>(a, kp, wp, block_len, o, ldo, acc),
                     }
                 }
                 r += if full { ROWS } else { 1 };
@@ -290,7 +506,7 @@ mod x86 {
         }
     }
 
-    /// `R` rows x `C` column blocks over the whole depth, added into `out`.
+    /// `R` rows x `C` column blocks over the whole depth, added into `out` (or stored).
     #[inline(always)]
     unsafe fn block<const R: usize, const C: usize>(
         a: *const u16,
@@ -298,10 +514,11 @@ mod x86 {
         w: *const u16,
         block_len: usize,
         out: *mut f32,
-        n: usize,
+        ldo: usize,
+        accumulate: bool,
     ) {
         // SAFETY: (whole body) AVX-512 BF16 per the caller; a holds R rows of kp bf16, w C
-        // blocks of block_len = kp * 16, out R rows of C * 16 floats, n apart.
+        // blocks of block_len = kp * 16, out R rows of C * 16 floats, ldo apart.
         unsafe {
             let mut acc = [[_mm512_setzero_ps(); C]; R];
             for pair in 0..kp / 2 {
@@ -320,8 +537,13 @@ mod x86 {
             }
             for (i, acc) in acc.iter().enumerate() {
                 for (c, acc) in acc.iter().enumerate() {
-                    let o = out.add(i * n + c * BLOCK_COLUMNS);
-                    _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), *acc));
+                    let o = out.add(i * ldo + c * BLOCK_COLUMNS);
+                    let v = if accumulate {
+                        _mm512_add_ps(_mm512_loadu_ps(o), *acc)
+                    } else {
+                        *acc
+                    };
+                    _mm512_storeu_ps(o, v);
                 }
             }
         }
@@ -340,6 +562,53 @@ mod tests {
         assert_eq!(bf16_bits(1.0 + 3.0 / 256.0), 0x3f82);
         assert_eq!(bf16_bits(-2.0), 0xc000);
         assert!(f32::from_bits((bf16_bits(f32::NAN) as u32) << 16).is_nan());
+    }
+
+    /// Refilled weights (rows inside longer rows, or transposed with zero columns after the
+    /// last row) are packed as a weight given whole, on the vector path where the CPU has one
+    /// and on the plain one, odd depths included.
+    #[test]
+    fn refilled_weights_pack_as_whole_ones() {
+        let stride = 70;
+        let src: Vec<f32> = (0..40 * stride)
+            .map(|i| (i as f32 * 0.37).sin() * 3.0)
+            .collect();
+        let mut packed = PackedBf16::empty();
+        for (k, n) in [(1, 16), (7, 32), (33, 64), (40, 48)] {
+            let w: Vec<f32> = (0..k * n).map(|i| src[i / n * stride + i % n]).collect();
+            packed.refill_rows(&src, k, n, stride);
+            assert_eq!(
+                packed.data,
+                PackedBf16::new(&w, k, n).data,
+                "rows k {k} n {n}"
+            );
+            packed.refill(k, n, |kk, j| src[kk * stride + j]);
+            assert_eq!(
+                packed.data,
+                PackedBf16::new(&w, k, n).data,
+                "plain k {k} n {n}"
+            );
+        }
+        for (k, rows) in [(2, 1usize), (8, 17), (64, 33), (5, 40), (64, 16)] {
+            let n = rows.div_ceil(16) * 16;
+            let w: Vec<f32> = (0..k * n)
+                .map(|i| {
+                    let (kk, j) = (i / n, i % n);
+                    if j < rows {
+                        src[j * stride + kk]
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            packed.refill_transposed(&src, k, rows, stride);
+            assert_eq!((packed.k(), packed.n()), (k, n));
+            assert_eq!(
+                packed.data,
+                PackedBf16::new(&w, k, n).data,
+                "transposed k {k} rows {rows}"
+            );
+        }
     }
 
     /// The vector rounding of rows agrees with the scalar one bit for bit on normal numbers,

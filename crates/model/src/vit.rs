@@ -196,12 +196,14 @@ pub enum Precision {
     #[default]
     F32,
     /// Linear layers take bf16 inputs and weights and accumulate in f32, on AMX tiles or
-    /// AVX-512 BF16 dot products; attention, norms and activations stay f32.
+    /// AVX-512 BF16 dot products; the attention's products too where the CPU has AVX-512
+    /// BF16 (the softmax in f32); norms and activations stay f32.
     Bf16,
     /// Linear layers in integers: the input quantised per row and group of 64 (8-bit codes,
     /// each group its own scale and zero point), weights to 8-bit codes per output column,
-    /// exact integer products on every kernel level (the same outputs on each); attention,
-    /// norms and activations stay f32.
+    /// exact integer products on every kernel level (the same outputs on each); the
+    /// attention's products in bf16 with f32 sums where the CPU has AVX-512 BF16 (else f32),
+    /// norms and activations f32.
     Int8,
 }
 
@@ -356,6 +358,9 @@ pub struct Attention {
     qkv: Linear,
     proj: Linear,
     heads: usize,
+    /// The arithmetic of `Q K^T` and `P V`: bf16 in bf16 extraction where the CPU has
+    /// AVX-512 BF16, else f32.
+    products: attention::Products,
 }
 
 pub struct Mlp {
@@ -415,7 +420,7 @@ impl Block {
         let a = &self.attn;
         a.qkv.forward(&s.normed, b * t, &mut s.qkv);
         PassProfile::lap(&mut p.linear, &mut clock);
-        attention::multi_head(&s.qkv, b, t, d, a.heads, &mut s.mixed, cls_attn);
+        attention::multi_head_with(a.products, &s.qkv, b, t, d, a.heads, &mut s.mixed, cls_attn);
         PassProfile::lap(&mut p.attention, &mut clock);
         a.proj
             .forward_residual(&s.mixed, b * t, x, &mut s.delta, p, &mut clock);
@@ -537,6 +542,7 @@ impl Vit {
                         qkv: Linear::new(bw.qkv_w, bw.qkv_b, d, 3 * d),
                         proj: Linear::new(proj_w, proj_b, d, d),
                         heads: config.num_heads,
+                        products: attention::Products::F32,
                     },
                     norm2: norm(bw.norm2_w, bw.norm2_b),
                     mlp: Mlp {
@@ -688,9 +694,15 @@ impl Vit {
             );
         }
         self.embed.proj.set_precision(precision);
+        let (d, heads) = (self.config.hidden_size, self.config.num_heads);
+        let bf16_attention =
+            precision != Precision::F32 && attention::runs(attention::Products::Bf16, d, heads);
         for b in &mut self.blocks {
             for l in b.linears_mut() {
                 l.set_precision(precision);
+            }
+            if bf16_attention {
+                b.attn.products = attention::Products::Bf16;
             }
         }
         self.precision = precision;
@@ -701,12 +713,23 @@ impl Vit {
         self.precision
     }
 
+    /// The arithmetic of the attention's products: bf16 where the precision is not f32 and
+    /// the CPU has AVX-512 BF16 at the active level, else f32.
+    pub fn attention_products(&self) -> attention::Products {
+        self.blocks
+            .first()
+            .map_or(attention::Products::F32, |b| b.attn.products)
+    }
+
     /// Identifies the features this backbone produces: the model's fingerprint, plus the
     /// precision when it is not f32 (feature caches key on it).
     pub fn features_fingerprint(&self) -> String {
-        let base = match self.precision {
-            Precision::F32 => self.config.fingerprint(),
-            p => format!("{}-{}", self.config.fingerprint(), p.name()),
+        let base = match (self.precision, self.attention_products()) {
+            (Precision::F32, _) => self.config.fingerprint(),
+            (p, attention::Products::F32) => format!("{}-{}", self.config.fingerprint(), p.name()),
+            (p, attention::Products::Bf16) => {
+                format!("{}-{}-bf16attention", self.config.fingerprint(), p.name())
+            }
         };
         match self.reduction_tag() {
             Some(tag) => format!("{base}{tag}"),

@@ -168,9 +168,13 @@ pub fn run(b: ExtractBench) -> Result<()> {
         let p = profile(e.vit(), &tensors, batch)?;
         let total = p.total().as_secs_f64();
         let share = |d: std::time::Duration| 100.0 * d.as_secs_f64() / total;
+        let attention_products = match e.vit().attention_products() {
+            craterdex_kernels::attention::Products::F32 => "f32",
+            craterdex_kernels::attention::Products::Bf16 => "bf16",
+        };
         println!(
-            "where craterdex ({}) spends a pass: linear layers {:.0}%, attention {:.0}%, \
-             element-wise {:.0}% (layer norms, GELU, residuals)",
+            "where craterdex ({}) spends a pass: linear layers {:.0}%, attention {:.0}% \
+             ({attention_products} products), element-wise {:.0}% (layer norms, GELU, residuals)",
             e.vit().precision().name(),
             share(p.linear),
             share(p.attention),
