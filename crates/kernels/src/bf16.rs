@@ -238,14 +238,7 @@ pub fn linear_bf16_at(
         .par_chunks_mut(rows * n)
         .zip(x[..m * k].par_chunks(rows * k.max(1)))
         .for_each(|(o, x)| {
-            // the bias first, a pass that also brings the output rows into cache (as f32's)
-            for row in o.chunks_exact_mut(n) {
-                if residual {
-                    row.iter_mut().zip(bias).for_each(|(o, b)| *o += b);
-                } else {
-                    row.copy_from_slice(bias);
-                }
-            }
+            crate::gemm::start_with_bias(o, bias, residual);
             let mr = o.len() / n;
             let a16 = rows_to_bf16(x, mr, k, w.padded_k());
             products_acc(level, &a16, mr, w, o);
