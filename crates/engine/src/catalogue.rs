@@ -209,6 +209,15 @@ pub fn toward_stages(suns: Suns) -> Vec<Recheck> {
     ]
 }
 
+/// The last search again of a rechecked search, for the queries still unsure after
+/// [`toward_stages`]: in [`RECHECK_VIEWS`] (turns and the opposite sun), verifying
+/// [`RECHECK_AGAIN_VERIFY`], kept at [`RECHECK_KEEP_SHARE`].
+pub const RECHECK_AGAIN: Recheck = Recheck {
+    views: RECHECK_VIEWS,
+    verify: RECHECK_AGAIN_VERIFY,
+    keep_share: RECHECK_KEEP_SHARE,
+};
+
 /// What [`crate::Engine::search_rechecked`] does, over any catalogue.
 pub fn search_rechecked(
     catalogue: &dyn Catalogue,
@@ -251,37 +260,30 @@ pub fn search_rechecked(
         })
     };
     let suns = catalogue.suns()?;
-    let mut brought = Vec::new();
-    for stage in toward_stages(suns) {
+    let mut stages_that_searched = 0;
+    for (i, stage) in toward_stages(suns).into_iter().enumerate() {
         let n = search_again(&mut hits, stage)?;
         if n > 0 {
             let how = match stage.views.relit {
                 false => "turned",
                 true => "relit",
             };
+            let nor = if i == 0 {
+                ""
+            } else {
+                " nor turned toward its suns"
+            };
             progress.note(&format!(
-                "{n} of {} queries did not register with their first hit{}: searched again \
+                "{n} of {} queries did not register with their first hit{nor}: searched again \
                  {how} toward the catalogue's suns ({suns})",
                 hits.len(),
-                if brought.is_empty() {
-                    ""
-                } else {
-                    " nor turned toward its suns"
-                },
             ));
+            stages_that_searched += 1;
         }
-        brought.push(n);
     }
-    let again = search_again(
-        &mut hits,
-        Recheck {
-            views: RECHECK_VIEWS,
-            verify: RECHECK_AGAIN_VERIFY,
-            keep_share: RECHECK_KEEP_SHARE,
-        },
-    )?;
+    let again = search_again(&mut hits, RECHECK_AGAIN)?;
     if again > 0 {
-        let nor = match brought.iter().filter(|&&n| n > 0).count() {
+        let nor = match stages_that_searched {
             0 => "",
             1 => " nor turned toward its suns",
             _ => " nor turned or relit toward its suns",

@@ -29,6 +29,7 @@ mod views;
 pub use build::{Entries, LearnFrom};
 pub use catalogue::{
     search_as, search_rechecked, sun_sample, suns_from_samples, toward_stages, Catalogue, Recheck,
+    RECHECK_AGAIN,
 };
 pub use engine::{
     recheck_answers, registers_better, sun_headings_of, unsure, Engine, PatchGrid, PatchGrids,

@@ -21,8 +21,8 @@ pub use crate::regime::{Family, RegimeId, Tokens, Whiten};
 use craterdex_engine::{
     encode_all, recheck_answers, Aggregation, Codec, Descriptors, Encoder, Engine, FeatureSet,
     ImageMeta, IndexRecipe, IvfSetting, Mode, PatchGrid, PatchGrids, Pooling, QueryHits,
-    QueryViews, Recheck, Recipe, SearchHit, SearchParams, SeedStrategy, RECHECK_AGAIN_VERIFY,
-    RECHECK_KEEP_SHARE, RECHECK_VERIFY, RECHECK_VIEWS,
+    QueryViews, Recheck, Recipe, SearchHit, SearchParams, SeedStrategy, RECHECK_AGAIN,
+    RECHECK_VERIFY, RECHECK_VIEWS,
 };
 use craterdex_tokens::whitening::DEFAULT_REGULARISATION;
 use craterdex_tokens::DEFAULT_PAIR_BLEND;
@@ -54,7 +54,7 @@ pub struct EvalOptions {
     /// ([`craterdex_engine::SearchOptions::recheck`]), as `..._grouped_recheck`: made of its
     /// `_grouped_verifyN` and `_grouped_turnsT_oppgiven_verifyM` searches, which need
     /// `verify` and `views` to be the engine's [`RECHECK_VERIFY`] and [`RECHECK_VIEWS`]; the
-    /// search in views then verifies [`RECHECK_AGAIN_VERIFY`], as the engine's search again
+    /// search in views then verifies [`RECHECK_AGAIN`]'s images, as the engine's search again
     /// does.
     pub recheck: bool,
 }
@@ -85,10 +85,10 @@ impl Default for EvalOptions {
 
 impl EvalOptions {
     /// Images verified per query by the verified search in views: as deep as the engine's
-    /// search again ([`RECHECK_AGAIN_VERIFY`]) where rechecking, else `verify`.
+    /// search again ([`RECHECK_AGAIN`]) where rechecking, else `verify`.
     fn verify_in_views(&self) -> usize {
         if self.recheck {
-            RECHECK_AGAIN_VERIFY
+            RECHECK_AGAIN.verify
         } else {
             self.verify
         }
@@ -549,7 +549,7 @@ pub fn run(
                 let again = recheck_answers(
                     &mut answers,
                     input.queries.tokens,
-                    RECHECK_KEEP_SHARE,
+                    RECHECK_AGAIN.keep_share,
                     &|asked| answer(&turned, asked),
                 )?;
                 let rankings: Vec<Vec<usize>> = answers
