@@ -162,7 +162,7 @@ fn image_rows(
     // bf16 scores come in whole blocks of 16 keys; the padding columns stay outside the softmax
     let width = match products {
         Products::F32 => t,
-        Products::Bf16 => t.div_ceil(16) * 16,
+        Products::Bf16 => bf16::whole_blocks(t),
     };
     s.scores.resize(m * width, 0.0);
     s.inverse_sums.resize(m, 0.0);

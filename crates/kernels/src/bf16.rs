@@ -41,22 +41,10 @@ impl PackedBf16 {
     }
 
     pub fn new(w: &[f32], k: usize, n: usize) -> Self {
-        assert!(
-            Self::fits(n),
-            "bf16 products need n a multiple of 16, got {n}"
-        );
         assert_eq!(w.len(), k * n, "W must be [k, n]");
-        let kp = padded_depth(k);
-        let block_len = kp * BLOCK_COLUMNS;
-        let mut data = vec![0u16; n / BLOCK_COLUMNS * block_len];
-        for (kk, row) in w.chunks_exact(n).enumerate() {
-            let (pair, half) = (kk / 2, kk % 2);
-            for (j, &v) in row.iter().enumerate() {
-                let (blk, c) = (j / BLOCK_COLUMNS, j % BLOCK_COLUMNS);
-                data[blk * block_len + pair * PAIR_ROW + c * 2 + half] = bf16_bits(v);
-            }
-        }
-        Self { data, k, n }
+        let mut packed = Self::empty();
+        packed.refill_rows(w, k, n, n);
+        packed
     }
 
     /// No weight yet, for buffers refilled in place ([`PackedBf16::refill_rows`]).
@@ -94,7 +82,7 @@ impl PackedBf16 {
             rows == 0 || src.len() >= (rows - 1) * stride + k,
             "src is shorter than rows"
         );
-        let n = rows.div_ceil(BLOCK_COLUMNS) * BLOCK_COLUMNS;
+        let n = whole_blocks(rows);
         #[cfg(target_arch = "x86_64")]
         if has_avx512_bf16() && k.is_multiple_of(2) && rows * stride * 4 < i32::MAX as usize {
             self.zeroed(k, n);
@@ -156,6 +144,11 @@ impl PackedBf16 {
     pub fn padded_k(&self) -> usize {
         padded_depth(self.k)
     }
+}
+
+/// `columns` rounded up to whole packed blocks ([`BLOCK_COLUMNS`]).
+pub fn whole_blocks(columns: usize) -> usize {
+    columns.div_ceil(BLOCK_COLUMNS) * BLOCK_COLUMNS
 }
 
 fn padded_depth(k: usize) -> usize {
@@ -352,6 +345,16 @@ mod x86 {
     /// Column blocks of 16 per register block.
     const BLOCKS: usize = 4;
 
+    /// Rounds the 32 floats `lo` then `hi` to bf16 (`vcvtne2ps2bf16`) and stores them at `dst`.
+    #[inline(always)]
+    unsafe fn store_rounded(dst: *mut u16, lo: __m512, hi: __m512) {
+        // SAFETY: AVX-512 BF16 per the caller; dst holds 32 bf16.
+        unsafe {
+            let packed: __m512i = core::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+            _mm512_storeu_si512(dst.cast(), packed);
+        }
+    }
+
     /// Rounds rows of f32 to bf16 with `vcvtne2ps2bf16` (round to nearest even, as
     /// [`bf16_bits`]; the instruction flushes subnormal inputs to zero).
     #[target_feature(enable = "avx512f,avx512bf16")]
@@ -371,8 +374,7 @@ mod x86 {
                 unsafe {
                     let lo = _mm512_loadu_ps(src.as_ptr().add(c));
                     let hi = _mm512_loadu_ps(src.as_ptr().add(c + 16));
-                    let packed: __m512i = core::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
-                    _mm512_storeu_si512(dst.as_mut_ptr().add(c).cast(), packed);
+                    store_rounded(dst.as_mut_ptr().add(c), lo, hi);
                 }
             }
             for c in whole..k {
@@ -403,9 +405,8 @@ mod x86 {
                     };
                     let lo = _mm512_permutex2var_ps(a, low, b);
                     let hi = _mm512_permutex2var_ps(a, high, b);
-                    let packed: __m512i = core::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
                     let dst = data.as_mut_ptr().add(blk * block_len + pair * PAIR_ROW);
-                    _mm512_storeu_si512(dst.cast(), packed);
+                    store_rounded(dst, lo, hi);
                 }
             }
         }
@@ -444,12 +445,8 @@ mod x86 {
                     let base = src.as_ptr().add(2 * pair).cast::<f64>();
                     let lo = _mm512_mask_i32gather_pd::<1>(zero, m0, first, base);
                     let hi = _mm512_mask_i32gather_pd::<1>(zero, m1, second, base);
-                    let packed: __m512i = core::mem::transmute(_mm512_cvtne2ps_pbh(
-                        _mm512_castpd_ps(hi),
-                        _mm512_castpd_ps(lo),
-                    ));
                     let dst = data.as_mut_ptr().add(blk * block_len + pair * PAIR_ROW);
-                    _mm512_storeu_si512(dst.cast(), packed);
+                    store_rounded(dst, _mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
                 }
             }
         }
@@ -557,9 +554,23 @@ mod tests {
         assert!(f32::from_bits((bf16_bits(f32::NAN) as u32) << 16).is_nan());
     }
 
-    /// Refilled weights (rows inside longer rows, or transposed with zero columns after the
-    /// last row) are packed as a weight given whole, on the vector path where the CPU has one
-    /// and on the plain one, odd depths included.
+    /// The packed layout written out from its definition: element `(kk, j)` of `[k, n]` `w`
+    /// at block `j / 16`, pair `kk / 2`, column `j % 16`, half `kk % 2`; zero elsewhere.
+    fn by_definition(w: &[f32], k: usize, n: usize) -> Vec<u16> {
+        let block_len = k.div_ceil(32) * 32 * 16;
+        let mut data = vec![0u16; n / 16 * block_len];
+        for kk in 0..k {
+            for j in 0..n {
+                let at = j / 16 * block_len + kk / 2 * 32 + j % 16 * 2 + kk % 2;
+                data[at] = bf16_bits(w[kk * n + j]);
+            }
+        }
+        data
+    }
+
+    /// Weights given whole and refilled weights (rows inside longer rows, or transposed with
+    /// zero columns after the last row) are packed as the layout says, on the vector path
+    /// where the CPU has one and on the plain one, odd depths included.
     #[test]
     fn refilled_weights_pack_as_whole_ones() {
         let stride = 70;
@@ -570,17 +581,10 @@ mod tests {
         for (k, n) in [(1, 16), (7, 32), (33, 64), (40, 48)] {
             let w: Vec<f32> = (0..k * n).map(|i| src[i / n * stride + i % n]).collect();
             packed.refill_rows(&src, k, n, stride);
-            assert_eq!(
-                packed.data,
-                PackedBf16::new(&w, k, n).data,
-                "rows k {k} n {n}"
-            );
+            assert_eq!(packed.data, by_definition(&w, k, n), "rows k {k} n {n}");
+            assert_eq!(PackedBf16::new(&w, k, n).data, by_definition(&w, k, n));
             packed.refill(k, n, |kk, j| src[kk * stride + j]);
-            assert_eq!(
-                packed.data,
-                PackedBf16::new(&w, k, n).data,
-                "plain k {k} n {n}"
-            );
+            assert_eq!(packed.data, by_definition(&w, k, n), "plain k {k} n {n}");
         }
         for (k, rows) in [(2, 1usize), (8, 17), (64, 33), (5, 40), (64, 16)] {
             let n = rows.div_ceil(16) * 16;
@@ -598,7 +602,7 @@ mod tests {
             assert_eq!((packed.k(), packed.n()), (k, n));
             assert_eq!(
                 packed.data,
-                PackedBf16::new(&w, k, n).data,
+                by_definition(&w, k, n),
                 "transposed k {k} rows {rows}"
             );
         }
