@@ -1,4 +1,4 @@
-//! GFLOP/s of the f32 kernels (and the bf16 ones, where the CPU has bf16 hardware) on the shapes of one ViT-S/14 block over a batch of 16 images
+//! GFLOP/s of the f32 and int8 kernels (and the bf16 ones, where the CPU has bf16 hardware) on the shapes of one ViT-S/14 block over a batch of 16 images
 //! at 224 px (4,112 rows): the four linear layers and the attention, best of 30 runs each, on
 //! the threads of the global pool (`RAYON_NUM_THREADS`) and the level of `CRATERDEX_KERNEL`.
 //! A tuning aid for the kernels' blocking; `craterdex bench extract` times the whole pass.
@@ -6,6 +6,7 @@
 use craterdex_kernels::attention::{self, multi_head, multi_head_with, Products};
 use craterdex_kernels::bf16::{self, linear_bf16, PackedBf16};
 use craterdex_kernels::gemm::{linear_f32, PackedF32};
+use craterdex_kernels::linear_i8::{linear_i8, PackedI8Linear};
 use std::time::Instant;
 
 fn best_seconds(mut run: impl FnMut()) -> f64 {
@@ -57,6 +58,10 @@ fn main() {
             let gflops = 2.0 * (m * k * n) as f64 / secs / 1e9;
             println!("{:>9} bf16: {:7.2} ms {gflops:6.1} GFLOP/s", "", secs * 1e3);
         }
+        let w = PackedI8Linear::new(&values(k * n, 2), k, n);
+        let secs = best_seconds(|| linear_i8(&x, m, &w, &bias, &mut out));
+        let gops = 2.0 * (m * k * n) as f64 / secs / 1e9;
+        println!("{:>9} int8: {:7.2} ms {gops:6.1} GOP/s", "", secs * 1e3);
     }
     if !wanted("attention") {
         return;

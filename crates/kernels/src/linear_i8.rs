@@ -3,10 +3,11 @@
 //! column (symmetric, 8 bits). Both are stored as signed bytes, whose products every kernel
 //! computes exactly, group by group: the sign trick through the int8 block kernel of
 //! `i8_block` on AVX2 and AVX-512, `vpdpbusd` straight on the activations' codes plus 128 on
-//! AVX-512 VNNI (the offset taken back out in integers), AMX tiles. Each group's integers are
-//! then scaled into f32 sums by the same operations on all levels, so int8 outputs are
-//! bit-identical across levels. Token cosine to f32 on real crater crops: see the model
-//! crate's parity test.
+//! AVX-512 VNNI, AMX tiles. Each group's zero point (plus what the kernel's codes add to it)
+//! times the group's weight column sums is taken out of its products as an exact integer in
+//! f32, and what is left is scaled into f32 sums by the same operations on all levels, so
+//! int8 outputs are bit-identical across levels. Token cosine to f32 on real crater crops: see
+//! the model crate's parity test.
 
 use crate::amx::{self, PackedI8};
 use crate::gemm::{task_rows, NB};
@@ -36,13 +37,10 @@ pub struct PackedI8Linear {
     codes: Vec<i8>,
     /// `[n]`
     scales: Vec<f32>,
-    /// `[groups][n]`: each group's column sums of codes (exact small integers, kept as f32 for
-    /// the activations' zero points).
+    /// `[groups][n]`: each group's column sums of codes (exact small integers, kept as f32):
+    /// a group's zero point times these is what its codes' products hold beyond those of the
+    /// codes minus the zero point.
     colsums: Vec<f32>,
-    /// `[groups][blocks * NB]`: 128 times each group's column sums of codes, padding zero. The
-    /// VNNI kernel multiplies the activations' codes plus 128 (unsigned bytes, as `vpdpbusd`
-    /// takes them) and subtracts this to get the signed codes' exact products.
-    offset_sums: Vec<i32>,
     /// AMX: each group's codes as the columns of signed tile products.
     tiles: Vec<PackedI8>,
 }
@@ -72,12 +70,6 @@ impl PackedI8Linear {
             }
         }
         let blocks = n.div_ceil(NB);
-        let mut offset_sums = vec![0i32; groups * blocks * NB];
-        for g in 0..groups {
-            for j in 0..n {
-                offset_sums[g * blocks * NB + j] = 128 * colsums[g * n + j] as i32;
-            }
-        }
         let mut codes = vec![0i8; blocks * kp * NB];
         for j in 0..n {
             let (b, c) = (j / NB, j % NB);
@@ -106,7 +98,6 @@ impl PackedI8Linear {
             codes,
             scales,
             colsums,
-            offset_sums,
             tiles,
         }
     }
@@ -134,6 +125,14 @@ struct QuantisedRows {
     scales: Vec<f32>,
     /// `[m, groups]`: `zero - 127`.
     zeros: Vec<i32>,
+}
+
+impl QuantisedRows {
+    /// Row `r`'s zero point in group `g` as the signed codes carry it (`zero - 127`).
+    #[inline(always)]
+    fn zero(&self, r: usize, g: usize) -> f32 {
+        self.zeros[r * (self.kp / GROUP) + g] as f32
+    }
 }
 
 fn quantise_rows(x: &[f32], m: usize, k: usize, kp: usize, level: Level) -> QuantisedRows {
@@ -245,64 +244,29 @@ pub fn linear_i8(x: &[f32], m: usize, w: &PackedI8Linear, bias: &[f32], out: &mu
             let mr = x.len() / k;
             let q = quantise_rows(x, mr, k, w.kp, w.level);
             let done = int8_products(&q, mr, w, bias, o);
-            let mut shift = vec![0f32; n];
             for (r, o) in o.chunks_exact_mut(n).enumerate() {
-                match r < done.rows {
-                    true if done.columns < n => {
-                        finish_columns(o, &mut shift, &q, r, w, bias, done.columns)
-                    }
-                    true => {}
-                    false => finish_row(o, &mut shift, &q, r, w, bias),
-                }
+                let first = if r < done.rows { done.columns } else { 0 };
+                finish_columns(o, w, bias, first);
             }
         });
 }
 
-/// Turns one row's group sums into outputs: `out = (sums - shift) * w_scale + bias`, where
-/// `shift[j] = sum_g (scale_g * zero_g) * colsum_g[j]` removes the zero points. The same
-/// operations on every level (compiled wider where the CPU allows).
-fn finish_row(
-    out: &mut [f32],
-    shift: &mut [f32],
-    q: &QuantisedRows,
-    r: usize,
-    w: &PackedI8Linear,
-    bias: &[f32],
-) {
-    dispatch!(w.level,
-        avx512 => x86::finish_avx512(out, shift, q, r, w, bias),
-        avx2 => x86::finish_avx2(out, shift, q, r, w, bias),
-        portable => finish_columns(out, shift, q, r, w, bias, 0))
-}
-
-/// [`finish_row`]'s operations for the row's columns from `first` on (`shift` at least that
-/// many floats): the portable form, and the columns a kernel left unfinished.
+/// Turns one row's sums (its columns from `first` on) into outputs: `out = sums * w_scale +
+/// bias`, the operations every level uses (the VNNI kernel too, in registers), so that they
+/// round alike.
 #[inline(always)]
-fn finish_columns(
-    out: &mut [f32],
-    shift: &mut [f32],
-    q: &QuantisedRows,
-    r: usize,
-    w: &PackedI8Linear,
-    bias: &[f32],
-    first: usize,
-) {
-    let (n, groups) = (w.n, w.groups());
-    let shift = &mut shift[..n - first];
-    shift.fill(0.0);
-    for g in 0..groups {
-        let c = q.scales[r * groups + g] * q.zeros[r * groups + g] as f32;
-        for (s, &sum) in shift.iter_mut().zip(&w.colsums[g * n + first..(g + 1) * n]) {
-            *s += c * sum;
-        }
-    }
-    for (j, &s) in (first..n).zip(shift.iter()) {
-        out[j] = (out[j] - s) * w.scales[j] + bias[j];
+fn finish_columns(out: &mut [f32], w: &PackedI8Linear, bias: &[f32], first: usize) {
+    for ((o, &scale), &b) in out[first..w.n]
+        .iter_mut()
+        .zip(&w.scales[first..w.n])
+        .zip(&bias[first..w.n])
+    {
+        *o = *o * scale + b;
     }
 }
 
 /// The outputs a products kernel left final (its rows `..rows`, columns `..columns`); the
-/// rest hold group sums for [`finish_row`].
+/// rest hold group sums for [`finish_columns`].
 struct Finished {
     rows: usize,
     columns: usize,
@@ -315,15 +279,24 @@ impl Finished {
     };
 }
 
-/// One group's integer products into the running sums of one row: `sums[j] += p[j] as f32 *
-/// scale` (the first group sets them), the same f32 operations on every level.
+/// One group's integer products into the running sums of one row: `sums[j] += (p[j] - zero *
+/// colsums[j]) * scale` (the first group sets them). `zero` is the zero point the kernel's
+/// codes carry (theirs minus 127 for the signed kernels, 128 more for VNNI's unsigned
+/// bytes), so `p - zero * colsums` is the same integer on every level: the products of the
+/// codes minus the group's zero point, exact in f32 (checked below). The f32 operations that
+/// follow are the same on every level, so the outputs are identical.
 #[inline(always)]
-fn add_group(sums: &mut [f32], p: &[i32], scale: f32, first: bool) {
+fn add_group(sums: &mut [f32], p: &[i32], colsums: &[f32], zero: f32, scale: f32, first: bool) {
     for j in 0..sums.len() {
-        let v = p[j] as f32 * scale;
+        let v = (p[j] as f32 - zero * colsums[j]) * scale;
         sums[j] = if first { v } else { sums[j] + v };
     }
 }
+
+// Every integer in a group's rescaling is below 2^24, so f32 holds it, and the products with
+// the zero point and their difference, exactly: a group's products of unsigned bytes with
+// codes of at most 127 in magnitude, and the zero point (at most 255) times a column sum.
+const _: () = assert!(GROUP * 255 * 127 < 1 << 24);
 
 /// `out[r * n + j] = sum_g scale[r, g] * sum_{i in g} code[r, i] * W8[i, j]`, group by
 /// group; where the kernel finishes outputs itself (VNNI), those it returns are final.
@@ -349,6 +322,8 @@ fn int8_products(
                 add_group(
                     &mut out[r * n..(r + 1) * n],
                     &p[r * cols..r * cols + n],
+                    &w.colsums[g * n..(g + 1) * n],
+                    q.zero(r, g),
                     q.scales[r * groups + g],
                     g == 0,
                 );
@@ -383,6 +358,8 @@ fn int8_products_plain(
                 add_group(
                     &mut out[r * n + col..r * n + col + width],
                     &p[..width],
+                    &w.colsums[g * n + col..g * n + col + width],
+                    q.zero(r, g),
                     q.scales[r * groups + g],
                     g == 0,
                 );
@@ -395,8 +372,8 @@ fn int8_products_plain(
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{
-        add_group, finish_columns, group_scale, quantise_group, quantise_groups_with,
-        quantise_into, Finished, PackedI8Linear, QuantisedRows, GROUP, NB,
+        add_group, group_scale, quantise_group, quantise_groups_with, quantise_into, Finished,
+        PackedI8Linear, QuantisedRows, GROUP, NB,
     };
     use crate::level::has_avx512_vnni;
     use crate::simd::{Avx2, Avx512, Avx512Vnni, Vector};
@@ -415,26 +392,35 @@ mod x86 {
         unsafe { crate::i8_block::products::<V, R, NV>(w, a, kp, GROUP / 4) }
     }
 
-    /// One group's products of `R` rows into their f32 sums at `out` (row stride `n`):
-    /// `sum += p as f32 * scale` (the first group sets them), the operations of [`add_group`]
-    /// (no fused multiply-add), so that every level rounds alike.
+    /// Group `g`'s products of the `R` rows from `r` with the block at column `col` into their
+    /// f32 sums in `out` (`[m, n]`), as [`add_group`] does it: `sum += (p - zero * colsum) *
+    /// scale`, the first group setting them, where `zero` is the row's zero point plus
+    /// `extra_zero` (what the kernel added to the signed codes). The integer part is exact
+    /// (so a fused multiply-add gives it too); the rescaling is not fused, so that every
+    /// level rounds alike.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     unsafe fn flush<V: Vector, const R: usize, const NV: usize>(
         acc: &[[V::I; NV]; R],
-        scales: [f32; R],
+        q: &QuantisedRows,
+        w: &PackedI8Linear,
+        (r, col, g): (usize, usize, usize),
+        extra_zero: f32,
         out: *mut f32,
-        n: usize,
-        first: bool,
     ) {
-        // SAFETY: (whole body) features of V per the caller; out holds R rows of NV * LANES
-        // floats, n apart.
+        let n = w.n;
+        // SAFETY: (whole body) features of V per the caller; out holds rows r..r + R of n
+        // floats and colsums groups rows of n, each with NV * LANES columns from col.
         unsafe {
-            for (r, a) in acc.iter().enumerate() {
-                let s = V::splat_f(scales[r]);
+            let colsums = w.colsums.as_ptr().add(g * n + col);
+            let c: [V::F; NV] = std::array::from_fn(|v| V::load_f(colsums.add(v * V::LANES)));
+            for (i, a) in acc.iter().enumerate() {
+                let s = V::splat_f(q.scales[(r + i) * w.groups() + g]);
+                let z = V::splat_f(-(q.zero(r + i, g) + extra_zero));
                 for (v, a) in a.iter().enumerate() {
-                    let o = out.add(r * n + v * V::LANES);
-                    let p = V::mul_f(V::to_f(*a), s);
-                    V::store_f(o, if first { p } else { V::add_f(V::load_f(o), p) });
+                    let o = out.add((r + i) * n + col + v * V::LANES);
+                    let p = V::mul_f(V::fmadd(z, c[v], V::to_f(*a)), s);
+                    V::store_f(o, if g == 0 { p } else { V::add_f(V::load_f(o), p) });
                 }
             }
         }
@@ -463,14 +449,7 @@ mod x86 {
                             q.codes.as_ptr().add(r * kp + g * GROUP),
                             kp,
                         );
-                        let scales = std::array::from_fn(|i| q.scales[(r + i) * groups + g]);
-                        flush::<V, R, NV>(
-                            &acc,
-                            scales,
-                            out.as_mut_ptr().add(r * n + col),
-                            n,
-                            g == 0,
-                        );
+                        flush::<V, R, NV>(&acc, q, w, (r, col, g), 0.0, out.as_mut_ptr());
                     }
                     r += R;
                 }
@@ -481,14 +460,7 @@ mod x86 {
                             q.codes.as_ptr().add(r * kp + g * GROUP),
                             kp,
                         );
-                        let scale = q.scales[r * groups + g];
-                        flush::<V, 1, NV>(
-                            &acc,
-                            [scale],
-                            out.as_mut_ptr().add(r * n + col),
-                            n,
-                            g == 0,
-                        );
+                        flush::<V, 1, NV>(&acc, q, w, (r, col, g), 0.0, out.as_mut_ptr());
                     }
                     r += 1;
                 }
@@ -511,6 +483,8 @@ mod x86 {
                         add_group(
                             &mut out[r * n + col..r * n + col + width],
                             &buf[..width],
+                            &w.colsums[g * n + col..g * n + col + width],
+                            q.zero(r, g),
                             q.scales[r * groups + g],
                             g == 0,
                         );
@@ -521,57 +495,10 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn finish_avx2(
-        out: &mut [f32],
-        shift: &mut [f32],
-        q: &QuantisedRows,
-        r: usize,
-        w: &PackedI8Linear,
-        bias: &[f32],
-    ) {
-        finish_columns(out, shift, q, r, w, bias, 0)
-    }
-    /// [`finish_columns`] sixteen columns at a time with their shift kept in a register
-    /// across the groups (`shift` is only the portable form's buffer): the same operations in
-    /// the same order (no fused multiply-add), so the same outputs; widths that are not a
-    /// multiple of 16 go the portable way.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub unsafe fn finish_avx512(
-        out: &mut [f32],
-        shift: &mut [f32],
-        q: &QuantisedRows,
-        r: usize,
-        w: &PackedI8Linear,
-        bias: &[f32],
-    ) {
-        let (n, groups) = (w.n, w.groups());
-        if n % 16 != 0 {
-            return finish_columns(out, shift, q, r, w, bias, 0);
-        }
-        // each group's zero-point term, as finish_columns computes it
-        let term = |g: usize| q.scales[r * groups + g] * q.zeros[r * groups + g] as f32;
-        // SAFETY: (whole body) AVX-512 per the caller; out, bias and w.scales hold n floats,
-        // w.colsums groups * n, and n is a multiple of 16.
-        unsafe {
-            for j in (0..n).step_by(16) {
-                let mut shift = _mm512_setzero_ps();
-                for g in 0..groups {
-                    let sums = _mm512_loadu_ps(w.colsums.as_ptr().add(g * n + j));
-                    shift = _mm512_add_ps(shift, _mm512_mul_ps(_mm512_set1_ps(term(g)), sums));
-                }
-                let o = out.as_mut_ptr().add(j);
-                let v = _mm512_sub_ps(_mm512_loadu_ps(o), shift);
-                let v = _mm512_mul_ps(v, _mm512_loadu_ps(w.scales.as_ptr().add(j)));
-                _mm512_storeu_ps(o, _mm512_add_ps(v, _mm512_loadu_ps(bias.as_ptr().add(j))));
-            }
-        }
-    }
-
-    #[target_feature(enable = "avx2,fma")]
     pub unsafe fn quantise_avx2(x: &[f32], k: usize, q: &mut QuantisedRows) {
         quantise_into(x, k, q)
     }
-    /// [`quantise_into`] with whole groups in four registers each: the same operations (and
+    /// [`quantise_into`] with whole groups in registers (`GROUP / 16` each): the same operations (and
     /// so the same codes) as the portable quantiser, which takes a row's last, partial group.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub unsafe fn quantise_avx512(x: &[f32], k: usize, q: &mut QuantisedRows) {
@@ -583,7 +510,7 @@ mod x86 {
             // SAFETY: AVX-512 per the caller; a whole group reads GROUP floats of its row and
             // writes GROUP bytes of its codes.
             unsafe {
-                let v: [__m512; 4] =
+                let v: [__m512; GROUP / 16] =
                     std::array::from_fn(|i| _mm512_loadu_ps(part.as_ptr().add(16 * i)));
                 let (mut lo, mut hi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
                 for v in v {
@@ -661,7 +588,7 @@ mod x86 {
     }
 
     /// One group's integer products of `rows` rows from `r` (unsigned codes, `[m, kp]`) with
-    /// packed block `blk` into `dst`, 128 times the group's column sums taken out.
+    /// packed block `blk` into `dst`.
     #[inline(always)]
     unsafe fn vnni_group_rows<const R: usize>(
         w: &PackedI8Linear,
@@ -673,14 +600,10 @@ mod x86 {
         dst: &mut [[__m512i; 2]],
     ) {
         let kp = w.kp;
-        let padded = w.n.div_ceil(NB) * NB;
         // SAFETY: (whole body) AVX-512 VNNI per the caller; codes holds rows r..r + rows of kp
-        // bytes, the packed block kp / 4 * NB * 4 bytes, offset_sums [groups][padded].
+        // bytes, the packed block kp / 4 * NB * 4 bytes.
         unsafe {
             let panel = w.codes.as_ptr().add(blk * kp * NB + g * GROUP * NB);
-            let offs = w.offset_sums.as_ptr().add(g * padded + blk * NB);
-            let o0 = _mm512_loadu_si512(offs.cast());
-            let o1 = _mm512_loadu_si512(offs.add(16).cast());
             let a = codes.as_ptr().add(r * kp + g * GROUP);
             if rows == R {
                 let acc = vnni_group::<R>(panel, a, kp);
@@ -691,19 +614,15 @@ mod x86 {
                     dst[i] = acc;
                 }
             }
-            for d in dst[..rows].iter_mut() {
-                d[0] = _mm512_sub_epi32(d[0], o0);
-                d[1] = _mm512_sub_epi32(d[1], o1);
-            }
         }
     }
 
     /// [`int8_generic`] on VNNI with the activations' codes made unsigned (plus 128): the
-    /// products of a group are then `sum (c + 128) w`, from which 128 times the group's
-    /// column sums is subtracted in integers, so the sums (and the outputs) are exactly those
-    /// of the signed kernels on every other level. Whole blocks of `R` rows and 32 columns
-    /// keep their sums in registers across the groups and are finished there (as
-    /// `finish_row` would); what it returns says which outputs are final.
+    /// products of a group are then `sum (c + 128) w`, and the zero point they carry is 128
+    /// more than the signed codes' ([`add_group`]), so the sums (and the outputs) are exactly
+    /// those of the signed kernels on every other level. Whole blocks of `R` rows and 32
+    /// columns keep their sums in registers across the groups and are finished there (as
+    /// [`finish_columns`](super::finish_columns) would); what it returns says which outputs are final.
     #[inline(always)]
     unsafe fn vnni_unsigned<const R: usize>(
         q: &QuantisedRows,
@@ -713,10 +632,10 @@ mod x86 {
         out: &mut [f32],
     ) -> Finished {
         let (n, groups) = (w.n, w.groups());
+        // the signed codes plus 128, as unsigned bytes
         let codes: Vec<u8> = q.codes.iter().map(|&c| (c as u8) ^ 0x80).collect();
         // SAFETY: (whole body) AVX-512 VNNI per the caller; codes is [m, kp], out [m, n], each
-        // packed block kp / 4 * NB * 4 bytes, offset_sums [groups][padded], q.scales
-        // [m, groups].
+        // packed block kp / 4 * NB * 4 bytes, w.colsums [groups, n], q.scales [m, groups].
         unsafe {
             let mut acc = [[_mm512_setzero_si512(); 2]; R];
             let mut buf = [0i32; NB];
@@ -726,40 +645,30 @@ mod x86 {
                 while r < m {
                     let rows = R.min(m - r);
                     if rows == R && width == NB {
-                        // every group's f32 sums kept in registers and stored once,
-                        // by flush's operations (the same outputs): flushing each group
-                        // through memory cost a load and a store per register and group
+                        // every group's f32 sums kept in registers and stored once, by
+                        // flush's operations (the same outputs): flushing each group through
+                        // memory cost a load and a store per register and group
                         let mut sums = [[_mm512_setzero_ps(); 2]; R];
                         for g in 0..groups {
                             vnni_group_rows::<R>(w, &codes, r, R, blk, g, &mut acc);
+                            let colsums = w.colsums.as_ptr().add(g * n + col);
+                            let c = [0, 1].map(|v| _mm512_loadu_ps(colsums.add(16 * v)));
                             for (i, (a, s)) in acc.iter().zip(sums.iter_mut()).enumerate() {
                                 let scale = _mm512_set1_ps(q.scales[(r + i) * groups + g]);
+                                let zero = _mm512_set1_ps(-(q.zero(r + i, g) + UNSIGNED));
                                 for v in 0..2 {
-                                    let p = _mm512_mul_ps(_mm512_cvtepi32_ps(a[v]), scale);
+                                    let p = _mm512_fmadd_ps(zero, c[v], _mm512_cvtepi32_ps(a[v]));
+                                    let p = _mm512_mul_ps(p, scale);
                                     s[v] = if g == 0 { p } else { _mm512_add_ps(s[v], p) };
                                 }
                             }
                         }
-                        // finished as finish_row does it: the zero points' shift summed
-                        // group by group, then scaled and biased
+                        // finished as finish_columns does it
                         for (i, s) in sums.iter().enumerate() {
-                            let row = r + i;
-                            let mut shift = [_mm512_setzero_ps(); 2];
-                            for g in 0..groups {
-                                let term =
-                                    q.scales[row * groups + g] * q.zeros[row * groups + g] as f32;
-                                let term = _mm512_set1_ps(term);
-                                let sums = w.colsums.as_ptr().add(g * n + col);
-                                for (v, shift) in shift.iter_mut().enumerate() {
-                                    let c = _mm512_loadu_ps(sums.add(16 * v));
-                                    *shift = _mm512_add_ps(*shift, _mm512_mul_ps(term, c));
-                                }
-                            }
-                            let o = out.as_mut_ptr().add(row * n + col);
+                            let o = out.as_mut_ptr().add((r + i) * n + col);
                             for v in 0..2 {
-                                let x = _mm512_sub_ps(s[v], shift[v]);
                                 let scale = _mm512_loadu_ps(w.scales.as_ptr().add(col + 16 * v));
-                                let x = _mm512_mul_ps(x, scale);
+                                let x = _mm512_mul_ps(s[v], scale);
                                 let b = _mm512_loadu_ps(bias.as_ptr().add(col + 16 * v));
                                 _mm512_storeu_ps(o.add(16 * v), _mm512_add_ps(x, b));
                             }
@@ -770,17 +679,26 @@ mod x86 {
                     for g in 0..groups {
                         vnni_group_rows::<R>(w, &codes, r, rows, blk, g, &mut acc);
                         for (i, a) in acc[..rows].iter().enumerate() {
-                            let scale = q.scales[(r + i) * groups + g];
-                            let o = out.as_mut_ptr().add((r + i) * n + col);
                             if width == NB {
-                                flush::<Avx512Vnni, 1, 2>(&[*a], [scale], o, n, g == 0);
+                                let at = (r + i, col, g);
+                                flush::<Avx512Vnni, 1, 2>(
+                                    &[*a],
+                                    q,
+                                    w,
+                                    at,
+                                    UNSIGNED,
+                                    out.as_mut_ptr(),
+                                );
                             } else {
                                 _mm512_storeu_si512(buf.as_mut_ptr().cast(), a[0]);
                                 _mm512_storeu_si512(buf.as_mut_ptr().add(16).cast(), a[1]);
+                                let o = (r + i) * n + col;
                                 add_group(
-                                    std::slice::from_raw_parts_mut(o, width),
+                                    &mut out[o..o + width],
                                     &buf[..width],
-                                    scale,
+                                    &w.colsums[g * n + col..g * n + col + width],
+                                    q.zero(r + i, g) + UNSIGNED,
+                                    q.scales[(r + i) * groups + g],
                                     g == 0,
                                 );
                             }
@@ -795,6 +713,9 @@ mod x86 {
             columns: n / NB * NB,
         }
     }
+
+    /// What VNNI's unsigned codes add to the signed ones (and so to their zero point).
+    const UNSIGNED: f32 = 128.0;
 
     /// The group-wise int8 products on AVX-512, with VNNI where the CPU has it.
     pub unsafe fn int8_products_avx512(
