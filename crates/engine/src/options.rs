@@ -111,11 +111,11 @@ pub fn default_precision() -> Precision {
 /// Why [`default_precision`] chose as it did (`craterdex cpu` prints it), from the
 /// measurements in docs/performance.md.
 pub const DEFAULT_PRECISION_WHY: &str = "int8 extraction keeps the shipped recipe within \
-     0.005 mAP of f32 on both real benchmarks (Mars +0.003, NAC -0.002, 8 blocks) and runs \
-     1.7x (Zen 4) to 2.1x (Zen 5) f32 with VNNI (avx512), 1.07x on avx2 and 0.2x on the \
+     0.005 mAP of f32 on both real benchmarks (Mars -0.003, NAC +0.000, 8 blocks) and runs \
+     1.7x (Zen 4) to 2.2x (Zen 5) f32 with VNNI (avx512), 1.07x on avx2 and 0.2x on the \
      portable level, so it is the \
      default only where the CPU multiplies int8 in hardware; bf16 (AVX-512 BF16 or AMX) keeps \
-     the recipe within 0.0001 on both but runs 1.7x f32 on Zen 5 where int8 runs 2.1x, so it \
+     the recipe within 0.0001 on both but runs 1.7x f32 on Zen 5 where int8 runs 2.2x, so it \
      stays an option";
 
 const MAX_BATCH: usize = 4096;
