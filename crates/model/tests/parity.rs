@@ -126,17 +126,26 @@ fn bf16_tokens_stay_close_to_onnxruntime() {
 
 /// int8 linear layers (activations per row and group of 64 inputs, 8-bit weights per
 /// column, exact integer products on every kernel level): tokens within cosine 0.999 of the
-/// f32 reference (all but a few of the 771 here, none below 0.998).
+/// f32 reference, all but a few of the 771 here.
+///
+/// Which few, and the worst of them, depend on the rounding of f32 sums: a code that lands on
+/// the other side of a rounding boundary in an early block changes the codes of the blocks
+/// after it. Builds that differ only in the order of f32 additions (2026-11-27: the zero
+/// points taken out before or after the sum over groups, the groups summed forward or
+/// backward, kernel levels portable and avx2, f32 attention) gave 98.96-99.87% of the tokens
+/// within 0.999, worst 0.9981-0.9990, mean 0.99962-0.99971. The bounds sit below that spread;
+/// a wrong quantisation breaks them by far (activation scales 3% too small, clipping the
+/// largest value of each group: 7.9% within 0.999, mean 0.9983).
 #[test]
 fn int8_tokens_stay_close_to_onnxruntime() {
     let Some(dir) = default_model() else { return };
     let (worst_cos, mean_cos, worst_attn, share) = compare_tokens(&dir, Precision::Int8);
     assert!(mean_cos >= 0.9995, "mean token cosine {mean_cos}");
     assert!(
-        share >= 0.99,
+        share >= 0.98,
         "{:.2}% of tokens within 0.999",
         100.0 * share
     );
-    assert!(worst_cos >= 0.998, "token cosine {worst_cos}");
+    assert!(worst_cos >= 0.997, "token cosine {worst_cos}");
     assert!(worst_attn <= 5e-3, "attention error {worst_attn}");
 }
