@@ -297,6 +297,8 @@ fn add_group(sums: &mut [f32], p: &[i32], colsums: &[f32], zero: f32, scale: f32
 // the zero point and their difference, exactly: a group's products of unsigned bytes with
 // codes of at most 127 in magnitude, and the zero point (at most 255) times a column sum.
 const _: () = assert!(GROUP * 255 * 127 < 1 << 24);
+// whole groups fill whole registers of 16 floats (the AVX-512 quantiser)
+const _: () = assert!(GROUP.is_multiple_of(16));
 
 /// `out[r * n + j] = sum_g scale[r, g] * sum_{i in g} code[r, i] * W8[i, j]`, group by
 /// group; where the kernel finishes outputs itself (VNNI), those it returns are final.
@@ -436,7 +438,7 @@ mod x86 {
         let (kp, n, groups) = (w.kp, w.n, w.groups());
         let full = n / NB;
         // SAFETY: (whole body) features of V per the caller; q.codes is [m, kp], out [m, n],
-        // each packed block kp / 4 * NB * 4 bytes, w.scales [groups, n].
+        // each packed block kp / 4 * NB * 4 bytes, w.colsums [groups, n].
         unsafe {
             // whole blocks: flushed in registers, straight into `out`
             for (blk, panel) in w.codes.chunks_exact(kp * NB).take(full).enumerate() {
@@ -498,8 +500,9 @@ mod x86 {
     pub unsafe fn quantise_avx2(x: &[f32], k: usize, q: &mut QuantisedRows) {
         quantise_into(x, k, q)
     }
-    /// [`quantise_into`] with whole groups in registers (`GROUP / 16` each): the same operations (and
-    /// so the same codes) as the portable quantiser, which takes a row's last, partial group.
+    /// [`quantise_into`] with whole groups in registers (`GROUP / 16` each): the same
+    /// operations (and so the same codes) as the portable quantiser, which takes a row's last,
+    /// partial group.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub unsafe fn quantise_avx512(x: &[f32], k: usize, q: &mut QuantisedRows) {
         const SHIFT: f32 = 12_582_912.0;
@@ -622,7 +625,8 @@ mod x86 {
     /// more than the signed codes' ([`add_group`]), so the sums (and the outputs) are exactly
     /// those of the signed kernels on every other level. Whole blocks of `R` rows and 32
     /// columns keep their sums in registers across the groups and are finished there (as
-    /// [`finish_columns`](super::finish_columns) would); what it returns says which outputs are final.
+    /// [`finish_columns`](super::finish_columns) would); what it returns says which outputs
+    /// are final.
     #[inline(always)]
     unsafe fn vnni_unsigned<const R: usize>(
         q: &QuantisedRows,
