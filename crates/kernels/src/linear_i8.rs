@@ -394,14 +394,40 @@ mod x86 {
         unsafe { crate::i8_block::products::<V, R, NV>(w, a, kp, GROUP / 4) }
     }
 
-    /// Group `g`'s products of the `R` rows from `r` with the block at column `col` into their
-    /// f32 sums in `out` (`[m, n]`), as [`add_group`] does it: `sum += (p - zero * colsum) *
+    /// Group `g`'s products of the `R` rows from `r` with the block at column `col` added
+    /// to their f32 sums in registers, as [`add_group`] does it: `sum += (p - zero * colsum) *
     /// scale`, the first group setting them, where `zero` is the row's zero point plus
     /// `extra_zero` (what the kernel added to the signed codes). The integer part is exact
     /// (so a fused multiply-add gives it too); the rescaling is not fused, so that every
     /// level rounds alike.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
+    unsafe fn add_group_registers<V: Vector, const R: usize, const NV: usize>(
+        sums: &mut [[V::F; NV]; R],
+        acc: &[[V::I; NV]; R],
+        q: &QuantisedRows,
+        w: &PackedI8Linear,
+        (r, col, g): (usize, usize, usize),
+        extra_zero: f32,
+    ) {
+        // SAFETY: (whole body) features of V per the caller; colsums holds groups rows of n
+        // floats, with NV * LANES columns from col.
+        unsafe {
+            let colsums = w.colsums.as_ptr().add(g * w.n + col);
+            let c: [V::F; NV] = std::array::from_fn(|v| V::load_f(colsums.add(v * V::LANES)));
+            for (i, (a, s)) in acc.iter().zip(sums.iter_mut()).enumerate() {
+                let scale = V::splat_f(q.scales[(r + i) * w.groups() + g]);
+                let zero = V::splat_f(-(q.zero(r + i, g) + extra_zero));
+                for v in 0..NV {
+                    let p = V::mul_f(V::fmadd(zero, c[v], V::to_f(a[v])), scale);
+                    s[v] = if g == 0 { p } else { V::add_f(s[v], p) };
+                }
+            }
+        }
+    }
+
+    /// [`add_group_registers`] on sums kept in `out` (`[m, n]`): loaded (after the first
+    /// group), added to and stored back.
+    #[inline(always)]
     unsafe fn flush<V: Vector, const R: usize, const NV: usize>(
         acc: &[[V::I; NV]; R],
         q: &QuantisedRows,
@@ -412,17 +438,22 @@ mod x86 {
     ) {
         let n = w.n;
         // SAFETY: (whole body) features of V per the caller; out holds rows r..r + R of n
-        // floats and colsums groups rows of n, each with NV * LANES columns from col.
+        // floats, each with NV * LANES columns from col.
         unsafe {
-            let colsums = w.colsums.as_ptr().add(g * n + col);
-            let c: [V::F; NV] = std::array::from_fn(|v| V::load_f(colsums.add(v * V::LANES)));
-            for (i, a) in acc.iter().enumerate() {
-                let s = V::splat_f(q.scales[(r + i) * w.groups() + g]);
-                let z = V::splat_f(-(q.zero(r + i, g) + extra_zero));
-                for (v, a) in a.iter().enumerate() {
-                    let o = out.add((r + i) * n + col + v * V::LANES);
-                    let p = V::mul_f(V::fmadd(z, c[v], V::to_f(*a)), s);
-                    V::store_f(o, if g == 0 { p } else { V::add_f(V::load_f(o), p) });
+            let at = |i: usize, v: usize| out.add((r + i) * n + col + v * V::LANES);
+            let mut sums: [[V::F; NV]; R] = std::array::from_fn(|i| {
+                std::array::from_fn(|v| {
+                    if g == 0 {
+                        V::zero_f()
+                    } else {
+                        V::load_f(at(i, v))
+                    }
+                })
+            });
+            add_group_registers::<V, R, NV>(&mut sums, acc, q, w, (r, col, g), extra_zero);
+            for (i, s) in sums.iter().enumerate() {
+                for (v, s) in s.iter().enumerate() {
+                    V::store_f(at(i, v), *s);
                 }
             }
         }
@@ -649,23 +680,20 @@ mod x86 {
                 while r < m {
                     let rows = R.min(m - r);
                     if rows == R && width == NB {
-                        // every group's f32 sums kept in registers and stored once, by
-                        // flush's operations (the same outputs): flushing each group through
-                        // memory cost a load and a store per register and group
+                        // every group's f32 sums kept in registers and stored once (flushing
+                        // each group through memory cost a load and a store per register and
+                        // group)
                         let mut sums = [[_mm512_setzero_ps(); 2]; R];
                         for g in 0..groups {
                             vnni_group_rows::<R>(w, &codes, r, R, blk, g, &mut acc);
-                            let colsums = w.colsums.as_ptr().add(g * n + col);
-                            let c = [0, 1].map(|v| _mm512_loadu_ps(colsums.add(16 * v)));
-                            for (i, (a, s)) in acc.iter().zip(sums.iter_mut()).enumerate() {
-                                let scale = _mm512_set1_ps(q.scales[(r + i) * groups + g]);
-                                let zero = _mm512_set1_ps(-(q.zero(r + i, g) + UNSIGNED));
-                                for v in 0..2 {
-                                    let p = _mm512_fmadd_ps(zero, c[v], _mm512_cvtepi32_ps(a[v]));
-                                    let p = _mm512_mul_ps(p, scale);
-                                    s[v] = if g == 0 { p } else { _mm512_add_ps(s[v], p) };
-                                }
-                            }
+                            add_group_registers::<Avx512Vnni, R, 2>(
+                                &mut sums,
+                                &acc,
+                                q,
+                                w,
+                                (r, col, g),
+                                UNSIGNED,
+                            );
                         }
                         // finished as finish_columns does it
                         for (i, s) in sums.iter().enumerate() {
