@@ -1511,18 +1511,25 @@ fn a_turned_query_is_found_again_toward_the_catalogues_sun_first() {
     );
 }
 
-/// A crater in rough terrain (a bowl and bumps 3-5 px across placed by `seed`) shaded by a sun
-/// along `sun` radians under linear Lambertian light: brightness departs from flat ground's
-/// by the slope along the sun, as the relit benchmark's hillshades do.
+/// A crater in rough terrain (a bowl and 250 bumps 1-4 px across placed by `seed`) shaded by
+/// a sun along `sun` radians under linear Lambertian light: brightness departs from flat
+/// ground's by the slope along the sun, as the relit benchmark's hillshades do.
+///
+/// The bumps leave little flat ground, which looks alike in every image. Among 40 larger
+/// bumps, the query's views turned toward the sun gathered 94-104 inliers with every crater,
+/// where 103 register, so the stage that found it depended on the precision (issue 52). With
+/// these, at every precision and kernel level (f32, int8, bf16): as given and in four turns
+/// and their mirror images, verified, no image gathers more than 66 inliers; relit, the right
+/// crater 136-138 and the next 64.
 fn shaded_terrain(side: u32, seed: u32, sun: f32) -> GrayImage {
-    let bumps: Vec<(f32, f32, f32, f32)> = (0..40u32)
+    let bumps: Vec<(f32, f32, f32, f32)> = (0..250u32)
         .map(|i| {
             let h = (seed * 7919 + i * 104_729).wrapping_mul(2_654_435_761);
             let u = |k: u32| ((h.rotate_left(k * 8) >> 20) & 0xfff) as f32 / 4096.0;
             (
                 u(0),
                 u(1),
-                0.02 + 0.02 * u(2),
+                0.01 + 0.02 * u(2),
                 if u(3) > 0.5 { 0.5 } else { -0.5 },
             )
         })
