@@ -9,7 +9,7 @@ use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Args;
 use craterdex_engine::{
     Brightness, Codec, Extractor, IvfSetting, Mode, ModelOptions, Orientation, Pooling, Precision,
-    RecipeOptions, ResizeMode, SearchOptions, SeedStrategy, Whitening,
+    Protocol, RecipeOptions, ResizeMode, SearchOptions, SeedStrategy, Whitening,
 };
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -79,6 +79,13 @@ pub struct ModelChoice {
     /// queries must use the same. Measured: docs/results.md, "Multi-scale tokens".
     #[arg(long, value_delimiter = ',')]
     pub extra_sizes: Vec<usize>,
+    /// A named protocol in place of --blocks, --brightness and --precision: shipped
+    /// (craterdex's defaults: two thirds of the blocks, brightness standardised, the CPU's
+    /// default precision) or paper (the CraterBench-R paper's: every block, brightness as
+    /// stored, f32). `eval` records which protocol ran, named or not (docs/guide/cli.md).
+    #[arg(long, value_parser = one_of::<Protocol>(Protocol::VARIANTS.iter().copied()),
+          conflicts_with_all = ["blocks", "brightness", "precision", "size", "keep_tokens", "extra_sizes", "orient"])]
+    pub protocol: Option<Protocol>,
 }
 
 /// [`ModelChoice`] plus how extraction runs.
@@ -112,6 +119,7 @@ impl ModelChoice {
             keep_tokens: self.keep_tokens,
             blocks: self.blocks,
             extra_sizes: self.extra_sizes.clone(),
+            protocol: self.protocol,
             cache: false,
             ..Default::default()
         }

@@ -148,6 +148,85 @@ fn write_tiny_model(dir: &Path) -> PathBuf {
     craterdex_model::testing::write_tiny_checkpoint(dir, D, P, G)
 }
 
+/// `eval --protocol paper` runs every block on crops as stored in f32 and says so in its
+/// JSON, per-query CSV and report, whose findings are then the paper's as published; a run
+/// under the shipped defaults records that protocol and says its findings are not the
+/// paper's. A protocol and the settings it fixes cannot be given together.
+#[test]
+fn eval_records_its_protocol_and_checks_the_papers_findings_only_under_the_papers() {
+    let e = Env::new();
+    let model = e.tiny_model();
+    let manifest = e.tile_benchmark("4");
+    let eval = |name: &str, protocol: &[&str]| {
+        let mut args = vec![
+            "eval",
+            "--manifest",
+            &manifest,
+            "--quick",
+            "--model",
+            &model,
+        ];
+        let (json, csv, html) = (
+            format!("{name}.json"),
+            format!("{name}.csv"),
+            format!("{name}.html"),
+        );
+        args.extend(["--json", &json, "--per-query", &csv, "--report", &html]);
+        args.extend(protocol);
+        e.ok(&args);
+        let read = |f: &str| std::fs::read_to_string(e.root.join(f)).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&read(&json)).unwrap();
+        (v, read(&csv), read(&html))
+    };
+    let (v, csv, html) = eval("paper", &["--protocol", "paper"]);
+    let p = &v["protocol"];
+    assert_eq!(p["name"], "paper", "{p}");
+    assert_eq!(p["blocks"], p["depth"], "{p}");
+    assert_eq!(
+        (&p["brightness"], &p["precision"]),
+        (&"as-is".into(), &"f32".into())
+    );
+    assert!(
+        csv.starts_with("# paper protocol: ") && csv.contains("blocks, brightness as-is, f32"),
+        "{csv}"
+    );
+    assert!(
+        html.contains("Findings of the paper, checked under the paper's protocol"),
+        "{html}"
+    );
+    assert!(!html.contains("Not the paper"), "{html}");
+    // the shipped defaults: standardised brightness, this CPU's default precision
+    let (v, csv, html) = eval("shipped", &[]);
+    let p = &v["protocol"];
+    assert_eq!(p["name"], "shipped", "{p}");
+    assert_eq!(p["brightness"], "standardised");
+    assert_eq!(
+        p["precision"],
+        craterdex_engine::default_precision().to_string()
+    );
+    assert!(csv.starts_with("# shipped protocol: "), "{csv}");
+    assert!(html.contains("<b>Not the paper's protocol</b>"), "{html}");
+    assert!(html.contains("craterdex eval --protocol paper"), "{html}");
+    // a protocol fixes the blocks, brightness and precision: naming both is refused
+    let o = e.run(&[
+        "eval",
+        "--manifest",
+        &manifest,
+        "--model",
+        &model,
+        "--protocol",
+        "paper",
+        "--blocks",
+        "1",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("cannot be used with"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
 /// A textured tile with dark "craters" and their pixel catalogue (pycda format).
 fn write_tile(dir: &Path) -> (PathBuf, PathBuf) {
     let craters: Vec<(f64, f64, f64)> = (0..12)
@@ -346,7 +425,10 @@ fn full_workflow_on_a_tiny_model() {
             .filter(|l| l.starts_with(&format!("{split},inst_fps_k32_white,")))
             .count()
     };
-    assert!(csv.starts_with("split,regime,query_id,"), "{csv}");
+    // headed by the protocol the run followed: none by name at 16 px with --size
+    let (protocol, table) = csv.split_once('\n').unwrap();
+    assert!(protocol.starts_with("# custom protocol: "), "{protocol}");
+    assert!(table.starts_with("split,regime,query_id,"), "{csv}");
     assert!(rows_of("test") > 0);
     assert_eq!(rows_of("test_rotated"), turned_views);
     let html = std::fs::read_to_string(e.root.join("t.html")).unwrap();

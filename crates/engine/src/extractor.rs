@@ -2,7 +2,7 @@
 //! with the on-disk cache and a progress report. The only place a model is loaded.
 
 use crate::error::{Error, Result};
-use crate::options::ModelOptions;
+use crate::options::{ModelOptions, Protocol, ProtocolInfo};
 use crate::progress::Progress;
 use crate::views::QueryViews;
 use craterdex_errors::{ensure, ResultExt};
@@ -36,8 +36,7 @@ impl Extractor {
     /// missing.
     pub fn load(options: &ModelOptions, progress: &dyn Progress) -> Result<Self> {
         options.check()?;
-        let spec = options;
-        let dir = match &spec.model {
+        let dir = match &options.model {
             Some(d) => d.clone(),
             None => {
                 let dir = fetch::default_model_dir();
@@ -48,13 +47,45 @@ impl Extractor {
                 dir
             }
         };
-        let vit = craterdex_model::load(&dir, spec.size)
-            .with_context(|| format!("cannot load the model in {}", dir.display()))?
+        let vit = craterdex_model::load(&dir, options.size)
+            .with_context(|| format!("cannot load the model in {}", dir.display()))?;
+        // a protocol's blocks count those of this backbone
+        let spec = match options.protocol {
+            Some(protocol) => protocol.apply(options, vit.config().depth),
+            None => options.clone(),
+        };
+        let vit = vit
             .with_precision(spec.precision)?
             .with_token_reduction(spec.keep_tokens)?
             .with_blocks(spec.blocks)?
             .with_extra_sizes(&spec.extra_sizes)?;
-        Ok(Self::new(vit, options))
+        Ok(Self::new(vit, &spec))
+    }
+
+    /// What this extractor runs under, as an evaluation records it: the [`Protocol`] its
+    /// settings follow, if any, and those settings.
+    pub fn protocol(&self) -> ProtocolInfo {
+        let depth = self.vit.config().depth;
+        let blocks = self.vit.blocks_run();
+        let plain = self.orientation == Orientation::AsIs
+            && self.vit.keeps_every_token()
+            && self.vit.input_sizes() == [self.vit.config().image_size];
+        let follows = |p: Protocol| {
+            plain
+                && blocks == p.blocks(depth)
+                && self.brightness == p.brightness()
+                && self.vit.precision() == p.precision()
+        };
+        ProtocolInfo {
+            name: Protocol::iter()
+                .find(|&p| follows(p))
+                .map_or_else(|| "custom".to_string(), |p| p.to_string()),
+            blocks,
+            depth,
+            brightness: self.brightness,
+            precision: self.vit.precision(),
+            model: self.fingerprint(),
+        }
     }
 
     /// An extractor around a backbone already in memory, preparing images and running as
@@ -357,6 +388,91 @@ pub(crate) fn split_reduction(model: &str) -> (&str, BackboneRun<'_>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::progress::Silent;
+    use craterdex_model::Precision;
+
+    /// A named protocol sets the blocks (of this backbone's depth), brightness and precision,
+    /// refuses the settings it fixes, and the record names the protocol whatever way its
+    /// settings were given; anything else is custom.
+    #[test]
+    fn protocols_set_depth_input_and_precision_and_records_name_them() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ckpt = craterdex_model::testing::write_tiny_checkpoint_of_depth(
+            &tmp.path().join("ckpt"),
+            16,
+            4,
+            4,
+            3,
+        );
+        let (dir, _) = craterdex_model::import::import_file(&ckpt, "tiny3", tmp.path()).unwrap();
+        let load = |o: ModelOptions| {
+            Extractor::load(
+                &ModelOptions {
+                    model: Some(dir.clone()),
+                    cache: false,
+                    ..o
+                },
+                &Silent,
+            )
+        };
+        let named = |p| ModelOptions {
+            protocol: Some(p),
+            ..Default::default()
+        };
+        let paper = load(named(Protocol::Paper)).unwrap().protocol();
+        assert_eq!(
+            (paper.name.as_str(), paper.blocks, paper.depth),
+            ("paper", 3, 3)
+        );
+        assert_eq!(
+            (paper.brightness, paper.precision),
+            (Brightness::AsIs, Precision::F32)
+        );
+        let shipped = load(named(Protocol::Shipped)).unwrap().protocol();
+        assert_eq!((shipped.name.as_str(), shipped.blocks), ("shipped", 2));
+        assert_eq!(
+            (shipped.brightness, shipped.precision),
+            (Brightness::Standardised, crate::default_precision())
+        );
+        // the defaults are the shipped protocol, the paper's settings given one by one the paper's
+        assert_eq!(load(ModelOptions::default()).unwrap().protocol(), shipped);
+        let by_hand = ModelOptions {
+            blocks: Some(3),
+            brightness: Brightness::AsIs,
+            precision: Precision::F32,
+            ..Default::default()
+        };
+        assert_eq!(load(by_hand.clone()).unwrap().protocol(), paper);
+        for custom in [
+            ModelOptions {
+                blocks: Some(3),
+                ..Default::default()
+            },
+            ModelOptions {
+                keep_tokens: 0.5,
+                ..by_hand.clone()
+            },
+            ModelOptions {
+                orient: Orientation::Shading,
+                ..by_hand.clone()
+            },
+        ] {
+            assert_eq!(load(custom).unwrap().protocol().name, "custom");
+        }
+        for refused in [
+            ModelOptions {
+                blocks: Some(2),
+                ..named(Protocol::Paper)
+            },
+            ModelOptions {
+                keep_tokens: 0.5,
+                ..named(Protocol::Shipped)
+            },
+        ] {
+            let e = load(refused).err().unwrap().to_string();
+            assert!(e.contains("protocol sets the backbone"), "{e}");
+        }
+    }
 
     #[test]
     fn a_fingerprint_splits_back_into_model_orientation_and_brightness() {

@@ -39,12 +39,12 @@ pub use error::{Error, Result};
 pub use extractor::Extractor;
 pub use info::{IndexInfo, IvfInfo};
 pub use options::{
-    default_precision, verified_search_params, Defaults, ModelOptions, RecipeOptions, SearchLimits,
-    SearchOptions, Whitening, DEFAULT_PRECISION_WHY, MAX_TURNS, MAX_VERIFY, OPPOSITE_SUN_MARGIN,
-    RECHECK_AGAIN_VERIFY, RECHECK_INLIER_SHARE, RECHECK_KEEP_SHARE, RECHECK_RELIT_KEEP_SHARE,
-    RECHECK_TOWARD_VERIFY, RECHECK_TURNS, RECHECK_VERIFY, RECHECK_VIEWS, SUN_APART_DEGREES,
-    SUN_SAMPLE, SUN_SHARE, SUN_WINDOW_DEGREES, TURN_MARGIN, VERIFY_CHANCE_SHARE, VERIFY_SHORTLIST,
-    VERIFY_VIEWS, VERIFY_WEIGHT,
+    default_precision, verified_search_params, Defaults, ModelOptions, Protocol, ProtocolInfo,
+    RecipeOptions, SearchLimits, SearchOptions, Whitening, DEFAULT_PRECISION_WHY, MAX_TURNS,
+    MAX_VERIFY, OPPOSITE_SUN_MARGIN, RECHECK_AGAIN_VERIFY, RECHECK_INLIER_SHARE,
+    RECHECK_KEEP_SHARE, RECHECK_RELIT_KEEP_SHARE, RECHECK_TOWARD_VERIFY, RECHECK_TURNS,
+    RECHECK_VERIFY, RECHECK_VIEWS, SUN_APART_DEGREES, SUN_SAMPLE, SUN_SHARE, SUN_WINDOW_DEGREES,
+    TURN_MARGIN, VERIFY_CHANCE_SHARE, VERIFY_SHORTLIST, VERIFY_VIEWS, VERIFY_WEIGHT,
 };
 pub use plan::{learn_rows, learn_sample, BuildPlan, LEARN_SAMPLE_IMAGES};
 pub use progress::{Progress, Silent};

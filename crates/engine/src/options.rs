@@ -50,6 +50,10 @@ pub struct ModelOptions {
     pub cache: bool,
     /// Use what can be decoded of truncated or corrupt images instead of skipping them.
     pub allow_partial_images: bool,
+    /// A named protocol ([`Protocol`]): when set, its blocks, brightness and precision
+    /// replace those above, and `blocks`, `size`, `keep_tokens`, `extra_sizes` and `orient`
+    /// must be left at their defaults. `None`: the options as they are.
+    pub protocol: Option<Protocol>,
 }
 
 impl Default for ModelOptions {
@@ -67,6 +71,7 @@ impl Default for ModelOptions {
             batch: 16,
             cache: true,
             allow_partial_images: false,
+            protocol: None,
         }
     }
 }
@@ -84,6 +89,20 @@ impl ModelOptions {
             (1..=MAX_BATCH).contains(&self.batch),
             Error::Invalid(format!("batch must be between 1 and {MAX_BATCH}"))
         );
+        if let Some(protocol) = self.protocol {
+            let defaults = Self::default();
+            ensure!(
+                self.blocks.is_none()
+                    && self.size.is_none()
+                    && self.keep_tokens == defaults.keep_tokens
+                    && self.extra_sizes.is_empty()
+                    && self.orient == defaults.orient,
+                Error::Invalid(format!(
+                    "the {protocol} protocol sets the backbone's depth, input and precision; \
+                     leave out blocks, size, keep_tokens, extra_sizes and orient"
+                ))
+            );
+        }
         if let Some(size) = self.size {
             ensure!(
                 (14..=MAX_INPUT_SIZE).contains(&size),
@@ -93,6 +112,101 @@ impl ModelOptions {
             );
         }
         Ok(())
+    }
+}
+
+/// A named way to run the backbone, so that an evaluation says which it ran
+/// (`craterdex eval --protocol`): `shipped`, craterdex's defaults (the first two thirds of the
+/// backbone's blocks, [`craterdex_model::retrieval_blocks`], every crop's brightness
+/// standardised, the CPU's [`default_precision`]); `paper`, the CraterBench-R paper's (every
+/// block, brightness as stored, f32). Only these three settings differ; both run the model
+/// at its own input size, every token kept, crops as given. [`ProtocolInfo`] records what ran.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    strum::Display,
+    strum::EnumIter,
+    strum::VariantNames,
+    serde_with::SerializeDisplay,
+    serde_with::DeserializeFromStr,
+)]
+#[strum(serialize_all = "lowercase")]
+pub enum Protocol {
+    Shipped,
+    Paper,
+}
+
+impl std::str::FromStr for Protocol {
+    type Err = craterdex_errors::Invalid;
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        use strum::IntoEnumIterator;
+        craterdex_errors::parse_named("protocol", s, Protocol::iter(), &[])
+    }
+}
+
+impl Protocol {
+    /// Blocks run of a backbone `depth` blocks deep.
+    pub fn blocks(self, depth: usize) -> usize {
+        match self {
+            Protocol::Shipped => craterdex_model::retrieval_blocks(depth),
+            Protocol::Paper => depth,
+        }
+    }
+
+    /// How crops' brightness is set before the model sees them.
+    pub fn brightness(self) -> Brightness {
+        match self {
+            Protocol::Shipped => ModelOptions::default().brightness,
+            Protocol::Paper => Brightness::AsIs,
+        }
+    }
+
+    /// The precision extraction runs at.
+    pub fn precision(self) -> Precision {
+        match self {
+            Protocol::Shipped => default_precision(),
+            Protocol::Paper => Precision::F32,
+        }
+    }
+
+    /// `options` under this protocol, for a backbone `depth` blocks deep: its settings
+    /// written out, so that they load alike without it.
+    pub fn apply(self, options: &ModelOptions, depth: usize) -> ModelOptions {
+        ModelOptions {
+            blocks: Some(self.blocks(depth)),
+            brightness: self.brightness(),
+            precision: self.precision(),
+            protocol: None,
+            ..options.clone()
+        }
+    }
+}
+
+/// What an extraction ran under, as results record it: the [`Protocol`] its settings follow
+/// (`custom` where they follow neither), the blocks run of the backbone's depth, brightness,
+/// precision and the model's fingerprint (which names every other setting that differs from
+/// the model's own: input size, token reduction, extra sizes, orientation).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ProtocolInfo {
+    /// `shipped`, `paper` or `custom`.
+    pub name: String,
+    pub blocks: usize,
+    pub depth: usize,
+    pub brightness: Brightness,
+    pub precision: Precision,
+    pub model: String,
+}
+
+impl std::fmt::Display for ProtocolInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} protocol: {} of {} blocks, brightness {}, {} extraction, model {}",
+            self.name, self.blocks, self.depth, self.brightness, self.precision, self.model
+        )
     }
 }
 

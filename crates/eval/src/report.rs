@@ -8,6 +8,7 @@ use crate::regime::{Family, RegimeId, Tokens, Whiten};
 use crate::regimes::RegimeResult;
 use crate::turned::{Turned, TurnedRow};
 use base64::Engine;
+use craterdex_engine::{Protocol, ProtocolInfo};
 use std::collections::BTreeSet;
 use std::fmt::Write;
 use std::path::PathBuf;
@@ -586,16 +587,106 @@ fn esc(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
+/// The runs a report shows: one, under the protocol it ran, and where there is one the
+/// paper's regimes run again under the paper's protocol.
+pub struct Runs<'a> {
+    pub protocol: &'a ProtocolInfo,
+    pub results: &'a [RegimeResult],
+    pub paper: Option<(&'a ProtocolInfo, &'a [RegimeResult])>,
+}
+
+impl Runs<'_> {
+    /// The run the paper's findings are checked on: under the paper's protocol where one
+    /// ran under it.
+    fn for_findings(&self) -> (&ProtocolInfo, &[RegimeResult]) {
+        match self.paper {
+            Some(paper) => paper,
+            None => (self.protocol, self.results),
+        }
+    }
+}
+
+/// The protocol table at the top of the report: a column per run.
+fn protocol_table(runs: &Runs) -> String {
+    let mut columns = vec![("this run", runs.protocol)];
+    if let Some((p, _)) = runs.paper {
+        columns.push(("the paper's regimes", p));
+    }
+    let mut h = String::from("<table><tr><th>protocol</th>");
+    for (label, _) in &columns {
+        let _ = write!(h, "<th>{}</th>", esc(label));
+    }
+    h.push_str("</tr>");
+    type Row = (&'static str, fn(&ProtocolInfo) -> String);
+    let rows: [Row; 5] = [
+        ("name", |p| p.name.clone()),
+        ("blocks run", |p| format!("{} of {}", p.blocks, p.depth)),
+        ("brightness", |p| p.brightness.to_string()),
+        ("precision", |p| p.precision.to_string()),
+        ("model", |p| p.model.clone()),
+    ];
+    for (name, value) in rows {
+        let _ = write!(h, "<tr><td>{name}</td>");
+        for (_, p) in &columns {
+            let _ = write!(h, "<td>{}</td>", esc(&value(p)));
+        }
+        h.push_str("</tr>");
+    }
+    h.push_str("</table>");
+    h
+}
+
+/// The heading of the findings, saying which protocol they were checked under.
+fn findings_heading(protocol: &ProtocolInfo) -> String {
+    if protocol.name == Protocol::Paper.to_string() {
+        return "<h2>Findings of the paper, checked under the paper's protocol</h2>".into();
+    }
+    format!(
+        "<h2>Findings of the paper, checked here under the {} protocol</h2><p><b>Not the \
+         paper's protocol</b> ({} of {} blocks, brightness {}, {} extraction, where the paper \
+         runs every block on crops as stored in f32): these numbers do not reproduce the \
+         paper's. <code>craterdex eval --protocol paper</code> checks them as published.</p>",
+        esc(&protocol.name),
+        protocol.blocks,
+        protocol.depth,
+        protocol.brightness,
+        protocol.precision
+    )
+}
+
+/// The table of every regime of a run.
+fn regimes_table(results: &[RegimeResult]) -> String {
+    let mut h = String::from("<table><tr><th>regime</th><th>R@1</th><th>R@5</th><th>R@10</th><th>mAP</th><th>K</th><th>bytes/image</th><th>R@S</th><th>ms/query</th></tr>");
+    for r in results {
+        let _ = write!(
+            h,
+            "<tr><td>{}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.2}</td></tr>",
+            r.id,
+            r.summary.r1,
+            r.summary.r5,
+            r.summary.r10,
+            r.summary.map,
+            r.k.map(|k| k.to_string()).unwrap_or_default(),
+            r.bytes_per_image,
+            r.shortlist_recall.map(|v| format!("{v:.3}")).unwrap_or_default(),
+            r.query_ms
+        );
+    }
+    h.push_str("</table>");
+    h
+}
+
 /// Renders the report. `before`/`after` name the regimes whose top-5 the examples show.
 pub fn render(
     title: &str,
     intro: &str,
-    results: &[RegimeResult],
+    runs: &Runs,
     turned: Option<&Turned>,
     ex: Option<&Examples>,
     before: RegimeId,
     after: RegimeId,
 ) -> String {
+    let results = runs.results;
     let mut h = String::new();
     let _ = write!(
         h,
@@ -608,8 +699,11 @@ figcaption{{font-size:10px;max-width:96px;overflow:hidden}} .row{{margin:6px 0}}
         t = esc(title),
         intro = esc(intro)
     );
-    h.push_str("<h2>Findings of the paper, checked here</h2><ul>");
-    for f in findings(results) {
+    h.push_str(&protocol_table(runs));
+    let (protocol, checked) = runs.for_findings();
+    h.push_str(&findings_heading(protocol));
+    h.push_str("<ul>");
+    for f in findings(checked) {
         let (cls, word) = match f.holds {
             Some(true) => ("ok", "holds"),
             Some(false) => ("no", "does not hold"),
@@ -664,23 +758,20 @@ figcaption{{font-size:10px;max-width:96px;overflow:hidden}} .row{{margin:6px 0}}
         h.push_str("<p></p>");
         h.push_str(&turned_table(t));
     }
-    h.push_str("<h2>All regimes</h2><table><tr><th>regime</th><th>R@1</th><th>R@5</th><th>R@10</th><th>mAP</th><th>K</th><th>bytes/image</th><th>R@S</th><th>ms/query</th></tr>");
-    for r in results {
+    let _ = write!(
+        h,
+        "<h2>All regimes ({} protocol)</h2>{}",
+        esc(&runs.protocol.name),
+        regimes_table(results)
+    );
+    if let Some((p, paper)) = runs.paper {
         let _ = write!(
             h,
-            "<tr><td>{}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.2}</td></tr>",
-            r.id,
-            r.summary.r1,
-            r.summary.r5,
-            r.summary.r10,
-            r.summary.map,
-            r.k.map(|k| k.to_string()).unwrap_or_default(),
-            r.bytes_per_image,
-            r.shortlist_recall.map(|v| format!("{v:.3}")).unwrap_or_default(),
-            r.query_ms
+            "<h2>The paper's regimes under the paper's protocol</h2><p>{}</p>{}",
+            esc(&p.to_string()),
+            regimes_table(paper)
         );
     }
-    h.push_str("</table>");
     if let (Some(ex), Some(b), Some(a)) = (ex, get(results, before), get(results, after)) {
         let _ = write!(h, "<h2>Example queries</h2><p>Top-5 by <b>{}</b> (before) and <b>{}</b> (after reranking). Green: same crater; red: another crater.</p>", esc(&before.to_string()), esc(&after.to_string()));
         for &q in &ex.show {
@@ -780,8 +871,76 @@ mod tests {
             "cls".parse().unwrap(),
             "two_stage_s100_k32".parse().unwrap(),
         );
-        let html = render("t", "i", &res, None, None, cls, two_stage);
+        let protocol = ProtocolInfo {
+            name: "paper".into(),
+            blocks: 12,
+            depth: 12,
+            brightness: craterdex_engine::Brightness::AsIs,
+            precision: craterdex_engine::Precision::F32,
+            model: "m".into(),
+        };
+        let runs = Runs {
+            protocol: &protocol,
+            results: &res,
+            paper: None,
+        };
+        let html = render("t", "i", &runs, None, None, cls, two_stage);
         assert!(html.contains("<svg") && html.contains("does not hold"));
+        assert!(html.contains("checked under the paper's protocol"));
+        // beside a shipped run, the findings are the paper run's, and the page says which
+        let shipped = ProtocolInfo {
+            name: "shipped".into(),
+            blocks: 8,
+            brightness: craterdex_engine::Brightness::Standardised,
+            precision: craterdex_engine::Precision::Int8,
+            ..protocol.clone()
+        };
+        let holding: Vec<RegimeResult> = res
+            .iter()
+            .map(|x| {
+                r(
+                    &x.id.to_string(),
+                    x.k,
+                    if x.id == "full_li".parse().unwrap() {
+                        0.99
+                    } else {
+                        0.5
+                    },
+                )
+            })
+            .collect();
+        let both = Runs {
+            protocol: &shipped,
+            results: &holding,
+            paper: Some((&protocol, &res)),
+        };
+        let html = render("t", "i", &both, None, None, cls, two_stage);
+        assert!(
+            html.contains("checked under the paper's protocol"),
+            "{html}"
+        );
+        assert!(html.contains("<th>the paper's regimes</th>") && html.contains("<td>8 of 12</td>"));
+        let shipped_findings = findings(&holding);
+        assert_ne!(
+            shipped_findings.iter().map(|f| f.holds).collect::<Vec<_>>(),
+            f.iter().map(|f| f.holds).collect::<Vec<_>>()
+        );
+        assert!(
+            html.contains("full_li 0.700 vs") && !html.contains("full_li 0.990 vs"),
+            "the paper run's findings: {html}"
+        );
+        assert!(html.contains("<h2>The paper's regimes under the paper's protocol</h2>"));
+        // alone, a shipped run says plainly that its findings are not the paper's
+        let alone = Runs {
+            protocol: &shipped,
+            results: &holding,
+            paper: None,
+        };
+        let html = render("t", "i", &alone, None, None, cls, two_stage);
+        assert!(
+            html.contains("<b>Not the paper's protocol</b> (8 of 12 blocks"),
+            "{html}"
+        );
         assert!(!html.contains("src=\"http"), "no external assets");
     }
 }

