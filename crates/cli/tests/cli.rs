@@ -227,6 +227,61 @@ fn eval_records_its_protocol_and_checks_the_papers_findings_only_under_the_paper
     );
 }
 
+/// Twelve copies of one crop give nothing to learn a whitening from: the build says so and
+/// whitens nothing, where it used to write an encoder of NaN and fail to open it, and the
+/// index answers with every copy as good as the others.
+#[test]
+fn an_index_of_identical_crops_is_built_without_whitening_and_says_so() {
+    let e = Env::new();
+    let model = e.tiny_model();
+    let dir = e.root.join("same");
+    std::fs::create_dir_all(&dir).unwrap();
+    let crop = lit_crater(32, &[(0.4, 0.2)]);
+    for i in 0..12 {
+        crop.save(dir.join(format!("c{i}.png"))).unwrap();
+    }
+    let o = e.run(&[
+        "index", "build", "--dir", "same", "--out", "idx", "--model", &model, "--size", "16",
+    ]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("cannot be learned from 12 samples that do not vary")
+            && stderr.contains("the index whitens nothing"),
+        "{stderr}"
+    );
+    let encoder = std::fs::read_to_string(e.root.join("idx/encoder.json")).unwrap();
+    let encoder: serde_json::Value = serde_json::from_str(&encoder).unwrap();
+    assert_eq!(encoder["recipe"]["whiten"], false, "{encoder}");
+    let query = dir.join("c0.png");
+    let v: serde_json::Value = serde_json::from_str(&e.ok(&[
+        "search",
+        "--index",
+        "idx",
+        query.to_str().unwrap(),
+        "--json",
+        "--no-recheck",
+        "--model",
+        &model,
+        "--size",
+        "16",
+    ]))
+    .unwrap();
+    let scores: Vec<f64> = v[0]["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["score"].as_f64().unwrap())
+        .collect();
+    assert_eq!(scores.len(), 10, "{v}");
+    assert!(
+        scores
+            .iter()
+            .all(|s| s.is_finite() && (s - scores[0]).abs() < 1e-4),
+        "{scores:?}"
+    );
+}
+
 /// A textured tile with dark "craters" and their pixel catalogue (pycda format).
 fn write_tile(dir: &Path) -> (PathBuf, PathBuf) {
     let craters: Vec<(f64, f64, f64)> = (0..12)

@@ -125,7 +125,7 @@ impl Engine {
                 features.len()
             ));
         }
-        let encoder = recipe.learn_encoder(features, rows.as_deref(), &metas)?;
+        let encoder = recipe.learn_encoder(features, rows.as_deref(), &metas, progress)?;
         let model = extractor.as_ref().map(|x| x.fingerprint());
         recipe.write_index(
             dir,

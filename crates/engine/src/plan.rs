@@ -103,8 +103,9 @@ impl IndexRecipe {
         sample: &FeatureSet,
         metas: &[ImageMeta],
         model: Option<String>,
+        progress: &dyn Progress,
     ) -> Result<BuildPlan> {
-        let encoder = self.learn_encoder(sample, None, metas)?;
+        let encoder = self.learn_encoder(sample, None, metas, progress)?;
         let descs = encode_all(&encoder, sample);
         self.plan_with(encoder, sample.dim, &descs, model)
     }
@@ -124,7 +125,7 @@ impl BuildPlan {
         let feats = extractor.extract(&entries.items, "sample", progress)?;
         let metas = crate::inputs::metas_in_order(entries.metas.clone(), &feats.ids)?;
         recipe
-            .plan(&feats, &metas, Some(extractor.fingerprint()))?
+            .plan(&feats, &metas, Some(extractor.fingerprint()), progress)?
             .save(path)?;
         Ok(feats.len())
     }
@@ -361,7 +362,9 @@ mod tests {
             let recipe = recipe(codec, ivf);
             let tmp = tempfile::tempdir().unwrap();
             let one_shot = tmp.path().join("one");
-            let encoder = recipe.learn_encoder(&feats, None, &[]).unwrap();
+            let encoder = recipe
+                .learn_encoder(&feats, None, &[], &crate::Silent)
+                .unwrap();
             recipe
                 .write_index(
                     &one_shot,
@@ -376,7 +379,7 @@ mod tests {
 
             let plan_path = tmp.path().join("plan.json");
             recipe
-                .plan(&feats, &[], None)
+                .plan(&feats, &[], None, &crate::Silent)
                 .unwrap()
                 .save(&plan_path)
                 .unwrap();
@@ -415,7 +418,7 @@ mod tests {
     fn an_incomplete_or_damaged_part_is_refused_and_the_old_index_kept() {
         let feats = random_features(20, 2);
         let recipe = recipe(Codec::Int8, IvfSetting::Off);
-        let plan = recipe.plan(&feats, &[], None).unwrap();
+        let plan = recipe.plan(&feats, &[], None, &crate::Silent).unwrap();
         let tmp = tempfile::tempdir().unwrap();
         let (p0, p1) = (tmp.path().join("part-0"), tmp.path().join("part-1"));
         let (a, b) = (
@@ -476,10 +479,16 @@ mod tests {
             },
             ..Default::default()
         };
-        let paired = recipe.learn_encoder(&feats, None, &with_craters).unwrap();
+        let paired = recipe
+            .learn_encoder(&feats, None, &with_craters, &crate::Silent)
+            .unwrap();
         // without crater ids, or with pairs switched off, it is PCA whitening
-        let unpaired = recipe.learn_encoder(&feats, None, &metas(&feats)).unwrap();
-        let pca_only = pca.learn_encoder(&feats, None, &with_craters).unwrap();
+        let unpaired = recipe
+            .learn_encoder(&feats, None, &metas(&feats), &crate::Silent)
+            .unwrap();
+        let pca_only = pca
+            .learn_encoder(&feats, None, &with_craters, &crate::Silent)
+            .unwrap();
         assert_eq!(unpaired.token_whitening, pca_only.token_whitening);
         assert_eq!(unpaired.single_whitening, pca_only.single_whitening);
         assert_ne!(paired.token_whitening, pca_only.token_whitening);

@@ -121,12 +121,14 @@ impl IndexRecipe {
     /// Learns the encoder's whitening (when the recipe whitens) from the images at
     /// `learn_from` (all of `feats` when `None`). `metas` (in `feats` order; may be empty)
     /// name each image's crater: two images of one crater are a matching pair for pair
-    /// whitening, the only label it uses.
+    /// whitening, the only label it uses. Images that do not vary (all alike) give no
+    /// whitening: the encoder then whitens nothing, and `progress` hears why.
     pub fn learn_encoder(
         &self,
         feats: &FeatureSet,
         learn_from: Option<&[usize]>,
         metas: &[ImageMeta],
+        progress: &dyn Progress,
     ) -> Result<Encoder> {
         let refs = feature_refs(feats);
         let rows: Vec<usize> = match learn_from {
@@ -139,12 +141,17 @@ impl IndexRecipe {
             .map(|&r| metas.get(r).and_then(|m| m.crater_id.as_deref()))
             .collect();
         let pairs = view_pairs(&craters);
-        Ok(Encoder::learn_with_pairs(
-            self.recipe.clone(),
-            &sample,
-            &pairs,
-            self.seed,
-        )?)
+        match Encoder::learn_with_pairs(self.recipe.clone(), &sample, &pairs, self.seed) {
+            Err(craterdex_tokens::Error::Degenerate(why)) => {
+                progress.note(&format!("{why}: the index whitens nothing"));
+                Ok(Encoder::plain(Recipe {
+                    whiten: false,
+                    whiten_pairs: None,
+                    ..self.recipe.clone()
+                }))
+            }
+            learned => Ok(learned?),
+        }
     }
 
     /// Trains the codec on the tokens of the first of `sample_descs`.

@@ -609,6 +609,7 @@ pub fn run(
                 input.gallery,
                 Some(&input.whitening_rows),
                 &input.gallery_metas,
+                &craterdex_engine::Silent,
             )?;
             let id = RegimeId::of(Tokens::Single(pooling)).whitened(white);
             score(

@@ -37,6 +37,18 @@ pub struct Index {
 /// The IVF stage 1 to build with: centroids, and the `nprobe` queries use by default.
 pub type IvfChoice<'a> = Option<(&'a Ivf, usize)>;
 
+/// What learning made of an index (whitening, codebooks, IVF centroids), checked before it
+/// is written as reading it back will check it: nothing non-finite reaches a file.
+pub(crate) fn check_learned(encoder: &Encoder, codec: &TokenCodec, ivf: IvfChoice) -> Result<()> {
+    encoder.validate()?;
+    ensure!(
+        codec.codebooks.iter().all(|v| v.is_finite())
+            && ivf.is_none_or(|(i, _)| i.centroids.iter().all(|v| v.is_finite())),
+        Error::Invalid("the codec's codebooks or the IVF centroids are not all finite".into())
+    );
+    Ok(())
+}
+
 /// Everything a new index is made of, before it is written or held in memory.
 struct Assembled {
     manifest: Manifest,
@@ -114,6 +126,7 @@ impl Index {
             Error::Invalid("cannot build an index from zero images".into())
         );
         check_unique(images.iter().map(|(m, _)| m.id.as_str()), &HashMap::new())?;
+        check_learned(encoder, codec, ivf)?;
         let single_dim = images[0].1.single.len();
         let k = images[0].1.tokens.len() / codec.dim.max(1);
         let encoder_bytes = serde_json::to_vec(encoder)?;

@@ -137,6 +137,7 @@ pub fn commit_parts(
         !parts.is_empty(),
         Error::Invalid("no parts to commit".into())
     );
+    crate::index::check_learned(encoder, codec, ivf)?;
     let first = read_info(&parts[0])?;
     let (single_dim, k) = (first.single_dim, first.tokens_per_image);
     let encoder_bytes = serde_json::to_vec(encoder)?;

@@ -56,6 +56,17 @@ impl SegmentData {
                     codec.dim
                 ))
             );
+            // nothing non-finite reaches a file: it would poison every score it meets
+            ensure!(
+                desc.single
+                    .iter()
+                    .chain(&desc.tokens)
+                    .all(|v| v.is_finite()),
+                Error::Invalid(format!(
+                    "image {}: its descriptors are not all finite numbers",
+                    m.id
+                ))
+            );
         }
         // encoding (PQ above all) runs in parallel over chunks of images, then joins in order
         let encoded: Vec<(Vec<u8>, Vec<f32>)> = images

@@ -63,6 +63,46 @@ fn build(dir: &Path, imgs: &[(ImageMeta, Descriptors)], codec: Codec) {
     .unwrap();
 }
 
+/// Descriptors that are not all finite are refused by name before anything is written, by
+/// a build and by an add, and the index stays as it was.
+#[test]
+fn non_finite_descriptors_are_never_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("idx");
+    let mut imgs = images(6, 7, "a");
+    imgs[3].1.tokens[5] = f32::NAN;
+    let sample: Vec<f32> = imgs[..3]
+        .iter()
+        .flat_map(|(_, d)| d.tokens.clone())
+        .collect();
+    let codec = TokenCodec::train(Codec::F16, D, &sample, 1).unwrap();
+    let create = |imgs: &[(ImageMeta, Descriptors)]| {
+        Index::create(
+            &dir,
+            &Encoder::plain(Recipe::default()),
+            &codec,
+            None,
+            imgs,
+            None,
+        )
+    };
+    let e = create(&imgs).unwrap_err().to_string();
+    assert!(
+        e.contains("image a3: its descriptors are not all finite"),
+        "{e}"
+    );
+    assert!(!dir.exists(), "nothing written");
+    create(&imgs[..3]).unwrap();
+    let mut more = images(2, 8, "b");
+    more[1].1.single[0] = f32::INFINITY;
+    let e = Index::add(&dir, &more).unwrap_err().to_string();
+    assert!(
+        e.contains("image b1: its descriptors are not all finite"),
+        "{e}"
+    );
+    assert_eq!(Index::open(&dir).unwrap().live(), 3);
+}
+
 /// Batches past a few dozen queries take other kernels (a GEMM for f32 single vectors,
 /// blocked int8 queries); each query must still get what it gets alone.
 #[test]

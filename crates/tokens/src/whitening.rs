@@ -27,6 +27,7 @@ impl Whitening {
         let (mean, cov) = mean_and_covariance(samples, d)?;
         let dim_out = output_width(d, dim_out)?;
         let (values, vectors) = sorted_eigen(cov);
+        varies(&values, samples.len() / d)?;
         let floor = reg as f64 * values[0].max(0.0) + f64::MIN_POSITIVE;
         let mut proj = vec![0f32; d * dim_out];
         for (col, v) in vectors.column_iter().take(dim_out).enumerate() {
@@ -35,7 +36,7 @@ impl Whitening {
                 proj[row * dim_out + col] = (v[row] * scale) as f32;
             }
         }
-        Ok(Self::from_parts(d, dim_out, mean, proj))
+        Self::from_parts(d, dim_out, mean, proj)
     }
 
     /// Learned whitening (Radenovic et al.) from matching pairs: whitens by the covariance
@@ -57,6 +58,7 @@ impl Whitening {
             Error::Invalid(format!("pair whitening blend {alpha} is not in [0, 1]"))
         );
         let (mean, total) = mean_and_covariance(samples, d)?;
+        varies(&sorted_eigen(total.clone()).0, samples.len() / d)?;
         let (_, pairs) = mean_and_covariance(pair_differences, d)?;
         let dim_out = output_width(d, dim_out)?;
         let alpha = alpha as f64;
@@ -77,16 +79,21 @@ impl Whitening {
                 proj[row * dim_out + col] = full[(row, col)] as f32;
             }
         }
-        Ok(Self::from_parts(d, dim_out, mean, proj))
+        Self::from_parts(d, dim_out, mean, proj)
     }
 
-    fn from_parts(dim_in: usize, dim_out: usize, mean: Vec<f64>, proj: Vec<f32>) -> Self {
-        Self {
+    /// The whitening of these parts, checked as one read from a file is: learning never
+    /// hands on what could not be used (a value past f32's range is not finite).
+    fn from_parts(dim_in: usize, dim_out: usize, mean: Vec<f64>, proj: Vec<f32>) -> Result<Self> {
+        let w = Self {
             dim_in,
             dim_out,
             mean: mean.iter().map(|&m| m as f32).collect(),
             proj,
-        }
+        };
+        w.validate()
+            .map_err(|e| Error::Degenerate(format!("whitening learned: {e}")))?;
+        Ok(w)
     }
 
     /// Fails unless the parameters agree with each other (a whitening read from a file may
@@ -182,6 +189,20 @@ fn mean_and_covariance(rows: &[f32], d: usize) -> Result<(Vec<f64>, DMatrix<f64>
     Ok((mean, cov))
 }
 
+/// Refuses samples (`n` of them) whose covariance, eigenvalues `values` largest first, has
+/// no variance to whiten: all alike, up to f32 rounding.
+fn varies(values: &[f64], n: usize) -> Result<()> {
+    // unit-length samples that differ at all vary by far more than f32 rounding does
+    const NO_VARIANCE: f64 = 1e-12;
+    ensure!(
+        values.first().is_some_and(|&w| w > NO_VARIANCE),
+        Error::Degenerate(format!(
+            "whitening cannot be learned from {n} samples that do not vary (images all alike)"
+        ))
+    );
+    Ok(())
+}
+
 fn output_width(d: usize, dim_out: Option<usize>) -> Result<usize> {
     let dim_out = dim_out.unwrap_or(d).min(d);
     ensure!(
@@ -231,6 +252,27 @@ fn sorted_eigen(m: DMatrix<f64>) -> (Vec<f64>, DMatrix<f64>) {
 mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
+
+    /// Samples that do not vary (images all alike) give no whitening, named as such, where
+    /// learning used to divide by zero and hand on infinities that became NaN in files.
+    #[test]
+    fn samples_that_do_not_vary_are_refused_by_name() {
+        let one: Vec<f32> = (0..8).map(|i| (i as f32 + 1.0) / 10.0).collect();
+        let alike: Vec<f32> = one.iter().cycle().take(8 * 12).copied().collect();
+        let e = Whitening::learn(&alike, 8, 1e-3, None).unwrap_err();
+        assert!(matches!(e, Error::Degenerate(_)), "{e}");
+        assert!(e.to_string().contains("12 samples that do not vary"), "{e}");
+        let differences = vec![0f32; 8 * 4];
+        let e = Whitening::learn_from_pairs(&alike, &differences, 8, 1e-3, 0.5, None).unwrap_err();
+        assert!(matches!(e, Error::Degenerate(_)), "{e}");
+        // samples that vary in one direction only still whiten, and finitely
+        let mut line = alike.clone();
+        for (i, row) in line.chunks_mut(8).enumerate() {
+            row[0] += i as f32 * 0.01;
+        }
+        let w = Whitening::learn(&line, 8, 1e-3, None).unwrap();
+        assert!(w.validate().is_ok());
+    }
 
     /// What a damaged or hand-edited encoder file may hold is refused before it is used.
     #[test]

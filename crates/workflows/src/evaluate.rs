@@ -342,7 +342,7 @@ pub fn link_benchmark(
         !input.second_metas.is_empty(),
         Error::Invalid("no georeferencing error level".into())
     );
-    let encoder = recipe.learn_encoder(input.first, None, &[])?;
+    let encoder = recipe.learn_encoder(input.first, None, &[], progress)?;
     let first_descs = encode_all(&encoder, input.first);
     let second_descs = encode_all(&encoder, input.second);
     let dim = input.first.dim;

@@ -84,7 +84,7 @@ pub fn run(c: EvalDiscoverCmd) -> Result<()> {
             &dir.join("cut/windows"),
         )?;
         let recipe = IndexRecipe::default();
-        let encoder = recipe.learn_encoder(&feats, None, &[])?;
+        let encoder = recipe.learn_encoder(&feats, None, &[], &bars)?;
         let index = recipe.index_in_memory(&encoder, &feats, metas, None)?;
         let engine = Engine::new(index, Some(extractor.clone()))?;
         // the class's craters, exemplars drawn by seed, every other one a target

@@ -68,7 +68,8 @@ pub fn run(b: SearchBench) -> Result<()> {
             let extractor = Extractor::load(&Default::default(), &bars)?;
             let gf = extractor.extract(&bench.gallery_items(), "gallery", &bars)?;
             let qf = extractor.extract(&bench.query_items(), "queries", &bars)?;
-            let enc = IndexRecipe::default().learn_encoder(&gf, None, &[])?;
+            let enc =
+                IndexRecipe::default().learn_encoder(&gf, None, &[], &craterdex_engine::Silent)?;
             let gallery: Vec<(ImageMeta, Descriptors)> = bench
                 .gallery_metas(&gf.ids)
                 .into_iter()
