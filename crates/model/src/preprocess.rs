@@ -373,18 +373,110 @@ fn check_shape(w: u32, h: u32) -> Result<()> {
 pub const MAX_ASPECT: u32 = 64;
 
 /// Fails on a JPEG that strict decoding finds truncated or corrupt; other formats pass (their
-/// decoders report such data themselves).
+/// decoders report such data themselves). Strict decoding alone takes any marker inside the
+/// scan data (an end-of-image appended to half a file) for the end of the data and fills the
+/// blocks it did not reach: so the image is decoded once more with filler bytes before the
+/// marker that ends each scan's data. Data that holds every block never reads them, and
+/// decodes to the same pixels; data that ends early decodes the filler instead.
 pub fn check_complete(bytes: &[u8]) -> Result<()> {
     if image::guess_format(bytes).ok() != Some(image::ImageFormat::Jpeg) {
         return Ok(());
     }
-    let opts = zune_core::options::DecoderOptions::default().set_strict_mode(true);
-    let mut decoder =
-        zune_jpeg::JpegDecoder::new_with_options(zune_core::bytestream::ZCursor::new(bytes), opts);
-    decoder
-        .decode()
-        .map(|_| ())
-        .map_err(|e| Error::Truncated(format!("truncated or corrupt JPEG ({e:?})")))
+    let truncated = |e: String| Error::Truncated(format!("truncated or corrupt JPEG ({e})"));
+    let strict = |data: &[u8]| {
+        let opts = zune_core::options::DecoderOptions::default().set_strict_mode(true);
+        zune_jpeg::JpegDecoder::new_with_options(zune_core::bytestream::ZCursor::new(data), opts)
+            .decode()
+            .map_err(|e| truncated(format!("{e:?}")))
+    };
+    let pixels = strict(bytes)?;
+    if let Some(filled) = with_filler_before_scan_ends(bytes) {
+        ensure!(
+            strict(&filled).is_ok_and(|p| p == pixels),
+            truncated("its scan data ends before its last block".into())
+        );
+    }
+    Ok(())
+}
+
+/// What [`with_filler_before_scan_ends`] puts before each scan's end: no 0xFF (which would
+/// start a marker), and more than a decoder reads ahead.
+const SCAN_FILLER: [u8; 64] = [0xA5; 64];
+
+/// Whether `marker`, ending a scan of a progressive JPEG, can only end it early: the end of
+/// the image, a comment, an application segment, or a restart where the image declared no
+/// restart interval. Between a progressive image's scans come tables and the next scan's
+/// header, before which zune-jpeg reads filler into the scan it ends (seen on Pillow's
+/// progressive files), so filler is not put there; a scan cut short right before one of
+/// those is not caught.
+fn ends_progressive_scan_early(marker: u8, restart_interval: bool) -> bool {
+    let restart = (0xD0..=0xD7).contains(&marker);
+    marker == 0xD9
+        || marker == 0xFE
+        || (0xE0..=0xEF).contains(&marker)
+        || (restart && !restart_interval)
+}
+
+/// `bytes` with [`SCAN_FILLER`] before every marker that ends the entropy-coded data of a
+/// scan (restart markers included; in a progressive image, before those that
+/// [`ends_progressive_scan_early`]), or `None` where the markers cannot be followed.
+fn with_filler_before_scan_ends(bytes: &[u8]) -> Option<Vec<u8>> {
+    const EOI: u8 = 0xD9;
+    const SOS: u8 = 0xDA;
+    const DRI: u8 = 0xDD;
+    let is_restart = |m: u8| (0xD0..=0xD7).contains(&m);
+    let mut out = Vec::with_capacity(bytes.len() + 4 * SCAN_FILLER.len());
+    let mut copied = 0; // bytes[..copied] are in `out`
+    let (mut progressive, mut restart_interval) = (false, false);
+    let mut i = 2; // past the start-of-image marker
+    loop {
+        // a marker segment: 0xFF (and fill bytes), the marker, and unless it stands alone
+        // its length
+        (*bytes.get(i)? == 0xFF).then_some(())?;
+        while *bytes.get(i)? == 0xFF {
+            i += 1;
+        }
+        let marker = bytes[i];
+        i += 1;
+        if marker == EOI {
+            out.extend_from_slice(&bytes[copied..]);
+            return Some(out);
+        }
+        if is_restart(marker) || marker == 0x01 {
+            continue;
+        }
+        progressive |= matches!(marker, 0xC2 | 0xC6 | 0xCA | 0xCE);
+        let length = u16::from_be_bytes([*bytes.get(i)?, *bytes.get(i + 1)?]) as usize;
+        if marker == DRI {
+            restart_interval = u16::from_be_bytes([*bytes.get(i + 2)?, *bytes.get(i + 3)?]) > 0;
+        }
+        i = i.checked_add(length)?;
+        if marker != SOS {
+            continue;
+        }
+        // the scan's data runs to the next marker that is not a stuffed 0xFF
+        loop {
+            let at = i + bytes.get(i..)?.iter().position(|&b| b == 0xFF)?;
+            let mut next = at + 1;
+            while *bytes.get(next)? == 0xFF {
+                next += 1;
+            }
+            if bytes[next] == 0x00 {
+                i = next + 1;
+                continue;
+            }
+            if !progressive || ends_progressive_scan_early(bytes[next], restart_interval) {
+                out.extend_from_slice(&bytes[copied..at]);
+                out.extend_from_slice(&SCAN_FILLER);
+                copied = at;
+            }
+            i = at;
+            if !is_restart(bytes[next]) {
+                break;
+            }
+            i = next + 1;
+        }
+    }
 }
 
 /// The normalised `[3, size, size]` CHW tensor of an image, as stored (the orientation is
@@ -609,6 +701,60 @@ mod tests {
         let e = format!("{:#}", decode_image(cut).unwrap_err());
         assert!(e.contains("truncated or corrupt JPEG"), "{e}");
         assert_eq!(decode_image_with(cut, true).unwrap().width(), 120);
+    }
+
+    /// Half a JPEG with markers after it (an end of image, a restart, a comment, another
+    /// image) decodes without a word in strict mode too: its scan data still ends before its
+    /// last block, and it is refused whatever follows. Complete files pass: baseline, with
+    /// restart markers, progressive (fixtures written by Pillow 13).
+    #[test]
+    fn a_cut_jpeg_is_refused_whatever_markers_follow() {
+        let img = image::RgbImage::from_fn(120, 90, |x, y| {
+            Rgb([(x * 2) as u8, (y * 3) as u8, ((x * y) % 251) as u8])
+        });
+        let mut buf = std::io::Cursor::new(Vec::new());
+        DynamicImage::ImageRgb8(img)
+            .write_to(&mut buf, image::ImageFormat::Jpeg)
+            .unwrap();
+        let fixture = |name: &str| {
+            std::fs::read(
+                Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("tests/fixtures")
+                    .join(name),
+            )
+            .unwrap()
+        };
+        let tails: [&[u8]; 5] = [
+            &[0xFF, 0xD9],
+            &[0xFF, 0xD9, 0xFF, 0xD9],
+            &[0xFF, 0xD0, 0xFF, 0xD9],
+            &[0xFF, 0xFE, 0, 2, 0xFF, 0xD9],
+            &[0xFF, 0xD9, 0xFF, 0xD8, 0xFF, 0xD9],
+        ];
+        for (name, jpeg) in [
+            ("baseline", buf.into_inner()),
+            ("restart markers", fixture("restart_markers.jpg")),
+            ("progressive", fixture("progressive_gray.jpg")),
+        ] {
+            decode_image(&jpeg).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+            for keep in [jpeg.len() / 3, jpeg.len() / 2, jpeg.len() * 4 / 5] {
+                for tail in tails {
+                    let mut cut = jpeg[..keep].to_vec();
+                    cut.extend_from_slice(tail);
+                    // the image crate, and strict decoding alone, read these as whole images
+                    assert!(image::load_from_memory(&cut).is_ok(), "{name}");
+                    let e = format!("{:#}", decode_image(&cut).unwrap_err());
+                    assert!(
+                        e.contains("truncated or corrupt JPEG"),
+                        "{name} {keep} {tail:?}: {e}"
+                    );
+                    assert!(
+                        decode_image_with(&cut, true).is_ok(),
+                        "{name}: allowed partial"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
