@@ -24,7 +24,7 @@ fn unauthorized(svc: &Service, headers: &HeaderMap, write: bool) -> Option<ApiEr
             headers
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
+                .and_then(bearer_token)
         });
     match given {
         Some(g) if constant_time_eq(g.as_bytes(), key.as_bytes()) => None,
@@ -36,12 +36,29 @@ fn unauthorized(svc: &Service, headers: &HeaderMap, write: bool) -> Option<ApiEr
     }
 }
 
+/// The token of an `Authorization: Bearer <token>` value; the scheme is case-insensitive
+/// (RFC 9110, section 11.1).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
+}
+
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 pub fn authorize(svc: &Service, headers: &HeaderMap, write: bool) -> ApiResult<()> {
     unauthorized(svc, headers, write).map_or(Ok(()), Err)
+}
+
+/// For a request that changes what the server keeps without writing the index (a
+/// registration): it needs the write key where the server has one, and is open like a read
+/// where it has none.
+pub fn authorize_change(svc: &Service, headers: &HeaderMap) -> ApiResult<()> {
+    authorize(svc, headers, svc.config().api_key.is_some())
 }
 
 /// Ids are opaque keys, never file names; still, refuse anything that could be mistaken for
@@ -93,6 +110,16 @@ mod tests {
             "c:12+3",
         ] {
             assert!(valid_id(good), "{good:?} refused");
+        }
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_read_in_any_case() {
+        for v in ["Bearer k1", "bearer k1", "BEARER  k1 ", " Bearer k1"] {
+            assert_eq!(bearer_token(v), Some("k1"), "{v:?}");
+        }
+        for v in ["Basic k1", "Bearer", "Bearer  ", "Bearerk1", ""] {
+            assert_eq!(bearer_token(v), None, "{v:?}");
         }
     }
 

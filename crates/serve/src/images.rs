@@ -45,7 +45,7 @@ pub async fn image_meta(
     authorize(&svc, &headers, false)?;
     let id = path_id(id)?;
     let engine = svc.snapshot()?;
-    let meta = engine.index().meta(live_row(&engine, &id)?).clone();
+    let meta = svc.shown(engine.index().meta(live_row(&engine, &id)?).clone());
     Ok(Json(ImageResponse {
         thumbnail: thumbnail_url(&meta.id),
         id: meta.id.clone(),
@@ -139,6 +139,22 @@ pub fn stored_upload(
     Ok(path.display().to_string())
 }
 
+/// Deletes the stored upload at `path` once no image of `engine` (the index after a removal)
+/// is read from it: uploads are named by their content, so two ids can share one file.
+/// Files outside the upload directory are the operator's and stay.
+fn forget_upload(svc: &Service, engine: &Engine, path: &str) {
+    let uploads = std::fs::canonicalize(&svc.config().upload_dir);
+    let stored = uploads.is_ok_and(|dir| std::path::Path::new(path).parent() == Some(&dir));
+    let index = engine.index();
+    let shared = index
+        .live_rows()
+        .any(|r| index.meta(r).path.as_deref() == Some(path));
+    if stored && !shared {
+        // a file left behind costs disk, not correctness
+        let _ = std::fs::remove_file(path);
+    }
+}
+
 /// A PNG thumbnail, at most `size` pixels on its longer side, of the image file at `path`
 /// (one the index records, never one a request names).
 pub fn thumbnail_png(path: &std::path::Path, id: &str, size: u32) -> ApiResult<Vec<u8>> {
@@ -226,8 +242,11 @@ pub async fn remove_image(
     let id2 = id.clone();
     let images = blocking(move || {
         svc2.shared()?.write(|engine| -> ApiResult<_> {
-            live_row(engine, &id2)?;
+            let path = engine.index().meta(live_row(engine, &id2)?).path.clone();
             let (_, shrunk) = engine.remove(&[id2])?;
+            if let Some(path) = path {
+                forget_upload(&svc2, &shrunk, &path);
+            }
             Ok((shrunk.index().live(), Some(shrunk)))
         })
     })

@@ -105,6 +105,9 @@ pub struct Config {
     /// How segments written by the API are merged in the background (`None`: never; every
     /// add then stays a segment of its own).
     pub merge: Option<MergePolicy>,
+    /// Show where indexed images are stored (`meta.path`) in responses; off, the server's
+    /// file paths stay on the server.
+    pub expose_paths: bool,
 }
 
 impl Config {
@@ -128,6 +131,7 @@ impl Config {
             },
             allow_partial_images: false,
             merge: Some(MergePolicy::default()),
+            expose_paths: false,
         }
     }
 }
@@ -203,6 +207,15 @@ impl Service {
         self.engine
             .get()
             .ok_or_else(|| ApiError::unavailable("the index is still loading; see /v1/ready"))
+    }
+
+    /// An image's metadata as a response shows it: without the server's file path unless
+    /// the operator asked for paths.
+    fn shown(&self, mut meta: craterdex_engine::ImageMeta) -> craterdex_engine::ImageMeta {
+        if !self.config.expose_paths {
+            meta.path = None;
+        }
+        meta
     }
 
     /// The engine as it is now.

@@ -4,12 +4,12 @@
 //! recent sources.
 
 use crate::api::ErrorBody;
-use crate::auth::authorize;
+use crate::auth::authorize_change;
 use crate::error::{ApiError, ApiResult};
 use crate::search::blocking;
 use crate::Svc;
 use axum::extract::rejection::JsonRejection;
-use axum::extract::State;
+use axum::extract::{FromRequest, State};
 use axum::http::HeaderMap;
 use axum::Json;
 use craterdex_engine::ImageMeta;
@@ -65,9 +65,14 @@ impl Registrations {
         kept.0.get(source).cloned()
     }
 
+    /// Keeps `reg` as `source`'s registration, unless it failed where the one kept
+    /// succeeded: a failed attempt never undoes a good registration.
     fn put(&self, source: String, reg: Arc<SourceRegistration>) {
         let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let (by_source, order) = &mut *kept;
+        if !reg.registered && by_source.get(&source).is_some_and(|r| r.registered) {
+            return;
+        }
         if by_source.insert(source.clone(), reg).is_none() {
             order.push_back(source);
         }
@@ -147,9 +152,11 @@ fn metas_of(req: &RegisterRequest) -> ApiResult<Vec<ImageMeta>> {
 pub async fn register_source(
     State(svc): State<Svc>,
     headers: HeaderMap,
-    body: Result<Json<RegisterRequest>, JsonRejection>,
+    request: axum::extract::Request,
 ) -> ApiResult<Json<SourceRegistration>> {
-    authorize(&svc, &headers, false)?;
+    // the key is checked before the body is read
+    authorize_change(&svc, &headers)?;
+    let body: Result<Json<RegisterRequest>, JsonRejection> = Json::from_request(request, &()).await;
     let Json(req) = body.map_err(|e| ApiError::new(e.status(), e.body_text()))?;
     let metas = metas_of(&req)?;
     let engine = svc.snapshot()?;

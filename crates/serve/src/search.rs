@@ -100,6 +100,7 @@ fn ms(t: Instant) -> f64 {
 }
 
 fn response(
+    svc: &Service,
     hits: Vec<SearchHit>,
     p: &SearchParams,
     query: QueryInfo,
@@ -109,7 +110,10 @@ fn response(
         .into_iter()
         .map(|hit| ApiHit {
             thumbnail: thumbnail_url(&hit.id),
-            hit,
+            hit: SearchHit {
+                meta: svc.shown(hit.meta),
+                ..hit
+            },
         })
         .collect();
     Json(SearchResponse {
@@ -206,7 +210,7 @@ pub async fn search_image(
             height: up.image.height(),
             bytes: up.bytes.len(),
         };
-        Ok(response(hits, &p, query, timing))
+        Ok(response(&svc2, hits, &p, query, timing))
     })
     .await
 }
@@ -250,6 +254,7 @@ pub async fn search_features(
         .unwrap_or("");
     let features = posted_features(&body, content_type, engine.index().feature_dim())?;
     Counters::count(&svc.counters.searches);
+    let svc2 = svc.clone();
     blocking(move || {
         let t = Instant::now();
         let (hits, timing) = if o.verify > 0 {
@@ -272,7 +277,7 @@ pub async fn search_features(
             };
             (hits, timing)
         };
-        Ok(response(hits, &p, QueryInfo::Features, timing))
+        Ok(response(&svc2, hits, &p, QueryInfo::Features, timing))
     })
     .await
 }
@@ -301,6 +306,7 @@ pub async fn search_similar(
     refuse_verify(&o)?;
     let engine = svc.snapshot()?;
     Counters::count(&svc.counters.searches);
+    let svc2 = svc.clone();
     blocking(move || {
         let t = Instant::now();
         let hits = engine.similar(&id, &p)?;
@@ -309,7 +315,7 @@ pub async fn search_similar(
             encode: None,
             search: ms(t),
         };
-        Ok(response(hits, &p, QueryInfo::Indexed { id }, timing))
+        Ok(response(&svc2, hits, &p, QueryInfo::Indexed { id }, timing))
     })
     .await
 }

@@ -429,6 +429,31 @@ async fn searches_find_the_image_itself_by_upload_features_and_id() {
     assert_eq!(v["writes_enabled"], false);
 }
 
+/// Where the server keeps images is its own business: no file path in a search hit or an
+/// image's metadata unless the operator asks for them.
+#[tokio::test]
+async fn responses_show_no_server_paths_unless_asked() {
+    let f = fixture();
+    for expose in [false, true] {
+        let svc = service(&f, |c| c.expose_paths = expose);
+        let (s, hits) = call_json(&svc, upload("/v1/search/image?top_k=3", &f.images[1])).await;
+        assert_eq!(s, StatusCode::OK, "{hits}");
+        let (s, meta) = call_json(&svc, get("/v1/images/c01")).await;
+        assert_eq!(s, StatusCode::OK, "{meta}");
+        let (s, similar) = call_json(&svc, get("/v1/images/c01/similar?top_k=3")).await;
+        assert_eq!(s, StatusCode::OK, "{similar}");
+        for body in [&hits, &meta, &similar] {
+            let text = body.to_string();
+            assert_eq!(
+                text.contains(&f.root.display().to_string()),
+                expose,
+                "expose_paths {expose}: {text}"
+            );
+        }
+        assert_eq!(hits["results"][0]["meta"]["path"].is_string(), expose);
+    }
+}
+
 #[tokio::test]
 async fn health_readiness_page_and_every_documented_route() {
     let f = fixture();
@@ -734,6 +759,14 @@ async fn writes_need_the_key_persist_and_are_seen_whole() {
     let (s, v) = call_json(&svc, del(Some("s3cret"))).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(v["images"], N);
+    // schemes are case-insensitive: a lowercase bearer is the same key
+    let lower = Request::delete("/v1/images/c03")
+        .header("authorization", "bearer s3cret")
+        .body(Body::empty())
+        .unwrap();
+    let (s, v) = call_json(&svc, lower).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["images"], N - 1);
     assert_eq!(
         call(&svc, del(Some("s3cret"))).await.0,
         StatusCode::NOT_FOUND
@@ -748,6 +781,7 @@ async fn writes_need_the_key_persist_and_are_seen_whole() {
     )
     .await;
     assert!(!top_ids(&v).contains(&"c02".to_string()));
+    assert!(!top_ids(&v).contains(&"c03".to_string()));
     let reopened = Index::open(&f.index).unwrap();
     assert!(reopened.row_of("c02").is_none() && reopened.was_removed("c02"));
     let again = multipart(&[("image", Some("c02.png"), &img), ("id", None, b"c02")]);
@@ -780,10 +814,34 @@ async fn writes_need_the_key_persist_and_are_seen_whole() {
     assert_eq!(s, StatusCode::CREATED, "{v}");
     for r in readers {
         for n in r.await.unwrap() {
-            assert!(n == N || n == N + 1, "{n}");
+            assert!(n == N - 1 || n == N, "{n}");
         }
     }
     assert!(Index::open(&f.index).unwrap().row_of("n2").is_some());
+
+    // n1 and n2 share one stored upload (the same bytes): removing one keeps the file, the
+    // other's removal deletes it
+    let uploads = || {
+        std::fs::read_dir(svc.config().upload_dir.clone())
+            .unwrap()
+            .count()
+    };
+    assert_eq!(uploads(), 1);
+    let remove = |id: &str| {
+        Request::delete(format!("/v1/images/{id}"))
+            .header("x-api-key", "s3cret")
+            .body(Body::empty())
+            .unwrap()
+    };
+    assert_eq!(call(&svc, remove("n1")).await.0, StatusCode::OK);
+    assert_eq!(uploads(), 1);
+    let (_, png) = call(&svc, get("/v1/images/n2/thumbnail?size=16")).await;
+    assert!(png.starts_with(b"\x89PNG"));
+    assert_eq!(call(&svc, remove("n2")).await.0, StatusCode::OK);
+    assert_eq!(uploads(), 0);
+    // images the operator indexed stay where they are
+    assert_eq!(call(&svc, remove("c04")).await.0, StatusCode::OK);
+    assert!(f.images[4].exists());
 }
 
 #[tokio::test]
@@ -1140,4 +1198,52 @@ async fn a_registered_source_places_its_linked_crops() {
     assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
     let message = v["error"]["message"].as_str().unwrap();
     assert!(message.contains("craters[0]: lat"), "{v}");
+
+    // a registration that fails never replaces one that succeeded: obs2 still places its crop
+    let lost: Vec<Value> = (0..6)
+        .map(|i| json!({"lat": -60.0 + i as f64 * 0.01, "lon": 100.0, "diameter_km": 1.0}))
+        .collect();
+    let (s, v) = call_json(&svc, post(json!({"source": "obs2", "craters": lost}))).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["registered"], false, "{v}");
+    let (s, v) = call_json(&svc, link("obs2")).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["registered"], true, "{v}");
+    assert_eq!(v["best"]["crater_id"], format!("crater-{k}"), "{v}");
+}
+
+/// A registration changes what the server keeps: with a write key, it needs the key, checked
+/// before the body is read.
+#[tokio::test]
+async fn registering_needs_the_write_key_where_there_is_one() {
+    let (f, field) = field_fixture();
+    let svc = service(&f, |c| c.api_key = Some("s3cret".into()));
+    let craters: Vec<Value> = field
+        .iter()
+        .map(|&(lat, lon, d)| json!({"lat": lat, "lon": lon, "diameter_km": d}))
+        .collect();
+    let post = |key: Option<&str>, body: String| {
+        let mut r = Request::post("/v1/register").header("content-type", "application/json");
+        if let Some(k) = key {
+            r = r.header("x-api-key", k);
+        }
+        r.body(Body::from(body)).unwrap()
+    };
+    let body = json!({"source": "obs2", "craters": craters}).to_string();
+    assert_eq!(
+        call(&svc, post(None, body.clone())).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        call(&svc, post(Some("wrong"), body.clone())).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    // refused before the (here malformed) body is read
+    assert_eq!(
+        call(&svc, post(None, "{not json".into())).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    let (s, v) = call_json(&svc, post(Some("s3cret"), body)).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["registered"], true, "{v}");
 }

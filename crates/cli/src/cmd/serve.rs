@@ -48,6 +48,10 @@ pub struct ServeCmd {
     /// Requests running the model at once (image search, adding images).
     #[arg(long, default_value_t = 8)]
     max_concurrent_images: usize,
+    /// Show where indexed images are stored (`meta.path`) in responses; by default the
+    /// server's file paths stay on the server.
+    #[arg(long)]
+    expose_paths: bool,
     /// Segments written through the API are merged in the background (module docs of
     /// craterdex-index's merge; docs/formats/index.md).
     #[command(flatten)]
@@ -80,6 +84,7 @@ pub fn run(c: ServeCmd) -> Result<()> {
     config.max_concurrent = c.max_concurrent.max(1);
     config.max_concurrent_images = c.max_concurrent_images.max(1);
     config.merge = c.merge.policy();
+    config.expose_paths = c.expose_paths;
     if c.no_model && c.model.model.is_some() {
         bail!("--no-model and --model exclude each other");
     }

@@ -436,6 +436,7 @@ class Router:
                   missing: List[str]) -> JSONResponse:
         for h in hits:
             h["thumbnail"] = _thumbnail_url(h["id"])
+            h.get("meta", {}).pop("path", None)  # the shards' file paths stay on the cluster
         body = {
             "query": query,
             "params": {"mode": opts["mode"], "top_k": opts["top_k"],
@@ -562,6 +563,7 @@ class Router:
             meta = json.loads(await self._owner_answer("meta", image_id))
         except _Refused as r:
             return self._refusal(r)
+        meta.pop("path", None)
         return JSONResponse({"id": image_id, "meta": meta, "thumbnail": _thumbnail_url(image_id)})
 
     async def _add(self, data: bytes, meta: Dict[str, Any], features: Dict[str, Any]) -> Tuple[int, str]:
