@@ -110,8 +110,24 @@ enum Cmd {
     Cpu(cmd::cpu::CpuCmd),
 }
 
+/// Rust ignores SIGPIPE, so a write to a closed pipe (`craterdex index info | head`) is an
+/// error, and `println!` panics on it. Commands that print end quietly instead, as Unix tools
+/// do; servers keep ignoring it (a client that hangs up is not a reason to stop).
+fn end_quietly_on_closed_pipes(cmd: &Cmd) {
+    #[cfg(unix)]
+    if !matches!(cmd, Cmd::Serve(_) | Cmd::Bench(_)) {
+        // SAFETY: sets a signal's disposition to its default before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = cmd;
+}
+
 fn main() {
     let cli = Cli::parse();
+    end_quietly_on_closed_pipes(&cli.cmd);
     if let Some(t) = cli.threads {
         let _ = rayon::ThreadPoolBuilder::new()
             .num_threads(t.max(1))

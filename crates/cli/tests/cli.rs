@@ -282,6 +282,31 @@ fn an_index_of_identical_crops_is_built_without_whitening_and_says_so() {
     );
 }
 
+/// Output into a pipe whose reader has gone (`craterdex cpu | head -0`) ends the command
+/// quietly, as other Unix tools end, where `println!` used to panic with a backtrace.
+#[cfg(unix)]
+#[test]
+fn a_closed_pipe_ends_a_command_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    for _ in 0..5 {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_craterdex"))
+            .arg("cpu")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        assert!(
+            out.status.success() || out.status.signal() == Some(13),
+            "{:?}",
+            out.status
+        );
+    }
+}
+
 /// A textured tile with dark "craters" and their pixel catalogue (pycda format).
 fn write_tile(dir: &Path) -> (PathBuf, PathBuf) {
     let craters: Vec<(f64, f64, f64)> = (0..12)
