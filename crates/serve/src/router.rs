@@ -11,7 +11,7 @@ use crate::Svc;
 use axum::error_handling::HandleErrorLayer;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
-use axum::response::{Html, Response};
+use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{BoxError, Router};
 use tower::limit::GlobalConcurrencyLimitLayer;
@@ -59,7 +59,53 @@ pub fn router(svc: Svc) -> Router {
             svc.clone(),
             count_client_errors,
         ))
+        .layer(axum::middleware::map_response_with_state(
+            c.request_timeout,
+            json_errors,
+        ))
         .with_state(svc)
+}
+
+/// The largest error body read back to be rewritten as JSON: the framework's own are a line.
+const PLAIN_ERROR_BYTES: usize = 4096;
+
+/// Every error answered as the documented JSON (`{"error": {"status", "message"}}`), those
+/// of the framework and its layers included: a timeout's empty 408, a wrong method's 405, a
+/// body over the limit's plain-text 413.
+async fn json_errors(State(timeout): State<std::time::Duration>, resp: Response) -> Response {
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let text = axum::body::to_bytes(body, PLAIN_ERROR_BYTES)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let message = match status {
+        StatusCode::REQUEST_TIMEOUT => format!(
+            "the request took longer than the server's timeout ({} s); its work was stopped",
+            timeout.as_secs()
+        ),
+        StatusCode::METHOD_NOT_ALLOWED => "this endpoint does not take that method; see \
+             /v1/openapi.json"
+            .to_string(),
+        _ if !text.is_empty() => text,
+        _ => status.canonical_reason().unwrap_or("error").to_lowercase(),
+    };
+    let mut json = ApiError::new(status, message).into_response();
+    // what the framework set besides the body (Allow on a 405) stays
+    for (name, value) in &parts.headers {
+        if name != axum::http::header::CONTENT_TYPE && name != axum::http::header::CONTENT_LENGTH {
+            json.headers_mut().insert(name, value.clone());
+        }
+    }
+    json
 }
 
 async fn count_client_errors(
