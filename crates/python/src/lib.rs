@@ -47,6 +47,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(service::thumbnail_png, m)?)?;
     m.add_function(wrap_pyfunction!(service::service_document_json, m)?)?;
     m.add_function(wrap_pyfunction!(service::service_page, m)?)?;
+    m.add_function(wrap_pyfunction!(service::service_page_headers, m)?)?;
     m.add_function(wrap_pyfunction!(service::link_rule_json, m)?)?;
     m.add_function(wrap_pyfunction!(service::link_decision_json, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

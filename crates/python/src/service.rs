@@ -75,6 +75,13 @@ pub fn service_page() -> &'static str {
     adapter::PAGE
 }
 
+/// The headers `craterdex serve` answers its page with (content security policy, nosniff,
+/// no framing), as `(name, value)` pairs.
+#[pyfunction]
+pub fn service_page_headers() -> Vec<(&'static str, String)> {
+    adapter::page_headers()
+}
+
 /// The link rule stored with an index (its calibrated `link-rule.json`, else the default),
 /// as JSON.
 #[pyfunction]

@@ -21,6 +21,7 @@ mod api;
 mod auth;
 mod error;
 pub mod features;
+mod guard;
 mod images;
 mod link;
 mod openapi;
@@ -32,6 +33,7 @@ mod upload;
 
 pub use axum::http::StatusCode;
 pub use error::{ApiError, Error};
+pub use guard::LOOPBACK_HOSTS;
 pub use openapi::document;
 pub use router::router;
 
@@ -45,8 +47,9 @@ pub mod adapter {
     use crate::{error::ApiResult, ApiError, Config};
     use craterdex_engine::{SearchLimits, SearchOptions};
 
-    /// The web page `craterdex serve` answers at `/`.
+    /// The web page `craterdex serve` answers at `/`, and the headers it answers it with.
     pub const PAGE: &str = include_str!("page.html");
+    pub use crate::guard::page_headers;
 
     /// The limits `craterdex serve` applies by default.
     pub fn default_limits() -> SearchLimits {
@@ -108,6 +111,11 @@ pub struct Config {
     /// Show where indexed images are stored (`meta.path`) in responses; off, the server's
     /// file paths stay on the server.
     pub expose_paths: bool,
+    /// Host names the server answers to (a request naming another gets 421: a page of
+    /// another site that rebinds its name to this server's address is refused); `None` or
+    /// `*` among them: any. [`serve_blocking`] defaults `None` to [`LOOPBACK_HOSTS`] on a
+    /// loopback address.
+    pub allowed_hosts: Option<Vec<String>>,
 }
 
 impl Config {
@@ -132,6 +140,7 @@ impl Config {
             allow_partial_images: false,
             merge: Some(MergePolicy::default()),
             expose_paths: false,
+            allowed_hosts: None,
         }
     }
 }
@@ -307,6 +316,10 @@ pub fn serve_blocking(addr: &str, config: Config, load: Loader) -> Result<(), Er
             .await
             .io("listen on", here)?;
         let local = listener.local_addr().io("listen on", here)?;
+        let mut config = config;
+        if config.allowed_hosts.is_none() && local.ip().is_loopback() {
+            config.allowed_hosts = Some(LOOPBACK_HOSTS.map(String::from).to_vec());
+        }
         eprintln!(
             "craterdex serve: http://{local}/ (API under /v1, document at /v1/openapi.json); loading {}",
             config.index_dir.display()

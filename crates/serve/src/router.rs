@@ -63,6 +63,10 @@ pub fn router(svc: Svc) -> Router {
             c.request_timeout,
             json_errors,
         ))
+        .layer(axum::middleware::from_fn_with_state(
+            svc.clone(),
+            crate::guard::guard,
+        ))
         .with_state(svc)
 }
 

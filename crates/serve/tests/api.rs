@@ -454,6 +454,89 @@ async fn responses_show_no_server_paths_unless_asked() {
     }
 }
 
+/// A browser cannot be made to use the server from elsewhere: a page of another site that
+/// rebinds its name to the server's address names its own host (421), and a form or script of
+/// another site that posts an image (or changes anything) is refused before its body is read
+/// (403); programs and the server's own page pass. Every response forbids sniffing and
+/// framing; the page runs only its own script and style, named by hash.
+#[tokio::test]
+async fn browsers_of_other_sites_are_refused_and_responses_say_what_browsers_may_do() {
+    let f = fixture();
+    let svc = service(&f, |c| {
+        c.allowed_hosts = Some(craterdex_serve::LOOPBACK_HOSTS.map(String::from).to_vec())
+    });
+    let with = |req: axum::http::request::Builder, headers: &[(&str, &str)]| {
+        headers
+            .iter()
+            .fold(req, |r, (k, v)| r.header(*k, *v))
+            .body(Body::empty())
+            .unwrap()
+    };
+    for (host, want) in [
+        ("evil.example", StatusCode::MISDIRECTED_REQUEST),
+        ("evil.example:8080", StatusCode::MISDIRECTED_REQUEST),
+        ("localhost:8080", StatusCode::OK),
+        ("127.0.0.1:8080", StatusCode::OK),
+        ("[::1]:8080", StatusCode::OK),
+    ] {
+        let (s, v) = call_json(&svc, with(Request::get("/v1/stats"), &[("host", host)])).await;
+        assert_eq!(s, want, "{host}: {v}");
+    }
+    // a multipart image search from another site's page: refused before the body is read
+    let img = std::fs::read(&f.images[1]).unwrap();
+    let form = multipart(&[("image", Some("q.png"), &img)]);
+    let post = |headers: &[(&str, &str)], body: Vec<u8>| {
+        let r = Request::post("/v1/search/image").header(
+            "content-type",
+            format!("multipart/form-data; boundary={BOUNDARY}"),
+        );
+        headers
+            .iter()
+            .fold(r, |r, (k, v)| r.header(*k, *v))
+            .body(Body::from(body))
+            .unwrap()
+    };
+    let host = ("host", "127.0.0.1:8080");
+    for refused in [
+        vec![host, ("origin", "http://evil.example")],
+        vec![host, ("origin", "null")],
+        vec![host, ("sec-fetch-site", "cross-site")],
+        vec![host, ("sec-fetch-site", "same-site")],
+    ] {
+        let (s, v) = call_json(&svc, post(&refused, b"never read".to_vec())).await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{refused:?}: {v}");
+    }
+    for allowed in [
+        vec![host],
+        vec![host, ("origin", "http://127.0.0.1:8080")],
+        vec![
+            host,
+            ("sec-fetch-site", "same-origin"),
+            ("origin", "http://127.0.0.1:8080"),
+        ],
+    ] {
+        let (s, v) = call_json(&svc, post(&allowed, form.clone())).await;
+        assert_eq!(s, StatusCode::OK, "{allowed:?}: {v}");
+    }
+    // what browsers may do with every response
+    let page = router(svc.clone()).oneshot(get("/")).await.unwrap();
+    let api = router(svc.clone()).oneshot(get("/v1/stats")).await.unwrap();
+    for resp in [&page, &api] {
+        assert_eq!(resp.headers()["x-content-type-options"], "nosniff");
+        assert_eq!(resp.headers()["x-frame-options"], "DENY");
+    }
+    let csp = page.headers()["content-security-policy"].to_str().unwrap();
+    assert!(
+        csp.contains("script-src 'sha256-") && !csp.contains("unsafe"),
+        "{csp}"
+    );
+    assert!(csp.contains("frame-ancestors 'none'"), "{csp}");
+    assert_eq!(
+        api.headers()["content-security-policy"],
+        "default-src 'none'; frame-ancestors 'none'"
+    );
+}
+
 #[tokio::test]
 async fn health_readiness_page_and_every_documented_route() {
     let f = fixture();

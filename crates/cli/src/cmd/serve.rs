@@ -48,6 +48,11 @@ pub struct ServeCmd {
     /// Requests running the model at once (image search, adding images).
     #[arg(long, default_value_t = 8)]
     max_concurrent_images: usize,
+    /// A host name the server answers to (repeat for more; `*`: any). Default: on a loopback
+    /// address localhost, 127.0.0.1 and ::1, so that a web page of another site cannot
+    /// rebind its name to this server and read it; elsewhere any.
+    #[arg(long = "allowed-host", value_name = "HOST")]
+    allowed_hosts: Vec<String>,
     /// Show where indexed images are stored (`meta.path`) in responses; by default the
     /// server's file paths stay on the server.
     #[arg(long)]
@@ -85,6 +90,7 @@ pub fn run(c: ServeCmd) -> Result<()> {
     config.max_concurrent_images = c.max_concurrent_images.max(1);
     config.merge = c.merge.policy();
     config.expose_paths = c.expose_paths;
+    config.allowed_hosts = Some(c.allowed_hosts).filter(|hosts| !hosts.is_empty());
     if c.no_model && c.model.model.is_some() {
         bail!("--no-model and --model exclude each other");
     }

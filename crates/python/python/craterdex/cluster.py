@@ -455,7 +455,7 @@ class Router:
 
     @app.get("/")
     async def page(self) -> HTMLResponse:
-        return HTMLResponse(_native.service_page())
+        return HTMLResponse(_native.service_page(), headers=dict(_native.service_page_headers()))
 
     @app.get("/v1/openapi.json")
     async def openapi(self) -> JSONResponse:
