@@ -124,6 +124,15 @@ impl Extractor {
         let model = self.vit.config().fingerprint() + &self.vit.reduction_tag().unwrap_or_default();
         fingerprint_with(&model, self.orientation, self.brightness)
     }
+    /// The shorter side a query image needs at most for every view a search looks at: twice
+    /// the model's largest input (so that squashing it still downsamples) and the side a
+    /// query is relit at ([`crate::views::RELIT_SIDE`]). Larger uploads are reduced to it
+    /// as they are decoded ([`craterdex_model::preprocess::reduced`]).
+    pub fn query_short_side(&self) -> u32 {
+        let largest = self.vit.input_sizes().into_iter().max().unwrap_or(0) as u32;
+        (2 * largest).max(crate::views::RELIT_SIDE)
+    }
+
     /// Feature width.
     pub fn dim(&self) -> usize {
         self.vit.dim()

@@ -319,12 +319,43 @@ pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<Decoded> {
     let mut decoder_limits = image::Limits::default();
     decoder_limits.max_image_width = limits.max_side;
     decoder_limits.max_image_height = limits.max_side;
+    // a crop's pixels at the widest sample type the decoders produce (RGBA, 16 bits), and
+    // not the decoder's default of 512 MiB
+    if let Some(max) = limits.max_pixels {
+        decoder_limits.max_alloc = Some(max.saturating_mul(MAX_BYTES_PER_PIXEL));
+    }
     reader.limits(decoder_limits);
     let image = reader.decode().map_err(unreadable)?;
     // the decoder's own idea of the size must pass too
     check_shape(image.width(), image.height())?;
     Ok(Decoded { image, format })
 }
+
+/// `img` brought down to what a search of it reads: its shorter side at most `short_side`
+/// (aspect kept, so that turning it and squashing it later see the same picture), and once
+/// reduced, 8 bits per channel without alpha. An image within the limit is returned as it
+/// is, so its features are those any other path computes.
+pub fn reduced(img: DynamicImage, short_side: u32) -> DynamicImage {
+    let (w, h) = (img.width(), img.height());
+    let short = w.min(h);
+    if short <= short_side || short == 0 {
+        return img;
+    }
+    let scale = short_side as f64 / short as f64;
+    let (nw, nh) = (
+        ((w as f64 * scale).round() as u32).max(1),
+        ((h as f64 * scale).round() as u32).max(1),
+    );
+    let small = img.resize_exact(nw, nh, image::imageops::FilterType::Triangle);
+    if small.color().has_color() {
+        DynamicImage::ImageRgb8(small.to_rgb8())
+    } else {
+        DynamicImage::ImageLuma8(small.to_luma8())
+    }
+}
+
+/// Bytes a decoded pixel takes at most: four channels of 16 bits.
+const MAX_BYTES_PER_PIXEL: u64 = 8;
 
 /// The most pixels a crater crop may have (32 megapixels, e.g. 5,792 x 5,792): more is not
 /// a crop but a tile, and a few header bytes claiming a 127-megapixel JPEG would otherwise
@@ -672,7 +703,7 @@ fn resize(img: &Rgb32FImage, w: u32, h: u32) -> Rgb32FImage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use image::{GrayImage, ImageBuffer, Luma, Rgb};
+    use image::{GrayImage, ImageBuffer, Luma, Rgb, Rgba};
 
     fn prep(size: usize, resize: ResizeMode) -> Preprocess {
         Preprocess {
@@ -755,6 +786,23 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Reduction keeps the aspect and the colour, drops to 8 bits, and leaves an image within
+    /// the limit as it was.
+    #[test]
+    fn large_images_are_reduced_to_the_short_side_and_small_ones_kept() {
+        let wide: ImageBuffer<Rgba<u16>, Vec<u16>> =
+            ImageBuffer::from_fn(2000, 1000, |x, _| Rgba([(x * 30) as u16, 0, 9, 65_535]));
+        let r = reduced(DynamicImage::ImageRgba16(wide), 448);
+        assert_eq!((r.width(), r.height()), (896, 448));
+        assert!(matches!(r, DynamicImage::ImageRgb8(_)));
+        let grey = DynamicImage::ImageLuma16(ImageBuffer::from_pixel(600, 900, Luma([700u16])));
+        let r = reduced(grey, 448);
+        assert_eq!((r.width(), r.height()), (448, 672));
+        assert!(matches!(r, DynamicImage::ImageLuma8(_)));
+        let small = DynamicImage::ImageLuma16(ImageBuffer::from_pixel(300, 448, Luma([7u16])));
+        assert_eq!(reduced(small.clone(), 448), small);
     }
 
     #[test]

@@ -167,7 +167,7 @@ pub async fn search_image(
     let svc2 = svc.clone();
     blocking(move || {
         let t = Instant::now();
-        let up = decode(&svc2, bytes)?;
+        let up = decode(&svc2, &engine, bytes)?;
         // the candidates' forward passes of a verified search count as search time
         let (hits, features, search) = if o.rechecks() {
             // extraction and search interleave (a query searched again is extracted again)
@@ -206,8 +206,8 @@ pub async fn search_image(
             search,
         };
         let query = QueryInfo::Image {
-            width: up.image.width(),
-            height: up.image.height(),
+            width: up.width,
+            height: up.height,
             bytes: up.bytes.len(),
         };
         Ok(response(&svc2, hits, &p, query, timing))

@@ -7,28 +7,43 @@ use crate::error::{ApiError, ApiResult};
 use crate::Service;
 use axum::body::Bytes;
 use axum::extract::Multipart;
-use craterdex_engine::{Descriptors, ImageMeta};
+use craterdex_engine::{Descriptors, Engine, ImageMeta};
 use craterdex_model::preprocess::{self, DecodeLimits, MAX_CROP_PIXELS};
 use std::collections::BTreeMap;
 
 /// A decoded upload and its bytes (kept for the upload directory and thumbnails).
 pub struct Upload {
     pub bytes: Bytes,
+    /// The image as the model's views read it: reduced to `engine`'s query side when larger
+    /// ([`decode`]).
     pub image: image::DynamicImage,
+    /// The size it was uploaded at.
+    pub width: u32,
+    pub height: u32,
     pub format: image::ImageFormat,
 }
 
-/// Decodes an upload within the service's limits.
-pub fn decode(svc: &Service, bytes: Bytes) -> ApiResult<Upload> {
+/// Decodes an upload within the service's limits, then reduces it to what a search of it
+/// reads (shorter side at most `engine`'s [`craterdex_engine::Extractor::query_short_side`],
+/// 8 bits): every view of a search and every copy in floating point is made from that, so
+/// that a 4096-pixel 16-bit upload costs what a crop does.
+pub fn decode(svc: &Service, engine: &Engine, bytes: Bytes) -> ApiResult<Upload> {
     let limits = DecodeLimits {
         max_pixels: Some(MAX_CROP_PIXELS),
         max_side: Some(svc.config().max_image_side),
         allow_partial: svc.config().allow_partial_images,
     };
     let decoded = preprocess::decode(&bytes, &limits)?;
+    let (width, height) = (decoded.image.width(), decoded.image.height());
+    let image = match engine.extractor() {
+        Some(x) => preprocess::reduced(decoded.image, x.query_short_side()),
+        None => decoded.image,
+    };
     Ok(Upload {
         bytes,
-        image: decoded.image,
+        image,
+        width,
+        height,
         format: decoded.format,
     })
 }
@@ -169,7 +184,7 @@ pub async fn read_entry(svc: &crate::Svc, mp: Multipart) -> ApiResult<EntryUploa
     let engine = crate::search::image_engine(svc)?;
     let svc2 = svc.clone();
     let (upload, desc) = crate::search::blocking(move || {
-        let upload = decode(&svc2, bytes)?;
+        let upload = decode(&svc2, &engine, bytes)?;
         let desc = engine.encode_image(&upload.image)?;
         Ok((upload, desc))
     })
