@@ -12,7 +12,7 @@ use crate::options::{
     SearchOptions, RECHECK_AGAIN_VERIFY, RECHECK_KEEP_SHARE, RECHECK_RELIT_KEEP_SHARE,
     RECHECK_TOWARD_VERIFY, RECHECK_TURNS, RECHECK_VERIFY, RECHECK_VIEWS, SUN_SAMPLE,
 };
-use crate::progress::Progress;
+use crate::progress::{go_on, Progress};
 use crate::views::{sun_headings, QueryViews, Suns};
 use craterdex_index::{Index, SearchParams};
 use craterdex_model::extract::FeatureSet;
@@ -247,6 +247,7 @@ pub fn search_rechecked(
     )?;
     // the unsure queries of `hits` searched again as `stage` asks; how many
     let search_again = |hits: &mut [QueryHits], stage: Recheck| {
+        go_on(progress)?;
         recheck_answers(hits, side * side, stage.keep_share, &|again| {
             let (ids, in_views) = features(Some(again), stage.views)?;
             catalogue.search_variants_verified(

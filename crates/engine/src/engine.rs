@@ -863,7 +863,7 @@ impl Engine {
                     .filter(|(id, _)| only.is_none_or(|o| o.contains(*id)))
                     .map(|(id, im)| (id.clone(), im.clone()))
                     .unzip();
-                let features = self.decoded_variant_features(&ids, &images, views)?;
+                let features = self.decoded_variant_features(&ids, &images, views, progress)?;
                 Ok((ids, features))
             },
             params,
@@ -877,11 +877,13 @@ impl Engine {
         &self,
         image: &image::DynamicImage,
         views: QueryViews,
+        progress: &dyn Progress,
     ) -> Result<Vec<Descriptors>> {
         let features = self.decoded_variant_features(
             &["query".to_string()],
             std::slice::from_ref(image),
             views,
+            progress,
         )?;
         Ok(self.encode(&features))
     }
@@ -902,7 +904,11 @@ impl Engine {
                 .map(|(_, p)| Ok(turned(&craterdex_model::preprocess::load_image(p)?, angle)))
                 .collect::<Result<Vec<_>>>()?;
             let ids: Vec<String> = chunk.iter().map(|(id, _)| id.clone()).collect();
-            out.extend(self.encode(&extractor.features_of_images(&ids, &images)?));
+            out.extend(self.encode(&extractor.features_of_images(
+                &ids,
+                &images,
+                &crate::Silent,
+            )?));
         }
         Ok(out)
     }
@@ -923,9 +929,10 @@ impl Engine {
         ids: &[String],
         images: &[image::DynamicImage],
         views: QueryViews,
+        progress: &dyn Progress,
     ) -> Result<FeatureSet> {
         self.extractor_or_err()?
-            .features_of_variants(ids, images, views)
+            .features_of_variants(ids, images, views, progress)
     }
 
     /// The descriptors of one decoded image (an upload) under the index's encoder.

@@ -30,6 +30,10 @@ pub enum Error {
     /// Changing an index that lives in memory only.
     #[error("an index held in memory cannot be changed")]
     InMemory,
+    /// Work stopped before it finished because nothing waited for it any more
+    /// ([`crate::Progress::cancelled`]: a request that timed out); nothing was written.
+    #[error("stopped before it finished: no one waited for it any more")]
+    Cancelled,
     #[error(transparent)]
     Model(#[from] craterdex_model::Error),
     #[error(transparent)]
@@ -52,6 +56,8 @@ craterdex_errors::error_kinds!(Error {
         Error::Orientation { .. } | Error::Brightness { .. } => InvalidInput,
         Error::NoSuchImage(_) => NotFound,
         Error::NoModel(_) | Error::InMemory => Unsupported,
+        // an operational failure, as a timed-out I/O operation is
+        Error::Cancelled => Io,
     },
 });
 

@@ -167,9 +167,15 @@ impl Extractor {
             allow_partial: self.settings.allow_partial,
         };
         progress.start(what, items.len());
-        let res = extract::extract(&self.vit, items, &opts, &|done| progress.advance(done));
+        let res = extract::extract(&self.vit, items, &opts, &|done| {
+            progress.advance(done);
+            !progress.cancelled()
+        });
         progress.finish();
         let res = res?;
+        if res.stopped {
+            return Err(Error::Cancelled);
+        }
         if res.cache_hits > 0 {
             progress.note(&format!(
                 "{what}: {} of {} images from the feature cache",
@@ -187,11 +193,13 @@ impl Extractor {
     }
 
     /// Features of decoded images (arrays handed over from Python, uploads), named `ids`,
-    /// run through the model in batches.
+    /// run through the model in batches; stopped between batches when `progress` is
+    /// [`Progress::cancelled`].
     pub fn features_of_images(
         &self,
         ids: &[String],
         images: &[image::DynamicImage],
+        progress: &dyn Progress,
     ) -> Result<FeatureSet> {
         ensure!(
             ids.len() == images.len(),
@@ -210,6 +218,7 @@ impl Extractor {
             .chunks(self.settings.batch.max(1))
             .zip(images.chunks(self.settings.batch.max(1)))
         {
+            crate::progress::go_on(progress)?;
             let features = extract::features_of_images(&self.vit, batch, &pre)?;
             for (id, f) in ids.iter().zip(features) {
                 out.push(id.clone(), &f);
@@ -247,7 +256,7 @@ impl Extractor {
                     Err(failure) => failures.push(failure),
                 }
             }
-            let f = self.features_of_variants(&read, &images, views)?;
+            let f = self.features_of_variants(&read, &images, views, progress)?;
             ids.extend(read);
             match &mut features {
                 Some(all) => all.append(f),
@@ -270,6 +279,7 @@ impl Extractor {
         ids: &[String],
         images: &[image::DynamicImage],
         views: QueryViews,
+        progress: &dyn Progress,
     ) -> Result<FeatureSet> {
         ensure!(
             ids.len() == images.len(),
@@ -286,7 +296,7 @@ impl Extractor {
                     .map(move |(v, im)| (format!("{id}#{v}"), im))
             })
             .unzip();
-        self.features_of_images(&names, &turned)
+        self.features_of_images(&names, &turned, progress)
     }
 
     /// Features of one decoded image (an upload).

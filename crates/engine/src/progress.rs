@@ -17,6 +17,21 @@ pub trait Progress: Sync {
     fn note(&self, message: &str) {
         let _ = message;
     }
+    /// Whether whoever waits for the work has stopped waiting (a request that timed out):
+    /// the work then ends at the next point where it can, with [`crate::Error::Cancelled`].
+    /// Checked between forward passes and between a search's stages.
+    fn cancelled(&self) -> bool {
+        false
+    }
+}
+
+/// Fails with [`crate::Error::Cancelled`] once `progress` says the work is no longer waited
+/// for.
+pub(crate) fn go_on(progress: &dyn Progress) -> crate::Result<()> {
+    match progress.cancelled() {
+        true => Err(crate::Error::Cancelled),
+        false => Ok(()),
+    }
 }
 
 /// Reports nothing.

@@ -270,6 +270,8 @@ pub struct Extraction {
     pub features: FeatureSet,
     pub failures: Vec<Failure>,
     pub cache_hits: usize,
+    /// `progress` asked to stop: the features are those of the batches done before.
+    pub stopped: bool,
 }
 
 /// Cache layout: `<cache>/<model fingerprint>/<preprocessing hash>/<ab>/<content sha256>.safetensors`.
@@ -372,12 +374,14 @@ pub fn features_of_images(
 }
 
 /// Extracts features for `(id, path)` pairs. Unreadable images are skipped and reported in
-/// `failures`; they never stop the run. `progress` is called with the number of images done.
+/// `failures`; they never stop the run. `progress` is called with the number of images done
+/// after each batch, and says whether to go on (`false`: the extraction ends there,
+/// [`Extraction::stopped`]).
 pub fn extract(
     vit: &Vit,
     items: &[(String, PathBuf)],
     opts: &ExtractOptions,
-    progress: &(dyn Fn(usize) + Sync),
+    progress: &(dyn Fn(usize) -> bool + Sync),
 ) -> Result<Extraction> {
     let model_fp = vit.features_fingerprint();
     let prep_key = opts.preprocess.key();
@@ -447,11 +451,19 @@ pub fn extract(
             }
         }
         done += chunk.len();
-        progress(done);
+        if !progress(done) {
+            return Ok(Extraction {
+                features,
+                failures,
+                cache_hits,
+                stopped: true,
+            });
+        }
     }
     Ok(Extraction {
         features,
         failures,
         cache_hits,
+        stopped: false,
     })
 }

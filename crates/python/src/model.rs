@@ -31,7 +31,7 @@ impl PyModel {
                     .enumerate()
                     .map(|(i, a)| array_image(a, i))
                     .collect::<Fallible<Vec<_>>>()?;
-                Ok(py.detach(move || x.features_of_images(&ids, &images))?)
+                Ok(py.detach(move || x.features_of_images(&ids, &images, &Silent))?)
             }
             (None, Some(paths)) => {
                 ensure_len(ids.len(), paths.len())?;

@@ -6,14 +6,15 @@ use crate::api::{
 };
 use crate::auth::{authorize, path_id};
 use crate::error::{ApiError, ApiResult};
-use crate::search::{blocking, thumbnail_url};
-use crate::upload::{read_entry, EntryUpload};
+use crate::search::{image_engine, thumbnail_url};
+use crate::upload::{entry_of, read_entry_form, EntryUpload};
+use crate::work::{self, Admission};
 use crate::{Counters, Service, Svc};
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Multipart, Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use craterdex_engine::{Engine, ImageMeta};
 use craterdex_errors::IoContext;
 use craterdex_model::preprocess;
@@ -66,6 +67,7 @@ pub async fn image_meta(
 )]
 pub async fn thumbnail(
     State(svc): State<Svc>,
+    Extension(admission): Extension<Admission>,
     headers: HeaderMap,
     id: Result<Path<String>, PathRejection>,
     q: Result<Query<ThumbnailQuery>, QueryRejection>,
@@ -85,7 +87,10 @@ pub async fn thumbnail(
             "no image file is recorded for {id:?}"
         )));
     };
-    let png = blocking(move || thumbnail_png(std::path::Path::new(&path), &id, size)).await?;
+    let png = work::run(admission, None, move |_| {
+        thumbnail_png(std::path::Path::new(&path), &id, size)
+    })
+    .await?;
     Ok((
         [
             (header::CONTENT_TYPE, HeaderValue::from_static("image/png")),
@@ -188,23 +193,30 @@ pub fn thumbnail_png(path: &std::path::Path, id: &str, size: u32) -> ApiResult<V
 )]
 pub async fn add_image(
     State(svc): State<Svc>,
+    Extension(admission): Extension<Admission>,
     headers: HeaderMap,
     mp: Result<Multipart, axum::extract::multipart::MultipartRejection>,
 ) -> ApiResult<(StatusCode, Json<AddedResponse>)> {
     authorize(&svc, &headers, true)?;
+    let timeout = svc.config().request_timeout;
+    let deadline = work::deadline(timeout);
     let mp = mp.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    let entry = read_entry(&svc, mp).await?;
-    let id = entry.meta.id.clone();
+    let (bytes, meta) = work::before(Some(deadline), timeout, read_entry_form(mp)).await?;
+    let engine = image_engine(&svc)?;
     let svc2 = svc.clone();
-    let images = blocking(move || {
-        svc2.shared()?.write(|engine| -> ApiResult<_> {
+    let (id, images) = work::run(admission, Some((deadline, timeout)), move |ticket| {
+        let entry = entry_of(&svc2, &engine, bytes, meta)?;
+        let id = entry.meta.id.clone();
+        let images = svc2.shared()?.write(|engine| -> ApiResult<_> {
             if let Some(taken) = id_taken(engine, &entry.meta.id) {
                 return Err(taken);
             }
+            ticket.commit()?;
             let meta = store_upload(&svc2, &entry)?;
             let (_, grown) = engine.add(&[(meta, entry.desc)])?;
             Ok((grown.index().live(), Some(grown)))
-        })
+        })?;
+        Ok((id, images))
     })
     .await?;
     Counters::count(&svc.counters.added);
@@ -233,16 +245,20 @@ pub async fn add_image(
 )]
 pub async fn remove_image(
     State(svc): State<Svc>,
+    Extension(admission): Extension<Admission>,
     headers: HeaderMap,
     id: Result<Path<String>, PathRejection>,
 ) -> ApiResult<Json<RemovedResponse>> {
+    let timeout = svc.config().request_timeout;
+    let deadline = work::deadline(timeout);
     authorize(&svc, &headers, true)?;
     let id = path_id(id)?;
     let svc2 = svc.clone();
     let id2 = id.clone();
-    let images = blocking(move || {
+    let images = work::run(admission, Some((deadline, timeout)), move |ticket| {
         svc2.shared()?.write(|engine| -> ApiResult<_> {
             let path = engine.index().meta(live_row(engine, &id2)?).path.clone();
+            ticket.commit()?;
             let (_, shrunk) = engine.remove(&[id2])?;
             if let Some(path) = path {
                 forget_upload(&svc2, &shrunk, &path);

@@ -30,6 +30,7 @@ mod router;
 mod search;
 mod status;
 mod upload;
+mod work;
 
 pub use axum::http::StatusCode;
 pub use error::{ApiError, Error};
@@ -170,13 +171,20 @@ pub struct Service {
     counters: Counters,
     link_context: link::ContextCache,
     registrations: register::Registrations,
+    /// Slots of requests doing work, and of those running the model ([`Config`]'s
+    /// `max_concurrent` and `max_concurrent_images`), each held until the work has ended.
+    search_slots: Arc<tokio::sync::Semaphore>,
+    image_slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl Service {
     /// A service that is not ready yet: call `load` (the server does it after binding, so
     /// health answers while a large index or the model loads).
     pub fn new(config: Config) -> Arc<Self> {
+        let slots = |n: usize| Arc::new(tokio::sync::Semaphore::new(n.max(1)));
         Arc::new(Self {
+            search_slots: slots(config.max_concurrent),
+            image_slots: slots(config.max_concurrent_images),
             config,
             engine: OnceLock::new(),
             load_error: RwLock::new(None),

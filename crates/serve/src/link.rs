@@ -6,13 +6,14 @@ use crate::api::{EntryForm, ErrorBody, LinkCandidate, LinkQuery, LinkResponse};
 use crate::auth::authorize;
 use crate::error::{ApiError, ApiResult};
 use crate::images::{id_taken, store_upload};
-use crate::search::{blocking, thumbnail_url};
-use crate::upload::{read_entry, EntryUpload};
+use crate::search::{image_engine, thumbnail_url};
+use crate::upload::{entry_of, read_entry_form, EntryUpload};
+use crate::work::{self, Admission};
 use crate::{Counters, Service, Svc};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Multipart, Query, State};
 use axum::http::HeaderMap;
-use axum::Json;
+use axum::{Extension, Json};
 use craterdex_engine::Engine;
 use craterdex_workflows::link::crop_turn_deg;
 use craterdex_workflows::{Candidate, Decision, LinkOptions, LinkRow, LinkRule, Neighbours};
@@ -98,16 +99,21 @@ fn with_thumbnail(c: Candidate) -> LinkCandidate {
 )]
 pub async fn link_image(
     State(svc): State<Svc>,
+    Extension(admission): Extension<Admission>,
     headers: HeaderMap,
     q: Result<Query<LinkQuery>, QueryRejection>,
     mp: Result<Multipart, axum::extract::multipart::MultipartRejection>,
 ) -> ApiResult<Json<LinkResponse>> {
+    let timeout = svc.config().request_timeout;
+    let deadline = work::deadline(timeout);
     let Query(q) = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
     authorize(&svc, &headers, q.insert)?;
     let mp = mp.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    let entry = read_entry(&svc, mp).await?;
+    let (bytes, meta) = work::before(Some(deadline), timeout, read_entry_form(mp)).await?;
+    let engine = image_engine(&svc)?;
     let svc2 = svc.clone();
-    let (mut row, rule, images) = blocking(move || {
+    let (mut row, rule, images) = work::run(admission, Some((deadline, timeout)), move |ticket| {
+        let entry = entry_of(&svc2, &engine, bytes, meta)?;
         if !q.insert {
             let engine = svc2.snapshot()?;
             let (row, rule) = decide(&svc2, &engine, &entry)?;
@@ -118,6 +124,7 @@ pub async fn link_image(
             if row.decision != Decision::New || id_taken(engine, &entry.meta.id).is_some() {
                 return Ok(((row, rule, engine.index().live()), None));
             }
+            ticket.commit()?;
             let meta = store_upload(&svc2, &entry)?;
             let (_, grown) = engine.add(&[(meta, entry.desc.clone())])?;
             row.inserted = true;

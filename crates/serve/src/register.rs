@@ -6,12 +6,12 @@
 use crate::api::ErrorBody;
 use crate::auth::authorize_change;
 use crate::error::{ApiError, ApiResult};
-use crate::search::blocking;
+use crate::work::{self, Admission};
 use crate::Svc;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{FromRequest, State};
 use axum::http::HeaderMap;
-use axum::Json;
+use axum::{Extension, Json};
 use craterdex_engine::ImageMeta;
 use craterdex_workflows::{Frames, LinkOptions, LinkRule, SourceRegistration};
 use serde::Deserialize;
@@ -151,27 +151,36 @@ fn metas_of(req: &RegisterRequest) -> ApiResult<Vec<ImageMeta>> {
 )]
 pub async fn register_source(
     State(svc): State<Svc>,
+    Extension(admission): Extension<Admission>,
     headers: HeaderMap,
     request: axum::extract::Request,
 ) -> ApiResult<Json<SourceRegistration>> {
+    let timeout = svc.config().request_timeout;
+    let deadline = work::deadline(timeout);
     // the key is checked before the body is read
     authorize_change(&svc, &headers)?;
-    let body: Result<Json<RegisterRequest>, JsonRejection> = Json::from_request(request, &()).await;
-    let Json(req) = body.map_err(|e| ApiError::new(e.status(), e.body_text()))?;
+    let read = async {
+        let body: Result<Json<RegisterRequest>, JsonRejection> =
+            Json::from_request(request, &()).await;
+        body.map_err(|e| ApiError::new(e.status(), e.body_text()))
+    };
+    let Json(req) = work::before(Some(deadline), timeout, read).await?;
     let metas = metas_of(&req)?;
     let engine = svc.snapshot()?;
     let svc2 = svc.clone();
-    let reg = blocking(move || {
+    let reg = work::run(admission, Some((deadline, timeout)), move |ticket| {
         let rule = crate::link::context(&svc2, &engine)?.0.clone();
         let frames =
             craterdex_workflows::register_entries(&engine, &rule, &LinkOptions::default(), &metas);
-        frames
+        let reg = frames
             .registrations()
             .into_iter()
             .next()
-            .ok_or_else(|| unprocessable("no crater with a position"))
+            .ok_or_else(|| unprocessable("no crater with a position"))?;
+        ticket.commit()?;
+        svc2.registrations.put(req.source, reg.clone());
+        Ok(reg)
     })
     .await?;
-    svc.registrations.put(req.source, reg.clone());
     Ok(Json((*reg).clone()))
 }

@@ -8,26 +8,19 @@ use crate::auth::{authorize, path_id};
 use crate::error::{ApiError, ApiResult};
 use crate::features::posted_features;
 use crate::upload::{decode, read_multipart};
+use crate::work::{run, Admission};
 use crate::{Counters, Service, Svc};
 use axum::body::Bytes;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Multipart, Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
+use axum::Extension;
 use axum::Json;
 use craterdex_engine::{
-    Engine, Mode, QueryHits, SearchHit, SearchLimits, SearchOptions, SearchParams, Silent,
+    Engine, Mode, QueryHits, SearchHit, SearchLimits, SearchOptions, SearchParams,
 };
 use std::sync::Arc;
 use std::time::Instant;
-
-/// Runs CPU work off the async threads.
-pub async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> ApiResult<T> + Send + 'static,
-) -> ApiResult<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(ApiError::internal)?
-}
 
 /// The search a query string asks for, within the service's limits (a malformed or
 /// out-of-range parameter is a bad request), and the options it was read from.
@@ -154,6 +147,7 @@ fn first_named(hits: Vec<QueryHits>) -> Vec<SearchHit> {
 )]
 pub async fn search_image(
     State(svc): State<Svc>,
+    Extension(admission): Extension<Admission>,
     headers: HeaderMap,
     q: Result<Query<SearchOptions>, QueryRejection>,
     mp: Result<Multipart, axum::extract::multipart::MultipartRejection>,
@@ -165,7 +159,7 @@ pub async fn search_image(
     let engine = image_engine(&svc)?;
     Counters::count(&svc.counters.image_searches);
     let svc2 = svc.clone();
-    blocking(move || {
+    run(admission, None, move |ticket| {
         let t = Instant::now();
         let up = decode(&svc2, &engine, bytes)?;
         // the candidates' forward passes of a verified search count as search time
@@ -173,7 +167,7 @@ pub async fn search_image(
             // extraction and search interleave (a query searched again is extracted again)
             let ids = ["query".to_string()];
             let images = std::slice::from_ref(&up.image);
-            let hits = engine.search_decoded(&ids, images, &p, &o, &Silent)?;
+            let hits = engine.search_decoded(&ids, images, &p, &o, ticket)?;
             (first_named(hits), None, ms(t))
         } else if o.verify > 0 {
             let ids = ["query".to_string()];
@@ -181,6 +175,7 @@ pub async fn search_image(
                 &ids,
                 std::slice::from_ref(&up.image),
                 o.views(),
+                ticket,
             )?;
             let features = ms(t);
             let t = Instant::now();
@@ -190,11 +185,11 @@ pub async fn search_image(
                 o.views(),
                 &p,
                 o.verify,
-                &Silent,
+                ticket,
             )?;
             (first_named(hits), Some(features), ms(t))
         } else {
-            let variants = engine.encode_image_variants(&up.image, o.views())?;
+            let variants = engine.encode_image_variants(&up.image, o.views(), ticket)?;
             let features = ms(t);
             let t = Instant::now();
             let hits = first(engine.search_views(&[variants], o.views(), &p));
@@ -234,6 +229,7 @@ pub async fn search_image(
 )]
 pub async fn search_features(
     State(svc): State<Svc>,
+    Extension(admission): Extension<Admission>,
     headers: HeaderMap,
     q: Result<Query<SearchOptions>, QueryRejection>,
     body: Bytes,
@@ -255,10 +251,10 @@ pub async fn search_features(
     let features = posted_features(&body, content_type, engine.index().feature_dim())?;
     Counters::count(&svc.counters.searches);
     let svc2 = svc.clone();
-    blocking(move || {
+    run(admission, None, move |ticket| {
         let t = Instant::now();
         let (hits, timing) = if o.verify > 0 {
-            let hits = engine.search_features_verified(&features, &p, o.verify, &Silent)?;
+            let hits = engine.search_features_verified(&features, &p, o.verify, ticket)?;
             let timing = Timing {
                 features: None,
                 encode: None,
@@ -295,6 +291,7 @@ pub async fn search_features(
 )]
 pub async fn search_similar(
     State(svc): State<Svc>,
+    Extension(admission): Extension<Admission>,
     headers: HeaderMap,
     id: Result<Path<String>, PathRejection>,
     q: Result<Query<SearchOptions>, QueryRejection>,
@@ -307,7 +304,7 @@ pub async fn search_similar(
     let engine = svc.snapshot()?;
     Counters::count(&svc.counters.searches);
     let svc2 = svc.clone();
-    blocking(move || {
+    run(admission, None, move |_| {
         let t = Instant::now();
         let hits = engine.similar(&id, &p)?;
         let timing = Timing {

@@ -177,18 +177,22 @@ pub fn upload_id(bytes: &[u8]) -> String {
     format!("upload-{}", &digest[..16])
 }
 
-/// Reads and checks an entry form, decodes the image and encodes it with the engine's model.
-pub async fn read_entry(svc: &crate::Svc, mp: Multipart) -> ApiResult<EntryUpload> {
+/// Reads and checks an entry form: the image's bytes and the entry's metadata.
+pub async fn read_entry_form(mp: Multipart) -> ApiResult<(Bytes, ImageMeta)> {
     let (bytes, fields) = read_multipart(mp, &ENTRY_FIELDS).await?;
-    let mut meta = entry_meta(&fields)?;
-    let engine = crate::search::image_engine(svc)?;
-    let svc2 = svc.clone();
-    let (upload, desc) = crate::search::blocking(move || {
-        let upload = decode(&svc2, &engine, bytes)?;
-        let desc = engine.encode_image(&upload.image)?;
-        Ok((upload, desc))
-    })
-    .await?;
+    Ok((bytes, entry_meta(&fields)?))
+}
+
+/// An entry form's image decoded and encoded with `engine`'s model (CPU work: run it off the
+/// async threads); an entry without an id is named by its content.
+pub fn entry_of(
+    svc: &Service,
+    engine: &Engine,
+    bytes: Bytes,
+    mut meta: ImageMeta,
+) -> ApiResult<EntryUpload> {
+    let upload = decode(svc, engine, bytes)?;
+    let desc = engine.encode_image(&upload.image)?;
     if meta.id.is_empty() {
         meta.id = upload_id(&upload.bytes);
     }
