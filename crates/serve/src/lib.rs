@@ -19,6 +19,7 @@
 
 mod api;
 mod auth;
+pub mod connections;
 mod error;
 pub mod features;
 mod guard;
@@ -76,7 +77,7 @@ pub mod adapter {
 }
 
 use craterdex_engine::{Engine, Extractor, MergePolicy, SearchLimits, SharedEngine};
-use craterdex_errors::{IoContext, IoError};
+use craterdex_errors::IoContext;
 use error::ApiResult;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -112,6 +113,12 @@ pub struct Config {
     /// Show where indexed images are stored (`meta.path`) in responses; off, the server's
     /// file paths stay on the server.
     pub expose_paths: bool,
+    /// Connections open at once; one more is closed as it comes ([`serve_blocking`] keeps
+    /// it under the open-files limit).
+    pub max_connections: usize,
+    /// Time a connection has to send a request's head, from its opening or the end of its
+    /// last response; one that sends nothing for this long (idle, or half a head) is closed.
+    pub header_timeout: Duration,
     /// Host names the server answers to (a request naming another gets 421: a page of
     /// another site that rebinds its name to this server's address is refused); `None` or
     /// `*` among them: any. [`serve_blocking`] defaults `None` to [`LOOPBACK_HOSTS`] on a
@@ -141,6 +148,8 @@ impl Config {
             allow_partial_images: false,
             merge: Some(MergePolicy::default()),
             expose_paths: false,
+            max_connections: 1024,
+            header_timeout: Duration::from_secs(10),
             allowed_hosts: None,
         }
     }
@@ -272,21 +281,19 @@ pub async fn run(
         r
     });
     let drain = service.clone();
-    let local = listener.local_addr().ok();
+    let limits = connections::ConnectionLimits {
+        max_connections: service.config.max_connections,
+        header_timeout: service.config.header_timeout,
+    };
     let app = router(service);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            tokio::select! {
-                _ = shutdown => {},
-                _ = load_failed.notified() => {},
-            }
-            drain.start_draining();
-        })
-        .await
-        .map_err(|e| {
-            let addr = local.map(|a| a.to_string()).unwrap_or_default();
-            IoError::new("serve on", std::path::Path::new(&addr), e)
-        })?;
+    connections::serve(listener, app, limits, async move {
+        tokio::select! {
+            _ = shutdown => {},
+            _ = load_failed.notified() => {},
+        }
+        drain.start_draining();
+    })
+    .await;
     loading.await.map_err(|e| Error::Loader(e.to_string()))?
 }
 
@@ -312,6 +319,9 @@ pub async fn shutdown_signal() {
     }
 }
 
+/// File handles kept for the index's segments, the model, uploads and logs.
+const FILES_BESIDE_CONNECTIONS: u64 = 128;
+
 /// Binds `addr`, serves until Ctrl-C or SIGTERM, and returns once in-flight requests are done.
 pub fn serve_blocking(addr: &str, config: Config, load: Loader) -> Result<(), Error> {
     let here = std::path::Path::new(addr);
@@ -327,6 +337,11 @@ pub fn serve_blocking(addr: &str, config: Config, load: Loader) -> Result<(), Er
         let mut config = config;
         if config.allowed_hosts.is_none() && local.ip().is_loopback() {
             config.allowed_hosts = Some(LOOPBACK_HOSTS.map(String::from).to_vec());
+        }
+        // the index, the model and the uploads need file handles beside the connections
+        if let Some(open_files) = connections::raise_open_files_limit() {
+            let room = open_files.saturating_sub(FILES_BESIDE_CONNECTIONS) as usize;
+            config.max_connections = config.max_connections.min(room.max(1));
         }
         eprintln!(
             "craterdex serve: http://{local}/ (API under /v1, document at /v1/openapi.json); loading {}",

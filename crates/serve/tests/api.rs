@@ -1034,12 +1034,15 @@ async fn load_shedding_timeouts_and_graceful_shutdown_over_sockets() {
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let svc2 = svc.clone();
+    let limits = craterdex_serve::connections::ConnectionLimits {
+        max_connections: 64,
+        header_timeout: Duration::from_secs(10),
+    };
     let server = tokio::spawn(async move {
-        axum::serve(listener, router(svc2))
-            .with_graceful_shutdown(async move {
-                let _ = stopped.await;
-            })
-            .await
+        craterdex_serve::connections::serve(listener, router(svc2), limits, async move {
+            let _ = stopped.await;
+        })
+        .await
     });
     let blocking = |f: Box<dyn FnOnce() -> u16 + Send>| tokio::task::spawn_blocking(f);
 
@@ -1098,6 +1101,106 @@ async fn load_shedding_timeouts_and_graceful_shutdown_over_sockets() {
     tokio::time::timeout(Duration::from_secs(10), server)
         .await
         .expect("server did not stop")
+        .unwrap();
+}
+
+/// Whether the server has closed `s` (or answered and closed it) within `wait`: a read that
+/// returns, rather than one still waiting when the wait is up.
+fn closed_within(s: &mut std::net::TcpStream, wait: Duration) -> bool {
+    s.set_read_timeout(Some(wait)).unwrap();
+    let mut b = [0u8; 256];
+    match s.read(&mut b) {
+        Ok(_) => true,
+        Err(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+    }
+}
+
+/// Idle and half-sent connections are closed after the header timeout, connections past
+/// the limit are closed as they come, and 500 idle connections do not delay readiness.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_are_closed_and_do_not_crowd_out_requests() {
+    let f = fixture();
+    let svc = service(&f, |_| {});
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let limits = craterdex_serve::connections::ConnectionLimits {
+        max_connections: 600,
+        header_timeout: Duration::from_millis(1500),
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(craterdex_serve::connections::serve(
+        listener,
+        router(svc.clone()),
+        limits,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let result = tokio::task::spawn_blocking(move || {
+        // 500 connections that send nothing, and one that sends half a request head
+        let mut idle: Vec<std::net::TcpStream> = (0..500)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        let mut half = std::net::TcpStream::connect(addr).unwrap();
+        half.write_all(b"GET /v1/stats HTTP/1.1\r\nHost: x\r\n")
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        let t = std::time::Instant::now();
+        assert_eq!(simple_get(addr, "/v1/ready"), 200);
+        let ready = t.elapsed();
+        assert!(ready < Duration::from_millis(500), "{ready:?}");
+        // past the header timeout, every one of them is closed by the server
+        std::thread::sleep(Duration::from_millis(1600));
+        let mut open = 0;
+        for s in idle.iter_mut().chain(std::iter::once(&mut half)) {
+            open += usize::from(!closed_within(s, Duration::from_millis(20)));
+        }
+        open
+    })
+    .await
+    .unwrap();
+    assert_eq!(result, 0, "{result} connections still open");
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .unwrap()
+        .unwrap();
+
+    // one connection over the limit is closed at once, while those within are served
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let limits = craterdex_serve::connections::ConnectionLimits {
+        max_connections: 4,
+        header_timeout: Duration::from_secs(30),
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(craterdex_serve::connections::serve(
+        listener,
+        router(svc),
+        limits,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    tokio::task::spawn_blocking(move || {
+        let held: Vec<std::net::TcpStream> = (0..4)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let mut extra = std::net::TcpStream::connect(addr).unwrap();
+        assert!(closed_within(&mut extra, Duration::from_secs(2)));
+        drop(held);
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(simple_get(addr, "/v1/health"), 200);
+    })
+    .await
+    .unwrap();
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), server)
+        .await
         .unwrap()
         .unwrap();
 }

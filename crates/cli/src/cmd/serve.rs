@@ -33,21 +33,32 @@ pub struct ServeCmd {
     /// Where images added through the API are stored (default: <index>.uploads).
     #[arg(long)]
     upload_dir: Option<PathBuf>,
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = defaults().max_upload_bytes >> 20)]
     max_upload_mb: usize,
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = defaults().max_image_side)]
     max_image_side: u32,
     /// Use what can be decoded of truncated or corrupt uploads instead of answering 422.
     #[arg(long)]
     allow_partial_images: bool,
-    #[arg(long, default_value_t = 30)]
+    /// Time a request has, from its head to its answer; past it the request gets 408 and
+    /// its work stops (a write before its commit point writes nothing).
+    #[arg(long, default_value_t = defaults().request_timeout.as_secs())]
     timeout_secs: u64,
-    /// Search requests in flight at once; more are answered 503.
-    #[arg(long, default_value_t = 64)]
+    /// Requests doing work at once; more are answered 503. A request's slot is held until
+    /// its work has ended, past a timeout too.
+    #[arg(long, default_value_t = defaults().max_concurrent)]
     max_concurrent: usize,
-    /// Requests running the model at once (image search, adding images).
-    #[arg(long, default_value_t = 8)]
+    /// Requests running the model at once (image search, adding and linking images).
+    #[arg(long, default_value_t = defaults().max_concurrent_images)]
     max_concurrent_images: usize,
+    /// Connections open at once; more are closed as they come (kept under the open-files
+    /// limit, which the server raises to its hard limit).
+    #[arg(long, default_value_t = defaults().max_connections)]
+    max_connections: usize,
+    /// Seconds a connection has to send a request's head, from its opening or its last
+    /// answer; idle and half-sent connections are closed after it.
+    #[arg(long, default_value_t = defaults().header_timeout.as_secs())]
+    header_timeout_secs: u64,
     /// A host name the server answers to (repeat for more; `*`: any). Default: on a loopback
     /// address localhost, 127.0.0.1 and ::1, so that a web page of another site cannot
     /// rebind its name to this server and read it; elsewhere any.
@@ -61,6 +72,11 @@ pub struct ServeCmd {
     /// craterdex-index's merge; docs/formats/index.md).
     #[command(flatten)]
     merge: crate::args::MergeOpts,
+}
+
+/// The service's documented defaults (one place: `craterdex_serve::Config::new`).
+fn defaults() -> craterdex_serve::Config {
+    craterdex_serve::Config::new(PathBuf::new())
 }
 
 pub fn run(c: ServeCmd) -> Result<()> {
@@ -88,6 +104,8 @@ pub fn run(c: ServeCmd) -> Result<()> {
     config.request_timeout = std::time::Duration::from_secs(c.timeout_secs.max(1));
     config.max_concurrent = c.max_concurrent.max(1);
     config.max_concurrent_images = c.max_concurrent_images.max(1);
+    config.max_connections = c.max_connections.max(1);
+    config.header_timeout = std::time::Duration::from_secs(c.header_timeout_secs.max(1));
     config.merge = c.merge.policy();
     config.expose_paths = c.expose_paths;
     config.allowed_hosts = Some(c.allowed_hosts).filter(|hosts| !hosts.is_empty());
