@@ -95,6 +95,8 @@ pub fn raise_open_files_limit() -> Option<u64> {
                 }
             }
         }
+        // rlim_t is u64 on Linux, not on every Unix
+        #[allow(clippy::unnecessary_cast)]
         Some(limit.rlim_cur as u64)
     }
     #[cfg(not(unix))]
