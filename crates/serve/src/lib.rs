@@ -25,6 +25,7 @@ pub mod features;
 mod guard;
 mod images;
 mod link;
+mod metrics;
 mod openapi;
 mod register;
 mod router;
@@ -184,6 +185,7 @@ pub struct Service {
     /// `max_concurrent` and `max_concurrent_images`), each held until the work has ended.
     search_slots: Arc<tokio::sync::Semaphore>,
     image_slots: Arc<tokio::sync::Semaphore>,
+    metrics: metrics::Metrics,
 }
 
 impl Service {
@@ -194,6 +196,7 @@ impl Service {
         Arc::new(Self {
             search_slots: slots(config.max_concurrent),
             image_slots: slots(config.max_concurrent_images),
+            metrics: Default::default(),
             config,
             engine: OnceLock::new(),
             load_error: RwLock::new(None),

@@ -56,6 +56,7 @@ pub fn router(svc: Svc) -> Router {
         .route("/v1/health", get(health))
         .route("/v1/ready", get(ready))
         .route("/v1/openapi.json", get(openapi))
+        .route("/metrics", get(crate::metrics::metrics))
         .merge(reads)
         .merge(writes)
         .fallback(|| async { ApiError::not_found("no such endpoint; see /v1/openapi.json") })
@@ -63,6 +64,10 @@ pub fn router(svc: Svc) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             svc.clone(),
             count_client_errors,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            svc.clone(),
+            crate::metrics::observe,
         ))
         .layer(axum::middleware::map_response_with_state(
             c.request_timeout,

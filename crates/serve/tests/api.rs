@@ -537,6 +537,65 @@ async fn browsers_of_other_sites_are_refused_and_responses_say_what_browsers_may
     );
 }
 
+/// /metrics in the Prometheus text format: requests by route template (never the raw path),
+/// method and status, latency histograms, slots and the work holding them, the index's
+/// images and segments.
+#[tokio::test]
+async fn metrics_count_requests_by_route_and_status_in_the_prometheus_format() {
+    let f = fixture();
+    let svc = service(&f, |_| {});
+    for uri in [
+        "/v1/images/c01/similar",
+        "/v1/images/c02/similar",
+        "/v1/images/nope/similar",
+    ] {
+        call(&svc, get(uri)).await;
+    }
+    let resp = router(svc.clone()).oneshot(get("/metrics")).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(resp.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("application/openmetrics-text"));
+    let text = String::from_utf8(
+        axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap()
+            .to_vec(),
+    )
+    .unwrap();
+    let value = |series: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or_else(|| panic!("{series} missing:\n{text}"))
+    };
+    let similar = r#"route="/v1/images/{id}/similar",method="GET""#;
+    assert_eq!(
+        value(&format!(
+            "craterdex_http_requests_total{{{similar},status=\"200\"}}"
+        )),
+        2.0
+    );
+    assert_eq!(
+        value(&format!(
+            "craterdex_http_requests_total{{{similar},status=\"404\"}}"
+        )),
+        1.0
+    );
+    assert_eq!(
+        value(r#"craterdex_http_request_duration_seconds_count{route="/v1/images/{id}/similar"}"#),
+        3.0
+    );
+    assert!(text.contains(r#"craterdex_http_request_duration_seconds_bucket{le="0.001",route="/v1/images/{id}/similar"}"#)
+        || text.contains(r#"craterdex_http_request_duration_seconds_bucket{route="/v1/images/{id}/similar",le="0.001"}"#), "{text}");
+    assert!(!text.contains("c01"), "raw paths are no labels");
+    assert_eq!(value(r#"craterdex_work_slots{group="image"}"#), 8.0);
+    assert_eq!(value(r#"craterdex_work_in_flight{group="image"}"#), 0.0);
+    assert_eq!(value("craterdex_index_images"), N as f64);
+    assert_eq!(value("craterdex_index_segments"), 1.0);
+    assert!(text.trim_end().ends_with("# EOF"), "{text}");
+}
+
 #[tokio::test]
 async fn health_readiness_page_and_every_documented_route() {
     let f = fixture();
