@@ -164,8 +164,11 @@ impl LinkRule {
         Ok(())
     }
 
-    /// Stores the rule beside the index's files (atomically).
+    /// Stores the rule beside the index's files (atomically), checked as reading it back
+    /// will check it: a fit that went wrong (a weight not finite) is refused, never written.
     pub fn save(&self, index_dir: &Path) -> Result<()> {
+        self.validate()
+            .with_context(|| "the calibrated link rule is not usable".to_string())?;
         Ok(craterdex_durable::write_atomic(
             &Self::path_in(index_dir),
             &serde_json::to_vec_pretty(self)?,
@@ -200,5 +203,28 @@ impl LinkRule {
             (self.max_offset_radii, self.max_diameter_ratio)
         };
         g.offset_radii <= offset && g.diameter_ratio <= ratio
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A rule with a weight that is not finite is refused when saved, not only when read
+    /// back, and the rule stored before stays.
+    #[test]
+    fn a_rule_that_is_not_finite_is_never_written() {
+        let dir = tempfile::tempdir().unwrap();
+        LinkRule::default().save(dir.path()).unwrap();
+        let bad = LinkRule {
+            geometry_weights: [1.0, f64::NAN, 0.0, 0.0],
+            ..LinkRule::default()
+        };
+        let e = bad.save(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("weights must be finite"), "{e}");
+        assert_eq!(
+            LinkRule::for_index(dir.path()).unwrap(),
+            LinkRule::default()
+        );
     }
 }
