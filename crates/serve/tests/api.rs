@@ -1082,6 +1082,35 @@ fn simple_get(addr: std::net::SocketAddr, path: &str) -> u16 {
     ))
 }
 
+/// `svc` served over a real socket on loopback within `max_connections` and
+/// `header_timeout`: its address, what stops it, and the server's task.
+async fn serve_on_socket(
+    svc: &Arc<Service>,
+    max_connections: usize,
+    header_timeout: Duration,
+) -> (
+    std::net::SocketAddr,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let limits = craterdex_serve::connections::ConnectionLimits {
+        max_connections,
+        header_timeout,
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(craterdex_serve::connections::serve(
+        listener,
+        router(svc.clone()),
+        limits,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    (addr, stop, server)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_shedding_timeouts_and_graceful_shutdown_over_sockets() {
     let f = fixture();
@@ -1089,20 +1118,7 @@ async fn load_shedding_timeouts_and_graceful_shutdown_over_sockets() {
         c.max_concurrent = 1;
         c.request_timeout = Duration::from_millis(1500);
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let svc2 = svc.clone();
-    let limits = craterdex_serve::connections::ConnectionLimits {
-        max_connections: 64,
-        header_timeout: Duration::from_secs(10),
-    };
-    let server = tokio::spawn(async move {
-        craterdex_serve::connections::serve(listener, router(svc2), limits, async move {
-            let _ = stopped.await;
-        })
-        .await
-    });
+    let (addr, stop, server) = serve_on_socket(&svc, 64, Duration::from_secs(10)).await;
     let blocking = |f: Box<dyn FnOnce() -> u16 + Send>| tokio::task::spawn_blocking(f);
 
     // One slow request holds the only slot: the next search is shed with 503 at once, while
@@ -1185,21 +1201,7 @@ fn closed_within(s: &mut std::net::TcpStream, wait: Duration) -> bool {
 async fn idle_connections_are_closed_and_do_not_crowd_out_requests() {
     let f = fixture();
     let svc = service(&f, |_| {});
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let limits = craterdex_serve::connections::ConnectionLimits {
-        max_connections: 600,
-        header_timeout: Duration::from_millis(1500),
-    };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(craterdex_serve::connections::serve(
-        listener,
-        router(svc.clone()),
-        limits,
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let (addr, stop, server) = serve_on_socket(&svc, 600, Duration::from_millis(1500)).await;
     let result = tokio::task::spawn_blocking(move || {
         // 500 connections that send nothing, and one that sends half a request head
         let mut idle: Vec<std::net::TcpStream> = (0..500)
@@ -1231,21 +1233,7 @@ async fn idle_connections_are_closed_and_do_not_crowd_out_requests() {
         .unwrap();
 
     // one connection over the limit is closed at once, while those within are served
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let limits = craterdex_serve::connections::ConnectionLimits {
-        max_connections: 4,
-        header_timeout: Duration::from_secs(30),
-    };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(craterdex_serve::connections::serve(
-        listener,
-        router(svc),
-        limits,
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let (addr, stop, server) = serve_on_socket(&svc, 4, Duration::from_secs(30)).await;
     tokio::task::spawn_blocking(move || {
         let held: Vec<std::net::TcpStream> = (0..4)
             .map(|_| std::net::TcpStream::connect(addr).unwrap())

@@ -122,10 +122,23 @@ fn service(
     svc
 }
 
-/// An image search posting `image`, with the query string `query`.
-fn image_search(image: &[u8], query: &str) -> Request<Body> {
+/// A multipart POST to `uri`: the text `fields`, then `image` as the file part, with
+/// `headers`.
+fn form_post(
+    uri: &str,
+    fields: &[(&str, &str)],
+    image: &[u8],
+    headers: &[(&str, &str)],
+) -> Request<Body> {
     let boundary = "boundsTestBoundary";
     let mut body = Vec::new();
+    for (name, value) in fields {
+        write!(
+            body,
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n"
+        )
+        .unwrap();
+    }
     write!(
         body,
         "--{boundary}\r\nContent-Disposition: form-data; name=\"image\"; filename=\"q.png\"\r\n\r\n"
@@ -133,13 +146,20 @@ fn image_search(image: &[u8], query: &str) -> Request<Body> {
     .unwrap();
     body.extend_from_slice(image);
     write!(body, "\r\n--{boundary}--\r\n").unwrap();
-    Request::post(format!("/v1/search/image?{query}"))
-        .header(
-            "content-type",
-            format!("multipart/form-data; boundary={boundary}"),
-        )
+    let request = Request::post(uri).header(
+        "content-type",
+        format!("multipart/form-data; boundary={boundary}"),
+    );
+    headers
+        .iter()
+        .fold(request, |r, (k, v)| r.header(*k, *v))
         .body(Body::from(body))
         .unwrap()
+}
+
+/// An image search posting `image`, with the query string `query`.
+fn image_search(image: &[u8], query: &str) -> Request<Body> {
+    form_post(&format!("/v1/search/image?{query}"), &[], image, &[])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -261,23 +281,12 @@ async fn an_add_past_its_timeout_before_committing_writes_nothing() {
         c.request_timeout = std::time::Duration::from_millis(5);
     });
     let crop = std::fs::read(tmp.path().join("crops/c3.png")).unwrap();
-    let boundary = "boundsTestBoundary";
-    let mut body = Vec::new();
-    write!(
-        body,
-        "--{boundary}\r\nContent-Disposition: form-data; name=\"id\"\r\n\r\nnew1\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"image\"; filename=\"n.png\"\r\n\r\n"
-    )
-    .unwrap();
-    body.extend_from_slice(&crop);
-    write!(body, "\r\n--{boundary}--\r\n").unwrap();
-    let add = Request::post("/v1/images")
-        .header("x-api-key", "k")
-        .header(
-            "content-type",
-            format!("multipart/form-data; boundary={boundary}"),
-        )
-        .body(Body::from(body))
-        .unwrap();
+    let add = form_post(
+        "/v1/images",
+        &[("id", "new1")],
+        &crop,
+        &[("x-api-key", "k")],
+    );
     let resp = router(svc.clone()).oneshot(add).await.unwrap();
     assert_eq!(resp.status(), StatusCode::REQUEST_TIMEOUT);
     let bytes = axum::body::to_bytes(resp.into_body(), 1 << 16)

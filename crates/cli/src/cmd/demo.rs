@@ -183,7 +183,7 @@ pub fn run(c: DemoCmd) -> Result<()> {
             Some(craterdex_eval::run::evaluate(
                 b,
                 &paper_extractor,
-                &craterdex_eval::run::paper_options(c.quick),
+                &craterdex_eval::run::paper_options(),
                 &bars,
                 &|n| regimes.start(n),
             )?)
