@@ -87,8 +87,13 @@ pub fn evidence(a: Position, b: Position, radius_km: f64) -> Option<(f64, f64)> 
     Some((dist / (big / 2.0), big / small))
 }
 
-/// A position as planar coordinates (km on the body, pixels in a frame), its diameter in
-/// the same unit, and which kind of frame it is in.
+/// A longitude in [-180, 180): catalogues in 0-360 and in -180..180 compared alike.
+pub fn wrapped_lon(lon: f64) -> f64 {
+    (lon + 180.0).rem_euclid(360.0) - 180.0
+}
+
+/// A position as planar coordinates (km on the body, its longitude wrapped to [-180, 180);
+/// pixels in a frame), its diameter in the same unit, and which kind of frame it is in.
 fn planar(p: Position, body_radius_km: f64) -> (f64, f64, f64, bool) {
     match p {
         Position::Body {
@@ -97,9 +102,22 @@ fn planar(p: Position, body_radius_km: f64) -> (f64, f64, f64, bool) {
             diameter_km,
         } => {
             let k = body_radius_km * std::f64::consts::PI / 180.0;
-            (lon * lat.to_radians().cos() * k, lat * k, diameter_km, true)
+            let x = wrapped_lon(lon) * lat.to_radians().cos() * k;
+            (x, lat * k, diameter_km, true)
         }
         Position::Frame { x, y, diameter_px } => (x, y, diameter_px, false),
+    }
+}
+
+/// The planar width of a full turn of longitude at `p`'s latitude (km; none in a frame):
+/// what a lookup near the antimeridian also looks across.
+fn turn_width(p: Position, body_radius_km: f64) -> Option<f64> {
+    match p {
+        Position::Body { lat, .. } => {
+            let k = body_radius_km * std::f64::consts::PI / 180.0;
+            Some(360.0 * k * lat.to_radians().cos())
+        }
+        Position::Frame { .. } => None,
     }
 }
 
@@ -200,40 +218,49 @@ impl SpatialGrid {
     }
 
     /// `(item, offset in radii, diameter ratio)` of every item that can be the crater at
-    /// `p`, nearest first.
+    /// `p`, nearest first. Near the antimeridian the lookup also looks a turn of longitude
+    /// east and west, so that craters either side of the seam find each other.
     pub fn near(&self, p: Position) -> Vec<(usize, f64, f64)> {
         let (x, y, d, body) = planar(p, self.body_radius_km);
         // the farthest a match can lie: reach x half the larger diameter, which is at most
         // max_ratio x the query's
-        let span = ((self.reach_radii * d * self.max_ratio / 2.0) / self.cell)
-            .ceil()
-            .max(1.0);
-        let (cx, cy) = ((x / self.cell).floor(), (y / self.cell).floor());
+        let reach = self.reach_radii * d * self.max_ratio / 2.0;
+        let span = (reach / self.cell).ceil().max(1.0);
+        let mut shifts = vec![0.0];
+        if let Some(turn) = turn_width(p, self.body_radius_km) {
+            if x.abs() + reach + self.cell >= turn / 2.0 {
+                shifts.extend([turn, -turn]);
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
         let mut out = Vec::new();
         let mut look = |items: &Vec<(usize, Position)>| {
             for &(i, q) in items {
                 if let Some((offset, ratio)) = evidence(p, q, self.body_radius_km) {
-                    if offset <= self.reach_radii && ratio <= self.max_ratio {
+                    if offset <= self.reach_radii && ratio <= self.max_ratio && seen.insert(i) {
                         out.push((i, offset, ratio));
                     }
                 }
             }
         };
-        // A window wider than the grid has cells (a huge diameter, say, from an upload)
-        // reads the cells there are instead, so a lookup never costs more than a scan.
-        if (2.0 * span + 1.0).powi(2) > self.cells.len() as f64 {
-            for (key, items) in &self.cells {
-                let (gx, gy) = (key.0 as f64, key.1 as f64);
-                if key.2 == body && (gx - cx).abs() <= span && (gy - cy).abs() <= span {
-                    look(items);
-                }
-            }
-        } else {
-            let (span, cx, cy) = (span as i64, cx as i64, cy as i64);
-            for gx in cx.saturating_sub(span)..=cx.saturating_add(span) {
-                for gy in cy.saturating_sub(span)..=cy.saturating_add(span) {
-                    if let Some(items) = self.cells.get(&(gx, gy, body)) {
+        for shift in shifts {
+            let (cx, cy) = (((x + shift) / self.cell).floor(), (y / self.cell).floor());
+            // A window wider than the grid has cells (a huge diameter, say, from an upload)
+            // reads the cells there are instead, so a lookup never costs more than a scan.
+            if (2.0 * span + 1.0).powi(2) > self.cells.len() as f64 {
+                for (key, items) in &self.cells {
+                    let (gx, gy) = (key.0 as f64, key.1 as f64);
+                    if key.2 == body && (gx - cx).abs() <= span && (gy - cy).abs() <= span {
                         look(items);
+                    }
+                }
+            } else {
+                let (span, cx, cy) = (span as i64, cx as i64, cy as i64);
+                for gx in cx.saturating_sub(span)..=cx.saturating_add(span) {
+                    for gy in cy.saturating_sub(span)..=cy.saturating_add(span) {
+                        if let Some(items) = self.cells.get(&(gx, gy, body)) {
+                            look(items);
+                        }
                     }
                 }
             }
@@ -271,6 +298,43 @@ mod tests {
         );
         // a position on the body and one in pixels cannot be compared
         assert_eq!(evidence(a, frame(0.0, 0.0, 1.0), 1.0), None);
+    }
+
+    /// Craters either side of the 0/360 seam, and of the antimeridian, in either longitude
+    /// convention, find each other; the grid finds what a full scan of the exact distances
+    /// finds.
+    #[test]
+    fn the_grid_looks_across_the_seam_in_either_convention() {
+        let body = |lat, lon| Position::Body {
+            lat,
+            lon,
+            diameter_km: 2.0,
+        };
+        let items = [
+            body(10.0, 359.99),
+            body(10.0, -0.01),
+            body(10.0, 180.01),
+            body(10.0, -179.99),
+            body(10.0, 90.0),
+        ];
+        let grid = SpatialGrid::of(
+            items.iter().copied().enumerate(),
+            3.0,
+            1.5,
+            MARS_RADIUS_KM,
+            2.0,
+        );
+        let found = |q| {
+            let mut ids: Vec<usize> = grid.near(q).into_iter().map(|h| h.0).collect();
+            ids.sort_unstable();
+            ids
+        };
+        // 0.02 degrees of longitude at 10 degrees latitude: 1.2 km, within 3 radii
+        assert_eq!(found(body(10.0, 0.0)), vec![0, 1]);
+        assert_eq!(found(body(10.0, 360.0)), vec![0, 1]);
+        assert_eq!(found(body(10.0, 180.0)), vec![2, 3]);
+        assert_eq!(found(body(10.0, -180.0)), vec![2, 3]);
+        assert_eq!(found(body(10.0, 450.0)), vec![4]);
     }
 
     #[test]

@@ -272,6 +272,71 @@ fn dedup_finds_the_views_of_each_crater_and_never_merges_one_source_image() {
     assert_eq!(gj["features"][0]["geometry"]["type"], "Point");
 }
 
+/// Longitudes of `entries` moved 10 degrees west, so that their craters straddle the 0/360
+/// seam (-10 to 9.5 degrees), written in 0-360 for the entries `in_0_360` picks and in
+/// -180..180 for the others.
+fn across_the_seam(
+    entries: &mut [(ImageMeta, Descriptors)],
+    in_0_360: impl Fn(&ImageMeta) -> bool,
+) {
+    for (m, _) in entries {
+        let lon = m.lon.unwrap() - 10.0;
+        m.lon = Some(if in_0_360(m) {
+            lon.rem_euclid(360.0)
+        } else {
+            lon
+        });
+    }
+}
+
+/// Craters either side of the 0/360 seam. Each crater's two views written one in 0-360
+/// longitudes and one in -180..180: dedup groups every crater's views (found by appearance,
+/// measured on the sphere). An index in 0-360 and new observations in -180..180 that look
+/// like no crater (random descriptors): each finds its crater by geometry alone, at the same
+/// place. Before, the geometry grid keyed raw longitudes, and an observation at -0.5 never
+/// met its crater at 359.5.
+#[test]
+fn dedup_and_link_across_the_seam_and_between_longitude_conventions() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cat = catalogue(80, 9);
+    across_the_seam(&mut cat.entries, |m| m.id.ends_with('a'));
+    let engine = build(&tmp.path().join("a"), &cat.entries);
+    let rule = LinkRule {
+        appearance_weights: [-35.0, 50.0],
+        match_confidence: 0.99,
+        new_confidence: 0.5,
+        ..LinkRule::default()
+    };
+    let opts = DedupOptions::default();
+    let frames = frames_of_index(engine.index(), &rule, &opts);
+    let groups = dedup(&engine, &rule, &opts, &frames, &Silent).unwrap();
+    let metas: Vec<ImageMeta> = cat.entries.iter().map(|(m, _)| m.clone()).collect();
+    let s = score_groups(&groups, &metas);
+    assert_eq!((s.true_groups, s.found_exactly), (80, 80), "{s:?}");
+    assert_eq!(s.pair_precision, 1.0, "{s:?}");
+
+    // an index in 0-360, and new observations of every crater in -180..180 that look like
+    // no crater of it: only geometry can bring theirs as a candidate
+    let mut cat = catalogue(80, 9);
+    across_the_seam(&mut cat.entries, |_| true);
+    let engine = build(&tmp.path().join("b"), &cat.entries);
+    let mut rng = Rng8::seed_from_u64(4);
+    let mut test: Vec<(ImageMeta, Descriptors)> = (0..80)
+        .map(|i| (meta(&format!("q{i}"), i, "new"), crater(&mut rng)))
+        .collect();
+    across_the_seam(&mut test, |_| false);
+    let (rows, _) = link(&engine, test, &rule, &LinkOptions::default(), &Silent).unwrap();
+    let placed = rows
+        .iter()
+        .filter(|r| {
+            r.best.as_ref().is_some_and(|b| {
+                b.crater_id == r.query.crater_id && b.offset_radii.is_some_and(|o| o < 1e-6)
+            })
+        })
+        .count();
+    assert_eq!(placed, 80, "each found its crater at the same place");
+}
+
 /// Entries for the crash test: 30 unseen craters, each in the stream once.
 fn growing_stream() -> Vec<(ImageMeta, Descriptors)> {
     let mut rng = Rng8::seed_from_u64(11);
