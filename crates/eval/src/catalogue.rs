@@ -8,6 +8,7 @@
 
 use crate::error::{Error, Result};
 use craterdex_errors::{ensure, IoContext, OrInvalid};
+use craterdex_index::columns;
 use std::path::Path;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -57,15 +58,11 @@ fn number(path: &Path, rec: &csv::StringRecord, line: usize, col: usize) -> Resu
 
 pub fn read_geo_catalogue(path: &Path) -> Result<Vec<GeoCrater>> {
     let (mut rdr, headers) = open_csv(path)?;
-    let find = |names: &[&str]| {
-        names
-            .iter()
-            .find_map(|n| headers.iter().position(|h| h == n))
-    };
+    let find = |names: &[&str]| columns::find(headers.iter().map(String::as_str), names);
     let (Some(lat), Some(lon), Some(diam)) = (
-        find(&["lat_circ_img", "lat_elli_img", "lat", "latitude"]),
-        find(&["lon_circ_img", "lon_elli_img", "lon", "longitude"]),
-        find(&["diam_circ_img", "diameter_km", "diam_km"]),
+        find(columns::LAT),
+        find(columns::LON),
+        find(columns::DIAMETER_KM),
     ) else {
         return Err(Error::Invalid(format!(
             "{}: a catalogue in degrees and km needs latitude, longitude and diameter columns \
@@ -73,7 +70,7 @@ pub fn read_geo_catalogue(path: &Path) -> Result<Vec<GeoCrater>> {
             path.display()
         )));
     };
-    let id = find(&["crater_id", "id"]);
+    let id = find(columns::CRATER_ID).or_else(|| find(columns::ID));
     let mut out = Vec::new();
     for (i, rec) in rdr.records().enumerate() {
         let line = i + 2;

@@ -32,6 +32,6 @@ pub use error::{Error, Result};
 pub use index::{Index, IvfChoice};
 pub use manifest::{INDEX_FORMAT, INDEX_VERSION};
 pub use merge::{plan as plan_merge, MergePolicy, MergeReport, PreparedMerge, SegmentRows};
-pub use meta::{ImageMeta, MAX_DIAMETER_KM, MAX_PIXELS, MIN_DIAMETER};
+pub use meta::{columns, ImageMeta, MAX_DIAMETER_KM, MAX_PIXELS, MIN_DIAMETER};
 pub use search::{order_by_crater, Hit, Mode, SearchParams, Stage1};
 pub use topk::{Scored, TopK};

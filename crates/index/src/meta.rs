@@ -32,6 +32,41 @@ pub struct ImageMeta {
     pub path: Option<String>,
 }
 
+/// The column names each field of [`ImageMeta`] goes by in the crater tables planetary
+/// scientists hold, first choice first (matched case-insensitively): craterdex's own, the
+/// Robbins global lunar and Martian databases (`CRATER_ID`, `LAT_CIRC_IMG`, `LON_CIRC_IMG`,
+/// `DIAM_CIRC_IMG`, their ellipse fits after them) and the common spellings. Every reader of
+/// a crater table takes its columns from here.
+pub mod columns {
+    /// An image's id; a table of one image per crater may name it by its crater instead
+    /// ([`CRATER_ID`]).
+    pub const ID: &[&str] = &["id", "image_id"];
+    pub const CRATER_ID: &[&str] = &["crater_id"];
+    pub const SOURCE: &[&str] = &["source"];
+    pub const VIEW: &[&str] = &["view"];
+    /// Degrees, planetocentric.
+    pub const LAT: &[&str] = &["lat", "latitude", "lat_circ_img", "lat_elli_img"];
+    /// Degrees east, 0-360 or -180..180 alike.
+    pub const LON: &[&str] = &["lon", "longitude", "lon_circ_img", "lon_elli_img"];
+    pub const DIAMETER_KM: &[&str] = &["diameter_km", "diam_km", "diam_circ_img"];
+    pub const X: &[&str] = &["x"];
+    pub const Y: &[&str] = &["y"];
+    pub const DIAMETER_PX: &[&str] = &["diameter_px"];
+
+    /// The position among `headers` of the first of `names` there, case-insensitively.
+    pub fn find<'a>(
+        headers: impl IntoIterator<Item = &'a str> + Clone,
+        names: &[&str],
+    ) -> Option<usize> {
+        names.iter().find_map(|n| {
+            headers
+                .clone()
+                .into_iter()
+                .position(|h| h.trim().eq_ignore_ascii_case(n))
+        })
+    }
+}
+
 /// Largest pixel coordinate or diameter accepted: a global mosaic is about a million pixels
 /// wide, and far beyond that sums and transforms of positions overflow to infinity.
 pub const MAX_PIXELS: f64 = 1e9;

@@ -32,6 +32,17 @@ pub fn evaluate_json(
     .py_err()
 }
 
+/// The entry metadata of a crater table (`craterdex_workflows::entries::read_meta_csv`: its
+/// own columns, a Robbins-format catalogue's, or the common spellings), as JSON records in
+/// the file's order of ids.
+#[pyfunction]
+pub fn read_meta_csv_json(path: PathBuf) -> PyResult<String> {
+    let metas = craterdex_workflows::entries::read_meta_csv(&path).py_err()?;
+    let mut records: Vec<_> = metas.into_values().collect();
+    records.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok(serde_json::json!(records).to_string())
+}
+
 /// Positions (in input order) of the images a build of `n` learns from.
 #[pyfunction]
 #[pyo3(signature = (n, seed=0))]

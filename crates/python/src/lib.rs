@@ -46,6 +46,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(service::store_upload, m)?)?;
     m.add_function(wrap_pyfunction!(service::thumbnail_png, m)?)?;
     m.add_function(wrap_pyfunction!(service::service_document_json, m)?)?;
+    m.add_function(wrap_pyfunction!(jobs::read_meta_csv_json, m)?)?;
     m.add_function(wrap_pyfunction!(service::service_page, m)?)?;
     m.add_function(wrap_pyfunction!(service::service_page_headers, m)?)?;
     m.add_function(wrap_pyfunction!(service::link_rule_json, m)?)?;

@@ -291,3 +291,20 @@ def test_evaluate_gives_the_cli_numbers(tiny_dir, cli, tmp_path):
         assert got["regimes"][name]["mAP"] == pytest.approx(want["regimes"][name]["mAP"], abs=1e-9), name
     with pytest.raises(craterdex.InvalidInputError, match="protocol sets the backbone"):
         craterdex.Model.load(tiny_dir, protocol="paper", size=16)
+
+
+def test_entries_from_dir_reads_a_robbins_catalogue_as_the_cli_does(tmp_path):
+    crops = tmp_path / "crops"
+    crops.mkdir()
+    for cid in ("02-000001", "02-000002"):
+        helpers.write_pgm(crops / f"{cid}.pgm", helpers.crater_image(3, size=32))
+    (tmp_path / "crops.csv").write_text(
+        "CRATER_ID,LAT_CIRC_IMG,LON_CIRC_IMG,DIAM_CIRC_IMG,DEPTH_RIMFLOOR_TOPOG\n"
+        "02-000001,-12.5,350.25,3.2,0.1\n02-000002,40.0,-10.5,1.1,0.05\n")
+    df = craterdex.entries_from_dir(crops).set_index("id")
+    assert df.loc["02-000001", "crater_id"] == "02-000001"
+    assert (df.loc["02-000001", "lat"], df.loc["02-000001", "lon"], df.loc["02-000001", "diameter_km"]) == (-12.5, 350.25, 3.2)
+    assert df.loc["02-000002", "lon"] == -10.5
+    (tmp_path / "crops.csv").write_text("name,lat\nx,1\n")
+    with pytest.raises(craterdex.InvalidInputError, match="no `id` column"):
+        craterdex.entries_from_dir(crops)

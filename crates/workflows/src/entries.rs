@@ -1,10 +1,13 @@
 //! Entry metadata from a CSV beside a directory of crops: an `id` column (the image's id)
 //! and any of `crater_id`, `source`, `view`, `lat`, `lon`, `diameter_km` (a position on the
-//! body) or `x`, `y`, `diameter_px` (a position in one image frame shared by the entries).
+//! body) or `x`, `y`, `diameter_px` (a position in one image frame shared by the entries),
+//! under any of the names of [`craterdex_index::columns`]: a Robbins-format catalogue
+//! (`CRATER_ID`, `LAT_CIRC_IMG`, `LON_CIRC_IMG`, `DIAM_CIRC_IMG`) is read as it is, its
+//! crater ids naming the images where no `id` column does.
 
 use crate::error::Result;
 use craterdex_errors::{IoError, OrInvalid};
-use craterdex_index::ImageMeta;
+use craterdex_index::{columns, ImageMeta};
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -19,16 +22,24 @@ pub fn read_meta_csv(path: &Path) -> Result<HashMap<String, ImageMeta>> {
         .headers()
         .or_invalid_with(|| format!("{}: no header line", path.display()))?
         .clone();
-    let col = |name: &str| header.iter().position(|h| h.eq_ignore_ascii_case(name));
-    let Some(id_col) = col("id") else {
+    let col = |names: &[&str]| columns::find(header.iter(), names);
+    let Some(id_col) = col(columns::ID).or_else(|| col(columns::CRATER_ID)) else {
         return Err(crate::Error::Invalid(format!(
-            "{}: no `id` column (columns: {:?})",
+            "{}: no `id` column, nor a crater id to name the images by (columns: {:?})",
             path.display(),
             header
         )));
     };
-    let text = ["crater_id", "source", "view"].map(col);
-    let nums = ["lat", "lon", "diameter_km", "x", "y", "diameter_px"].map(col);
+    let text = [columns::CRATER_ID, columns::SOURCE, columns::VIEW].map(col);
+    let nums = [
+        columns::LAT,
+        columns::LON,
+        columns::DIAMETER_KM,
+        columns::X,
+        columns::Y,
+        columns::DIAMETER_PX,
+    ]
+    .map(col);
     let mut out = HashMap::new();
     for (line, rec) in r.records().enumerate() {
         let at = || format!("{} line {}", path.display(), line + 2);
@@ -76,6 +87,35 @@ pub fn read_meta_csv(path: &Path) -> Result<HashMap<String, ImageMeta>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A Robbins-format table is read as it is: crater ids name the images, the circle
+    /// fit's centre and diameter are the position; 0-360 longitudes are kept as given.
+    #[test]
+    fn reads_a_robbins_catalogue_as_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("robbins.csv");
+        std::fs::write(
+            &p,
+            "CRATER_ID,LAT_CIRC_IMG,LON_CIRC_IMG,DIAM_CIRC_IMG,DEPTH_RIMFLOOR_TOPOG\n\
+             02-000001,-12.5,350.25,3.2,0.1\n02-000002,40.0,-10.5,1.1,0.05\n",
+        )
+        .unwrap();
+        let m = read_meta_csv(&p).unwrap();
+        let a = &m["02-000001"];
+        assert_eq!(a.crater_id.as_deref(), Some("02-000001"));
+        assert_eq!(
+            (a.lat, a.lon, a.diameter_km),
+            (Some(-12.5), Some(350.25), Some(3.2))
+        );
+        assert_eq!(m["02-000002"].lon, Some(-10.5));
+        // the common spellings too
+        std::fs::write(&p, "image_id,Latitude,Longitude,diam_km\nx1,1,2,3\n").unwrap();
+        let m = read_meta_csv(&p).unwrap();
+        assert_eq!(
+            (m["x1"].lat, m["x1"].lon, m["x1"].diameter_km),
+            (Some(1.0), Some(2.0), Some(3.0))
+        );
+    }
 
     #[test]
     fn reads_positions_and_names_bad_lines() {

@@ -102,7 +102,10 @@ def _records(entries: Union[pd.DataFrame, Sequence[Mapping[str, Any]]]) -> str:
 def entries_from_dir(directory: PathLike, meta: Optional[PathLike] = None) -> pd.DataFrame:
     """Every image under ``directory`` as an entry table (id = path relative to the
     directory without extension, as ``craterdex index build --dir`` names them), joined with
-    the metadata CSV ``meta`` (default: ``DIRECTORY.csv`` beside it, when present)."""
+    the metadata CSV ``meta`` (default: ``DIRECTORY.csv`` beside it, when present), read as
+    the command line reads it: craterdex's own columns, a Robbins-format catalogue as it is
+    (``CRATER_ID``, ``LAT_CIRC_IMG``, ``LON_CIRC_IMG``, ``DIAM_CIRC_IMG``; crater ids name
+    the images where no ``id`` column does) or the common spellings (``latitude``, ...)."""
     root = os.fspath(directory)
     rows = []
     for base, _, files in os.walk(root):
@@ -116,9 +119,10 @@ def entries_from_dir(directory: PathLike, meta: Optional[PathLike] = None) -> pd
     df = pd.DataFrame(rows).sort_values("id", kind="stable").reset_index(drop=True)
     meta_path = os.fspath(meta) if meta is not None else root.rstrip("/\\") + ".csv"
     if os.path.isfile(meta_path):
-        extra = pd.read_csv(meta_path, dtype={c: str for c in _TEXT})
-        extra = extra[[c for c in META_COLUMNS if c in extra.columns and c != "path"]]
-        df = df.merge(extra, on="id", how="left")
+        extra = pd.DataFrame(json.loads(_native.read_meta_csv_json(meta_path)), columns=None)
+        if len(extra):
+            extra = extra[[c for c in META_COLUMNS if c in extra.columns and c != "path"]]
+            df = df.merge(extra, on="id", how="left")
     return df
 
 
