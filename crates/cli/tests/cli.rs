@@ -307,6 +307,65 @@ fn a_closed_pipe_ends_a_command_quietly() {
     }
 }
 
+/// What a shell user expects of a command line: completions and man pages from the same
+/// definitions as --help, every environment variable listed in --help, `--home` for
+/// $CRATERDEX_HOME, and `model list --json`.
+#[test]
+fn completions_man_pages_environment_and_json_listing() {
+    let e = Env::new();
+    let bash = e.ok(&["completions", "bash"]);
+    assert!(
+        bash.contains("_craterdex") && bash.contains("--insert-new"),
+        "{bash}"
+    );
+    assert!(e
+        .ok(&["completions", "fish"])
+        .contains("complete -c craterdex"));
+    let said = e.ok(&["man", "--out", "man"]);
+    assert!(said.contains("wrote man pages"), "{said}");
+    let page = std::fs::read_to_string(e.root.join("man/craterdex-serve.1")).unwrap();
+    assert!(
+        page.contains(".TH") && page.contains("allowed\\-host"),
+        "{page}"
+    );
+    assert!(e.root.join("man/craterdex.1").exists());
+    // help text is wrapped: compare with its whitespace collapsed
+    let help_of = |args: &[&str]| e.ok(args).split_whitespace().collect::<Vec<_>>().join(" ");
+    let help = help_of(&["--help"]);
+    for var in ["CRATERDEX_HOME", "CRATERDEX_KERNEL", "CRATERDEX_PYTHON"] {
+        assert!(help.contains(&format!("[env: {var}")), "{var}: {help}");
+    }
+    let serve = help_of(&["serve", "--help"]);
+    assert!(serve.contains("[env: CRATERDEX_API_KEY]"), "{serve}");
+    let fetch = help_of(&["model", "fetch", "--help"]);
+    assert!(
+        fetch.contains("[env: HF_TOKEN]") && fetch.contains("[env: HF_ENDPOINT"),
+        "{fetch}"
+    );
+    // --home is $CRATERDEX_HOME: the tiny model imported there is listed from there only
+    let ckpt = write_tiny_model(&e.root.join("ckpt"));
+    let elsewhere = e.root.join("elsewhere");
+    let home = elsewhere.to_str().unwrap();
+    e.ok(&[
+        "--home",
+        home,
+        "model",
+        "fetch",
+        "--from",
+        ckpt.to_str().unwrap(),
+        "--name",
+        "tiny",
+    ]);
+    let listed: serde_json::Value =
+        serde_json::from_str(&e.ok(&["--home", home, "model", "list", "--json"])).unwrap();
+    assert_eq!(listed[0]["name"], "tiny", "{listed}");
+    assert_eq!(listed[0]["depth"], 1);
+    assert!(listed[0]["dir"].as_str().unwrap().starts_with(home));
+    let default_home: serde_json::Value =
+        serde_json::from_str(&e.ok(&["model", "list", "--json"])).unwrap();
+    assert_eq!(default_home, serde_json::json!([]));
+}
+
 /// A textured tile with dark "craters" and their pixel catalogue (pycda format).
 fn write_tile(dir: &Path) -> (PathBuf, PathBuf) {
     let craters: Vec<(f64, f64, f64)> = (0..12)
@@ -1273,8 +1332,33 @@ fn link_inserts_what_is_new_once_and_dedup_groups_exact_copies() {
     assert!(review.contains("data:image/png;base64,") && review.contains("copy"));
     let inserted = rows.iter().filter(|r| r[11] == "true").count() as u64;
     assert_eq!(live(), n + inserted);
-    // a second run over the same entries adds nothing
-    link("links2");
+    // a second run over the same entries adds nothing; its --json summary says so
+    let mut args = vec![
+        "link",
+        "--index",
+        "idx",
+        "--entries",
+        "new",
+        "--out",
+        "links2",
+        "--insert-new",
+        "--rule",
+        "rule.json",
+        "--json",
+    ];
+    args.extend(common);
+    let summary: serde_json::Value = serde_json::from_str(&e.ok(&args)).unwrap();
+    assert_eq!(summary["entries"], 2, "{summary}");
+    assert_eq!(
+        summary["index"]["images_before"],
+        summary["index"]["images"]
+    );
+    assert_eq!(summary["rule"], "test");
+    let decided: u64 = ["match", "new", "ambiguous"]
+        .iter()
+        .map(|d| summary["decisions"][d].as_u64().unwrap())
+        .sum();
+    assert_eq!(decided, 2, "{summary}");
     assert_eq!(live(), n + inserted);
     let gj: serde_json::Value =
         serde_json::from_slice(&std::fs::read(e.root.join("links2/links.geojson")).unwrap())
@@ -1320,6 +1404,23 @@ fn link_inserts_what_is_new_once_and_dedup_groups_exact_copies() {
         .filter(|l| l.contains(",false,"))
         .count();
     assert_eq!(merged.lines().count() as u64 - 1, live() - absorbed as u64);
+    let summary: serde_json::Value = serde_json::from_str(&e.ok(&[
+        "dedup",
+        "--index",
+        "idx",
+        "--out",
+        "dd2",
+        "--rule",
+        "rule.json",
+        "--json",
+    ]))
+    .unwrap();
+    assert_eq!(summary["entries"].as_u64(), Some(live()), "{summary}");
+    assert_eq!(
+        summary["merged_entries"].as_u64(),
+        Some(live() - absorbed as u64),
+        "{summary}"
+    );
 
     // calibration either fits or says why it cannot (never a panic)
     let mut args = vec![

@@ -147,14 +147,6 @@ pub fn fetch_default(force: bool) -> Result<(PathBuf, ModelConfig)> {
     Ok((dir, cfg))
 }
 
-/// The Hub endpoint: `$HF_ENDPOINT` or the public one.
-pub fn hf_endpoint() -> String {
-    std::env::var("HF_ENDPOINT")
-        .unwrap_or_else(|_| "https://huggingface.co".to_string())
-        .trim_end_matches('/')
-        .to_string()
-}
-
 /// Downloads `config.json` and `model.safetensors` of a Hub repository and imports them.
 pub fn fetch_hf(
     repo: &str,

@@ -29,6 +29,11 @@ pub struct DedupCmd {
     /// their crater patterns first.
     #[arg(long)]
     pub no_register: bool,
+    /// Print a JSON summary (groups, the merged catalogue's size, the rule, each source's
+    /// registration, the score against crater ids where the index has them, the files
+    /// written) instead of lines of text.
+    #[arg(long)]
+    pub json: bool,
     /// The model that re-encodes the crops of a source registered turned (loaded only then).
     #[command(flatten)]
     pub model: crate::args::ModelOpts,
@@ -63,8 +68,34 @@ pub fn run(c: DedupCmd) -> Result<()> {
     craterdex_workflows::output::write_dedup(&c.out, &groups, &live)?;
     craterdex_workflows::output::write_registrations(&c.out, &regs)?;
     craterdex_workflows::output::write_dedup_review(&c.out, &groups, &regs, 300)?;
-    print_registrations(&regs);
     let absorbed: usize = groups.iter().map(|g| g.members.len() - 1).sum();
+    let scored = live
+        .iter()
+        .any(|m| m.crater_id.is_some())
+        .then(|| score_groups(&groups, &live));
+    if c.json {
+        let written = [
+            "groups.csv",
+            "merged.csv",
+            "merged.geojson",
+            "registrations.csv",
+            "registrations.json",
+            "review.html",
+        ]
+        .map(|f| c.out.join(f).display().to_string());
+        let summary = serde_json::json!({
+            "entries": live.len(),
+            "groups": groups.len(),
+            "merged_entries": live.len() - absorbed,
+            "rule": rule.source,
+            "registrations": regs.iter().map(|r| (**r).clone()).collect::<Vec<_>>(),
+            "score_against_crater_ids": scored,
+            "written": written,
+        });
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+        return Ok(());
+    }
+    print_registrations(&regs);
     println!(
         "{} entries: {} groups of the same crater; the merged catalogue has {} entries (rule: {})",
         live.len(),
@@ -72,8 +103,7 @@ pub fn run(c: DedupCmd) -> Result<()> {
         live.len() - absorbed,
         rule.source
     );
-    if live.iter().any(|m| m.crater_id.is_some()) {
-        let s = score_groups(&groups, &live);
+    if let Some(s) = scored {
         println!(
             "against the index's crater ids: {} of {} groups found exactly, pair precision {:.4}, pair recall {:.4}",
             s.found_exactly, s.true_groups, s.pair_precision, s.pair_recall

@@ -24,6 +24,10 @@ pub struct LinkCmd {
     /// Add every entry decided `new` to the index, in order (atomically, batch by batch).
     #[arg(long)]
     pub insert_new: bool,
+    /// Print a JSON summary (decisions, rule, each source's registration, the index's
+    /// images, the files written) instead of lines of text.
+    #[arg(long)]
+    pub json: bool,
     #[command(flatten)]
     pub tuning: LinkTuning,
     #[command(flatten)]
@@ -124,6 +128,30 @@ pub fn run(c: LinkCmd) -> Result<()> {
     craterdex_workflows::output::write_links(&c.out, &rows)?;
     craterdex_workflows::output::write_registrations(&c.out, &regs)?;
     craterdex_workflows::output::write_review(&c.out, &rows, 300)?;
+    let written = [
+        "links.csv",
+        "links.geojson",
+        "registrations.csv",
+        "registrations.json",
+        "review.html",
+    ]
+    .map(|f| c.out.join(f).display().to_string());
+    if c.json {
+        let decisions: serde_json::Map<String, serde_json::Value> = decision_counts(&rows)
+            .into_iter()
+            .map(|(d, n)| (d.name().to_string(), n.into()))
+            .collect();
+        let summary = serde_json::json!({
+            "entries": rows.len(),
+            "decisions": decisions,
+            "rule": rule.source,
+            "registrations": regs.iter().map(|r| (**r).clone()).collect::<Vec<_>>(),
+            "index": {"dir": c.index.display().to_string(), "images_before": before, "images": engine.index().live()},
+            "written": written,
+        });
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+        return Ok(());
+    }
     print_registrations(&regs);
     let counts = decision_counts(&rows)
         .map(|(d, n)| format!("{n} {}", d.name()))

@@ -16,7 +16,7 @@ pub enum ModelCmd {
         /// Import a local .safetensors (Hugging Face or Meta/timm names) or .onnx file.
         #[arg(long, conflicts_with = "hf")]
         from: Option<PathBuf>,
-        /// Download config.json and model.safetensors of a Hugging Face repository ($HF_ENDPOINT, $HF_TOKEN).
+        /// Download config.json and model.safetensors of a Hugging Face repository.
         #[arg(long)]
         hf: Option<String>,
         #[arg(long, default_value = "main")]
@@ -27,9 +27,21 @@ pub enum ModelCmd {
         /// Fetch and import again even when present.
         #[arg(long)]
         force: bool,
+        /// The Hugging Face endpoint --hf downloads from.
+        #[arg(long, env = "HF_ENDPOINT", default_value = "https://huggingface.co")]
+        hf_endpoint: String,
+        /// A Hugging Face token for gated or private repositories (prefer the environment
+        /// variable: other users can read a command line).
+        #[arg(long, env = "HF_TOKEN", hide_env_values = true)]
+        hf_token: Option<String>,
     },
     /// List imported models.
-    List,
+    List {
+        /// Print the models as JSON (name, architecture, patch, width, depth, source,
+        /// directory).
+        #[arg(long)]
+        json: bool,
+    },
     /// Show a model's config; --verify re-hashes its weights.
     Info {
         #[arg(long)]
@@ -47,7 +59,13 @@ pub fn run(m: ModelCmd) -> Result<()> {
             revision,
             name,
             force,
+            hf_endpoint,
+            hf_token,
         } => {
+            // the fetch reads the token where the environment has it
+            if let Some(token) = hf_token {
+                std::env::set_var("HF_TOKEN", token);
+            }
             let (dir, cfg) = match (from, hf) {
                 (Some(path), _) => {
                     let name = name.unwrap_or_else(|| {
@@ -60,7 +78,7 @@ pub fn run(m: ModelCmd) -> Result<()> {
                 (None, Some(repo)) => fetch::fetch_hf(
                     &repo,
                     &revision,
-                    &fetch::hf_endpoint(),
+                    hf_endpoint.trim_end_matches('/'),
                     &fetch::models_dir(),
                 )?,
                 (None, None) => fetch::fetch_default(force)?,
@@ -75,8 +93,26 @@ pub fn run(m: ModelCmd) -> Result<()> {
                 dir.display()
             );
         }
-        ModelCmd::List => {
+        ModelCmd::List { json } => {
             let models = store::list_models(&fetch::models_dir());
+            if json {
+                let listed: Vec<serde_json::Value> = models
+                    .iter()
+                    .map(|(dir, c)| {
+                        serde_json::json!({
+                            "name": c.name,
+                            "architecture": format!("{:?}", c.architecture),
+                            "patch_size": c.patch_size,
+                            "width": c.hidden_size,
+                            "depth": c.depth,
+                            "source": c.provenance.source,
+                            "dir": dir.display().to_string(),
+                        })
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&listed)?);
+                return Ok(());
+            }
             if models.is_empty() {
                 println!(
                     "no models in {}; run `craterdex model fetch`",

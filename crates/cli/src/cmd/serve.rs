@@ -23,10 +23,14 @@ pub struct ServeCmd {
     /// the image's content and the model), which otherwise serves an image read before.
     #[arg(long)]
     no_cache: bool,
-    /// File holding the API key for writes (default: $CRATERDEX_API_KEY); without a key,
-    /// adding and removing images is disabled.
-    #[arg(long)]
+    /// File holding the API key for writes; without a key, adding and removing images is
+    /// disabled.
+    #[arg(long, conflicts_with = "api_key")]
     api_key_file: Option<PathBuf>,
+    /// The API key for writes (prefer the environment variable or --api-key-file: other
+    /// users can read a command line).
+    #[arg(long, env = "CRATERDEX_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
     /// Require the API key for reads too.
     #[arg(long)]
     protect_reads: bool,
@@ -88,7 +92,7 @@ pub fn run(c: ServeCmd) -> Result<()> {
                 .trim()
                 .to_string(),
         ),
-        None => std::env::var("CRATERDEX_API_KEY").ok(),
+        None => c.api_key.clone(),
     }
     .filter(|k| !k.is_empty());
     if c.protect_reads && config.api_key.is_none() {
