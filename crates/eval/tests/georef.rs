@@ -205,3 +205,49 @@ fn unusable_inputs_fail_with_the_file_named() {
     );
     assert!(e.contains("far.csv") && e.contains("m.tif"), "{e}");
 }
+
+/// The GeoJSON the workflows write opens in GDAL/OGR (what QGIS reads it with) on its own
+/// body: the Moon's IAU 2015 coordinate system, the features and their positions, a 0-360
+/// longitude as given.
+#[test]
+fn link_outputs_open_in_ogr_on_their_body() {
+    use craterdex_index::ImageMeta;
+    use craterdex_workflows::{Decision, LinkRow};
+    use gdal::vector::LayerAccess;
+    let tmp = tempfile::tempdir().unwrap();
+    let row = |id: &str, lat: f64, lon: f64| LinkRow {
+        query: ImageMeta {
+            id: id.into(),
+            lat: Some(lat),
+            lon: Some(lon),
+            diameter_km: Some(2.0),
+            ..Default::default()
+        },
+        decision: Decision::New,
+        confidence: 0.0,
+        best: None,
+        second: None,
+        inserted: false,
+        candidates: Vec::new(),
+        registration: None,
+    };
+    let rows = [row("a", 10.0, 350.5), row("b", -20.0, 12.25)];
+    craterdex_workflows::output::write_links(tmp.path(), &rows, 1737.4).unwrap();
+    let ds = gdal::Dataset::open(tmp.path().join("links.geojson")).unwrap();
+    let mut layer = ds.layer(0).unwrap();
+    let srs = layer.spatial_ref().expect("a coordinate system");
+    // PROJ names the authority IAU_2015; some GDAL versions report it as IAU
+    let authority = srs.auth_name().unwrap();
+    assert!(authority.starts_with("IAU"), "{authority}");
+    assert_eq!(srs.auth_code().unwrap(), 30100);
+    assert!(srs.name().unwrap().contains("Moon"), "{:?}", srs.name());
+    assert!((srs.semi_major().unwrap() - 1_737_400.0).abs() < 1.0);
+    let points: Vec<(f64, f64)> = layer
+        .features()
+        .map(|f| {
+            let (x, y, _) = f.geometry().unwrap().get_point(0);
+            (x, y)
+        })
+        .collect();
+    assert_eq!(points, vec![(350.5, 10.0), (12.25, -20.0)]);
+}

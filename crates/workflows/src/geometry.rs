@@ -6,6 +6,29 @@ use craterdex_index::ImageMeta;
 /// Mean radius of Mars in km (IAU), the default body.
 pub const MARS_RADIUS_KM: f64 = 3389.5;
 
+/// The bodies whose geographic coordinate systems PROJ knows by their IAU 2015 codes, by
+/// their mean and equatorial radii in km: what GIS tools need to place a crater table of that
+/// body (a GeoJSON without it lands on Earth's WGS 84 in QGIS).
+const IAU_BODIES: [(&str, f64, f64); 4] = [
+    ("IAU_2015:19900", 2439.4, 2440.53), // Mercury
+    ("IAU_2015:29900", 6051.8, 6051.8),  // Venus
+    ("IAU_2015:30100", 1737.4, 1737.4),  // the Moon
+    ("IAU_2015:49900", 3389.5, 3396.19), // Mars
+];
+
+/// The IAU 2015 code of the geographic (ocentric) coordinate system of the body of
+/// `radius_km` (its mean or equatorial radius, to 1%), where it is one PROJ knows.
+pub fn iau_crs(radius_km: f64) -> Option<&'static str> {
+    IAU_BODIES
+        .iter()
+        .find(|(_, mean, equator)| {
+            [mean, equator]
+                .iter()
+                .any(|r| (radius_km - **r).abs() <= 0.01 * **r)
+        })
+        .map(|(code, _, _)| *code)
+}
+
 /// A crater's centre and size on the body (degrees, km) or in one image frame (pixels).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Position {
@@ -298,6 +321,16 @@ mod tests {
         );
         // a position on the body and one in pixels cannot be compared
         assert_eq!(evidence(a, frame(0.0, 0.0, 1.0), 1.0), None);
+    }
+
+    #[test]
+    fn bodies_are_known_by_their_mean_or_equatorial_radius() {
+        assert_eq!(iau_crs(1737.4), Some("IAU_2015:30100"));
+        assert_eq!(iau_crs(MARS_RADIUS_KM), Some("IAU_2015:49900"));
+        assert_eq!(iau_crs(3396.19), Some("IAU_2015:49900"));
+        assert_eq!(iau_crs(2439.4), Some("IAU_2015:19900"));
+        assert_eq!(iau_crs(6371.0), None, "Earth is EPSG's, not IAU's");
+        assert_eq!(iau_crs(500.0), None);
     }
 
     /// Craters either side of the 0/360 seam, and of the antimeridian, in either longitude

@@ -33,8 +33,17 @@ fn feature(meta: &ImageMeta, properties: Value) -> Value {
     json!({"type": "Feature", "geometry": geometry, "properties": properties})
 }
 
-fn write_geojson(path: &Path, features: Vec<Value>) -> Result<()> {
-    let doc = json!({"type": "FeatureCollection", "features": features});
+/// A GeoJSON feature collection at `path`. Positions on a body of `body_radius_km` declare
+/// its coordinate system (the IAU 2015 code, where PROJ knows the body) in the `crs` member
+/// GDAL and QGIS read, and the sphere radius craterdex measured distances on.
+fn write_geojson(path: &Path, features: Vec<Value>, body_radius_km: Option<f64>) -> Result<()> {
+    let mut doc = json!({"type": "FeatureCollection", "features": features});
+    if let Some(r) = body_radius_km {
+        if let Some(code) = crate::geometry::iau_crs(r) {
+            doc["crs"] = json!({"type": "name", "properties": {"name": code}});
+        }
+        doc["craterdex"] = json!({"sphere_radius_km": r});
+    }
     Ok(craterdex_durable::write_atomic(
         path,
         &serde_json::to_vec_pretty(&doc)?,
@@ -65,8 +74,8 @@ const LINK_HEADER: [&str; 21] = [
     "registered",
 ];
 
-/// `links.csv` and `links.geojson` in `dir`.
-pub fn write_links(dir: &Path, rows: &[LinkRow]) -> Result<()> {
+/// `links.csv` and `links.geojson` in `dir`, positions on a body of `body_radius_km`.
+pub fn write_links(dir: &Path, rows: &[LinkRow], body_radius_km: f64) -> Result<()> {
     std::fs::create_dir_all(dir).io("create", dir)?;
     let table = rows
         .iter()
@@ -118,7 +127,7 @@ pub fn write_links(dir: &Path, rows: &[LinkRow]) -> Result<()> {
             )
         })
         .collect();
-    write_geojson(&dir.join("links.geojson"), features)
+    write_geojson(&dir.join("links.geojson"), features, Some(body_radius_km))
 }
 
 const REGISTRATION_HEADER: [&str; 17] = [
@@ -247,7 +256,12 @@ fn registration_section(regs: &[Arc<SourceRegistration>]) -> String {
 /// `groups.csv` (one row per member of a group), `merged.csv` and `merged.geojson` (the
 /// merged catalogue: every surviving entry of a group, listing the ids it absorbs, and
 /// every entry of `live` in no group) in `dir`.
-pub fn write_dedup(dir: &Path, groups: &[DedupGroup], live: &[ImageMeta]) -> Result<()> {
+pub fn write_dedup(
+    dir: &Path,
+    groups: &[DedupGroup],
+    live: &[ImageMeta],
+    body_radius_km: f64,
+) -> Result<()> {
     std::fs::create_dir_all(dir).io("create", dir)?;
     let mut members = Vec::new();
     let mut merged = Vec::new();
@@ -332,7 +346,7 @@ pub fn write_dedup(dir: &Path, groups: &[DedupGroup], live: &[ImageMeta]) -> Res
         ],
         merged,
     )?;
-    write_geojson(&dir.join("merged.geojson"), features)
+    write_geojson(&dir.join("merged.geojson"), features, Some(body_radius_km))
 }
 
 /// An image file as a data URI, its bytes as they are (browsers decode PNG, JPEG, GIF and
@@ -492,7 +506,7 @@ pub fn write_discovered(dir: &Path, ranked: &[crate::discover::Discovered]) -> R
             )
         })
         .collect();
-    write_geojson(&dir.join("ranked.geojson"), features)
+    write_geojson(&dir.join("ranked.geojson"), features, None)
 }
 
 /// `review.html` of a dedup: the groups a person should sign off, weakest first (by the

@@ -262,7 +262,7 @@ fn dedup_finds_the_views_of_each_crater_and_never_merges_one_source_image() {
         .iter()
         .any(|g| g.members.iter().any(|m| m.id == "g0a")));
     let dir = tmp.path().join("out");
-    craterdex_workflows::output::write_dedup(&dir, &groups, &metas).unwrap();
+    craterdex_workflows::output::write_dedup(&dir, &groups, &metas, rule.body_radius_km).unwrap();
     let merged = std::fs::read_to_string(dir.join("merged.csv")).unwrap();
     // 149 groups and the two unmerged views of crater 0
     assert_eq!(merged.lines().count(), 1 + 149 + 2);
@@ -705,7 +705,12 @@ fn link_and_dedup_register_a_turned_shifted_observation_first() {
     assert!((r.scale.unwrap() - 1.25).abs() < 0.01, "{r:?}");
     // the outputs: every source's transform and the review's residual plot
     let out = tmp.path().join("out");
-    craterdex_workflows::output::write_links(&out, &rows).unwrap();
+    craterdex_workflows::output::write_links(
+        &out,
+        &rows,
+        craterdex_workflows::geometry::MARS_RADIUS_KM,
+    )
+    .unwrap();
     craterdex_workflows::output::write_registrations(&out, &regs).unwrap();
     craterdex_workflows::output::write_review(&out, &rows, 50).unwrap();
     let mut table = csv::Reader::from_path(out.join("registrations.csv")).unwrap();

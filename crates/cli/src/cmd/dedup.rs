@@ -65,7 +65,7 @@ pub fn run(c: DedupCmd) -> Result<()> {
     let idx = engine.index();
     let live: Vec<ImageMeta> = idx.live_rows().map(|r| idx.meta(r).clone()).collect();
     let regs = frames.registrations();
-    craterdex_workflows::output::write_dedup(&c.out, &groups, &live)?;
+    craterdex_workflows::output::write_dedup(&c.out, &groups, &live, rule.body_radius_km)?;
     craterdex_workflows::output::write_registrations(&c.out, &regs)?;
     craterdex_workflows::output::write_dedup_review(&c.out, &groups, &regs, 300)?;
     let absorbed: usize = groups.iter().map(|g| g.members.len() - 1).sum();

@@ -125,7 +125,7 @@ pub fn run(c: LinkCmd) -> Result<()> {
     )?;
     let engine = grown.unwrap_or(engine);
     let regs = craterdex_workflows::registrations(&rows);
-    craterdex_workflows::output::write_links(&c.out, &rows)?;
+    craterdex_workflows::output::write_links(&c.out, &rows, rule.body_radius_km)?;
     craterdex_workflows::output::write_registrations(&c.out, &regs)?;
     craterdex_workflows::output::write_review(&c.out, &rows, 300)?;
     let written = [
