@@ -2,6 +2,7 @@
 //! the same machine, printed as ratios (never asserted by tests: machines are noisy). Every
 //! bench prints the CPU and the kernel level that produced its numbers.
 
+mod client;
 mod eval;
 mod extract;
 mod python;

@@ -6,10 +6,10 @@
 //! the server's resident memory sampled through the run. Client and server share the
 //! machine's cores, as they would with wrk or oha on the same host.
 
+use super::client::Client;
 use crate::output::Bars;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -47,7 +47,8 @@ pub struct ServeBench {
 
 struct Server {
     child: Child,
-    url: String,
+    /// host:port on loopback.
+    addr: String,
 }
 
 impl Drop for Server {
@@ -83,18 +84,12 @@ impl Server {
         let child = cmd.stdout(Stdio::null()).stderr(Stdio::inherit()).spawn()?;
         let server = Server {
             child,
-            url: format!("http://127.0.0.1:{port}"),
+            addr: format!("127.0.0.1:{port}"),
         };
         let deadline = Instant::now() + Duration::from_secs(300);
-        let agent = ureq::AgentBuilder::new()
-            .timeout(Duration::from_secs(2))
-            .build();
+        let mut client = Client::new(&server.addr, Duration::from_secs(2))?;
         while Instant::now() < deadline {
-            if agent
-                .get(&format!("{}/v1/ready", server.url))
-                .call()
-                .is_ok()
-            {
+            if client.get("/v1/ready").is_ok_and(|a| a.status == 200) {
                 return Ok(server);
             }
             std::thread::sleep(Duration::from_millis(250));
@@ -149,34 +144,32 @@ fn phase(
     let rss = std::thread::scope(|s| {
         for c in 0..concurrency {
             let (stop, outcome) = (stop.clone(), outcome.clone());
-            let url = server.url.clone();
+            let addr = server.addr.clone();
             s.spawn(move || {
-                let agent = ureq::AgentBuilder::new()
-                    .timeout(Duration::from_secs(60))
-                    .build();
                 let mut local = Outcome::default();
+                let mut client = match Client::new(&addr, Duration::from_secs(60)) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        local.errors.push(e.to_string());
+                        stop.store(true, Ordering::Relaxed);
+                        return;
+                    }
+                };
                 let mut i = c;
                 while !stop.load(Ordering::Relaxed) {
                     let r = &requests[i % requests.len()];
                     i += concurrency;
                     let t = Instant::now();
-                    let res = agent
-                        .post(&format!("{url}{}", r.path))
-                        .set("Content-Type", &r.content_type)
-                        .send_bytes(&r.body);
-                    match res {
-                        Ok(resp) => {
-                            let mut sink = Vec::new();
-                            match resp.into_reader().read_to_end(&mut sink) {
-                                Ok(_) => local.latencies_ms.push(t.elapsed().as_secs_f64() * 1e3),
-                                Err(e) => local.errors.push(format!("reading the answer: {e}")),
-                            }
+                    match client.post(&r.path, &r.content_type, &r.body) {
+                        Ok(a) if a.status == 200 => {
+                            local.latencies_ms.push(t.elapsed().as_secs_f64() * 1e3)
                         }
-                        Err(ureq::Error::Status(code, resp)) => local.errors.push(format!(
-                            "{code}: {}",
-                            resp.into_string().unwrap_or_default()
+                        Ok(a) => local.errors.push(format!(
+                            "{}: {}",
+                            a.status,
+                            String::from_utf8_lossy(&a.body)
                         )),
-                        Err(e) => local.errors.push(e.to_string()),
+                        Err(e) => local.errors.push(format!("{e:#}")),
                     }
                 }
                 let mut o = outcome.lock().unwrap_or_else(|e| e.into_inner());
@@ -262,7 +255,7 @@ pub fn run(b: ServeBench) -> Result<()> {
     let idle_rss = server.rss_mb();
     eprintln!(
         "server ready at {} ({idle_rss:.0} MB resident); {} s per phase",
-        server.url, b.seconds
+        server.addr, b.seconds
     );
     let mut rows = Vec::new();
     println!(
