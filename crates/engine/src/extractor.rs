@@ -319,6 +319,7 @@ fn report_failures(what: &str, failures: &[extract::Failure], progress: &dyn Pro
         failures.len()
     );
     for f in failures {
+        progress.skipped(&f.path, &f.error.to_string());
         msg.push_str(&format!("\n  {}: {}", f.path.display(), f.error));
     }
     let truncated = failures.iter().filter(|f| f.truncated).count();

@@ -17,6 +17,10 @@ pub trait Progress: Sync {
     fn note(&self, message: &str) {
         let _ = message;
     }
+    /// One image of the job could not be used and was skipped (also listed in a note).
+    fn skipped(&self, path: &std::path::Path, reason: &str) {
+        let _ = (path, reason);
+    }
     /// Whether whoever waits for the work has stopped waiting (a request that timed out):
     /// the work then ends at the next point where it can, with [`crate::Error::Cancelled`].
     /// Checked between forward passes and between a search's stages.

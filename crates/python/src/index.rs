@@ -8,9 +8,10 @@ use crate::convert::{
 };
 use crate::failure::{invalid, no_model, Fallible, OrPy};
 use crate::model::PyModel;
+use crate::progress::PyProgress;
 use craterdex_engine::{
     Engine, Entries, FeatureSet, ImageMeta, LearnFrom, MergePolicy, RecipeOptions, SearchOptions,
-    SearchParams, SharedEngine, Silent,
+    SearchParams, SharedEngine,
 };
 use craterdex_workflows::{DedupOptions, Frames, LinkOptions, LinkRule, Neighbours};
 use numpy::{IntoPyArray, PyArrayMethods};
@@ -59,6 +60,7 @@ impl PyIndex {
         metas: &[ImageMeta],
         features: Option<NamedFeatures<'_>>,
         what: &str,
+        progress: &PyProgress,
     ) -> Fallible<FeatureSet> {
         if let Some(f) = features {
             return named_features(f);
@@ -66,7 +68,7 @@ impl PyIndex {
         let x = self.engine.snapshot().extractor().cloned();
         let x = x.ok_or_else(|| no_model(what))?;
         let items = Entries::from_metas(metas.to_vec())?.items;
-        Ok(py.detach(move || x.extract(&items, "entries", &Silent))?)
+        Ok(py.detach(move || x.extract(&items, "entries", progress))?)
     }
 
     /// A search of query images in several views (turned, mirrored, under the opposite sun),
@@ -82,6 +84,7 @@ impl PyIndex {
         features: Option<FeatureArrays<'_>>,
         params: &SearchParams,
         options: &SearchOptions,
+        progress: &PyProgress,
     ) -> PyResult<String> {
         let hits = match (images, paths, features) {
             (_, _, Some(_)) => Err(invalid(
@@ -94,12 +97,12 @@ impl PyIndex {
                     .map(|(i, a)| array_image(a, i))
                     .collect::<Fallible<Vec<_>>>()
                     .py_err()?;
-                py.detach(|| engine.search_decoded(&ids, &decoded, params, options, &Silent))
+                py.detach(|| engine.search_decoded(&ids, &decoded, params, options, progress))
                     .map_err(Into::into)
             }
             (None, Some(paths), None) => {
                 let items: Vec<(String, PathBuf)> = ids.into_iter().zip(paths).collect();
-                py.detach(|| engine.search_images_as(&items, params, options, &Silent))
+                py.detach(|| engine.search_images_as(&items, params, options, progress))
                     .map_err(Into::into)
             }
             _ => Err(invalid("give images (numpy arrays) or paths")),
@@ -119,7 +122,7 @@ impl PyIndex {
 impl PyIndex {
     /// Builds an index at `out` from `meta_json` records (with `path`, or with `features`).
     #[staticmethod]
-    #[pyo3(signature = (out, meta_json, model=None, features=None, recipe_json="{}"))]
+    #[pyo3(signature = (out, meta_json, model=None, features=None, recipe_json="{}", progress=None))]
     fn build(
         py: Python<'_>,
         out: PathBuf,
@@ -127,7 +130,9 @@ impl PyIndex {
         model: Option<&PyModel>,
         features: Option<NamedFeatures<'_>>,
         recipe_json: &str,
+        progress: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
+        let progress = PyProgress::new(progress);
         let options: RecipeOptions = options_from_json("recipe", recipe_json).py_err()?;
         let recipe = options.recipe().py_err()?;
         let metas = metas_from_json(meta_json).py_err()?;
@@ -144,7 +149,7 @@ impl PyIndex {
                         &LearnFrom::Sample,
                         &recipe,
                         extractor,
-                        &Silent,
+                        &progress,
                     )
                 })
             }
@@ -153,7 +158,7 @@ impl PyIndex {
                     .ok_or_else(|| invalid("give a model to read the images, or features"))
                     .py_err()?;
                 let entries = Entries::from_metas(metas).py_err()?;
-                py.detach(move || Engine::build(&dir, &entries, &recipe, x, &Silent))
+                py.detach(move || Engine::build(&dir, &entries, &recipe, x, &progress))
             }
         }
         .py_err()?;
@@ -337,7 +342,8 @@ impl PyIndex {
 
     /// Searches with images (numpy arrays or paths) or features, as `options_json` (a
     /// `SearchOptions`) says; results as JSON (`[{"query": ..., "results": [hit, ...]}, ...]`).
-    #[pyo3(signature = (ids, images=None, paths=None, features=None, options_json="{}"))]
+    #[pyo3(signature = (ids, images=None, paths=None, features=None, options_json="{}", progress=None))]
+    #[allow(clippy::too_many_arguments)]
     fn search_json(
         &self,
         py: Python<'_>,
@@ -346,14 +352,17 @@ impl PyIndex {
         paths: Option<Vec<PathBuf>>,
         features: Option<FeatureArrays<'_>>,
         options_json: &str,
+        progress: Option<Py<PyAny>>,
     ) -> PyResult<String> {
+        let progress = PyProgress::new(progress);
         let options: SearchOptions = options_from_json("search options", options_json).py_err()?;
         let params = options.params(&Default::default()).py_err()?;
         let engine = self.engine.snapshot();
         let image_search = options.verify > 0 || options.rechecks();
         if !options.views().is_plain() || (image_search && features.is_none()) {
-            return self
-                .search_images_json(py, &engine, ids, images, paths, features, &params, &options);
+            return self.search_images_json(
+                py, &engine, ids, images, paths, features, &params, &options, &progress,
+            );
         }
         let feats = match features {
             Some((cls, patches, attention)) => {
@@ -366,28 +375,35 @@ impl PyIndex {
                     .ok_or_else(|| no_model("image queries"))
                     .py_err()?;
                 PyModel { extractor: x }
-                    .features(py, ids, images, paths)
+                    .features(py, ids, images, paths, &progress)
                     .py_err()?
             }
         };
         let hits = py
-            .detach(|| engine.search_features_verified(&feats, &params, options.verify, &Silent))
+            .detach(|| engine.search_features_verified(&feats, &params, options.verify, &progress))
             .py_err()?;
         to_json(&hits).py_err()
     }
 
     /// Adds images from `meta_json` records (with `path`, or with `features`); returns how
     /// many were added.
-    #[pyo3(signature = (meta_json, features=None))]
+    #[pyo3(signature = (meta_json, features=None, progress=None))]
     fn add(
         &self,
         py: Python<'_>,
         meta_json: &str,
         features: Option<NamedFeatures<'_>>,
+        progress: Option<Py<PyAny>>,
     ) -> PyResult<usize> {
         let metas = metas_from_json(meta_json).py_err()?;
         let feats = self
-            .entry_features(py, &metas, features, "adding images")
+            .entry_features(
+                py,
+                &metas,
+                features,
+                "adding images",
+                &PyProgress::new(progress),
+            )
             .py_err()?;
         py.detach(|| {
             self.engine.write(|e| {
@@ -452,7 +468,7 @@ impl PyIndex {
     /// `options_json` (a `LinkOptions`) says; rows as JSON. `partition`: one part of a set cut
     /// by position (no insertion; see `craterdex.dask.link`), its sources placed by
     /// `registrations_json` (of the whole set) when given.
-    #[pyo3(signature = (meta_json, features=None, rule_json=None, options_json="{}", partition=false, registrations_json=None))]
+    #[pyo3(signature = (meta_json, features=None, rule_json=None, options_json="{}", partition=false, registrations_json=None, progress=None))]
     #[allow(clippy::too_many_arguments)]
     fn link_json(
         &self,
@@ -463,7 +479,9 @@ impl PyIndex {
         options_json: &str,
         partition: bool,
         registrations_json: Option<&str>,
+        progress: Option<Py<PyAny>>,
     ) -> PyResult<String> {
+        let progress = PyProgress::new(progress);
         let metas = metas_from_json(meta_json).py_err()?;
         let rule = self.rule(rule_json).py_err()?;
         let opts: LinkOptions = options_from_json("link options", options_json).py_err()?;
@@ -472,7 +490,7 @@ impl PyIndex {
             .transpose()
             .py_err()?;
         let feats = self
-            .entry_features(py, &metas, features, "linking images")
+            .entry_features(py, &metas, features, "linking images", &progress)
             .py_err()?;
         let rows = py
             .detach(|| -> Fallible<_> {
@@ -489,15 +507,15 @@ impl PyIndex {
                             }
                         };
                         craterdex_workflows::link_partition(
-                            &engine, &entries, &rule, &opts, &frames, &Silent,
+                            &engine, &entries, &rule, &opts, &frames, &progress,
                         )?
                     } else {
-                        craterdex_workflows::link(&engine, entries, &rule, &opts, &Silent)?.0
+                        craterdex_workflows::link(&engine, entries, &rule, &opts, &progress)?.0
                     });
                 }
                 Ok(self.engine.write(|engine| {
                     let entries = engine.encode_with_metas(metas, &feats)?;
-                    craterdex_workflows::link(engine, entries, &rule, &opts, &Silent)
+                    craterdex_workflows::link(engine, entries, &rule, &opts, &progress)
                 })?)
             })
             .py_err()?;
@@ -507,7 +525,7 @@ impl PyIndex {
     /// Groups of entries of one crater (JSON), over all live entries, or the dedup edges of
     /// the entries `ids` only (one partition; see `craterdex.dask.dedup`), the index's sources
     /// placed by `registrations_json` (`registrations_json(dedup=True)`) when given.
-    #[pyo3(signature = (rule_json=None, options_json="{}", ids=None, registrations_json=None))]
+    #[pyo3(signature = (rule_json=None, options_json="{}", ids=None, registrations_json=None, progress=None))]
     fn dedup_json(
         &self,
         py: Python<'_>,
@@ -515,7 +533,9 @@ impl PyIndex {
         options_json: &str,
         ids: Option<Vec<String>>,
         registrations_json: Option<&str>,
+        progress: Option<Py<PyAny>>,
     ) -> PyResult<String> {
+        let progress = PyProgress::new(progress);
         let rule = self.rule(rule_json).py_err()?;
         let opts: DedupOptions = options_from_json("dedup options", options_json).py_err()?;
         let shared = registrations_json
@@ -530,13 +550,13 @@ impl PyIndex {
             };
             let Some(ids) = ids else {
                 return to_json(&craterdex_workflows::dedup(
-                    &engine, &rule, &opts, &frames, &Silent,
+                    &engine, &rule, &opts, &frames, &progress,
                 )?);
             };
             // every partition places the whole index's sources alike (registered once and
             // shared, or alike again here) and turns their crops alike, so the edges are
             // those of one run
-            let upright = craterdex_workflows::dedup::upright_engine(&engine, &frames, &Silent)?;
+            let upright = craterdex_workflows::dedup::upright_engine(&engine, &frames, &progress)?;
             let searched = upright.as_ref().unwrap_or(&engine);
             let idx = searched.index();
             let rows = ids
@@ -549,7 +569,7 @@ impl PyIndex {
             let core: Vec<ImageMeta> = rows.iter().map(|&r| idx.meta(r).clone()).collect();
             let near = craterdex_workflows::Neighbours::around(idx, &rule, &frames, &core);
             let edges = craterdex_workflows::dedup::edges(
-                searched, &near, &rule, &frames, &opts, &rows, &Silent,
+                searched, &near, &rule, &frames, &opts, &rows, &progress,
             );
             to_json(&edges)
         })

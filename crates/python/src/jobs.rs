@@ -11,19 +11,21 @@ use std::path::PathBuf;
 
 /// Every regime of the CraterBench-R protocol on a manifest; results as JSON.
 #[pyfunction]
-#[pyo3(signature = (manifest, model, quick=true, root=None))]
+#[pyo3(signature = (manifest, model, quick=true, root=None, progress=None))]
 pub fn evaluate_json(
     py: Python<'_>,
     manifest: PathBuf,
     model: &PyModel,
     quick: bool,
     root: Option<PathBuf>,
+    progress: Option<Py<PyAny>>,
 ) -> PyResult<String> {
     let x = model.extractor.clone();
+    let progress = crate::progress::PyProgress::new(progress);
     py.detach(move || -> Fallible<String> {
         use craterdex_eval::{regimes, run};
         let b = run::load_benchmark(&manifest, root.as_deref())?;
-        let out = run::evaluate(b, &x, &run::eval_options(quick), &Silent, &|_| {})?;
+        let out = run::evaluate(b, &x, &run::eval_options(quick), &progress, &|_| {})?;
         let info = serde_json::json!({"manifest": manifest.display().to_string(), "model": x.fingerprint()});
         let mut v = regimes::to_json(&out.results, info);
         v["protocol"] = serde_json::json!(out.protocol);

@@ -18,6 +18,7 @@ mod failure;
 mod index;
 mod jobs;
 mod model;
+mod progress;
 mod service;
 
 use pyo3::prelude::*;

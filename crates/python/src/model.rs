@@ -2,6 +2,7 @@
 
 use crate::convert::{array_image, ensure_len, options_from_json, to_numpy_features};
 use crate::failure::{invalid, Fallible, OrPy};
+use crate::progress::PyProgress;
 use craterdex_engine::{Extractor, FeatureSet, ModelOptions, Silent};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -21,6 +22,7 @@ impl PyModel {
         ids: Vec<String>,
         images: Option<Vec<Bound<'_, PyAny>>>,
         paths: Option<Vec<PathBuf>>,
+        progress: &PyProgress,
     ) -> Fallible<FeatureSet> {
         let x = self.extractor.clone();
         match (images, paths) {
@@ -31,12 +33,12 @@ impl PyModel {
                     .enumerate()
                     .map(|(i, a)| array_image(a, i))
                     .collect::<Fallible<Vec<_>>>()?;
-                Ok(py.detach(move || x.features_of_images(&ids, &images, &Silent))?)
+                Ok(py.detach(move || x.features_of_images(&ids, &images, progress))?)
             }
             (None, Some(paths)) => {
                 ensure_len(ids.len(), paths.len())?;
                 let items: Vec<(String, PathBuf)> = ids.into_iter().zip(paths).collect();
-                Ok(py.detach(move || x.extract(&items, "images", &Silent))?)
+                Ok(py.detach(move || x.extract(&items, "images", progress))?)
             }
             _ => Err(invalid("give images (numpy arrays) or paths")),
         }
@@ -47,10 +49,12 @@ impl PyModel {
 impl PyModel {
     /// Loads the model `options_json` (a `ModelOptions`) names.
     #[staticmethod]
-    fn load(py: Python<'_>, options_json: &str) -> PyResult<Self> {
+    #[pyo3(signature = (options_json, progress=None))]
+    fn load(py: Python<'_>, options_json: &str, progress: Option<Py<PyAny>>) -> PyResult<Self> {
         let options: ModelOptions = options_from_json("model options", options_json).py_err()?;
+        let progress = PyProgress::new(progress);
         let x = py
-            .detach(move || Extractor::load(&options, &Silent))
+            .detach(move || Extractor::load(&options, &progress))
             .py_err()?;
         Ok(Self {
             extractor: Arc::new(x),
@@ -82,15 +86,18 @@ impl PyModel {
         serde_json::json!(self.extractor.protocol()).to_string()
     }
 
-    #[pyo3(signature = (ids, images=None, paths=None))]
+    #[pyo3(signature = (ids, images=None, paths=None, progress=None))]
     fn extract<'py>(
         &self,
         py: Python<'py>,
         ids: Vec<String>,
         images: Option<Vec<Bound<'py, PyAny>>>,
         paths: Option<Vec<PathBuf>>,
+        progress: Option<Py<PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let f = self.features(py, ids, images, paths).py_err()?;
+        let f = self
+            .features(py, ids, images, paths, &PyProgress::new(progress))
+            .py_err()?;
         to_numpy_features(py, f)
     }
 

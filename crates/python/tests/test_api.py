@@ -53,7 +53,8 @@ def test_bad_input_raises_the_cli_message_as_the_class_of_its_kind(tiny, tiny_di
         tiny.extract([np.zeros((8, 8), dtype=np.float32)])
     bad = tmp_path / "bad.png"
     bad.write_bytes(b"not an image")
-    with pytest.raises(craterdex.InvalidInputError, match="no image could be read"):
+    with pytest.raises(craterdex.InvalidInputError, match="no image could be read"), \
+            pytest.warns(craterdex.SkippedImageWarning, match="bad.png: not an image"):
         tiny.extract([bad])
     with pytest.raises(craterdex.InvalidInputError, match="unknown resize mode"):
         craterdex.Model.load(tiny_dir, resize="bogus")

