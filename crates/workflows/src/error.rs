@@ -11,6 +11,9 @@ pub enum Error {
     /// A calibration that cannot be fitted from the labelled entries given.
     #[error("{0}")]
     Calibration(String),
+    /// A map layer GDAL could not write (a GeoPackage): the message names the file.
+    #[error("{0}")]
+    MapLayer(String),
     #[error(transparent)]
     Engine(#[from] craterdex_engine::Error),
     #[error(transparent)]
@@ -20,7 +23,7 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 craterdex_errors::error_kinds!(Error {
-    messages: { Invalid => InvalidInput, Calibration => InvalidInput },
+    messages: { Invalid => InvalidInput, Calibration => InvalidInput, MapLayer => Io },
     wrapped: { Engine, Io },
 });
 

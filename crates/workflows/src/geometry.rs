@@ -76,6 +76,39 @@ pub fn distance_km(a: (f64, f64), b: (f64, f64), radius_km: f64) -> f64 {
     2.0 * radius_km * h.sqrt().min(1.0).asin()
 }
 
+/// A crater's rim as a closed ring of `vertices` + 1 (longitude, latitude) points, each
+/// `diameter_km / 2` from the centre along a great circle of the sphere of `radius_km`, in
+/// GeoJSON's order (counterclockwise, the first point repeated last). Longitudes continue
+/// from the centre's (a rim across 0/360 goes past 360 rather than jumping back), so the
+/// ring is one simple polygon in the catalogue's own longitude convention. `None` where the
+/// rim would reach a pole (no simple ring in longitude and latitude) or the size is unusable.
+pub fn rim_ring(
+    lat: f64,
+    lon: f64,
+    diameter_km: f64,
+    radius_km: f64,
+    vertices: usize,
+) -> Option<Vec<[f64; 2]>> {
+    let angular = diameter_km / 2.0 / radius_km;
+    let usable = diameter_km.is_finite() && diameter_km > 0.0 && radius_km > 0.0 && vertices >= 3;
+    if !usable || lat.abs() + angular.to_degrees() >= 90.0 {
+        return None;
+    }
+    let (phi, (sin_d, cos_d)) = (lat.to_radians(), angular.sin_cos());
+    let mut ring: Vec<[f64; 2]> = (0..vertices)
+        .map(|i| {
+            // bearings from north turning west: counterclockwise on the map
+            let bearing = -(i as f64) * std::f64::consts::TAU / vertices as f64;
+            let sin_p2 = phi.sin() * cos_d + phi.cos() * sin_d * bearing.cos();
+            let p2 = sin_p2.clamp(-1.0, 1.0).asin();
+            let dl = (bearing.sin() * sin_d * phi.cos()).atan2(cos_d - phi.sin() * sin_p2);
+            [lon + dl.to_degrees(), p2.to_degrees()]
+        })
+        .collect();
+    ring.push(ring[0]);
+    Some(ring)
+}
+
 /// Centre offset in radii of the larger crater, and the diameter ratio (>= 1); None when
 /// the two positions are not in the same kind of frame.
 pub fn evidence(a: Position, b: Position, radius_km: f64) -> Option<(f64, f64)> {
@@ -321,6 +354,32 @@ mod tests {
         );
         // a position on the body and one in pixels cannot be compared
         assert_eq!(evidence(a, frame(0.0, 0.0, 1.0), 1.0), None);
+    }
+
+    #[test]
+    fn a_rim_ring_lies_on_the_rim_counterclockwise_and_closed() {
+        // a 40 km crater at 60 N on the Moon, and one on the 0/360 seam
+        for (lat, lon) in [(60.0, 120.0), (-5.0, 359.9), (0.0, 0.0)] {
+            let ring = rim_ring(lat, lon, 40.0, 1737.4, 64).unwrap();
+            assert_eq!(ring.len(), 65);
+            assert_eq!(ring[0], ring[64]);
+            for p in &ring {
+                let d = distance_km((lat, lon), (p[1], p[0]), 1737.4);
+                assert!((d - 20.0).abs() < 1e-6, "{d}");
+                // continuous with the centre's longitude, not wrapped
+                assert!((p[0] - lon).abs() < 5.0, "{p:?}");
+            }
+            // shoelace: positive area is counterclockwise (x east, y north)
+            let twice_area: f64 = ring
+                .windows(2)
+                .map(|w| w[0][0] * w[1][1] - w[1][0] * w[0][1])
+                .sum();
+            assert!(twice_area > 0.0, "{twice_area}");
+        }
+        // a rim over the pole, and sizes that cannot be drawn
+        assert!(rim_ring(89.9, 0.0, 40.0, 1737.4, 64).is_none());
+        assert!(rim_ring(10.0, 0.0, 0.0, 1737.4, 64).is_none());
+        assert!(rim_ring(10.0, 0.0, f64::NAN, 1737.4, 64).is_none());
     }
 
     #[test]

@@ -4,9 +4,10 @@
 //! grow a landmark database by inserting what is new, and rank a mosaic's windows by
 //! their likeness to exemplar craters; and the measures of each against the truth.
 //!
-//! Owns the decision rule, its calibration, grouping, discovery and the CSV/GeoJSON/HTML
-//! outputs. Searches only through [`craterdex_engine::Engine`]; knows nothing of image
-//! decoding, the CLI or HTTP.
+//! Owns the decision rule, its calibration, grouping, discovery and the outputs: CSV tables,
+//! map layers (GeoJSON on the body's IAU coordinate system, rim polygons, QGIS styles; a
+//! GeoPackage with the `gdal` feature) and HTML review pages. Searches only through
+//! [`craterdex_engine::Engine`]; knows nothing of image decoding, the CLI or HTTP.
 
 pub mod calibrate;
 pub mod dedup;
@@ -15,10 +16,13 @@ pub mod entries;
 mod error;
 pub mod evaluate;
 pub mod geometry;
+#[cfg(feature = "gdal")]
+mod gpkg;
 pub mod link;
 pub mod output;
 pub mod register;
 pub mod rule;
+pub mod style;
 
 pub use calibrate::{calibrate, Calibration};
 pub use dedup::{dedup, DedupGroup, DedupOptions, Edge};

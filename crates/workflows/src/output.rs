@@ -1,13 +1,16 @@
-//! The tables scientists open: CSV for spreadsheets and pandas, GeoJSON points for QGIS.
+//! The tables scientists open: CSV for spreadsheets and pandas; map layers for QGIS:
+//! GeoJSON points (and rim polygons on request) on the body's IAU coordinate system, each
+//! with its QGIS style beside it, and with GDAL (feature `gdal`) one GeoPackage of them all.
 
 use crate::dedup::DedupGroup;
 use crate::error::Result;
 use crate::link::LinkRow;
 use crate::register::SourceRegistration;
+use crate::{geometry, style};
 use craterdex_errors::{IoContext, OrInvalid};
 use craterdex_index::ImageMeta;
 use serde_json::{json, Value};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 fn opt<T: ToString>(v: Option<T>) -> String {
@@ -31,6 +34,94 @@ fn feature(meta: &ImageMeta, properties: Value) -> Value {
         _ => Value::Null,
     };
     json!({"type": "Feature", "geometry": geometry, "properties": properties})
+}
+
+/// How a workflow's map layers are written.
+#[derive(Clone, Copy, Debug)]
+pub struct MapLayers {
+    /// The sphere positions are on (the link rule's `body_radius_km`).
+    pub body_radius_km: f64,
+    /// Also each crater's rim as a polygon (`*_rims.geojson`), where it has a size in km.
+    pub rims: bool,
+}
+
+/// Vertices of a rim polygon: a 1 km crater and a 100 km one both look round.
+const RIM_VERTICES: usize = 64;
+
+/// One map layer: its features as points, and the rims of those with a size in km.
+struct Layer {
+    name: &'static str,
+    attribute: &'static str,
+    categories: &'static [style::Category],
+    points: Vec<Value>,
+    rims: Vec<Value>,
+}
+
+impl Layer {
+    fn new(
+        name: &'static str,
+        attribute: &'static str,
+        categories: &'static [style::Category],
+    ) -> Self {
+        Layer {
+            name,
+            attribute,
+            categories,
+            points: Vec::new(),
+            rims: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, meta: &ImageMeta, properties: Value, map: &MapLayers) {
+        if map.rims {
+            let ring = match (meta.lat, meta.lon, meta.diameter_km) {
+                (Some(lat), Some(lon), Some(d)) => {
+                    geometry::rim_ring(lat, lon, d, map.body_radius_km, RIM_VERTICES)
+                }
+                _ => None,
+            };
+            if let Some(ring) = ring {
+                self.rims.push(json!({
+                    "type": "Feature",
+                    "geometry": {"type": "Polygon", "coordinates": [ring]},
+                    "properties": properties.clone(),
+                }));
+            }
+        }
+        self.points.push(feature(meta, properties));
+    }
+
+    /// `NAME.geojson` and `NAME.qml` (and `NAME_rims.*`) in `dir`, then with GDAL
+    /// `NAME.gpkg` holding them as layers with their styles; returns the files written.
+    fn write(self, dir: &Path, map: &MapLayers) -> Result<Vec<PathBuf>> {
+        let mut layers = Vec::new();
+        let mut files = Vec::new();
+        let mut layer = |name: String, features: Vec<Value>, shape: style::Shape| -> Result<()> {
+            let qml = style::categorized(self.attribute, self.categories, shape);
+            let (path, qml_path) = (
+                dir.join(format!("{name}.geojson")),
+                dir.join(format!("{name}.qml")),
+            );
+            write_geojson(&path, features, Some(map.body_radius_km))?;
+            craterdex_durable::write_atomic(&qml_path, qml.as_bytes())?;
+            files.extend([path.clone(), qml_path]);
+            layers.push((name, path, qml));
+            Ok(())
+        };
+        layer(self.name.to_string(), self.points, style::Shape::Points)?;
+        if map.rims {
+            layer(format!("{}_rims", self.name), self.rims, style::Shape::Rims)?;
+        }
+        #[cfg(feature = "gdal")]
+        {
+            let gpkg = dir.join(format!("{}.gpkg", self.name));
+            crate::gpkg::write(&gpkg, &layers)?;
+            files.push(gpkg);
+        }
+        #[cfg(not(feature = "gdal"))]
+        let _ = layers;
+        Ok(files)
+    }
 }
 
 /// A GeoJSON feature collection at `path`. Positions on a body of `body_radius_km` declare
@@ -74,8 +165,9 @@ const LINK_HEADER: [&str; 21] = [
     "registered",
 ];
 
-/// `links.csv` and `links.geojson` in `dir`, positions on a body of `body_radius_km`.
-pub fn write_links(dir: &Path, rows: &[LinkRow], body_radius_km: f64) -> Result<()> {
+/// `links.csv` and the `links` map layer (points coloured by decision; rims on request) in
+/// `dir`; returns the files written.
+pub fn write_links(dir: &Path, rows: &[LinkRow], map: &MapLayers) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).io("create", dir)?;
     let table = rows
         .iter()
@@ -109,25 +201,27 @@ pub fn write_links(dir: &Path, rows: &[LinkRow], body_radius_km: f64) -> Result<
             ]
         })
         .collect();
-    write_csv(&dir.join("links.csv"), &LINK_HEADER, table)?;
-    let features = rows
-        .iter()
-        .map(|r| {
-            feature(
-                &r.query,
-                json!({
-                    "query": r.query.id,
-                    "decision": r.decision.name(),
-                    "confidence": r.confidence,
-                    "best_id": r.best.as_ref().map(|b| &b.id),
-                    "score": r.best.as_ref().map(|b| b.score),
-                    "offset_radii": r.best.as_ref().and_then(|b| b.offset_radii),
-                    "inserted": r.inserted,
-                }),
-            )
-        })
-        .collect();
-    write_geojson(&dir.join("links.geojson"), features, Some(body_radius_km))
+    let csv = dir.join("links.csv");
+    write_csv(&csv, &LINK_HEADER, table)?;
+    let mut layer = Layer::new("links", "decision", &style::DECISIONS);
+    for r in rows {
+        layer.push(
+            &r.query,
+            json!({
+                "query": r.query.id,
+                "decision": r.decision.name(),
+                "confidence": r.confidence,
+                "best_id": r.best.as_ref().map(|b| &b.id),
+                "best_crater_id": r.best.as_ref().and_then(|b| b.crater_id.as_ref()),
+                "score": r.best.as_ref().map(|b| b.score),
+                "offset_radii": r.best.as_ref().and_then(|b| b.offset_radii),
+                "diameter_km": r.query.diameter_km,
+                "inserted": r.inserted,
+            }),
+            map,
+        );
+    }
+    Ok([vec![csv], layer.write(dir, map)?].concat())
 }
 
 const REGISTRATION_HEADER: [&str; 17] = [
@@ -255,17 +349,18 @@ fn registration_section(regs: &[Arc<SourceRegistration>]) -> String {
 
 /// `groups.csv` (one row per member of a group), `merged.csv` and `merged.geojson` (the
 /// merged catalogue: every surviving entry of a group, listing the ids it absorbs, and
-/// every entry of `live` in no group) in `dir`.
+/// every entry of `live` in no group) in `dir`, and the `merged` map layer (coloured by
+/// `kind`: group or single); returns the files written.
 pub fn write_dedup(
     dir: &Path,
     groups: &[DedupGroup],
     live: &[ImageMeta],
-    body_radius_km: f64,
-) -> Result<()> {
+    map: &MapLayers,
+) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).io("create", dir)?;
     let mut members = Vec::new();
     let mut merged = Vec::new();
-    let mut features = Vec::new();
+    let mut layer = Layer::new("merged", "kind", &style::GROUPS);
     for (g, group) in groups.iter().enumerate() {
         let keep = &group.members[group.survivor];
         let absorbed: Vec<&str> = group
@@ -296,10 +391,13 @@ pub fn write_dedup(
             opt(keep.lon),
             opt(keep.diameter_km),
         ]);
-        features.push(feature(
+        layer.push(
             keep,
-            json!({"group": g, "id": keep.id, "members": group.members.len(), "absorbs": absorbed}),
-        ));
+            json!({"kind": "group", "group": g, "id": keep.id, "crater_id": keep.crater_id,
+                   "members": group.members.len(), "absorbs": absorbed.join(" "),
+                   "diameter_km": keep.diameter_km}),
+            map,
+        );
     }
     let grouped: std::collections::HashSet<&str> = groups
         .iter()
@@ -316,7 +414,12 @@ pub fn write_dedup(
             opt(m.lon),
             opt(m.diameter_km),
         ]);
-        features.push(feature(m, json!({"id": m.id, "members": 1})));
+        layer.push(
+            m,
+            json!({"kind": "single", "id": m.id, "crater_id": m.crater_id, "members": 1,
+                   "diameter_km": m.diameter_km}),
+            map,
+        );
     }
     write_csv(
         &dir.join("groups.csv"),
@@ -346,7 +449,8 @@ pub fn write_dedup(
         ],
         merged,
     )?;
-    write_geojson(&dir.join("merged.geojson"), features, Some(body_radius_km))
+    let tables = vec![dir.join("groups.csv"), dir.join("merged.csv")];
+    Ok([tables, layer.write(dir, map)?].concat())
 }
 
 /// An image file as a data URI, its bytes as they are (browsers decode PNG, JPEG, GIF and

@@ -262,7 +262,12 @@ fn dedup_finds_the_views_of_each_crater_and_never_merges_one_source_image() {
         .iter()
         .any(|g| g.members.iter().any(|m| m.id == "g0a")));
     let dir = tmp.path().join("out");
-    craterdex_workflows::output::write_dedup(&dir, &groups, &metas, rule.body_radius_km).unwrap();
+    let map = craterdex_workflows::output::MapLayers {
+        body_radius_km: rule.body_radius_km,
+        rims: true,
+    };
+    let files = craterdex_workflows::output::write_dedup(&dir, &groups, &metas, &map).unwrap();
+    assert!(files.iter().all(|f| f.exists()), "{files:?}");
     let merged = std::fs::read_to_string(dir.join("merged.csv")).unwrap();
     // 149 groups and the two unmerged views of crater 0
     assert_eq!(merged.lines().count(), 1 + 149 + 2);
@@ -270,6 +275,25 @@ fn dedup_finds_the_views_of_each_crater_and_never_merges_one_source_image() {
         serde_json::from_slice(&std::fs::read(dir.join("merged.geojson")).unwrap()).unwrap();
     assert_eq!(gj["features"].as_array().unwrap().len(), 151);
     assert_eq!(gj["features"][0]["geometry"]["type"], "Point");
+    assert_eq!(gj["features"][0]["properties"]["kind"], "group");
+    assert_eq!(gj["features"][150]["properties"]["kind"], "single");
+    // rims: one polygon per entry with a size, on the same sphere
+    let rims: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("merged_rims.geojson")).unwrap()).unwrap();
+    let rims = rims["features"].as_array().unwrap();
+    assert_eq!(rims.len(), 151);
+    assert_eq!(rims[0]["geometry"]["type"], "Polygon");
+    assert_eq!(rims[0]["properties"], gj["features"][0]["properties"]);
+    // QGIS styles beside each layer, colouring by the attribute the features carry
+    for (style, shape) in [("merged.qml", "marker"), ("merged_rims.qml", "fill")] {
+        let qml = std::fs::read_to_string(dir.join(style)).unwrap();
+        assert!(
+            qml.contains(r#"type="categorizedSymbol" attr="kind""#),
+            "{qml}"
+        );
+        assert!(qml.contains(r#"value="group""#) && qml.contains(r#"value="single""#));
+        assert!(qml.contains(&format!(r#"<symbol type="{shape}""#)));
+    }
 }
 
 /// Longitudes of `entries` moved 10 degrees west, so that their craters straddle the 0/360
@@ -705,12 +729,12 @@ fn link_and_dedup_register_a_turned_shifted_observation_first() {
     assert!((r.scale.unwrap() - 1.25).abs() < 0.01, "{r:?}");
     // the outputs: every source's transform and the review's residual plot
     let out = tmp.path().join("out");
-    craterdex_workflows::output::write_links(
-        &out,
-        &rows,
-        craterdex_workflows::geometry::MARS_RADIUS_KM,
-    )
-    .unwrap();
+    let map = craterdex_workflows::output::MapLayers {
+        body_radius_km: craterdex_workflows::geometry::MARS_RADIUS_KM,
+        rims: false,
+    };
+    craterdex_workflows::output::write_links(&out, &rows, &map).unwrap();
+    assert!(out.join("links.qml").exists() && !out.join("links_rims.geojson").exists());
     craterdex_workflows::output::write_registrations(&out, &regs).unwrap();
     craterdex_workflows::output::write_review(&out, &rows, 50).unwrap();
     let mut table = csv::Reader::from_path(out.join("registrations.csv")).unwrap();

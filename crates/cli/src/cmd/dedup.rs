@@ -16,9 +16,14 @@ use std::sync::Arc;
 pub struct DedupCmd {
     #[arg(long)]
     pub index: PathBuf,
-    /// Where groups.csv, merged.csv, merged.geojson and review.html go.
+    /// Where groups.csv, merged.csv, the merged map layer (merged.geojson with its QGIS
+    /// style merged.qml; merged.gpkg when built with GDAL) and review.html go.
     #[arg(long)]
     pub out: PathBuf,
+    /// Also each merged entry's rim as a polygon (merged_rims.geojson), for entries with a
+    /// position and a diameter in km.
+    #[arg(long)]
+    pub rims: bool,
     /// Candidates looked at per entry.
     #[arg(long, default_value_t = DedupOptions::default().top_k)]
     pub top: usize,
@@ -65,24 +70,21 @@ pub fn run(c: DedupCmd) -> Result<()> {
     let idx = engine.index();
     let live: Vec<ImageMeta> = idx.live_rows().map(|r| idx.meta(r).clone()).collect();
     let regs = frames.registrations();
-    craterdex_workflows::output::write_dedup(&c.out, &groups, &live, rule.body_radius_km)?;
+    let map = craterdex_workflows::output::MapLayers {
+        body_radius_km: rule.body_radius_km,
+        rims: c.rims,
+    };
+    let mut files = craterdex_workflows::output::write_dedup(&c.out, &groups, &live, &map)?;
     craterdex_workflows::output::write_registrations(&c.out, &regs)?;
     craterdex_workflows::output::write_dedup_review(&c.out, &groups, &regs, 300)?;
+    files.extend(["registrations.csv", "registrations.json", "review.html"].map(|f| c.out.join(f)));
     let absorbed: usize = groups.iter().map(|g| g.members.len() - 1).sum();
     let scored = live
         .iter()
         .any(|m| m.crater_id.is_some())
         .then(|| score_groups(&groups, &live));
     if c.json {
-        let written = [
-            "groups.csv",
-            "merged.csv",
-            "merged.geojson",
-            "registrations.csv",
-            "registrations.json",
-            "review.html",
-        ]
-        .map(|f| c.out.join(f).display().to_string());
+        let written: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
         let summary = serde_json::json!({
             "entries": live.len(),
             "groups": groups.len(),
@@ -109,9 +111,6 @@ pub fn run(c: DedupCmd) -> Result<()> {
             s.found_exactly, s.true_groups, s.pair_precision, s.pair_recall
         );
     }
-    println!(
-        "wrote {}/groups.csv, merged.csv, merged.geojson, registrations.csv/json and review.html",
-        c.out.display()
-    );
+    println!("wrote {}", super::link::names_in(&c.out, &files));
     Ok(())
 }

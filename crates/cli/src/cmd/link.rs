@@ -18,9 +18,14 @@ pub struct LinkCmd {
     pub index: PathBuf,
     #[command(flatten)]
     pub entries: EntriesOpts,
-    /// Where links.csv, links.geojson and review.html go.
+    /// Where links.csv, the links map layer (links.geojson with its QGIS style links.qml;
+    /// links.gpkg when built with GDAL), registrations and review.html go.
     #[arg(long)]
     pub out: PathBuf,
+    /// Also each entry's rim as a polygon (links_rims.geojson), for entries with a position
+    /// and a diameter in km.
+    #[arg(long)]
+    pub rims: bool,
     /// Add every entry decided `new` to the index, in order (atomically, batch by batch).
     #[arg(long)]
     pub insert_new: bool,
@@ -125,17 +130,15 @@ pub fn run(c: LinkCmd) -> Result<()> {
     )?;
     let engine = grown.unwrap_or(engine);
     let regs = craterdex_workflows::registrations(&rows);
-    craterdex_workflows::output::write_links(&c.out, &rows, rule.body_radius_km)?;
+    let map = craterdex_workflows::output::MapLayers {
+        body_radius_km: rule.body_radius_km,
+        rims: c.rims,
+    };
+    let mut files = craterdex_workflows::output::write_links(&c.out, &rows, &map)?;
     craterdex_workflows::output::write_registrations(&c.out, &regs)?;
     craterdex_workflows::output::write_review(&c.out, &rows, 300)?;
-    let written = [
-        "links.csv",
-        "links.geojson",
-        "registrations.csv",
-        "registrations.json",
-        "review.html",
-    ]
-    .map(|f| c.out.join(f).display().to_string());
+    files.extend(["registrations.csv", "registrations.json", "review.html"].map(|f| c.out.join(f)));
+    let written: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
     if c.json {
         let decisions: serde_json::Map<String, serde_json::Value> = decision_counts(&rows)
             .into_iter()
@@ -165,11 +168,21 @@ pub fn run(c: LinkCmd) -> Result<()> {
             engine.index().live()
         );
     }
-    println!(
-        "wrote {}/links.csv, links.geojson, registrations.csv/json and review.html",
-        c.out.display()
-    );
+    println!("wrote {}", names_in(&c.out, &files));
     Ok(())
+}
+
+/// `DIR/first, second, ...`: files written in one directory, named once.
+pub fn names_in(dir: &std::path::Path, files: &[PathBuf]) -> String {
+    let names: Vec<String> = files
+        .iter()
+        .map(|f| {
+            f.file_name()
+                .map(|n| n.to_string_lossy().to_string())
+                .unwrap_or_default()
+        })
+        .collect();
+    format!("{}/{}", dir.display(), names.join(", "))
 }
 
 /// One line per source: its registration to the catalogue, or why it has none.

@@ -1,0 +1,306 @@
+//! docs/guide/workflows.md, "A Robbins catalogue and a GeoTIFF mosaic, into QGIS": its
+//! commands run as written on two generated Mars mosaics of the same ground (GeoTIFFs made
+//! with GDAL's `gdal_translate`), a Robbins-format catalogue in 0-360 longitudes with one
+//! crater listed twice, and a second observation's detections in -180..180. The layers are
+//! checked with `ogrinfo`, and in QGIS where its Python bindings are installed.
+#![cfg(feature = "gdal")]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const MARS_RADIUS_M: f64 = 3_396_190.0;
+const PIXEL_M: f64 = 100.0;
+const SIZE: u32 = 640;
+/// The mosaics' top-left corner: they straddle the 0/360 seam.
+const LON0: f64 = -0.5;
+const LAT0: f64 = 1.0;
+
+/// The craters of the ground: pixel centre and diameter.
+const CRATERS: [(f64, f64, f64); 12] = [
+    (80.0, 90.0, 34.0),
+    (250.0, 70.0, 22.0),
+    (430.0, 110.0, 40.0),
+    (560.0, 80.0, 18.0),
+    (110.0, 260.0, 26.0),
+    (300.0, 240.0, 46.0),
+    (520.0, 280.0, 30.0),
+    (70.0, 450.0, 20.0),
+    (240.0, 430.0, 36.0),
+    (420.0, 470.0, 24.0),
+    (560.0, 520.0, 42.0),
+    (300.0, 580.0, 28.0),
+];
+
+/// Craters only the second observation shows (young ones).
+const YOUNG: [(f64, f64, f64); 2] = [(180.0, 160.0, 26.0), (380.0, 340.0, 30.0)];
+
+fn lat_lon(x: f64, y: f64) -> (f64, f64) {
+    let deg = |m: f64| (m / MARS_RADIUS_M).to_degrees();
+    (
+        LAT0 - deg((y + 0.5) * PIXEL_M),
+        LON0 + deg((x + 0.5) * PIXEL_M),
+    )
+}
+
+fn km(d_px: f64) -> f64 {
+    d_px * PIXEL_M / 1000.0
+}
+
+/// A mosaic lit from the west: each crater a bowl (its west wall in shadow, its east wall
+/// lit) with a raised rim, on rolling terrain; `seed` varies the terrain's grain and the
+/// exposure as a second observation's would.
+fn write_mosaic(dir: &Path, name: &str, craters: &[(f64, f64, f64)], seed: u32) -> PathBuf {
+    let (gain, offset) = if seed == 0 { (1.0, 0.0) } else { (0.85, 12.0) };
+    let img = image::GrayImage::from_fn(SIZE, SIZE, |x, y| {
+        let (fx, fy) = (x as f64, y as f64);
+        let grain = ((fx * 0.37 + seed as f64).sin() * (fy * 0.29).cos()) * 6.0;
+        let mut v = 128.0 + 18.0 * ((fx * 0.031).sin() + (fy * 0.023).cos()) + grain;
+        for &(cx, cy, d) in craters {
+            let r = d / 2.0;
+            let (dx, dy) = (fx - cx, fy - cy);
+            let rho = (dx * dx + dy * dy).sqrt() / r;
+            if rho < 1.0 {
+                v += 70.0 * (dx / r) - 15.0 * (1.0 - rho * rho);
+            } else if rho < 1.3 {
+                v += 35.0 * (1.0 - (rho - 1.15).abs() / 0.15) * (dx / (rho * r)).max(-0.3);
+            }
+        }
+        image::Luma([(v * gain + offset).clamp(0.0, 255.0) as u8])
+    });
+    let png = dir.join(format!("{name}.png"));
+    img.save(&png).unwrap();
+    let tif = dir.join(format!("{name}.tif"));
+    let (ulx, uly) = (
+        MARS_RADIUS_M * LON0.to_radians(),
+        MARS_RADIUS_M * LAT0.to_radians(),
+    );
+    let (lrx, lry) = (ulx + SIZE as f64 * PIXEL_M, uly - SIZE as f64 * PIXEL_M);
+    let srs = format!(
+        "+proj=eqc +lat_ts=0 +lat_0=0 +lon_0=0 +x_0=0 +y_0=0 +R={MARS_RADIUS_M} +units=m +no_defs"
+    );
+    let out = Command::new("gdal_translate")
+        .args(["-q", "-of", "GTiff", "-a_srs", &srs, "-a_ullr"])
+        .args([ulx, uly, lrx, lry].map(|v| v.to_string()))
+        .arg(&png)
+        .arg(&tif)
+        .output()
+        .expect("gdal_translate (Debian's gdal-bin) is needed to write the test's GeoTIFFs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_file(png).unwrap();
+    tif
+}
+
+/// The `sh` block under the section's heading in docs/guide/workflows.md.
+fn documented_commands() -> Vec<String> {
+    let doc = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/guide/workflows.md"),
+    )
+    .unwrap();
+    let section = doc
+        .split("## A Robbins catalogue and a GeoTIFF mosaic, into QGIS")
+        .nth(1)
+        .expect("the section is in docs/guide/workflows.md");
+    let block = section.split("```sh\n").nth(1).unwrap();
+    block
+        .split("```")
+        .next()
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+        .map(str::to_string)
+        .collect()
+}
+
+fn model_is_fetched() -> bool {
+    let home = std::env::var_os("CRATERDEX_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/craterdex")
+        });
+    home.join("models/dinov2-vits14-imgfocus/config.json")
+        .exists()
+}
+
+fn ogrinfo(path: &Path, layer: &str) -> String {
+    let out = Command::new("ogrinfo")
+        .args(["-so", "-ro"])
+        .arg(path)
+        .arg(layer)
+        .output()
+        .expect("ogrinfo (gdal-bin)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+fn feature_count(info: &str) -> usize {
+    info.lines()
+        .find_map(|l| l.strip_prefix("Feature Count: "))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+fn csv_column(path: &Path, column: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let at = header.iter().position(|h| *h == column).unwrap();
+    lines
+        .map(|l| l.split(',').nth(at).unwrap_or("").to_string())
+        .collect()
+}
+
+#[test]
+fn the_documented_robbins_and_geotiff_workflow_reaches_qgis() {
+    if !model_is_fetched() {
+        craterdex_testkit::skip(
+            "the_documented_robbins_and_geotiff_workflow_reaches_qgis",
+            "the documented commands use the default model: run `craterdex model fetch` first",
+        );
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_mosaic(dir, "first", &CRATERS, 0);
+    let second: Vec<_> = CRATERS[..10].iter().chain(&YOUNG).copied().collect();
+    write_mosaic(dir, "second", &second, 1);
+
+    // the catalogue as published: Robbins columns, 0-360 longitudes, crater 5 listed twice
+    let mut robbins = String::from("CRATER_ID,LAT_CIRC_IMG,LON_CIRC_IMG,DIAM_CIRC_IMG\n");
+    for (i, &(x, y, d)) in CRATERS.iter().enumerate() {
+        let (lat, lon) = lat_lon(x, y);
+        robbins.push_str(&format!(
+            "02-0-{i:06},{lat:.6},{:.6},{:.3}\n",
+            lon.rem_euclid(360.0),
+            km(d)
+        ));
+    }
+    let (x5, y5, d5) = CRATERS[5];
+    let (lat, lon) = lat_lon(x5 + 2.0, y5 - 1.0);
+    robbins.push_str(&format!(
+        "02-0-000099,{lat:.6},{:.6},{:.3}\n",
+        lon.rem_euclid(360.0),
+        km(d5 * 1.03)
+    ));
+    std::fs::write(dir.join("robbins.csv"), robbins).unwrap();
+    // a detector's list on the second observation: -180..180, common column names
+    let mut detections = String::from("id,lat,lon,diameter_km\n");
+    for (i, &(x, y, d)) in second.iter().enumerate() {
+        let (lat, lon) = lat_lon(x + 1.0, y);
+        detections.push_str(&format!("det{i},{lat:.6},{lon:.6},{:.3}\n", km(d * 0.97)));
+    }
+    std::fs::write(dir.join("second.csv"), detections).unwrap();
+
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_craterdex"));
+    let path = format!(
+        "{}:{}",
+        bin.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let commands = documented_commands();
+    assert_eq!(commands.len(), 5, "{commands:?}");
+    for command in &commands {
+        let out = Command::new("sh")
+            .args(["-c", command])
+            .current_dir(dir)
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{command}\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    // each detection's two crops (2x and 3x its diameter) decided: the craters both
+    // observations show matched to their catalogue entry across the 0/360 seam; the young
+    // ones new, added, and their second crop then matched to the first
+    let links = dir.join("links/links.csv");
+    let (crater, decision, best, inserted) = (
+        csv_column(&links, "query_crater_id"),
+        csv_column(&links, "decision"),
+        csv_column(&links, "best_crater_id"),
+        csv_column(&links, "inserted"),
+    );
+    assert_eq!(decision.len(), 2 * second.len());
+    for i in 0..crater.len() {
+        let det: usize = crater[i].trim_start_matches("second-det").parse().unwrap();
+        let row = (decision[i].as_str(), best[i].as_str());
+        if det < 10 {
+            assert_eq!(
+                row,
+                ("match", format!("first-02-0-{det:06}").as_str()),
+                "row {i}"
+            );
+        } else if inserted[i] == "true" {
+            assert_eq!(row.0, "new", "row {i}");
+        } else {
+            assert_eq!(row, ("match", crater[i].as_str()), "row {i}");
+        }
+    }
+    assert_eq!(inserted.iter().filter(|v| *v == "true").count(), 2);
+    // the crater the catalogue lists twice is one group of the merged catalogue
+    let (group, member) = (
+        csv_column(&dir.join("dedup/groups.csv"), "group"),
+        csv_column(&dir.join("dedup/groups.csv"), "crater_id"),
+    );
+    let group_of = |c: &str| group[member.iter().position(|m| m == c).unwrap()].clone();
+    assert_eq!(group_of("first-02-0-000005"), group_of("first-02-0-000099"));
+
+    // the layers, as GDAL (and so QGIS) reads them: Mars's IAU 2015 code, every feature
+    for (package, layers) in [
+        ("links/links.gpkg", ["links", "links_rims"]),
+        ("dedup/merged.gpkg", ["merged", "merged_rims"]),
+    ] {
+        for layer in layers {
+            let info = ogrinfo(&dir.join(package), layer);
+            assert!(info.contains("Mars"), "{info}");
+            assert!(info.contains("49900"), "{info}");
+            let geojson = dir.join(package).with_file_name(format!("{layer}.geojson"));
+            let doc: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(geojson).unwrap()).unwrap();
+            assert_eq!(
+                feature_count(&info),
+                doc["features"].as_array().unwrap().len()
+            );
+            assert!(feature_count(&info) > 0);
+        }
+    }
+
+    let qgis = Command::new("/usr/bin/python3")
+        .args(["-c", "import qgis.core"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !qgis {
+        craterdex_testkit::skip(
+            "the_documented_robbins_and_geotiff_workflow_reaches_qgis (QGIS part)",
+            "QGIS's Python bindings (python3-qgis) are not installed",
+        );
+        return;
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/qgis_check.py");
+    let out = Command::new("/usr/bin/python3")
+        .arg(script)
+        .args(["--body", "Mars", "--radius-m", "3396190"])
+        .arg(dir.join("links"))
+        .arg(dir.join("dedup"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
