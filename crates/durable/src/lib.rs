@@ -196,7 +196,7 @@ fn exchange(_: &Path, _: &Path) -> std::io::Result<()> {
 pub fn failpoint(name: &str) {
     #[cfg(feature = "failpoints")]
     if std::env::var("CRATERDEX_FAILPOINT").is_ok_and(|v| v == name) {
-        eprintln!("failpoint {name}: aborting");
+        tracing::error!("failpoint {name}: aborting");
         std::process::abort();
     }
     #[cfg(not(feature = "failpoints"))]

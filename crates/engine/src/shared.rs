@@ -165,7 +165,7 @@ impl SharedEngine {
                 Ok(wake) => *merger = Merger::Running(wake, policy.clone()),
                 Err(e) => {
                     // writes still work; segments are merged by the next explicit merge
-                    eprintln!("craterdex: no background merging (could not start its thread: {e})");
+                    tracing::warn!("no background merging (could not start its thread: {e})");
                     *merger = Merger::Off;
                 }
             }
@@ -193,7 +193,17 @@ impl SharedEngine {
                     };
                     let outcome = inner.merge(&policy, false).err().map(|e| e.to_string());
                     if let Some(e) = &outcome {
-                        eprintln!("craterdex: background merge failed: {e}");
+                        let dir = inner
+                            .current
+                            .read()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .index()
+                            .dir()
+                            .map(|d| d.display().to_string());
+                        tracing::error!(
+                            index = dir.unwrap_or_default(),
+                            "background merge failed: {e}"
+                        );
                     }
                     *inner.merge_error.lock().unwrap_or_else(|e| e.into_inner()) = outcome;
                 }

@@ -732,7 +732,7 @@ pub fn run(
                 vec![s],
                 &mut out,
             ) {
-                eprintln!("skipping {id}: {e}");
+                tracing::warn!("regime {id} skipped: {e}");
             }
         }
         if o.default_recipe {

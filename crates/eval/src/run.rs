@@ -239,7 +239,28 @@ pub struct OutputPaths<'a> {
     pub report: Option<&'a Path>,
 }
 
-/// Writes the table, JSON, per-query CSV and HTML report of an evaluation, each headed by
+/// The result tables of an evaluation as the command line prints them: each run's protocol,
+/// then its regimes; the turned comparison and the paper's run follow where there are.
+pub fn tables(
+    out: &EvalOutcome,
+    turned_run: Option<&TurnedOutcome>,
+    paper: Option<&EvalOutcome>,
+) -> String {
+    let mut text = format!("{}\n{}", out.protocol, regimes::table(&out.results));
+    if let Some(t) = turned_run {
+        text.push_str(&format!("\n\n{}", turned::table(&t.comparison)));
+    }
+    if let Some(p) = paper {
+        text.push_str(&format!(
+            "\n\n{}\n{}",
+            p.protocol,
+            regimes::table(&p.results)
+        ));
+    }
+    text
+}
+
+/// Writes the JSON, per-query CSV and HTML report of an evaluation, each headed by
 /// the protocol it ran under. `paper` is a second run of the paper's regimes under the
 /// paper's protocol (the demo's): its table follows, the JSON holds it under `paper`, its
 /// per-query rows go to a file of their own (`..._paper.csv`) and the report checks the
@@ -252,13 +273,6 @@ pub fn write_outputs(
     title: &str,
     run_info: serde_json::Value,
 ) -> Result<()> {
-    println!("{}\n{}", out.protocol, regimes::table(&out.results));
-    if let Some(t) = turned_run {
-        println!("\n{}", turned::table(&t.comparison));
-    }
-    if let Some(p) = paper {
-        println!("\n{}\n{}", p.protocol, regimes::table(&p.results));
-    }
     if let Some(j) = paths.json {
         let mut v = regimes::to_json(&out.results, run_info.clone());
         v["protocol"] = serde_json::to_value(&out.protocol)?;
@@ -276,7 +290,7 @@ pub fn write_outputs(
             v["turned_paired"] = serde_json::to_value(&t.comparison)?;
         }
         craterdex_durable::write_atomic(j, &serde_json::to_vec_pretty(&v)?)?;
-        eprintln!("wrote {}", j.display());
+        tracing::info!("wrote {}", j.display());
     }
     if let Some(p) = paths.per_query {
         let mut csv = per_query_csv(out);
@@ -289,11 +303,11 @@ pub fn write_outputs(
             ));
         }
         craterdex_durable::write_atomic(p, csv.as_bytes())?;
-        eprintln!("wrote {}", p.display());
+        tracing::info!("wrote {}", p.display());
         if let Some(paper) = paper {
             let path = paper_sibling(p);
             craterdex_durable::write_atomic(&path, per_query_csv(paper).as_bytes())?;
-            eprintln!("wrote {}", path.display());
+            tracing::info!("wrote {}", path.display());
         }
     }
     if let Some(r) = paths.report {
@@ -353,7 +367,7 @@ pub fn write_outputs(
             after,
         );
         craterdex_durable::write_atomic(r, html.as_bytes())?;
-        eprintln!("wrote {}", r.display());
+        tracing::info!("wrote {}", r.display());
     }
     Ok(())
 }

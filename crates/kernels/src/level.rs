@@ -102,7 +102,7 @@ fn detect() -> Level {
 
 /// The level kernels run at: [`detected`], capped by `CRATERDEX_KERNEL=portable|avx2|avx512|amx`
 /// (and, for older scripts, `CRATERDEX_NO_AMX=1`, which caps at avx512). Asking for more than
-/// the CPU has runs at what it has, with one warning on stderr.
+/// the CPU has runs at what it has, with one warning (a `tracing` event).
 pub fn active() -> Level {
     static ACTIVE: OnceLock<Level> = OnceLock::new();
     *ACTIVE.get_or_init(|| {
@@ -115,13 +115,13 @@ pub fn active() -> Level {
             match v.to_string_lossy().parse::<Level>() {
                 Ok(l) => {
                     if l > detected {
-                        eprintln!(
-                            "warning: {ENV}={l} but this CPU supports at most {detected}; running at {detected}"
+                        tracing::warn!(
+                            "{ENV}={l} but this CPU supports at most {detected}; running at {detected}"
                         );
                     }
                     cap = cap.min(l);
                 }
-                Err(e) => eprintln!("warning: {ENV}: {e}; ignored"),
+                Err(e) => tracing::warn!("{ENV}: {e}; ignored"),
             }
         }
         detected.min(cap)

@@ -25,6 +25,9 @@ use pyo3::prelude::*;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // the libraries' events go to Python's logging (loggers named after their crates:
+    // craterdex_engine.shared, craterdex_kernels.level, ...)
+    pyo3_log::init();
     m.add_class::<model::PyModel>()?;
     m.add_class::<index::PyIndex>()?;
     m.add_class::<jobs::PyQueryEncoder>()?;

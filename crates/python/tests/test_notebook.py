@@ -75,3 +75,14 @@ def test_a_closed_index_lets_go_of_its_files_and_refuses_calls(tiny, crops, tmp_
     if linux:
         gc.collect()
         assert str(path) not in open(maps).read()
+
+
+def test_the_engines_own_events_reach_pythons_logging():
+    import subprocess
+    import sys
+    code = ("import logging; logging.basicConfig(format='%(levelname)s %(name)s %(message)s'); "
+            "import craterdex; craterdex.cpu()")
+    env = dict(os.environ, CRATERDEX_KERNEL="bogus")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "WARNING craterdex_kernels.level CRATERDEX_KERNEL: unknown kernel level \"bogus\"" in r.stderr, r.stderr

@@ -17,6 +17,7 @@
 //! them), `upload` (multipart forms and images), `features` (feature bodies), `auth` (keys
 //! and ids), `error` (failures and their statuses).
 
+mod access;
 mod api;
 mod auth;
 pub mod connections;
@@ -346,13 +347,13 @@ pub fn serve_blocking(addr: &str, config: Config, load: Loader) -> Result<(), Er
             let room = open_files.saturating_sub(FILES_BESIDE_CONNECTIONS) as usize;
             config.max_connections = config.max_connections.min(room.max(1));
         }
-        eprintln!(
+        tracing::info!(
             "craterdex serve: http://{local}/ (API under /v1, document at /v1/openapi.json); loading {}",
             config.index_dir.display()
         );
         let service = Service::new(config);
         run(listener, service, load, shutdown_signal()).await?;
-        eprintln!("craterdex serve: stopped");
+        tracing::info!("craterdex serve: stopped");
         Ok(())
     })
 }

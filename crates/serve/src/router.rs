@@ -77,6 +77,8 @@ pub fn router(svc: Svc) -> Router {
             svc.clone(),
             crate::guard::guard,
         ))
+        // outermost: every request is logged, those the guard refuses included
+        .layer(axum::middleware::from_fn(crate::access::log))
         .with_state(svc)
 }
 

@@ -220,6 +220,10 @@ pub fn run(c: DemoCmd) -> Result<()> {
         "workflows (link/results.json, review page link/review.html)": workflow_summary(&link),
     });
     let per_query = c.out.join("per_query.csv");
+    println!(
+        "{}",
+        craterdex_eval::run::tables(&out, None, paper.as_ref())
+    );
     craterdex_eval::run::write_outputs(
         &out,
         None,

@@ -156,6 +156,7 @@ pub fn run(mut c: EvalCmd) -> Result<()> {
         "recheck": c.recheck,
         "model": extractor.fingerprint(),
     });
+    println!("{}", run::tables(&out, turned_run.as_ref(), None));
     run::write_outputs(
         &out,
         turned_run.as_ref(),

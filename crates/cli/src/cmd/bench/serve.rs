@@ -65,7 +65,9 @@ impl Server {
             .port();
         let exe = std::env::current_exe().context("cannot find the craterdex binary")?;
         let mut cmd = Command::new(exe);
-        cmd.arg("serve")
+        // --quiet: the access log of thousands of requests would bury the bench's table
+        cmd.arg("--quiet")
+            .arg("serve")
             .arg("--index")
             .arg(&b.index)
             .arg("--addr")
