@@ -581,10 +581,13 @@ fn thumb(path: &std::path::Path, frame: &str, caption: &str) -> String {
     )
 }
 
+/// Text for HTML content and double-quoted attribute values alike (ids and paths may hold
+/// quotes; the page quotes every attribute with `"`).
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }
 
 /// The runs a report shows: one, under the protocol it ran, and where there is one the
@@ -942,5 +945,55 @@ mod tests {
             "{html}"
         );
         assert!(!html.contains("src=\"http"), "no external assets");
+    }
+
+    #[test]
+    fn ids_with_quotes_and_brackets_stay_text_in_the_page() {
+        let hostile = "q\"><script>alert('x')</script>&";
+        let mut cls = r("cls", None, 0.4);
+        let mut two = r("two_stage_s100_k32", Some(32), 0.5);
+        cls.top = vec![vec![0]];
+        two.top = vec![vec![0]];
+        let res = vec![cls, two];
+        let protocol = ProtocolInfo {
+            name: "shipped".into(),
+            blocks: 8,
+            depth: 12,
+            brightness: craterdex_engine::Brightness::Standardised,
+            precision: craterdex_engine::Precision::F32,
+            model: "m".into(),
+        };
+        let runs = Runs {
+            protocol: &protocol,
+            results: &res,
+            paper: None,
+        };
+        let (paths, ids, craters) = (
+            vec![PathBuf::from("/nonexistent/q.png")],
+            vec![hostile.to_string()],
+            vec![format!("crater {hostile}")],
+        );
+        let relevance = vec![BTreeSet::from([craters[0].clone()])];
+        let ex = Examples {
+            query_paths: &paths,
+            query_ids: &ids,
+            gallery_paths: &paths,
+            gallery_craters: &craters,
+            relevance: &relevance,
+            show: vec![0],
+        };
+        let (a, b) = (
+            "cls".parse().unwrap(),
+            "two_stage_s100_k32".parse().unwrap(),
+        );
+        let html = render(hostile, hostile, &runs, None, Some(&ex), a, b);
+        assert!(!html.contains("<script>"), "{html}");
+        // every attribute the ids went into is closed where it should be
+        for alt in html.split("alt=\"").skip(1) {
+            let value = alt.split('"').next().unwrap();
+            assert!(value.contains("&quot;&gt;&lt;script&gt;"), "{value}");
+        }
+        // the query, and its first hit before and after reranking
+        assert_eq!(html.matches("alt=\"").count(), 3);
     }
 }

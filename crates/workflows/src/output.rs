@@ -477,6 +477,7 @@ fn data_uri(path: Option<&str>) -> Option<String> {
     ))
 }
 
+/// Text for HTML content and double-quoted attribute values alike.
 fn escape(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
