@@ -807,6 +807,17 @@ mod tests {
     use super::*;
     use crate::metrics::Summary;
 
+    fn paper_protocol() -> ProtocolInfo {
+        ProtocolInfo {
+            name: "paper".into(),
+            blocks: 12,
+            depth: 12,
+            brightness: craterdex_engine::Brightness::AsIs,
+            precision: craterdex_engine::Precision::F32,
+            model: "m".into(),
+        }
+    }
+
     fn r(name: &str, k: Option<usize>, map: f64) -> RegimeResult {
         RegimeResult {
             id: name.parse().unwrap(),
@@ -874,14 +885,7 @@ mod tests {
             "cls".parse().unwrap(),
             "two_stage_s100_k32".parse().unwrap(),
         );
-        let protocol = ProtocolInfo {
-            name: "paper".into(),
-            blocks: 12,
-            depth: 12,
-            brightness: craterdex_engine::Brightness::AsIs,
-            precision: craterdex_engine::Precision::F32,
-            model: "m".into(),
-        };
+        let protocol = paper_protocol();
         let runs = Runs {
             protocol: &protocol,
             results: &res,
@@ -955,14 +959,7 @@ mod tests {
         cls.top = vec![vec![0]];
         two.top = vec![vec![0]];
         let res = vec![cls, two];
-        let protocol = ProtocolInfo {
-            name: "shipped".into(),
-            blocks: 8,
-            depth: 12,
-            brightness: craterdex_engine::Brightness::Standardised,
-            precision: craterdex_engine::Precision::F32,
-            model: "m".into(),
-        };
+        let protocol = paper_protocol();
         let runs = Runs {
             protocol: &protocol,
             results: &res,

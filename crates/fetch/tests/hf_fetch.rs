@@ -196,17 +196,40 @@ fn check_imported(dir: &std::path::Path, cfg: &craterdex_model::config::ModelCon
     assert_eq!((out[0].cls.len(), out[0].attention.len()), (16, 16));
 }
 
+/// Fetches `repo` from `endpoint` into a fresh cache and models directory (kept while the
+/// first value lives).
+fn fetch(
+    repo: &str,
+    endpoint: &str,
+) -> (
+    (tempfile::TempDir, tempfile::TempDir),
+    craterdex_fetch::Result<(std::path::PathBuf, craterdex_model::config::ModelConfig)>,
+) {
+    let (cache, models) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let fetched = craterdex_fetch::fetch_hf(
+        &source(repo, endpoint, cache.path()),
+        models.path(),
+        &mut (),
+    );
+    ((cache, models), fetched)
+}
+
+/// A repository of `config.json` and one `model.safetensors` holding `weights`.
+fn single_file_repo(repo: &str, weights: &[u8]) -> Vec<(String, Vec<u8>)> {
+    vec![
+        (format!("/{repo}/resolve/main/config.json"), CONFIG.to_vec()),
+        (
+            format!("/{repo}/resolve/main/model.safetensors"),
+            weights.to_vec(),
+        ),
+    ]
+}
+
 #[test]
 fn downloads_and_imports_a_hub_checkpoint_from_a_loopback_server() {
     let repo = "facebook/dinov2-tiny-test";
     let weights = tiny_dinov2_checkpoint();
-    let files = vec![
-        (format!("/{repo}/resolve/main/config.json"), CONFIG.to_vec()),
-        (
-            format!("/{repo}/resolve/main/model.safetensors"),
-            weights.clone(),
-        ),
-    ];
+    let files = single_file_repo(repo, &weights);
     let (endpoint, server) = serve(files, 4, Faults::default());
     let (cache, models) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let mut progress = Counted::default();
@@ -253,25 +276,14 @@ fn downloads_and_imports_a_hub_checkpoint_from_a_loopback_server() {
 fn an_interrupted_download_resumes_where_it_stopped() {
     let repo = "facebook/dinov2-tiny-test";
     let weights = tiny_dinov2_checkpoint();
-    let files = vec![
-        (format!("/{repo}/resolve/main/config.json"), CONFIG.to_vec()),
-        (
-            format!("/{repo}/resolve/main/model.safetensors"),
-            weights.clone(),
-        ),
-    ];
+    let files = single_file_repo(repo, &weights);
     let faults = Faults {
         cut_first_transfer: true,
         ..Faults::default()
     };
     let (endpoint, server) = serve(files, 5, faults);
-    let (cache, models) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (dir, cfg) = craterdex_fetch::fetch_hf(
-        &source(repo, &endpoint, cache.path()),
-        models.path(),
-        &mut (),
-    )
-    .unwrap();
+    let (_dirs, fetched) = fetch(repo, &endpoint);
+    let (dir, cfg) = fetched.unwrap();
     let seen = server.join().unwrap();
     assert_eq!(
         seen.last().unwrap(),
@@ -287,13 +299,7 @@ fn an_interrupted_download_resumes_where_it_stopped() {
 #[test]
 fn a_download_that_does_not_match_its_checksum_is_refused_and_removed() {
     let repo = "facebook/dinov2-tiny-test";
-    let files = vec![
-        (format!("/{repo}/resolve/main/config.json"), CONFIG.to_vec()),
-        (
-            format!("/{repo}/resolve/main/model.safetensors"),
-            tiny_dinov2_checkpoint(),
-        ),
-    ];
+    let files = single_file_repo(repo, &tiny_dinov2_checkpoint());
     let faults = Faults {
         wrong_checksum: true,
         ..Faults::default()
@@ -354,13 +360,8 @@ fn a_sharded_checkpoint_is_fetched_shard_by_shard() {
     ];
     // config (2), model.safetensors (404), the index (2), two shards (2 each)
     let (endpoint, server) = serve(files, 9, Faults::default());
-    let (cache, models) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (dir, cfg) = craterdex_fetch::fetch_hf(
-        &source(repo, &endpoint, cache.path()),
-        models.path(),
-        &mut (),
-    )
-    .unwrap();
+    let (_dirs, fetched) = fetch(repo, &endpoint);
+    let (dir, cfg) = fetched.unwrap();
     let seen = server.join().unwrap();
     assert!(seen.contains(&format!("/{repo}/resolve/main/model.safetensors 0-0")));
     assert!(seen.contains(&format!("/{repo}/resolve/main/{} 0-", names[1])));

