@@ -137,6 +137,9 @@ struct Series {
 }
 
 /// A line chart with a log2 or log10 x axis.
+/// The least distance between two x-axis labels, in pixels.
+const TICK_GAP_PX: f64 = 36.0;
+
 fn svg_plot(title: &str, xlabel: &str, series: &[Series], log_base: f64) -> String {
     let (w, h, ml, mr, mt, mb) = (640.0, 360.0, 56.0, 170.0, 30.0, 44.0);
     let pts: Vec<(f64, f64)> = series
@@ -183,7 +186,8 @@ fn svg_plot(title: &str, xlabel: &str, series: &[Series], log_base: f64) -> Stri
     }
     let mut ticks: Vec<f64> = pts.iter().map(|p| p.0).collect();
     ticks.sort_by(f64::total_cmp);
-    ticks.dedup_by(|a, b| (lx(*a) - lx(*b)).abs() < 0.15 * (xmax - xmin) / 4.0);
+    // a label is about 30 px wide at this size: keep ticks that far apart on the page
+    ticks.dedup_by(|later, kept| sx(*later) - sx(*kept) < TICK_GAP_PX);
     for t in ticks {
         let _ = write!(
             s,
@@ -683,6 +687,7 @@ fn regimes_table(results: &[RegimeResult]) -> String {
 pub fn render(
     title: &str,
     intro: &str,
+    run: &[(String, String)],
     runs: &Runs,
     turned: Option<&Turned>,
     ex: Option<&Examples>,
@@ -698,10 +703,17 @@ body{{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}} table
 td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}} td:first-child,th:first-child{{text-align:left}}
 figure{{display:inline-block;margin:2px;text-align:center}} figure img{{width:96px;height:96px;image-rendering:pixelated;display:block}}
 figcaption{{font-size:10px;max-width:96px;overflow:hidden}} .row{{margin:6px 0}} .lbl{{display:inline-block;width:90px;font-size:12px;vertical-align:top}}
-.ok{{color:#1a7f37}} .no{{color:#c62828}}</style></head><body><h1>{t}</h1><p>{intro}</p>"#,
+.ok{{color:#1a7f37}} .no{{color:#c62828}} table.run{{margin-bottom:1em}} table.run th,table.run td{{text-align:left;font-weight:normal}} table.run th{{color:#555}}</style></head><body><h1>{t}</h1><p>{intro}</p>"#,
         t = esc(title),
         intro = esc(intro)
     );
+    if !run.is_empty() {
+        h.push_str(r#"<table class="run">"#);
+        for (key, value) in run {
+            let _ = write!(h, "<tr><th>{}</th><td>{}</td></tr>", esc(key), esc(value));
+        }
+        h.push_str("</table>");
+    }
     h.push_str(&protocol_table(runs));
     let (protocol, checked) = runs.for_findings();
     h.push_str(&findings_heading(protocol));
@@ -891,7 +903,7 @@ mod tests {
             results: &res,
             paper: None,
         };
-        let html = render("t", "i", &runs, None, None, cls, two_stage);
+        let html = render("t", "i", &[], &runs, None, None, cls, two_stage);
         assert!(html.contains("<svg") && html.contains("does not hold"));
         assert!(html.contains("checked under the paper's protocol"));
         // beside a shipped run, the findings are the paper run's, and the page says which
@@ -921,7 +933,7 @@ mod tests {
             results: &holding,
             paper: Some((&protocol, &res)),
         };
-        let html = render("t", "i", &both, None, None, cls, two_stage);
+        let html = render("t", "i", &[], &both, None, None, cls, two_stage);
         assert!(
             html.contains("checked under the paper's protocol"),
             "{html}"
@@ -943,7 +955,7 @@ mod tests {
             results: &holding,
             paper: None,
         };
-        let html = render("t", "i", &alone, None, None, cls, two_stage);
+        let html = render("t", "i", &[], &alone, None, None, cls, two_stage);
         assert!(
             html.contains("<b>Not the paper's protocol</b> (8 of 12 blocks"),
             "{html}"
@@ -983,7 +995,8 @@ mod tests {
             "cls".parse().unwrap(),
             "two_stage_s100_k32".parse().unwrap(),
         );
-        let html = render(hostile, hostile, &runs, None, Some(&ex), a, b);
+        let run = [(hostile.to_string(), hostile.to_string())];
+        let html = render(hostile, hostile, &run, &runs, None, Some(&ex), a, b);
         assert!(!html.contains("<script>"), "{html}");
         // every attribute the ids went into is closed where it should be
         for alt in html.split("alt=\"").skip(1) {
@@ -992,5 +1005,34 @@ mod tests {
         }
         // the query, and its first hit before and after reranking
         assert_eq!(html.matches("alt=\"").count(), 3);
+    }
+
+    #[test]
+    fn axis_labels_keep_their_distance() {
+        // query latencies a few hundredths of a millisecond apart on a wide log axis
+        let series = [Series {
+            label: "a".into(),
+            colour: "#000",
+            dashed: false,
+            points: vec![
+                (0.54, 0.5),
+                (0.58, 0.55),
+                (0.72, 0.6),
+                (3.0, 0.7),
+                (40.0, 0.8),
+            ],
+            names: Vec::new(),
+        }];
+        let svg = svg_plot("t", "ms", &series, 10.0);
+        let xs: Vec<f64> = svg
+            .split(r#"<text x=""#)
+            .skip(1)
+            .filter(|t| {
+                t.contains(r#"text-anchor="middle">"#) && !t.contains("mAP") && !t.contains(">ms<")
+            })
+            .map(|t| t.split('"').next().unwrap().parse().unwrap())
+            .collect();
+        assert!(xs.len() >= 3, "{svg}");
+        assert!(xs.windows(2).all(|w| w[1] - w[0] >= TICK_GAP_PX), "{xs:?}");
     }
 }

@@ -347,11 +347,11 @@ pub fn write_outputs(
             show,
         };
         let intro = format!(
-            "{} gallery and {} query images. {}",
+            "{} gallery and {} query images.",
             out.gallery.len(),
-            out.queries.len(),
-            describe_run(&run_info)
+            out.queries.len()
         );
+        let run_rows = describe_run(&run_info);
         let runs = crate::report::Runs {
             protocol: &out.protocol,
             results: &out.results,
@@ -360,6 +360,7 @@ pub fn write_outputs(
         let html = crate::report::render(
             title,
             &intro,
+            &run_rows,
             &runs,
             turned_run.map(|t| &t.comparison),
             Some(&ex),
@@ -397,8 +398,9 @@ fn paper_sibling(path: &Path) -> PathBuf {
     path.with_file_name(name)
 }
 
-/// `key: value; key: a 0.916, b 0.975` from a run description, for people to read.
-pub fn describe_run(v: &serde_json::Value) -> String {
+/// The run's settings and measures as rows of the report's run table: each top-level key
+/// (underscores read as spaces) and its value; an object's members on one row.
+pub fn describe_run(v: &serde_json::Value) -> Vec<(String, String)> {
     fn scalar(v: &serde_json::Value) -> String {
         match v {
             serde_json::Value::Number(n) => n
@@ -419,21 +421,19 @@ pub fn describe_run(v: &serde_json::Value) -> String {
     match v.as_object() {
         Some(map) => map
             .iter()
-            .map(|(k, v)| match v.as_object() {
-                Some(inner) => format!(
-                    "{}: {}",
-                    k.replace('_', " "),
-                    inner
+            .map(|(k, v)| {
+                let value = match v.as_object() {
+                    Some(inner) => inner
                         .iter()
                         .map(|(ik, iv)| format!("{} {}", ik.replace('_', " "), scalar(iv)))
                         .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-                None => format!("{}: {}", k.replace('_', " "), scalar(v)),
+                        .join(", "),
+                    None => scalar(v),
+                };
+                (k.replace('_', " "), value)
             })
-            .collect::<Vec<_>>()
-            .join("; "),
-        None => scalar(v),
+            .collect(),
+        None => vec![("run".into(), scalar(v))],
     }
 }
 
@@ -442,11 +442,17 @@ mod tests {
     use super::describe_run;
 
     #[test]
-    fn run_descriptions_read_as_text() {
+    fn run_descriptions_are_rows_of_a_table() {
         let v = serde_json::json!({"model": "m", "quick": true, "index_x": {"R@1": 0.91596, "ms": 2.0}});
+        let rows = describe_run(&v);
+        let rows: Vec<(&str, &str)> = rows.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         assert_eq!(
-            describe_run(&v),
-            "index x: R@1 0.916, ms 2; model: m; quick: yes"
+            rows,
+            [
+                ("index x", "R@1 0.916, ms 2"),
+                ("model", "m"),
+                ("quick", "yes")
+            ]
         );
     }
 }
