@@ -51,7 +51,7 @@ pub fn install() -> Logging {
     let service = Arc::new(AtomicBool::new(false));
     let (filter, handle) = reload::Layer::new(LevelFilter::INFO);
     let lines = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
+        .with_writer(|| AboveBars(Vec::new()))
         .with_ansi(std::io::stderr().is_terminal())
         .event_format(Lines {
             service: service.clone(),
@@ -64,6 +64,25 @@ pub fn install() -> Logging {
     Logging {
         filter: installed.then_some(handle),
         service,
+    }
+}
+
+/// One event's line, written above the progress bar on screen when it is complete.
+struct AboveBars(Vec<u8>);
+
+impl std::io::Write for AboveBars {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for AboveBars {
+    fn drop(&mut self) {
+        crate::output::above_bars(&self.0);
     }
 }
 

@@ -6,6 +6,27 @@ use craterdex_engine::{Progress, QueryHits};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::sync::Mutex;
 
+/// The bar last put on screen: log lines are written above it, not through it.
+static SHOWN: Mutex<Option<ProgressBar>> = Mutex::new(None);
+
+fn shown(pb: ProgressBar) -> ProgressBar {
+    *SHOWN.lock().unwrap_or_else(|e| e.into_inner()) = Some(pb.clone());
+    pb
+}
+
+/// Writes `text` to stderr, above the bar on screen while there is one.
+pub fn above_bars(text: &[u8]) {
+    use std::io::Write;
+    let write = || {
+        let _ = std::io::stderr().write_all(text);
+    };
+    let bar = SHOWN.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    match bar.filter(|pb| !pb.is_finished() && !pb.is_hidden()) {
+        Some(pb) => pb.suspend(write),
+        None => write(),
+    }
+}
+
 /// A bar of `len` steps labelled `what`.
 pub fn bar(len: usize, what: &str) -> ProgressBar {
     let pb = ProgressBar::new(len as u64);
@@ -15,7 +36,7 @@ pub fn bar(len: usize, what: &str) -> ProgressBar {
             .progress_chars("=> "),
     );
     pb.set_message(what.to_string());
-    pb
+    shown(pb)
 }
 
 /// The engine's progress drawn as bars on stderr; notes printed above them.
@@ -82,7 +103,7 @@ impl craterdex_fetch::DownloadProgress for DownloadBar {
             .progress_chars("=> "),
         );
         pb.set_message(file.to_string());
-        self.current = Some(pb);
+        self.current = Some(shown(pb));
     }
     fn advance(&mut self, bytes: u64) {
         if let Some(pb) = &self.current {
