@@ -299,9 +299,9 @@ impl Default for RecipeOptions {
     fn default() -> Self {
         Self {
             codec: Codec::Int8,
-            k: 32,
-            seeds: SeedStrategy::Fps,
-            pooling: Pooling::Cls,
+            k: craterdex_tokens::SHIPPED_K,
+            seeds: craterdex_tokens::SHIPPED_SEEDS,
+            pooling: craterdex_tokens::SHIPPED_POOLING,
             whitening: Whitening::Pairs,
             ivf: IvfSetting::Auto,
             nprobe: None,

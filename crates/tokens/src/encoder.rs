@@ -25,6 +25,12 @@ pub struct Recipe {
     pub whiten_pairs: Option<f32>,
 }
 
+/// The shipped recipe's stage-1 vector, instance-token seeds and tokens per image: the
+/// defaults of [`Recipe`] and of the engine's `RecipeOptions` alike.
+pub const SHIPPED_POOLING: Pooling = Pooling::Cls;
+pub const SHIPPED_SEEDS: SeedStrategy = SeedStrategy::Fps;
+pub const SHIPPED_K: usize = 32;
+
 /// The blend of pair and total covariance the default recipe learns with: measured on the
 /// Mars and NAC benchmarks (scripts/pair_whitening.py; 0.5 and 0.65 within 0.002 mAP).
 pub const DEFAULT_PAIR_BLEND: f32 = 0.65;
@@ -32,10 +38,10 @@ pub const DEFAULT_PAIR_BLEND: f32 = 0.65;
 impl Default for Recipe {
     fn default() -> Self {
         Self {
-            pooling: Pooling::Cls,
+            pooling: SHIPPED_POOLING,
             aggregation: Aggregation::Instance {
-                seeds: SeedStrategy::Fps,
-                k: 32,
+                seeds: SHIPPED_SEEDS,
+                k: SHIPPED_K,
                 soft_m: 1,
             },
             whiten: true,

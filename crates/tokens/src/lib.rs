@@ -15,7 +15,10 @@ pub mod whitening;
 
 pub use aggregate::{aggregate, Aggregation, SeedStrategy};
 pub use descriptors::{pool, Pooling};
-pub use encoder::{Descriptors, Encoder, FeatureRef, Recipe, DEFAULT_PAIR_BLEND};
+pub use encoder::{
+    Descriptors, Encoder, FeatureRef, Recipe, DEFAULT_PAIR_BLEND, SHIPPED_K, SHIPPED_POOLING,
+    SHIPPED_SEEDS,
+};
 pub use error::{Error, Result};
 pub use whitening::Whitening;
 
