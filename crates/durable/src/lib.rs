@@ -196,7 +196,9 @@ fn exchange(_: &Path, _: &Path) -> std::io::Result<()> {
 pub fn failpoint(name: &str) {
     #[cfg(feature = "failpoints")]
     if std::env::var("CRATERDEX_FAILPOINT").is_ok_and(|v| v == name) {
-        tracing::error!("failpoint {name}: aborting");
+        // printed, not logged: the crash tests read this line from the killed child's
+        // stderr, where no log subscriber runs (a test-only feature; release builds lack it)
+        eprintln!("failpoint {name}: aborting");
         std::process::abort();
     }
     #[cfg(not(feature = "failpoints"))]
