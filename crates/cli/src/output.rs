@@ -117,6 +117,19 @@ impl craterdex_fetch::DownloadProgress for DownloadBar {
     }
 }
 
+/// `DIR/first, second, ...`: files written in one directory, named once.
+pub fn names_in(dir: &std::path::Path, files: &[std::path::PathBuf]) -> String {
+    let names: Vec<String> = files
+        .iter()
+        .map(|f| {
+            f.file_name()
+                .map(|n| n.to_string_lossy().to_string())
+                .unwrap_or_default()
+        })
+        .collect();
+    format!("{}/{}", dir.display(), names.join(", "))
+}
+
 /// Pretty JSON on stdout.
 pub fn print_json(value: &impl serde::Serialize) -> Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);

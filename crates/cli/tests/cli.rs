@@ -1299,7 +1299,7 @@ fn link_inserts_what_is_new_once_and_dedup_groups_exact_copies() {
             "source":"test"}"#,
     )
     .unwrap();
-    let link = |out: &str| {
+    let link = |out: &str, extra: &[&str]| {
         let mut args = vec![
             "link",
             "--index",
@@ -1312,10 +1312,11 @@ fn link_inserts_what_is_new_once_and_dedup_groups_exact_copies() {
             "--rule",
             "rule.json",
         ];
+        args.extend(extra);
         args.extend(common);
         e.ok(&args)
     };
-    let said = link("links1");
+    let said = link("links1", &[]);
     assert!(said.contains("2 entries"), "{said}");
     let rows: Vec<Vec<String>> = std::fs::read_to_string(e.root.join("links1/links.csv"))
         .unwrap()
@@ -1333,21 +1334,7 @@ fn link_inserts_what_is_new_once_and_dedup_groups_exact_copies() {
     let inserted = rows.iter().filter(|r| r[11] == "true").count() as u64;
     assert_eq!(live(), n + inserted);
     // a second run over the same entries adds nothing; its --json summary says so
-    let mut args = vec![
-        "link",
-        "--index",
-        "idx",
-        "--entries",
-        "new",
-        "--out",
-        "links2",
-        "--insert-new",
-        "--rule",
-        "rule.json",
-        "--json",
-    ];
-    args.extend(common);
-    let summary: serde_json::Value = serde_json::from_str(&e.ok(&args)).unwrap();
+    let summary: serde_json::Value = serde_json::from_str(&link("links2", &["--json"])).unwrap();
     assert_eq!(summary["entries"], 2, "{summary}");
     assert_eq!(
         summary["index"]["images_before"],

@@ -5,7 +5,7 @@
 //! Hub names them by. Single-file and sharded safetensors checkpoints are both imported.
 
 use crate::error::{Error, Result};
-use craterdex_errors::{ensure, ResultExt};
+use craterdex_errors::{ensure, IoContext, ResultExt};
 use craterdex_model::config::ModelConfig;
 use craterdex_model::store;
 use hf_hub::api::sync::{ApiBuilder, ApiError, ApiRepo};
@@ -104,14 +104,12 @@ pub fn fetch_hf(
     let config_path = hub
         .get("config.json", progress)
         .map_err(Missing::into_error)?;
-    let config = std::fs::read(&config_path)
-        .map_err(|e| Error::Download(format!("cannot read {}: {e}", config_path.display())))?;
+    let config = std::fs::read(&config_path).io("read", &config_path)?;
     let name = repo_name.replace('/', "--");
     let provenance = format!("hf:{repo_name}@{}", source.revision);
     match hub.get("model.safetensors", progress) {
         Ok(weights) => {
-            let bytes = std::fs::read(&weights)
-                .map_err(|e| Error::Download(format!("cannot read {}: {e}", weights.display())))?;
+            let bytes = std::fs::read(&weights).io("read", &weights)?;
             Ok(craterdex_model::import::import_safetensors(
                 &bytes,
                 Some(&config),
@@ -222,8 +220,7 @@ fn verify_blob(path: &Path, url: &str) -> Result<()> {
 
 /// The shard files a `model.safetensors.index.json` names, each once, in name order.
 fn shard_names(index_path: &Path) -> Result<Vec<String>> {
-    let text = std::fs::read(index_path)
-        .map_err(|e| Error::Download(format!("cannot read {}: {e}", index_path.display())))?;
+    let text = std::fs::read(index_path).io("read", index_path)?;
     let index: serde_json::Value = serde_json::from_slice(&text).map_err(|e| {
         Error::Corrupt(format!(
             "{}: not a safetensors index (JSON): {e}",

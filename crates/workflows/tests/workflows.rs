@@ -5,8 +5,10 @@ use craterdex_engine::{Engine, Silent};
 use craterdex_index::codec::{Codec, TokenCodec};
 use craterdex_index::{ImageMeta, Index};
 use craterdex_tokens::{Descriptors, Encoder, Recipe};
-use craterdex_workflows::dedup::{frames_of_index, score_groups};
-use craterdex_workflows::{calibrate, dedup, link, Decision, DedupOptions, LinkOptions, LinkRule};
+use craterdex_workflows::dedup::{frames_of_index, score_groups, DedupScore};
+use craterdex_workflows::{
+    calibrate, dedup, link, Decision, DedupGroup, DedupOptions, LinkOptions, LinkRule,
+};
 use rand::{Rng, SeedableRng};
 use std::path::Path;
 
@@ -180,13 +182,7 @@ fn insert_new_grows_the_index_in_order_and_a_second_run_adds_nothing() {
     let cat = catalogue(50, 4);
     let dir = tmp.path().join("a");
     let engine = build(&dir, &cat.entries);
-    let rule = LinkRule {
-        // confidence 0.5 at score 0.7; 0.99 from about 0.8
-        appearance_weights: [-35.0, 50.0],
-        match_confidence: 0.99,
-        new_confidence: 0.5,
-        ..LinkRule::default()
-    };
+    let rule = strict_rule();
     // 20 new craters, each seen twice (the second sighting 5 entries later, so within one
     // batch and across batches), mixed with 10 re-observations of known craters.
     let mut rng = Rng8::seed_from_u64(5);
@@ -235,6 +231,21 @@ fn insert_new_grows_the_index_in_order_and_a_second_run_adds_nothing() {
     assert_eq!(engine.index().live(), 120);
 }
 
+/// The index's dedup under [`strict_rule`], the entries' metadata and its score against
+/// their crater ids.
+fn dedup_scored(
+    engine: &Engine,
+    entries: &[(ImageMeta, Descriptors)],
+) -> (LinkRule, Vec<DedupGroup>, Vec<ImageMeta>, DedupScore) {
+    let rule = strict_rule();
+    let opts = DedupOptions::default();
+    let frames = frames_of_index(engine.index(), &rule, &opts);
+    let groups = dedup(engine, &rule, &opts, &frames, &Silent).unwrap();
+    let metas: Vec<ImageMeta> = entries.iter().map(|(m, _)| m.clone()).collect();
+    let s = score_groups(&groups, &metas);
+    (rule, groups, metas, s)
+}
+
 #[test]
 fn dedup_finds_the_views_of_each_crater_and_never_merges_one_source_image() {
     let tmp = tempfile::tempdir().unwrap();
@@ -242,18 +253,7 @@ fn dedup_finds_the_views_of_each_crater_and_never_merges_one_source_image() {
     // crater 0's two views come from one image: they must stay apart
     cat.entries[1].0.source = cat.entries[0].0.source.clone();
     let engine = build(&tmp.path().join("a"), &cat.entries);
-    let rule = LinkRule {
-        // confidence 0.5 at score 0.7; 0.99 from about 0.8
-        appearance_weights: [-35.0, 50.0],
-        match_confidence: 0.99,
-        new_confidence: 0.5,
-        ..LinkRule::default()
-    };
-    let opts = DedupOptions::default();
-    let frames = frames_of_index(engine.index(), &rule, &opts);
-    let groups = dedup(&engine, &rule, &opts, &frames, &Silent).unwrap();
-    let metas: Vec<ImageMeta> = cat.entries.iter().map(|(m, _)| m.clone()).collect();
-    let s = score_groups(&groups, &metas);
+    let (rule, groups, metas, s) = dedup_scored(&engine, &cat.entries);
     assert_eq!(s.true_groups, 150);
     assert_eq!(s.pair_precision, 1.0, "{s:?}");
     assert_eq!(s.found_exactly, 149, "{s:?}");
@@ -325,17 +325,7 @@ fn dedup_and_link_across_the_seam_and_between_longitude_conventions() {
     let mut cat = catalogue(80, 9);
     across_the_seam(&mut cat.entries, |m| m.id.ends_with('a'));
     let engine = build(&tmp.path().join("a"), &cat.entries);
-    let rule = LinkRule {
-        appearance_weights: [-35.0, 50.0],
-        match_confidence: 0.99,
-        new_confidence: 0.5,
-        ..LinkRule::default()
-    };
-    let opts = DedupOptions::default();
-    let frames = frames_of_index(engine.index(), &rule, &opts);
-    let groups = dedup(&engine, &rule, &opts, &frames, &Silent).unwrap();
-    let metas: Vec<ImageMeta> = cat.entries.iter().map(|(m, _)| m.clone()).collect();
-    let s = score_groups(&groups, &metas);
+    let (rule, _, _, s) = dedup_scored(&engine, &cat.entries);
     assert_eq!((s.true_groups, s.found_exactly), (80, 80), "{s:?}");
     assert_eq!(s.pair_precision, 1.0, "{s:?}");
 

@@ -111,6 +111,6 @@ pub fn run(c: DedupCmd) -> Result<()> {
             s.found_exactly, s.true_groups, s.pair_precision, s.pair_recall
         );
     }
-    println!("wrote {}", super::link::names_in(&c.out, &files));
+    println!("wrote {}", crate::output::names_in(&c.out, &files));
     Ok(())
 }

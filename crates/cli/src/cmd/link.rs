@@ -168,21 +168,8 @@ pub fn run(c: LinkCmd) -> Result<()> {
             engine.index().live()
         );
     }
-    println!("wrote {}", names_in(&c.out, &files));
+    println!("wrote {}", crate::output::names_in(&c.out, &files));
     Ok(())
-}
-
-/// `DIR/first, second, ...`: files written in one directory, named once.
-pub fn names_in(dir: &std::path::Path, files: &[PathBuf]) -> String {
-    let names: Vec<String> = files
-        .iter()
-        .map(|f| {
-            f.file_name()
-                .map(|n| n.to_string_lossy().to_string())
-                .unwrap_or_default()
-        })
-        .collect();
-    format!("{}/{}", dir.display(), names.join(", "))
 }
 
 /// One line per source: its registration to the catalogue, or why it has none.
