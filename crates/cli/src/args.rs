@@ -244,17 +244,21 @@ pub struct SearchOpts {
     /// docs/results.md, "Spatial verification of the best images".
     #[arg(long, default_value_t = SearchOptions::default().verify, value_name = "N")]
     pub verify: usize,
-    /// Search every query image only as given. By default (without --turns or --verify) each
-    /// query's 50 best images are verified spatially, and a query whose first hit does not
-    /// register with it (fewer than 40% of its patches as inliers: turned, mirrored, another
-    /// sun) is searched again: first turned so that its shading points toward the
-    /// catalogue's suns (it and its mirror image, 50 verified; 2 forward passes per sun),
-    /// and where it still does not register in 12 turns and, as given, under the opposite sun
-    /// (its brightness inverted), with its 200 best images verified (25 more forward passes);
-    /// a new answer is kept where its first hit registers better, with at least 30% of the
-    /// patches. Measured: docs/results.md, "Rechecked by default".
-    #[arg(long)]
+    /// Search every query image only as given, not rechecked. By default (without --turns or
+    /// --verify) a query image whose first hit does not register with it is searched again.
+    /// Measured: docs/results.md, "Rechecked by default".
+    #[arg(long, long_help = recheck_help())]
     pub no_recheck: bool,
+}
+
+/// --no-recheck's long help: the plan in its own words and numbers.
+fn recheck_help() -> String {
+    format!(
+        "Search every query image only as given, not rechecked. By default (without --turns or \
+         --verify) each query image is searched {}. Measured: docs/results.md, \"Rechecked by \
+         default\".",
+        craterdex_engine::RecheckPlan::shipped().describe()
+    )
 }
 
 impl SearchOpts {

@@ -1756,7 +1756,7 @@ fn a_turned_query_is_found_again_toward_the_catalogues_sun_first() {
     assert_eq!(first["id"].as_str(), Some("c3"), "{v}");
     let inliers = first["inliers"].as_u64().unwrap() as f32;
     assert!(
-        inliers >= craterdex_engine::RECHECK_INLIER_SHARE * (G * G) as f32,
+        inliers >= craterdex_engine::RecheckPlan::shipped().unsure_share * (G * G) as f32,
         "{inliers} inliers"
     );
 }

@@ -1,18 +1,15 @@
-//! The searches of query images that one index ([`crate::Engine`]), a set of shards on this
-//! machine ([`crate::ShardedEngine`]) and a cluster's shards ([`crate::ShardCalls`] of a
-//! router) answer alike: as the search options ask ([`search_as`]), and rechecked where a
-//! first hit does not register ([`search_rechecked`]). Each catalogue says how it searches
-//! descriptors, verifies candidates and finds its suns; the order of the searches lives here
-//! once.
+//! What a search needs of a catalogue: one index ([`crate::Engine`]), a set of shards on
+//! this machine ([`crate::ShardedEngine`]) or a cluster's shards ([`crate::ShardCalls`] of a
+//! router) each say how they search descriptors, verify candidates and find their suns; the
+//! one search ([`crate::search`]) runs the same order over any of them. Also the catalogue's
+//! suns: the sample of its images whose shading gives them.
 
-use crate::engine::{recheck_answers, sun_headings_of, QueryFeatures, QueryHits, SearchHit};
-use crate::error::Result;
+use crate::engine::sun_headings_of;
+use crate::error::{Error, Result};
 use crate::extractor::Extractor;
-use crate::options::{
-    SearchOptions, RECHECK_AGAIN_VERIFY, RECHECK_KEEP_SHARE, RECHECK_RELIT_KEEP_SHARE,
-    RECHECK_TOWARD_VERIFY, RECHECK_TURNS, RECHECK_VERIFY, RECHECK_VIEWS, SUN_SAMPLE,
-};
-use crate::progress::{go_on, Progress};
+use crate::hits::{QueryHits, SearchHit};
+use crate::options::SUN_SAMPLE;
+use crate::progress::Progress;
 use crate::views::{sun_headings, QueryViews, Suns};
 use craterdex_index::{Index, SearchParams};
 use craterdex_model::extract::FeatureSet;
@@ -43,6 +40,14 @@ pub trait Catalogue {
     ) -> Result<Vec<QueryHits>>;
     /// The headings of the catalogue's suns.
     fn suns(&self) -> Result<Suns>;
+    /// The model that reads its query images, where it has one here.
+    fn model(&self) -> Option<&Extractor> {
+        None
+    }
+    /// The stored descriptors of its image `id`.
+    fn stored(&self, id: &str) -> Result<Descriptors> {
+        Err(Error::NoSuchImage(id.to_string()))
+    }
 }
 
 /// The suns of a catalogue made of `indexes` (one, or a set's shards): the headings of the
@@ -106,196 +111,6 @@ pub fn suns_from_samples(parts: impl IntoIterator<Item = Vec<(String, Option<f32
         .filter_map(|(_, _, angle)| angle)
         .collect();
     sun_headings(&angles)
-}
-
-/// Query images `(id, path)` read by `model` and searched in `catalogue` as `options` ask
-/// ([`search_as`]).
-pub(crate) fn search_images_as(
-    catalogue: &dyn Catalogue,
-    model: &Extractor,
-    items: &[(String, PathBuf)],
-    params: &SearchParams,
-    options: &SearchOptions,
-    progress: &dyn Progress,
-) -> Result<Vec<QueryHits>> {
-    let features = |only: Option<&std::collections::HashSet<String>>, views: QueryViews| {
-        let some: Vec<(String, PathBuf)>;
-        let items = match only {
-            None => items,
-            Some(ids) => {
-                some = items
-                    .iter()
-                    .filter(|(id, _)| ids.contains(id))
-                    .cloned()
-                    .collect();
-                &some
-            }
-        };
-        match views.is_plain() {
-            // as given: through the feature cache
-            true => model
-                .extract(items, "queries", progress)
-                .map(|f| (f.ids.clone(), f)),
-            false => model.variant_features(items, views, progress),
-        }
-    };
-    search_as(catalogue, &features, params, options, progress)
-}
-
-/// Queries whose ids and features in some views `features` gives, searched in `catalogue`
-/// as `options` ask: rechecked ([`search_rechecked`]), in their views, with their best
-/// images spatially verified, or plainly; `params` are `options`' own, checked by the front
-/// end.
-pub fn search_as(
-    catalogue: &dyn Catalogue,
-    features: &QueryFeatures,
-    params: &SearchParams,
-    options: &SearchOptions,
-    progress: &dyn Progress,
-) -> Result<Vec<QueryHits>> {
-    if options.rechecks() {
-        return search_rechecked(catalogue, features, params, progress);
-    }
-    let (views, verify) = (options.views(), options.verify);
-    let (ids, features) = features(None, views)?;
-    if verify > 0 {
-        return catalogue
-            .search_variants_verified(&ids, &features, views, params, verify, progress);
-    }
-    let per_query: Vec<Vec<Descriptors>> = catalogue
-        .encode(&features)?
-        .chunks(views.count())
-        .map(<[Descriptors]>::to_vec)
-        .collect();
-    Ok(QueryHits::named(
-        &ids,
-        catalogue.search_views(&per_query, views, params)?,
-    ))
-}
-
-/// One search again of the queries a rechecked search is still unsure of
-/// ([`crate::SearchOptions::recheck`]).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Recheck {
-    /// The views of each query it searches.
-    pub views: QueryViews,
-    /// Images it verifies per query.
-    pub verify: usize,
-    /// The share of a query's patches its new first hit must gather as inliers to be kept
-    /// ([`crate::registers_better`]).
-    pub keep_share: f32,
-}
-
-/// The searches again toward a catalogue's `suns` that a rechecked search runs, in order, for
-/// the queries still unsure after each ([`crate::SearchOptions::recheck`]): turned toward them
-/// ([`QueryViews::toward`], kept at [`RECHECK_KEEP_SHARE`]), then relit toward them
-/// ([`QueryViews::relit_toward`], kept at [`RECHECK_RELIT_KEEP_SHARE`]), each verifying
-/// [`RECHECK_TOWARD_VERIFY`]; none without suns. After them, [`RECHECK_VIEWS`].
-pub fn toward_stages(suns: Suns) -> Vec<Recheck> {
-    if suns.is_empty() {
-        return Vec::new();
-    }
-    vec![
-        Recheck {
-            views: QueryViews::toward(suns),
-            verify: RECHECK_TOWARD_VERIFY,
-            keep_share: RECHECK_KEEP_SHARE,
-        },
-        Recheck {
-            views: QueryViews::relit_toward(suns),
-            verify: RECHECK_TOWARD_VERIFY,
-            keep_share: RECHECK_RELIT_KEEP_SHARE,
-        },
-    ]
-}
-
-/// The last search again of a rechecked search, for the queries still unsure after
-/// [`toward_stages`]: in [`RECHECK_VIEWS`] (turns and the opposite sun), verifying
-/// [`RECHECK_AGAIN_VERIFY`], kept at [`RECHECK_KEEP_SHARE`].
-pub const RECHECK_AGAIN: Recheck = Recheck {
-    views: RECHECK_VIEWS,
-    verify: RECHECK_AGAIN_VERIFY,
-    keep_share: RECHECK_KEEP_SHARE,
-};
-
-/// What [`crate::Engine::search_rechecked`] does, over any catalogue.
-pub fn search_rechecked(
-    catalogue: &dyn Catalogue,
-    features: &QueryFeatures,
-    params: &SearchParams,
-    progress: &dyn Progress,
-) -> Result<Vec<QueryHits>> {
-    let (ids, plain) = features(None, QueryViews::PLAIN)?;
-    let Some(side) = craterdex_tokens::verify::grid_side(plain.tokens) else {
-        let per_query: Vec<Vec<Descriptors>> = catalogue
-            .encode(&plain)?
-            .into_iter()
-            .map(|d| vec![d])
-            .collect();
-        return Ok(QueryHits::named(
-            &ids,
-            catalogue.search_views(&per_query, QueryViews::PLAIN, params)?,
-        ));
-    };
-    let mut hits = catalogue.search_variants_verified(
-        &ids,
-        &plain,
-        QueryViews::PLAIN,
-        params,
-        RECHECK_VERIFY,
-        progress,
-    )?;
-    // the unsure queries of `hits` searched again as `stage` asks; how many
-    let search_again = |hits: &mut [QueryHits], stage: Recheck| {
-        go_on(progress)?;
-        recheck_answers(hits, side * side, stage.keep_share, &|again| {
-            let (ids, in_views) = features(Some(again), stage.views)?;
-            catalogue.search_variants_verified(
-                &ids,
-                &in_views,
-                stage.views,
-                params,
-                stage.verify,
-                progress,
-            )
-        })
-    };
-    let suns = catalogue.suns()?;
-    let mut stages_that_searched = 0;
-    for (i, stage) in toward_stages(suns).into_iter().enumerate() {
-        let n = search_again(&mut hits, stage)?;
-        if n > 0 {
-            let how = match stage.views.relit {
-                false => "turned",
-                true => "relit",
-            };
-            let nor = if i == 0 {
-                ""
-            } else {
-                " nor turned toward its suns"
-            };
-            progress.note(&format!(
-                "{n} of {} queries did not register with their first hit{nor}: searched again \
-                 {how} toward the catalogue's suns ({suns})",
-                hits.len(),
-            ));
-            stages_that_searched += 1;
-        }
-    }
-    let again = search_again(&mut hits, RECHECK_AGAIN)?;
-    if again > 0 {
-        let nor = match stages_that_searched {
-            0 => "",
-            1 => " nor turned toward its suns",
-            _ => " nor turned or relit toward its suns",
-        };
-        progress.note(&format!(
-            "{again} of {} queries did not register with their first hit{nor}: searched again \
-             in {RECHECK_TURNS} turns and under the opposite sun",
-            hits.len(),
-        ));
-    }
-    Ok(hits)
 }
 
 #[cfg(test)]

@@ -14,43 +14,43 @@ mod catalogue;
 mod engine;
 mod error;
 mod extractor;
+mod hits;
 mod info;
 pub mod inputs;
 mod options;
 mod plan;
 mod progress;
+mod recheck;
 mod recipe;
+mod search;
 mod sharded;
 mod shared;
 #[cfg(test)]
 mod test_images;
+mod verify;
 mod views;
 
 pub use build::{Entries, LearnFrom};
-pub use catalogue::{
-    search_as, search_rechecked, sun_sample, suns_from_samples, toward_stages, Catalogue, Recheck,
-    RECHECK_AGAIN,
-};
-pub use engine::{
-    recheck_answers, registers_better, sun_headings_of, unsure, Engine, PatchGrid, PatchGrids,
-    QueryFeatures, QueryHits, SearchHit,
-};
+pub use catalogue::{sun_sample, suns_from_samples, Catalogue};
+pub use engine::{sun_headings_of, Engine, QueryFeatures};
 pub use error::{Error, Result};
 pub use extractor::Extractor;
+pub use hits::{QueryHits, SearchHit};
 pub use info::{IndexInfo, IvfInfo};
 pub use options::{
     default_precision, verified_search_params, Defaults, ModelOptions, Protocol, ProtocolInfo,
     RecipeOptions, SearchLimits, SearchOptions, Whitening, DEFAULT_PRECISION_WHY, MAX_TURNS,
-    MAX_VERIFY, OPPOSITE_SUN_MARGIN, RECHECK_AGAIN_VERIFY, RECHECK_INLIER_SHARE,
-    RECHECK_KEEP_SHARE, RECHECK_RELIT_KEEP_SHARE, RECHECK_TOWARD_VERIFY, RECHECK_TURNS,
-    RECHECK_VERIFY, RECHECK_VIEWS, SUN_APART_DEGREES, SUN_SAMPLE, SUN_SHARE, SUN_WINDOW_DEGREES,
+    MAX_VERIFY, OPPOSITE_SUN_MARGIN, SUN_APART_DEGREES, SUN_SAMPLE, SUN_SHARE, SUN_WINDOW_DEGREES,
     TURN_MARGIN, VERIFY_CHANCE_SHARE, VERIFY_SHORTLIST, VERIFY_VIEWS, VERIFY_WEIGHT,
 };
 pub use plan::{learn_rows, learn_sample, BuildPlan, LEARN_SAMPLE_IMAGES};
 pub use progress::{Progress, Silent};
+pub use recheck::{RecheckPlan, Stage, StageRun};
 pub use recipe::{encode_all, feature_refs, IndexRecipe, IvfSetting, IVF_AUTO_MIN_IMAGES};
+pub use search::{search, QueryKind, SearchAnswer, SearchInput, Timing};
 pub use sharded::{merge_hits, OverShards, QueryEncoder, ShardCalls, ShardedEngine};
 pub use shared::SharedEngine;
+pub use verify::{PatchGrid, PatchGrids};
 pub use views::{
     opposite_sun, shading_angle_of, sun_headings, OppositeSun, QueryViews, Suns, MAX_SUNS,
 };

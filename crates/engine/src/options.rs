@@ -396,83 +396,15 @@ pub struct SearchOptions {
     #[cfg_attr(feature = "openapi", param(minimum = 0, maximum = 100, default = 0))]
     pub verify: usize,
     /// For a query image searched as given (`turns` 1, `verify` 0, the defaults): verify its
-    /// [`RECHECK_VERIFY`] best images, and where the first of them does not register with the
-    /// query (fewer than [`RECHECK_INLIER_SHARE`] of its patches as inliers under one
-    /// similarity transform, as when the query is turned, mirrored or under another sun)
-    /// search it again, first turned toward the catalogue's suns ([`crate::QueryViews::toward`],
-    /// `verify` [`RECHECK_TOWARD_VERIFY`]), then relit toward them
-    /// ([`crate::QueryViews::relit_toward`], the same), and where it still does not register as at an
-    /// unknown heading and under the opposite sun ([`RECHECK_VIEWS`], `verify`
-    /// [`RECHECK_AGAIN_VERIFY`]), keeping each new answer where its first hit registers at
-    /// least as well and with at least [`RECHECK_KEEP_SHARE`] of the patches
-    /// ([`crate::registers_better`]). A query that registers costs one forward pass, as
-    /// before; one searched again 2 more per sun of the catalogue, 2 more per sun where it
-    /// does not register turned, and 2 x [`RECHECK_TURNS`] + 1 more where it still does not
-    /// register. Needs the query image and the candidates'
-    /// images; without them, or with other `turns` or `verify`, the search is as asked.
+    /// best images, and where its first hit does not register with it (turned, mirrored,
+    /// another sun) search it again, toward the catalogue's suns and then in turns and under
+    /// the opposite sun, keeping a new answer where it registers better. The stages and
+    /// their numbers are [`crate::RecheckPlan`]'s. A query that registers costs one forward
+    /// pass. Needs the query image and the candidates' images; without them, or with other
+    /// `turns` or `verify`, the search is as asked.
     #[cfg_attr(feature = "openapi", param(default = true))]
     pub recheck: bool,
 }
-
-/// Images verified per query by a search that rechecks ([`SearchOptions::recheck`]) as given:
-/// 50, the advice for queries at an unknown heading (docs/results.md, "Turned and verified").
-pub const RECHECK_VERIFY: usize = 50;
-
-/// Images verified per query searched again ([`SearchOptions::recheck`], [`RECHECK_VIEWS`]):
-/// 200. The right crater of a turned query seen through its nearest turn can stand below the
-/// 50th place; verifying 200 found it first for 173 of 174 turned NAC queries where 50 found
-/// it for 168 (docs/results.md, "Rechecked by default"). Above `verify`'s limit for a
-/// caller's own searches ([`MAX_VERIFY`]): the engine asks it for the few queries that did
-/// not register.
-pub const RECHECK_AGAIN_VERIFY: usize = 200;
-
-/// Turns of a query searched again ([`SearchOptions::recheck`]): 12, every 30 degrees.
-pub const RECHECK_TURNS: usize = 12;
-
-/// The views of a query searched again ([`SearchOptions::recheck`]): [`RECHECK_TURNS`] turns,
-/// each also mirrored, and the query as given under the opposite sun (its brightness
-/// inverted), 2 x [`RECHECK_TURNS`] + 1 views. A query under a sun from the other side
-/// registers in no turn; its inverted view is how it looks under the catalogue's sun, for
-/// one forward pass more (docs/results.md, "Rechecked by default").
-pub const RECHECK_VIEWS: QueryViews = QueryViews {
-    turns: RECHECK_TURNS,
-    opposite_sun: OppositeSun::Given,
-    ..QueryViews::PLAIN
-};
-
-/// The share of a query's patches that its verified first hit must gather as inliers for a
-/// search to keep the answer as given ([`SearchOptions::recheck`]). The upright queries'
-/// verified first hits gathered 87-155 inliers of 256 on the NAC benchmark and 96-171 on the
-/// Mars one (every one right); the turned queries' wrong first hits at most 62 (NAC) and 98
-/// (Mars, whose simple bowls register with look-alikes turned): 0.4 (102) searches again 1-2
-/// upright queries in 200 and every turned one answered wrong (docs/results.md, "Rechecked by
-/// default").
-pub const RECHECK_INLIER_SHARE: f32 = 0.4;
-
-/// The share of a query's patches that the first hit of a query searched again must gather as
-/// inliers for the new answer to replace the first ([`SearchOptions::recheck`]), besides
-/// registering at least as well. Where the query was turned, the new first hits that were
-/// right gathered 101 or more inliers of 256 on both real benchmarks and the wrong ones at
-/// most 60 (NAC); where the query was lit by another sun, no view registers and the answer as
-/// given, verified, was right more often than the turned views' (docs/results.md,
-/// "Rechecked by default"): 0.3 (77) keeps it.
-pub const RECHECK_KEEP_SHARE: f32 = 0.3;
-
-/// The share of a query's patches that the first hit of a query relit toward the catalogue's
-/// suns ([`crate::QueryViews::relit_toward`]) must gather as inliers for the new answer to
-/// replace the first, besides registering at least as well: 0.2 (52 of 256). A relit view is
-/// a first-order picture of the crater under the other sun, and registers less than a turned
-/// one: on the relit benchmark's queries under a sun turned by 90 degrees, the relit views'
-/// right first hits gathered 29-154 inliers (half of them 80 or more) and the wrong ones 12-43
-/// for nine in ten; at [`RECHECK_KEEP_SHARE`] 18 right answers of 95 were not kept
-/// (docs/results.md, "Relit toward the catalogue's suns").
-pub const RECHECK_RELIT_KEEP_SHARE: f32 = 0.2;
-
-/// Images verified per query searched again toward the catalogue's suns first
-/// ([`SearchOptions::recheck`], [`crate::QueryViews::toward`]): the query brought back to
-/// the catalogue's heading by its shading ranks its crater as an upright query does, and an
-/// upright query is verified at [`RECHECK_VERIFY`].
-pub const RECHECK_TOWARD_VERIFY: usize = RECHECK_VERIFY;
 
 /// Indexed images whose shading dipoles give the catalogue's suns ([`crate::sun_headings`],
 /// [`crate::Engine::catalogue_suns`]): 64, those whose ids hash lowest ([`crate::sun_sample`]).

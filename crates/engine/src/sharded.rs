@@ -4,12 +4,15 @@
 //! query is encoded once and scores compare across shards; every view of a crater lies in
 //! one shard, so each shard's grouping of views is already the grouping of the whole.
 
-use crate::catalogue::{self, suns_of, Catalogue};
-use crate::engine::{candidate_params, Engine, QueryHits, SearchHit};
+use crate::catalogue::{suns_of, Catalogue};
+use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::extractor::Extractor;
+use crate::hits::{QueryHits, SearchHit};
 use crate::options::{verified_search_params, SearchOptions};
 use crate::progress::Progress;
+use crate::search::{SearchAnswer, SearchInput};
+use crate::verify::candidate_params;
 use crate::views::{QueryViews, Suns};
 use craterdex_errors::ensure;
 use craterdex_index::shards::ShardSet;
@@ -17,7 +20,7 @@ use craterdex_index::{Index, SearchParams};
 use craterdex_model::extract::FeatureSet;
 use craterdex_tokens::Descriptors;
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 /// The first `top_k` hits of the shards' lists (each ranked as `search` ranks it), ranked
@@ -128,26 +131,28 @@ impl ShardedEngine {
     }
 
     /// Ranked hits for each query's descriptors: every shard searched, the lists merged.
-    pub fn search(&self, queries: &[Descriptors], params: &SearchParams) -> Vec<Vec<SearchHit>> {
+    pub fn search_descriptors(
+        &self,
+        queries: &[Descriptors],
+        params: &SearchParams,
+    ) -> Vec<Vec<SearchHit>> {
         let per_shard = self
             .shards
             .iter()
-            .map(|e| e.search(queries, params))
+            .map(|e| e.search_descriptors(queries, params))
             .collect();
         merged_per_query(per_shard, queries.len(), params)
     }
 
-    /// Query images `(name, path)` searched as `options` ask, as one index searches them
-    /// ([`Engine::search_images_as`]): rechecked by default, in views, verified or plainly.
-    pub fn search_images_as(
+    /// The queries of `input` searched as one index searches them ([`Engine::search`]):
+    /// rechecked by default, in views, verified or plainly.
+    pub fn search(
         &self,
-        items: &[(String, PathBuf)],
-        params: &SearchParams,
+        input: SearchInput,
         options: &SearchOptions,
         progress: &dyn Progress,
-    ) -> Result<Vec<QueryHits>> {
-        let model = self.shards[0].extractor_or_err()?;
-        catalogue::search_images_as(&OverShards(self), model, items, params, options, progress)
+    ) -> Result<SearchAnswer> {
+        crate::search::search(&OverShards(self), input, options, progress)
     }
 
     /// The headings of the catalogue's suns, from the images of every shard that the index
@@ -191,6 +196,14 @@ pub trait ShardCalls {
     ) -> Result<Vec<Vec<Vec<SearchHit>>>>;
     /// The headings of the whole set's suns ([`crate::suns_from_samples`]).
     fn suns(&self) -> Result<Suns>;
+    /// The model that reads query images, where the set has one here.
+    fn model(&self) -> Option<&Extractor> {
+        None
+    }
+    /// The stored descriptors of image `id`, from the shard that holds it.
+    fn stored(&self, id: &str) -> Result<Descriptors> {
+        Err(Error::NoSuchImage(id.to_string()))
+    }
 }
 
 /// A set of shards searched as one catalogue: each shard's lists merged ([`merge_hits`]);
@@ -252,6 +265,12 @@ impl Catalogue for OverShards<'_> {
     fn suns(&self) -> Result<Suns> {
         self.0.suns()
     }
+    fn model(&self) -> Option<&Extractor> {
+        self.0.model()
+    }
+    fn stored(&self, id: &str) -> Result<Descriptors> {
+        self.0.stored(id)
+    }
 }
 
 impl ShardCalls for ShardedEngine {
@@ -300,6 +319,15 @@ impl ShardCalls for ShardedEngine {
     }
     fn suns(&self) -> Result<Suns> {
         Ok(self.catalogue_suns())
+    }
+    fn model(&self) -> Option<&Extractor> {
+        self.shards[0].extractor().map(|x| &**x)
+    }
+    fn stored(&self, id: &str) -> Result<Descriptors> {
+        self.shards
+            .iter()
+            .find_map(|e| Catalogue::stored(e, id).ok())
+            .ok_or_else(|| Error::NoSuchImage(id.to_string()))
     }
 }
 
@@ -401,8 +429,8 @@ mod tests {
                     .collect()
             };
             let (a, b) = (
-                whole.search(&queries, &params),
-                sharded.search(&queries, &params),
+                whole.search_descriptors(&queries, &params),
+                sharded.search_descriptors(&queries, &params),
             );
             for (q, (a, b)) in a.iter().zip(&b).enumerate() {
                 assert_eq!(key(a), key(b), "query {q}, grouped {group_views}");

@@ -249,7 +249,7 @@ mod tests {
                 let mut searches = 0;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     let engine = shared.snapshot();
-                    let hits = engine.search(&q, &SearchParams::default());
+                    let hits = engine.search_descriptors(&q, &SearchParams::default());
                     assert_eq!(hits[0][0].id, "img3");
                     searches += 1;
                 }

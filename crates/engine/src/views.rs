@@ -166,7 +166,7 @@ pub enum OppositeSun {
     /// None.
     Off,
     /// The query as given alone, one view more: the views a search again looks at
-    /// ([`crate::RECHECK_VIEWS`]).
+    /// ([`crate::RecheckPlan::last`]).
     Given,
     /// Every view (`--opposite-sun`), twice the views.
     Every,

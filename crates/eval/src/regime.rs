@@ -389,7 +389,10 @@ mod tests {
                 .unwrap();
         assert_eq!(
             (again.views, again.verify),
-            (craterdex_engine::RECHECK_VIEWS, Some(200))
+            (
+                craterdex_engine::RecheckPlan::shipped().last().views,
+                Some(craterdex_engine::RecheckPlan::shipped().last().verify),
+            )
         );
     }
 

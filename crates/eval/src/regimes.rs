@@ -19,10 +19,9 @@ use crate::error::Result;
 use crate::metrics::{evaluate_ranking, shortlist_recall, summarise, QueryResult, Summary};
 pub use crate::regime::{Family, RegimeId, Tokens, Whiten};
 use craterdex_engine::{
-    encode_all, recheck_answers, Aggregation, Codec, Descriptors, Encoder, Engine, FeatureSet,
-    ImageMeta, IndexRecipe, IvfSetting, Mode, PatchGrid, PatchGrids, Pooling, QueryHits,
-    QueryViews, Recheck, Recipe, SearchHit, SearchParams, SeedStrategy, RECHECK_AGAIN,
-    RECHECK_VERIFY, RECHECK_VIEWS,
+    encode_all, Aggregation, Codec, Descriptors, Encoder, Engine, FeatureSet, ImageMeta,
+    IndexRecipe, IvfSetting, Mode, PatchGrid, PatchGrids, Pooling, QueryHits, QueryViews,
+    RecheckPlan, Recipe, SearchHit, SearchParams, SeedStrategy, Stage,
 };
 use craterdex_tokens::whitening::DEFAULT_REGULARISATION;
 use craterdex_tokens::DEFAULT_PAIR_BLEND;
@@ -53,9 +52,9 @@ pub struct EvalOptions {
     /// The shipped recipe also rechecked as `craterdex search` does by default
     /// ([`craterdex_engine::SearchOptions::recheck`]), as `..._grouped_recheck`: made of its
     /// `_grouped_verifyN` and `_grouped_turnsT_oppgiven_verifyM` searches, which need
-    /// `verify` and `views` to be the engine's [`RECHECK_VERIFY`] and [`RECHECK_VIEWS`]; the
-    /// search in views then verifies [`RECHECK_AGAIN`]'s images, as the engine's search again
-    /// does.
+    /// `verify` and `views` to be those of the first and last stages of the engine's
+    /// [`RecheckPlan`]; the search in views then verifies the last stage's images, as the
+    /// engine's search again does.
     pub recheck: bool,
 }
 
@@ -85,10 +84,10 @@ impl Default for EvalOptions {
 
 impl EvalOptions {
     /// Images verified per query by the verified search in views: as deep as the engine's
-    /// search again ([`RECHECK_AGAIN`]) where rechecking, else `verify`.
+    /// last search again ([`RecheckPlan::last`]) where rechecking, else `verify`.
     fn verify_in_views(&self) -> usize {
         if self.recheck {
-            RECHECK_AGAIN.verify
+            RecheckPlan::shipped().last().verify
         } else {
             self.verify
         }
@@ -156,9 +155,9 @@ pub struct EvalInput<'a> {
     /// `q * views.count() + v`), for the regime in views ([`EvalOptions::views`]).
     pub query_variants: Option<&'a FeatureSet>,
     /// The rechecked regime's searches again toward the gallery's suns, in order
-    /// (`craterdex_engine::toward_stages`, and each query's features in its views, rows as
+    /// (the [`RecheckPlan`]'s stages toward them, and each query's features in its views, rows as
     /// `query_variants`').
-    pub query_toward: Vec<(Recheck, &'a FeatureSet)>,
+    pub query_toward: Vec<(Stage, &'a FeatureSet)>,
 }
 
 /// One of the verified searches a rechecked regime is made of: every query's hits, the
@@ -285,7 +284,7 @@ impl Queries<'_> {
     /// as [`Engine::search_verified`] reranks them.
     fn search(&self, engine: &Engine, params: &SearchParams) -> Vec<Vec<SearchHit>> {
         match self {
-            Queries::Plain(d) => engine.search(d, params),
+            Queries::Plain(d) => engine.search_descriptors(d, params),
             Queries::InViews(v, views) => engine.search_views(v, *views, params),
             Queries::Verified {
                 queries,
@@ -315,7 +314,7 @@ pub fn run_on_benchmark(
     gallery: &FeatureSet,
     queries: &FeatureSet,
     query_variants: Option<&FeatureSet>,
-    query_toward: Vec<(Recheck, &FeatureSet)>,
+    query_toward: Vec<(Stage, &FeatureSet)>,
     o: &EvalOptions,
     progress: &dyn Fn(&str),
 ) -> Result<Vec<RegimeResult>> {
@@ -411,12 +410,15 @@ pub fn run(
             };
             // the verified searches a rechecked regime is made of: as given, in turns
             let mut parts: [Option<RecheckPart>; 2] = [None, None];
+            let plan = RecheckPlan::shipped();
             let part_of = |s: &Search| {
                 let rechecks = o.recheck
                     && s.params.group_views
                     && match s.in_views {
-                        false => s.verify == Some(RECHECK_VERIFY),
-                        true => s.verify == Some(o.verify_in_views()) && o.views == RECHECK_VIEWS,
+                        false => s.verify == Some(plan.first().verify),
+                        true => {
+                            s.verify == Some(o.verify_in_views()) && o.views == plan.last().views
+                        }
                     };
                 rechecks.then_some(usize::from(s.in_views))
             };
@@ -537,19 +539,17 @@ pub fn run(
                         gallery: &gallery_grids,
                     };
                     let hits = std::sync::Mutex::new(these.search(&engine, &given_params));
-                    let again = recheck_answers(
-                        &mut answers,
-                        input.queries.tokens,
-                        stage.keep_share,
-                        &|a| answer(&hits, a),
-                    )?;
+                    let (again, _) =
+                        plan.recheck_answers(&stage, &mut answers, input.queries.tokens, &|a| {
+                            answer(&hits, a)
+                        })?;
                     toward.push((again, query_ms(&engine, &these, &given_params)));
                 }
                 let turned = std::sync::Mutex::new(turned);
-                let again = recheck_answers(
+                let (again, _) = plan.recheck_answers(
+                    plan.last(),
                     &mut answers,
                     input.queries.tokens,
-                    RECHECK_AGAIN.keep_share,
                     &|asked| answer(&turned, asked),
                 )?;
                 let rankings: Vec<Vec<usize>> = answers

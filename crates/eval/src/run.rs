@@ -6,7 +6,7 @@
 use crate::error::{Error, Result};
 use crate::regime::{RegimeId, Tokens, Whiten};
 use crate::{manifest, regimes, turned};
-use craterdex_engine::{Extractor, FeatureSet, Progress, ProtocolInfo, Recheck, Suns};
+use craterdex_engine::{Extractor, FeatureSet, Progress, ProtocolInfo, RecheckPlan, Stage, Suns};
 use craterdex_errors::ensure;
 use std::path::{Path, PathBuf};
 
@@ -76,20 +76,22 @@ fn gallery_suns(gallery: &manifest::Benchmark, progress: &dyn Progress) -> Suns 
 }
 
 /// The features of the queries of `b` in the views of each search again toward `suns`
-/// ([`craterdex_engine::toward_stages`]: turned, then relit), with the images each verifies;
+/// (the [`RecheckPlan`]'s stages toward them: turned, then relit), with the images each verifies;
 /// none without suns (the options do not recheck, or the gallery shows no sun).
 fn query_toward(
     extractor: &Extractor,
     b: &manifest::Benchmark,
     suns: Option<Suns>,
     progress: &dyn Progress,
-) -> Result<Vec<(Recheck, FeatureSet)>> {
+) -> Result<Vec<(Stage, FeatureSet)>> {
     let Some(suns) = suns else {
         return Ok(Vec::new());
     };
-    craterdex_engine::toward_stages(suns)
-        .into_iter()
-        .map(|stage| {
+    RecheckPlan::for_suns(suns)
+        .again()
+        .iter()
+        .filter(|stage| !stage.views.toward.is_empty())
+        .map(|&stage| {
             let (_, features) =
                 extractor.variant_features(&b.query_items(), stage.views, progress)?;
             Ok((stage, features))

@@ -1,6 +1,6 @@
 //! A shard set served on a cluster (`craterdex.cluster`): the router's calls to its shard
 //! replicas made into the engine's [`ShardCalls`], so that a query image is searched over
-//! the cluster in the engine's own order (rechecked, in views, verified; `search_as`) and a
+//! the cluster in the engine's own order (rechecked, in views, verified; [`craterdex_engine::search()`]) and a
 //! number measured on one index measures the cluster's answer too. The router's methods run
 //! in Python (they await Ray Serve's handles); this module calls them from the engine's
 //! thread and reads their answers.
@@ -8,8 +8,8 @@
 use crate::convert::{features_from_numpy, to_json, to_numpy_features};
 use crate::failure::{invalid, Fallible, OrPy};
 use craterdex_engine::{
-    Descriptors, Error, FeatureSet, OverShards, QueryEncoder, QueryViews, SearchHit, SearchOptions,
-    SearchParams, ShardCalls, Silent, Suns,
+    Descriptors, Error, FeatureSet, OverShards, QueryEncoder, QueryViews, SearchHit, SearchInput,
+    SearchOptions, SearchParams, ShardCalls, Silent, Suns,
 };
 use numpy::{
     IntoPyArray, PyArrayMethods, PyReadonlyArray2, PyReadonlyArray3, PyUntypedArrayMethods,
@@ -166,7 +166,7 @@ impl ShardCalls for RouterCalls<'_> {
 /// and their features in some views: a dict of `ids`, `cls`, `patches`, `attention`, each
 /// query's views in a row; the model's features are `feature_dim` wide), as `options_json`
 /// (a `SearchOptions`) asks: rechecked, in views,
-/// verified or plainly, in the engine's order ([`craterdex_engine::search_as`]). The hits
+/// verified or plainly, in the engine's order ([`craterdex_engine::search()`]). The hits
 /// per query (JSON, as `search_json` gives them). An exception a call raised is raised
 /// again as it was.
 pub fn cluster_search_json(
@@ -178,7 +178,6 @@ pub fn cluster_search_json(
 ) -> PyResult<String> {
     let options: SearchOptions =
         crate::convert::options_from_json("search options", options_json).py_err()?;
-    let params = options.params(&Default::default()).py_err()?;
     let router = RouterCalls {
         encoder,
         feature_dim,
@@ -211,7 +210,12 @@ pub fn cluster_search_json(
         )
     };
     let hits = py.detach(|| {
-        craterdex_engine::search_as(&OverShards(&router), &features, &params, &options, &Silent)
+        craterdex_engine::search(
+            &OverShards(&router),
+            SearchInput::Viewed(&features),
+            &options,
+            &Silent,
+        )
     });
     if let Some(e) = router
         .raised
@@ -221,7 +225,7 @@ pub fn cluster_search_json(
     {
         return Err(e);
     }
-    to_json(&hits.py_err()?).py_err()
+    to_json(&hits.py_err()?.hits).py_err()
 }
 
 /// A shard replica's answers to the router's calls ([`cluster_search_json`]), each as JSON.

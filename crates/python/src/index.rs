@@ -10,8 +10,8 @@ use crate::failure::{invalid, no_model, Fallible, OrPy};
 use crate::model::PyModel;
 use crate::progress::PyProgress;
 use craterdex_engine::{
-    Engine, Entries, FeatureSet, ImageMeta, LearnFrom, MergePolicy, RecipeOptions, SearchOptions,
-    SearchParams, SharedEngine,
+    Engine, Entries, FeatureSet, ImageMeta, LearnFrom, MergePolicy, RecipeOptions, SearchInput,
+    SearchOptions, SharedEngine,
 };
 use craterdex_workflows::{DedupOptions, Frames, LinkOptions, LinkRule, Neighbours};
 use numpy::{IntoPyArray, PyArrayMethods};
@@ -69,45 +69,6 @@ impl PyIndex {
         let x = x.ok_or_else(|| no_model(what))?;
         let items = Entries::from_metas(metas.to_vec())?.items;
         Ok(py.detach(move || x.extract(&items, "entries", progress))?)
-    }
-
-    /// A search of query images in several views (turned, mirrored, under the opposite sun),
-    /// with the best images verified (`verify` > 0) or rechecked: paths or numpy images.
-    #[allow(clippy::too_many_arguments)]
-    fn search_images_json(
-        &self,
-        py: Python<'_>,
-        engine: &Arc<Engine>,
-        ids: Vec<String>,
-        images: Option<Vec<Bound<'_, PyAny>>>,
-        paths: Option<Vec<PathBuf>>,
-        features: Option<FeatureArrays<'_>>,
-        params: &SearchParams,
-        options: &SearchOptions,
-        progress: &PyProgress,
-    ) -> PyResult<String> {
-        let hits = match (images, paths, features) {
-            (_, _, Some(_)) => Err(invalid(
-                "turns and opposite_sun need the query images: give images or paths, not features",
-            )),
-            (Some(arrays), None, None) => {
-                let decoded = arrays
-                    .iter()
-                    .enumerate()
-                    .map(|(i, a)| array_image(a, i))
-                    .collect::<Fallible<Vec<_>>>()
-                    .py_err()?;
-                py.detach(|| engine.search_decoded(&ids, &decoded, params, options, progress))
-                    .map_err(Into::into)
-            }
-            (None, Some(paths), None) => {
-                let items: Vec<(String, PathBuf)> = ids.into_iter().zip(paths).collect();
-                py.detach(|| engine.search_images_as(&items, params, options, progress))
-                    .map_err(Into::into)
-            }
-            _ => Err(invalid("give images (numpy arrays) or paths")),
-        };
-        to_json(&hits.py_err()?).py_err()
     }
 
     fn rule(&self, json: Option<&str>) -> Fallible<LinkRule> {
@@ -199,7 +160,7 @@ impl PyIndex {
         let engine = self.engine.snapshot();
         let descs = crate::convert::descriptors_from_numpy(&ids, single, tokens, engine.index())
             .py_err()?;
-        let hits = py.detach(|| engine.search(&descs, &params));
+        let hits = py.detach(|| engine.search_descriptors(&descs, &params));
         to_json(&craterdex_engine::QueryHits::named(&ids, hits)).py_err()
     }
 
@@ -356,33 +317,34 @@ impl PyIndex {
     ) -> PyResult<String> {
         let progress = PyProgress::new(progress);
         let options: SearchOptions = options_from_json("search options", options_json).py_err()?;
-        let params = options.params(&Default::default()).py_err()?;
         let engine = self.engine.snapshot();
-        let image_search = options.verify > 0 || options.rechecks();
-        if !options.views().is_plain() || (image_search && features.is_none()) {
-            return self.search_images_json(
-                py, &engine, ids, images, paths, features, &params, &options, &progress,
-            );
-        }
-        let feats = match features {
-            Some((cls, patches, attention)) => {
-                features_from_numpy(ids, cls, patches, attention).py_err()?
+        let answer = match (images, paths, features) {
+            (None, None, Some((cls, patches, attention))) => {
+                let features = features_from_numpy(ids, cls, patches, attention).py_err()?;
+                py.detach(|| engine.search(SearchInput::Features(&features), &options, &progress))
             }
-            None => {
-                let x = engine
-                    .extractor()
-                    .cloned()
-                    .ok_or_else(|| no_model("image queries"))
+            (Some(arrays), None, None) => {
+                let images = arrays
+                    .iter()
+                    .enumerate()
+                    .map(|(i, a)| array_image(a, i))
+                    .collect::<Fallible<Vec<_>>>()
                     .py_err()?;
-                PyModel { extractor: x }
-                    .features(py, ids, images, paths, &progress)
-                    .py_err()?
+                py.detach(|| {
+                    let input = SearchInput::Decoded {
+                        ids: &ids,
+                        images: &images,
+                    };
+                    engine.search(input, &options, &progress)
+                })
             }
+            (None, Some(paths), None) => {
+                let items: Vec<(String, PathBuf)> = ids.into_iter().zip(paths).collect();
+                py.detach(|| engine.search(SearchInput::Files(&items), &options, &progress))
+            }
+            _ => return Err(invalid("give images (numpy arrays), paths or features")).py_err(),
         };
-        let hits = py
-            .detach(|| engine.search_features_verified(&feats, &params, options.verify, &progress))
-            .py_err()?;
-        to_json(&hits).py_err()
+        to_json(&answer.py_err()?.hits).py_err()
     }
 
     /// Adds images from `meta_json` records (with `path`, or with `features`); returns how

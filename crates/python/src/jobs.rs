@@ -247,6 +247,20 @@ pub fn cpu() -> String {
     craterdex_kernels::level::describe()
 }
 
+/// The rechecked search's plan ([`craterdex_engine::RecheckPlan`]) for a catalogue whose suns
+/// are unknown: its description and its stages (JSON `{"description", "unsure_share",
+/// "stages"}`).
+#[pyfunction]
+pub fn recheck_plan_json() -> PyResult<String> {
+    let plan = craterdex_engine::RecheckPlan::shipped();
+    to_json(&serde_json::json!({
+        "description": plan.describe(),
+        "unsure_share": plan.unsure_share,
+        "stages": plan.stages,
+    }))
+    .py_err()
+}
+
 /// Every option's default (JSON), which the package's signatures read: `model`, `recipe`,
 /// `search`, `link` and `dedup`.
 #[pyfunction]

@@ -42,6 +42,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(jobs::posted_features, m)?)?;
     m.add_function(wrap_pyfunction!(jobs::cpu, m)?)?;
     m.add_function(wrap_pyfunction!(jobs::defaults_json, m)?)?;
+    m.add_function(wrap_pyfunction!(jobs::recheck_plan_json, m)?)?;
     m.add("ApiRefusal", m.py().get_type::<service::ApiRefusal>())?;
     m.add_function(wrap_pyfunction!(service::entry_meta_json, m)?)?;
     m.add_function(wrap_pyfunction!(service::upload_id, m)?)?;

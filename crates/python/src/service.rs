@@ -41,8 +41,20 @@ pub fn upload_id(bytes: &[u8]) -> String {
 /// The search options (JSON) of a query string, read and checked against `craterdex serve`'s
 /// default limits.
 #[pyfunction]
-pub fn search_options_json(query: &str) -> PyResult<String> {
-    let options = adapter::search_options(query, &adapter::default_limits()).map_err(refused)?;
+#[pyo3(signature = (query, kind="image"))]
+pub fn search_options_json(query: &str, kind: &str) -> PyResult<String> {
+    let kind = match kind {
+        "image" => craterdex_engine::QueryKind::Image,
+        "features" => craterdex_engine::QueryKind::Features,
+        "indexed" => craterdex_engine::QueryKind::Indexed,
+        other => {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "a query is an image, features or indexed, not {other}"
+            )))
+        }
+    };
+    let options =
+        adapter::search_options(query, &adapter::default_limits(), kind).map_err(refused)?;
     to_json(&options).py_err()
 }
 

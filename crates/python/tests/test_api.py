@@ -309,3 +309,13 @@ def test_entries_from_dir_reads_a_robbins_catalogue_as_the_cli_does(tmp_path):
     (tmp_path / "crops.csv").write_text("name,lat\nx,1\n")
     with pytest.raises(craterdex.InvalidInputError, match="no `id` column"):
         craterdex.entries_from_dir(crops)
+
+
+def test_the_recheck_plan_is_the_engines_own():
+    plan = craterdex.recheck_plan()
+    names = [s["name"] for s in plan["stages"]]
+    assert names == ["as given", "in turns and under the opposite sun"], names
+    first, last = plan["stages"][0], plan["stages"][-1]
+    assert first["verify"] == 50 and last["verify"] == 200 and last["views"]["turns"] == 12
+    assert 0 < plan["unsure_share"] < 1
+    assert "40%" in plan["description"] and "200 verified" in plan["description"]

@@ -156,7 +156,7 @@ pub struct Timing {
     /// extraction with search: all of it counts as search).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub features: Option<f64>,
-    /// Encoding posted features into descriptors.
+    /// Encoding the query's features into descriptors (left out where it counts as search).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub encode: Option<f64>,
     pub search: f64,

@@ -60,14 +60,19 @@ pub mod adapter {
         Config::new(std::path::PathBuf::new()).limits
     }
 
-    /// The search options a query string asks for, read and checked as `craterdex serve`
-    /// reads them (400 with the reason otherwise).
-    pub fn search_options(query: &str, limits: &SearchLimits) -> ApiResult<SearchOptions> {
+    /// The search options a query string asks for a query of `kind`, read, checked and
+    /// refused as `craterdex serve` reads them (400 with the reason otherwise).
+    pub fn search_options(
+        query: &str,
+        limits: &SearchLimits,
+        kind: craterdex_engine::QueryKind,
+    ) -> ApiResult<SearchOptions> {
         let options: SearchOptions = serde_urlencoded::from_str(query).map_err(|e| {
             ApiError::bad_request(format!("Failed to deserialize query string: {e}"))
         })?;
         checked_params(&options, limits)?;
-        Ok(options)
+        crate::search::refuse(kind, &options)?;
+        Ok(kind.effective(&options))
     }
 
     /// The OpenAPI document of a server with the default settings, `feature_dim` wide

@@ -5,6 +5,7 @@
 
 use crate::api;
 use crate::Config;
+use craterdex_engine::QueryKind;
 use utoipa::openapi::path::Operation;
 use utoipa::openapi::schema::{ArrayItems, Schema};
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -92,14 +93,15 @@ pub fn document(config: &Config, feature_dim: Option<usize>) -> Document {
             }
         }
     }
-    // turning and relighting need the query image, verifying the query's patch tokens (an
-    // image or posted features): the other searches do not take them
+    // each search documents the options its kind of query can use (the engine's rule)
     for (path, item) in doc.paths.paths.iter_mut() {
-        let takes = |name: &str| match name {
-            "turns" | "opposite_sun" => path == "/v1/search/image",
-            "verify" => path == "/v1/search/image" || path == "/v1/search/features",
-            _ => true,
+        let kind = match path.as_str() {
+            "/v1/search/image" => QueryKind::Image,
+            "/v1/search/features" => QueryKind::Features,
+            "/v1/images/{id}/similar" => QueryKind::Indexed,
+            _ => continue,
         };
+        let takes = |name: &str| kind.accepts(name);
         for op in [&mut item.get, &mut item.post, &mut item.delete]
             .into_iter()
             .flatten()

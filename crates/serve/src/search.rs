@@ -17,7 +17,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::Extension;
 use axum::Json;
 use craterdex_engine::{
-    Engine, Mode, QueryHits, SearchHit, SearchLimits, SearchOptions, SearchParams,
+    Engine, Mode, QueryKind, SearchHit, SearchInput, SearchLimits, SearchOptions, SearchParams,
 };
 use std::sync::Arc;
 use std::time::Instant;
@@ -33,26 +33,21 @@ fn search_query(
     Ok((options, params))
 }
 
-/// Turning or relighting needs the query image: only a search by image takes `turns` or
-/// `opposite_sun`.
-fn refuse_views(options: &SearchOptions) -> ApiResult<()> {
-    if !options.views().is_plain() {
-        return Err(ApiError::bad_request(
-            "turns and opposite_sun need the query image: search by image (POST /v1/search/image)",
-        ));
+/// Refuses, before any work, the options a query of `kind` cannot use
+/// ([`QueryKind::refusal`]), saying which search takes them.
+pub(crate) fn refuse(kind: QueryKind, options: &SearchOptions) -> ApiResult<()> {
+    match kind.refusal(options) {
+        None => Ok(()),
+        Some(why) => Err(ApiError::bad_request(format!(
+            "{why}: search by image (POST /v1/search/image){}",
+            match kind {
+                QueryKind::Indexed if options.verify > 0 => {
+                    " or by features (POST /v1/search/features)"
+                }
+                _ => "",
+            }
+        ))),
     }
-    Ok(())
-}
-
-/// Verification needs the query's patch tokens: an image or posted features.
-fn refuse_verify(options: &SearchOptions) -> ApiResult<()> {
-    if options.verify > 0 {
-        return Err(ApiError::bad_request(
-            "verify needs the query's patch tokens: search by image (POST /v1/search/image) \
-             or by features (POST /v1/search/features)",
-        ));
-    }
-    Ok(())
 }
 
 /// The search a request's options ask for, within `limits` (400 past them).
@@ -123,12 +118,14 @@ fn response(
     })
 }
 
-fn first(mut hits: Vec<Vec<SearchHit>>) -> Vec<SearchHit> {
-    hits.pop().unwrap_or_default()
-}
-
-fn first_named(hits: Vec<QueryHits>) -> Vec<SearchHit> {
-    first(hits.into_iter().map(|q| q.results).collect())
+/// The engine's timing as a response shows it, to the microsecond.
+fn timing_of(t: &craterdex_engine::Timing) -> Timing {
+    let us = |ms: f64| (ms * 1e3).round() / 1e3;
+    Timing {
+        features: t.features_ms.map(us),
+        encode: t.encode_ms.map(us),
+        search: us(t.search_ms),
+    }
 }
 
 /// Search with an uploaded image (needs a model).
@@ -162,44 +159,21 @@ pub async fn search_image(
     run(admission, None, move |ticket| {
         let t = Instant::now();
         let up = decode(&svc2, &engine, bytes)?;
-        // the candidates' forward passes of a verified search count as search time
-        let (hits, features, search) = if o.rechecks() {
-            // extraction and search interleave (a query searched again is extracted again)
-            let ids = ["query".to_string()];
-            let images = std::slice::from_ref(&up.image);
-            let hits = engine.search_decoded(&ids, images, &p, &o, ticket)?;
-            (first_named(hits), None, ms(t))
-        } else if o.verify > 0 {
-            let ids = ["query".to_string()];
-            let variants = engine.decoded_variant_features(
-                &ids,
-                std::slice::from_ref(&up.image),
-                o.views(),
-                ticket,
-            )?;
-            let features = ms(t);
-            let t = Instant::now();
-            let hits = engine.search_variants_verified(
-                &ids,
-                &variants,
-                o.views(),
-                &p,
-                o.verify,
-                ticket,
-            )?;
-            (first_named(hits), Some(features), ms(t))
-        } else {
-            let variants = engine.encode_image_variants(&up.image, o.views(), ticket)?;
-            let features = ms(t);
-            let t = Instant::now();
-            let hits = first(engine.search_views(&[variants], o.views(), &p));
-            (hits, Some(features), ms(t))
+        let decoding = ms(t);
+        let ids = ["query".to_string()];
+        let input = SearchInput::Decoded {
+            ids: &ids,
+            images: std::slice::from_ref(&up.image),
         };
-        let timing = Timing {
-            features,
-            encode: None,
-            search,
-        };
+        let answer = engine.search(input, &o, ticket)?;
+        // decoding the upload counts as its forward pass's time, or as search where the
+        // forward passes count as search (a rechecked search extracts as it searches)
+        let mut timing = timing_of(&answer.timing);
+        match &mut timing.features {
+            Some(f) => *f += decoding,
+            None => timing.search += decoding,
+        }
+        let hits = answer.into_first();
         let query = QueryInfo::Image {
             width: up.width,
             height: up.height,
@@ -236,14 +210,8 @@ pub async fn search_features(
 ) -> ApiResult<Json<SearchResponse>> {
     authorize(&svc, &headers, false)?;
     let (o, p) = search_query(&svc, q)?;
-    refuse_views(&o)?;
+    refuse(QueryKind::Features, &o)?;
     let engine = svc.snapshot()?;
-    if o.verify > 0 && engine.extractor().is_none() {
-        return Err(ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "verify runs the candidates' images through the model; this server has none loaded",
-        ));
-    }
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -252,27 +220,9 @@ pub async fn search_features(
     Counters::count(&svc.counters.searches);
     let svc2 = svc.clone();
     run(admission, None, move |ticket| {
-        let t = Instant::now();
-        let (hits, timing) = if o.verify > 0 {
-            let hits = engine.search_features_verified(&features, &p, o.verify, ticket)?;
-            let timing = Timing {
-                features: None,
-                encode: None,
-                search: ms(t),
-            };
-            (first_named(hits), timing)
-        } else {
-            let descs = engine.encode(&features);
-            let encode = ms(t);
-            let t = Instant::now();
-            let hits = first(engine.search(&descs, &p));
-            let timing = Timing {
-                features: None,
-                encode: Some(encode),
-                search: ms(t),
-            };
-            (hits, timing)
-        };
+        let answer = engine.search(SearchInput::Features(&features), &o, ticket)?;
+        let timing = timing_of(&answer.timing);
+        let hits = answer.into_first();
         Ok(response(&svc2, hits, &p, QueryInfo::Features, timing))
     })
     .await
@@ -299,19 +249,14 @@ pub async fn search_similar(
     authorize(&svc, &headers, false)?;
     let id = path_id(id)?;
     let (o, p) = search_query(&svc, q)?;
-    refuse_views(&o)?;
-    refuse_verify(&o)?;
+    refuse(QueryKind::Indexed, &o)?;
     let engine = svc.snapshot()?;
     Counters::count(&svc.counters.searches);
     let svc2 = svc.clone();
-    run(admission, None, move |_| {
-        let t = Instant::now();
-        let hits = engine.similar(&id, &p)?;
-        let timing = Timing {
-            features: None,
-            encode: None,
-            search: ms(t),
-        };
+    run(admission, None, move |ticket| {
+        let answer = engine.search(SearchInput::Indexed(&id), &o, ticket)?;
+        let timing = timing_of(&answer.timing);
+        let hits = answer.into_first();
         Ok(response(&svc2, hits, &p, QueryInfo::Indexed { id }, timing))
     })
     .await

@@ -90,7 +90,11 @@ pub fn edges(
     progress.start("dedup", rows.len());
     for (done, chunk) in rows.chunks(o.batch.max(1)).enumerate() {
         let descs: Vec<_> = chunk.iter().map(|&r| idx.descriptors_of(r)).collect();
-        for ((&row, desc), hits) in chunk.iter().zip(&descs).zip(engine.search(&descs, &params)) {
+        for ((&row, desc), hits) in chunk
+            .iter()
+            .zip(&descs)
+            .zip(engine.search_descriptors(&descs, &params))
+        {
             let from = &idx.meta(row).id;
             for c in entry_candidates(engine, near, rule, frames, idx.meta(row), desc, hits) {
                 if c.confidence >= rule.match_confidence {

@@ -391,7 +391,7 @@ pub fn link_evidence(
     desc: &Descriptors,
 ) -> LinkEvidence {
     let hits = engine
-        .search(std::slice::from_ref(desc), &params(opts))
+        .search_descriptors(std::slice::from_ref(desc), &params(opts))
         .pop()
         .unwrap_or_default();
     evidence_of(engine, near, &frames.place(meta).meta, desc, hits)
@@ -491,7 +491,7 @@ pub fn register_entries_seeded(
     };
     let seeds: Vec<(String, String)> = chosen
         .iter()
-        .zip(engine.search(&descs, &top))
+        .zip(engine.search_descriptors(&descs, &top))
         .filter_map(|((m, _), hits)| {
             let h = hits.into_iter().next()?;
             let confident = rule.confidence(h.score, None) >= rule.match_confidence;
@@ -655,7 +655,7 @@ pub fn link_partition(
     progress.start("link", entries.len());
     for batch in entries.chunks(opts.batch.max(1)) {
         let descs: Vec<Descriptors> = batch.iter().map(|(_, d)| d.clone()).collect();
-        for ((meta, desc), hits) in batch.iter().zip(engine.search(&descs, &params)) {
+        for ((meta, desc), hits) in batch.iter().zip(engine.search_descriptors(&descs, &params)) {
             let cands = entry_candidates(engine, &near, rule, frames, meta, desc, hits);
             let registration = frames.place(meta).registration.cloned();
             rows.push(decide(rule, meta.clone(), cands, registration));
@@ -696,13 +696,13 @@ pub fn link(
             entries.by_ref().take(opts.batch.max(1)).collect();
         let engine = grown.as_ref().unwrap_or(engine);
         let descs: Vec<Descriptors> = batch.iter().map(|(_, d)| d.clone()).collect();
-        let results = engine.search(&descs, &params);
+        let results = engine.search_descriptors(&descs, &params);
         let mut fresh: Vec<(ImageMeta, Descriptors)> = Vec::new();
         let mut fresh_engine: Option<Engine> = None;
         for ((meta, desc), hits) in batch.into_iter().zip(results) {
             let mut cands = entry_candidates(engine, &near, rule, &frames, &meta, &desc, hits);
             if let Some(mini) = &fresh_engine {
-                let mini_hits = mini.search(std::slice::from_ref(&desc), &params);
+                let mini_hits = mini.search_descriptors(std::slice::from_ref(&desc), &params);
                 cands.extend(candidates(rule, &frames, &meta, &mini_hits[0]));
                 sort_by_confidence(&mut cands);
             }

@@ -4,7 +4,9 @@ use crate::args::ModelOpts;
 use crate::output::Bars;
 use anyhow::Result;
 use clap::Args;
-use craterdex_engine::{Engine, Extractor, IndexRecipe, ModelOptions, Protocol, SearchParams};
+use craterdex_engine::{
+    Engine, Extractor, IndexRecipe, ModelOptions, Protocol, SearchInput, SearchOptions,
+};
 use craterdex_eval::{benchbuild, metrics};
 use craterdex_fetch as fetch;
 
@@ -114,14 +116,14 @@ pub fn run(c: DemoCmd) -> Result<()> {
     )?;
     let queries = extractor.extract(&b.query_items(), "queries", &bars)?;
     let t = Instant::now();
-    let hits = engine.search_features(
-        &queries,
-        &SearchParams {
-            top_k: 10,
-            shortlist: 100,
-            ..Default::default()
-        },
-    );
+    // features carry no pixels: searched as given, the shipped top 10 of a shortlist of 100
+    let hits = engine
+        .search(
+            SearchInput::Features(&queries),
+            &SearchOptions::default(),
+            &bars,
+        )?
+        .hits;
     let per_query_ms = t.elapsed().as_secs_f64() * 1e3 / hits.len().max(1) as f64;
     let relevance = b.align(&gallery.ids, &queries.ids).relevance;
     let first_ranks: Vec<Option<usize>> = hits

@@ -105,19 +105,21 @@ pub fn run(mut c: EvalCmd) -> Result<()> {
         ..craterdex_engine::QueryViews::PLAIN
     };
     if c.recheck {
-        use craterdex_engine::{RECHECK_TURNS, RECHECK_VERIFY, RECHECK_VIEWS};
-        if ![1, RECHECK_TURNS].contains(&c.query_turns)
-            || ![0, RECHECK_VERIFY].contains(&c.verify)
+        let plan = craterdex_engine::RecheckPlan::shipped();
+        let (first, last) = (plan.first(), plan.last());
+        if ![1, last.views.turns].contains(&c.query_turns)
+            || ![0, first.verify].contains(&c.verify)
             || c.opposite_sun
         {
             anyhow::bail!(
-                "--recheck searches again in --query-turns {RECHECK_TURNS} and the query as \
-                 given under the opposite sun, verifying {RECHECK_VERIFY} as given, as search \
-                 rechecks; leave out --query-turns, --verify and --opposite-sun or give those \
-                 numbers"
+                "--recheck searches again in --query-turns {} and the query as given under the \
+                 opposite sun, verifying {} as given, as search rechecks; leave out \
+                 --query-turns, --verify and --opposite-sun or give those numbers",
+                last.views.turns,
+                first.verify
             );
         }
-        (views, c.verify) = (RECHECK_VIEWS, RECHECK_VERIFY);
+        (views, c.verify) = (last.views, first.verify);
     }
     let o = craterdex_eval::regimes::EvalOptions {
         views,

@@ -5,7 +5,7 @@ use crate::output::{print_hits, print_json, Bars};
 use anyhow::{bail, Result};
 use clap::Args;
 use craterdex_engine::inputs::images_in;
-use craterdex_engine::{Engine, QueryHits, ShardedEngine};
+use craterdex_engine::{Engine, SearchInput, ShardedEngine};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -35,7 +35,7 @@ pub struct SearchCmd {
 
 pub fn run(c: SearchCmd) -> Result<()> {
     let options = c.search.options();
-    let params = options.params(&Default::default())?;
+    options.params(&Default::default())?;
     let mut items: Vec<(String, PathBuf)> = c
         .images
         .iter()
@@ -52,23 +52,17 @@ pub fn run(c: SearchCmd) -> Result<()> {
     }
     let extractor = Arc::new(c.model.load()?);
     let bars = Bars::new();
-    let timed = |search: &dyn Fn() -> craterdex_engine::Result<Vec<QueryHits>>| -> Result<_> {
-        let t = std::time::Instant::now();
-        let results = search()?;
-        let ms = t.elapsed().as_secs_f64() * 1e3 / results.len().max(1) as f64;
-        Ok((results, ms))
-    };
-    let (results, ms) = match (&c.index, &c.shards) {
-        (Some(index), _) => {
-            let engine = Engine::open(index, Some(extractor))?;
-            timed(&|| engine.search_images_as(&items, &params, &options, &bars))?
-        }
+    let t = std::time::Instant::now();
+    let input = SearchInput::Files(&items);
+    let answer = match (&c.index, &c.shards) {
+        (Some(index), _) => Engine::open(index, Some(extractor))?.search(input, &options, &bars)?,
         (None, Some(set)) => {
-            let engine = ShardedEngine::open(set, Some(extractor))?;
-            timed(&|| engine.search_images_as(&items, &params, &options, &bars))?
+            ShardedEngine::open(set, Some(extractor))?.search(input, &options, &bars)?
         }
         (None, None) => bail!("give --index or --shards"),
     };
+    let results = answer.hits;
+    let ms = t.elapsed().as_secs_f64() * 1e3 / results.len().max(1) as f64;
     if c.json {
         print_json(&results)?;
     } else {

@@ -56,6 +56,7 @@ __all__ = [
     "Recipe",
     "evaluate",
     "cpu",
+    "recheck_plan",
     "entries_from_dir",
     "META_COLUMNS",
     "DEFAULTS",
@@ -85,6 +86,15 @@ _IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".tif", ".tiff", ".pgm", ".ppm"}
 def cpu() -> str:
     """The CPU and the kernel level in use, as ``craterdex cpu`` prints them."""
     return _native.cpu()
+
+
+def recheck_plan() -> Dict[str, Any]:
+    """The rechecked search a query image gets by default (``Index.search``'s ``recheck``):
+    ``description`` (the plan in words), ``unsure_share`` (the share of a query's patches its
+    verified first hit must gather as inliers for the answer to stand) and ``stages`` (each
+    with its ``name``, ``views``, the images it ``verify``-ies and its ``keep_share``), the
+    engine's own plan, as ``craterdex search --help`` describes it."""
+    return json.loads(_native.recheck_plan_json())
 
 
 def _records(entries: Union[pd.DataFrame, Sequence[Mapping[str, Any]]]) -> str:
@@ -521,13 +531,8 @@ class Index:
         at least 400); their images are read where the index recorded them and run through
         the model (with ``turns``, each is verified against the 3 turned views that match it
         best). ``recheck`` (images or paths, without ``turns`` or ``verify``; on by
-        default): the 50 best images are verified and a query whose first hit does not
-        register with it (under 40% of its patches as inliers: turned, mirrored, another sun)
-        is searched again, first turned so that its shading points toward the catalogue's
-        suns (it and its mirror image, 50 verified), and where it still does not register
-        in 12 turns and, as given, with its brightness inverted (the opposite sun), with its
-        200 best images verified, a new answer kept where its first hit registers better
-        (with at least 30% of the patches); False searches every
+        default): a query whose first hit does not register with it is searched again as
+        ``craterdex.recheck_plan()`` describes (its stages and numbers); False searches every
         query only as given. ``ids`` name the queries (with ``features``, in place of the
         ids they were extracted with). Returns one row per hit: ``query``, ``rank``, ``id``,
         ``crater_id``, ``score``, ``stage1``, ``stage2``, ``inliers`` (verified hits only)

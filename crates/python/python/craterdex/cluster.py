@@ -218,20 +218,10 @@ def _native_call(f: Any, *args: Any) -> Any:
 
 
 def _search_options(request: Request, query: str) -> Dict[str, Any]:
-    """The query string's search options, read and checked by ``craterdex serve``'s reader,
-    for a search by ``query`` (``image``, ``features`` or ``indexed``), refused where
-    ``craterdex serve`` refuses them: views need the query image, verification its patch
-    tokens; a search by features or by an indexed image is not rechecked."""
-    opts = json.loads(_native_call(_native.search_options_json, request.url.query))
-    if query != "image":
-        if opts.get("turns", 1) > 1 or opts.get("opposite_sun", False):
-            raise _Refused(400, "turns and opposite_sun need the query image: search by image "
-                                "(POST /v1/search/image)")
-        if query == "indexed" and opts.get("verify", 0) > 0:
-            raise _Refused(400, "verify needs the query's patch tokens: search by image "
-                                "(POST /v1/search/image) or by features (POST /v1/search/features)")
-        opts["recheck"] = False
-    return opts
+    """The query string's search options for a search by ``query`` (``image``, ``features``
+    or ``indexed``), read, checked and refused as ``craterdex serve`` does (the engine's rule
+    of what each kind of query can use)."""
+    return json.loads(_native_call(_native.search_options_json, request.url.query, query))
 
 
 def _ms(seconds: float) -> float:

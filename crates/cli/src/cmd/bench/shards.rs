@@ -54,8 +54,8 @@ pub fn run(b: ShardsBench) -> Result<()> {
         shortlist: engine.index().live(),
         ..params
     };
-    let single = engine.search(&queries, &params);
-    let single_exact = engine.search(&queries, &whole_list);
+    let single = engine.search_descriptors(&queries, &params);
+    let single_exact = engine.search_descriptors(&queries, &whole_list);
     let work = tempfile::Builder::new()
         .prefix("craterdex-bench-shards")
         .tempdir_in(b.workdir.clone().unwrap_or_else(std::env::temp_dir))?;
@@ -84,14 +84,14 @@ pub fn run(b: ShardsBench) -> Result<()> {
             .index()
             .split(&work.path().join(format!("s{n}")), n, &[])?;
         let sharded = ShardedEngine::open(&work.path().join(format!("s{n}")), None)?;
-        let hits = sharded.search(&queries, &params);
+        let hits = sharded.search_descriptors(&queries, &params);
         let (mut agree, mut total) = (0usize, 0usize);
         for (a, b) in single.iter().zip(&hits) {
             let mine: std::collections::HashSet<&str> = ids(b).into_iter().collect();
             agree += ids(a).iter().filter(|id| mine.contains(*id)).count();
             total += a.len();
         }
-        let exact = sharded.search(&queries, &whole_list);
+        let exact = sharded.search_descriptors(&queries, &whole_list);
         let equal = single_exact
             .iter()
             .zip(&exact)
@@ -100,11 +100,11 @@ pub fn run(b: ShardsBench) -> Result<()> {
         let (mut ta, mut tb) = (Vec::new(), Vec::new());
         for _ in 0..b.repeats.max(1) {
             ta.extend(single_query_ms(
-                |q| drop(engine.search(q, &params)),
+                |q| drop(engine.search_descriptors(q, &params)),
                 &queries,
             ));
             tb.extend(single_query_ms(
-                |q| drop(sharded.search(q, &params)),
+                |q| drop(sharded.search_descriptors(q, &params)),
                 &queries,
             ));
         }

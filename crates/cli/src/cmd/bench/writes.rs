@@ -60,8 +60,8 @@ fn stream(
             let mut i = 0;
             while !stop.load(Ordering::Relaxed) {
                 let engine = shared.snapshot();
-                let hits =
-                    engine.search(std::slice::from_ref(&queries[i % queries.len()]), &params);
+                let hits = engine
+                    .search_descriptors(std::slice::from_ref(&queries[i % queries.len()]), &params);
                 if hits[0].is_empty() {
                     search_errors.fetch_add(1, Ordering::Relaxed);
                 }

@@ -149,7 +149,7 @@ pub(super) fn print(rows: &[Row], engines: &[String]) {
                 "spatial verification of the {} best images, as a query image's default search \
                  does before deciding to search again (grouped two-stage, S 100 plain and {} \
                  verified, one query at a time, the same loop):",
-                super::timing::VERIFIED,
+                super::timing::verified(),
                 craterdex_engine::VERIFY_SHORTLIST
             ),
             stage_ratios(

@@ -69,10 +69,12 @@ pub(super) const WORST_CASE_TOKENS: usize = 256;
 
 /// Candidates verified per query in the verification rows: those a query image's default,
 /// rechecked search verifies (`search --verify 50`).
-pub(super) const VERIFIED: usize = craterdex_engine::RECHECK_VERIFY;
+pub(super) fn verified() -> usize {
+    craterdex_engine::RecheckPlan::shipped().first().verify
+}
 
 /// Times the grouped two-stage search of the index in `dir` with each query's first
-/// [`VERIFIED`] images spatially verified (`search --verify`), one query at a time, beside
+/// [`verified`] images spatially verified (`search --verify`), one query at a time, beside
 /// the same search unverified in the same loop.
 fn time_verification(
     dir: &Path,
@@ -133,21 +135,21 @@ fn time_verification(
             &queries[q..q + 1],
             &query_grids[q..q + 1],
             &params,
-            VERIFIED,
+            verified(),
             &candidate,
         );
     }
     let (mut plain_ms, mut verified_ms) = (Vec::new(), Vec::new());
     for q in 0..n {
         let t = Instant::now();
-        std::hint::black_box(engine.search(&queries[q..q + 1], &params));
+        std::hint::black_box(engine.search_descriptors(&queries[q..q + 1], &params));
         plain_ms.push(t.elapsed().as_secs_f64() * 1e3);
         let t = Instant::now();
         std::hint::black_box(engine.search_verified(
             &queries[q..q + 1],
             &query_grids[q..q + 1],
             &params,
-            VERIFIED,
+            verified(),
             &candidate,
         ));
         verified_ms.push(t.elapsed().as_secs_f64() * 1e3);
@@ -180,7 +182,7 @@ fn time_verification(
 
 /// The stage name of the verification rows.
 pub(super) fn verified_stage() -> String {
-    format!("{GROUPED_STAGE}_verify{VERIFIED}")
+    format!("{GROUPED_STAGE}_verify{}", verified())
 }
 
 pub(super) fn time_index(

@@ -1,0 +1,525 @@
+//! The rechecked search ([`crate::SearchOptions::recheck`], on by default for a query image)
+//! as a plan held as data: its stages in order, the first included, and the rule that moves
+//! a query from one to the next. This is the one description of it; the command line's
+//! help, the Python docstring and the docs print [`RecheckPlan::describe`] or point here.
+//!
+//! 1. **as given**: the query alone, its [`FIRST_VERIFY`] best images verified spatially.
+//!    A query whose verified first hit gathers fewer than [`UNSURE_SHARE`] of its patches
+//!    as inliers ([`RecheckPlan::unsure`]: turned, mirrored, under another sun) goes on.
+//! 2. **turned toward the catalogue's suns** (only where the catalogue has suns): the query
+//!    and its mirror image turned so that their shading points toward each sun
+//!    ([`QueryViews::toward`]), [`FIRST_VERIFY`] verified; 2 forward passes per sun.
+//! 3. **relit toward the catalogue's suns** (the same): the query relit so that its sun
+//!    shines from each sun's axis ([`QueryViews::relit_toward`]), [`FIRST_VERIFY`] verified.
+//! 4. **in turns and under the opposite sun**: [`TURNS`] turns, each mirrored, and the query
+//!    as given with its brightness inverted, [`AGAIN_VERIFY`] verified; 2 x [`TURNS`] + 1
+//!    forward passes.
+//!
+//! Each stage after the first searches only the queries still unsure, and a new answer
+//! replaces the one before where its first hit registers at least as well and with at least
+//! the stage's keep share of the patches ([`RecheckPlan::registers_better`]). Where the
+//! query's tokens are no square grid (an oriented or multi-scale index) nothing can be
+//! verified and the search is plain. The constants were chosen on the NAC, Mars and relit
+//! benchmarks; docs/results.md, "Rechecked by default", has the measurements and which
+//! split chose each.
+
+use crate::catalogue::Catalogue;
+use crate::engine::QueryFeatures;
+use crate::error::Result;
+use crate::hits::{QueryHits, SearchHit};
+use crate::progress::{go_on, Progress};
+use crate::views::{OppositeSun, QueryViews, Suns};
+use craterdex_index::SearchParams;
+use craterdex_model::extract::FeatureSet;
+use craterdex_tokens::Descriptors;
+use std::collections::{HashMap, HashSet};
+
+/// Images verified per query as given and toward the catalogue's suns: 50, the advice for
+/// queries at an unknown heading (docs/results.md, "Turned and verified"); a query brought
+/// back to the catalogue's heading ranks its crater as an upright query does.
+const FIRST_VERIFY: usize = 50;
+
+/// The share of a query's patches its verified first hit must gather as inliers for the
+/// answer as given to stand. Upright queries' verified first hits gathered 87-155 inliers of
+/// 256 on the NAC benchmark and 96-171 on the Mars one (every one right); turned queries'
+/// wrong first hits at most 62 (NAC) and 98 (Mars): 0.4 (102) searches again 1-2 upright
+/// queries in 200 and every turned one answered wrong.
+const UNSURE_SHARE: f32 = 0.4;
+
+/// The share of a query's patches the new first hit of a turned search must gather to be
+/// kept: right answers gathered 101 or more of 256 on both real benchmarks, wrong ones at most
+/// 60 (NAC); under another sun no view registers and the answer as given, verified, was right
+/// more often: 0.3 (77) keeps it.
+const KEEP_SHARE: f32 = 0.3;
+
+/// The keep share of a relit search: 0.2 (52 of 256). A relit view is a first-order picture
+/// of the crater under the other sun and registers less than a turned one: under a sun turned
+/// by 90 degrees the relit views' right first hits gathered 29-154 inliers and nine in ten
+/// wrong ones 12-43; at [`KEEP_SHARE`] 18 right answers of 95 were lost.
+const RELIT_KEEP_SHARE: f32 = 0.2;
+
+/// Turns of the last stage: 12, every 30 degrees.
+const TURNS: usize = 12;
+
+/// Images verified by the last stage: 200. The right crater of a turned query seen through its
+/// nearest turn can stand below the 50th place; 200 found it first for 173 of 174 turned NAC
+/// queries where 50 found it for 168. Above a caller's own `verify` limit
+/// ([`crate::MAX_VERIFY`]): only the few queries that did not register pay for it.
+const AGAIN_VERIFY: usize = 200;
+
+/// One search of a rechecked search.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct Stage {
+    /// What it searches, as reports name it.
+    pub name: &'static str,
+    /// The views of each query it searches.
+    pub views: QueryViews,
+    /// Images it verifies per query.
+    pub verify: usize,
+    /// The share of a query's patches its new first hit must gather as inliers to replace the
+    /// answer before it (0 for the first stage, which replaces nothing).
+    pub keep_share: f32,
+}
+
+/// What one stage of a search did ([`crate::SearchAnswer::stages`]).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct StageRun {
+    pub stage: Stage,
+    /// Queries it searched.
+    pub searched: usize,
+    /// Of those, the queries whose answer it replaced (all of them for the first stage).
+    pub kept: usize,
+    /// Milliseconds it took, extraction of the views included.
+    pub ms: f64,
+}
+
+/// The stages of a rechecked search of a catalogue with some suns, in order.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct RecheckPlan {
+    /// The share of a query's patches below which its verified first hit leaves it unsure.
+    pub unsure_share: f32,
+    /// The stages, the search as given first.
+    pub stages: Vec<Stage>,
+}
+
+/// The search as given, each query's best images verified.
+pub const AS_GIVEN: &str = "as given";
+/// Turned toward the catalogue's suns.
+pub const TURNED_TOWARD: &str = "turned toward the catalogue's suns";
+/// Relit toward the catalogue's suns.
+pub const RELIT_TOWARD: &str = "relit toward the catalogue's suns";
+/// In turns and under the opposite sun.
+pub const IN_TURNS: &str = "in turns and under the opposite sun";
+
+impl RecheckPlan {
+    /// The plan for a catalogue whose images are lit from `suns` (no stage toward them where
+    /// there are none).
+    pub fn for_suns(suns: Suns) -> Self {
+        let mut stages = vec![Stage {
+            name: AS_GIVEN,
+            views: QueryViews::PLAIN,
+            verify: FIRST_VERIFY,
+            keep_share: 0.0,
+        }];
+        if !suns.is_empty() {
+            stages.push(Stage {
+                name: TURNED_TOWARD,
+                views: QueryViews::toward(suns),
+                verify: FIRST_VERIFY,
+                keep_share: KEEP_SHARE,
+            });
+            stages.push(Stage {
+                name: RELIT_TOWARD,
+                views: QueryViews::relit_toward(suns),
+                verify: FIRST_VERIFY,
+                keep_share: RELIT_KEEP_SHARE,
+            });
+        }
+        stages.push(Stage {
+            name: IN_TURNS,
+            views: QueryViews {
+                turns: TURNS,
+                opposite_sun: OppositeSun::Given,
+                ..QueryViews::PLAIN
+            },
+            verify: AGAIN_VERIFY,
+            keep_share: KEEP_SHARE,
+        });
+        Self {
+            unsure_share: UNSURE_SHARE,
+            stages,
+        }
+    }
+
+    /// The plan whatever the catalogue's suns: its first and last stages hold for every
+    /// catalogue.
+    pub fn shipped() -> Self {
+        Self::for_suns(Suns::default())
+    }
+
+    /// The search as given.
+    pub fn first(&self) -> &Stage {
+        &self.stages[0]
+    }
+
+    /// The stages that search again, in order.
+    pub fn again(&self) -> &[Stage] {
+        &self.stages[1..]
+    }
+
+    /// The last stage (in turns and under the opposite sun).
+    pub fn last(&self) -> &Stage {
+        self.stages.last().unwrap_or(&self.stages[0])
+    }
+
+    /// The stage named `name`.
+    pub fn stage(&self, name: &str) -> Option<&Stage> {
+        self.stages.iter().find(|s| s.name == name)
+    }
+
+    /// Whether a query's verified `hits` leave it unsure: its first hit was verified and
+    /// gathered fewer than [`RecheckPlan::unsure_share`] of the query's `patches`. A first
+    /// hit that could not be verified (no image) gives no reason to search again.
+    pub fn unsure(&self, hits: &[SearchHit], patches: usize) -> bool {
+        hits.first()
+            .and_then(|h| h.inliers)
+            .is_some_and(|n| (n as f32) < self.unsure_share * patches as f32)
+    }
+
+    /// Whether a query of `patches` patches searched again by `stage` keeps its new answer
+    /// `again` over `given`: the new first hit registers at least as well (as many inliers)
+    /// and with at least the stage's keep share of the patches. An upright query searched
+    /// again can meet a look-alike through a turned view, and a query under another sun
+    /// registers in no turned view; the answer as given, verified, then stands.
+    pub fn registers_better(
+        stage: &Stage,
+        again: &[SearchHit],
+        given: &[SearchHit],
+        patches: usize,
+    ) -> bool {
+        let inliers = |hits: &[SearchHit]| hits.first().and_then(|h| h.inliers).unwrap_or(0);
+        let new = inliers(again);
+        new >= inliers(given) && new as f32 >= stage.keep_share * patches as f32
+    }
+
+    /// Replaces the answers of the queries that `given` leaves [`RecheckPlan::unsure`] (of
+    /// `patches` patches each) by what `search_again` answers for them where that
+    /// [`RecheckPlan::registers_better`] under `stage` (by query name; a query it does not
+    /// answer keeps its own). Returns how many were unsure and how many answers were
+    /// replaced.
+    pub fn recheck_answers(
+        &self,
+        stage: &Stage,
+        given: &mut [QueryHits],
+        patches: usize,
+        search_again: &dyn Fn(&HashSet<String>) -> Result<Vec<QueryHits>>,
+    ) -> Result<(usize, usize)> {
+        let again: HashSet<String> = given
+            .iter()
+            .filter(|h| self.unsure(&h.results, patches))
+            .map(|h| h.query.clone())
+            .collect();
+        if again.is_empty() {
+            return Ok((0, 0));
+        }
+        let mut answers: HashMap<String, Vec<SearchHit>> = search_again(&again)?
+            .into_iter()
+            .map(|h| (h.query, h.results))
+            .collect();
+        let mut kept = 0;
+        for h in given.iter_mut() {
+            if let Some(r) = answers.remove(&h.query) {
+                if Self::registers_better(stage, &r, &h.results, patches) {
+                    h.results = r;
+                    kept += 1;
+                }
+            }
+        }
+        Ok((again.len(), kept))
+    }
+
+    /// The plan in words, its numbers from its stages: what `craterdex search --help` and
+    /// the Python docstring show.
+    pub fn describe(&self) -> String {
+        let percent = |share: f32| format!("{:.0}%", share * 100.0);
+        let mut out = format!(
+            "{}: each query's {} best images verified spatially; a query whose first hit \
+             gathers fewer than {} of its patches as inliers (turned, mirrored, another sun) is \
+             searched again",
+            self.first().name,
+            self.first().verify,
+            percent(self.unsure_share),
+        );
+        let toward = self
+            .again()
+            .iter()
+            .filter(|s| !s.views.toward.is_empty())
+            .count();
+        if toward == 0 {
+            out.push_str(&format!(
+                "; where the catalogue's suns are known, first {TURNED_TOWARD} (the query and its \
+                 mirror image, {FIRST_VERIFY} verified, keeping {}), then {RELIT_TOWARD} (the \
+                 same, keeping {})",
+                percent(KEEP_SHARE),
+                percent(RELIT_KEEP_SHARE),
+            ));
+        }
+        for s in self.again() {
+            let views = match s.name {
+                IN_TURNS => format!(
+                    " ({} turns each mirrored and the query with its brightness inverted: {} \
+                     forward passes",
+                    s.views.turns,
+                    s.views.count()
+                ),
+                _ => format!(" ({} forward passes", s.views.count()),
+            };
+            out.push_str(&format!(
+                "; then {}{views}, {} verified, keeping a new first hit with at least {} of the \
+                 patches)",
+                s.name,
+                s.verify,
+                percent(s.keep_share)
+            ));
+        }
+        out.push_str(
+            "; each new answer kept only where its first hit also registers at least as well",
+        );
+        out
+    }
+}
+
+/// What a rechecked search of a catalogue found: each query's hits and what each stage did.
+pub(crate) struct Rechecked {
+    pub hits: Vec<QueryHits>,
+    pub stages: Vec<StageRun>,
+}
+
+/// The rechecked search in `catalogue` of the queries `features` gives (their ids and
+/// features in some views), `params` as asked: as given, verified, then each stage toward the
+/// catalogue's suns and the last for the queries still unsure. Where the queries' tokens are
+/// no square grid nothing can be verified and the search is plain.
+pub(crate) fn run(
+    catalogue: &dyn Catalogue,
+    features: &QueryFeatures,
+    params: &SearchParams,
+    progress: &dyn Progress,
+) -> Result<Rechecked> {
+    let t = std::time::Instant::now();
+    let (ids, plain) = features(None, QueryViews::PLAIN)?;
+    let Some(side) = craterdex_tokens::verify::grid_side(plain.tokens) else {
+        let per_query: Vec<Vec<Descriptors>> = catalogue
+            .encode(&plain)?
+            .into_iter()
+            .map(|d| vec![d])
+            .collect();
+        let hits = catalogue.search_views(&per_query, QueryViews::PLAIN, params)?;
+        return Ok(Rechecked {
+            hits: QueryHits::named(&ids, hits),
+            stages: Vec::new(),
+        });
+    };
+    let search = |stage: &Stage, ids: &[String], features: &FeatureSet| {
+        catalogue.search_variants_verified(
+            ids,
+            features,
+            stage.views,
+            params,
+            stage.verify,
+            progress,
+        )
+    };
+    let shipped = RecheckPlan::shipped();
+    let mut hits = search(shipped.first(), &ids, &plain)?;
+    let mut stages = vec![StageRun {
+        stage: *shipped.first(),
+        searched: hits.len(),
+        kept: hits.len(),
+        ms: ms_since(t),
+    }];
+    let patches = side * side;
+    if !hits.iter().any(|h| shipped.unsure(&h.results, patches)) {
+        return Ok(Rechecked { hits, stages });
+    }
+    // the stages toward the suns need the catalogue's: measured once some query needs them
+    let plan = RecheckPlan::for_suns(catalogue.suns()?);
+    for stage in plan.again() {
+        go_on(progress)?;
+        let t = std::time::Instant::now();
+        let (searched, kept) = plan.recheck_answers(stage, &mut hits, patches, &|unsure| {
+            let (ids, in_views) = features(Some(unsure), stage.views)?;
+            search(stage, &ids, &in_views)
+        })?;
+        if searched > 0 {
+            let before: Vec<&str> = stages
+                .iter()
+                .skip(1)
+                .filter(|s| s.searched > 0)
+                .map(|s| s.stage.name)
+                .collect();
+            let nor = match before.as_slice() {
+                [] => String::new(),
+                names => format!(" nor {}", names.join(" or ")),
+            };
+            let suns = match stage.views.toward.is_empty() {
+                true => String::new(),
+                false => format!(" ({})", stage.views.toward),
+            };
+            progress.note(&format!(
+                "{searched} of {} queries did not register with their first hit{nor}: searched \
+                 again {}{suns}",
+                hits.len(),
+                stage.name,
+            ));
+        }
+        stages.push(StageRun {
+            stage: *stage,
+            searched,
+            kept,
+            ms: ms_since(t),
+        });
+    }
+    Ok(Rechecked { hits, stages })
+}
+
+fn ms_since(t: std::time::Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use craterdex_index::ImageMeta;
+
+    fn hit(id: &str, inliers: Option<usize>) -> SearchHit {
+        SearchHit {
+            rank: 1,
+            id: id.into(),
+            crater_id: None,
+            score: 0.5,
+            stage1: None,
+            stage2: None,
+            inliers,
+            meta: ImageMeta {
+                id: id.into(),
+                ..Default::default()
+            },
+            row: 0,
+        }
+    }
+
+    fn answer(query: &str, first: SearchHit) -> QueryHits {
+        QueryHits {
+            query: query.into(),
+            results: vec![first],
+        }
+    }
+
+    #[test]
+    fn a_query_whose_first_hit_does_not_register_is_answered_again() {
+        let patches = 256;
+        let plan = RecheckPlan::for_suns(Suns::from_radians(&[0.0]));
+        let unsure = |hits: &[SearchHit], patches| plan.unsure(hits, patches);
+        let least = (UNSURE_SHARE * patches as f32).ceil() as usize;
+        assert!(!unsure(&[hit("a", Some(least))], patches));
+        assert!(unsure(&[hit("a", Some(least - 1))], patches));
+        // nothing verified, or nothing found: no reason to search again
+        assert!(!unsure(&[hit("a", None)], patches));
+        assert!(!unsure(&[], patches));
+        let (turned, relit) = (
+            *plan.stage(IN_TURNS).unwrap(),
+            *plan.stage(RELIT_TOWARD).unwrap(),
+        );
+        assert_eq!(
+            (turned.keep_share, relit.keep_share),
+            (KEEP_SHARE, RELIT_KEEP_SHARE)
+        );
+        let recheck_answers =
+            |given: &mut [QueryHits],
+             patches,
+             stage: Stage,
+             again: &dyn Fn(&HashSet<String>) -> Result<Vec<QueryHits>>| {
+                plan.recheck_answers(&stage, given, patches, again)
+                    .map(|(searched, _)| searched)
+            };
+        let registers_better = |again: &[SearchHit], given: &[SearchHit], patches, stage: Stage| {
+            RecheckPlan::registers_better(&stage, again, given, patches)
+        };
+        let mut given = vec![
+            answer("registers", hit("x", Some(200))),
+            answer("turned", hit("wrong", Some(20))),
+            answer("no image", hit("y", None)),
+            answer("turned too", hit("wrong", Some(3))),
+            answer("upright, unsure", hit("own", Some(60))),
+            answer("relit", hit("own, verified", Some(30))),
+        ];
+        let asked = std::sync::Mutex::new(Vec::new());
+        let again = recheck_answers(&mut given, patches, turned, &|ids| {
+            let mut ids: Vec<String> = ids.iter().cloned().collect();
+            ids.sort();
+            asked.lock().unwrap().extend(ids.clone());
+            // the second search answers three of the four (one image was unreadable): one
+            // through a look-alike that registers worse than the answer as given, one better
+            // than it but with too few inliers to register at all
+            Ok(vec![
+                answer("turned", hit("right", Some(150))),
+                answer("upright, unsure", hit("look-alike", Some(40))),
+                answer("relit", hit("turned look-alike", Some(50))),
+            ])
+        })
+        .unwrap();
+        assert_eq!(again, 4);
+        assert_eq!(
+            *asked.lock().unwrap(),
+            ["relit", "turned", "turned too", "upright, unsure"]
+        );
+        let firsts: Vec<&str> = given.iter().map(|h| h.results[0].id.as_str()).collect();
+        assert_eq!(firsts, ["x", "right", "y", "wrong", "own", "own, verified"]);
+        // the new answer must register as well as the old and with its own share of inliers
+        let keep = (KEEP_SHARE * patches as f32).ceil() as usize;
+        let old = [hit("old", Some(10))];
+        let k = turned;
+        assert!(registers_better(
+            &[hit("new", Some(keep))],
+            &old,
+            patches,
+            k
+        ));
+        let fewer = [hit("new", Some(keep - 1))];
+        assert!(!registers_better(&fewer, &old, patches, k));
+        // a search with a lower share of its own keeps it
+        assert!(registers_better(&fewer, &old, patches, relit));
+        assert!(!registers_better(
+            &[hit("new", Some(keep + 5))],
+            &[hit("old", Some(keep + 6))],
+            patches,
+            k
+        ));
+        // every query registering: no second search at all
+        let mut sure = vec![answer("registers", hit("x", Some(200)))];
+        let none =
+            recheck_answers(&mut sure, patches, turned, &|_| panic!("searched again")).unwrap();
+        assert_eq!(none, 0);
+    }
+
+    #[test]
+    fn the_plan_runs_toward_the_suns_only_where_there_are_suns() {
+        let none = RecheckPlan::for_suns(Suns::default());
+        let names: Vec<&str> = none.stages.iter().map(|s| s.name).collect();
+        assert_eq!(names, [AS_GIVEN, IN_TURNS]);
+        assert_eq!(none.last().views.count(), 2 * TURNS + 1);
+        let two = RecheckPlan::for_suns(Suns::from_radians(&[0.0, 3.0]));
+        let names: Vec<&str> = two.stages.iter().map(|s| s.name).collect();
+        assert_eq!(names, [AS_GIVEN, TURNED_TOWARD, RELIT_TOWARD, IN_TURNS]);
+        assert_eq!(two.stage(TURNED_TOWARD).unwrap().views.count(), 4);
+        assert!(two.stage(RELIT_TOWARD).unwrap().views.relit);
+        // the description carries the plan's own numbers
+        let words = two.describe();
+        for n in ["50 best", "40%", "200 verified", "25 forward passes", "20%"] {
+            assert!(words.contains(n), "{n} in {words}");
+        }
+        assert!(none
+            .describe()
+            .contains("where the catalogue's suns are known"));
+    }
+}
