@@ -257,7 +257,7 @@ fn recheck_help() -> String {
         "Search every query image only as given, not rechecked. By default (without --turns or \
          --verify) each query image is searched {}. Measured: docs/results.md, \"Rechecked by \
          default\".",
-        craterdex_engine::RecheckPlan::shipped().describe()
+        craterdex_engine::RecheckPlan::describe()
     )
 }
 

@@ -50,6 +50,20 @@ pub trait Catalogue {
     }
 }
 
+/// Each query's descriptors in its `views` under `catalogue`'s encoder: `features` holds
+/// each query's [`QueryViews::count`] views in a row.
+pub(crate) fn encode_in_views(
+    catalogue: &dyn Catalogue,
+    features: &FeatureSet,
+    views: QueryViews,
+) -> Result<Vec<Vec<Descriptors>>> {
+    Ok(catalogue
+        .encode(features)?
+        .chunks(views.count())
+        .map(<[Descriptors]>::to_vec)
+        .collect())
+}
+
 /// The suns of a catalogue made of `indexes` (one, or a set's shards): the headings of the
 /// dipoles of [`sun_sample`] of their live images ([`sun_headings_of`]), read where the
 /// indexes recorded them.

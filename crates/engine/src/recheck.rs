@@ -23,7 +23,7 @@
 //! benchmarks; docs/results.md, "Rechecked by default", has the measurements and which
 //! split chose each.
 
-use crate::catalogue::Catalogue;
+use crate::catalogue::{encode_in_views, Catalogue};
 use crate::engine::QueryFeatures;
 use crate::error::Result;
 use crate::hits::{QueryHits, SearchHit};
@@ -31,7 +31,6 @@ use crate::progress::{go_on, Progress};
 use crate::views::{OppositeSun, QueryViews, Suns};
 use craterdex_index::SearchParams;
 use craterdex_model::extract::FeatureSet;
-use craterdex_tokens::Descriptors;
 use std::collections::{HashMap, HashSet};
 
 /// Images verified per query as given and toward the catalogue's suns: 50, the advice for
@@ -238,45 +237,39 @@ impl RecheckPlan {
         Ok((again.len(), kept))
     }
 
-    /// The plan in words, its numbers from its stages: what `craterdex search --help` and
-    /// the Python docstring show.
-    pub fn describe(&self) -> String {
+    /// The plan in words, its numbers from its stages, those toward the catalogue's suns
+    /// counted per sun: what `craterdex search --help` and the Python docstring show.
+    pub fn describe() -> String {
+        // one sun stands for the catalogue's: every stage is in the plan
+        let plan = Self::for_suns(Suns::from_radians(&[0.0]));
         let percent = |share: f32| format!("{:.0}%", share * 100.0);
         let mut out = format!(
             "{}: each query's {} best images verified spatially; a query whose first hit \
              gathers fewer than {} of its patches as inliers (turned, mirrored, another sun) is \
              searched again",
-            self.first().name,
-            self.first().verify,
-            percent(self.unsure_share),
+            plan.first().name,
+            plan.first().verify,
+            percent(plan.unsure_share),
         );
-        let toward = self
-            .again()
-            .iter()
-            .filter(|s| !s.views.toward.is_empty())
-            .count();
-        if toward == 0 {
-            out.push_str(&format!(
-                "; where the catalogue's suns are known, first {TURNED_TOWARD} (the query and its \
-                 mirror image, {FIRST_VERIFY} verified, keeping {}), then {RELIT_TOWARD} (the \
-                 same, keeping {})",
-                percent(KEEP_SHARE),
-                percent(RELIT_KEEP_SHARE),
-            ));
-        }
-        for s in self.again() {
-            let views = match s.name {
-                IN_TURNS => format!(
-                    " ({} turns each mirrored and the query with its brightness inverted: {} \
-                     forward passes",
-                    s.views.turns,
-                    s.views.count()
+        for s in plan.again() {
+            let (when, views) = match s.views.toward.len() {
+                0 => (
+                    String::new(),
+                    format!(
+                        "{} turns each mirrored and the query with its brightness inverted: {} \
+                         forward passes",
+                        s.views.turns,
+                        s.views.count()
+                    ),
                 ),
-                _ => format!(" ({} forward passes", s.views.count()),
+                suns => (
+                    "where the catalogue's suns are known, ".to_string(),
+                    format!("{} forward passes per sun", s.views.count() / suns),
+                ),
             };
             out.push_str(&format!(
-                "; then {}{views}, {} verified, keeping a new first hit with at least {} of the \
-                 patches)",
+                "; then, {when}{} ({views}, {} verified, keeping a new first hit with at least {} \
+                 of the patches)",
                 s.name,
                 s.verify,
                 percent(s.keep_share)
@@ -308,11 +301,7 @@ pub(crate) fn run(
     let t = std::time::Instant::now();
     let (ids, plain) = features(None, QueryViews::PLAIN)?;
     let Some(side) = craterdex_tokens::verify::grid_side(plain.tokens) else {
-        let per_query: Vec<Vec<Descriptors>> = catalogue
-            .encode(&plain)?
-            .into_iter()
-            .map(|d| vec![d])
-            .collect();
+        let per_query = encode_in_views(catalogue, &plain, QueryViews::PLAIN)?;
         let hits = catalogue.search_views(&per_query, QueryViews::PLAIN, params)?;
         return Ok(Rechecked {
             hits: QueryHits::named(&ids, hits),
@@ -513,13 +502,18 @@ mod tests {
         assert_eq!(names, [AS_GIVEN, TURNED_TOWARD, RELIT_TOWARD, IN_TURNS]);
         assert_eq!(two.stage(TURNED_TOWARD).unwrap().views.count(), 4);
         assert!(two.stage(RELIT_TOWARD).unwrap().views.relit);
-        // the description carries the plan's own numbers
-        let words = two.describe();
-        for n in ["50 best", "40%", "200 verified", "25 forward passes", "20%"] {
+        // the description carries the plan's own numbers, every stage's
+        let words = RecheckPlan::describe();
+        for n in [
+            "50 best",
+            "40%",
+            "200 verified",
+            "25 forward passes",
+            "20%",
+            "where the catalogue's suns are known, turned toward",
+            "2 forward passes per sun",
+        ] {
             assert!(words.contains(n), "{n} in {words}");
         }
-        assert!(none
-            .describe()
-            .contains("where the catalogue's suns are known"));
     }
 }

@@ -4,7 +4,7 @@
 //! makes this one call; which options a kind of query can use is decided here
 //! ([`QueryKind`]).
 
-use crate::catalogue::Catalogue;
+use crate::catalogue::{encode_in_views, Catalogue};
 use crate::engine::QueryFeatures;
 use crate::error::{Error, Result};
 use crate::hits::QueryHits;
@@ -14,7 +14,6 @@ use crate::recheck::{self, StageRun};
 use crate::views::QueryViews;
 use craterdex_errors::ensure;
 use craterdex_model::extract::FeatureSet;
-use craterdex_tokens::Descriptors;
 use serde::Serialize;
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -195,10 +194,15 @@ pub fn search(
             );
             let model = catalogue.model().ok_or(Error::NoModel("image queries"))?;
             decoded_features = move |only: Option<&HashSet<String>>, views: QueryViews| {
+                let Some(only) = only else {
+                    // every query: the images as handed over, not copied
+                    let features = model.features_of_variants(ids, images, views, progress)?;
+                    return Ok((ids.to_vec(), features));
+                };
                 let (ids, images): (Vec<String>, Vec<image::DynamicImage>) = ids
                     .iter()
                     .zip(images)
-                    .filter(|(id, _)| only.is_none_or(|o| o.contains(*id)))
+                    .filter(|(id, _)| only.contains(*id))
                     .map(|(id, im)| (id.clone(), im.clone()))
                     .unzip();
                 let features = model.features_of_variants(&ids, &images, views, progress)?;
@@ -246,7 +250,7 @@ pub fn search(
         features_ms: (kind != QueryKind::Features).then(|| ms_since(started)),
         ..Default::default()
     };
-    let t = Instant::now();
+    let mut t = Instant::now();
     let hits = if options.verify > 0 {
         catalogue.search_variants_verified(
             &ids,
@@ -257,20 +261,10 @@ pub fn search(
             progress,
         )?
     } else {
-        let per_query: Vec<Vec<Descriptors>> = catalogue
-            .encode(&features)?
-            .chunks(views.count())
-            .map(<[Descriptors]>::to_vec)
-            .collect();
+        let per_query = encode_in_views(catalogue, &features, views)?;
         timing.encode_ms = Some(ms_since(t));
-        let t = Instant::now();
-        let hits = QueryHits::named(&ids, catalogue.search_views(&per_query, views, &params)?);
-        timing.search_ms = ms_since(t);
-        return Ok(SearchAnswer {
-            hits,
-            timing,
-            stages: Vec::new(),
-        });
+        t = Instant::now();
+        QueryHits::named(&ids, catalogue.search_views(&per_query, views, &params)?)
     };
     timing.search_ms = ms_since(t);
     Ok(SearchAnswer {

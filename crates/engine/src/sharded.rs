@@ -4,7 +4,7 @@
 //! query is encoded once and scores compare across shards; every view of a crater lies in
 //! one shard, so each shard's grouping of views is already the grouping of the whole.
 
-use crate::catalogue::{suns_of, Catalogue};
+use crate::catalogue::{encode_in_views, suns_of, Catalogue};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::extractor::Extractor;
@@ -235,12 +235,7 @@ impl Catalogue for OverShards<'_> {
         top: usize,
         progress: &dyn Progress,
     ) -> Result<Vec<QueryHits>> {
-        let per_query: Vec<Vec<Descriptors>> = self
-            .0
-            .encode(variants)?
-            .chunks(views.count())
-            .map(<[Descriptors]>::to_vec)
-            .collect();
+        let per_query = encode_in_views(self, variants, views)?;
         let verified = verified_search_params(params);
         let listed = self
             .0

@@ -3,6 +3,7 @@
 //! compares, the candidates' features read from their images, and what a shard of a set
 //! answers once the set has chosen the candidates of every shard.
 
+use crate::catalogue::encode_in_views;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::hits::{QueryHits, SearchHit};
@@ -439,11 +440,7 @@ impl Engine {
                 ids.len()
             ))
         );
-        let descriptors = self
-            .encode(variants)
-            .chunks(per)
-            .map(<[Descriptors]>::to_vec)
-            .collect();
+        let descriptors = encode_in_views(self, variants, views)?;
         let all: Vec<PatchGrid> = feature_refs(variants)
             .into_iter()
             .map(|f| self.patch_grid(f))

@@ -254,7 +254,7 @@ pub fn cpu() -> String {
 pub fn recheck_plan_json() -> PyResult<String> {
     let plan = craterdex_engine::RecheckPlan::shipped();
     to_json(&serde_json::json!({
-        "description": plan.describe(),
+        "description": craterdex_engine::RecheckPlan::describe(),
         "unsure_share": plan.unsure_share,
         "stages": plan.stages,
     }))
