@@ -6,7 +6,7 @@
 use crate::error::{Error, Result};
 use craterdex_errors::ensure;
 use half::f16;
-use rand::{seq::index::sample, Rng, SeedableRng};
+use rand::{seq::index::sample, SeedableRng};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::sync::OnceLock;
@@ -253,7 +253,8 @@ fn round_small(x: f32) -> f32 {
     (x + SHIFT) - SHIFT
 }
 
-/// k-means per sub-space (random distinct initial centroids, Lloyd iterations), in parallel.
+/// k-means per sub-space ([`craterdex_tokens::kmeans`], from random distinct training
+/// vectors), in parallel.
 fn train_pq(samples: &[f32], d: usize, m: usize, seed: u64) -> Vec<f32> {
     let n_all = samples.len() / d;
     let ds = d / m;
@@ -278,38 +279,22 @@ fn train_pq(samples: &[f32], d: usize, m: usize, seed: u64) -> Vec<f32> {
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(
                 seed ^ (s as u64 + 1).wrapping_mul(0x9E37_79B9),
             );
-            let mut cent: Vec<f32> = sample(&mut rng, n, PQ_CENTROIDS)
+            let cent: Vec<f32> = sample(&mut rng, n, PQ_CENTROIDS)
                 .iter()
                 .flat_map(|i| sub[i * ds..(i + 1) * ds].to_vec())
                 .collect();
-            let mut assign = vec![0usize; n];
-            for _ in 0..PQ_ITERATIONS {
-                let tables = PqTables::new(&cent, 1, ds);
-                for (i, a) in assign.iter_mut().enumerate() {
-                    *a = tables.nearest(0, &sub[i * ds..(i + 1) * ds]);
-                }
-                let mut sums = vec![0f32; PQ_CENTROIDS * ds];
-                let mut counts = vec![0usize; PQ_CENTROIDS];
-                for (i, &a) in assign.iter().enumerate() {
-                    sums[a * ds..(a + 1) * ds]
-                        .iter_mut()
-                        .zip(&sub[i * ds..(i + 1) * ds])
-                        .for_each(|(s, x)| *s += x);
-                    counts[a] += 1;
-                }
-                for c in 0..PQ_CENTROIDS {
-                    if counts[c] > 0 {
-                        for j in 0..ds {
-                            cent[c * ds + j] = sums[c * ds + j] / counts[c] as f32;
-                        }
-                    } else {
-                        // re-seed an empty centroid on a random sample
-                        let r = rng.gen_range(0..n);
-                        cent[c * ds..(c + 1) * ds].copy_from_slice(&sub[r * ds..(r + 1) * ds]);
-                    }
-                }
-            }
-            cent
+            craterdex_tokens::kmeans::lloyd(
+                &sub,
+                ds,
+                cent,
+                PQ_ITERATIONS,
+                craterdex_tokens::kmeans::Centres::Mean,
+                &mut rng,
+                |cent: &[f32]| {
+                    let tables = PqTables::new(cent, 1, ds);
+                    sub.chunks_exact(ds).map(|x| tables.nearest(0, x)).collect()
+                },
+            )
         })
         .collect();
     books.concat()
@@ -319,6 +304,7 @@ fn train_pq(samples: &[f32], d: usize, m: usize, seed: u64) -> Vec<f32> {
 mod tests {
     use super::*;
     use craterdex_kernels::f32::maxsim;
+    use rand::Rng;
 
     fn unit_tokens(n: usize, d: usize, seed: u64) -> Vec<f32> {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);

@@ -60,29 +60,20 @@ impl Ivf {
             .iter()
             .flat_map(|&r| vectors[r * dim..(r + 1) * dim].iter().copied())
             .collect();
-        let mut centroids: Vec<f32> = data[..lists * dim].to_vec();
-        for _ in 0..ITERATIONS {
-            let assign = nearest(&centroids, dim, &data);
-            let mut sums = vec![0f32; lists * dim];
-            let mut counts = vec![0usize; lists];
-            for (i, &l) in assign.iter().enumerate() {
-                let l = l as usize;
-                counts[l] += 1;
-                sums[l * dim..(l + 1) * dim]
-                    .iter_mut()
-                    .zip(&data[i * dim..(i + 1) * dim])
-                    .for_each(|(s, v)| *s += v);
-            }
-            for l in 0..lists {
-                if counts[l] == 0 {
-                    // An empty list restarts at a random training vector.
-                    let r = rand::Rng::gen_range(&mut rng, 0..take);
-                    sums[l * dim..(l + 1) * dim].copy_from_slice(&data[r * dim..(r + 1) * dim]);
-                }
-            }
-            craterdex_tokens::l2_normalize_rows(&mut sums, dim);
-            centroids = sums;
-        }
+        let centroids = craterdex_tokens::kmeans::lloyd(
+            &data,
+            dim,
+            data[..lists * dim].to_vec(),
+            ITERATIONS,
+            craterdex_tokens::kmeans::Centres::UnitMean,
+            &mut rng,
+            |centroids: &[f32]| {
+                nearest(centroids, dim, &data)
+                    .into_iter()
+                    .map(|l| l as usize)
+                    .collect()
+            },
+        );
         Ok(Self { dim, centroids })
     }
 

@@ -20,6 +20,7 @@ mod manifest;
 mod merge;
 mod meta;
 pub mod parts;
+mod rows;
 mod search;
 mod segment;
 mod segment_writer;

@@ -6,7 +6,7 @@
 //! L2-normalised `[K, D]`. Ties are broken towards the lower token index.
 
 use crate::{dot, l2_normalize};
-use rand::{seq::index::sample, Rng, SeedableRng};
+use rand::{seq::index::sample, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
@@ -224,78 +224,46 @@ pub fn instance_tokens(v: &TokenView, seeds: &[usize], soft_m: usize) -> Vec<f32
     out
 }
 
-fn sq_dist(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum()
-}
-
-/// Per-image k-means: k-means++ seeding, `iterations` Lloyd steps, unit-normalised centroids.
+/// Per-image k-means ([`crate::kmeans`]): k-means++ seeding, `iterations` Lloyd steps in L2,
+/// unit-normalised centroids.
 pub fn kmeans(v: &TokenView, k: usize, iterations: usize, seed: u64) -> Vec<f32> {
     let (t, d) = (v.len(), v.dim);
-    let k = k.min(t);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let seeds = crate::kmeans::plus_plus(&v.tokens[..t * d], d, k, &mut rng);
+    let k = seeds.len() / d.max(1);
     if k == 0 {
         return Vec::new();
     }
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut centres: Vec<f32> = v.row(rng.gen_range(0..t)).to_vec();
-    let mut d2: Vec<f32> = (0..t).map(|i| sq_dist(v.row(i), &centres[..d])).collect();
-    while centres.len() < k * d {
-        let total: f64 = d2.iter().map(|&x| x as f64).sum();
-        let pick = if total <= 0.0 {
-            d2.iter().position(|&x| x > 0.0).unwrap_or(0)
-        } else {
-            let mut target = rng.gen::<f64>() * total;
-            let mut chosen = t - 1;
-            for (i, &x) in d2.iter().enumerate() {
-                target -= x as f64;
-                if target < 0.0 {
-                    chosen = i;
-                    break;
-                }
-            }
-            chosen
-        };
-        let c = v.row(pick).to_vec();
-        d2.iter_mut()
-            .enumerate()
-            .for_each(|(i, x)| *x = x.min(sq_dist(v.row(i), &c)));
-        centres.extend_from_slice(&c);
-    }
-    let mut assign = vec![0usize; t];
     let tokens = nalgebra::DMatrixView::<f32>::from_slice(v.tokens, d, t); // column i = token i
     let token_sq: Vec<f32> = (0..t).map(|i| dot(v.row(i), v.row(i))).collect();
-    for _ in 0..iterations {
-        // |x - c|^2 = |x|^2 + |c|^2 - 2 x.c, with every x.c from one matrix product
-        let cm = nalgebra::DMatrixView::<f32>::from_slice(&centres, d, k);
+    // |x - c|^2 = |x|^2 + |c|^2 - 2 x.c, with every x.c from one matrix product
+    let nearest = |centres: &[f32]| -> Vec<usize> {
+        let cm = nalgebra::DMatrixView::<f32>::from_slice(centres, d, k);
         let xc = tokens.transpose() * cm; // [t, k]
         let centre_sq: Vec<f32> = centres.chunks_exact(d).map(|c| dot(c, c)).collect();
-        for (i, a) in assign.iter_mut().enumerate() {
-            // first strictly closest centre: ties go to the lower index
-            let mut best = (0, f32::INFINITY);
-            for c in 0..k {
-                let dist = token_sq[i] + centre_sq[c] - 2.0 * xc[(i, c)];
-                if dist < best.1 {
-                    best = (c, dist);
+        (0..t)
+            .map(|i| {
+                // first strictly closest centre: ties go to the lower index
+                let mut best = (0, f32::INFINITY);
+                for c in 0..k {
+                    let dist = token_sq[i] + centre_sq[c] - 2.0 * xc[(i, c)];
+                    if dist < best.1 {
+                        best = (c, dist);
+                    }
                 }
-            }
-            *a = best.0;
-        }
-        let mut sums = vec![0f32; k * d];
-        let mut counts = vec![0usize; k];
-        for (i, &a) in assign.iter().enumerate() {
-            sums[a * d..(a + 1) * d]
-                .iter_mut()
-                .zip(v.row(i))
-                .for_each(|(s, x)| *s += x);
-            counts[a] += 1;
-        }
-        for c in 0..k {
-            if counts[c] > 0 {
-                for j in 0..d {
-                    centres[c * d + j] = sums[c * d + j] / counts[c] as f32;
-                }
-            }
-        }
-    }
+                best.0
+            })
+            .collect()
+    };
+    let mut centres = crate::kmeans::lloyd(
+        &v.tokens[..t * d],
+        d,
+        seeds,
+        iterations,
+        crate::kmeans::Centres::Mean,
+        &mut rng,
+        nearest,
+    );
     centres.chunks_mut(d).for_each(l2_normalize);
     centres
 }

@@ -1,7 +1,7 @@
 //! craterdex-tokens: turns one image's token arrays into what is searched — single-vector
 //! descriptors (CLS, GAP, GeM, max) and K instance tokens — with optional PCA whitening.
 //!
-//! Owns: pooling, whitening, seed selection, instance-token aggregation, per-image k-means,
+//! Owns: pooling, whitening, seed selection, instance-token aggregation, k-means (per image, and for the index's IVF and PQ),
 //! spatial verification of two images' patch tokens.
 //! Knows nothing of how tokens were made (any `[T, D]` array will do), of files or of indexes.
 //! Every function is deterministic: identical input (and seed) gives identical output.
@@ -10,6 +10,7 @@ pub mod aggregate;
 pub mod descriptors;
 pub mod encoder;
 mod error;
+pub mod kmeans;
 pub mod verify;
 pub mod whitening;
 

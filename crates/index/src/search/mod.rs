@@ -4,166 +4,25 @@
 //! Every score comes from the kernels crate at the active level: int8 indexes are scored
 //! straight from their codes (the query quantised like the stored tokens), other codecs
 //! decode documents to f32 first.
+//!
+//! [`params`] holds what a search is asked and answers; [`stage1`] the single-vector
+//! shortlist, exact or through the IVF lists.
+
+mod params;
+mod stage1;
+
+use params::{hits_of, one_stage_hit};
+pub use params::{Hit, Mode, SearchParams, Stage1};
 
 use crate::codec::Codec;
 use crate::index::Index;
-use crate::ivf::Ivf;
 use crate::single_int8::Int8Queries;
 use crate::topk::{Scored, TopK};
 use craterdex_kernels::f32::F32Query;
-use craterdex_kernels::gemm::{matmul_f32, PackedF32};
 use craterdex_kernels::int8::I8Query;
 use craterdex_tokens::Descriptors;
 use rayon::prelude::*;
-use serde::Serialize;
 use std::collections::{HashMap, HashSet};
-
-/// How a search ranks: `two-stage`, `stage1` or `exhaustive`.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    Default,
-    PartialEq,
-    Eq,
-    strum::Display,
-    strum::EnumIter,
-    strum::VariantNames,
-    strum::IntoStaticStr,
-    serde_with::SerializeDisplay,
-    serde_with::DeserializeFromStr,
-)]
-#[strum(serialize_all = "kebab-case")]
-pub enum Mode {
-    /// Single-vector search only.
-    Stage1,
-    /// Shortlist then rerank.
-    #[default]
-    TwoStage,
-    /// MaxSim against every image.
-    Exhaustive,
-}
-
-/// How stage 1 finds its shortlist.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub enum Stage1 {
-    /// IVF with the index's default `nprobe` when the index has IVF lists, exact otherwise.
-    #[default]
-    Auto,
-    /// Every single vector.
-    Exact,
-    /// `n` IVF lists (exact when the index has none).
-    Probe(usize),
-}
-
-impl Stage1 {
-    /// From an `nprobe` option: none is `Auto`, 0 is `Exact`.
-    pub fn from_nprobe(nprobe: Option<usize>) -> Self {
-        match nprobe {
-            None => Stage1::Auto,
-            Some(0) => Stage1::Exact,
-            Some(n) => Stage1::Probe(n),
-        }
-    }
-}
-
-/// What one search asks (serialised as a cluster's router sends it to a shard).
-#[derive(Clone, Copy, Debug, Serialize, serde::Deserialize)]
-pub struct SearchParams {
-    /// Results per query.
-    pub top_k: usize,
-    /// Shortlist size S (two-stage only): the S best by stage 1 are reranked by late
-    /// interaction; results past S (when `top_k > S`) follow in stage-1 order.
-    pub shortlist: usize,
-    pub mode: Mode,
-    pub stage1: Stage1,
-    /// Lists results crater by crater: a hit ranks by the best score among the indexed views
-    /// of its crater (images sharing a `crater_id`), and a crater's views follow one another,
-    /// best first. Views of listed craters that the search did not reach (not on the
-    /// shortlist, or past `top_k`) are scored as the mode scores (two-stage: late
-    /// interaction) and listed with them; such a view can come first when it scores best.
-    /// Every hit keeps its own score.
-    pub group_views: bool,
-}
-
-impl std::str::FromStr for Mode {
-    type Err = craterdex_errors::Invalid;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        use strum::IntoEnumIterator;
-        let aliases = [
-            ("two_stage", Mode::TwoStage),
-            ("single", Mode::Stage1),
-            ("li", Mode::Exhaustive),
-        ];
-        craterdex_errors::parse_named("mode", s, Mode::iter(), &aliases)
-    }
-}
-
-impl Mode {
-    pub fn name(self) -> &'static str {
-        self.into()
-    }
-}
-
-/// The schema of a mode: one of its spellings.
-#[cfg(feature = "openapi")]
-impl utoipa::PartialSchema for Mode {
-    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        use strum::VariantNames;
-        utoipa::openapi::ObjectBuilder::new()
-            .schema_type(utoipa::openapi::Type::String)
-            .enum_values(Some(Mode::VARIANTS.iter().copied()))
-            .default(Some(Mode::default().name().into()))
-            .into()
-    }
-}
-
-#[cfg(feature = "openapi")]
-impl utoipa::ToSchema for Mode {}
-
-impl Default for SearchParams {
-    fn default() -> Self {
-        Self {
-            top_k: 10,
-            shortlist: 100,
-            mode: Mode::TwoStage,
-            stage1: Stage1::Auto,
-            group_views: true,
-        }
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Hit {
-    pub row: usize,
-    /// The score the ranking used.
-    pub score: f32,
-    pub stage1: Option<f32>,
-    pub stage2: Option<f32>,
-}
-
-/// A hit of a one-stage search: the score is stage 1's or stage 2's, by `mode`.
-fn one_stage_hit(row: usize, score: f32, mode: Mode) -> Hit {
-    let stage1 = mode == Mode::Stage1;
-    Hit {
-        row,
-        score,
-        stage1: stage1.then_some(score),
-        stage2: (!stage1).then_some(score),
-    }
-}
-
-/// Results of a one-stage search.
-fn hits_of(lists: Vec<Vec<Scored>>, mode: Mode) -> Vec<Vec<Hit>> {
-    lists
-        .into_iter()
-        .map(|l| {
-            l.into_iter()
-                .map(|s| one_stage_hit(s.row, s.score, mode))
-                .collect()
-        })
-        .collect()
-}
 
 /// Orders `hits` crater by crater: by the best score among a crater's hits, then the
 /// crater's hits together, best first; a hit without a crater is a crater of its own.
@@ -203,23 +62,6 @@ pub fn order_by_crater<'m, T>(
     });
     hits.extend(keyed.into_iter().map(|(_, _, h)| h));
 }
-
-/// Runs `scan` over the probed lists: on one thread, or split over the pool (one query
-/// alone) with the partial top lists merged.
-fn split_lists(
-    lists: &[u32],
-    parallel: bool,
-    k: usize,
-    scan: impl Fn(&[u32]) -> Vec<Scored> + Sync + Send,
-) -> Vec<Scored> {
-    if !parallel {
-        return scan(lists);
-    }
-    let per = lists.len().div_ceil(rayon::current_num_threads()).max(1);
-    let parts: Vec<Vec<Scored>> = lists.par_chunks(per).map(scan).collect();
-    TopK::merge(&parts, k)
-}
-
 /// A query's tokens packed for the index's codec: int8 codes for int8 indexes, f32
 /// otherwise.
 enum TokenQuery {
@@ -249,188 +91,6 @@ impl Index {
                 _ => 4,
             };
         (RUN_BYTES / per_doc.max(1)).clamp(1, 256)
-    }
-
-    /// The `k` best live rows by single-vector inner product, per query (`singles` `[nq, Ds]`),
-    /// exact or through the IVF lists.
-    pub fn stage1(&self, singles: &[f32], k: usize, how: Stage1) -> Vec<Vec<Scored>> {
-        let probe = match (how, self.ivf()) {
-            (Stage1::Exact, _) | (_, None) => None,
-            (Stage1::Auto, Some((ivf, n))) => Some((ivf, n)),
-            (Stage1::Probe(n), Some((ivf, _))) => Some((ivf, n.max(1))),
-        };
-        let Some((ivf, nprobe)) = probe else {
-            return self.stage1_exact(singles, k);
-        };
-        let d = self.single_dim();
-        if singles.len() == d {
-            vec![self.stage1_ivf(ivf, singles, k, nprobe, true)]
-        } else {
-            singles
-                .par_chunks(d)
-                .map(|q| self.stage1_ivf(ivf, q, k, nprobe, false))
-                .collect()
-        }
-    }
-
-    /// Scans the `nprobe` best lists; `parallel` splits the lists over the thread pool (one
-    /// query alone; a batch is already parallel over its queries).
-    fn stage1_ivf(
-        &self,
-        ivf: &Ivf,
-        q: &[f32],
-        k: usize,
-        nprobe: usize,
-        parallel: bool,
-    ) -> Vec<Scored> {
-        let d = self.single_dim();
-        let lists = ivf.probe(q, nprobe);
-        let mask = self.deleted_mask();
-        let int8 = self.codec.codec == Codec::Int8;
-        let segments = self.segment_parts(int8);
-        let query8 = int8.then(|| Int8Queries::new(q, d));
-        let query = (!int8).then(|| F32Query::new(q, d));
-        let scan = |lists: &[u32]| {
-            let (mut top, mut products, mut dots) = (TopK::new(k), Vec::new(), Vec::new());
-            for seg in &segments {
-                let (first, single) = (seg.first, seg.single);
-                let Some(inverted) = seg.lists else { continue };
-                let mut push = |_: usize, r: usize, score: f32| {
-                    if !mask[first + r] {
-                        top.push(first + r, score);
-                    }
-                };
-                for &l in lists {
-                    let rows = inverted.list(l);
-                    let (Some(&lo), Some(&hi)) = (rows.first(), rows.last()) else {
-                        continue;
-                    };
-                    let (lo, hi) = (lo as usize, hi as usize + 1);
-                    // segments store their rows grouped by list, so a list is one run
-                    let runs: Vec<(usize, usize)> = if hi - lo == rows.len() {
-                        vec![(lo, hi)]
-                    } else {
-                        rows.iter().map(|&r| (r as usize, r as usize + 1)).collect()
-                    };
-                    for (lo, hi) in runs {
-                        if let (Some(q8), Some(v)) = (&query8, seg.single_int8) {
-                            q8.score_rows(v, lo, hi, &mut products, &mut push);
-                        } else if let Some(q) = &query {
-                            q.dots(&single[lo * d..hi * d], &mut dots);
-                            for (i, &score) in dots.iter().enumerate() {
-                                push(0, lo + i, score);
-                            }
-                        }
-                    }
-                }
-            }
-            top.into_sorted()
-        };
-        split_lists(&lists, parallel, k, scan)
-    }
-
-    /// Exact stage 1: one query splits the gallery over threads; many go in groups of
-    /// [`Int8Queries::MAX`], in parallel. int8 indexes read their int8 single vectors.
-    fn stage1_exact(&self, singles: &[f32], k: usize) -> Vec<Vec<Scored>> {
-        const ROWS: usize = 2048;
-        const F32_BATCH_GROUP: usize = 512;
-        let d = self.single_dim();
-        let mask = self.deleted_mask();
-        let int8 = self.codec.codec == Codec::Int8;
-        let segments = self.segment_parts(int8);
-        // (segment, first row of the segment, rows lo..hi of it)
-        let blocks: Vec<(usize, usize, usize, usize)> = segments
-            .iter()
-            .enumerate()
-            .flat_map(|(s, seg)| {
-                (0..seg.count)
-                    .step_by(ROWS)
-                    .map(move |lo| (s, seg.first, lo, (lo + ROWS).min(seg.count)))
-            })
-            .collect();
-        enum Group<'q> {
-            Int8(Int8Queries),
-            F32(F32Query),
-            /// Many f32 queries: a GEMM over each block of rows (packed once per block).
-            F32Batch(&'q [f32]),
-        }
-        fn group_of(queries: &[f32], d: usize, int8: bool) -> Group<'_> {
-            if int8 {
-                Group::Int8(Int8Queries::new(queries, d))
-            } else if queries.len() > F32Query::BATCH_FROM * d {
-                Group::F32Batch(queries)
-            } else {
-                Group::F32(F32Query::new(queries, d))
-            }
-        }
-        let scan = |group: &Group, tops: &mut [TopK], blocks: &[(usize, usize, usize, usize)]| {
-            let (mut products, mut dots) = (Vec::new(), Vec::new());
-            for &(s, first, lo, hi) in blocks {
-                let mut push = |qi: usize, r: usize, score: f32| {
-                    if !mask[first + r] {
-                        tops[qi].push(first + r, score);
-                    }
-                };
-                match (group, segments[s].single_int8) {
-                    (Group::Int8(q), Some(v)) => q.score_rows(v, lo, hi, &mut products, &mut push),
-                    (Group::Int8(_), None) => unreachable!("int8 copies are made for int8 groups"),
-                    (Group::F32(q), _) => {
-                        q.dots(&segments[s].single[lo * d..hi * d], &mut dots);
-                        let nq = q.tokens();
-                        for (r, row) in dots.chunks_exact(nq).enumerate() {
-                            for (qi, &score) in row.iter().enumerate() {
-                                push(qi, lo + r, score);
-                            }
-                        }
-                    }
-                    (Group::F32Batch(queries), _) => {
-                        let (nq, n) = (queries.len() / d, hi - lo);
-                        let block = PackedF32::from_columns(&segments[s].single[lo * d..], n, d, d);
-                        dots.clear();
-                        dots.resize(nq * n, 0.0);
-                        matmul_f32(queries, nq, d, &block, &mut dots, n, false);
-                        for (qi, row) in dots.chunks_exact(n).enumerate() {
-                            for (r, &score) in row.iter().enumerate() {
-                                push(qi, lo + r, score);
-                            }
-                        }
-                    }
-                }
-            }
-        };
-        if singles.len() == d {
-            let group = group_of(singles, d, int8);
-            // one running top list per thread: every fresh list costs k insertions and a
-            // burst of replacements before its threshold settles
-            let per = blocks.len().div_ceil(rayon::current_num_threads()).max(1);
-            let parts: Vec<Vec<Scored>> = blocks
-                .par_chunks(per)
-                .map(|blocks| {
-                    let mut top = [TopK::new(k)];
-                    scan(&group, &mut top, blocks);
-                    let [top] = top;
-                    top.into_sorted()
-                })
-                .collect();
-            return vec![TopK::merge(&parts, k)];
-        }
-        // int8 groups are as large as the kernel's query block; f32 groups as large as keeps
-        // one GEMM's queries and output rows in cache, so the gallery is read a few times
-        // rather than once per 32 queries.
-        let group = if int8 {
-            Int8Queries::MAX
-        } else {
-            F32_BATCH_GROUP
-        };
-        singles
-            .par_chunks(group * d)
-            .flat_map_iter(|queries| {
-                let group = group_of(queries, d, int8);
-                let mut tops: Vec<TopK> = (0..queries.len() / d).map(|_| TopK::new(k)).collect();
-                scan(&group, &mut tops, &blocks);
-                tops.into_iter().map(TopK::into_sorted)
-            })
-            .collect()
     }
 
     /// MaxSim scores of one query's tokens against the given rows: int8 codes straight from

@@ -14,6 +14,16 @@
 //! does by default), suffixed `_grouped`. On request the shipped recipe is also searched
 //! with each query in several views, turned (`_turnsN`) or under the opposite sun
 //! (`_oppsun`), and with its first N hits spatially verified (`_verifyN`).
+//!
+//! [`queries`] holds the forms a regime's queries take and how each is searched; [`output`]
+//! the JSON, per-query CSV and table a run is written as.
+
+mod output;
+mod queries;
+
+pub use output::{per_query_csv, per_query_rows, table, to_json};
+pub use queries::TIMED_QUERIES;
+use queries::{query_ms, Queries, Search};
 
 use crate::error::Result;
 use crate::metrics::{evaluate_ranking, shortlist_recall, summarise, QueryResult, Summary};
@@ -163,149 +173,6 @@ pub struct EvalInput<'a> {
 /// One of the verified searches a rechecked regime is made of: every query's hits, the
 /// milliseconds per query and the search's parameters.
 type RecheckPart = (Vec<Vec<SearchHit>>, f64, SearchParams);
-
-/// Queries timed one at a time per regime.
-pub const TIMED_QUERIES: usize = 32;
-
-/// One index form of a regime, searched once for a ranking of the whole gallery.
-#[derive(Clone)]
-struct Search {
-    id: RegimeId,
-    /// Tokens per image (for every-token regimes, the patch count).
-    k: Option<usize>,
-    params: SearchParams,
-    /// Each query searched in its views ([`EvalOptions::views`]).
-    in_views: bool,
-    /// Each query's first N hits spatially verified.
-    verify: Option<usize>,
-}
-
-impl Search {
-    fn new(id: RegimeId, params: SearchParams) -> Self {
-        Self {
-            k: id.k(),
-            id,
-            params,
-            in_views: false,
-            verify: None,
-        }
-    }
-
-    /// The search and its `_grouped` form.
-    fn and_grouped(self) -> [Search; 2] {
-        let grouped = Search {
-            id: self.id.grouped(true),
-            params: SearchParams {
-                group_views: true,
-                ..self.params
-            },
-            ..self.clone()
-        };
-        [self, grouped]
-    }
-}
-
-/// Mean milliseconds per query of `engine` answering `queries` one at a time for their 10
-/// best, as a user's single query runs.
-fn query_ms(engine: &Engine, queries: &Queries, params: &SearchParams) -> f64 {
-    let params = SearchParams {
-        top_k: 10,
-        ..*params
-    };
-    let timed = queries.len().min(TIMED_QUERIES);
-    let t = std::time::Instant::now();
-    for q in 0..timed {
-        std::hint::black_box(queries.range(q..q + 1).search(engine, &params));
-    }
-    t.elapsed().as_secs_f64() * 1e3 / timed.max(1) as f64
-}
-
-/// The queries of a search: one set of descriptors each, or each in its views, or each with
-/// its patch grid for spatial verification.
-enum Queries<'q> {
-    Plain(&'q [Descriptors]),
-    InViews(&'q [Vec<Descriptors>], QueryViews),
-    Verified {
-        queries: &'q [Descriptors],
-        grids: &'q [PatchGrid],
-        top: usize,
-        gallery: &'q PatchGrids<'q>,
-    },
-    InViewsVerified {
-        variants: &'q [Vec<Descriptors>],
-        views: QueryViews,
-        grids: &'q [Vec<PatchGrid>],
-        top: usize,
-        gallery: &'q PatchGrids<'q>,
-    },
-}
-
-impl Queries<'_> {
-    fn len(&self) -> usize {
-        match self {
-            Queries::Plain(d) | Queries::Verified { queries: d, .. } => d.len(),
-            Queries::InViews(v, _) | Queries::InViewsVerified { variants: v, .. } => v.len(),
-        }
-    }
-
-    /// The queries at `range`.
-    fn range(&self, range: std::ops::Range<usize>) -> Queries<'_> {
-        match self {
-            Queries::Plain(d) => Queries::Plain(&d[range]),
-            Queries::InViews(v, views) => Queries::InViews(&v[range], *views),
-            Queries::Verified {
-                queries,
-                grids,
-                top,
-                gallery,
-            } => Queries::Verified {
-                queries: &queries[range.clone()],
-                grids: &grids[range],
-                top: *top,
-                gallery,
-            },
-            Queries::InViewsVerified {
-                variants,
-                views,
-                grids,
-                top,
-                gallery,
-            } => Queries::InViewsVerified {
-                variants: &variants[range.clone()],
-                views: *views,
-                grids: &grids[range],
-                top: *top,
-                gallery,
-            },
-        }
-    }
-
-    /// Every query's hits from `engine`, a query in views ranked over them, a verified one
-    /// as [`Engine::search_verified`] reranks them.
-    fn search(&self, engine: &Engine, params: &SearchParams) -> Vec<Vec<SearchHit>> {
-        match self {
-            Queries::Plain(d) => engine.search_descriptors(d, params),
-            Queries::InViews(v, views) => engine.search_views(v, *views, params),
-            Queries::Verified {
-                queries,
-                grids,
-                top,
-                gallery,
-            } => engine.search_verified(queries, grids, params, *top, &|h| {
-                gallery.get(engine, &h.id)
-            }),
-            Queries::InViewsVerified {
-                variants,
-                views,
-                grids,
-                top,
-                gallery,
-            } => engine.search_views_verified(variants, *views, grids, params, *top, &|h| {
-                gallery.get(engine, &h.id)
-            }),
-        }
-    }
-}
 
 /// Runs every regime on the features of benchmark `b`'s gallery and queries (what `craterdex
 /// eval` and the Python `evaluate` do after extraction); `progress` as for [`run`].
@@ -851,109 +718,4 @@ fn results_of(rankings: &[Vec<usize>], input: &EvalInput) -> (Vec<QueryResult>, 
             (r, ranking.iter().take(10).copied().collect())
         })
         .unzip()
-}
-
-/// `{"regimes": {name: {...}}}` as written by `craterdex eval --json`.
-pub fn to_json(results: &[RegimeResult], extra: serde_json::Value) -> serde_json::Value {
-    let mut regimes = serde_json::Map::new();
-    for r in results {
-        let mut v = serde_json::to_value(r).unwrap_or_default();
-        v["family"] = serde_json::to_value(r.id.family()).unwrap_or_default();
-        v["whitening"] = serde_json::to_value(r.id.whitening).unwrap_or_default();
-        v["grouped"] = r.id.grouped.into();
-        // kept for readers of runs from before the whitening variants
-        v["whitened"] = (r.id.whitening != Whiten::Off).into();
-        regimes.insert(r.id.to_string(), v);
-    }
-    serde_json::json!({"regimes": regimes, "run": extra})
-}
-
-/// Per-query rows for diffing two runs: the query split (`test` as built, or the turned or
-/// relit split's name), regime, query id, first relevant rank, AP, and the ten best gallery
-/// image ids (space-separated, best first).
-pub fn per_query_csv(
-    split: &str,
-    results: &[RegimeResult],
-    query_ids: &[String],
-    gallery_ids: &[String],
-) -> String {
-    let mut s = String::from(PER_QUERY_HEADER);
-    s.push_str(&per_query_rows(split, results, query_ids, gallery_ids));
-    s
-}
-
-/// The header line of [`per_query_csv`].
-const PER_QUERY_HEADER: &str =
-    "split,regime,query_id,first_relevant_rank,average_precision,relevant,top10\n";
-
-/// [`per_query_csv`] without its header: a second query split's rows to append.
-pub fn per_query_rows(
-    split: &str,
-    results: &[RegimeResult],
-    query_ids: &[String],
-    gallery_ids: &[String],
-) -> String {
-    let mut s = String::new();
-    for r in results {
-        for q in &r.per_query {
-            let top: Vec<&str> = r.top[q.query]
-                .iter()
-                .map(|&g| gallery_ids[g].as_str())
-                .collect();
-            s.push_str(&format!(
-                "{},{},{},{},{},{},{}\n",
-                split,
-                r.id,
-                query_ids[q.query],
-                q.first_relevant_rank
-                    .map(|v| v.to_string())
-                    .unwrap_or_default(),
-                q.average_precision
-                    .map(|v| format!("{v:.6}"))
-                    .unwrap_or_default(),
-                q.relevant,
-                top.join(" ")
-            ));
-        }
-    }
-    s
-}
-
-/// The paper-style table.
-pub fn table(results: &[RegimeResult]) -> String {
-    let mut s = format!(
-        "{:<42} {:>6} {:>6} {:>6} {:>6} {:>8} {:>6} {:>8}\n",
-        "regime", "R@1", "R@5", "R@10", "mAP", "bytes", "R@S", "ms/query"
-    );
-    for r in results {
-        s.push_str(&format!(
-            "{:<42} {:>6.3} {:>6.3} {:>6.3} {:>6.3} {:>8} {:>6} {:>8.2}\n",
-            r.id.to_string(),
-            r.summary.r1,
-            r.summary.r5,
-            r.summary.r10,
-            r.summary.map,
-            r.bytes_per_image,
-            r.shortlist_recall
-                .map(|v| format!("{v:.3}"))
-                .unwrap_or_default(),
-            r.query_ms
-        ));
-    }
-    for r in results {
-        if let (Some(share), Some(turns)) = (r.searched_again, r.searched_in_turns) {
-            let relit = r
-                .searched_relit
-                .map(|v| format!("{:.1}% relit toward its suns, ", 100.0 * v))
-                .unwrap_or_default();
-            s.push_str(&format!(
-                "{}: {:.1}% of the queries searched again, {relit}{:.1}% in turns and under \
-                 the opposite sun\n",
-                r.id,
-                100.0 * share,
-                100.0 * turns
-            ));
-        }
-    }
-    s
 }
