@@ -26,6 +26,26 @@ pub use error::{Error, Result};
 pub use preprocess::{Brightness, Orientation, Preprocess, ResizeMode};
 pub use vit::{retrieval_blocks, ImageFeatures, Precision, Vit, VitWeights};
 
+/// An image file as a `data:` URI, its bytes as they are (browsers decode PNG, JPEG, GIF and
+/// WebP themselves), for the self-contained pages that show crops; None when it cannot be
+/// read, is not one of those, or passes 2 MiB (a crop, not a whole tile).
+pub fn data_uri(path: &std::path::Path) -> Option<String> {
+    use base64::Engine as _;
+    let ext = path.extension()?.to_str()?.to_ascii_lowercase();
+    let mime = match ext.as_str() {
+        "png" => "image/png",
+        "jpg" | "jpeg" => "image/jpeg",
+        "gif" => "image/gif",
+        "webp" => "image/webp",
+        _ => return None,
+    };
+    let bytes = std::fs::read(path).ok().filter(|b| b.len() <= 2 << 20)?;
+    Some(format!(
+        "data:{mime};base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    ))
+}
+
 use std::path::Path;
 
 /// Loads a model directory into a runnable backbone at `input_size` (the config's default when `None`).

@@ -1,12 +1,12 @@
 //! The pieces of `craterdex serve`'s HTTP API that `craterdex.cluster`'s router answers
-//! with (craterdex-serve's `adapter`): the readers of entry forms and search options, upload
+//! with (craterdex-api, which `craterdex serve` is built on too): the readers of entry forms and search options, upload
 //! files and thumbnails, the OpenAPI document and the web page; and the cluster's link, each
 //! shard's evidence decided as one index decides. A refusal is raised as `ApiRefusal(status,
 //! message)`, the status `craterdex serve` answers for it.
 
 use crate::convert::{metas_from_json, options_from_json, to_json};
 use crate::failure::OrPy;
-use craterdex_serve::{adapter, ApiError};
+use craterdex_api::{page, readers, ApiError};
 use craterdex_workflows::{Frames, LinkEvidence, LinkOptions, LinkRule};
 use pyo3::prelude::*;
 use std::collections::{BTreeMap, HashMap};
@@ -27,15 +27,15 @@ fn refused(e: ApiError) -> PyErr {
 /// reads them; the id is empty when none was given.
 #[pyfunction]
 pub fn entry_meta_json(fields: HashMap<String, String>) -> PyResult<String> {
-    adapter::check_entry_fields(fields.keys().map(String::as_str)).map_err(refused)?;
+    readers::check_entry_fields(fields.keys().map(String::as_str)).map_err(refused)?;
     let fields: BTreeMap<String, String> = fields.into_iter().collect();
-    to_json(&adapter::entry_meta(&fields).map_err(refused)?).py_err()
+    to_json(&readers::entry_meta(&fields).map_err(refused)?).py_err()
 }
 
 /// The id of an upload given none, made from its bytes as `craterdex serve` makes it.
 #[pyfunction]
 pub fn upload_id(bytes: &[u8]) -> String {
-    adapter::upload_id(bytes)
+    readers::upload_id(bytes)
 }
 
 /// The search options (JSON) of a query string, read and checked against `craterdex serve`'s
@@ -54,7 +54,7 @@ pub fn search_options_json(query: &str, kind: &str) -> PyResult<String> {
         }
     };
     let options =
-        adapter::search_options(query, &adapter::default_limits(), kind).map_err(refused)?;
+        readers::search_options(query, &craterdex_api::DEFAULT_LIMITS, kind).map_err(refused)?;
     to_json(&options).py_err()
 }
 
@@ -63,14 +63,14 @@ pub fn search_options_json(query: &str, kind: &str) -> PyResult<String> {
 pub fn store_upload(py: Python<'_>, dir: PathBuf, bytes: &[u8]) -> PyResult<String> {
     let format = image::guess_format(bytes)
         .map_err(|e| refused(ApiError::bad_request(format!("not an image: {e}"))))?;
-    py.detach(|| adapter::stored_upload(&dir, bytes, format))
+    py.detach(|| readers::stored_upload(&dir, bytes, format))
         .map_err(refused)
 }
 
 /// A PNG thumbnail of the image file at `path`, at most `size` pixels on its longer side.
 #[pyfunction]
 pub fn thumbnail_png(py: Python<'_>, path: PathBuf, id: &str, size: u32) -> PyResult<Vec<u8>> {
-    py.detach(|| adapter::thumbnail_png(&path, id, size))
+    py.detach(|| readers::thumbnail_png(&path, id, size))
         .map_err(refused)
 }
 
@@ -78,20 +78,20 @@ pub fn thumbnail_png(py: Python<'_>, path: PathBuf, id: &str, size: u32) -> PyRe
 #[pyfunction]
 #[pyo3(signature = (feature_dim=None))]
 pub fn service_document_json(feature_dim: Option<usize>) -> String {
-    adapter::document_json(feature_dim).to_string()
+    craterdex_api::document_json(feature_dim).to_string()
 }
 
 /// `craterdex serve`'s web page.
 #[pyfunction]
 pub fn service_page() -> &'static str {
-    adapter::PAGE
+    page::PAGE
 }
 
 /// The headers `craterdex serve` answers its page with (content security policy, nosniff,
 /// no framing), as `(name, value)` pairs.
 #[pyfunction]
 pub fn service_page_headers() -> Vec<(&'static str, String)> {
-    adapter::page_headers()
+    page::page_headers()
 }
 
 /// The link rule stored with an index (its calibrated `link-rule.json`, else the default),
@@ -136,7 +136,7 @@ pub fn image_size(bytes: &[u8]) -> PyResult<(u32, u32)> {
         .and_then(|r| r.into_dimensions().map_err(|e| e.to_string()))
         .map_err(|e| {
             refused(ApiError::new(
-                craterdex_serve::StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                craterdex_api::StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 format!("not an image: {e}"),
             ))
         })

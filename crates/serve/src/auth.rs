@@ -6,6 +6,7 @@ use crate::Service;
 use axum::extract::rejection::PathRejection;
 use axum::extract::Path;
 use axum::http::{header, HeaderMap, StatusCode};
+use craterdex_api::readers::valid_id;
 
 fn unauthorized(svc: &Service, headers: &HeaderMap, write: bool) -> Option<ApiError> {
     if !write && !svc.config().protect_reads {
@@ -59,21 +60,6 @@ pub fn authorize(svc: &Service, headers: &HeaderMap, write: bool) -> ApiResult<(
 /// where it has none.
 pub fn authorize_change(svc: &Service, headers: &HeaderMap) -> ApiResult<()> {
     authorize(svc, headers, svc.config().api_key.is_some())
-}
-
-/// Ids are opaque keys, never file names; still, refuse anything that could be mistaken for
-/// a path or break a URL or a log line: segments of ASCII letters, digits and `-_.:+`, none
-/// empty or starting with a dot, joined by `/` (the OpenAPI document's `ID_PATTERN`).
-pub fn valid_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 256
-        && !id.starts_with('/')
-        && !id
-            .split('/')
-            .any(|part| part.is_empty() || part.starts_with('.'))
-        && id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.:/+".contains(c))
 }
 
 pub fn path_id(p: Result<Path<String>, PathRejection>) -> ApiResult<String> {

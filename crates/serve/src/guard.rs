@@ -10,9 +10,6 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
-use base64::Engine as _;
-use sha2::{Digest, Sha256};
-use std::sync::OnceLock;
 
 /// The host names a server bound to a loopback address answers to by default.
 pub const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
@@ -39,7 +36,7 @@ pub async fn guard(State(svc): State<Svc>, req: Request, next: Next) -> Response
         HeaderValue::from_static("no-referrer"),
     );
     let policy = if is_page {
-        page_policy()
+        HeaderValue::from_static(craterdex_api::page::page_policy())
     } else {
         HeaderValue::from_static("default-src 'none'; frame-ancestors 'none'")
     };
@@ -109,49 +106,6 @@ fn cross_site(method: &Method, headers: &HeaderMap) -> Option<ApiError> {
     })
 }
 
-/// The headers the page is served with (its content security policy and those every
-/// response carries): what another front end of this API serves it with too.
-pub fn page_headers() -> Vec<(&'static str, String)> {
-    vec![
-        (
-            "content-security-policy",
-            page_policy().to_str().unwrap_or("").to_string(),
-        ),
-        ("x-content-type-options", "nosniff".into()),
-        ("x-frame-options", "DENY".into()),
-        ("referrer-policy", "no-referrer".into()),
-    ]
-}
-
-/// The page's content security policy: its own inline script and style, by their hashes,
-/// images from the server and from the chosen file, requests to the server only.
-fn page_policy() -> HeaderValue {
-    static POLICY: OnceLock<HeaderValue> = OnceLock::new();
-    POLICY
-        .get_or_init(|| {
-            let page = crate::adapter::PAGE;
-            let hash = |open: &str, close: &str| {
-                let inner = page
-                    .split_once(open)
-                    .and_then(|(_, rest)| rest.split_once(close))
-                    .map_or("", |(inner, _)| inner);
-                let digest = Sha256::digest(inner.as_bytes());
-                format!(
-                    "'sha256-{}'",
-                    base64::engine::general_purpose::STANDARD.encode(digest)
-                )
-            };
-            let policy = format!(
-                "default-src 'none'; script-src {}; style-src {}; img-src 'self' data: blob:; \
-                 connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
-                hash("<script>", "</script>"),
-                hash("<style>", "</style>")
-            );
-            HeaderValue::from_str(&policy).unwrap_or(HeaderValue::from_static("default-src 'none'"))
-        })
-        .clone()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,13 +118,5 @@ mod tests {
         assert_eq!(host_name("::1"), "::1");
         assert_eq!(host_name("example.org."), "example.org");
         assert_eq!(host_name("evil.example:80"), "evil.example");
-    }
-
-    #[test]
-    fn the_page_policy_names_its_script_and_style_by_hash() {
-        let p = page_policy();
-        let p = p.to_str().unwrap();
-        assert_eq!(p.matches("'sha256-").count(), 2, "{p}");
-        assert!(!p.contains("unsafe-inline"), "{p}");
     }
 }

@@ -1,12 +1,9 @@
 //! Indexed images: their metadata and thumbnails, and adding and removing them through the
 //! index's atomic path (the engine's writer, one write at a time).
 
-use crate::api::{
-    AddedResponse, EntryForm, ErrorBody, ImageId, ImageResponse, RemovedResponse, ThumbnailQuery,
-};
 use crate::auth::{authorize, path_id};
 use crate::error::{ApiError, ApiResult};
-use crate::search::{image_engine, thumbnail_url};
+use crate::search::image_engine;
 use crate::upload::{entry_of, read_entry_form, EntryUpload};
 use crate::work::{self, Admission};
 use crate::{Counters, Service, Svc};
@@ -15,10 +12,9 @@ use axum::extract::{Multipart, Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
+use craterdex_api::readers::{stored_upload, thumbnail_png, thumbnail_url};
+use craterdex_api::types::{AddedResponse, ImageResponse, RemovedResponse, ThumbnailQuery};
 use craterdex_engine::{Engine, ImageMeta};
-use craterdex_errors::IoContext;
-use craterdex_model::preprocess;
-use std::io::Cursor;
 
 fn live_row(engine: &Engine, id: &str) -> ApiResult<usize> {
     engine
@@ -27,17 +23,7 @@ fn live_row(engine: &Engine, id: &str) -> ApiResult<usize> {
         .ok_or_else(|| ApiError::not_found(format!("no image {id:?} in the index")))
 }
 
-/// Metadata of an indexed image.
-#[utoipa::path(
-    get,
-    path = "/v1/images/{id}",
-    params(ImageId),
-    responses(
-        (status = 200, description = "metadata", body = ImageResponse),
-        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-        (status = 404, body = ErrorBody), (status = 503, body = ErrorBody),
-    )
-)]
+/// `GET /v1/images/{id}`: [`craterdex_api::paths::image_meta`].
 pub async fn image_meta(
     State(svc): State<Svc>,
     headers: HeaderMap,
@@ -54,17 +40,7 @@ pub async fn image_meta(
     }))
 }
 
-/// PNG thumbnail of an indexed image.
-#[utoipa::path(
-    get,
-    path = "/v1/images/{id}/thumbnail",
-    params(ImageId, ThumbnailQuery),
-    responses(
-        (status = 200, description = "PNG", content_type = "image/png"),
-        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-        (status = 404, body = ErrorBody), (status = 503, body = ErrorBody),
-    )
-)]
+/// `GET /v1/images/{id}/thumbnail`: [`craterdex_api::paths::thumbnail`].
 pub async fn thumbnail(
     State(svc): State<Svc>,
     Extension(admission): Extension<Admission>,
@@ -128,22 +104,6 @@ pub fn store_upload(svc: &Service, entry: &EntryUpload) -> ApiResult<ImageMeta> 
     })
 }
 
-/// Writes an upload's bytes into `dir`, named by their SHA-256 and `format`'s extension;
-/// returns the file's path.
-pub fn stored_upload(
-    dir: &std::path::Path,
-    bytes: &[u8],
-    format: image::ImageFormat,
-) -> ApiResult<String> {
-    let digest = craterdex_model::store::sha256_hex(bytes);
-    let ext = format.extensions_str().first().copied().unwrap_or("img");
-    std::fs::create_dir_all(dir).io("create", dir)?;
-    let file = dir.join(format!("{digest}.{ext}"));
-    craterdex_durable::write_atomic(&file, bytes)?;
-    let path = std::fs::canonicalize(&file).unwrap_or(file);
-    Ok(path.display().to_string())
-}
-
 /// Deletes the stored upload at `path` once no image of `engine` (the index after a removal)
 /// is read from it: uploads are named by their content, so two ids can share one file.
 /// Files outside the upload directory are the operator's and stay.
@@ -160,37 +120,7 @@ fn forget_upload(svc: &Service, engine: &Engine, path: &str) {
     }
 }
 
-/// A PNG thumbnail, at most `size` pixels on its longer side, of the image file at `path`
-/// (one the index records, never one a request names).
-pub fn thumbnail_png(path: &std::path::Path, id: &str, size: u32) -> ApiResult<Vec<u8>> {
-    let img = preprocess::load_image(path).map_err(|e| {
-        ApiError::not_found(format!("the image file of {id:?} cannot be read: {e}"))
-    })?;
-    // Never enlarged: small crops are shown at their own size.
-    let side = size.min(img.width().max(img.height()));
-    let thumb = img.thumbnail(side, side).to_rgb8();
-    let mut out = Cursor::new(Vec::new());
-    thumb
-        .write_to(&mut out, image::ImageFormat::Png)
-        .map_err(ApiError::internal)?;
-    Ok(out.into_inner())
-}
-
-/// Add an image to the index (API key).
-#[utoipa::path(
-    post,
-    path = "/v1/images",
-    request_body(content = EntryForm, content_type = "multipart/form-data"),
-    security(("apiKey" = []), ("bearer" = [])),
-    responses(
-        (status = 201, description = "added", body = AddedResponse),
-        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-        (status = 403, body = ErrorBody), (status = 409, body = ErrorBody),
-        (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
-        (status = 422, body = ErrorBody), (status = 501, body = ErrorBody),
-        (status = 503, body = ErrorBody),
-    )
-)]
+/// `POST /v1/images`: [`craterdex_api::paths::add_image`].
 pub async fn add_image(
     State(svc): State<Svc>,
     Extension(admission): Extension<Admission>,
@@ -230,19 +160,7 @@ pub async fn add_image(
     ))
 }
 
-/// Remove an image from the index (API key).
-#[utoipa::path(
-    delete,
-    path = "/v1/images/{id}",
-    params(ImageId),
-    security(("apiKey" = []), ("bearer" = [])),
-    responses(
-        (status = 200, description = "removed", body = RemovedResponse),
-        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-        (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
-        (status = 503, body = ErrorBody),
-    )
-)]
+/// `DELETE /v1/images/{id}`: [`craterdex_api::paths::remove_image`].
 pub async fn remove_image(
     State(svc): State<Svc>,
     Extension(admission): Extension<Admission>,

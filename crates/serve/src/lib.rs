@@ -1,33 +1,28 @@
 //! craterdex-serve: the search service behind `craterdex serve`.
 //!
-//! Owns: the JSON HTTP API under `/v1` (search by uploaded image, by precomputed backbone
-//! features or by an indexed image; linking an upload to the catalogue; statistics, health
-//! and readiness; adding and removing images behind an API key), its OpenAPI document
-//! (generated from the request and response types), the web page, and the service's limits
-//! (upload size, image dimensions, request timeout, a concurrency limit that sheds load with
-//! 503, graceful shutdown), and the pieces of that API another front end answers with
-//! ([`adapter`]: `craterdex.cluster`'s router). Every search and write goes through one
+//! Owns: answering the JSON HTTP API under `/v1` (search by uploaded image, by precomputed
+//! backbone features or by an indexed image; linking an upload to the catalogue;
+//! statistics, health and readiness; adding and removing images behind an API key) whose
+//! types, readers, statuses, OpenAPI document and page are craterdex-api's (shared with
+//! `craterdex.cluster`'s router); and the service's limits (upload size, image dimensions,
+//! request timeout, a concurrency limit that sheds load with 503, graceful shutdown). Every search and write goes through one
 //! [`craterdex_engine::SharedEngine`]: a request takes a snapshot of the engine, and a write
 //! goes through the index's atomic path and swaps the engine over the changed index in
 //! whole, so a search sees the index wholly before or wholly after a write. Knows nothing of
 //! benchmarks, evaluation or the command line.
 //!
-//! Modules: `router` (routes and limits); the resources `search`, `images`, `link` and
-//! `status`; `api` (request and response types), `openapi` (the document generated from
-//! them), `upload` (multipart forms and images), `features` (feature bodies), `auth` (keys
-//! and ids), `error` (failures and their statuses).
+//! Modules: `router` (routes and limits); the resources `search`, `images`, `link`,
+//! `register` and `status`; `upload` (multipart forms and images), `auth` (keys), `guard`
+//! (hosts and browsers), `error` (why the server could not run).
 
 mod access;
-mod api;
 mod auth;
 pub mod connections;
 mod error;
-pub mod features;
 mod guard;
 mod images;
 mod link;
 mod metrics;
-mod openapi;
 mod register;
 mod router;
 mod search;
@@ -35,53 +30,9 @@ mod status;
 mod upload;
 mod work;
 
-pub use axum::http::StatusCode;
 pub use error::{ApiError, Error};
 pub use guard::LOOPBACK_HOSTS;
-pub use openapi::document;
 pub use router::router;
-
-/// What another front end of this API takes from this crate so that its clients cannot
-/// tell it from `craterdex serve`: `craterdex.cluster`'s router on Ray Serve reads entry
-/// forms and search options with these readers and answers this document and page.
-pub mod adapter {
-    pub use crate::images::{stored_upload, thumbnail_png};
-    pub use crate::search::{checked_params, thumbnail_url};
-    pub use crate::upload::{check_entry_fields, entry_meta, upload_id};
-    use crate::{error::ApiResult, ApiError, Config};
-    use craterdex_engine::{SearchLimits, SearchOptions};
-
-    /// The web page `craterdex serve` answers at `/`, and the headers it answers it with.
-    pub const PAGE: &str = include_str!("page.html");
-    pub use crate::guard::page_headers;
-
-    /// The limits `craterdex serve` applies by default.
-    pub fn default_limits() -> SearchLimits {
-        Config::new(std::path::PathBuf::new()).limits
-    }
-
-    /// The search options a query string asks for a query of `kind`, read, checked and
-    /// refused as `craterdex serve` reads them (400 with the reason otherwise).
-    pub fn search_options(
-        query: &str,
-        limits: &SearchLimits,
-        kind: craterdex_engine::QueryKind,
-    ) -> ApiResult<SearchOptions> {
-        let options: SearchOptions = serde_urlencoded::from_str(query).map_err(|e| {
-            ApiError::bad_request(format!("Failed to deserialize query string: {e}"))
-        })?;
-        checked_params(&options, limits)?;
-        crate::search::refuse(kind, &options)?;
-        Ok(kind.effective(&options))
-    }
-
-    /// The OpenAPI document of a server with the default settings, `feature_dim` wide
-    /// features (JSON).
-    pub fn document_json(feature_dim: Option<usize>) -> serde_json::Value {
-        let config = Config::new(std::path::PathBuf::new());
-        serde_json::to_value(crate::document(&config, feature_dim)).unwrap_or_default()
-    }
-}
 
 use craterdex_engine::{Engine, Extractor, MergePolicy, SearchLimits, SharedEngine};
 use craterdex_errors::IoContext;
@@ -147,11 +98,7 @@ impl Config {
             request_timeout: Duration::from_secs(30),
             max_concurrent: 64,
             max_concurrent_images: 8,
-            limits: SearchLimits {
-                max_top_k: 1000,
-                max_shortlist: 10_000,
-                max_nprobe: 1_000_000,
-            },
+            limits: craterdex_api::DEFAULT_LIMITS,
             allow_partial_images: false,
             merge: Some(MergePolicy::default()),
             expose_paths: false,

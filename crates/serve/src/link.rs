@@ -2,11 +2,10 @@
 //! evidence, by the index's calibrated rule; with `insert=true` a new crater is added, decided
 //! and added under the engine's writer so concurrent links see each other.
 
-use crate::api::{EntryForm, ErrorBody, LinkCandidate, LinkQuery, LinkResponse};
 use crate::auth::authorize;
 use crate::error::{ApiError, ApiResult};
 use crate::images::{id_taken, store_upload};
-use crate::search::{image_engine, thumbnail_url};
+use crate::search::image_engine;
 use crate::upload::{entry_of, read_entry_form, EntryUpload};
 use crate::work::{self, Admission};
 use crate::{Counters, Service, Svc};
@@ -14,6 +13,8 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Multipart, Query, State};
 use axum::http::HeaderMap;
 use axum::{Extension, Json};
+use craterdex_api::readers::thumbnail_url;
+use craterdex_api::types::{LinkCandidate, LinkQuery, LinkResponse};
 use craterdex_engine::Engine;
 use craterdex_workflows::link::crop_turn_deg;
 use craterdex_workflows::{Candidate, Decision, LinkOptions, LinkRow, LinkRule, Neighbours};
@@ -79,24 +80,7 @@ fn with_thumbnail(c: Candidate) -> LinkCandidate {
     }
 }
 
-/// Link an image of a crater to the index: match, new or ambiguous, with the evidence
-/// (`insert=true` adds it when new; API key). A crop whose `source` was registered before
-/// (`POST /v1/register`) is placed by that transform and compared turned as the catalogue
-/// sees it; otherwise its position is taken as given.
-#[utoipa::path(
-    post,
-    path = "/v1/link",
-    params(LinkQuery),
-    request_body(content = EntryForm, content_type = "multipart/form-data"),
-    security((), ("apiKey" = []), ("bearer" = [])),
-    responses(
-        (status = 200, description = "the decision", body = LinkResponse),
-        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-        (status = 403, body = ErrorBody), (status = 413, body = ErrorBody),
-        (status = 415, body = ErrorBody), (status = 422, body = ErrorBody),
-        (status = 501, body = ErrorBody), (status = 503, body = ErrorBody),
-    )
-)]
+/// `POST /v1/link`: [`craterdex_api::paths::link_image`].
 pub async fn link_image(
     State(svc): State<Svc>,
     Extension(admission): Extension<Admission>,

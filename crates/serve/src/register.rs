@@ -3,7 +3,6 @@
 //! pattern, the image's craters are. The service keeps the latest registrations of the most
 //! recent sources.
 
-use crate::api::ErrorBody;
 use crate::auth::authorize_change;
 use crate::error::{ApiError, ApiResult};
 use crate::work::{self, Admission};
@@ -12,45 +11,14 @@ use axum::extract::rejection::JsonRejection;
 use axum::extract::{FromRequest, State};
 use axum::http::HeaderMap;
 use axum::{Extension, Json};
+use craterdex_api::types::RegisterRequest;
 use craterdex_engine::ImageMeta;
 use craterdex_workflows::{Frames, LinkOptions, LinkRule, SourceRegistration};
-use serde::Deserialize;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use utoipa::ToSchema;
 
 /// Sources whose registration the service keeps (the oldest is forgotten first).
 pub const KEPT_SOURCES: usize = 4096;
-
-/// The craters of one new image (its `source`), in its pixel frame or on the body.
-#[derive(Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RegisterRequest {
-    /// The image's name, as the `source` field of the crops then linked.
-    #[schema(min_length = 1, max_length = 256)]
-    pub source: String,
-    #[schema(min_items = 1)]
-    pub craters: Vec<CraterPosition>,
-}
-
-/// A crater's centre and diameter: `x`, `y`, `diameter_px` in the image, or `lat`, `lon`,
-/// `diameter_km` on the body.
-#[derive(Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CraterPosition {
-    #[schema(nullable = false, minimum = -1e9, maximum = 1e9)]
-    pub x: Option<f64>,
-    #[schema(nullable = false, minimum = -1e9, maximum = 1e9)]
-    pub y: Option<f64>,
-    #[schema(nullable = false, minimum = 1e-6, maximum = 1e9)]
-    pub diameter_px: Option<f64>,
-    #[schema(nullable = false, minimum = -90, maximum = 90)]
-    pub lat: Option<f64>,
-    #[schema(nullable = false, minimum = -360, maximum = 360)]
-    pub lon: Option<f64>,
-    #[schema(nullable = false, minimum = 1e-6, maximum = 1e5)]
-    pub diameter_km: Option<f64>,
-}
 
 /// Each source's registration, and the sources oldest first.
 type Kept = (HashMap<String, Arc<SourceRegistration>>, VecDeque<String>);
@@ -134,21 +102,7 @@ fn metas_of(req: &RegisterRequest) -> ApiResult<Vec<ImageMeta>> {
         .collect()
 }
 
-/// Register a new image's craters to the catalogue by their pattern (rotation, scale and
-/// shift found by pattern matching with a significance test), so that its crops linked
-/// afterwards with the same `source` are placed and turned as the catalogue sees them.
-#[utoipa::path(
-    post,
-    path = "/v1/register",
-    request_body = RegisterRequest,
-    security((), ("apiKey" = []), ("bearer" = [])),
-    responses(
-        (status = 200, description = "the registration (registered or why not)", body = SourceRegistration),
-        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-        (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
-        (status = 422, body = ErrorBody), (status = 503, body = ErrorBody),
-    )
-)]
+/// `POST /v1/register`: [`craterdex_api::paths::register_source`].
 pub async fn register_source(
     State(svc): State<Svc>,
     Extension(admission): Extension<Admission>,

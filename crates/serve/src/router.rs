@@ -52,7 +52,7 @@ pub fn router(svc: Svc) -> Router {
         .merge(image_writes)
         .layer(admit(&svc.search_slots));
     Router::new()
-        .route("/", get(|| async { Html(crate::adapter::PAGE) }))
+        .route("/", get(|| async { Html(craterdex_api::page::PAGE) }))
         .route("/v1/health", get(health))
         .route("/v1/ready", get(ready))
         .route("/v1/openapi.json", get(openapi))

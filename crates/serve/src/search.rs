@@ -1,12 +1,8 @@
 //! Searches: by an uploaded image, by posted backbone features, and by an indexed image's
 //! stored descriptors. Each runs on a snapshot of the engine, off the async threads.
 
-use crate::api::{
-    ApiHit, ErrorBody, Features, ImageForm, ImageId, QueryInfo, SearchEcho, SearchResponse, Timing,
-};
 use crate::auth::{authorize, path_id};
 use crate::error::{ApiError, ApiResult};
-use crate::features::posted_features;
 use crate::upload::{decode, read_multipart};
 use crate::work::{run, Admission};
 use crate::{Counters, Service, Svc};
@@ -16,8 +12,10 @@ use axum::extract::{Multipart, Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::Extension;
 use axum::Json;
+use craterdex_api::readers::{checked_params, posted_features, refuse, thumbnail_url};
+use craterdex_api::types::{ApiHit, QueryInfo, SearchEcho, SearchResponse, Timing};
 use craterdex_engine::{
-    Engine, Mode, QueryKind, SearchHit, SearchInput, SearchLimits, SearchOptions, SearchParams,
+    Engine, Mode, QueryKind, SearchHit, SearchInput, SearchOptions, SearchParams,
 };
 use std::sync::Arc;
 use std::time::Instant;
@@ -33,30 +31,6 @@ fn search_query(
     Ok((options, params))
 }
 
-/// Refuses, before any work, the options a query of `kind` cannot use
-/// ([`QueryKind::refusal`]), saying which search takes them.
-pub(crate) fn refuse(kind: QueryKind, options: &SearchOptions) -> ApiResult<()> {
-    match kind.refusal(options) {
-        None => Ok(()),
-        Some(why) => Err(ApiError::bad_request(format!(
-            "{why}: search by image (POST /v1/search/image){}",
-            match kind {
-                QueryKind::Indexed if options.verify > 0 => {
-                    " or by features (POST /v1/search/features)"
-                }
-                _ => "",
-            }
-        ))),
-    }
-}
-
-/// The search a request's options ask for, within `limits` (400 past them).
-pub fn checked_params(options: &SearchOptions, limits: &SearchLimits) -> ApiResult<SearchParams> {
-    options
-        .params(limits)
-        .map_err(|e| ApiError::bad_request(e.to_string()))
-}
-
 /// The engine, refused with 501 when the server runs without a model.
 pub fn image_engine(svc: &Service) -> ApiResult<Arc<Engine>> {
     let engine = svc.snapshot()?;
@@ -67,20 +41,6 @@ pub fn image_engine(svc: &Service) -> ApiResult<Arc<Engine>> {
         ));
     }
     Ok(engine)
-}
-
-/// Everything but unreserved URL characters is escaped, `/` included: an id is one segment.
-const ID_ESCAPES: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'_')
-    .remove(b'.')
-    .remove(b'~');
-
-pub fn thumbnail_url(id: &str) -> String {
-    format!(
-        "/v1/images/{}/thumbnail",
-        percent_encoding::utf8_percent_encode(id, ID_ESCAPES)
-    )
 }
 
 fn ms(t: Instant) -> f64 {
@@ -128,20 +88,7 @@ fn timing_of(t: &craterdex_engine::Timing) -> Timing {
     }
 }
 
-/// Search with an uploaded image (needs a model).
-#[utoipa::path(
-    post,
-    path = "/v1/search/image",
-    params(SearchOptions),
-    request_body(content = ImageForm, content_type = "multipart/form-data"),
-    responses(
-        (status = 200, description = "ranked results", body = SearchResponse),
-        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-        (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
-        (status = 422, body = ErrorBody), (status = 501, body = ErrorBody),
-        (status = 503, body = ErrorBody),
-    )
-)]
+/// `POST /v1/search/image`: [`craterdex_api::paths::search_image`].
 pub async fn search_image(
     State(svc): State<Svc>,
     Extension(admission): Extension<Admission>,
@@ -184,23 +131,7 @@ pub async fn search_image(
     .await
 }
 
-/// Search with precomputed backbone features: JSON, or a safetensors file as `craterdex
-/// extract` writes it for one image (`cls`, `patch_tokens`, `attention`; f32 or f16; faster
-/// to send and parse).
-#[utoipa::path(
-    post,
-    path = "/v1/search/features",
-    params(SearchOptions),
-    request_body(content(
-        (Features = "application/json"),
-        (Vec<u8> = "application/octet-stream"),
-    )),
-    responses(
-        (status = 200, description = "ranked results", body = SearchResponse),
-        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-        (status = 422, body = ErrorBody), (status = 503, body = ErrorBody),
-    )
-)]
+/// `POST /v1/search/features`: [`craterdex_api::paths::search_features`].
 pub async fn search_features(
     State(svc): State<Svc>,
     Extension(admission): Extension<Admission>,
@@ -228,17 +159,7 @@ pub async fn search_features(
     .await
 }
 
-/// Search with an indexed image's stored descriptors.
-#[utoipa::path(
-    get,
-    path = "/v1/images/{id}/similar",
-    params(ImageId, SearchOptions),
-    responses(
-        (status = 200, description = "ranked results", body = SearchResponse),
-        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-        (status = 404, body = ErrorBody), (status = 503, body = ErrorBody),
-    )
-)]
+/// `GET /v1/images/{id}/similar`: [`craterdex_api::paths::search_similar`].
 pub async fn search_similar(
     State(svc): State<Svc>,
     Extension(admission): Extension<Admission>,

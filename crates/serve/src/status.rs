@@ -1,6 +1,5 @@
 //! The service itself: liveness, readiness, statistics, its OpenAPI document and the page.
 
-use crate::api::{ErrorBody, HealthResponse, ReadyResponse, Requests, StatsResponse};
 use crate::auth::authorize;
 use crate::error::ApiResult;
 use crate::Svc;
@@ -8,25 +7,17 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use craterdex_api::types::{HealthResponse, ReadyResponse, Requests, StatsResponse};
 use std::sync::atomic::Ordering;
 
-/// Liveness: the process answers.
-#[utoipa::path(get, path = "/v1/health", responses((status = 200, description = "alive", body = HealthResponse)))]
+/// `GET /v1/health`: [`craterdex_api::paths::health`].
 pub async fn health() -> Json<HealthResponse> {
     Json(HealthResponse {
         status: "ok".into(),
     })
 }
 
-/// Readiness: index (and model) loaded and not shutting down.
-#[utoipa::path(
-    get,
-    path = "/v1/ready",
-    responses(
-        (status = 200, description = "ready", body = ReadyResponse),
-        (status = 503, description = "loading, failed to load, or shutting down", body = ReadyResponse),
-    )
-)]
+/// `GET /v1/ready`: [`craterdex_api::paths::ready`].
 pub async fn ready(State(svc): State<Svc>) -> Response {
     let unready = |reason: String| {
         let body = ReadyResponse {
@@ -60,15 +51,7 @@ pub async fn ready(State(svc): State<Svc>) -> Response {
     }
 }
 
-/// Index statistics (what `craterdex index info` prints) and request counters.
-#[utoipa::path(
-    get,
-    path = "/v1/stats",
-    responses(
-        (status = 200, description = "statistics", body = StatsResponse),
-        (status = 401, body = ErrorBody), (status = 503, body = ErrorBody),
-    )
-)]
+/// `GET /v1/stats`: [`craterdex_api::paths::stats`].
 pub async fn stats(State(svc): State<Svc>, headers: HeaderMap) -> ApiResult<Json<StatsResponse>> {
     authorize(&svc, &headers, false)?;
     let engine = svc.snapshot()?;
@@ -87,9 +70,8 @@ pub async fn stats(State(svc): State<Svc>, headers: HeaderMap) -> ApiResult<Json
     }))
 }
 
-/// This document.
-#[utoipa::path(get, path = "/v1/openapi.json", responses((status = 200, description = "OpenAPI 3.1")))]
+/// `GET /v1/openapi.json`: [`craterdex_api::paths::openapi`].
 pub async fn openapi(State(svc): State<Svc>) -> Response {
     let feature_dim = svc.snapshot().ok().map(|e| e.index().feature_dim());
-    Json(crate::openapi::document(svc.config(), feature_dim)).into_response()
+    Json(craterdex_api::document(&svc.config().limits, feature_dim)).into_response()
 }

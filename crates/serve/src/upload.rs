@@ -2,11 +2,11 @@
 //! link carries, and the image itself, decoded the one way craterdex decodes images
 //! (`craterdex_model::preprocess::decode`).
 
-use crate::auth::valid_id;
 use crate::error::{ApiError, ApiResult};
 use crate::Service;
 use axum::body::Bytes;
 use axum::extract::Multipart;
+use craterdex_api::readers::{entry_meta, upload_id, ENTRY_FIELDS};
 use craterdex_engine::{Descriptors, Engine, ImageMeta};
 use craterdex_model::preprocess::{self, DecodeLimits, MAX_CROP_PIXELS};
 use std::collections::BTreeMap;
@@ -80,101 +80,12 @@ pub async fn read_multipart(
     Ok((image, fields))
 }
 
-/// The text fields of an entry form.
-const ENTRY_FIELDS: [&str; 10] = [
-    "id",
-    "crater_id",
-    "source",
-    "view",
-    "lat",
-    "lon",
-    "diameter_km",
-    "x",
-    "y",
-    "diameter_px",
-];
-
-fn number_field(fields: &BTreeMap<String, String>, name: &str) -> ApiResult<Option<f64>> {
-    match fields.get(name).map(|s| s.trim()).filter(|s| !s.is_empty()) {
-        None => Ok(None),
-        Some(s) => s
-            .parse::<f64>()
-            .ok()
-            .filter(|v| v.is_finite())
-            .map(Some)
-            .ok_or_else(|| ApiError::bad_request(format!("{name}: {s:?} is not a number"))),
-    }
-}
-
-/// Free text is checked as sent: trimming first would let a trailing control character
-/// (form feed, vertical tab) through the check the schema documents.
-fn text_field(fields: &BTreeMap<String, String>, name: &str) -> ApiResult<Option<String>> {
-    match fields
-        .get(name)
-        .map(String::as_str)
-        .filter(|s| !s.is_empty())
-    {
-        None => Ok(None),
-        Some(s) if s.chars().count() <= 256 && !s.chars().any(char::is_control) => {
-            Ok(Some(s.to_string()))
-        }
-        Some(_) => Err(ApiError::bad_request(format!(
-            "{name}: at most 256 characters, no control characters"
-        ))),
-    }
-}
-
 /// An entry uploaded as a multipart form: the decoded image, its metadata (the id defaults
 /// to `upload-<sha256 prefix>`) and its descriptors.
 pub struct EntryUpload {
     pub upload: Upload,
     pub meta: ImageMeta,
     pub desc: Descriptors,
-}
-
-/// The metadata of an entry form's text fields, checked (400 naming the field). The id is
-/// empty when none was given (an upload's id is then made from its bytes).
-pub fn entry_meta(fields: &BTreeMap<String, String>) -> ApiResult<ImageMeta> {
-    // Unlike the free-text fields an id is not trimmed: it is a key matched exactly.
-    let id = fields.get("id").filter(|id| !id.is_empty()).cloned();
-    if let Some(id) = &id {
-        if !valid_id(id) {
-            return Err(ApiError::bad_request(format!("invalid image id {id:?}")));
-        }
-    }
-    let meta = ImageMeta {
-        id: id.unwrap_or_default(),
-        crater_id: text_field(fields, "crater_id")?,
-        source: text_field(fields, "source")?,
-        view: text_field(fields, "view")?,
-        lat: number_field(fields, "lat")?,
-        lon: number_field(fields, "lon")?,
-        diameter_km: number_field(fields, "diameter_km")?,
-        x: number_field(fields, "x")?,
-        y: number_field(fields, "y")?,
-        diameter_px: number_field(fields, "diameter_px")?,
-        ..ImageMeta::default()
-    };
-    match meta.position_problem() {
-        Some(problem) => Err(ApiError::bad_request(problem)),
-        None => Ok(meta),
-    }
-}
-
-/// The fields an entry form may carry besides `image`; any other is refused.
-pub fn check_entry_fields<'a>(names: impl IntoIterator<Item = &'a str>) -> ApiResult<()> {
-    match names.into_iter().find(|n| !ENTRY_FIELDS.contains(n)) {
-        None => Ok(()),
-        Some(name) => Err(ApiError::bad_request(format!(
-            "unknown form field {name:?}; expected image and {ENTRY_FIELDS:?}"
-        ))),
-    }
-}
-
-/// The id of an upload that was given none: `upload-` and its bytes' SHA-256, cut.
-pub fn upload_id(bytes: &[u8]) -> String {
-    let digest = craterdex_model::store::sha256_hex(bytes);
-    format!("upload-{}", &digest[..16])
 }
 
 /// Reads and checks an entry form: the image's bytes and the entry's metadata.

@@ -399,7 +399,7 @@ pub fn link_benchmark(
         let default_score = LinkScore::of_rows(&rows, &known);
         if let Some(dir) = review_dir {
             // the last (largest) error level's decisions are the ones worth a look
-            crate::output::write_review(dir, &rows, 300)?;
+            crate::review::write_review(dir, &rows, 300)?;
         }
         let (_, appearance, _) = calibrate_then_link(
             &engine,

@@ -21,6 +21,7 @@ mod gpkg;
 pub mod link;
 pub mod output;
 pub mod register;
+pub mod review;
 pub mod rule;
 pub mod style;
 

@@ -726,7 +726,7 @@ fn link_and_dedup_register_a_turned_shifted_observation_first() {
     craterdex_workflows::output::write_links(&out, &rows, &map).unwrap();
     assert!(out.join("links.qml").exists() && !out.join("links_rims.geojson").exists());
     craterdex_workflows::output::write_registrations(&out, &regs).unwrap();
-    craterdex_workflows::output::write_review(&out, &rows, 50).unwrap();
+    craterdex_workflows::review::write_review(&out, &rows, 50).unwrap();
     let mut table = csv::Reader::from_path(out.join("registrations.csv")).unwrap();
     let header = table.headers().unwrap().clone();
     let row = table.records().next().unwrap().unwrap();

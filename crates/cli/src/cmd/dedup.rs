@@ -76,7 +76,7 @@ pub fn run(c: DedupCmd) -> Result<()> {
     };
     let mut files = craterdex_workflows::output::write_dedup(&c.out, &groups, &live, &map)?;
     craterdex_workflows::output::write_registrations(&c.out, &regs)?;
-    craterdex_workflows::output::write_dedup_review(&c.out, &groups, &regs, 300)?;
+    craterdex_workflows::review::write_dedup_review(&c.out, &groups, &regs, 300)?;
     files.extend(["registrations.csv", "registrations.json", "review.html"].map(|f| c.out.join(f)));
     let absorbed: usize = groups.iter().map(|g| g.members.len() - 1).sum();
     let scored = live

@@ -136,7 +136,7 @@ pub fn run(c: LinkCmd) -> Result<()> {
     };
     let mut files = craterdex_workflows::output::write_links(&c.out, &rows, &map)?;
     craterdex_workflows::output::write_registrations(&c.out, &regs)?;
-    craterdex_workflows::output::write_review(&c.out, &rows, 300)?;
+    craterdex_workflows::review::write_review(&c.out, &rows, 300)?;
     files.extend(["registrations.csv", "registrations.json", "review.html"].map(|f| c.out.join(f)));
     let written: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
     if c.json {

@@ -22,7 +22,7 @@ answers inside every shard replica. The application:
 
 The router answers ``craterdex serve``'s API with the same request forms, response fields,
 OpenAPI document and web page: it reads forms, search options and feature bodies with
-``craterdex serve``'s own readers (``craterdex_serve::adapter`` through ``_native``). Search
+``craterdex serve``'s own readers (craterdex-api, through ``_native``). Search
 (by image, by features, ``/v1/images/{id}/similar``), ``/v1/link`` (every shard's evidence
 decided as one index decides; ``insert=true`` adds a new crater to its shard), image
 metadata and thumbnails, ``/v1/stats``, ``/v1/health``, ``/v1/ready``, and writes

@@ -1,11 +1,11 @@
-//! The OpenAPI document, generated from the handlers' `#[utoipa::path]` declarations and the
-//! request and response types (`api.rs`, and the engine's and workflows' own types behind
-//! their `openapi` feature). What only the running server knows (its limits, its index's
-//! feature width) is written into the generated document's typed model as it is served.
+//! The OpenAPI document, generated from the routes' `#[utoipa::path]` declarations
+//! (`paths.rs`) and the request and response types (`types.rs`, and the engine's and
+//! workflows' own types behind their `openapi` feature). What only the running server knows
+//! (its limits, its index's feature width) is written into the generated document's typed
+//! model as it is served.
 
-use crate::api;
-use crate::Config;
-use craterdex_engine::QueryKind;
+use crate::types;
+use craterdex_engine::{QueryKind, SearchLimits};
 use utoipa::openapi::path::Operation;
 use utoipa::openapi::schema::{ArrayItems, Schema};
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -24,21 +24,21 @@ API key (header X-Api-Key or Authorization: Bearer). Errors are JSON: {\"error\"
 may be retried."
     ),
     paths(
-        crate::status::health,
-        crate::status::ready,
-        crate::status::openapi,
-        crate::status::stats,
-        crate::search::search_image,
-        crate::search::search_features,
-        crate::search::search_similar,
-        crate::images::image_meta,
-        crate::images::thumbnail,
-        crate::images::add_image,
-        crate::images::remove_image,
-        crate::link::link_image,
-        crate::register::register_source,
+        crate::paths::health,
+        crate::paths::ready,
+        crate::paths::openapi,
+        crate::paths::stats,
+        crate::paths::search_image,
+        crate::paths::search_features,
+        crate::paths::search_similar,
+        crate::paths::image_meta,
+        crate::paths::thumbnail,
+        crate::paths::add_image,
+        crate::paths::remove_image,
+        crate::paths::link_image,
+        crate::paths::register_source,
     ),
-    components(schemas(api::ErrorBody)),
+    components(schemas(types::ErrorBody)),
     modifiers(&Security)
 )]
 struct ApiDoc;
@@ -75,11 +75,11 @@ fn operations(doc: &mut Document) -> impl Iterator<Item = &mut Operation> {
     })
 }
 
-/// The document as this server answers it: the limits of `config` on the search parameters,
-/// and `feature_dim` (the index's, once loaded) on the features a search may post.
-pub fn document(config: &Config, feature_dim: Option<usize>) -> Document {
+/// The document as a server answers it: its `limits` on the search parameters, and
+/// `feature_dim` (the index's, once loaded) on the features a search may post.
+pub fn document(limits: &SearchLimits, feature_dim: Option<usize>) -> Document {
     let mut doc = ApiDoc::openapi();
-    let l = &config.limits;
+    let l = limits;
     for op in operations(&mut doc) {
         for p in op.parameters.iter_mut().flatten() {
             let max = match p.name.as_str() {
@@ -141,15 +141,23 @@ pub fn document(config: &Config, feature_dim: Option<usize>) -> Document {
     doc
 }
 
+/// The document of a server with the default limits and `feature_dim` wide features, as
+/// JSON.
+pub fn document_json(feature_dim: Option<usize>) -> serde_json::Value {
+    serde_json::to_value(document(&crate::DEFAULT_LIMITS, feature_dim)).unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn the_document_describes_every_route_with_this_servers_limits() {
-        let mut config = Config::new("idx".into());
-        config.limits.max_top_k = 77;
-        let doc = serde_json::to_value(document(&config, Some(384))).unwrap();
+        let limits = SearchLimits {
+            max_top_k: 77,
+            ..crate::DEFAULT_LIMITS
+        };
+        let doc = serde_json::to_value(document(&limits, Some(384))).unwrap();
         let paths = doc["paths"].as_object().unwrap();
         assert_eq!(paths.len(), 12, "{:?}", paths.keys());
         let similar = &doc["paths"]["/v1/images/{id}/similar"]["get"]["parameters"];

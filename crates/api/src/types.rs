@@ -1,5 +1,5 @@
-//! What the API takes and answers, as Rust types: the handlers build these, and the OpenAPI
-//! document is generated from them (`openapi.rs`), so the two cannot drift apart.
+//! What the API takes and answers, as Rust types: front ends read and build these, and the
+//! OpenAPI document is generated from them (`openapi.rs`), so the two cannot drift apart.
 
 use craterdex_engine::{ImageMeta, IndexInfo, SearchHit};
 use craterdex_workflows::{Candidate, Decision};
@@ -7,7 +7,6 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 /// An indexed image, named in the path.
-#[allow(dead_code)] // a schema: the id is read by `auth::path_id`
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Path)]
 pub struct ImageId {
@@ -278,4 +277,34 @@ pub struct ErrorBody {
 pub struct ErrorDetail {
     pub status: u16,
     pub message: String,
+}
+
+/// The craters of one new image (its `source`), in its pixel frame or on the body.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterRequest {
+    /// The image's name, as the `source` field of the crops then linked.
+    #[schema(min_length = 1, max_length = 256)]
+    pub source: String,
+    #[schema(min_items = 1)]
+    pub craters: Vec<CraterPosition>,
+}
+
+/// A crater's centre and diameter: `x`, `y`, `diameter_px` in the image, or `lat`, `lon`,
+/// `diameter_km` on the body.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CraterPosition {
+    #[schema(nullable = false, minimum = -1e9, maximum = 1e9)]
+    pub x: Option<f64>,
+    #[schema(nullable = false, minimum = -1e9, maximum = 1e9)]
+    pub y: Option<f64>,
+    #[schema(nullable = false, minimum = 1e-6, maximum = 1e9)]
+    pub diameter_px: Option<f64>,
+    #[schema(nullable = false, minimum = -90, maximum = 90)]
+    pub lat: Option<f64>,
+    #[schema(nullable = false, minimum = -360, maximum = 360)]
+    pub lon: Option<f64>,
+    #[schema(nullable = false, minimum = 1e-6, maximum = 1e5)]
+    pub diameter_km: Option<f64>,
 }
