@@ -335,6 +335,26 @@ impl Engine {
         Ok(QueryHits::named(ids, results))
     }
 
+    /// [`Engine::search_variants_verified`] with the candidates' patch grids taken from
+    /// `gallery` (the indexed images' features, already extracted: a benchmark's gallery)
+    /// rather than from their images, so that it needs no model.
+    pub fn search_variants_verified_on(
+        &self,
+        ids: &[String],
+        variants: &FeatureSet,
+        views: QueryViews,
+        params: &SearchParams,
+        top: usize,
+        gallery: &PatchGrids,
+    ) -> Result<Vec<QueryHits>> {
+        let queries = self.viewed_queries(ids, variants, views)?;
+        let params = verified_search_params(params);
+        let candidates =
+            self.search_views(&queries.descriptors, views, &candidate_params(&params, top));
+        let results = self.verify_with_grids(&queries, views, &params, top, candidates, gallery);
+        Ok(QueryHits::named(ids, results))
+    }
+
     /// This index's hits for `queries` in their `views` as a verified search lists them
     /// (`params`: a verified search's), its `candidates` among them verified and ranked
     /// again: what each shard of a set answers once the set has chosen the candidates of
@@ -350,9 +370,22 @@ impl Engine {
     ) -> Result<Vec<Vec<SearchHit>>> {
         let features = self.candidate_features(&rows_of(&candidates), progress)?;
         let grids = PatchGrids::new(&features);
+        Ok(self.verify_with_grids(queries, views, params, top, candidates, &grids))
+    }
+
+    /// [`Engine::verify_candidates`] with the candidates' patch grids from `grids`.
+    fn verify_with_grids(
+        &self,
+        queries: &ViewedQueries,
+        views: QueryViews,
+        params: &SearchParams,
+        top: usize,
+        candidates: Vec<Vec<SearchHit>>,
+        grids: &PatchGrids,
+    ) -> Vec<Vec<SearchHit>> {
         let listed = self.search_views(&queries.descriptors, views, &listed_params(params, top));
         let (descriptors, query_grids) = queries.slices();
-        Ok(self.verify_listed(
+        self.verify_listed(
             listed,
             candidates,
             &descriptors,
@@ -360,7 +393,7 @@ impl Engine {
             &query_grids,
             params,
             &|hit| grids.get(self, &hit.id),
-        ))
+        )
     }
 
     /// What this index answers as one shard of a set whose verified search chose the

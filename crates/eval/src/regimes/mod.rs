@@ -20,6 +20,7 @@
 
 mod output;
 mod queries;
+mod recheck;
 
 pub use output::{per_query_csv, per_query_rows, table, to_json};
 pub use queries::TIMED_QUERIES;
@@ -30,8 +31,8 @@ use crate::metrics::{evaluate_ranking, shortlist_recall, summarise, QueryResult,
 pub use crate::regime::{Family, RegimeId, Tokens, Whiten};
 use craterdex_engine::{
     encode_all, Aggregation, Codec, Descriptors, Encoder, Engine, FeatureSet, ImageMeta,
-    IndexRecipe, IvfSetting, Mode, PatchGrid, PatchGrids, Pooling, QueryHits, QueryViews,
-    RecheckPlan, Recipe, SearchHit, SearchParams, SeedStrategy, Stage,
+    IndexRecipe, IvfSetting, Mode, PatchGrid, PatchGrids, Pooling, QueryViews, RecheckPlan, Recipe,
+    SearchParams, SeedStrategy, Stage,
 };
 use craterdex_tokens::whitening::DEFAULT_REGULARISATION;
 use craterdex_tokens::DEFAULT_PAIR_BLEND;
@@ -60,11 +61,11 @@ pub struct EvalOptions {
     /// grouped and not).
     pub verify: usize,
     /// The shipped recipe also rechecked as `craterdex search` does by default
-    /// ([`craterdex_engine::SearchOptions::recheck`]), as `..._grouped_recheck`: made of its
-    /// `_grouped_verifyN` and `_grouped_turnsT_oppgiven_verifyM` searches, which need
-    /// `verify` and `views` to be those of the first and last stages of the engine's
-    /// [`RecheckPlan`]; the search in views then verifies the last stage's images, as the
-    /// engine's search again does.
+    /// ([`craterdex_engine::SearchOptions::recheck`]), as `..._grouped_recheck`: one call of
+    /// the engine's search per query set, its stages those of the engine's [`RecheckPlan`];
+    /// needs the queries in the last stage's views (`views`) and, toward the gallery's suns,
+    /// in each stage's ([`EvalInput::query_toward`]). The search in views then verifies the
+    /// last stage's images, as the engine's search again does.
     pub recheck: bool,
 }
 
@@ -170,10 +171,6 @@ pub struct EvalInput<'a> {
     pub query_toward: Vec<(Stage, &'a FeatureSet)>,
 }
 
-/// One of the verified searches a rechecked regime is made of: every query's hits, the
-/// milliseconds per query and the search's parameters.
-type RecheckPart = (Vec<Vec<SearchHit>>, f64, SearchParams);
-
 /// Runs every regime on the features of benchmark `b`'s gallery and queries (what `craterdex
 /// eval` and the Python `evaluate` do after extraction); `progress` as for [`run`].
 pub fn run_on_benchmark(
@@ -275,20 +272,11 @@ pub fn run(
                     .collect(),
                 _ => Vec::new(),
             };
-            // the verified searches a rechecked regime is made of: as given, in turns
-            let mut parts: [Option<RecheckPart>; 2] = [None, None];
-            let plan = RecheckPlan::shipped();
-            let part_of = |s: &Search| {
-                let rechecks = o.recheck
-                    && s.params.group_views
-                    && match s.in_views {
-                        false => s.verify == Some(plan.first().verify),
-                        true => {
-                            s.verify == Some(o.verify_in_views()) && o.views == plan.last().views
-                        }
-                    };
-                rechecks.then_some(usize::from(s.in_views))
-            };
+            // the grouped search's parameters, which the rechecked regime searches with
+            let grouped_params = searches
+                .iter()
+                .find(|s| s.params.group_views && s.verify.is_none() && !s.in_views)
+                .map(|s| s.params);
             for (i, s) in searches.into_iter().enumerate() {
                 if i > 0 {
                     progress(&s.id.to_string());
@@ -346,9 +334,6 @@ pub fn run(
                         engine.index().single_dim() * 4
                     };
                 let ms = query_ms(&engine, &these, &s.params);
-                if let Some(part) = part_of(&s) {
-                    parts[part] = Some((hits, ms, s.params));
-                }
                 out.push(RegimeResult {
                     id: s.id,
                     summary: summarise(&per_query),
@@ -363,95 +348,22 @@ pub fn run(
                     top,
                 });
             }
-            if let [Some((given, given_ms, given_params)), Some((turned, turned_ms, _))] = parts {
+            let in_last_views = o.views == RecheckPlan::shipped().last().views;
+            if let (true, Some(_), Some(params)) =
+                (o.recheck && in_last_views, variants, grouped_params)
+            {
                 progress("recheck");
-                // the engine's own splice, the queries named by their positions (the turned
-                // answers handed over once, not copied)
-                let named = |q: usize, results: Vec<SearchHit>| QueryHits {
-                    query: q.to_string(),
-                    results,
-                };
-                let mut answers: Vec<QueryHits> = given
-                    .into_iter()
-                    .enumerate()
-                    .map(|(q, h)| named(q, h))
-                    .collect();
-                // hands a search's answers to the queries asked for, once
-                let answer =
-                    |hits: &std::sync::Mutex<Vec<Vec<SearchHit>>>,
-                     asked: &std::collections::HashSet<String>| {
-                        let mut hits = hits.lock().unwrap_or_else(|e| e.into_inner());
-                        Ok(hits
-                            .iter_mut()
-                            .enumerate()
-                            .filter(|(q, _)| asked.contains(&q.to_string()))
-                            .map(|(q, h)| named(q, std::mem::take(h)))
-                            .collect())
-                    };
-                // first toward the gallery's suns, as the engine searches again: each stage's
-                // share of the queries and milliseconds per query
-                let mut toward: Vec<(usize, f64)> = Vec::new();
-                for &(stage, f) in &input.query_toward {
-                    let views = stage.views;
-                    let variants = views_of(encoder, f, input.queries, views)?;
-                    let grids: Vec<Vec<PatchGrid>> = grids_of(f)
-                        .chunks(views.count())
-                        .map(<[PatchGrid]>::to_vec)
-                        .collect();
-                    let these = Queries::InViewsVerified {
-                        variants: &variants,
-                        views,
-                        grids: &grids,
-                        top: stage.verify,
-                        gallery: &gallery_grids,
-                    };
-                    let hits = std::sync::Mutex::new(these.search(&engine, &given_params));
-                    let (again, _) =
-                        plan.recheck_answers(&stage, &mut answers, input.queries.tokens, &|a| {
-                            answer(&hits, a)
-                        })?;
-                    toward.push((again, query_ms(&engine, &these, &given_params)));
-                }
-                let turned = std::sync::Mutex::new(turned);
-                let (again, _) = plan.recheck_answers(
-                    plan.last(),
-                    &mut answers,
-                    input.queries.tokens,
-                    &|asked| answer(&turned, asked),
+                let bytes_per_image = out.last().map_or(0, |r| r.bytes_per_image);
+                let rechecked = recheck::rechecked_regime(
+                    &engine,
+                    &gallery_grids,
+                    input,
+                    &params,
+                    white,
+                    bytes_per_image,
+                    &positions,
                 )?;
-                let rankings: Vec<Vec<usize>> = answers
-                    .iter()
-                    .map(|a| a.results.iter().map(|h| positions[h.id.as_str()]).collect())
-                    .collect();
-                let (per_query, top) = results_of(&rankings, input);
-                let share_of = |n: usize| n as f64 / answers.len().max(1) as f64;
-                let share = share_of(again);
-                let id = RegimeId {
-                    recheck: true,
-                    ..RegimeId::shipped().whitened(white).grouped(true)
-                };
-                out.push(RegimeResult {
-                    id,
-                    summary: summarise(&per_query),
-                    k: id.k(),
-                    bytes_per_image: out.last().map_or(0, |r| r.bytes_per_image),
-                    shortlist_recall: None,
-                    // as given for every query, each search toward the suns for the share it
-                    // searched, in turns for the share still unsure
-                    query_ms: given_ms
-                        + toward.iter().map(|&(n, ms)| share_of(n) * ms).sum::<f64>()
-                        + share * turned_ms,
-                    searched_again: Some(toward.first().map_or(share, |&(n, _)| share_of(n))),
-                    searched_in_turns: Some(share),
-                    searched_relit: input
-                        .query_toward
-                        .iter()
-                        .zip(&toward)
-                        .find(|((stage, _), _)| stage.views.relit)
-                        .map(|(_, &(n, _))| share_of(n)),
-                    per_query,
-                    top,
-                });
+                out.extend(rechecked);
             }
             Ok(())
         };
