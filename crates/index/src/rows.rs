@@ -8,6 +8,8 @@ use crate::single_int8::Int8Vectors;
 use craterdex_tokens::Descriptors;
 use std::collections::HashMap;
 
+// The small accessors are #[inline]: searches call them per row, from other code units
+// (docs/performance.md, "The search's files split by idea").
 impl Index {
     /// What search reads of each segment; `int8_singles` makes (once per segment, in
     /// parallel chunks) and includes the int8 copies of the single vectors.
@@ -25,6 +27,7 @@ impl Index {
             .collect()
     }
 
+    #[inline]
     pub(crate) fn segment_of(&self, row: usize) -> &Segment {
         let i = self
             .segments
@@ -55,6 +58,7 @@ impl Index {
     }
 
     /// The single vector of `row` as stored.
+    #[inline]
     pub fn single_of(&self, row: usize) -> &[f32] {
         let s = self.segment_of(row);
         let d = self.single_dim();
@@ -74,23 +78,27 @@ impl Index {
     }
 
     /// For an int8 index, the codes `[K, D]` and scales `[K]` of `row`.
+    #[inline]
     pub fn int8_tokens(&self, row: usize) -> Option<(&[i8], &[f32])> {
         (self.codec.codec == crate::Codec::Int8).then(|| self.int8_run(row, row + 1))
     }
 
     /// The int8 codes `[n * K, D]` and scales `[n * K]` of rows `lo..hi` of one segment
     /// (int8 indexes).
+    #[inline]
     pub(crate) fn int8_run(&self, lo: usize, hi: usize) -> (&[i8], &[f32]) {
         let (payload, scales) = self.stored_run(lo, hi);
         (bytemuck::cast_slice(payload), scales)
     }
 
     /// The f32 tokens `[n * K, D]` of rows `lo..hi` of one segment (f32 indexes).
+    #[inline]
     pub(crate) fn f32_run(&self, lo: usize, hi: usize) -> &[f32] {
         bytemuck::cast_slice(self.stored_run(lo, hi).0)
     }
 
     /// The stored token bytes and scales of rows `lo..hi`, which lie in one segment.
+    #[inline]
     fn stored_run(&self, lo: usize, hi: usize) -> (&[u8], &[f32]) {
         let s = self.segment_of(lo);
         assert!(
@@ -129,12 +137,14 @@ impl Index {
     }
 
     /// Decodes the stored tokens of `row` into `out` (`[K, D]`).
+    #[inline]
     pub fn decode_tokens(&self, row: usize, out: &mut Vec<f32>) {
         out.resize(self.manifest.tokens_per_image * self.codec.dim, 0.0);
         self.decode_tokens_into(row, out);
     }
 
     /// Decodes the stored tokens of `row` into a slice of exactly `K * D` floats.
+    #[inline]
     pub fn decode_tokens_into(&self, row: usize, out: &mut [f32]) {
         let (payload, scales) = self.stored_run(row, row + 1);
         self.codec.decode(payload, scales, out);

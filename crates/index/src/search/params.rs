@@ -128,6 +128,7 @@ pub struct Hit {
 }
 
 /// A hit of a one-stage search: the score is stage 1's or stage 2's, by `mode`.
+#[inline]
 pub(super) fn one_stage_hit(row: usize, score: f32, mode: Mode) -> Hit {
     let stage1 = mode == Mode::Stage1;
     Hit {
