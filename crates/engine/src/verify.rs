@@ -326,13 +326,28 @@ impl Engine {
         top: usize,
         progress: &dyn Progress,
     ) -> Result<Vec<QueryHits>> {
+        let (queries, params, candidates) =
+            self.candidates_in_views(ids, variants, views, params, top)?;
+        let results =
+            self.verify_candidates(&queries, views, &params, top, candidates, progress)?;
+        Ok(QueryHits::named(ids, results))
+    }
+
+    /// Queries `ids` in their `views` (`variants`), the verified search's parameters and the
+    /// candidates it verifies: where every verified search in views starts.
+    fn candidates_in_views(
+        &self,
+        ids: &[String],
+        variants: &FeatureSet,
+        views: QueryViews,
+        params: &SearchParams,
+        top: usize,
+    ) -> Result<(ViewedQueries, SearchParams, Vec<Vec<SearchHit>>)> {
         let queries = self.viewed_queries(ids, variants, views)?;
         let params = verified_search_params(params);
         let candidates =
             self.search_views(&queries.descriptors, views, &candidate_params(&params, top));
-        let results =
-            self.verify_candidates(&queries, views, &params, top, candidates, progress)?;
-        Ok(QueryHits::named(ids, results))
+        Ok((queries, params, candidates))
     }
 
     /// [`Engine::search_variants_verified`] with the candidates' patch grids taken from
@@ -347,10 +362,8 @@ impl Engine {
         top: usize,
         gallery: &PatchGrids,
     ) -> Result<Vec<QueryHits>> {
-        let queries = self.viewed_queries(ids, variants, views)?;
-        let params = verified_search_params(params);
-        let candidates =
-            self.search_views(&queries.descriptors, views, &candidate_params(&params, top));
+        let (queries, params, candidates) =
+            self.candidates_in_views(ids, variants, views, params, top)?;
         let results = self.verify_with_grids(&queries, views, &params, top, candidates, gallery);
         Ok(QueryHits::named(ids, results))
     }

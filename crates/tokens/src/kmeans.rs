@@ -55,11 +55,15 @@ pub fn lloyd(
                 let r = rng.gen_range(0..n);
                 centre.copy_from_slice(&data[r * dim..(r + 1) * dim]);
             } else {
-                let inv = counts[c] as f32;
+                // a unit mean is the sum scaled to unit length: no division first
+                let count = match update {
+                    Centres::Mean => counts[c] as f32,
+                    Centres::UnitMean => 1.0,
+                };
                 centre
                     .iter_mut()
                     .zip(&sums[c * dim..(c + 1) * dim])
-                    .for_each(|(m, s)| *m = s / inv);
+                    .for_each(|(m, s)| *m = s / count);
             }
         }
         if update == Centres::UnitMean {
