@@ -317,7 +317,7 @@ impl Engine {
     /// [`QueryViews::count`] rows in a row; one row each for a plain search), searched in
     /// those views with their `top` best images verified ([`Engine::search_views_verified`]),
     /// the candidates' grids from their images.
-    pub fn search_variants_verified(
+    pub(crate) fn search_variants_verified(
         &self,
         ids: &[String],
         variants: &FeatureSet,
