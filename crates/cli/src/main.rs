@@ -81,6 +81,17 @@ enum Cmd {
         after_help = "Examples:\n  craterdex extract --dir crops/ --out feats.safetensors\n  craterdex extract --manifest splits/test.json --out feats.safetensors --f16"
     )]
     Extract(cmd::extract::ExtractCmd),
+    /// Find craters in whole images of any size: crater lists (CSV) and map layers
+    /// (GeoJSON) that index build, link and dedup take.
+    #[command(
+        after_help = "Examples:\n  craterdex detect new_image.png --out found/\n  craterdex detect tiles/*.png --out found/ --detector-precision bf16"
+    )]
+    Detect(cmd::detect::DetectCmd),
+    /// How well craters are found in labelled tiles: precision, recall and F1 per size bin.
+    #[command(
+        after_help = "Example:\n  craterdex eval-detect --tile a.png --craters a.txt --tile b.png --craters b.txt"
+    )]
+    EvalDetect(cmd::detect::EvalDetectCmd),
     /// Build, grow, shrink and inspect crater indexes.
     #[command(subcommand)]
     Index(cmd::index::IndexCmd),
@@ -204,6 +215,8 @@ fn main() {
     let result = match cli.cmd {
         Cmd::Model(c) => cmd::model::run(c),
         Cmd::Extract(c) => cmd::extract::run(c),
+        Cmd::Detect(c) => cmd::detect::run(c),
+        Cmd::EvalDetect(c) => cmd::detect::run_eval(c),
         Cmd::Index(c) => cmd::index::run(c),
         Cmd::Search(c) => cmd::search::run(c),
         Cmd::Link(c) => cmd::link::run(c),

@@ -9,6 +9,7 @@
 
 pub mod benchbuild;
 pub mod catalogue;
+pub mod detection;
 mod error;
 #[cfg(feature = "gdal")]
 pub mod georef;

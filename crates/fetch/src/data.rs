@@ -1,7 +1,8 @@
-//! Sample data fetched from package registries: the pycda Mars tile (MIT).
+//! What the pycda 0.1.16 sdist (MIT) gives: the sample Mars tile with its craters, and the
+//! crater detector (its Keras U-Net), both fetched once into the cache.
 
 use crate::{cache_dir, pip_download, Error, Result};
-use craterdex_errors::{ensure, IoContext};
+use craterdex_errors::IoContext;
 use std::io::Read;
 use std::path::PathBuf;
 
@@ -19,41 +20,82 @@ pub fn pycda_mars_tile() -> Result<(PathBuf, PathBuf)> {
     if tile.is_file() && labels.is_file() {
         return Ok((tile, labels));
     }
-    let sdist = pip_download(
+    let tmp = craterdex_durable::tempdir_beside(&dir)?;
+    let members = sdist_members(&MEMBERS.map(|m| format!("sample_imgs/{m}")))?;
+    for (name, bytes) in MEMBERS.iter().zip(members) {
+        let member = tmp.join(name);
+        std::fs::write(&member, bytes).io("write", &member)?;
+    }
+    craterdex_durable::replace_dir(&tmp, &dir)?;
+    Ok((tile, labels))
+}
+
+/// The pycda sdist, downloaded once and checked against its pinned sha256.
+fn pycda_sdist() -> Result<PathBuf> {
+    pip_download(
         "pycda",
         PYCDA_VERSION,
         PYCDA_SDIST,
         PYCDA_SHA256,
         &cache_dir().join("downloads"),
-    )?;
-    let tmp = craterdex_durable::tempdir_beside(&dir)?;
+    )
+}
+
+/// The bytes of the sdist's members whose paths end with `suffixes`, in their order.
+fn sdist_members(suffixes: &[String]) -> Result<Vec<Vec<u8>>> {
+    let sdist = pycda_sdist()?;
     let f = std::fs::File::open(&sdist).io("open", &sdist)?;
     let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(f));
-    let mut found = 0;
     let not_tar = |e: std::io::Error| {
         Error::Corrupt(format!("{} is not a readable tar.gz: {e}", sdist.display()))
     };
+    let mut found: Vec<Option<Vec<u8>>> = vec![None; suffixes.len()];
     for entry in archive.entries().map_err(not_tar)? {
         let mut entry = entry.map_err(not_tar)?;
         let path = entry.path().map_err(not_tar)?.to_path_buf();
-        if let Some(name) = MEMBERS
-            .iter()
-            .find(|m| path.ends_with(format!("sample_imgs/{m}")))
-        {
+        if let Some(i) = suffixes.iter().position(|s| path.ends_with(s)) {
             let mut buf = Vec::new();
             entry.read_to_end(&mut buf).map_err(not_tar)?;
-            let member = tmp.join(name);
-            std::fs::write(&member, buf).io("write", &member)?;
-            found += 1;
+            found[i] = Some(buf);
         }
     }
-    ensure!(
-        found == MEMBERS.len(),
-        Error::Corrupt(format!(
-            "{} lacks the sample tile or its labels",
-            sdist.display()
-        ))
-    );
-    craterdex_durable::replace_dir(&tmp, &dir)?;
-    Ok((tile, labels))
+    found
+        .into_iter()
+        .zip(suffixes)
+        .map(|(bytes, suffix)| {
+            bytes.ok_or_else(|| {
+                Error::Corrupt(format!("{} has no member {suffix}", sdist.display()))
+            })
+        })
+        .collect()
+}
+
+/// The name of pycda's U-Net crater detector among craterdex's detectors.
+pub const PYCDA_UNET: &str = "pycda-unet";
+const PYCDA_UNET_MEMBER: &str = "pycda/models/unet.h5";
+
+/// Where detectors live: `$CRATERDEX_HOME/detectors`.
+pub fn detectors_dir() -> PathBuf {
+    cache_dir().join("detectors")
+}
+
+/// Fetches pycda's U-Net and imports it as the detector [`PYCDA_UNET`]; does nothing when
+/// it is already there and reads back.
+pub fn fetch_pycda_unet(force: bool) -> Result<PathBuf> {
+    let dir = detectors_dir().join(PYCDA_UNET);
+    if !force && craterdex_detect::read_detector_dir(&dir).is_ok() {
+        return Ok(dir);
+    }
+    let [h5] = <[Vec<u8>; 1]>::try_from(sdist_members(&[PYCDA_UNET_MEMBER.to_string()])?)
+        .expect("one member asked for");
+    let source = format!("pypi:pycda=={PYCDA_VERSION}/{PYCDA_UNET_MEMBER}");
+    craterdex_detect::keras::import_keras_h5(
+        &h5,
+        PYCDA_UNET_MEMBER,
+        PYCDA_UNET,
+        &source,
+        "MIT",
+        &dir,
+    )?;
+    Ok(dir)
 }

@@ -17,6 +17,9 @@ pub enum Error {
     /// The downloaded checkpoint could not be imported.
     #[error(transparent)]
     Model(#[from] craterdex_model::Error),
+    /// The downloaded detector could not be imported.
+    #[error(transparent)]
+    Detector(#[from] craterdex_detect::Error),
     #[error(transparent)]
     Io(#[from] IoError),
 }
@@ -25,5 +28,5 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 craterdex_errors::error_kinds!(Error {
     messages: { Download => Io, Invalid => InvalidInput, Corrupt => Corrupt },
-    wrapped: { Model, Io },
+    wrapped: { Model, Detector, Io },
 });

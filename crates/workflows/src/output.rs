@@ -428,3 +428,88 @@ pub fn write_discovered(dir: &Path, ranked: &[crate::discover::Discovered]) -> R
         .collect();
     write_geojson(&dir.join("ranked.geojson"), features, None)
 }
+
+const DETECTION_HEADER: [&str; 8] = [
+    "id",
+    "image",
+    "source",
+    "x",
+    "y",
+    "diameter_px",
+    "score",
+    "scale",
+];
+
+/// Each image's name among the sources: its file stem, numbered where two images share one.
+pub fn source_names(images: &[PathBuf]) -> Vec<String> {
+    let stems: Vec<String> = images
+        .iter()
+        .map(|p| {
+            p.file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "image".into())
+        })
+        .collect();
+    stems
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            if stems.iter().filter(|t| *t == s).count() > 1 {
+                format!("{s}-{i}")
+            } else {
+                s.clone()
+            }
+        })
+        .collect()
+}
+
+/// `detections.csv` (one row per crater found: `id` as `<source>-<n>`, the image, its
+/// source name, centre and diameter in its pixels, score, the pyramid scale it was found
+/// at) and `detections.geojson` (each crater's rim as a polygon in the image's pixel frame
+/// as QGIS shows an image without georeferencing: x right, y up from the top edge, so y is
+/// minus the row) in `dir`; returns the files written.
+pub fn write_detections(
+    dir: &Path,
+    per_image: &[(PathBuf, Vec<craterdex_detect::Detection>)],
+) -> Result<Vec<PathBuf>> {
+    craterdex_durable::create_dir_all(dir)?;
+    let images: Vec<PathBuf> = per_image.iter().map(|(p, _)| p.clone()).collect();
+    let sources = source_names(&images);
+    let mut rows = Vec::new();
+    let mut features = Vec::new();
+    for ((image, found), source) in per_image.iter().zip(&sources) {
+        for (n, d) in found.iter().enumerate() {
+            let id = format!("{source}-{n:05}");
+            rows.push(vec![
+                id.clone(),
+                image.display().to_string(),
+                source.clone(),
+                format!("{:.2}", d.x),
+                format!("{:.2}", d.y),
+                format!("{:.2}", d.diameter),
+                format!("{:.4}", d.score),
+                d.scale.to_string(),
+            ]);
+            let ring: Vec<[f64; 2]> = (0..=RIM_VERTICES)
+                .map(|k| {
+                    let a = std::f64::consts::TAU * k as f64 / RIM_VERTICES as f64;
+                    let r = d.diameter / 2.0;
+                    // pixel centres at +0.5: QGIS puts the image's corner at (0, 0)
+                    [d.x + 0.5 + r * a.cos(), -(d.y + 0.5 + r * a.sin())]
+                })
+                .collect();
+            features.push(json!({
+                "type": "Feature",
+                "geometry": {"type": "Polygon", "coordinates": [ring]},
+                "properties": {
+                    "id": id, "image": image.display().to_string(), "source": source,
+                    "x": d.x, "y": d.y, "diameter_px": d.diameter, "score": d.score,
+                },
+            }));
+        }
+    }
+    let (csv_path, geojson) = (dir.join("detections.csv"), dir.join("detections.geojson"));
+    write_csv(&csv_path, &DETECTION_HEADER, rows)?;
+    write_geojson(&geojson, features, None)?;
+    Ok(vec![csv_path, geojson])
+}

@@ -6,6 +6,7 @@ pub mod calibrate;
 pub mod cpu;
 pub mod dedup;
 pub mod demo;
+pub mod detect;
 pub mod discover;
 pub mod eval;
 pub mod eval_discover;

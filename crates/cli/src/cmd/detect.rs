@@ -1,0 +1,240 @@
+//! `craterdex detect`: craters found in whole images, written as the crater lists and map
+//! layers the other commands take; `craterdex eval-detect`: how well, against labelled
+//! tiles.
+
+use crate::output::bar;
+use anyhow::{Context, Result};
+use clap::Args;
+use craterdex_detect::{detect, DetectOptions, Detection, DetectorConfig, GrayImage, Net};
+use craterdex_eval::detection::{score, BinCounts, Circle};
+use craterdex_model::Precision;
+use std::path::{Path, PathBuf};
+
+/// Which detector and how it looks.
+#[derive(Args, Clone)]
+pub struct DetectorOpts {
+    /// A detector directory, or the name of one under $CRATERDEX_HOME/detectors (pycda-unet,
+    /// pycda's U-Net, is fetched from PyPI on first use).
+    #[arg(long, default_value = craterdex_fetch::PYCDA_UNET)]
+    detector: String,
+    /// Arithmetic of the detector's products: f32, or bf16 where the CPU has it.
+    #[arg(long, default_value_t = Precision::F32)]
+    detector_precision: Precision,
+    /// Pixels of likelihood above this make up craters.
+    #[arg(long, default_value_t = DetectOptions::default().threshold)]
+    threshold: f32,
+    /// Smallest diameter reported, in pixels.
+    #[arg(long, default_value_t = DetectOptions::default().min_diameter)]
+    min_diameter: f64,
+    /// Largest diameter each pyramid level reports, in its own pixels; larger craters are
+    /// found on the levels below (half the size each).
+    #[arg(long, default_value_t = DetectOptions::default().level_max_diameter)]
+    level_max_diameter: f64,
+}
+
+impl DetectorOpts {
+    pub fn load(&self) -> Result<(DetectorConfig, Net)> {
+        let dir = PathBuf::from(&self.detector);
+        let dir = if dir.is_dir() {
+            dir
+        } else if self.detector == craterdex_fetch::PYCDA_UNET {
+            craterdex_fetch::fetch_pycda_unet(false)?
+        } else {
+            let named = craterdex_fetch::detectors_dir().join(&self.detector);
+            anyhow::ensure!(
+                named.is_dir(),
+                "no detector {}: give a detector directory or one of those in {}",
+                self.detector,
+                craterdex_fetch::detectors_dir().display()
+            );
+            named
+        };
+        let (config, net) = craterdex_detect::read_detector_dir(&dir)?;
+        Ok((config, net.with_precision(self.detector_precision)?))
+    }
+
+    pub fn options(&self) -> DetectOptions {
+        DetectOptions {
+            threshold: self.threshold,
+            min_diameter: self.min_diameter,
+            level_max_diameter: self.level_max_diameter,
+            ..Default::default()
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct DetectCmd {
+    /// Images (PNG, TIFF, JPEG, PNM) of any size.
+    #[arg(required = true)]
+    images: Vec<PathBuf>,
+    /// Where detections.csv and detections.geojson go.
+    #[arg(long)]
+    out: PathBuf,
+    #[command(flatten)]
+    detector: DetectorOpts,
+}
+
+/// Runs the detector over `images` with one bar for all their tiles; each image's
+/// detections, or why it has none.
+pub fn detect_images(
+    images: &[PathBuf],
+    config: &DetectorConfig,
+    net: &Net,
+    o: &DetectOptions,
+    label: &str,
+) -> Vec<Result<Vec<Detection>>> {
+    let loaded: Vec<Result<GrayImage>> = images
+        .iter()
+        .map(|p| GrayImage::open(p).map_err(anyhow::Error::from))
+        .collect();
+    let total: usize = loaded
+        .iter()
+        .filter_map(|g| g.as_ref().ok())
+        .map(|g| craterdex_detect::detect::tiles_needed(config, g.width, g.height, o).unwrap_or(0))
+        .sum();
+    let pb = bar(total, label);
+    let out = loaded
+        .into_iter()
+        .zip(images)
+        .map(|(g, p)| {
+            let g = g?;
+            detect(net, config, &g, o, &|n| pb.inc(n as u64))
+                .with_context(|| format!("detecting craters in {}", p.display()))
+        })
+        .collect();
+    pb.finish();
+    out
+}
+
+pub fn run(c: DetectCmd) -> Result<()> {
+    let (config, net) = c.detector.load()?;
+    let o = c.detector.options();
+    let t = std::time::Instant::now();
+    let results = detect_images(&c.images, &config, &net, &o, "detect");
+    let mut per_image = Vec::new();
+    let mut failed = 0;
+    for (path, r) in c.images.iter().zip(results) {
+        match r {
+            Ok(d) if d.is_empty() => eprintln!("{}: no craters found", path.display()),
+            Ok(d) => per_image.push((path.clone(), d)),
+            Err(e) => {
+                failed += 1;
+                eprintln!("{}: {e:#}", path.display());
+            }
+        }
+    }
+    let files = craterdex_workflows::output::write_detections(&c.out, &per_image)?;
+    let n: usize = per_image.iter().map(|(_, d)| d.len()).sum();
+    eprintln!(
+        "{n} craters in {} of {} images in {:.1}s ({}, {} at {}); wrote {}",
+        per_image.len(),
+        c.images.len(),
+        t.elapsed().as_secs_f64(),
+        config.name,
+        net.precision(),
+        craterdex_kernels::active(),
+        files
+            .iter()
+            .map(|f| f.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    anyhow::ensure!(
+        failed == 0,
+        "{failed} of {} images could not be read or searched",
+        c.images.len()
+    );
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct EvalDetectCmd {
+    #[command(flatten)]
+    tiles: crate::args::TileArgs,
+    /// Where results.json goes.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    #[command(flatten)]
+    detector: DetectorOpts,
+}
+
+/// Labelled craters of a tile as circles.
+pub fn labelled(path: &Path) -> Result<Vec<Circle>> {
+    Ok(craterdex_eval::catalogue::read_pixel_catalogue(path)?
+        .into_iter()
+        .map(|c| Circle {
+            x: c.x,
+            y: c.y,
+            diameter: c.diameter,
+        })
+        .collect())
+}
+
+pub fn print_bins(title: &str, bins: &[BinCounts]) {
+    println!("{title}");
+    println!(
+        "  {:>8} {:>8} {:>8} {:>10} {:>7} {:>7} {:>7}",
+        "bin px", "craters", "found", "detections", "P", "R", "F1"
+    );
+    for b in bins {
+        println!(
+            "  {:>8} {:>8} {:>8} {:>10} {:>7.3} {:>7.3} {:>7.3}",
+            b.bin, b.craters, b.craters_found, b.detections, b.precision, b.recall, b.f1
+        );
+    }
+}
+
+pub fn run_eval(c: EvalDetectCmd) -> Result<()> {
+    let pairs = c.tiles.pairs()?;
+    let (config, net) = c.detector.load()?;
+    let o = c.detector.options();
+    let images: Vec<PathBuf> = pairs.iter().map(|(t, _)| t.clone()).collect();
+    let t = std::time::Instant::now();
+    let found = detect_images(&images, &config, &net, &o, "detect");
+    let seconds = t.elapsed().as_secs_f64();
+    let mut scored = Vec::new();
+    for ((tile, labels), f) in pairs.iter().zip(found) {
+        let f = f?;
+        let circles = f
+            .iter()
+            .map(|d| Circle {
+                x: d.x,
+                y: d.y,
+                diameter: d.diameter,
+            })
+            .collect();
+        scored.push((
+            circles,
+            labelled(labels).with_context(|| format!("labels of {}", tile.display()))?,
+        ));
+    }
+    let bins = score(&scored);
+    print_bins(
+        &format!(
+            "{} tiles, {} ({} at {}), {:.1}s",
+            pairs.len(),
+            config.name,
+            net.precision(),
+            craterdex_kernels::active(),
+            seconds
+        ),
+        &bins,
+    );
+    if let Some(out) = &c.out {
+        std::fs::create_dir_all(out)?;
+        let json = serde_json::json!({
+            "detector": config.name,
+            "precision": net.precision().to_string(),
+            "kernel_level": craterdex_kernels::active().to_string(),
+            "tiles": pairs.iter().map(|(t, _)| t.display().to_string()).collect::<Vec<_>>(),
+            "seconds": seconds,
+            "bins": bins,
+        });
+        craterdex_durable::write_atomic(
+            &out.join("results.json"),
+            &serde_json::to_vec_pretty(&json)?,
+        )?;
+    }
+    Ok(())
+}

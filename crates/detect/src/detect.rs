@@ -1,0 +1,533 @@
+//! Craters in a whole image: an image pyramid, each level cut into the detector's tiles in
+//! bands of rows (so memory follows the band, not the image), the per-pixel likelihood
+//! turned into circles, and the circles of all levels merged.
+//!
+//! The detector's convolutions are valid, so each output tile sees its full context in the
+//! image around it: tiles are laid edge to edge and the stitched likelihood is the one a
+//! detector as large as the image would give (mirrored pixels only past the image's edges).
+
+use crate::error::{Error, Result};
+use crate::net::{FeatureMap, Net};
+use crate::store::DetectorConfig;
+use craterdex_errors::{ensure, ResultExt};
+use image::{DynamicImage, ImageBuffer, Luma};
+use std::path::Path;
+
+/// A grey image as 8-bit levels (what pycda's detector was trained on).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GrayImage {
+    pub width: usize,
+    pub height: usize,
+    pub pixels: Vec<u8>,
+}
+
+/// Whole images can be large: a mosaic of up to 4 gigapixels is read.
+const MAX_IMAGE_PIXELS: u64 = 1 << 32;
+
+impl GrayImage {
+    /// Reads PNG, TIFF, JPEG or PNM; colour is averaged to grey, and deeper than 8 bits
+    /// (16-bit or float TIFF) stretched between its 0.1 and 99.9 percentiles.
+    pub fn open(path: &Path) -> Result<Self> {
+        let bytes = std::fs::read(path)
+            .map_err(|e| Error::Io(craterdex_errors::IoError::new("read", path, e)))?;
+        let limits = craterdex_model::preprocess::DecodeLimits {
+            max_pixels: Some(MAX_IMAGE_PIXELS),
+            max_side: None,
+            allow_partial: false,
+        };
+        let decoded = craterdex_model::preprocess::decode(&bytes, &limits)
+            .with_context(|| format!("{} is not a usable image", path.display()))?;
+        Ok(Self::from_dynamic(&decoded.image))
+    }
+
+    pub fn from_dynamic(image: &DynamicImage) -> Self {
+        let (width, height) = (image.width() as usize, image.height() as usize);
+        let pixels = match image {
+            DynamicImage::ImageLuma8(_)
+            | DynamicImage::ImageRgb8(_)
+            | DynamicImage::ImageRgba8(_)
+            | DynamicImage::ImageLumaA8(_) => image.to_luma8().into_raw(),
+            _ => stretch(&image.to_luma32f().into_raw()),
+        };
+        Self {
+            width,
+            height,
+            pixels,
+        }
+    }
+
+    /// This image resized by `scale` (area-weighted when shrinking).
+    fn scaled(&self, scale: f64) -> Self {
+        if scale == 1.0 {
+            return self.clone();
+        }
+        let (w, h) = (
+            ((self.width as f64 * scale).round() as u32).max(1),
+            ((self.height as f64 * scale).round() as u32).max(1),
+        );
+        let buf: ImageBuffer<Luma<u8>, Vec<u8>> =
+            ImageBuffer::from_raw(self.width as u32, self.height as u32, self.pixels.clone())
+                .expect("the buffer holds width x height pixels");
+        let out = image::imageops::resize(&buf, w, h, image::imageops::FilterType::Triangle);
+        Self {
+            width: w as usize,
+            height: h as usize,
+            pixels: out.into_raw(),
+        }
+    }
+
+    /// Pixel at `(x, y)`, mirrored back inside past the edges.
+    fn mirrored(&self, x: isize, y: isize) -> u8 {
+        self.pixels[mirror(y, self.height) * self.width + mirror(x, self.width)]
+    }
+}
+
+/// `i` reflected into `0..n` (…, 2, 1, 0, 1, 2, …, n-1, n-2, …), for any distance out.
+fn mirror(i: isize, n: usize) -> usize {
+    if n == 1 {
+        return 0;
+    }
+    let period = 2 * (n as isize - 1);
+    let m = i.rem_euclid(period);
+    (if m < n as isize { m } else { period - m }) as usize
+}
+
+/// Values between their 0.1 and 99.9 percentiles onto 0..255.
+fn stretch(values: &[f32]) -> Vec<u8> {
+    let mut finite: Vec<f32> = values.iter().copied().filter(|v| v.is_finite()).collect();
+    if finite.is_empty() {
+        return vec![0; values.len()];
+    }
+    let mut at = |q: f64| {
+        let k = ((finite.len() - 1) as f64 * q) as usize;
+        *finite.select_nth_unstable_by(k, f32::total_cmp).1
+    };
+    let (lo, hi) = (at(0.001), at(0.999));
+    let span = (hi - lo).max(f32::MIN_POSITIVE);
+    values
+        .iter()
+        .map(|v| {
+            if v.is_finite() {
+                ((v - lo) / span * 255.0).clamp(0.0, 255.0).round() as u8
+            } else {
+                0
+            }
+        })
+        .collect()
+}
+
+/// One crater found: centre and diameter in the image's pixels (x right, y down, the centre
+/// of the top-left pixel at 0, 0), the mean likelihood over its pixels, and the pyramid
+/// scale it was found at.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Detection {
+    pub x: f64,
+    pub y: f64,
+    pub diameter: f64,
+    pub score: f32,
+    pub scale: f64,
+}
+
+/// How craters are found. The defaults live here.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DetectOptions {
+    /// Pixels of likelihood above this make up craters.
+    pub threshold: f32,
+    /// The smallest diameter reported, in the image's pixels.
+    pub min_diameter: f64,
+    /// The largest, as a share of the image's shorter side.
+    pub max_diameter_share: f64,
+    /// Each pyramid level reports craters up to this diameter in its own pixels; the next
+    /// level (half the size) takes the larger ones.
+    pub level_max_diameter: f64,
+    /// Output rows of likelihood held at once per level.
+    pub band_rows: usize,
+}
+
+impl Default for DetectOptions {
+    fn default() -> Self {
+        Self {
+            threshold: 0.5,
+            min_diameter: 8.0,
+            max_diameter_share: 0.5,
+            level_max_diameter: 24.0,
+            band_rows: 1024,
+        }
+    }
+}
+
+impl DetectOptions {
+    fn check(&self) -> Result<()> {
+        ensure!(
+            self.threshold > 0.0 && self.threshold < 1.0,
+            Error::Invalid(format!(
+                "the threshold must lie between 0 and 1, not {}",
+                self.threshold
+            ))
+        );
+        ensure!(
+            self.min_diameter >= 1.0 && self.level_max_diameter > 2.0 * 4.0 && self.band_rows > 0,
+            Error::Invalid(format!(
+                "diameters must be at least 1 px (smallest) and 8 px (per level), not {} and {}",
+                self.min_diameter, self.level_max_diameter
+            ))
+        );
+        ensure!(
+            self.max_diameter_share > 0.0 && self.max_diameter_share <= 1.0,
+            Error::Invalid(format!(
+                "the largest diameter share must lie in (0, 1], not {}",
+                self.max_diameter_share
+            ))
+        );
+        Ok(())
+    }
+
+    /// The pyramid's scales for an image whose shorter side is `side`: halving until a level
+    /// would only hold craters larger than the largest reported.
+    pub fn scales(&self, side: usize) -> Vec<f64> {
+        let largest = self.max_diameter_share * side as f64;
+        let mut scales: Vec<f64> = vec![1.0];
+        loop {
+            let next = scales[scales.len() - 1] / 2.0;
+            // the next level reports from half the per-level largest in its own pixels, and
+            // its largest must still fit twice across it
+            let smallest_reported = self.level_max_diameter / 2.0 / next;
+            if smallest_reported > largest || side as f64 * next < 2.0 * self.level_max_diameter {
+                return scales;
+            }
+            scales.push(next);
+        }
+    }
+}
+
+/// The tiles `detect` runs for an image of `width x height`: what a progress bar counts.
+pub fn tiles_needed(
+    config: &DetectorConfig,
+    width: usize,
+    height: usize,
+    o: &DetectOptions,
+) -> Result<usize> {
+    let (out, _) = config.output()?;
+    Ok(o.scales(width.min(height))
+        .iter()
+        .map(|s| {
+            let (w, h) = (
+                ((width as f64 * s).round() as usize).max(1),
+                ((height as f64 * s).round() as usize).max(1),
+            );
+            let bands = h.div_ceil(o.band_rows);
+            let halo = halo(o);
+            (0..bands)
+                .map(|b| {
+                    let (r0, r1) = band_rows(b, o.band_rows, h, halo);
+                    (r1 - r0).div_ceil(out) * w.div_ceil(out)
+                })
+                .sum::<usize>()
+        })
+        .sum())
+}
+
+/// Rows of likelihood computed beyond a band on each side, so that a crater a level
+/// reports, straddling the band's edge, is whole in the band that holds its centre.
+fn halo(o: &DetectOptions) -> usize {
+    o.level_max_diameter.ceil() as usize + 4
+}
+
+/// Rows (with halo) of band `b`.
+fn band_rows(b: usize, band: usize, height: usize, halo: usize) -> (usize, usize) {
+    let core = (b * band, ((b + 1) * band).min(height));
+    (core.0.saturating_sub(halo), (core.1 + halo).min(height))
+}
+
+/// Finds the craters in `image` with `net` (described by `config`); `progress` is told of
+/// each tile done.
+pub fn detect(
+    net: &Net,
+    config: &DetectorConfig,
+    image: &GrayImage,
+    o: &DetectOptions,
+    progress: &(dyn Fn(usize) + Sync),
+) -> Result<Vec<Detection>> {
+    o.check()?;
+    let (out, border) = config.output()?;
+    ensure!(
+        image.width >= 16 && image.height >= 16,
+        Error::Invalid(format!(
+            "the image is {}x{} pixels; the detector needs at least 16 per side",
+            image.width, image.height
+        ))
+    );
+    let side = image.width.min(image.height);
+    let largest = o.max_diameter_share * side as f64;
+    let mut found = Vec::new();
+    let scales = o.scales(side);
+    for (k, &scale) in scales.iter().enumerate() {
+        let level = image.scaled(scale);
+        let lo = if k == 0 {
+            o.min_diameter
+        } else {
+            o.level_max_diameter / 2.0
+        };
+        let hi = if k + 1 == scales.len() {
+            f64::INFINITY
+        } else {
+            o.level_max_diameter
+        };
+        let halo = halo(o);
+        for b in 0..level.height.div_ceil(o.band_rows) {
+            let (r0, r1) = band_rows(b, o.band_rows, level.height, halo);
+            let core = (b * o.band_rows, ((b + 1) * o.band_rows).min(level.height));
+            let map = likelihood(net, config, &level, r0, r1, out, border, progress)?;
+            for c in circles(&map, level.width, r1 - r0, o.threshold) {
+                let (cy, touches_cut) = (
+                    c.y + r0 as f64,
+                    (c.top == 0 && r0 > 0) || (c.bottom + 1 == r1 - r0 && r1 < level.height),
+                );
+                if touches_cut
+                    || cy < core.0 as f64 - 0.5
+                    || cy >= core.1 as f64 - 0.5
+                    || c.diameter < lo
+                    || c.diameter >= hi
+                {
+                    continue;
+                }
+                let d = c.diameter / scale;
+                if d < o.min_diameter || d > largest {
+                    continue;
+                }
+                found.push(Detection {
+                    x: (c.x + 0.5) / scale - 0.5,
+                    y: (cy + 0.5) / scale - 0.5,
+                    diameter: d,
+                    score: c.score,
+                    scale,
+                });
+            }
+        }
+    }
+    Ok(merge(found))
+}
+
+/// The likelihood over rows `r0..r1` of `level`, every column: output tiles edge to edge
+/// (the last of a row or column pulled back to end at the edge), each computed from its
+/// input tile around it.
+#[allow(clippy::too_many_arguments)]
+fn likelihood(
+    net: &Net,
+    config: &DetectorConfig,
+    level: &GrayImage,
+    r0: usize,
+    r1: usize,
+    out: usize,
+    border: usize,
+    progress: &(dyn Fn(usize) + Sync),
+) -> Result<Vec<f32>> {
+    let (w, h) = (level.width, r1 - r0);
+    let starts = |len: usize| -> Vec<usize> {
+        let mut s: Vec<usize> = (0..len.div_ceil(out)).map(|i| i * out).collect();
+        if let Some(last) = s.last_mut() {
+            *last = (*last).min(len.saturating_sub(out));
+        }
+        s
+    };
+    let mut map = vec![0f32; w * h];
+    let tile = config.tile;
+    for ty in starts(h) {
+        for tx in starts(w) {
+            let mut input = FeatureMap::zeros(tile, tile, 1);
+            for (i, row) in input.data.chunks_exact_mut(tile).enumerate() {
+                let y = (r0 + ty) as isize + i as isize - border as isize;
+                for (j, v) in row.iter_mut().enumerate() {
+                    let x = tx as isize + j as isize - border as isize;
+                    *v = level.mirrored(x, y) as f32 * config.input_scale;
+                }
+            }
+            let got = net.forward(input)?;
+            for i in 0..out.min(h - ty) {
+                let n = out.min(w - tx);
+                map[(ty + i) * w + tx..(ty + i) * w + tx + n]
+                    .copy_from_slice(&got.data[i * out..i * out + n]);
+            }
+            progress(1);
+        }
+    }
+    Ok(map)
+}
+
+/// A connected region of likelihood over the threshold, as a circle of the same area.
+#[derive(Clone, Debug, PartialEq)]
+struct Circle {
+    x: f64,
+    y: f64,
+    diameter: f64,
+    score: f32,
+    top: usize,
+    bottom: usize,
+}
+
+/// 4-connected regions of `map` (`width x height`) above `threshold` as circles: centre at
+/// their mean pixel, diameter of the disc of their area (pycda's FastCircles).
+fn circles(map: &[f32], width: usize, height: usize, threshold: f32) -> Vec<Circle> {
+    let mut seen = vec![false; map.len()];
+    let mut stack = Vec::new();
+    let mut out = Vec::new();
+    for start in 0..map.len() {
+        if seen[start] || map[start] <= threshold {
+            continue;
+        }
+        seen[start] = true;
+        stack.push(start);
+        let (mut n, mut sx, mut sy, mut sl) = (0usize, 0f64, 0f64, 0f64);
+        let (mut top, mut bottom) = (usize::MAX, 0);
+        while let Some(p) = stack.pop() {
+            let (x, y) = (p % width, p / width);
+            n += 1;
+            sx += x as f64;
+            sy += y as f64;
+            sl += map[p] as f64;
+            top = top.min(y);
+            bottom = bottom.max(y);
+            let mut visit = |q: usize| {
+                if !seen[q] && map[q] > threshold {
+                    seen[q] = true;
+                    stack.push(q);
+                }
+            };
+            if x > 0 {
+                visit(p - 1);
+            }
+            if x + 1 < width {
+                visit(p + 1);
+            }
+            if y > 0 {
+                visit(p - width);
+            }
+            if y + 1 < height {
+                visit(p + width);
+            }
+        }
+        out.push(Circle {
+            x: sx / n as f64,
+            y: sy / n as f64,
+            diameter: 2.0 * (n as f64 / std::f64::consts::PI).sqrt(),
+            score: (sl / n as f64) as f32,
+            top,
+            bottom,
+        });
+    }
+    out
+}
+
+/// One detection per crater: where two levels (or two neighbouring regions) give circles
+/// within half the larger diameter of each other and within a factor of two in size, the
+/// higher score stays.
+fn merge(mut found: Vec<Detection>) -> Vec<Detection> {
+    found.sort_by(|a, b| {
+        b.score
+            .total_cmp(&a.score)
+            .then(a.x.total_cmp(&b.x))
+            .then(a.y.total_cmp(&b.y))
+    });
+    let cell = 32.0;
+    let key = |x: f64, y: f64| ((x / cell).floor() as i64, (y / cell).floor() as i64);
+    let mut grid: std::collections::HashMap<(i64, i64), Vec<usize>> = Default::default();
+    let mut kept: Vec<Detection> = Vec::new();
+    for d in found {
+        // a kept circle that suppresses d is at most 2 d across, so within d of its centre
+        let reach = (d.diameter / cell).ceil() as i64;
+        let (cx, cy) = key(d.x, d.y);
+        let duplicate = (cx - reach..=cx + reach).any(|gx| {
+            (cy - reach..=cy + reach).any(|gy| {
+                grid.get(&(gx, gy)).is_some_and(|ids| {
+                    ids.iter().any(|&i| {
+                        let k = &kept[i];
+                        let ratio = k.diameter.max(d.diameter) / k.diameter.min(d.diameter);
+                        ratio < 2.0
+                            && (k.x - d.x).hypot(k.y - d.y) < 0.5 * k.diameter.max(d.diameter)
+                    })
+                })
+            })
+        });
+        if !duplicate {
+            grid.entry(key(d.x, d.y)).or_default().push(kept.len());
+            kept.push(d);
+        }
+    }
+    kept.sort_by(|a, b| a.y.total_cmp(&b.y).then(a.x.total_cmp(&b.x)));
+    kept
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mirrored_indices_stay_inside_at_any_distance() {
+        assert_eq!(
+            (-3..8).map(|i| mirror(i, 4)).collect::<Vec<_>>(),
+            vec![3, 2, 1, 0, 1, 2, 3, 2, 1, 0, 1]
+        );
+        assert_eq!(mirror(-100, 1), 0);
+    }
+
+    #[test]
+    fn regions_become_circles_of_their_area() {
+        let (w, h) = (40, 30);
+        let mut map = vec![0f32; w * h];
+        for y in 0..h {
+            for x in 0..w {
+                if ((x as f64 - 10.0).powi(2) + (y as f64 - 12.0).powi(2)).sqrt() <= 6.0 {
+                    map[y * w + x] = 0.9;
+                }
+                if (30..34).contains(&x) && (2..6).contains(&y) {
+                    map[y * w + x] = 0.7;
+                }
+            }
+        }
+        let mut c = circles(&map, w, h, 0.5);
+        assert_eq!(c.len(), 2);
+        c.sort_by(|a, b| a.x.total_cmp(&b.x));
+        assert!(
+            (c[0].x - 10.0).abs() < 1e-9 && (c[0].y - 12.0).abs() < 1e-9,
+            "{c:?}"
+        );
+        assert!((c[0].diameter - 12.0).abs() < 0.6, "{c:?}");
+        assert!((c[1].diameter - 2.0 * (16f64 / std::f64::consts::PI).sqrt()).abs() < 1e-9);
+        assert!((c[1].score - 0.7).abs() < 1e-6 && (c[1].top, c[1].bottom) == (2, 5));
+    }
+
+    #[test]
+    fn merging_keeps_the_best_of_each_crater_and_separate_craters_apart() {
+        let d = |x, y, diameter, score| Detection {
+            x,
+            y,
+            diameter,
+            score,
+            scale: 1.0,
+        };
+        let kept = merge(vec![
+            d(100.0, 100.0, 20.0, 0.6),
+            d(103.0, 98.0, 26.0, 0.8),
+            d(100.0, 100.0, 60.0, 0.7),
+            d(140.0, 100.0, 20.0, 0.9),
+        ]);
+        assert_eq!(kept.len(), 3, "{kept:?}");
+        assert!(
+            kept.iter().any(|k| k.diameter == 26.0)
+                && !kept.iter().any(|k| k.diameter == 20.0 && k.x == 100.0)
+        );
+    }
+
+    #[test]
+    fn the_pyramid_halves_until_craters_would_be_too_large() {
+        let o = DetectOptions::default();
+        // levels report 12-24 px of their own: a 100 px image has room for one halving
+        assert_eq!(o.scales(40), vec![1.0]);
+        assert_eq!(o.scales(100), vec![1.0, 0.5]);
+        assert_eq!(o.scales(800), vec![1.0, 0.5, 0.25, 0.125, 0.0625]);
+        // 16-bit data is stretched onto 8 bits
+        let v: Vec<f32> = (0..1000).map(|i| i as f32).collect();
+        let s = stretch(&v);
+        assert_eq!((s[0], s[999]), (0, 255));
+    }
+}

@@ -1,0 +1,656 @@
+//! A detector graph with its weights, run on craterdex's kernels: convolutions as products
+//! of the image's patches (im2col) with the packed kernel, in f32 or bf16 like the ViT's
+//! linear layers.
+
+use crate::error::{Error, Result};
+use crate::graph::{Activation, Graph, Op, Padding};
+use craterdex_errors::ensure;
+use craterdex_model::vit::Linear;
+use craterdex_model::Precision;
+use rayon::prelude::*;
+
+/// A map of `height x width` pixels of `channels` values each, channels last.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FeatureMap {
+    pub height: usize,
+    pub width: usize,
+    pub channels: usize,
+    pub data: Vec<f32>,
+}
+
+impl FeatureMap {
+    pub fn zeros(height: usize, width: usize, channels: usize) -> Self {
+        Self {
+            height,
+            width,
+            channels,
+            data: vec![0.0; height * width * channels],
+        }
+    }
+}
+
+/// A weight tensor: its shape and values, row-major.
+pub type Tensor = (Vec<usize>, Vec<f32>);
+
+enum Kernel {
+    /// Layers without weights.
+    None,
+    Conv {
+        linear: Linear,
+        in_channels: usize,
+    },
+    /// Products of each input pixel with every kernel tap at once (`[in, kh * kw * out]`,
+    /// no bias), scattered to the outputs; the bias after, once per output.
+    ConvTranspose {
+        linear: Linear,
+        in_channels: usize,
+        bias: Vec<f32>,
+    },
+}
+
+/// A detector ready to run: its graph and packed weights.
+pub struct Net {
+    graph: Graph,
+    kernels: Vec<Kernel>,
+    precision: Precision,
+}
+
+/// Output pixels of one convolution whose patches are gathered at once: bounds the patch
+/// buffer (about 8 MB of f32) whatever the image size.
+const PATCH_FLOATS: usize = 2 << 20;
+
+impl Net {
+    /// Packs the weights of `graph`; `weight(name)` gives a layer's tensor by name
+    /// (`{layer}/kernel`, `{layer}/bias`).
+    pub fn new(graph: Graph, weight: impl Fn(&str) -> Option<Tensor>) -> Result<Self> {
+        let get = |name: String, rank: usize| -> Result<Tensor> {
+            let (shape, data) = weight(&name)
+                .ok_or_else(|| Error::Corrupt(format!("the detector has no weight {name}")))?;
+            ensure!(
+                shape.len() == rank && shape.iter().product::<usize>() == data.len(),
+                Error::Corrupt(format!("weight {name}: shape {shape:?} does not fit"))
+            );
+            Ok((shape, data))
+        };
+        let mut kernels = Vec::with_capacity(graph.layers.len());
+        for layer in &graph.layers {
+            let kernel = match &layer.op {
+                Op::Conv {
+                    filters, kernel, ..
+                } => {
+                    let (shape, w) = get(format!("{}/kernel", layer.name), 4)?;
+                    let (_, bias) = get(format!("{}/bias", layer.name), 1)?;
+                    ensure!(
+                        shape[..2] == kernel[..] && shape[3] == *filters && bias.len() == *filters,
+                        Error::Corrupt(format!(
+                            "layer {}: kernel {shape:?} is not {kernel:?} x {filters}",
+                            layer.name
+                        ))
+                    );
+                    let k = shape[0] * shape[1] * shape[2];
+                    Kernel::Conv {
+                        linear: Linear::new(w, bias, k, *filters),
+                        in_channels: shape[2],
+                    }
+                }
+                Op::ConvTranspose {
+                    filters, kernel, ..
+                } => {
+                    let (shape, w) = get(format!("{}/kernel", layer.name), 4)?;
+                    let (_, bias) = get(format!("{}/bias", layer.name), 1)?;
+                    ensure!(
+                        shape[..2] == kernel[..] && shape[2] == *filters && bias.len() == *filters,
+                        Error::Corrupt(format!(
+                            "layer {}: kernel {shape:?} is not {kernel:?} x {filters}",
+                            layer.name
+                        ))
+                    );
+                    let (taps, cin) = (shape[0] * shape[1] * shape[2], shape[3]);
+                    // [taps, in] as Keras stores it, to [in, taps]
+                    let mut wt = vec![0f32; taps * cin];
+                    for t in 0..taps {
+                        for c in 0..cin {
+                            wt[c * taps + t] = w[t * cin + c];
+                        }
+                    }
+                    Kernel::ConvTranspose {
+                        linear: Linear::new(wt, vec![0.0; taps], cin, taps),
+                        in_channels: cin,
+                        bias,
+                    }
+                }
+                _ => Kernel::None,
+            };
+            kernels.push(kernel);
+        }
+        Ok(Self {
+            graph,
+            kernels,
+            precision: Precision::F32,
+        })
+    }
+
+    /// Switches the products to `precision` (bf16 needs bf16 hardware at the active kernel
+    /// level; layers of widths bf16 cannot pack stay f32). int8 is not offered: the first
+    /// layers' few input channels quantise poorly and the U-Net's time is in its widest
+    /// layers, which bf16 already halves.
+    pub fn with_precision(mut self, precision: Precision) -> Result<Self> {
+        ensure!(
+            self.precision == Precision::F32,
+            Error::Invalid("a detector's precision is set once, after loading".into())
+        );
+        match precision {
+            Precision::F32 => return Ok(self),
+            Precision::Int8 => {
+                return Err(Error::Unsupported(
+                    "detectors run in f32 or bf16, not int8".into(),
+                ))
+            }
+            Precision::Bf16 => ensure!(
+                craterdex_kernels::bf16::available(),
+                Error::Unsupported(format!(
+                    "bf16 precision needs bf16 hardware at the kernel level in use ({}); f32 runs here",
+                    craterdex_kernels::active()
+                ))
+            ),
+        }
+        for k in &mut self.kernels {
+            if let Kernel::Conv { linear, .. } | Kernel::ConvTranspose { linear, .. } = k {
+                linear.set_precision(precision);
+            }
+        }
+        self.precision = precision;
+        Ok(self)
+    }
+
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// The output for `input` (a map of the graph's input channels): one channel, smaller
+    /// than the input by the detector's border where its convolutions are valid.
+    pub fn forward(&self, input: FeatureMap) -> Result<FeatureMap> {
+        let shapes = self.graph.shapes(input.height, input.width)?;
+        ensure!(
+            input.channels == self.graph.channels(),
+            Error::Invalid(format!(
+                "the detector takes {} channels, the image has {}",
+                self.graph.channels(),
+                input.channels
+            ))
+        );
+        let last_uses = self.graph.last_uses();
+        let mut maps: Vec<Option<FeatureMap>> = vec![None; self.graph.layers.len()];
+        let mut input = Some(input);
+        for (i, layer) in self.graph.layers.iter().enumerate() {
+            let arg = |k: usize| -> &FeatureMap {
+                maps[layer.inputs[k]]
+                    .as_ref()
+                    .expect("inputs are kept until their last use")
+            };
+            let out = match (&layer.op, &self.kernels[i]) {
+                (Op::Input { .. }, _) => input.take().expect("one input layer"),
+                (
+                    Op::Conv {
+                        stride,
+                        padding,
+                        activation,
+                        kernel,
+                        ..
+                    },
+                    Kernel::Conv {
+                        linear,
+                        in_channels,
+                    },
+                ) => {
+                    check_channels(&layer.name, arg(0), *in_channels)?;
+                    conv(
+                        arg(0),
+                        linear,
+                        *kernel,
+                        *stride,
+                        *padding,
+                        *activation,
+                        shapes[i],
+                    )
+                }
+                (
+                    Op::ConvTranspose {
+                        kernel,
+                        stride,
+                        activation,
+                        ..
+                    },
+                    Kernel::ConvTranspose {
+                        linear,
+                        in_channels,
+                        bias,
+                    },
+                ) => {
+                    check_channels(&layer.name, arg(0), *in_channels)?;
+                    conv_transpose(
+                        arg(0),
+                        linear,
+                        bias,
+                        *kernel,
+                        *stride,
+                        *activation,
+                        shapes[i],
+                    )
+                }
+                (Op::MaxPool { size, stride }, _) => max_pool(arg(0), *size, *stride, shapes[i]),
+                (Op::Crop { edges }, _) => crop(arg(0), *edges),
+                (Op::Concat, _) => {
+                    let parts: Vec<&FeatureMap> = (0..layer.inputs.len()).map(arg).collect();
+                    concat(&parts)
+                }
+                _ => unreachable!("kernels are made from the same layers"),
+            };
+            maps[i] = Some(out);
+            for &j in &layer.inputs {
+                if last_uses[j] == i {
+                    maps[j] = None;
+                }
+            }
+        }
+        Ok(maps
+            .pop()
+            .flatten()
+            .expect("the last layer's output is kept"))
+    }
+}
+
+fn check_channels(layer: &str, map: &FeatureMap, expected: usize) -> Result<()> {
+    ensure!(
+        map.channels == expected,
+        Error::Corrupt(format!(
+            "layer {layer}: its kernel takes {expected} channels, its input has {}",
+            map.channels
+        ))
+    );
+    Ok(())
+}
+
+/// Zeros before the first row (column) of a `Same` convolution, TensorFlow's way: the odd
+/// one goes after.
+fn same_pad(size: usize, kernel: usize, stride: usize) -> usize {
+    let out = size.div_ceil(stride);
+    ((out - 1) * stride + kernel).saturating_sub(size) / 2
+}
+
+fn conv(
+    x: &FeatureMap,
+    linear: &Linear,
+    [kh, kw]: [usize; 2],
+    [sh, sw]: [usize; 2],
+    padding: Padding,
+    activation: Activation,
+    [oh, ow, filters]: [usize; 3],
+) -> FeatureMap {
+    let mut out = FeatureMap::zeros(oh, ow, filters);
+    let (c, k) = (x.channels, kh * kw * x.channels);
+    if (kh, kw, sh, sw) == (1, 1, 1, 1) {
+        linear.forward(&x.data, oh * ow, &mut out.data);
+        activation.apply(&mut out.data);
+        return out;
+    }
+    let (pt, pl) = match padding {
+        Padding::Valid => (0, 0),
+        Padding::Same => (same_pad(x.height, kh, sh), same_pad(x.width, kw, sw)),
+    };
+    let rows_per_chunk = (PATCH_FLOATS / (ow * k)).max(1);
+    let mut patches = vec![0f32; rows_per_chunk * ow * k];
+    for (chunk, out_rows) in out
+        .data
+        .chunks_mut(rows_per_chunk * ow * filters)
+        .enumerate()
+    {
+        let rows = out_rows.len() / (ow * filters);
+        let oy0 = chunk * rows_per_chunk;
+        let patches = &mut patches[..rows * ow * k];
+        patches
+            .par_chunks_mut(ow * k)
+            .enumerate()
+            .for_each(|(r, row)| {
+                let oy = oy0 + r;
+                for ox in 0..ow {
+                    let patch = &mut row[ox * k..(ox + 1) * k];
+                    for i in 0..kh {
+                        let iy = (oy * sh + i) as isize - pt as isize;
+                        let dst = &mut patch[i * kw * c..(i + 1) * kw * c];
+                        if iy < 0 || iy >= x.height as isize {
+                            dst.fill(0.0);
+                            continue;
+                        }
+                        let ix0 = (ox * sw) as isize - pl as isize;
+                        if ix0 >= 0 && ix0 as usize + kw <= x.width {
+                            let at = (iy as usize * x.width + ix0 as usize) * c;
+                            dst.copy_from_slice(&x.data[at..at + kw * c]);
+                            continue;
+                        }
+                        for j in 0..kw {
+                            let ix = ix0 + j as isize;
+                            let d = &mut dst[j * c..(j + 1) * c];
+                            if ix < 0 || ix >= x.width as isize {
+                                d.fill(0.0);
+                            } else {
+                                let at = (iy as usize * x.width + ix as usize) * c;
+                                d.copy_from_slice(&x.data[at..at + c]);
+                            }
+                        }
+                    }
+                }
+            });
+        linear.forward(patches, rows * ow, out_rows);
+        activation.apply(out_rows);
+    }
+    out
+}
+
+fn conv_transpose(
+    x: &FeatureMap,
+    linear: &Linear,
+    bias: &[f32],
+    [kh, kw]: [usize; 2],
+    [sh, sw]: [usize; 2],
+    activation: Activation,
+    [oh, ow, filters]: [usize; 3],
+) -> FeatureMap {
+    let taps = kh * kw * filters;
+    let mut products = vec![0f32; x.height * x.width * taps];
+    linear.forward(&x.data, x.height * x.width, &mut products);
+    let mut out = FeatureMap::zeros(oh, ow, filters);
+    for y in 0..x.height {
+        for xx in 0..x.width {
+            let p = &products[(y * x.width + xx) * taps..(y * x.width + xx + 1) * taps];
+            for i in 0..kh {
+                for j in 0..kw {
+                    let at = ((y * sh + i) * ow + xx * sw + j) * filters;
+                    let src = &p[(i * kw + j) * filters..(i * kw + j + 1) * filters];
+                    out.data[at..at + filters]
+                        .iter_mut()
+                        .zip(src)
+                        .for_each(|(o, v)| *o += v);
+                }
+            }
+        }
+    }
+    for px in out.data.chunks_exact_mut(filters) {
+        px.iter_mut().zip(bias).for_each(|(o, b)| *o += b);
+    }
+    activation.apply(&mut out.data);
+    out
+}
+
+fn max_pool(
+    x: &FeatureMap,
+    [ph, pw]: [usize; 2],
+    [sh, sw]: [usize; 2],
+    [oh, ow, c]: [usize; 3],
+) -> FeatureMap {
+    let mut out = FeatureMap::zeros(oh, ow, c);
+    out.data.fill(f32::NEG_INFINITY);
+    for oy in 0..oh {
+        for ox in 0..ow {
+            let o = &mut out.data[(oy * ow + ox) * c..(oy * ow + ox + 1) * c];
+            for i in 0..ph {
+                for j in 0..pw {
+                    let at = ((oy * sh + i) * x.width + ox * sw + j) * c;
+                    o.iter_mut()
+                        .zip(&x.data[at..at + c])
+                        .for_each(|(o, v)| *o = o.max(*v));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn crop(x: &FeatureMap, [t, b, l, r]: [usize; 4]) -> FeatureMap {
+    let (h, w, c) = (x.height - t - b, x.width - l - r, x.channels);
+    let mut data = Vec::with_capacity(h * w * c);
+    for y in t..t + h {
+        let at = (y * x.width + l) * c;
+        data.extend_from_slice(&x.data[at..at + w * c]);
+    }
+    FeatureMap {
+        height: h,
+        width: w,
+        channels: c,
+        data,
+    }
+}
+
+fn concat(parts: &[&FeatureMap]) -> FeatureMap {
+    let (h, w) = (parts[0].height, parts[0].width);
+    let c: usize = parts.iter().map(|p| p.channels).sum();
+    let mut data = Vec::with_capacity(h * w * c);
+    for px in 0..h * w {
+        for p in parts {
+            data.extend_from_slice(&p.data[px * p.channels..(px + 1) * p.channels]);
+        }
+    }
+    FeatureMap {
+        height: h,
+        width: w,
+        channels: c,
+        data,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::Layer;
+
+    /// A direct (seven nested loops) convolution to check the products against.
+    fn conv_direct(
+        x: &FeatureMap,
+        w: &[f32],
+        b: &[f32],
+        k: usize,
+        f: usize,
+        same: bool,
+    ) -> FeatureMap {
+        let pad = if same { (k - 1) / 2 } else { 0 };
+        let (oh, ow) = if same {
+            (x.height, x.width)
+        } else {
+            (x.height - k + 1, x.width - k + 1)
+        };
+        let mut out = FeatureMap::zeros(oh, ow, f);
+        for oy in 0..oh {
+            for ox in 0..ow {
+                for o in 0..f {
+                    let mut s = b[o];
+                    for i in 0..k {
+                        for j in 0..k {
+                            let (iy, ix) = (
+                                oy as isize + i as isize - pad as isize,
+                                ox as isize + j as isize - pad as isize,
+                            );
+                            if iy < 0 || ix < 0 || iy >= x.height as isize || ix >= x.width as isize
+                            {
+                                continue;
+                            }
+                            for c in 0..x.channels {
+                                s += x.data[(iy as usize * x.width + ix as usize) * x.channels + c]
+                                    * w[((i * k + j) * x.channels + c) * f + o];
+                            }
+                        }
+                    }
+                    out.data[(oy * ow + ox) * f + o] = s;
+                }
+            }
+        }
+        out
+    }
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) % 1000) as f32
+                    / 500.0
+                    - 1.0
+            })
+            .collect()
+    }
+
+    fn one_conv_net(k: usize, cin: usize, f: usize, padding: Padding, w: &[f32], b: &[f32]) -> Net {
+        let graph = Graph {
+            layers: vec![
+                Layer {
+                    name: "in".into(),
+                    op: Op::Input { channels: cin },
+                    inputs: vec![],
+                },
+                Layer {
+                    name: "c".into(),
+                    op: Op::Conv {
+                        filters: f,
+                        kernel: [k, k],
+                        stride: [1, 1],
+                        padding,
+                        activation: Activation::Linear,
+                    },
+                    inputs: vec![0],
+                },
+                Layer {
+                    name: "out".into(),
+                    op: Op::Conv {
+                        filters: 1,
+                        kernel: [1, 1],
+                        stride: [1, 1],
+                        padding: Padding::Valid,
+                        activation: Activation::Linear,
+                    },
+                    inputs: vec![1],
+                },
+            ],
+        };
+        let (w, b) = (w.to_vec(), b.to_vec());
+        Net::new(graph, |name| match name {
+            "c/kernel" => Some((vec![k, k, cin, f], w.clone())),
+            "c/bias" => Some((vec![f], b.clone())),
+            "out/kernel" => Some((
+                vec![1, 1, f, 1],
+                (0..f).map(|o| if o == 0 { 1.0 } else { 0.0 }).collect(),
+            )),
+            "out/bias" => Some((vec![1], vec![0.0])),
+            _ => None,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn convolutions_as_products_match_direct_convolutions() {
+        let (k, cin, f) = (3, 5, 7);
+        let x = FeatureMap {
+            height: 11,
+            width: 9,
+            channels: cin,
+            data: values(11 * 9 * cin, 1),
+        };
+        let (w, b) = (values(k * k * cin * f, 2), values(f, 3));
+        for padding in [Padding::Valid, Padding::Same] {
+            let net = one_conv_net(k, cin, f, padding, &w, &b);
+            let got = net.forward(x.clone()).unwrap();
+            let want = conv_direct(&x, &w, &b, k, f, padding == Padding::Same);
+            assert_eq!((got.height, got.width), (want.height, want.width));
+            for (px, g) in got.data.iter().enumerate() {
+                let e = want.data[px * f];
+                assert!((g - e).abs() < 1e-4, "{padding:?} pixel {px}: {g} vs {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_transposed_convolution_spreads_each_pixel_over_its_taps() {
+        let x = FeatureMap {
+            height: 2,
+            width: 3,
+            channels: 2,
+            data: values(12, 4),
+        };
+        let (kh, kw, f) = (2, 2, 3);
+        let w = values(kh * kw * f * 2, 5); // Keras: [kh, kw, out, in]
+        let b = values(f, 6);
+        let taps = kh * kw * f;
+        let mut wt = vec![0f32; taps * 2];
+        for t in 0..taps {
+            for c in 0..2 {
+                wt[c * taps + t] = w[t * 2 + c];
+            }
+        }
+        let lin = Linear::new(wt, vec![0.0; taps], 2, taps);
+        let out = conv_transpose(&x, &lin, &b, [2, 2], [2, 2], Activation::Linear, [4, 6, f]);
+        for y in 0..4 {
+            for xx in 0..6 {
+                for o in 0..f {
+                    let (iy, ix, i, j) = (y / 2, xx / 2, y % 2, xx % 2);
+                    let mut e = b[o];
+                    for c in 0..2 {
+                        e += x.data[(iy * 3 + ix) * 2 + c] * w[((i * kw + j) * f + o) * 2 + c];
+                    }
+                    let g = out.data[(y * 6 + xx) * f + o];
+                    assert!((g - e).abs() < 1e-5, "({y},{xx},{o}): {g} vs {e}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn pooling_cropping_and_concatenation_move_the_right_values() {
+        let x = FeatureMap {
+            height: 4,
+            width: 4,
+            channels: 1,
+            data: (0..16).map(|v| v as f32).collect(),
+        };
+        let p = max_pool(&x, [2, 2], [2, 2], [2, 2, 1]);
+        assert_eq!(p.data, vec![5.0, 7.0, 13.0, 15.0]);
+        let c = crop(&x, [1, 2, 0, 1]);
+        assert_eq!((c.height, c.width), (1, 3));
+        assert_eq!(c.data, vec![4.0, 5.0, 6.0]);
+        let cat = concat(&[&p, &p]);
+        assert_eq!(cat.channels, 2);
+        assert_eq!(cat.data[..4], [5.0, 5.0, 7.0, 7.0]);
+    }
+
+    #[test]
+    fn a_wrong_weight_shape_is_refused_by_name() {
+        let net = Net::new(
+            Graph {
+                layers: vec![
+                    Layer {
+                        name: "in".into(),
+                        op: Op::Input { channels: 1 },
+                        inputs: vec![],
+                    },
+                    Layer {
+                        name: "c".into(),
+                        op: Op::Conv {
+                            filters: 2,
+                            kernel: [3, 3],
+                            stride: [1, 1],
+                            padding: Padding::Valid,
+                            activation: Activation::Relu,
+                        },
+                        inputs: vec![0],
+                    },
+                ],
+            },
+            |name| {
+                (name == "c/kernel")
+                    .then(|| (vec![3, 3, 1, 4], vec![0.0; 36]))
+                    .or(Some((vec![2], vec![0.0; 2])))
+            },
+        );
+        let err = net.err().unwrap().to_string();
+        assert!(err.contains("layer c"), "{err}");
+    }
+}

@@ -1,0 +1,137 @@
+//! The detector directory: `detector.json` (what the detector is, where it came from, its
+//! graph) beside `weights.safetensors` (its tensors by `{layer}/kernel` and `{layer}/bias`).
+//! Written whole into a sibling directory and renamed into place, so a crash leaves the
+//! previous detector readable.
+
+use crate::error::{Error, Result};
+use crate::graph::Graph;
+use crate::net::{Net, Tensor};
+use craterdex_errors::{ensure, IoContext, OrInvalid};
+use craterdex_model::store::sha256_hex;
+use safetensors::tensor::{Dtype, TensorView};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+pub const CONFIG_FILE: &str = "detector.json";
+pub const WEIGHTS_FILE: &str = "weights.safetensors";
+pub const FORMAT: &str = "craterdex-detector-1";
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DetectorConfig {
+    pub format: String,
+    pub name: String,
+    /// Where the weights came from (`pypi:pycda==0.1.16/pycda/models/unet.h5`, a file).
+    pub source: String,
+    pub licence: String,
+    /// Side of the square tile the detector takes (its crops and concatenations fit no
+    /// other size).
+    pub tile: usize,
+    /// Pixel values are multiplied by this before the first layer (pycda: 8-bit / 255).
+    pub input_scale: f32,
+    pub graph: Graph,
+    /// sha256 of `weights.safetensors`.
+    pub weights_sha256: String,
+}
+
+impl DetectorConfig {
+    /// The output side for a tile and the border lost on each side (valid convolutions).
+    pub fn output(&self) -> Result<(usize, usize)> {
+        let shapes = self.graph.shapes(self.tile, self.tile)?;
+        let out = shapes.last().expect("shapes of a checked graph")[0];
+        ensure!(
+            out > 0 && (self.tile - out).is_multiple_of(2),
+            Error::Invalid(format!(
+                "detector {}: its {out}-pixel output is not centred in its {}-pixel tile",
+                self.name, self.tile
+            ))
+        );
+        Ok((out, (self.tile - out) / 2))
+    }
+}
+
+fn to_safetensors(weights: &BTreeMap<String, Tensor>) -> Result<Vec<u8>> {
+    let views: Vec<(String, TensorView)> = weights
+        .iter()
+        .map(|(name, (shape, data))| {
+            let view = TensorView::new(Dtype::F32, shape.clone(), bytemuck::cast_slice(data))?;
+            Ok((name.clone(), view))
+        })
+        .collect::<Result<_>>()?;
+    Ok(safetensors::serialize(views, &None)?)
+}
+
+/// Writes a detector directory at `dir` (replacing one there only once the new one is
+/// whole); the config's checksum is filled in.
+pub fn write_detector_dir(
+    dir: &Path,
+    mut config: DetectorConfig,
+    weights: &BTreeMap<String, Tensor>,
+) -> Result<DetectorConfig> {
+    config.output()?;
+    let bytes = to_safetensors(weights)?;
+    // the weights must make a detector before they are stored
+    Net::new(config.graph.clone(), |n| weights.get(n).cloned())?;
+    config.weights_sha256 = sha256_hex(&bytes);
+    let parent = dir
+        .parent()
+        .or_invalid("a detector directory needs a parent")?;
+    std::fs::create_dir_all(parent).io("create", parent)?;
+    let tmp = craterdex_durable::tempdir_beside(dir)?;
+    let w = tmp.join(WEIGHTS_FILE);
+    std::fs::write(&w, &bytes).io("write", &w)?;
+    let c = tmp.join(CONFIG_FILE);
+    let json = serde_json::to_vec_pretty(&config).map_err(|e| Error::Invalid(e.to_string()))?;
+    std::fs::write(&c, json).io("write", &c)?;
+    craterdex_durable::replace_dir(&tmp, dir)?;
+    Ok(config)
+}
+
+/// Reads a detector directory, checks its weights against the config's checksum and packs
+/// them.
+pub fn read_detector_dir(dir: &Path) -> Result<(DetectorConfig, Net)> {
+    let cpath = dir.join(CONFIG_FILE);
+    let text = std::fs::read_to_string(&cpath).io("read", &cpath)?;
+    let config: DetectorConfig = serde_json::from_str(&text).map_err(|e| {
+        Error::Invalid(format!(
+            "{} is not a craterdex detector config: {e}",
+            cpath.display()
+        ))
+    })?;
+    ensure!(
+        config.format == FORMAT,
+        Error::Unsupported(format!(
+            "{}: format {} (this craterdex reads {FORMAT})",
+            cpath.display(),
+            config.format
+        ))
+    );
+    let wpath = dir.join(WEIGHTS_FILE);
+    let bytes = std::fs::read(&wpath).io("read", &wpath)?;
+    let got = sha256_hex(&bytes);
+    ensure!(
+        got == config.weights_sha256,
+        Error::Corrupt(format!(
+            "{}: sha256 {got} does not match the config's {}; import or fetch the detector again",
+            wpath.display(),
+            config.weights_sha256
+        ))
+    );
+    let tensors = safetensors::SafeTensors::deserialize(&bytes)?;
+    let net = Net::new(config.graph.clone(), |name| {
+        let t = tensors.tensor(name).ok()?;
+        (t.dtype() == Dtype::F32).then(|| {
+            let data = t
+                .data()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().expect("chunks of 4")))
+                .collect();
+            (t.shape().to_vec(), data)
+        })
+    })
+    .map_err(|e| Error::Corrupt(format!("{}: {e}", wpath.display())))?;
+    config
+        .output()
+        .map_err(|e| Error::Invalid(format!("{}: {e}", cpath.display())))?;
+    Ok((config, net))
+}

@@ -1,0 +1,78 @@
+//! A detector whose answer is known, for the tests of this and other crates: one 3x3
+//! convolution that marks pixels brighter than mid-grey, so bright discs drawn on a dark
+//! image are its craters.
+
+use crate::graph::{Activation, Graph, Layer, Op, Padding};
+use crate::net::{Net, Tensor};
+use crate::store::{DetectorConfig, FORMAT};
+use std::collections::BTreeMap;
+
+/// The detector's config (tiles of `tile` pixels) and weights.
+pub fn brightness_detector(tile: usize) -> (DetectorConfig, BTreeMap<String, Tensor>) {
+    let graph = Graph {
+        layers: vec![
+            Layer {
+                name: "in".into(),
+                op: Op::Input { channels: 1 },
+                inputs: vec![],
+            },
+            Layer {
+                name: "mark".into(),
+                op: Op::Conv {
+                    filters: 1,
+                    kernel: [3, 3],
+                    stride: [1, 1],
+                    padding: Padding::Valid,
+                    activation: Activation::Sigmoid,
+                },
+                inputs: vec![0],
+            },
+        ],
+    };
+    let mut kernel = vec![0f32; 9];
+    kernel[4] = 40.0;
+    let weights = [
+        ("mark/kernel".to_string(), (vec![3, 3, 1, 1], kernel)),
+        ("mark/bias".to_string(), (vec![1], vec![-20.0])),
+    ]
+    .into_iter()
+    .collect();
+    let config = DetectorConfig {
+        format: FORMAT.into(),
+        name: "brightness".into(),
+        source: "generated".into(),
+        licence: "MIT".into(),
+        tile,
+        input_scale: 1.0 / 255.0,
+        graph,
+        weights_sha256: String::new(),
+    };
+    (config, weights)
+}
+
+/// [`brightness_detector`] ready to run.
+pub fn brightness_net(tile: usize) -> (DetectorConfig, Net) {
+    let (config, weights) = brightness_detector(tile);
+    let net = Net::new(config.graph.clone(), |n| weights.get(n).cloned())
+        .expect("the generated weights fit the graph");
+    (config, net)
+}
+
+/// A dark `width x height` image with bright discs `(x, y, diameter)`.
+pub fn discs(width: usize, height: usize, discs: &[(f64, f64, f64)]) -> crate::GrayImage {
+    let mut pixels = vec![20u8; width * height];
+    for &(cx, cy, d) in discs {
+        for y in 0..height {
+            for x in 0..width {
+                if (x as f64 - cx).hypot(y as f64 - cy) <= d / 2.0 {
+                    pixels[y * width + x] = 230;
+                }
+            }
+        }
+    }
+    crate::GrayImage {
+        width,
+        height,
+        pixels,
+    }
+}

@@ -1,0 +1,104 @@
+//! pycda's U-Net run natively against the Keras model's own outputs on real crater images
+//! (a lunar NAC crop and a crop of pycda's Mars tile; fixtures made by
+//! scripts/make_detect_fixtures.py with tf-keras).
+
+use craterdex_detect::{read_detector_dir, FeatureMap};
+use craterdex_model::Precision;
+use std::path::PathBuf;
+
+fn detector() -> Option<PathBuf> {
+    match craterdex_fetch::fetch_pycda_unet(false) {
+        Ok(dir) => Some(dir),
+        Err(e) if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("pycda's detector unavailable under CI: {e:#}")
+        }
+        Err(e) => {
+            craterdex_testkit::skip(
+                "detect::parity",
+                &format!("pycda's detector unavailable ({e:#})"),
+            );
+            None
+        }
+    }
+}
+
+/// Worst absolute difference, and the share of pixels on the same side of 0.5, over both
+/// crops.
+fn compare(precision: Precision) -> Option<(f32, f64)> {
+    let dir = detector()?;
+    let (config, net) = read_detector_dir(&dir).unwrap();
+    let net = net.with_precision(precision).unwrap();
+    let fixtures =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/unet_reference.safetensors");
+    let bytes = std::fs::read(&fixtures).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let (input, output) = (st.tensor("input").unwrap(), st.tensor("output").unwrap());
+    let (n, side, out) = (input.shape()[0], input.shape()[1], output.shape()[1]);
+    assert_eq!(
+        (side, config.tile, config.output().unwrap().0),
+        (256, 256, out)
+    );
+    let want: Vec<f32> = output
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let (mut worst, mut same, mut total) = (0f32, 0usize, 0usize);
+    for i in 0..n {
+        let pixels = &input.data()[i * side * side..(i + 1) * side * side];
+        let map = FeatureMap {
+            height: side,
+            width: side,
+            channels: 1,
+            data: pixels
+                .iter()
+                .map(|&p| p as f32 * config.input_scale)
+                .collect(),
+        };
+        let got = net.forward(map).unwrap();
+        assert_eq!((got.height, got.width, got.channels), (out, out, 1));
+        for (g, w) in got
+            .data
+            .iter()
+            .zip(&want[i * out * out..(i + 1) * out * out])
+        {
+            worst = worst.max((g - w).abs());
+            same += usize::from((*g > 0.5) == (*w > 0.5));
+            total += 1;
+        }
+    }
+    Some((worst, same as f64 / total as f64))
+}
+
+#[test]
+fn f32_likelihoods_match_keras_on_real_crater_images() {
+    let Some((worst, agree)) = compare(Precision::F32) else {
+        return;
+    };
+    eprintln!(
+        "f32 at {}: worst difference {worst:.2e}, same side of 0.5 {agree:.6}",
+        craterdex_kernels::active()
+    );
+    assert!(worst <= 1e-4, "worst likelihood difference {worst}");
+    assert!(agree >= 0.9999, "pixels on the same side of 0.5: {agree}");
+}
+
+#[test]
+fn bf16_likelihoods_stay_close_to_keras() {
+    if !craterdex_kernels::bf16::available() {
+        craterdex_testkit::skip(
+            "detect::parity::bf16",
+            &format!("no bf16 at the {} level", craterdex_kernels::active()),
+        );
+        return;
+    }
+    let Some((worst, agree)) = compare(Precision::Bf16) else {
+        return;
+    };
+    eprintln!(
+        "bf16 at {}: worst difference {worst:.2e}, same side of 0.5 {agree:.6}",
+        craterdex_kernels::active()
+    );
+    assert!(worst <= 0.1, "worst likelihood difference {worst}");
+    assert!(agree >= 0.995, "pixels on the same side of 0.5: {agree}");
+}

@@ -1,0 +1,133 @@
+//! The whole-image pipeline with a detector whose answer is known: one 3x3 convolution that
+//! marks pixels brighter than mid-grey, so bright discs drawn in an image are the craters.
+
+use craterdex_detect::detect::tiles_needed;
+use craterdex_detect::testing::{brightness_detector, brightness_net, discs};
+use craterdex_detect::{detect, DetectOptions};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+#[test]
+fn discs_are_found_at_their_place_and_size_on_every_level_and_band() {
+    let want = [
+        (40.0, 50.0, 10.0),
+        (150.0, 60.0, 18.0),
+        (300.0, 150.0, 40.0),
+        (120.0, 200.0, 70.0),
+        (330.0, 35.0, 12.0),
+    ];
+    let image = discs(400, 260, &want);
+    let (config, net) = brightness_net(24);
+    let o = DetectOptions {
+        level_max_diameter: 24.0,
+        ..Default::default()
+    };
+    let tiles = AtomicUsize::new(0);
+    let found = detect(&net, &config, &image, &o, &|n| {
+        tiles.fetch_add(n, Ordering::Relaxed);
+    })
+    .unwrap();
+    assert_eq!(
+        tiles.load(Ordering::Relaxed),
+        tiles_needed(&config, 400, 260, &o).unwrap()
+    );
+    assert_eq!(found.len(), want.len(), "{found:#?}");
+    for &(x, y, d) in &want {
+        let f = found
+            .iter()
+            .find(|f| (f.x - x).hypot(f.y - y) < 0.1 * d + 1.0)
+            .unwrap_or_else(|| panic!("disc at ({x}, {y}) not found: {found:#?}"));
+        assert!(
+            (f.diameter / d - 1.0).abs() < 0.15,
+            "disc of {d} px found as {}",
+            f.diameter
+        );
+        // the large discs come from the pyramid's smaller levels
+        assert_eq!(f.scale < 1.0, d >= 24.0, "{f:?}");
+    }
+    // bands of 32 rows (discs cut by band edges) find the same craters
+    let banded = detect(
+        &net,
+        &config,
+        &image,
+        &DetectOptions {
+            band_rows: 32,
+            ..o.clone()
+        },
+        &|_| {},
+    )
+    .unwrap();
+    assert_eq!(banded.len(), found.len(), "{banded:#?}");
+    for (a, b) in banded.iter().zip(&found) {
+        assert!(
+            (a.x - b.x).abs() < 1e-9
+                && (a.y - b.y).abs() < 1e-9
+                && (a.diameter - b.diameter).abs() < 1e-9,
+            "{a:?} vs {b:?}"
+        );
+    }
+}
+
+#[test]
+fn images_too_small_and_bad_options_are_refused_with_reasons() {
+    let (config, net) = brightness_net(24);
+    let err = detect(
+        &net,
+        &config,
+        &discs(10, 40, &[]),
+        &DetectOptions::default(),
+        &|_| {},
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("10x40") && err.contains("at least 16"),
+        "{err}"
+    );
+    let bad = DetectOptions {
+        threshold: 1.5,
+        ..Default::default()
+    };
+    let err = detect(&net, &config, &discs(40, 40, &[]), &bad, &|_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("threshold"), "{err}");
+    assert!(detect(
+        &net,
+        &config,
+        &discs(40, 40, &[]),
+        &DetectOptions::default(),
+        &|_| {}
+    )
+    .unwrap()
+    .is_empty());
+}
+
+#[test]
+fn a_detector_directory_reads_back_and_refuses_damaged_weights() {
+    let (_, net) = brightness_net(24);
+    let (config, weights) = brightness_detector(24);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("brightness");
+    let written = craterdex_detect::write_detector_dir(&d, config, &weights).unwrap();
+    let (read, read_net) = craterdex_detect::read_detector_dir(&d).unwrap();
+    assert_eq!(read, written);
+    let image = discs(100, 80, &[(50.0, 40.0, 14.0)]);
+    let o = DetectOptions::default();
+    assert_eq!(
+        detect(&read_net, &read, &image, &o, &|_| {}).unwrap(),
+        detect(&net, &read, &image, &o, &|_| {}).unwrap()
+    );
+    let w = d.join(craterdex_detect::store::WEIGHTS_FILE);
+    let mut bytes = std::fs::read(&w).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&w, bytes).unwrap();
+    let err = craterdex_detect::read_detector_dir(&d)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("sha256") && err.contains("weights.safetensors"),
+        "{err}"
+    );
+}
