@@ -7,7 +7,7 @@
 //! detector as large as the image would give (mirrored pixels only past the image's edges).
 
 use crate::error::{Error, Result};
-use crate::net::{FeatureMap, Net};
+use crate::net::Net;
 use crate::store::DetectorConfig;
 use craterdex_errors::{ensure, ResultExt};
 use image::{DynamicImage, ImageBuffer, Luma};
@@ -142,6 +142,10 @@ pub struct DetectOptions {
     pub level_max_diameter: f64,
     /// Output rows of likelihood held at once per level.
     pub band_rows: usize,
+    /// Largest tile side run at once (detectors that take larger tiles than their own):
+    /// larger tiles waste less on their borders and hold more memory (about 1 GB at 1024
+    /// for pycda's U-Net).
+    pub max_tile: usize,
 }
 
 impl Default for DetectOptions {
@@ -152,6 +156,7 @@ impl Default for DetectOptions {
             max_diameter_share: 0.5,
             level_max_diameter: 24.0,
             band_rows: 1024,
+            max_tile: 1024,
         }
     }
 }
@@ -207,8 +212,7 @@ pub fn tiles_needed(
     height: usize,
     o: &DetectOptions,
 ) -> Result<usize> {
-    let (out, _) = config.output()?;
-    Ok(o.scales(width.min(height))
+    o.scales(width.min(height))
         .iter()
         .map(|s| {
             let (w, h) = (
@@ -220,11 +224,13 @@ pub fn tiles_needed(
             (0..bands)
                 .map(|b| {
                     let (r0, r1) = band_rows(b, o.band_rows, h, halo);
-                    (r1 - r0).div_ceil(out) * w.div_ceil(out)
+                    let rows = config.tile_for(r1 - r0, o.max_tile)?.1;
+                    let columns = config.tile_for(w, o.max_tile)?.1;
+                    Ok((r1 - r0).div_ceil(rows) * w.div_ceil(columns))
                 })
-                .sum::<usize>()
+                .sum::<Result<usize>>()
         })
-        .sum())
+        .sum::<Result<usize>>()
 }
 
 /// Rows of likelihood computed beyond a band on each side, so that a crater a level
@@ -249,7 +255,7 @@ pub fn detect(
     progress: &(dyn Fn(usize) + Sync),
 ) -> Result<Vec<Detection>> {
     o.check()?;
-    let (out, border) = config.output()?;
+    config.output()?;
     ensure!(
         image.width >= 16 && image.height >= 16,
         Error::Invalid(format!(
@@ -277,7 +283,7 @@ pub fn detect(
         for b in 0..level.height.div_ceil(o.band_rows) {
             let (r0, r1) = band_rows(b, o.band_rows, level.height, halo);
             let core = (b * o.band_rows, ((b + 1) * o.band_rows).min(level.height));
-            let map = likelihood(net, config, &level, r0, r1, out, border, progress)?;
+            let map = likelihood(net, config, &level, r0, r1, o.max_tile, progress)?;
             for c in circles(&map, level.width, r1 - r0, o.threshold) {
                 let (cy, touches_cut) = (
                     c.y + r0 as f64,
@@ -311,19 +317,20 @@ pub fn detect(
 /// The likelihood over rows `r0..r1` of `level`, every column: output tiles edge to edge
 /// (the last of a row or column pulled back to end at the edge), each computed from its
 /// input tile around it.
-#[allow(clippy::too_many_arguments)]
 fn likelihood(
     net: &Net,
     config: &DetectorConfig,
     level: &GrayImage,
     r0: usize,
     r1: usize,
-    out: usize,
-    border: usize,
+    max_tile: usize,
     progress: &(dyn Fn(usize) + Sync),
 ) -> Result<Vec<f32>> {
     let (w, h) = (level.width, r1 - r0);
-    let starts = |len: usize| -> Vec<usize> {
+    let (tile_h, out_h) = config.tile_for(h, max_tile)?;
+    let (tile_w, out_w) = config.tile_for(w, max_tile)?;
+    let border = (tile_h - out_h) / 2;
+    let starts = |len: usize, out: usize| -> Vec<usize> {
         let mut s: Vec<usize> = (0..len.div_ceil(out)).map(|i| i * out).collect();
         if let Some(last) = s.last_mut() {
             *last = (*last).min(len.saturating_sub(out));
@@ -331,11 +338,10 @@ fn likelihood(
         s
     };
     let mut map = vec![0f32; w * h];
-    let tile = config.tile;
-    for ty in starts(h) {
-        for tx in starts(w) {
-            let mut input = FeatureMap::zeros(tile, tile, 1);
-            for (i, row) in input.data.chunks_exact_mut(tile).enumerate() {
+    for ty in starts(h, out_h) {
+        for tx in starts(w, out_w) {
+            let mut input = net.input_map(tile_h, tile_w);
+            for (i, row) in input.data.chunks_exact_mut(tile_w).enumerate() {
                 let y = (r0 + ty) as isize + i as isize - border as isize;
                 for (j, v) in row.iter_mut().enumerate() {
                     let x = tx as isize + j as isize - border as isize;
@@ -343,11 +349,12 @@ fn likelihood(
                 }
             }
             let got = net.forward(input)?;
-            for i in 0..out.min(h - ty) {
-                let n = out.min(w - tx);
+            for i in 0..out_h.min(h - ty) {
+                let n = out_w.min(w - tx);
                 map[(ty + i) * w + tx..(ty + i) * w + tx + n]
-                    .copy_from_slice(&got.data[i * out..i * out + n]);
+                    .copy_from_slice(&got.data[i * out_w..i * out_w + n]);
             }
+            net.recycle(got);
             progress(1);
         }
     }

@@ -5,9 +5,12 @@
 use crate::error::{Error, Result};
 use crate::graph::{Activation, Graph, Op, Padding};
 use craterdex_errors::ensure;
+use craterdex_kernels::bf16::{self, PackedBf16};
+use craterdex_kernels::gemm::{matmul_f32, PackedF32};
 use craterdex_model::vit::Linear;
 use craterdex_model::Precision;
 use rayon::prelude::*;
+use std::sync::Mutex;
 
 /// A map of `height x width` pixels of `channels` values each, channels last.
 #[derive(Clone, Debug, PartialEq)]
@@ -35,10 +38,10 @@ pub type Tensor = (Vec<usize>, Vec<f32>);
 enum Kernel {
     /// Layers without weights.
     None,
-    Conv {
-        linear: Linear,
-        in_channels: usize,
-    },
+    /// A convolution of many input channels: one product per kernel tap, read in place.
+    Taps(Taps),
+    /// Any other convolution: products of the gathered patches (im2col).
+    Conv { linear: Linear, in_channels: usize },
     /// Products of each input pixel with every kernel tap at once (`[in, kh * kw * out]`,
     /// no bias), scattered to the outputs; the bias after, once per output.
     ConvTranspose {
@@ -48,11 +51,143 @@ enum Kernel {
     },
 }
 
+/// One tap's `[in, out]` weight, packed for its precision.
+enum TapWeight {
+    F32(PackedF32),
+    Bf16(PackedBf16),
+}
+
+/// A stride-1 convolution as `kh * kw` products, each of the input map read in place at the
+/// tap's offset: output pixel `(y, x)` is computed at flat position `y * W + x` of the input
+/// (`W` its width), so tap `(i, j)` reads the input's rows from `i * W + j` on, contiguous,
+/// and the `kw - 1` positions at the end of each row, which would wrap, are dropped after.
+/// Nothing is copied before the products (an im2col of the U-Net's widest layer is 9 times
+/// its input) and each block of outputs stays in cache through all the taps.
+struct Taps {
+    weights: Vec<TapWeight>,
+    bias: Vec<f32>,
+    kernel: [usize; 2],
+    in_channels: usize,
+    filters: usize,
+}
+
+/// Input channels from which a convolution runs tap by tap: fewer leave each product too
+/// shallow to be worth it (the first layer, 1 channel, gathers its 9 values instead).
+const TAPS_FROM_CHANNELS: usize = 8;
+
+/// Output positions per task of a tap convolution: one block's outputs stay in L2 across the
+/// taps.
+const TAP_ROWS: usize = 192;
+
+impl Taps {
+    fn new(
+        w: &[f32],
+        bias: Vec<f32>,
+        kernel: [usize; 2],
+        in_channels: usize,
+        filters: usize,
+    ) -> Self {
+        let tap = in_channels * filters;
+        let weights = w
+            .chunks_exact(tap)
+            .map(|t| TapWeight::F32(PackedF32::from_kn(t, in_channels, filters)))
+            .collect();
+        Self {
+            weights,
+            bias,
+            kernel,
+            in_channels,
+            filters,
+        }
+    }
+
+    fn set_precision(&mut self, p: Precision) {
+        if p != Precision::Bf16 || !PackedBf16::fits(self.filters) {
+            return;
+        }
+        for w in &mut self.weights {
+            if let TapWeight::F32(f) = w {
+                *w = TapWeight::Bf16(PackedBf16::new(&f.unpack(), self.in_channels, self.filters));
+            }
+        }
+    }
+
+    fn forward(
+        &self,
+        x: &FeatureMap,
+        activation: Activation,
+        [oh, ow, f]: [usize; 3],
+        pool: &Pool,
+    ) -> FeatureMap {
+        let (width, c) = (x.width, self.in_channels);
+        let [kh, kw] = self.kernel;
+        let positions = x.height * width;
+        let rounded = match self.weights.first() {
+            Some(TapWeight::Bf16(w)) => Some(bf16::rows_for(&x.data, positions, w)),
+            _ => None,
+        };
+        let mut full = pool.dirty(oh * width * f);
+        full.par_chunks_mut(TAP_ROWS * f)
+            .enumerate()
+            .for_each(|(chunk, o)| {
+                let p0 = chunk * TAP_ROWS;
+                for px in o.chunks_exact_mut(f) {
+                    px.copy_from_slice(&self.bias);
+                }
+                for i in 0..kh {
+                    for j in 0..kw {
+                        let start = p0 + i * width + j;
+                        // the last row's wrapped positions run past the input: not computed
+                        let m = (o.len() / f).min(positions.saturating_sub(start));
+                        if m == 0 {
+                            continue;
+                        }
+                        let out = &mut o[..m * f];
+                        match (&self.weights[i * kw + j], &rounded) {
+                            (TapWeight::F32(w), _) => matmul_f32(
+                                &x.data[start * c..(start + m) * c],
+                                m,
+                                c,
+                                w,
+                                out,
+                                f,
+                                true,
+                            ),
+                            (TapWeight::Bf16(w), Some(a16)) => {
+                                let kp = w.padded_k();
+                                bf16::products_acc_rounded(
+                                    &a16[start * kp..(start + m) * kp],
+                                    m,
+                                    w,
+                                    out,
+                                )
+                            }
+                            (TapWeight::Bf16(_), None) => {
+                                unreachable!("bf16 taps round their input")
+                            }
+                        }
+                    }
+                }
+            });
+        let mut out = pool.dirty_map(oh, ow, f);
+        out.data
+            .par_chunks_mut(ow * f)
+            .zip(full.par_chunks(width * f))
+            .for_each(|(dst, src)| {
+                dst.copy_from_slice(&src[..ow * f]);
+                activation.apply(dst);
+            });
+        pool.give(full);
+        out
+    }
+}
+
 /// A detector ready to run: its graph and packed weights.
 pub struct Net {
     graph: Graph,
     kernels: Vec<Kernel>,
     precision: Precision,
+    pool: Pool,
 }
 
 /// Output pixels of one convolution whose patches are gathered at once: bounds the patch
@@ -76,7 +211,11 @@ impl Net {
         for layer in &graph.layers {
             let kernel = match &layer.op {
                 Op::Conv {
-                    filters, kernel, ..
+                    filters,
+                    kernel,
+                    stride,
+                    padding,
+                    ..
                 } => {
                     let (shape, w) = get(format!("{}/kernel", layer.name), 4)?;
                     let (_, bias) = get(format!("{}/bias", layer.name), 1)?;
@@ -88,9 +227,17 @@ impl Net {
                         ))
                     );
                     let k = shape[0] * shape[1] * shape[2];
-                    Kernel::Conv {
-                        linear: Linear::new(w, bias, k, *filters),
-                        in_channels: shape[2],
+                    let by_taps = *stride == [1, 1]
+                        && *padding == Padding::Valid
+                        && *kernel != [1, 1]
+                        && shape[2] >= TAPS_FROM_CHANNELS;
+                    if by_taps {
+                        Kernel::Taps(Taps::new(&w, bias, *kernel, shape[2], *filters))
+                    } else {
+                        Kernel::Conv {
+                            linear: Linear::new(w, bias, k, *filters),
+                            in_channels: shape[2],
+                        }
                     }
                 }
                 Op::ConvTranspose {
@@ -127,6 +274,7 @@ impl Net {
             graph,
             kernels,
             precision: Precision::F32,
+            pool: Pool::default(),
         })
     }
 
@@ -155,8 +303,12 @@ impl Net {
             ),
         }
         for k in &mut self.kernels {
-            if let Kernel::Conv { linear, .. } | Kernel::ConvTranspose { linear, .. } = k {
-                linear.set_precision(precision);
+            match k {
+                Kernel::Conv { linear, .. } | Kernel::ConvTranspose { linear, .. } => {
+                    linear.set_precision(precision)
+                }
+                Kernel::Taps(t) => t.set_precision(precision),
+                Kernel::None => {}
             }
         }
         self.precision = precision;
@@ -165,6 +317,17 @@ impl Net {
 
     pub fn precision(&self) -> Precision {
         self.precision
+    }
+
+    /// A map for the next input, every value of which the caller sets, in memory an earlier
+    /// pass gave back.
+    pub fn input_map(&self, height: usize, width: usize) -> FeatureMap {
+        self.pool.dirty_map(height, width, self.graph.channels())
+    }
+
+    /// Gives an output's memory back for the next passes.
+    pub fn recycle(&self, map: FeatureMap) {
+        self.pool.give(map.data);
     }
 
     pub fn graph(&self) -> &Graph {
@@ -216,7 +379,12 @@ impl Net {
                         *padding,
                         *activation,
                         shapes[i],
+                        &self.pool,
                     )
+                }
+                (Op::Conv { activation, .. }, Kernel::Taps(t)) => {
+                    check_channels(&layer.name, arg(0), t.in_channels)?;
+                    t.forward(arg(0), *activation, shapes[i], &self.pool)
                 }
                 (
                     Op::ConvTranspose {
@@ -240,20 +408,25 @@ impl Net {
                         *stride,
                         *activation,
                         shapes[i],
+                        &self.pool,
                     )
                 }
-                (Op::MaxPool { size, stride }, _) => max_pool(arg(0), *size, *stride, shapes[i]),
-                (Op::Crop { edges }, _) => crop(arg(0), *edges),
+                (Op::MaxPool { size, stride }, _) => {
+                    max_pool(arg(0), *size, *stride, shapes[i], &self.pool)
+                }
+                (Op::Crop { edges }, _) => crop(arg(0), *edges, &self.pool),
                 (Op::Concat, _) => {
                     let parts: Vec<&FeatureMap> = (0..layer.inputs.len()).map(arg).collect();
-                    concat(&parts)
+                    concat(&parts, &self.pool)
                 }
                 _ => unreachable!("kernels are made from the same layers"),
             };
             maps[i] = Some(out);
             for &j in &layer.inputs {
                 if last_uses[j] == i {
-                    maps[j] = None;
+                    if let Some(done) = maps[j].take() {
+                        self.pool.give(done.data);
+                    }
                 }
             }
         }
@@ -282,6 +455,70 @@ fn same_pad(size: usize, kernel: usize, stride: usize) -> usize {
     ((out - 1) * stride + kernel).saturating_sub(size) / 2
 }
 
+/// Buffers of finished layers, handed to the next ones: a fresh allocation of a large map is
+/// fresh pages from the kernel, and faulting them in cost a third of a pass.
+#[derive(Default)]
+struct Pool(Mutex<Vec<Vec<f32>>>);
+
+/// Buffers the pool keeps at most.
+const POOLED: usize = 24;
+
+impl Pool {
+    /// `n` values of no meaning, for a caller that writes every one: the smallest pooled
+    /// buffer that holds them, or a new one (growing a smaller one would copy what it holds).
+    fn dirty(&self, n: usize) -> Vec<f32> {
+        let mut pool = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let fits = (0..pool.len())
+            .filter(|&i| pool[i].capacity() >= n)
+            .min_by_key(|&i| pool[i].capacity());
+        let Some(i) = fits else {
+            return vec![0.0; n];
+        };
+        let mut v = pool.swap_remove(i);
+        drop(pool);
+        if v.len() >= n {
+            v.truncate(n);
+        } else {
+            v.resize(n, 0.0);
+        }
+        v
+    }
+
+    /// `n` zeros, written in parallel.
+    fn zeros(&self, n: usize) -> Vec<f32> {
+        let mut v = self.dirty(n);
+        v.par_chunks_mut(1 << 15).for_each(|c| c.fill(0.0));
+        v
+    }
+
+    /// A map whose every value the caller writes.
+    fn dirty_map(&self, height: usize, width: usize, channels: usize) -> FeatureMap {
+        FeatureMap {
+            height,
+            width,
+            channels,
+            data: self.dirty(height * width * channels),
+        }
+    }
+
+    fn map(&self, height: usize, width: usize, channels: usize) -> FeatureMap {
+        FeatureMap {
+            height,
+            width,
+            channels,
+            data: self.zeros(height * width * channels),
+        }
+    }
+
+    fn give(&self, v: Vec<f32>) {
+        let mut pool = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if v.capacity() > 0 && pool.len() < POOLED {
+            pool.push(v);
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 fn conv(
     x: &FeatureMap,
     linear: &Linear,
@@ -290,8 +527,9 @@ fn conv(
     padding: Padding,
     activation: Activation,
     [oh, ow, filters]: [usize; 3],
+    pool: &Pool,
 ) -> FeatureMap {
-    let mut out = FeatureMap::zeros(oh, ow, filters);
+    let mut out = pool.dirty_map(oh, ow, filters);
     let (c, k) = (x.channels, kh * kw * x.channels);
     if (kh, kw, sh, sw) == (1, 1, 1, 1) {
         linear.forward(&x.data, oh * ow, &mut out.data);
@@ -303,7 +541,7 @@ fn conv(
         Padding::Same => (same_pad(x.height, kh, sh), same_pad(x.width, kw, sw)),
     };
     let rows_per_chunk = (PATCH_FLOATS / (ow * k)).max(1);
-    let mut patches = vec![0f32; rows_per_chunk * ow * k];
+    let mut patches = pool.dirty(rows_per_chunk * ow * k);
     for (chunk, out_rows) in out
         .data
         .chunks_mut(rows_per_chunk * ow * filters)
@@ -348,9 +586,11 @@ fn conv(
         linear.forward(patches, rows * ow, out_rows);
         activation.apply(out_rows);
     }
+    pool.give(patches);
     out
 }
 
+#[allow(clippy::too_many_arguments)]
 fn conv_transpose(
     x: &FeatureMap,
     linear: &Linear,
@@ -359,30 +599,45 @@ fn conv_transpose(
     [sh, sw]: [usize; 2],
     activation: Activation,
     [oh, ow, filters]: [usize; 3],
+    pool: &Pool,
 ) -> FeatureMap {
     let taps = kh * kw * filters;
-    let mut products = vec![0f32; x.height * x.width * taps];
+    let mut products = pool.dirty(x.height * x.width * taps);
     linear.forward(&x.data, x.height * x.width, &mut products);
-    let mut out = FeatureMap::zeros(oh, ow, filters);
-    for y in 0..x.height {
+    let mut out = pool.map(oh, ow, filters);
+    let scatter_row = |y: usize, rows: &mut [f32], first_row: usize| {
         for xx in 0..x.width {
             let p = &products[(y * x.width + xx) * taps..(y * x.width + xx + 1) * taps];
             for i in 0..kh {
                 for j in 0..kw {
-                    let at = ((y * sh + i) * ow + xx * sw + j) * filters;
+                    let at = ((y * sh + i - first_row) * ow + xx * sw + j) * filters;
                     let src = &p[(i * kw + j) * filters..(i * kw + j + 1) * filters];
-                    out.data[at..at + filters]
+                    rows[at..at + filters]
                         .iter_mut()
                         .zip(src)
                         .for_each(|(o, v)| *o += v);
                 }
             }
         }
+    };
+    if kh == sh {
+        // each input row writes its own output rows
+        out.data
+            .par_chunks_mut(sh * ow * filters)
+            .enumerate()
+            .for_each(|(y, rows)| scatter_row(y, rows, y * sh));
+    } else {
+        for y in 0..x.height {
+            scatter_row(y, &mut out.data, 0);
+        }
     }
-    for px in out.data.chunks_exact_mut(filters) {
-        px.iter_mut().zip(bias).for_each(|(o, b)| *o += b);
-    }
-    activation.apply(&mut out.data);
+    pool.give(products);
+    out.data.par_chunks_mut(ow * filters).for_each(|row| {
+        for px in row.chunks_exact_mut(filters) {
+            px.iter_mut().zip(bias).for_each(|(o, b)| *o += b);
+        }
+        activation.apply(row);
+    });
     out
 }
 
@@ -391,55 +646,61 @@ fn max_pool(
     [ph, pw]: [usize; 2],
     [sh, sw]: [usize; 2],
     [oh, ow, c]: [usize; 3],
+    pool: &Pool,
 ) -> FeatureMap {
-    let mut out = FeatureMap::zeros(oh, ow, c);
-    out.data.fill(f32::NEG_INFINITY);
-    for oy in 0..oh {
-        for ox in 0..ow {
-            let o = &mut out.data[(oy * ow + ox) * c..(oy * ow + ox + 1) * c];
-            for i in 0..ph {
-                for j in 0..pw {
-                    let at = ((oy * sh + i) * x.width + ox * sw + j) * c;
-                    o.iter_mut()
-                        .zip(&x.data[at..at + c])
-                        .for_each(|(o, v)| *o = o.max(*v));
+    let mut out = pool.dirty_map(oh, ow, c);
+    out.data
+        .par_chunks_mut(ow * c)
+        .enumerate()
+        .for_each(|(oy, row)| {
+            row.fill(f32::NEG_INFINITY);
+            for ox in 0..ow {
+                let o = &mut row[ox * c..(ox + 1) * c];
+                for i in 0..ph {
+                    for j in 0..pw {
+                        let at = ((oy * sh + i) * x.width + ox * sw + j) * c;
+                        o.iter_mut()
+                            .zip(&x.data[at..at + c])
+                            .for_each(|(o, v)| *o = o.max(*v));
+                    }
                 }
             }
-        }
-    }
+        });
     out
 }
 
-fn crop(x: &FeatureMap, [t, b, l, r]: [usize; 4]) -> FeatureMap {
+fn crop(x: &FeatureMap, [t, b, l, r]: [usize; 4], pool: &Pool) -> FeatureMap {
     let (h, w, c) = (x.height - t - b, x.width - l - r, x.channels);
-    let mut data = Vec::with_capacity(h * w * c);
-    for y in t..t + h {
-        let at = (y * x.width + l) * c;
-        data.extend_from_slice(&x.data[at..at + w * c]);
-    }
-    FeatureMap {
-        height: h,
-        width: w,
-        channels: c,
-        data,
-    }
+    let mut out = pool.dirty_map(h, w, c);
+    out.data
+        .par_chunks_mut(w * c)
+        .enumerate()
+        .for_each(|(y, row)| {
+            let at = ((y + t) * x.width + l) * c;
+            row.copy_from_slice(&x.data[at..at + w * c]);
+        });
+    out
 }
 
-fn concat(parts: &[&FeatureMap]) -> FeatureMap {
+fn concat(parts: &[&FeatureMap], pool: &Pool) -> FeatureMap {
     let (h, w) = (parts[0].height, parts[0].width);
     let c: usize = parts.iter().map(|p| p.channels).sum();
-    let mut data = Vec::with_capacity(h * w * c);
-    for px in 0..h * w {
-        for p in parts {
-            data.extend_from_slice(&p.data[px * p.channels..(px + 1) * p.channels]);
-        }
-    }
-    FeatureMap {
-        height: h,
-        width: w,
-        channels: c,
-        data,
-    }
+    let mut out = pool.dirty_map(h, w, c);
+    out.data
+        .par_chunks_mut(w * c)
+        .enumerate()
+        .for_each(|(y, row)| {
+            for (x, px) in row.chunks_exact_mut(c).enumerate() {
+                let mut at = 0;
+                for p in parts {
+                    let n = p.channels;
+                    let src = (y * w + x) * n;
+                    px[at..at + n].copy_from_slice(&p.data[src..src + n]);
+                    at += n;
+                }
+            }
+        });
+    out
 }
 
 #[cfg(test)]
@@ -587,7 +848,16 @@ mod tests {
             }
         }
         let lin = Linear::new(wt, vec![0.0; taps], 2, taps);
-        let out = conv_transpose(&x, &lin, &b, [2, 2], [2, 2], Activation::Linear, [4, 6, f]);
+        let out = conv_transpose(
+            &x,
+            &lin,
+            &b,
+            [2, 2],
+            [2, 2],
+            Activation::Linear,
+            [4, 6, f],
+            &Pool::default(),
+        );
         for y in 0..4 {
             for xx in 0..6 {
                 for o in 0..f {
@@ -611,12 +881,13 @@ mod tests {
             channels: 1,
             data: (0..16).map(|v| v as f32).collect(),
         };
-        let p = max_pool(&x, [2, 2], [2, 2], [2, 2, 1]);
+        let pool = Pool::default();
+        let p = max_pool(&x, [2, 2], [2, 2], [2, 2, 1], &pool);
         assert_eq!(p.data, vec![5.0, 7.0, 13.0, 15.0]);
-        let c = crop(&x, [1, 2, 0, 1]);
+        let c = crop(&x, [1, 2, 0, 1], &pool);
         assert_eq!((c.height, c.width), (1, 3));
         assert_eq!(c.data, vec![4.0, 5.0, 6.0]);
-        let cat = concat(&[&p, &p]);
+        let cat = concat(&[&p, &p], &pool);
         assert_eq!(cat.channels, 2);
         assert_eq!(cat.data[..4], [5.0, 5.0, 7.0, 7.0]);
     }

@@ -48,6 +48,42 @@ impl DetectorConfig {
         );
         Ok((out, (self.tile - out) / 2))
     }
+
+    /// How much larger than its own tile the detector runs: the smallest step by which a
+    /// side may grow (valid convolutions, crops and concatenations fit every side whose
+    /// poolings divide evenly: 8 px for pycda's U-Net), or 0 where only its own tile fits.
+    pub fn tile_step(&self) -> usize {
+        let out = |side: usize| -> Option<usize> {
+            self.graph
+                .shapes(side, side)
+                .ok()
+                .and_then(|s| s.last().map(|l| l[0]))
+        };
+        let Some(own) = out(self.tile) else { return 0 };
+        (1..=64)
+            .find(|&step| {
+                out(self.tile + step) == Some(own + step)
+                    && out(self.tile + 2 * step) == Some(own + 2 * step)
+            })
+            .unwrap_or(0)
+    }
+
+    /// The tile side (input, output) along an axis of `extent` pixels: as few tiles as
+    /// tiles of at most `max_tile` allow, each no larger than that number needs (a
+    /// detector's border is context every tile pays for, so larger tiles waste less).
+    pub fn tile_for(&self, extent: usize, max_tile: usize) -> Result<(usize, usize)> {
+        let (out, _) = self.output()?;
+        let step = self.tile_step();
+        if step == 0 || max_tile <= self.tile {
+            return Ok((self.tile, out));
+        }
+        let largest = self.tile + (max_tile - self.tile) / step * step;
+        let largest_out = out + (largest - self.tile);
+        let tiles = extent.div_ceil(largest_out).max(1);
+        let need = extent.div_ceil(tiles);
+        let grow = need.saturating_sub(out).div_ceil(step) * step;
+        Ok((self.tile + grow, out + grow))
+    }
 }
 
 fn to_safetensors(weights: &BTreeMap<String, Tensor>) -> Result<Vec<u8>> {

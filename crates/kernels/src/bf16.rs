@@ -256,6 +256,26 @@ pub fn bf16_matmul_acc_at(level: Level, a: &[f32], m: usize, w: &PackedBf16, out
     products_acc(level, &a16, m, w, out);
 }
 
+/// `x` (`[m, k]` f32) rounded to bf16 rows as products with `w` take them: rounded once
+/// for several weights of the same depth (a convolution's taps, each reading the rows at
+/// its own offset).
+pub fn rows_for(x: &[f32], m: usize, w: &PackedBf16) -> Vec<u16> {
+    rows_to_bf16(x, m, w.k, w.padded_k())
+}
+
+/// `out[m, n] += A W` with `A` rounded by [`rows_for`] (`[m, w.padded_k()]`), at the active
+/// level. Panics when [`available`] is false or the shapes disagree.
+pub fn products_acc_rounded(a16: &[u16], m: usize, w: &PackedBf16, out: &mut [f32]) {
+    let level = active();
+    assert!(
+        runs_at(level),
+        "no bf16 kernel at level {level} on this CPU"
+    );
+    assert!(a16.len() >= m * w.padded_k(), "A must be [m, padded k]");
+    assert_eq!(out.len(), m * w.n, "out must be [m, n]");
+    products_acc(level, &a16[..m * w.padded_k()], m, w, out);
+}
+
 fn products_acc(level: Level, a16: &[u16], m: usize, w: &PackedBf16, out: &mut [f32]) {
     let kp = w.padded_k();
     match level {
