@@ -104,15 +104,21 @@ pub fn read_pixel_catalogue(path: &Path) -> Result<Vec<Crater>> {
     enum Layout {
         Pycda(usize, usize, usize),
         Nac(usize, usize, usize, usize, usize),
+        Detections(Option<usize>, usize, usize, usize),
     }
     let layout = match (col("long"), col("lat"), col("diameter"), col("c_x"), col("cy").or(col("c_y")), col("w"), col("h"), col("id")) {
         (Some(x), Some(y), Some(d), ..) => Layout::Pycda(x, y, d),
         (_, _, _, Some(cx), Some(cy), Some(w), Some(h), Some(id)) => Layout::Nac(id, cx, cy, w, h),
-        _ => return Err(Error::Invalid(format!(
-            "{}: unknown crater list; expected columns long,lat,diameter (pycda, pixels) or ID,X,Y,W,H,C_X,CY (NAC); found {headers:?}",
-            path.display()
-        ))),
+        _ => match (col("x"), col("y"), col("diameter_px")) {
+            (Some(x), Some(y), Some(d)) => Layout::Detections(col("id"), x, y, d),
+            _ => return Err(Error::Invalid(format!(
+                "{}: unknown crater list; expected columns long,lat,diameter (pycda, pixels), ID,X,Y,W,H,C_X,CY (NAC) or x,y,diameter_px (craterdex detect); found {headers:?}",
+                path.display()
+            ))),
+        },
     };
+    // craterdex detect's list of several images cannot be one tile's
+    let mut images = std::collections::BTreeSet::new();
     let mut out = Vec::new();
     for (i, rec) in rdr.records().enumerate() {
         let rec = rec.or_invalid_with(|| format!("{}: line {}", path.display(), i + 2))?;
@@ -130,8 +136,30 @@ pub fn read_pixel_catalogue(path: &Path) -> Result<Vec<Crater>> {
                 y: num(cy)?,
                 diameter: (num(w)? + num(h)?) / 2.0,
             },
+            Layout::Detections(id, x, y, d) => {
+                if let Some(image) = col("image").and_then(|c| rec.get(c)) {
+                    images.insert(image.to_string());
+                }
+                Crater {
+                    id: id
+                        .and_then(|c| rec.get(c))
+                        .map_or_else(|| format!("{i:05}"), String::from),
+                    x: num(x)?,
+                    y: num(y)?,
+                    diameter: num(d)?,
+                }
+            }
         });
     }
+    ensure!(
+        images.len() <= 1,
+        Error::Invalid(format!(
+            "{}: the craters of {} images ({}); a tile's list holds one image's (run craterdex detect on that image alone)",
+            path.display(),
+            images.len(),
+            images.iter().take(3).cloned().collect::<Vec<_>>().join(", ")
+        ))
+    );
     Ok(out)
 }
 
@@ -163,6 +191,27 @@ mod tests {
                 diameter: 11.0
             }]
         );
+        std::fs::write(
+            &p,
+            "id,image,source,x,y,diameter_px,score,scale\nnew-00000,new.png,new,4.5,6,12,0.9,1\n",
+        )
+        .unwrap();
+        assert_eq!(
+            read_pixel_catalogue(&p).unwrap(),
+            vec![Crater {
+                id: "new-00000".into(),
+                x: 4.5,
+                y: 6.0,
+                diameter: 12.0
+            }]
+        );
+        std::fs::write(
+            &p,
+            "id,image,x,y,diameter_px\na-1,a.png,1,2,9\nb-1,b.png,1,2,9\n",
+        )
+        .unwrap();
+        let err = format!("{:#}", read_pixel_catalogue(&p).unwrap_err());
+        assert!(err.contains("2 images") && err.contains("a.png"), "{err}");
         std::fs::write(&p, "a,b\n1,2\n").unwrap();
         assert!(
             format!("{:#}", read_pixel_catalogue(&p).unwrap_err()).contains("unknown crater list")

@@ -7,7 +7,7 @@
 //! diameter), each crater and each detection used once. Recall counts labelled craters by
 //! their own diameter; precision counts detections by theirs.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// A circle in an image's pixels: centre and diameter.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -74,7 +74,7 @@ pub fn match_detections(found: &[Circle], truth: &[Circle]) -> Vec<Option<usize>
 }
 
 /// Counts of one size bin, summed over images.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct BinCounts {
     pub bin: String,
     /// Labelled craters in the bin, and how many of them were found.

@@ -31,7 +31,7 @@ pub fn pycda_mars_tile() -> Result<(PathBuf, PathBuf)> {
 }
 
 /// The pycda sdist, downloaded once and checked against its pinned sha256.
-fn pycda_sdist() -> Result<PathBuf> {
+pub fn pycda_sdist() -> Result<PathBuf> {
     pip_download(
         "pycda",
         PYCDA_VERSION,

@@ -14,7 +14,9 @@ mod error;
 #[cfg(feature = "hub")]
 mod hub;
 
-pub use data::{detectors_dir, fetch_pycda_unet, pycda_mars_tile, PYCDA_UNET, PYCDA_VERSION};
+pub use data::{
+    detectors_dir, fetch_pycda_unet, pycda_mars_tile, pycda_sdist, PYCDA_UNET, PYCDA_VERSION,
+};
 pub use error::{Error, Result};
 #[cfg(feature = "hub")]
 pub use hub::{fetch_hf, DownloadProgress, HubSource};

@@ -3,6 +3,7 @@
 //! bench prints the CPU and the kernel level that produced its numbers.
 
 mod client;
+mod detect;
 mod eval;
 mod extract;
 mod python;
@@ -23,6 +24,13 @@ pub enum BenchCmd {
         after_help = "Example:\n  craterdex bench extract --dir craterdex-demo/bench/images/gallery --images 64"
     )]
     Extract(ExtractBench),
+    /// Crater detection in whole labelled tiles at every kernel level and precision, against
+    /// pycda's own pipeline (TensorFlow) on the same tiles in the same run: images/s,
+    /// megapixels/s and F1 per size bin.
+    #[command(
+        after_help = "Example:\n  craterdex bench detect --tile a.png --craters a.txt --tile b.png --craters b.txt"
+    )]
+    Detect(detect::DetectBench),
     /// Search latency (stage 1, two-stage at S=100/500, exhaustive LI) per codec, single
     /// queries and batches, on a synthetic gallery with planted near-duplicates and optionally
     /// on real features, against faiss-cpu and numpy on identical data.
@@ -201,6 +209,7 @@ pub struct ExtractBench {
 pub fn run(c: BenchCmd) -> Result<()> {
     match c {
         BenchCmd::Extract(b) => extract::run(b),
+        BenchCmd::Detect(b) => detect::run(b),
         BenchCmd::Search(b) => search::run(b),
         BenchCmd::Serve(b) => serve::run(b),
         BenchCmd::Eval(b) => eval::run(b),
