@@ -174,3 +174,52 @@ fn images_that_cannot_be_searched_are_named_with_the_reason() {
         "{err}"
     );
 }
+
+#[test]
+fn an_onnx_detector_file_is_imported_once_and_used() {
+    use craterdex_model::onnx::build::{model, node};
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    setup(root);
+    // the brightness detector as ONNX: its 3x3 kernel marks the centre pixel
+    let mut w = vec![0f32; 9];
+    w[4] = 40.0;
+    let bytes = model(
+        vec![
+            node(
+                "Conv",
+                "mark",
+                &["image", "w", "b"],
+                &["m"],
+                &[("kernel_shape", &[3, 3])],
+            ),
+            node("Sigmoid", "s", &["m"], &["likelihood"], &[]),
+        ],
+        &[("w", vec![1, 1, 3, 3], w), ("b", vec![1], vec![-20.0])],
+        &[],
+        ("image", &[0, 1, 24, 24]),
+        ("likelihood", &[0, 1, 22, 22]),
+    );
+    std::fs::write(root.join("bright.onnx"), bytes).unwrap();
+    for _ in 0..2 {
+        let o = run(
+            root,
+            &[
+                "detect",
+                "new.png",
+                "--out",
+                "found",
+                "--detector",
+                "bright.onnx",
+            ],
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{err}");
+        let csv = std::fs::read_to_string(root.join("found/detections.csv")).unwrap();
+        assert_eq!(csv.lines().count(), DISCS.len() + 1, "{csv}");
+    }
+    let imported: Vec<_> = std::fs::read_dir(root.join("home/detectors"))
+        .unwrap()
+        .collect();
+    assert_eq!(imported.len(), 1, "imported once: {imported:?}");
+}

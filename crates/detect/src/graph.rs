@@ -90,6 +90,16 @@ impl Graph {
     /// the layer, where the shapes do not fit (a crop larger than its map, concatenated maps
     /// of different sizes, a map too small for a kernel).
     pub fn shapes(&self, height: usize, width: usize) -> Result<Vec<Shape>> {
+        let shapes = self.layer_shapes(height, width)?;
+        ensure!(
+            shapes.last().is_some_and(|s| s[2] == 1),
+            Error::Invalid("a detector's last layer must give one channel".into())
+        );
+        Ok(shapes)
+    }
+
+    /// [`Graph::shapes`] of a graph that need not end in the likelihood (one being built).
+    pub fn layer_shapes(&self, height: usize, width: usize) -> Result<Vec<Shape>> {
         let mut shapes: Vec<Shape> = Vec::with_capacity(self.layers.len());
         for (i, layer) in self.layers.iter().enumerate() {
             ensure!(
@@ -188,10 +198,6 @@ impl Graph {
             };
             shapes.push(shape);
         }
-        ensure!(
-            shapes.last().is_some_and(|s| s[2] == 1),
-            Error::Invalid("a detector's last layer must give one channel".into())
-        );
         Ok(shapes)
     }
 

@@ -4,22 +4,14 @@
 
 use crate::error::{Error, Result};
 use crate::graph::{Activation, Graph, Layer, Op, Padding};
-use crate::net::Tensor;
+use crate::store::ImportedDetector;
 use craterdex_errors::{ensure, OrInvalid};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 
-/// A Keras detector as read: its graph, its tensors, and the side of its square input
-/// where the model fixes one.
-pub struct KerasDetector {
-    pub graph: Graph,
-    pub weights: BTreeMap<String, Tensor>,
-    pub tile: Option<usize>,
-}
-
 /// Reads the graph and weights of the Keras model in `bytes`; `what` names the file in
 /// messages.
-pub fn read_keras_h5(bytes: &[u8], what: &str) -> Result<KerasDetector> {
+pub fn read_keras_h5(bytes: &[u8], what: &str) -> Result<ImportedDetector> {
     let unreadable = |e: hdf5_reader::error::Error| {
         Error::Invalid(format!("{what}: not a readable HDF5 file: {e}"))
     };
@@ -53,7 +45,7 @@ pub fn read_keras_h5(bytes: &[u8], what: &str) -> Result<KerasDetector> {
         .then(|| shape[1].as_u64())
         .flatten()
         .map(|t| t as usize);
-    Ok(KerasDetector {
+    Ok(ImportedDetector {
         graph,
         weights,
         tile,
@@ -223,37 +215,4 @@ fn graph_of(config: &Value) -> Result<Graph> {
         out.push(Layer { name, op, inputs });
     }
     Ok(Graph { layers: out })
-}
-
-/// Imports the Keras detector in `bytes` as a detector directory at `dir`: its graph, its
-/// weights, and the tile it takes (the model's input side).
-pub fn import_keras_h5(
-    bytes: &[u8],
-    what: &str,
-    name: &str,
-    source: &str,
-    licence: &str,
-    dir: &std::path::Path,
-) -> Result<crate::store::DetectorConfig> {
-    let KerasDetector {
-        graph,
-        weights,
-        tile,
-    } = read_keras_h5(bytes, what)?;
-    let tile = tile
-        .filter(|&t| t > 0)
-        .or_invalid_with(|| format!("{what}: the input has no fixed square size"))?;
-    let config = crate::store::DetectorConfig {
-        format: crate::store::FORMAT.into(),
-        name: name.into(),
-        source: source.into(),
-        licence: licence.into(),
-        tile,
-        // Keras detectors of pycda's kind take 8-bit pixels / 255
-        input_scale: 1.0 / 255.0,
-        graph,
-        weights_sha256: String::new(),
-    };
-    crate::store::write_detector_dir(dir, config, &weights)
-        .map_err(|e| craterdex_errors::Prefix::prefixed(e, what))
 }

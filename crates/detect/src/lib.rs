@@ -3,7 +3,7 @@
 //!
 //! Owns: detector models as layer graphs of plain operations (convolutions run as products
 //! on craterdex's kernels at every level and precision), their import from Keras HDF5
-//! files (pycda's U-Net), the detector directory format, cutting an image of any size into
+//! files (pycda's U-Net) and ONNX files, the detector directory format, cutting an image of any size into
 //! the detector's tiles over an image pyramid, and turning per-pixel crater likelihoods
 //! into circles merged across tiles and scales.
 //! Knows nothing of features, descriptors, indexes, searches or linking; scoring detections
@@ -14,6 +14,7 @@ mod error;
 pub mod graph;
 pub mod keras;
 pub mod net;
+pub mod onnx;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -22,4 +23,4 @@ pub use detect::{detect, DetectOptions, Detection, GrayImage};
 pub use error::{Error, Result};
 pub use graph::{Activation, Graph, Layer, Op, Padding};
 pub use net::{FeatureMap, Net};
-pub use store::{read_detector_dir, write_detector_dir, DetectorConfig};
+pub use store::{import_detector, read_detector_dir, write_detector_dir, DetectorConfig};

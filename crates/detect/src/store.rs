@@ -171,3 +171,47 @@ pub fn read_detector_dir(dir: &Path) -> Result<(DetectorConfig, Net)> {
         .map_err(|e| Error::Invalid(format!("{}: {e}", cpath.display())))?;
     Ok((config, net))
 }
+
+/// A detector as read from another format: its graph, its tensors (Keras' order), and the
+/// side of its square input where the model fixes one.
+pub struct ImportedDetector {
+    pub graph: Graph,
+    pub weights: BTreeMap<String, Tensor>,
+    pub tile: Option<usize>,
+}
+
+/// Imports a Keras `.h5` or an `.onnx` detector (told by its bytes) as the detector
+/// directory `dir`; `what` names the file in messages. Pixels are multiplied by
+/// `input_scale` before the first layer (pycda's models: 1/255).
+pub fn import_detector(
+    bytes: &[u8],
+    what: &str,
+    name: &str,
+    source: &str,
+    licence: &str,
+    input_scale: f32,
+    dir: &Path,
+) -> Result<DetectorConfig> {
+    const HDF5: &[u8] = b"\x89HDF\r\n\x1a\n";
+    let read = if bytes.starts_with(HDF5) {
+        crate::keras::read_keras_h5(bytes, what)?
+    } else {
+        crate::onnx::read_onnx(bytes, what)?
+    };
+    let tile = read
+        .tile
+        .filter(|&t| t > 0)
+        .ok_or_else(|| Error::Invalid(format!("{what}: the input has no fixed square size")))?;
+    let config = DetectorConfig {
+        format: FORMAT.into(),
+        name: name.into(),
+        source: source.into(),
+        licence: licence.into(),
+        tile,
+        input_scale,
+        graph: read.graph,
+        weights_sha256: String::new(),
+    };
+    write_detector_dir(dir, config, &read.weights)
+        .map_err(|e| craterdex_errors::Prefix::prefixed(e, what))
+}

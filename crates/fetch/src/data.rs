@@ -89,12 +89,14 @@ pub fn fetch_pycda_unet(force: bool) -> Result<PathBuf> {
     let [h5] = <[Vec<u8>; 1]>::try_from(sdist_members(&[PYCDA_UNET_MEMBER.to_string()])?)
         .expect("one member asked for");
     let source = format!("pypi:pycda=={PYCDA_VERSION}/{PYCDA_UNET_MEMBER}");
-    craterdex_detect::keras::import_keras_h5(
+    // pycda's models take 8-bit pixels / 255
+    craterdex_detect::import_detector(
         &h5,
         PYCDA_UNET_MEMBER,
         PYCDA_UNET,
         &source,
         "MIT",
+        1.0 / 255.0,
         &dir,
     )?;
     Ok(dir)

@@ -21,6 +21,75 @@ struct GraphProto {
     node: Vec<NodeProto>,
     #[prost(message, repeated, tag = "5")]
     initializer: Vec<TensorProto>,
+    #[prost(message, repeated, tag = "11")]
+    input: Vec<ValueInfoProto>,
+    #[prost(message, repeated, tag = "12")]
+    output: Vec<ValueInfoProto>,
+}
+
+/// A graph input or output: its name and, for tensors, its shape.
+#[derive(Clone, PartialEq, Message)]
+pub struct ValueInfoProto {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(message, optional, tag = "2")]
+    r#type: Option<TypeProto>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct TypeProto {
+    #[prost(message, optional, tag = "1")]
+    tensor_type: Option<TensorTypeProto>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct TensorTypeProto {
+    #[prost(message, optional, tag = "2")]
+    shape: Option<ShapeProto>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct ShapeProto {
+    #[prost(message, repeated, tag = "1")]
+    dim: Vec<DimensionProto>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct DimensionProto {
+    #[prost(int64, optional, tag = "1")]
+    dim_value: Option<i64>,
+}
+
+impl ValueInfoProto {
+    /// The tensor's dimensions, `None` where one is symbolic (a batch size).
+    pub fn dims(&self) -> Vec<Option<usize>> {
+        self.r#type
+            .as_ref()
+            .and_then(|t| t.tensor_type.as_ref())
+            .and_then(|t| t.shape.as_ref())
+            .map(|s| {
+                s.dim
+                    .iter()
+                    .map(|d| d.dim_value.filter(|&v| v > 0).map(|v| v as usize))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// A node attribute: the ones convolutional detectors use (integers and lists of them).
+#[derive(Clone, PartialEq, Message)]
+pub struct AttributeProto {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(float, tag = "2")]
+    pub f: f32,
+    #[prost(int64, tag = "3")]
+    pub i: i64,
+    #[prost(bytes = "vec", tag = "4")]
+    pub s: Vec<u8>,
+    #[prost(int64, repeated, tag = "8")]
+    pub ints: Vec<i64>,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -33,6 +102,14 @@ pub struct NodeProto {
     pub name: String,
     #[prost(string, tag = "4")]
     pub op_type: String,
+    #[prost(message, repeated, tag = "5")]
+    pub attribute: Vec<AttributeProto>,
+}
+
+impl NodeProto {
+    pub fn attribute(&self, name: &str) -> Option<&AttributeProto> {
+        self.attribute.iter().find(|a| a.name == name)
+    }
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -43,6 +120,8 @@ struct TensorProto {
     data_type: i32,
     #[prost(float, repeated, tag = "4")]
     float_data: Vec<f32>,
+    #[prost(int64, repeated, tag = "7")]
+    int64_data: Vec<i64>,
     #[prost(string, tag = "8")]
     name: String,
     #[prost(bytes = "vec", tag = "9")]
@@ -53,6 +132,7 @@ struct TensorProto {
 
 const ONNX_FLOAT: i32 = 1;
 const ONNX_FLOAT16: i32 = 10;
+const ONNX_INT64: i32 = 7;
 
 /// A float tensor read from an ONNX initializer.
 #[derive(Debug, Clone)]
@@ -61,10 +141,14 @@ pub struct OnnxTensor {
     pub data: Vec<f32>,
 }
 
-/// The float initializers (by name) and the nodes of an ONNX graph.
+/// The float initializers (by name), the integer ones (shape constants, slice bounds), the
+/// nodes, and the inputs and outputs of an ONNX graph.
 pub struct OnnxGraph {
     pub initializers: HashMap<String, OnnxTensor>,
+    pub integers: HashMap<String, Vec<i64>>,
     pub nodes: Vec<NodeProto>,
+    pub inputs: Vec<ValueInfoProto>,
+    pub outputs: Vec<ValueInfoProto>,
 }
 
 impl OnnxGraph {
@@ -80,6 +164,7 @@ impl OnnxGraph {
             return Err(Error::Invalid("the model has no graph".into()));
         };
         let mut initializers = HashMap::new();
+        let mut integers = HashMap::new();
         for t in graph.initializer {
             if t.data_location == 1 {
                 return Err(Error::Invalid(format!(
@@ -100,7 +185,19 @@ impl OnnxGraph {
                     .chunks_exact(2)
                     .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
                     .collect(),
-                _ => continue, // shape constants and the like are not weights
+                ONNX_INT64 => {
+                    let values = if t.raw_data.is_empty() {
+                        t.int64_data
+                    } else {
+                        t.raw_data
+                            .chunks_exact(8)
+                            .map(|c| i64::from_le_bytes(c.try_into().expect("chunks of 8")))
+                            .collect()
+                    };
+                    integers.insert(t.name, values);
+                    continue;
+                }
+                _ => continue, // other constants are not weights
             };
             let expected: usize = dims.iter().product();
             if data.len() != expected {
@@ -115,12 +212,101 @@ impl OnnxGraph {
         }
         Ok(Self {
             initializers,
+            integers,
             nodes: graph.node,
+            inputs: graph.input,
+            outputs: graph.output,
         })
     }
 
     /// The node with exactly this name.
     pub fn node(&self, name: &str) -> Option<&NodeProto> {
         self.nodes.iter().find(|n| n.name == name)
+    }
+}
+
+/// ONNX files built in code, for the tests of this and other crates.
+#[cfg(feature = "testing")]
+pub mod build {
+    use super::*;
+
+    /// A node: `op` from `inputs` to `outputs`, with integer-list attributes.
+    pub fn node(
+        op: &str,
+        name: &str,
+        inputs: &[&str],
+        outputs: &[&str],
+        ints: &[(&str, &[i64])],
+    ) -> NodeProto {
+        NodeProto {
+            input: inputs.iter().map(|s| s.to_string()).collect(),
+            output: outputs.iter().map(|s| s.to_string()).collect(),
+            name: name.into(),
+            op_type: op.into(),
+            attribute: ints
+                .iter()
+                .map(|(n, v)| AttributeProto {
+                    name: n.to_string(),
+                    ints: v.to_vec(),
+                    i: v.first().copied().unwrap_or(0),
+                    ..Default::default()
+                })
+                .collect(),
+        }
+    }
+
+    fn value(name: &str, dims: &[i64]) -> ValueInfoProto {
+        ValueInfoProto {
+            name: name.into(),
+            r#type: Some(TypeProto {
+                tensor_type: Some(TensorTypeProto {
+                    shape: Some(ShapeProto {
+                        dim: dims
+                            .iter()
+                            .map(|&d| DimensionProto {
+                                dim_value: (d > 0).then_some(d),
+                            })
+                            .collect(),
+                    }),
+                }),
+            }),
+        }
+    }
+
+    /// The bytes of a model of `nodes`, float initializers, int64 initializers, one input
+    /// and one output with their dimensions (0: symbolic).
+    pub fn model(
+        nodes: Vec<NodeProto>,
+        floats: &[(&str, Vec<i64>, Vec<f32>)],
+        ints: &[(&str, Vec<i64>)],
+        input: (&str, &[i64]),
+        output: (&str, &[i64]),
+    ) -> Vec<u8> {
+        let mut initializer: Vec<TensorProto> = floats
+            .iter()
+            .map(|(n, dims, data)| TensorProto {
+                dims: dims.clone(),
+                data_type: ONNX_FLOAT,
+                float_data: data.clone(),
+                name: n.to_string(),
+                ..Default::default()
+            })
+            .collect();
+        initializer.extend(ints.iter().map(|(n, v)| TensorProto {
+            dims: vec![v.len() as i64],
+            data_type: ONNX_INT64,
+            int64_data: v.clone(),
+            name: n.to_string(),
+            ..Default::default()
+        }));
+        ModelProto {
+            graph: Some(GraphProto {
+                node: nodes,
+                initializer,
+                input: vec![value(input.0, input.1)],
+                output: vec![value(output.0, output.1)],
+            }),
+        }
+        .encode_to_vec()
     }
 }

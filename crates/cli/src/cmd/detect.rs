@@ -13,10 +13,15 @@ use std::path::{Path, PathBuf};
 /// Which detector and how it looks.
 #[derive(Args, Clone)]
 pub struct DetectorOpts {
-    /// A detector directory, or the name of one under $CRATERDEX_HOME/detectors (pycda-unet,
-    /// pycda's U-Net, is fetched from PyPI on first use).
+    /// A detector directory, the name of one under $CRATERDEX_HOME/detectors (pycda-unet,
+    /// pycda's U-Net, is fetched from PyPI on first use), or a Keras .h5 or ONNX file of a
+    /// fully convolutional detector (imported there once).
     #[arg(long, default_value = craterdex_fetch::PYCDA_UNET)]
     detector: String,
+    /// For a detector file: what pixel values (8-bit levels) are multiplied by before its
+    /// first layer.
+    #[arg(long, default_value_t = 1.0 / 255.0)]
+    input_scale: f32,
     /// Arithmetic of the detector's products: f32, or bf16 where the CPU has it.
     #[arg(long, default_value_t = Precision::F32)]
     detector_precision: Precision,
@@ -41,6 +46,8 @@ impl DetectorOpts {
         let dir = PathBuf::from(&self.detector);
         let dir = if dir.is_dir() {
             dir
+        } else if dir.is_file() {
+            imported(&dir, self.input_scale)?
         } else if self.detector == craterdex_fetch::PYCDA_UNET {
             craterdex_fetch::fetch_pycda_unet(false)?
         } else {
@@ -66,6 +73,33 @@ impl DetectorOpts {
             ..Default::default()
         }
     }
+}
+
+/// The detector directory of a Keras or ONNX file, imported on first use (named by the file
+/// and its contents' hash, so a changed file is imported again).
+fn imported(file: &Path, input_scale: f32) -> Result<PathBuf> {
+    let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let sha = craterdex_model::store::sha256_hex(&bytes);
+    let stem = file
+        .file_stem()
+        .map_or("detector".into(), |s| s.to_string_lossy());
+    let scale = format!("{input_scale}").replace('.', "_");
+    let dir = craterdex_fetch::detectors_dir().join(format!("{stem}-{}-x{scale}", &sha[..12]));
+    if craterdex_detect::read_detector_dir(&dir).is_err() {
+        let what = file.display().to_string();
+        let source = format!("file:{what}");
+        craterdex_detect::import_detector(
+            &bytes,
+            &what,
+            &stem,
+            &source,
+            "unknown",
+            input_scale,
+            &dir,
+        )?;
+        eprintln!("imported {what} as detector {}", dir.display());
+    }
+    Ok(dir)
 }
 
 #[derive(Args)]
