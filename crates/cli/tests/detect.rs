@@ -130,6 +130,9 @@ fn images_that_cannot_be_searched_are_named_with_the_reason() {
     image::GrayImage::new(10, 10)
         .save(root.join("tiny.png"))
         .unwrap();
+    image::GrayImage::new(40, 40)
+        .save(root.join("dark.png"))
+        .unwrap();
     let o = run(
         root,
         &[
@@ -137,6 +140,7 @@ fn images_that_cannot_be_searched_are_named_with_the_reason() {
             "new.png",
             "notes.png",
             "tiny.png",
+            "dark.png",
             "--out",
             "found",
             "--detector",
@@ -153,10 +157,28 @@ fn images_that_cannot_be_searched_are_named_with_the_reason() {
         err.contains("tiny.png") && err.contains("at least 16"),
         "{err}"
     );
-    assert!(err.contains("2 of 3 images"), "{err}");
-    // the image that could be searched still has its craters written
+    assert!(
+        err.contains("2 of 4 images") && err.contains("dark.png: no craters found"),
+        "{err}"
+    );
+    // the image that could be searched still has its craters written, and each image its
+    // status
     let csv = std::fs::read_to_string(root.join("found/detections.csv")).unwrap();
     assert_eq!(csv.lines().count(), DISCS.len() + 1);
+    let images = std::fs::read_to_string(root.join("found/images.csv")).unwrap();
+    let lines: Vec<&str> = images.lines().collect();
+    assert_eq!(lines[0], "image,source,status,craters,reason");
+    assert!(lines[1].starts_with("new.png,new,found,4,"), "{images}");
+    assert!(
+        lines[2].starts_with("notes.png,notes,failed,0,")
+            && lines[2].contains("not a usable image"),
+        "{images}"
+    );
+    assert!(
+        lines[3].starts_with("tiny.png,tiny,failed,0,") && lines[3].contains("at least 16"),
+        "{images}"
+    );
+    assert_eq!(lines[4], "dark.png,dark,none,0,");
     let o = run(
         root,
         &[

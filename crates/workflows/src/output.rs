@@ -465,19 +465,38 @@ pub fn source_names(images: &[PathBuf]) -> Vec<String> {
 
 /// `detections.csv` (one row per crater found: `id` as `<source>-<n>`, the image, its
 /// source name, centre and diameter in its pixels, score, the pyramid scale it was found
-/// at) and `detections.geojson` (each crater's rim as a polygon in the image's pixel frame
-/// as QGIS shows an image without georeferencing: x right, y up from the top edge, so y is
-/// minus the row) in `dir`; returns the files written.
+/// at), `detections.geojson` (each crater's rim as a polygon in the image's pixel frame as
+/// QGIS shows an image without georeferencing: x right, y up from the top edge, so y is
+/// minus the row) and `images.csv` (per image: its source name, `found`, `none` or `failed`,
+/// the craters found, and why it failed) in `dir`; `per_image` holds each image's
+/// detections or the reason it has none. Returns the files written.
 pub fn write_detections(
     dir: &Path,
-    per_image: &[(PathBuf, Vec<craterdex_detect::Detection>)],
+    per_image: &[(
+        PathBuf,
+        std::result::Result<Vec<craterdex_detect::Detection>, String>,
+    )],
 ) -> Result<Vec<PathBuf>> {
     craterdex_durable::create_dir_all(dir)?;
     let images: Vec<PathBuf> = per_image.iter().map(|(p, _)| p.clone()).collect();
     let sources = source_names(&images);
     let mut rows = Vec::new();
     let mut features = Vec::new();
-    for ((image, found), source) in per_image.iter().zip(&sources) {
+    let mut statuses = Vec::new();
+    for ((image, result), source) in per_image.iter().zip(&sources) {
+        let (status, count, why) = match result {
+            Ok(found) if found.is_empty() => ("none", 0, String::new()),
+            Ok(found) => ("found", found.len(), String::new()),
+            Err(e) => ("failed", 0, e.clone()),
+        };
+        statuses.push(vec![
+            image.display().to_string(),
+            source.clone(),
+            status.to_string(),
+            count.to_string(),
+            why,
+        ]);
+        let Ok(found) = result else { continue };
         for (n, d) in found.iter().enumerate() {
             let id = format!("{source}-{n:05}");
             rows.push(vec![
@@ -509,7 +528,13 @@ pub fn write_detections(
         }
     }
     let (csv_path, geojson) = (dir.join("detections.csv"), dir.join("detections.geojson"));
+    let images_path = dir.join("images.csv");
     write_csv(&csv_path, &DETECTION_HEADER, rows)?;
     write_geojson(&geojson, features, None)?;
-    Ok(vec![csv_path, geojson])
+    write_csv(
+        &images_path,
+        &["image", "source", "status", "craters", "reason"],
+        statuses,
+    )?;
+    Ok(vec![csv_path, geojson, images_path])
 }

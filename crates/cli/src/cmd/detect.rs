@@ -152,22 +152,25 @@ pub fn run(c: DetectCmd) -> Result<()> {
     let t = std::time::Instant::now();
     let results = detect_images(&c.images, &config, &net, &o, "detect");
     let mut per_image = Vec::new();
-    let mut failed = 0;
+    let (mut failed, mut with_craters, mut n) = (0, 0, 0);
     for (path, r) in c.images.iter().zip(results) {
-        match r {
+        let r = r.map_err(|e| format!("{e:#}"));
+        match &r {
             Ok(d) if d.is_empty() => eprintln!("{}: no craters found", path.display()),
-            Ok(d) => per_image.push((path.clone(), d)),
+            Ok(d) => {
+                with_craters += 1;
+                n += d.len();
+            }
             Err(e) => {
                 failed += 1;
-                eprintln!("{}: {e:#}", path.display());
+                eprintln!("{}: {e}", path.display());
             }
         }
+        per_image.push((path.clone(), r));
     }
     let files = craterdex_workflows::output::write_detections(&c.out, &per_image)?;
-    let n: usize = per_image.iter().map(|(_, d)| d.len()).sum();
     eprintln!(
-        "{n} craters in {} of {} images in {:.1}s ({}, {} at {}); wrote {}",
-        per_image.len(),
+        "{n} craters in {with_craters} of {} images in {:.1}s ({}, {} at {}); wrote {}",
         c.images.len(),
         t.elapsed().as_secs_f64(),
         config.name,
