@@ -245,3 +245,51 @@ fn an_onnx_detector_file_is_imported_once_and_used() {
         .collect();
     assert_eq!(imported.len(), 1, "imported once: {imported:?}");
 }
+
+#[test]
+fn crops_of_the_craters_found_are_the_entries_link_takes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    setup(root);
+    for _ in 0..2 {
+        let o = run(
+            root,
+            &[
+                "detect",
+                "new.png",
+                "--out",
+                "found",
+                "--detector",
+                "bright",
+                "--crops",
+                "--context",
+                "2",
+            ],
+        );
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let csv = std::fs::read_to_string(root.join("found/crops.csv")).unwrap();
+    let rows: Vec<&str> = csv.lines().skip(1).collect();
+    // the 70 px disc at (120, 200) needs 140 px around it and reaches past the 260 px image
+    assert_eq!(rows.len(), DISCS.len() - 1, "{csv}");
+    assert!(
+        csv.starts_with("id,source,x,y,diameter_px,score\n"),
+        "{csv}"
+    );
+    let crops: Vec<_> = std::fs::read_dir(root.join("found/crops"))
+        .unwrap()
+        .collect();
+    assert_eq!(
+        crops.len(),
+        rows.len(),
+        "a second run replaces the crops whole"
+    );
+    let first = rows[0].split(',').next().unwrap();
+    let crop = image::open(root.join(format!("found/crops/{first}.png"))).unwrap();
+    let d: f64 = rows[0].split(',').nth(4).unwrap().parse().unwrap();
+    assert!(
+        (crop.width() as f64 - 2.0 * d).abs() <= 1.0,
+        "{} px crop of a {d} px crater",
+        crop.width()
+    );
+}

@@ -107,11 +107,56 @@ pub struct DetectCmd {
     /// Images (PNG, TIFF, JPEG, PNM) of any size.
     #[arg(required = true)]
     images: Vec<PathBuf>,
-    /// Where detections.csv and detections.geojson go.
+    /// Where detections.csv, detections.geojson and images.csv go.
     #[arg(long)]
     out: PathBuf,
+    /// Also cut a crop of each crater (OUT/crops/<id>.png, with OUT/crops.csv beside it:
+    /// id, source, x, y, diameter_px, score), the entries `craterdex link --entries
+    /// OUT/crops` takes; craters whose crop would leave the image are left out.
+    #[arg(long)]
+    crops: bool,
+    /// Crop side over crater diameter.
+    #[arg(long, default_value_t = 2.0, requires = "crops")]
+    context: f64,
     #[command(flatten)]
     detector: DetectorOpts,
+}
+
+/// Crops of the craters found and the metadata link reads beside them; how many.
+fn write_crops(
+    out: &Path,
+    per_image: &[(PathBuf, std::result::Result<Vec<Detection>, String>)],
+    context: f64,
+) -> Result<usize> {
+    let images: Vec<PathBuf> = per_image.iter().map(|(p, _)| p.clone()).collect();
+    let sources = craterdex_workflows::output::source_names(&images);
+    let mut craters = Vec::new();
+    let mut rows = std::collections::HashMap::new();
+    for (i, ((_, found), source)) in per_image.iter().zip(&sources).enumerate() {
+        for (n, d) in found.iter().flatten().enumerate() {
+            let id = format!("{source}-{n:05}");
+            rows.insert(
+                id.clone(),
+                format!(
+                    "{id},{source},{:.2},{:.2},{:.2},{:.4}",
+                    d.x, d.y, d.diameter, d.score
+                ),
+            );
+            craters.push((i, id, d.x, d.y, d.diameter));
+        }
+    }
+    // a new set of crops replaces the last one whole
+    let dir = out.join("crops");
+    let tmp = craterdex_durable::tempdir_beside(&dir)?;
+    let cut = craterdex_eval::tiles::crater_crops(&images, &craters, context, &tmp)?;
+    craterdex_durable::replace_dir(&tmp, &dir)?;
+    let mut csv = String::from("id,source,x,y,diameter_px,score\n");
+    for (id, _) in &cut {
+        csv += &rows[id];
+        csv.push('\n');
+    }
+    craterdex_durable::write_atomic(&out.join("crops.csv"), csv.as_bytes())?;
+    Ok(cut.len())
 }
 
 /// Runs the detector over `images` with one bar for all their tiles; each image's
@@ -168,7 +213,12 @@ pub fn run(c: DetectCmd) -> Result<()> {
         }
         per_image.push((path.clone(), r));
     }
-    let files = craterdex_workflows::output::write_detections(&c.out, &per_image)?;
+    let mut files = craterdex_workflows::output::write_detections(&c.out, &per_image)?;
+    if c.crops {
+        let cut = write_crops(&c.out, &per_image, c.context)?;
+        eprintln!("{cut} of {n} craters cut as crops (the others reach past their image)");
+        files.extend([c.out.join("crops"), c.out.join("crops.csv")]);
+    }
     eprintln!(
         "{n} craters in {with_craters} of {} images in {:.1}s ({}, {} at {}); wrote {}",
         c.images.len(),
