@@ -11,6 +11,7 @@ use crate::net::Net;
 use crate::store::DetectorConfig;
 use craterdex_errors::{ensure, ResultExt};
 use image::{DynamicImage, ImageBuffer, Luma};
+use rayon::prelude::*;
 use std::path::Path;
 
 /// A grey image as 8-bit levels (what pycda's detector was trained on).
@@ -38,6 +39,18 @@ impl GrayImage {
         let decoded = craterdex_model::preprocess::decode(&bytes, &limits)
             .with_context(|| format!("{} is not a usable image", path.display()))?;
         Ok(Self::from_dynamic(&decoded.image))
+    }
+
+    /// Width and height from the file's header, without decoding its pixels.
+    pub fn dimensions(path: &Path) -> Result<(usize, usize)> {
+        let (w, h) = image::ImageReader::open(path)
+            .and_then(|r| r.with_guessed_format())
+            .map_err(|e| Error::Io(craterdex_errors::IoError::new("read", path, e)))?
+            .into_dimensions()
+            .map_err(|e| {
+                Error::Invalid(format!("{} is not a usable image: {e}", path.display()))
+            })?;
+        Ok((w as usize, h as usize))
     }
 
     pub fn from_dynamic(image: &DynamicImage) -> Self {
@@ -344,13 +357,17 @@ fn likelihood(
     for ty in starts(h, out_h) {
         for tx in starts(w, out_w) {
             let mut input = net.input_map(tile_h, tile_w);
-            for (i, row) in input.data.chunks_exact_mut(tile_w).enumerate() {
-                let y = (r0 + ty) as isize + i as isize - border as isize;
-                for (j, v) in row.iter_mut().enumerate() {
-                    let x = tx as isize + j as isize - border as isize;
-                    *v = level.mirrored(x, y) as f32 * config.input_scale;
-                }
-            }
+            input
+                .data
+                .par_chunks_mut(tile_w)
+                .enumerate()
+                .for_each(|(i, row)| {
+                    let y = (r0 + ty) as isize + i as isize - border as isize;
+                    for (j, v) in row.iter_mut().enumerate() {
+                        let x = tx as isize + j as isize - border as isize;
+                        *v = level.mirrored(x, y) as f32 * config.input_scale;
+                    }
+                });
             let got = net.forward(input)?;
             for i in 0..out_h.min(h - ty) {
                 let n = out_w.min(w - tx);

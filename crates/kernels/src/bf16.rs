@@ -258,9 +258,34 @@ pub fn bf16_matmul_acc_at(level: Level, a: &[f32], m: usize, w: &PackedBf16, out
 
 /// `x` (`[m, k]` f32) rounded to bf16 rows as products with `w` take them: rounded once
 /// for several weights of the same depth (a convolution's taps, each reading the rows at
-/// its own offset).
+/// its own offset). Large inputs are rounded in parallel, a block of rows per task.
 pub fn rows_for(x: &[f32], m: usize, w: &PackedBf16) -> Vec<u16> {
-    rows_to_bf16(x, m, w.k, w.padded_k())
+    const ROWS: usize = 2048;
+    let (k, kp) = (w.k, w.padded_k());
+    assert!(x.len() >= m * k, "x must be [m, k]");
+    let mut a16 = vec![0u16; m * kp];
+    a16.par_chunks_mut(ROWS * kp)
+        .zip(x[..m * k].par_chunks(ROWS * k.max(1)))
+        .for_each(|(dst, src)| round_rows_into_slice(src, dst.len() / kp, k, kp, dst));
+    a16
+}
+
+/// [`round_rows_into`] of contiguous rows into a slice of `[m, kp]` zeros.
+fn round_rows_into_slice(x: &[f32], m: usize, k: usize, kp: usize, a16: &mut [u16]) {
+    if k == 0 {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512_bf16() {
+        // SAFETY: the CPU has AVX-512 BF16; x holds m rows of k, a16 m rows of kp >= k.
+        unsafe { x86::round_rows(x, m, k, k, kp, a16) };
+        return;
+    }
+    for (dst, src) in a16.chunks_exact_mut(kp).zip(x.chunks_exact(k)).take(m) {
+        dst.iter_mut()
+            .zip(src)
+            .for_each(|(d, &s)| *d = bf16_bits(s));
+    }
 }
 
 /// `out[m, n] += A W` with `A` rounded by [`rows_for`] (`[m, w.padded_k()]`), at the active

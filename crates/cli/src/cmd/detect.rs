@@ -8,6 +8,7 @@ use clap::Args;
 use craterdex_detect::{detect, DetectOptions, Detection, DetectorConfig, GrayImage, Net};
 use craterdex_eval::detection::{score, BinCounts, Circle};
 use craterdex_model::Precision;
+use rayon::prelude::*;
 use std::path::{Path, PathBuf};
 
 /// Which detector and how it looks.
@@ -168,24 +169,24 @@ pub fn detect_images(
     o: &DetectOptions,
     label: &str,
 ) -> Vec<Result<Vec<Detection>>> {
-    let loaded: Vec<Result<GrayImage>> = images
+    // the bar's length from the files' headers; each image decoded when its turn comes
+    let total: usize = images
         .iter()
-        .map(|p| GrayImage::open(p).map_err(anyhow::Error::from))
-        .collect();
-    let total: usize = loaded
-        .iter()
-        .filter_map(|g| g.as_ref().ok())
-        .map(|g| craterdex_detect::detect::tiles_needed(config, g.width, g.height, o).unwrap_or(0))
+        .filter_map(|p| GrayImage::dimensions(p).ok())
+        .map(|(w, h)| craterdex_detect::detect::tiles_needed(config, w, h, o).unwrap_or(0))
         .sum();
     let pb = bar(total, label);
-    let out = loaded
-        .into_iter()
-        .zip(images)
-        .map(|(g, p)| {
-            let g = g?;
-            detect(net, config, &g, o, &|n| pb.inc(n as u64))
-                .with_context(|| format!("detecting craters in {}", p.display()))
-        })
+    let one = |p: &PathBuf| -> Result<Vec<Detection>> {
+        let g = GrayImage::open(p)?;
+        detect(net, config, &g, o, &|n| pb.inc(n as u64))
+            .with_context(|| format!("detecting craters in {}", p.display()))
+    };
+    // as many images at once as threads: each pass has serial stretches (decoding, the
+    // pyramid, circles) that the other image's products fill; no more, for memory
+    let at_once = rayon::current_num_threads().max(1);
+    let out = images
+        .chunks(at_once)
+        .flat_map(|chunk| chunk.par_iter().map(one).collect::<Vec<_>>())
         .collect();
     pb.finish();
     out
