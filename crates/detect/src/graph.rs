@@ -229,71 +229,9 @@ impl Graph {
 mod tests {
     use super::*;
 
-    fn layer(name: &str, op: Op, inputs: &[usize]) -> Layer {
-        Layer {
-            name: name.into(),
-            op,
-            inputs: inputs.to_vec(),
-        }
-    }
-
-    fn small_unet() -> Graph {
-        let conv = |filters| Op::Conv {
-            filters,
-            kernel: [3, 3],
-            stride: [1, 1],
-            padding: Padding::Valid,
-            activation: Activation::Relu,
-        };
-        Graph {
-            layers: vec![
-                layer("in", Op::Input { channels: 1 }, &[]),
-                layer("c1", conv(4), &[0]),
-                layer(
-                    "p",
-                    Op::MaxPool {
-                        size: [2, 2],
-                        stride: [2, 2],
-                    },
-                    &[1],
-                ),
-                layer("c2", conv(8), &[2]),
-                layer(
-                    "up",
-                    Op::ConvTranspose {
-                        filters: 4,
-                        kernel: [2, 2],
-                        stride: [2, 2],
-                        activation: Activation::Linear,
-                    },
-                    &[3],
-                ),
-                layer(
-                    "crop",
-                    Op::Crop {
-                        edges: [2, 2, 2, 2],
-                    },
-                    &[1],
-                ),
-                layer("cat", Op::Concat, &[5, 4]),
-                layer(
-                    "out",
-                    Op::Conv {
-                        filters: 1,
-                        kernel: [1, 1],
-                        stride: [1, 1],
-                        padding: Padding::Valid,
-                        activation: Activation::Sigmoid,
-                    },
-                    &[6],
-                ),
-            ],
-        }
-    }
-
     #[test]
     fn shapes_follow_the_layers_and_refuse_what_does_not_fit() {
-        let g = small_unet();
+        let g = crate::testing::small_unet();
         let s = g.shapes(20, 20).unwrap();
         assert_eq!(s[1], [18, 18, 4]);
         assert_eq!(s[2], [9, 9, 4]);
@@ -311,7 +249,7 @@ mod tests {
 
     #[test]
     fn the_graph_reads_back_from_its_json() {
-        let g = small_unet();
+        let g = crate::testing::small_unet();
         let json = serde_json::to_string(&g).unwrap();
         assert!(json.contains("\"op\":\"conv_transpose\""), "{json}");
         assert_eq!(serde_json::from_str::<Graph>(&json).unwrap(), g);

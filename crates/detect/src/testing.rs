@@ -76,3 +76,67 @@ pub fn discs(width: usize, height: usize, discs: &[(f64, f64, f64)]) -> crate::G
         pixels,
     }
 }
+
+fn layer(name: &str, op: Op, inputs: &[usize]) -> Layer {
+    Layer {
+        name: name.into(),
+        op,
+        inputs: inputs.to_vec(),
+    }
+}
+
+/// A small U-Net of every layer kind (valid 3x3 convolutions, pooling, a transposed
+/// convolution, a crop, a concatenation, a 1x1 sigmoid head): its 20 px input gives 14 px.
+pub fn small_unet() -> Graph {
+    let conv = |filters| Op::Conv {
+        filters,
+        kernel: [3, 3],
+        stride: [1, 1],
+        padding: Padding::Valid,
+        activation: Activation::Relu,
+    };
+    Graph {
+        layers: vec![
+            layer("in", Op::Input { channels: 1 }, &[]),
+            layer("c1", conv(4), &[0]),
+            layer(
+                "p",
+                Op::MaxPool {
+                    size: [2, 2],
+                    stride: [2, 2],
+                },
+                &[1],
+            ),
+            layer("c2", conv(8), &[2]),
+            layer(
+                "up",
+                Op::ConvTranspose {
+                    filters: 4,
+                    kernel: [2, 2],
+                    stride: [2, 2],
+                    activation: Activation::Linear,
+                },
+                &[3],
+            ),
+            layer(
+                "crop",
+                Op::Crop {
+                    edges: [2, 2, 2, 2],
+                },
+                &[1],
+            ),
+            layer("cat", Op::Concat, &[5, 4]),
+            layer(
+                "out",
+                Op::Conv {
+                    filters: 1,
+                    kernel: [1, 1],
+                    stride: [1, 1],
+                    padding: Padding::Valid,
+                    activation: Activation::Sigmoid,
+                },
+                &[6],
+            ),
+        ],
+    }
+}

@@ -2,9 +2,7 @@
 //! natively from the same weights in Keras' order: a small U-Net of every supported node.
 
 use craterdex_detect::net::Tensor;
-use craterdex_detect::{
-    import_detector, read_detector_dir, Activation, FeatureMap, Graph, Layer, Net, Op, Padding,
-};
+use craterdex_detect::{import_detector, read_detector_dir, FeatureMap, Net};
 use craterdex_model::onnx::build::{model, node};
 use std::collections::BTreeMap;
 
@@ -117,52 +115,7 @@ fn onnx_bytes(slice_end: i64) -> Vec<u8> {
 
 /// The same detector built natively, its weights turned into Keras' order here.
 fn native() -> Net {
-    let conv = |filters, k, activation| Op::Conv {
-        filters,
-        kernel: [k, k],
-        stride: [1, 1],
-        padding: Padding::Valid,
-        activation,
-    };
-    let layer = |name: &str, op, inputs: &[usize]| Layer {
-        name: name.into(),
-        op,
-        inputs: inputs.to_vec(),
-    };
-    let graph = Graph {
-        layers: vec![
-            layer("in", Op::Input { channels: 1 }, &[]),
-            layer("c1", conv(4, 3, Activation::Relu), &[0]),
-            layer(
-                "pool",
-                Op::MaxPool {
-                    size: [2, 2],
-                    stride: [2, 2],
-                },
-                &[1],
-            ),
-            layer("c2", conv(8, 3, Activation::Relu), &[2]),
-            layer(
-                "up",
-                Op::ConvTranspose {
-                    filters: 4,
-                    kernel: [2, 2],
-                    stride: [2, 2],
-                    activation: Activation::Linear,
-                },
-                &[3],
-            ),
-            layer(
-                "crop",
-                Op::Crop {
-                    edges: [2, 2, 2, 2],
-                },
-                &[1],
-            ),
-            layer("cat", Op::Concat, &[5, 4]),
-            layer("head", conv(1, 1, Activation::Sigmoid), &[6]),
-        ],
-    };
+    let graph = craterdex_detect::testing::small_unet();
     let mut w: BTreeMap<String, Tensor> = BTreeMap::new();
     for (k, &(name, o, i, s)) in CONVS.iter().enumerate() {
         let onnx = values(o * i * s * s, k as u32);
@@ -177,8 +130,10 @@ fn native() -> Net {
                 }
             }
         }
-        w.insert(format!("{name}/kernel"), (vec![s, s, i, o], keras));
-        w.insert(format!("{name}/bias"), (vec![o], values(o, 10 + k as u32)));
+        // the small U-Net calls its head "out"
+        let layer = if name == "head" { "out" } else { name };
+        w.insert(format!("{layer}/kernel"), (vec![s, s, i, o], keras));
+        w.insert(format!("{layer}/bias"), (vec![o], values(o, 10 + k as u32)));
     }
     let onnx = values(8 * 4 * 4, 20);
     let mut keras = Vec::new();
