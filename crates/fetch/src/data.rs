@@ -86,6 +86,13 @@ pub fn fetch_pycda_unet(force: bool) -> Result<PathBuf> {
     if !force && craterdex_detect::read_detector_dir(&dir).is_ok() {
         return Ok(dir);
     }
+    // one import at a time (tests and processes fetching together); the one that waited
+    // finds the detector there
+    craterdex_durable::create_dir_all(&detectors_dir())?;
+    let _lock = craterdex_durable::lock(&detectors_dir().join(format!(".{PYCDA_UNET}.lock")))?;
+    if !force && craterdex_detect::read_detector_dir(&dir).is_ok() {
+        return Ok(dir);
+    }
     let [h5] = <[Vec<u8>; 1]>::try_from(sdist_members(&[PYCDA_UNET_MEMBER.to_string()])?)
         .expect("one member asked for");
     let source = format!("pypi:pycda=={PYCDA_VERSION}/{PYCDA_UNET_MEMBER}");
