@@ -9,7 +9,7 @@
 use crate::error::{Error, Result};
 use crate::net::Net;
 use crate::store::DetectorConfig;
-use craterdex_errors::{ensure, ResultExt};
+use craterdex_errors::{ensure, IoContext, ResultExt};
 use image::{DynamicImage, ImageBuffer, Luma};
 use rayon::prelude::*;
 use std::path::Path;
@@ -29,8 +29,7 @@ impl GrayImage {
     /// Reads PNG, TIFF, JPEG or PNM; colour is averaged to grey, and deeper than 8 bits
     /// (16-bit or float TIFF) stretched between its 0.1 and 99.9 percentiles.
     pub fn open(path: &Path) -> Result<Self> {
-        let bytes = std::fs::read(path)
-            .map_err(|e| Error::Io(craterdex_errors::IoError::new("read", path, e)))?;
+        let bytes = std::fs::read(path).io("read", path)?;
         let limits = craterdex_model::preprocess::DecodeLimits {
             max_pixels: Some(MAX_IMAGE_PIXELS),
             max_side: None,
@@ -45,7 +44,7 @@ impl GrayImage {
     pub fn dimensions(path: &Path) -> Result<(usize, usize)> {
         let (w, h) = image::ImageReader::open(path)
             .and_then(|r| r.with_guessed_format())
-            .map_err(|e| Error::Io(craterdex_errors::IoError::new("read", path, e)))?
+            .io("read", path)?
             .into_dimensions()
             .map_err(|e| {
                 Error::Invalid(format!("{} is not a usable image: {e}", path.display()))

@@ -440,6 +440,11 @@ const DETECTION_HEADER: [&str; 8] = [
     "scale",
 ];
 
+/// The id of the `n`th crater found in `source` (detections.csv, crops.csv).
+pub fn detection_id(source: &str, n: usize) -> String {
+    format!("{source}-{n:05}")
+}
+
 /// Each image's name among the sources: its file stem, numbered where two images share one.
 pub fn source_names(images: &[PathBuf]) -> Vec<String> {
     let stems: Vec<String> = images
@@ -498,7 +503,7 @@ pub fn write_detections(
         ]);
         let Ok(found) = result else { continue };
         for (n, d) in found.iter().enumerate() {
-            let id = format!("{source}-{n:05}");
+            let id = detection_id(source, n);
             rows.push(vec![
                 id.clone(),
                 image.display().to_string(),

@@ -135,7 +135,7 @@ fn write_crops(
     let mut rows = std::collections::HashMap::new();
     for (i, ((_, found), source)) in per_image.iter().zip(&sources).enumerate() {
         for (n, d) in found.iter().flatten().enumerate() {
-            let id = format!("{source}-{n:05}");
+            let id = craterdex_workflows::output::detection_id(source, n);
             rows.insert(
                 id.clone(),
                 format!(
@@ -264,6 +264,18 @@ pub fn labelled(path: &Path) -> Result<Vec<Circle>> {
         .collect())
 }
 
+/// Detections as the circles scoring compares.
+pub fn found_circles(found: &[Detection]) -> Vec<Circle> {
+    found
+        .iter()
+        .map(|d| Circle {
+            x: d.x,
+            y: d.y,
+            diameter: d.diameter,
+        })
+        .collect()
+}
+
 pub fn print_bins(title: &str, bins: &[BinCounts]) {
     println!("{title}");
     println!(
@@ -289,14 +301,7 @@ pub fn run_eval(c: EvalDetectCmd) -> Result<()> {
     let mut scored = Vec::new();
     for ((tile, labels), f) in pairs.iter().zip(found) {
         let f = f?;
-        let circles = f
-            .iter()
-            .map(|d| Circle {
-                x: d.x,
-                y: d.y,
-                diameter: d.diameter,
-            })
-            .collect();
+        let circles = found_circles(&f);
         scored.push((
             circles,
             labelled(labels).with_context(|| format!("labels of {}", tile.display()))?,

@@ -5,7 +5,7 @@
 
 use super::python::{pinned_python, script_file, PYCDA, PYCDA_SCRIPT};
 use crate::args::TileArgs;
-use crate::cmd::detect::{detect_images, labelled, DetectorOpts};
+use crate::cmd::detect::{detect_images, found_circles, labelled, DetectorOpts};
 use anyhow::{Context, Result};
 use clap::Args;
 use craterdex_eval::detection::{score, BinCounts, Circle};
@@ -74,14 +74,7 @@ fn worker(b: &DetectBench) -> Result<Vec<Row>> {
         let scored: Vec<(Vec<Circle>, Vec<Circle>)> = found
             .iter()
             .zip(&truth)
-            .map(|(f, t)| {
-                let c = f.iter().map(|d| Circle {
-                    x: d.x,
-                    y: d.y,
-                    diameter: d.diameter,
-                });
-                (c.collect(), t.clone())
-            })
+            .map(|(f, t)| (found_circles(f), t.clone()))
             .collect();
         rows.push(Row {
             engine: format!("craterdex {}", config.name),
