@@ -284,7 +284,7 @@ pub struct EntriesOpts {
     /// directory of crops (ids are file names; metadata from --meta, or from DIR.csv beside
     /// the directory when it exists).
     #[arg(long)]
-    pub entries: PathBuf,
+    pub entries: Option<PathBuf>,
     /// With a manifest: take its gallery images instead of its queries.
     #[arg(long)]
     pub gallery_side: bool,
@@ -298,7 +298,9 @@ impl EntriesOpts {
     /// The entries' `(id, path)` and metadata, in the same order.
     pub fn load(&self) -> Result<craterdex_engine::Entries> {
         use anyhow::bail;
-        let e = &self.entries;
+        let Some(e) = &self.entries else {
+            bail!("give the entries to link with --entries");
+        };
         if e.is_dir() {
             return dir_entries(e, self.meta.as_deref());
         }

@@ -293,3 +293,194 @@ fn crops_of_the_craters_found_are_the_entries_link_takes() {
         crop.width()
     );
 }
+
+/// Discs of 12-36 px at places no grid repeats (a pattern to register), none touching and
+/// each with room for a crop of twice its diameter inside a `side` x `side` image.
+fn scene(side: f64, n: usize) -> Vec<(f64, f64, f64)> {
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let mut out: Vec<(f64, f64, f64)> = Vec::new();
+    while out.len() < n {
+        let d = 12.0 + 24.0 * next();
+        let (x, y) = (d + (side - 2.0 * d) * next(), d + (side - 2.0 * d) * next());
+        let apart = out
+            .iter()
+            .all(|&(u, v, e)| (u - x).hypot(v - y) > (d + e) / 2.0 + 10.0);
+        if apart {
+            out.push((x.round(), y.round(), d.round()));
+        }
+    }
+    out
+}
+
+/// `link --image`: a second observation of a scene turned a quarter, with no crater list.
+/// Its detections register to the catalogue (rotation 90 degrees), the catalogue's discs
+/// are linked to their own entries, the two discs the catalogue lacks are reported `new`,
+/// and a disc too faint for the detector is still found where the registration places it.
+/// The tiny model's appearance scores mean nothing, so the rule here decides by geometry
+/// (and confirms a crater looked for in place at any appearance): what is tested is the
+/// detection, registration, projection and outputs, not the model.
+#[test]
+fn link_image_registers_detections_links_them_and_looks_for_what_the_detector_missed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let (config, weights) = craterdex_detect::testing::brightness_detector(24);
+    craterdex_detect::write_detector_dir(&root.join("bright"), config, &weights).unwrap();
+    let ckpt = craterdex_model::testing::write_tiny_checkpoint(&root.join("ckpt"), 32, 4, 4);
+    let ok = |args: &[&str]| {
+        let o = run(root, args);
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    ok(&[
+        "model",
+        "fetch",
+        "--from",
+        ckpt.to_str().unwrap(),
+        "--name",
+        "tiny",
+    ]);
+    let model = root.join("home/models/tiny");
+    let model = model.to_str().unwrap();
+    let side = 420usize;
+    let discs = scene(side as f64, 26);
+    // the catalogue: crops of every disc but the first two, from the first observation
+    let first = craterdex_detect::testing::discs(side, side, &discs);
+    let first = image::GrayImage::from_raw(side as u32, side as u32, first.pixels).unwrap();
+    std::fs::create_dir_all(root.join("cat")).unwrap();
+    let mut csv = String::from("id,crater_id,source,x,y,diameter_px\n");
+    for (i, &(x, y, d)) in discs.iter().enumerate().skip(2) {
+        let (x0, y0) = ((x - d) as u32, (y - d) as u32);
+        let crop = image::imageops::crop_imm(&first, x0, y0, 2 * d as u32, 2 * d as u32);
+        crop.to_image()
+            .save(root.join(format!("cat/d{i}.png")))
+            .unwrap();
+        csv += &format!("d{i},d{i},catalogue,{x},{y},{d}\n");
+    }
+    std::fs::write(root.join("cat.csv"), csv).unwrap();
+    let size = ["--model", model, "--size", "16"];
+    ok(&[
+        &["index", "build", "--dir", "cat", "--out", "idx"][..],
+        &size,
+    ]
+    .concat());
+    // the second observation: turned a quarter (x, y) -> (y, side - 1 - x), disc 5 faint
+    let turn = |(x, y, d): (f64, f64, f64)| (y, side as f64 - 1.0 - x, d);
+    let turned: Vec<(f64, f64, f64)> = discs.iter().map(|&c| turn(c)).collect();
+    let mut second = craterdex_detect::testing::discs(side, side, &turned);
+    let (fx, fy, fd) = turned[5];
+    for (i, p) in second.pixels.iter_mut().enumerate() {
+        let (x, y) = ((i % side) as f64, (i / side) as f64);
+        if (x - fx).hypot(y - fy) <= fd / 2.0 {
+            *p = 60;
+        }
+    }
+    image::GrayImage::from_raw(side as u32, side as u32, second.pixels)
+        .unwrap()
+        .save(root.join("second.png"))
+        .unwrap();
+    std::fs::write(
+        root.join("rule.json"),
+        r#"{"match_confidence":0.5,"new_confidence":0.4,"max_offset_radii":3.0,
+            "max_diameter_ratio":1.5,"body_radius_km":3389.5,
+            "appearance_weights":[10.0,0.0],"geometry_weights":[-10.0,0.0,0.0,0.0],
+            "registered":{"max_offset_radii":1.0,"max_diameter_ratio":1.5,
+                          "weights":[10.0,0.0,-20.0,-20.0]},
+            "source":"test"}"#,
+    )
+    .unwrap();
+    let link = [
+        &[
+            "link",
+            "--index",
+            "idx",
+            "--image",
+            "second.png",
+            "--out",
+            "links",
+            "--detector",
+            "bright",
+            "--rule",
+            "rule.json",
+        ][..],
+        &size,
+    ]
+    .concat();
+    let said = ok(&link);
+    assert!(said.contains("image second: "), "{said}");
+    let table = std::fs::read_to_string(root.join("links/links.csv")).unwrap();
+    let mut lines = table.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let rows: Vec<Vec<String>> = lines
+        .map(|l| l.split(',').map(String::from).collect())
+        .collect();
+    let at = |r: &Vec<String>| -> (f64, f64) {
+        (r[col("x")].parse().unwrap(), r[col("y")].parse().unwrap())
+    };
+    let rows_at = |(x, y, d): (f64, f64, f64)| -> Vec<&Vec<String>> {
+        rows.iter()
+            .filter(|r| {
+                let (u, v) = at(r);
+                (u - x).hypot(v - y) <= 0.25 * d + 2.0
+            })
+            .collect()
+    };
+    for (i, &c) in turned.iter().enumerate() {
+        let here = rows_at(c);
+        assert_eq!(here.len(), 1, "disc {i} at {c:?}:\n{table}");
+        let r = here[0];
+        let (decision, crater) = (&r[col("decision")], &r[col("catalogue_crater_id")]);
+        if i < 2 {
+            assert_eq!(decision, "new", "disc {i}: {r:?}");
+            assert_eq!(r[col("found_by")], "detector");
+        } else if i == 5 || r[col("found_by")] == "catalogue" {
+            // looked for in place (the faint disc, and any the detector merged or missed),
+            // and confirmed by appearance alone: the tiny model's scores cannot, so only
+            // that it is never reported new
+            assert_eq!(crater, &format!("d{i}"), "{r:?}");
+            assert_eq!(r[col("found_by")], "catalogue", "{r:?}");
+            assert!(
+                ["match", "unconfirmed"].contains(&decision.as_str()),
+                "{r:?}"
+            );
+        } else {
+            assert_eq!(
+                (decision.as_str(), crater.as_str()),
+                ("match", format!("d{i}").as_str()),
+                "{r:?}"
+            );
+        }
+    }
+    let images = std::fs::read_to_string(root.join("links/images.csv")).unwrap();
+    let summary: Vec<&str> = images.lines().nth(1).unwrap().split(',').collect();
+    assert_eq!(&summary[..3], ["second", "420", "420"], "{images}");
+    let count = |i: usize| summary[i].parse::<usize>().unwrap();
+    // every disc is looked at once (above): detected, or looked for where it should be
+    assert!((26..=28).contains(&(count(3) + count(4))), "{images}");
+    assert!(count(4) >= 1 && count(4) <= 3, "{images}");
+    assert_eq!(&summary[6..8], ["2", "true"], "{images}");
+    let rotation: f64 = summary[8].parse().unwrap();
+    assert!((rotation.abs() - 90.0).abs() < 1.0, "{images}");
+    let review = std::fs::read_to_string(root.join("links/review.html")).unwrap();
+    let page = craterdex_testkit::parsed_page(&review);
+    assert!(review.contains("data:image/png;base64,"));
+    // one circle per crater looked at (the registration's residual plot draws its own)
+    let dashes = page.attributes("svg circle", "stroke-dasharray");
+    let drawn = |style: &str| dashes.iter().filter(|d| *d == style).count();
+    assert_eq!(drawn("none"), count(3));
+    assert_eq!(drawn("4 3"), count(4));
+    // --insert-new is for crater lists: said, and nothing written
+    let refused = run(root, &[&link[..], &["--insert-new"]].concat());
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("cannot be used with"));
+}

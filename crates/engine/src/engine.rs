@@ -262,6 +262,29 @@ impl Engine {
         Ok(out)
     }
 
+    /// The descriptors of decoded images (crops cut in memory), 64 at a time, one
+    /// `progress` step per image.
+    pub fn encode_decoded(
+        &self,
+        ids: &[String],
+        images: &[image::DynamicImage],
+        progress: &dyn Progress,
+    ) -> Result<Vec<Descriptors>> {
+        let extractor = self.extractor_or_err()?;
+        ensure!(
+            ids.len() == images.len(),
+            Error::Invalid(format!("{} ids for {} images", ids.len(), images.len()))
+        );
+        progress.start("encode", images.len());
+        let mut out = Vec::with_capacity(images.len());
+        for (ids, images) in ids.chunks(64).zip(images.chunks(64)) {
+            out.extend(self.encode(&extractor.features_of_images(ids, images, &crate::Silent)?));
+            progress.advance(out.len());
+        }
+        progress.finish();
+        Ok(out)
+    }
+
     /// The descriptors of one decoded image turned by `angle` radians about its centre, as
     /// [`Engine::encode_turned`] turns files.
     pub fn encode_image_turned(

@@ -61,5 +61,5 @@ pub use craterdex_index::{
     Codec, Hit, ImageMeta, Index, MergePolicy, MergeReport, Mode, SearchParams, Stage1,
 };
 pub use craterdex_model::extract::FeatureSet;
-pub use craterdex_model::{data_uri, Brightness, Orientation, Precision, ResizeMode};
+pub use craterdex_model::{data_uri, data_uri_of, Brightness, Orientation, Precision, ResizeMode};
 pub use craterdex_tokens::{Aggregation, Descriptors, Encoder, Pooling, Recipe, SeedStrategy};

@@ -30,7 +30,6 @@ pub use vit::{retrieval_blocks, ImageFeatures, Precision, Vit, VitWeights};
 /// WebP themselves), for the self-contained pages that show crops; None when it cannot be
 /// read, is not one of those, or passes 2 MiB (a crop, not a whole tile).
 pub fn data_uri(path: &std::path::Path) -> Option<String> {
-    use base64::Engine as _;
     let ext = path.extension()?.to_str()?.to_ascii_lowercase();
     let mime = match ext.as_str() {
         "png" => "image/png",
@@ -40,10 +39,16 @@ pub fn data_uri(path: &std::path::Path) -> Option<String> {
         _ => return None,
     };
     let bytes = std::fs::read(path).ok().filter(|b| b.len() <= 2 << 20)?;
-    Some(format!(
+    Some(data_uri_of(mime, &bytes))
+}
+
+/// Bytes of type `mime` as a `data:` URI (an image made in memory for a page).
+pub fn data_uri_of(mime: &str, bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    format!(
         "data:{mime};base64,{}",
         base64::engine::general_purpose::STANDARD.encode(bytes)
-    ))
+    )
 }
 
 use std::path::Path;

@@ -18,6 +18,7 @@ pub mod evaluate;
 pub mod geometry;
 #[cfg(feature = "gdal")]
 mod gpkg;
+pub mod images;
 pub mod link;
 pub mod output;
 pub mod register;
@@ -28,6 +29,7 @@ pub mod style;
 pub use calibrate::{calibrate, Calibration};
 pub use dedup::{dedup, DedupGroup, DedupOptions, Edge};
 pub use error::{Error, Result};
+pub use images::{link_images, ImageLinkOptions, ImageLinks, ObservedImage};
 pub use link::{
     link, link_decision, link_evidence, link_one, link_partition, merged_evidence,
     register_entries, register_entries_seeded, registrations, Candidate, Decision, LinkEvidence,

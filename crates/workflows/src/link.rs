@@ -589,7 +589,7 @@ pub fn registrations(rows: &[LinkRow]) -> Vec<Arc<SourceRegistration>> {
     seen
 }
 
-fn params(o: &LinkOptions) -> SearchParams {
+pub(crate) fn params(o: &LinkOptions) -> SearchParams {
     SearchParams {
         top_k: o.top_k.max(1),
         shortlist: o.shortlist.max(o.top_k),

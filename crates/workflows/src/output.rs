@@ -543,3 +543,102 @@ pub fn write_detections(
     )?;
     Ok(vec![csv_path, geojson, images_path])
 }
+
+const IMAGE_LINK_HEADER: [&str; 19] = [
+    "image",
+    "id",
+    "x",
+    "y",
+    "diameter_px",
+    "found_by",
+    "detector_score",
+    "decision",
+    "confidence",
+    "catalogue_id",
+    "catalogue_crater_id",
+    "score",
+    "offset_radii",
+    "diameter_ratio",
+    "catalogue_x",
+    "catalogue_y",
+    "catalogue_diameter_px",
+    "second_id",
+    "second_score",
+];
+
+const IMAGE_SUMMARY_HEADER: [&str; 11] = [
+    "image",
+    "width",
+    "height",
+    "detections",
+    "looked_for",
+    "matched",
+    "new",
+    "registered",
+    "rotation_deg",
+    "scale",
+    "note",
+];
+
+/// `links.csv` of `link --image` (one row per crater looked at: where it is in its image,
+/// how it was found, the decision and the catalogue crater) and `images.csv` (one row per
+/// image: what was found, its registration, and why its results are weaker where they are)
+/// in `dir`; returns the files written.
+pub fn write_image_links(dir: &Path, links: &crate::images::ImageLinks) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).io("create", dir)?;
+    let f = |v: f64| format!("{v:.2}");
+    let table = links
+        .craters
+        .iter()
+        .map(|c| {
+            let (b, s) = (c.link.best.as_ref(), c.link.second.as_ref());
+            let matched = b.filter(|_| c.decision == crate::images::ImageDecision::Match);
+            vec![
+                c.image.clone(),
+                c.link.query.id.clone(),
+                f(c.x),
+                f(c.y),
+                f(c.diameter_px),
+                c.found_by.name().into(),
+                opt(c.detector_score.map(|v| format!("{v:.4}"))),
+                c.decision.name().into(),
+                format!("{:.4}", c.link.confidence),
+                opt(b.map(|b| &b.id)),
+                opt(b.and_then(|b| b.crater_id.as_ref())),
+                opt(b.map(|b| format!("{:.5}", b.score))),
+                opt(b.and_then(|b| b.offset_radii).map(|v| format!("{v:.3}"))),
+                opt(b.and_then(|b| b.diameter_ratio).map(|v| format!("{v:.3}"))),
+                opt(matched.and_then(|b| b.meta.x).map(f)),
+                opt(matched.and_then(|b| b.meta.y).map(f)),
+                opt(matched.and_then(|b| b.meta.diameter_px).map(f)),
+                opt(s.map(|s| &s.id)),
+                opt(s.map(|s| format!("{:.5}", s.score))),
+            ]
+        })
+        .collect();
+    let csv = dir.join("links.csv");
+    write_csv(&csv, &IMAGE_LINK_HEADER, table)?;
+    let summaries = links
+        .images
+        .iter()
+        .map(|s| {
+            let r = s.registration.as_ref();
+            vec![
+                s.image.clone(),
+                s.width.to_string(),
+                s.height.to_string(),
+                s.detections.to_string(),
+                s.looked_for.to_string(),
+                s.matched.to_string(),
+                s.new.to_string(),
+                r.is_some_and(|r| r.registered).to_string(),
+                opt(r.and_then(|r| r.rotation_deg).map(|v| format!("{v:.2}"))),
+                opt(r.and_then(|r| r.scale).map(|v| format!("{v:.4}"))),
+                opt(s.note.as_ref()),
+            ]
+        })
+        .collect();
+    let images = dir.join("images.csv");
+    write_csv(&images, &IMAGE_SUMMARY_HEADER, summaries)?;
+    Ok(vec![csv, images])
+}

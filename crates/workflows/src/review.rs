@@ -4,8 +4,10 @@
 
 use crate::dedup::DedupGroup;
 use crate::error::Result;
+use crate::images::{FoundBy, ImageDecision, ImageLinks, ObservedImage};
 use crate::link::{Candidate, Decision, LinkRow};
 use crate::register::SourceRegistration;
+use craterdex_detect::GrayImage;
 use craterdex_errors::IoContext;
 use craterdex_index::ImageMeta;
 use maud::{html, Markup, PreEscaped, DOCTYPE};
@@ -219,6 +221,118 @@ pub fn write_dedup_review(
     Ok(craterdex_durable::write_atomic(
         &dir.join("review.html"),
         dedup_review_page(groups, regs, limit).as_bytes(),
+    )?)
+}
+
+const IMAGE_STYLE: &str = "body{font:14px sans-serif;margin:2em}figure{margin:0 0 2em 0}\
+svg{max-width:100%;height:auto;background:#000}.legend span{margin-right:1.5em}";
+
+/// Decisions' colours on the image review page (legible on grey images).
+fn decision_colour(d: ImageDecision) -> &'static str {
+    match d {
+        ImageDecision::Match => "#2ecc40",
+        ImageDecision::New => "#ff851b",
+        ImageDecision::Ambiguous => "#ffdc00",
+        ImageDecision::Unconfirmed => "#aaaaaa",
+    }
+}
+
+/// Longest side of an image as drawn on the review page.
+const REVIEW_IMAGE_SIDE: usize = 1200;
+
+/// `image` shrunk to at most [`REVIEW_IMAGE_SIDE`] a side, as a PNG `data:` URI, and the
+/// factor it was shrunk by.
+fn image_uri(image: &GrayImage) -> Result<(String, f64)> {
+    let (w, h) = (image.width as u32, image.height as u32);
+    let full = image::GrayImage::from_raw(w, h, image.pixels.clone())
+        .ok_or_else(|| crate::Error::Invalid("an image's pixels do not fill it".into()))?;
+    let k = (REVIEW_IMAGE_SIDE as f64 / image.width.max(image.height) as f64).min(1.0);
+    let shown = if k < 1.0 {
+        let side = |n: u32| ((n as f64 * k).round() as u32).max(1);
+        let filter = image::imageops::FilterType::Triangle;
+        image::imageops::resize(&full, side(w), side(h), filter)
+    } else {
+        full
+    };
+    let mut png = std::io::Cursor::new(Vec::new());
+    shown
+        .write_to(&mut png, image::ImageFormat::Png)
+        .map_err(|e| crate::Error::Invalid(format!("cannot draw an image for review: {e}")))?;
+    Ok((craterdex_engine::data_uri_of("image/png", png.get_ref()), k))
+}
+
+/// The review page of `link --image`: each image with every crater looked at drawn as a
+/// circle coloured by its decision (dashed where the registration placed a catalogue crater
+/// the detector had missed), its registration, and what was found.
+pub fn image_review_page(links: &ImageLinks, images: &[ObservedImage]) -> Result<String> {
+    let mut pictures = Vec::with_capacity(images.len());
+    for im in images {
+        pictures.push(image_uri(im.image)?);
+    }
+    let regs = crate::images::image_registrations(links);
+    let decisions = [
+        ImageDecision::Match,
+        ImageDecision::New,
+        ImageDecision::Ambiguous,
+        ImageDecision::Unconfirmed,
+    ];
+    Ok(html! {
+        (DOCTYPE)
+        meta charset="utf-8";
+        title { "craterdex: craters of new images linked to the catalogue" }
+        style { (PreEscaped(IMAGE_STYLE)) }
+        h1 { "Craters of new images, linked to the catalogue" }
+        p class="legend" {
+            @for d in decisions {
+                span style={ "color:" (decision_colour(d)) ";font-weight:bold" } { "\u{25CB} " (d.name()) }
+            }
+            span {
+                "solid: found by the detector; dashed: a catalogue crater looked for where the \
+                 registration places it"
+            }
+        }
+        (registration_section(&regs))
+        @for (im, (uri, k)) in images.iter().zip(&pictures) {
+            @let summary = links.images.iter().find(|s| s.image == im.source);
+            @let (w, h) = ((im.image.width as f64 * k).round(), (im.image.height as f64 * k).round());
+            figure {
+                figcaption {
+                    b { (im.source) } " (" (im.image.width) " x " (im.image.height) " px)"
+                    @if let Some(s) = summary {
+                        ": " (s.detections) " craters detected, " (s.looked_for)
+                        " catalogue craters looked for in place; " (s.matched) " matched, "
+                        (s.new) " new"
+                        @if let Some(n) = &s.note { br; i { (n) } }
+                    }
+                }
+                svg width=(w) height=(h) viewBox={ "0 0 " (w) " " (h) } {
+                    image href=(uri) width=(w) height=(h) {}
+                    @for c in links.craters.iter().filter(|c| c.image == im.source) {
+                        circle cx=(format!("{:.1}", c.x * k)) cy=(format!("{:.1}", c.y * k))
+                            r=(format!("{:.1}", (c.diameter_px * k / 2.0).max(1.5)))
+                            fill="none" stroke=(decision_colour(c.decision)) stroke-width="1.5"
+                            stroke-dasharray=(if c.found_by == FoundBy::Catalogue { "4 3" } else { "none" }) {
+                            title {
+                                (c.link.query.id) ": " (c.decision.name())
+                                @if let Some(b) = &c.link.best {
+                                    ", best " (b.id) (format!(" (confidence {:.3})", c.link.confidence))
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    .into_string())
+}
+
+/// `review.html` of `link --image` in `dir`: [`image_review_page`].
+pub fn write_image_review(dir: &Path, links: &ImageLinks, images: &[ObservedImage]) -> Result<()> {
+    std::fs::create_dir_all(dir).io("create", dir)?;
+    Ok(craterdex_durable::write_atomic(
+        &dir.join("review.html"),
+        image_review_page(links, images)?.as_bytes(),
     )?)
 }
 

@@ -10,6 +10,7 @@ use craterdex_workflows::{calibrate, link};
 use std::path::PathBuf;
 
 #[derive(Args)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["entries"])))]
 pub struct CalibrateCmd {
     /// The index whose rule is calibrated (and where it is stored).
     #[arg(long)]

@@ -7,17 +7,32 @@ use anyhow::Result;
 use clap::Args;
 use craterdex_engine::{Descriptors, Engine, ImageMeta};
 use craterdex_workflows::calibrate::decision_counts;
-use craterdex_workflows::{link, LinkOptions, LinkRule};
+use craterdex_workflows::{link, ImageLinkOptions, LinkOptions, LinkRule, ObservedImage};
 use std::path::PathBuf;
 use std::sync::Arc;
 
 #[derive(Args)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["entries", "images"])))]
 pub struct LinkCmd {
     /// The catalogue index (A).
     #[arg(long)]
     pub index: PathBuf,
     #[command(flatten)]
     pub entries: EntriesOpts,
+    /// Whole new images (PNG, TIFF, JPEG, PNM), each its own source, instead of entries:
+    /// their craters are detected, registered to the catalogue by their pattern, looked for
+    /// where the catalogue's craters should be, and linked.
+    #[arg(long = "image", num_args = 1.., conflicts_with_all = ["entries", "insert_new", "rims"])]
+    pub images: Vec<PathBuf>,
+    /// With --image: crop side over crater diameter (the catalogue's crops).
+    #[arg(long, default_value_t = ImageLinkOptions::default().context)]
+    pub context: f64,
+    /// With --image: link only what the detector found; do not look for the catalogue's
+    /// craters where the registration places them.
+    #[arg(long)]
+    pub detections_only: bool,
+    #[command(flatten)]
+    pub detector: crate::cmd::detect::DetectorOpts,
     /// Where links.csv, the links map layer (links.geojson with its QGIS style links.qml;
     /// links.gpkg when built with GDAL), registrations and review.html go.
     #[arg(long)]
@@ -110,7 +125,11 @@ pub fn encoded_entries(
     anyhow::ensure!(
         !loaded.items.is_empty(),
         "{}: no entries",
-        entries.entries.display()
+        entries
+            .entries
+            .as_deref()
+            .unwrap_or(std::path::Path::new(""))
+            .display()
     );
     let engine = Engine::open(index, None)?.with_extractor(Arc::new(model.load()?))?;
     let encoded = engine.encode_entries(&loaded, &Bars::new())?;
@@ -118,6 +137,9 @@ pub fn encoded_entries(
 }
 
 pub fn run(c: LinkCmd) -> Result<()> {
+    if !c.images.is_empty() {
+        return run_images(c);
+    }
     let rule = c.tuning.rule(&c.index)?;
     let (engine, entries) = encoded_entries(&c.index, &c.entries, &c.model)?;
     let before = engine.index().live();
@@ -183,4 +205,88 @@ pub fn print_registrations(regs: &[Arc<craterdex_workflows::SourceRegistration>]
         };
         println!("source {name}: {}{placed}", r.summary());
     }
+}
+
+/// `link --image`: detect, then link, each image its own source.
+fn run_images(c: LinkCmd) -> Result<()> {
+    let rule = c.tuning.rule(&c.index)?;
+    let engine = Engine::open(&c.index, None)?.with_extractor(Arc::new(c.model.load()?))?;
+    let (config, net) = c.detector.load()?;
+    let found = crate::cmd::detect::detect_images(
+        &c.images,
+        &config,
+        &net,
+        &c.detector.options(),
+        "detect",
+    );
+    let names = craterdex_workflows::output::source_names(&c.images);
+    let mut failed = 0;
+    let mut read = Vec::new();
+    for ((path, name), result) in c.images.iter().zip(names).zip(found) {
+        match result.and_then(|d| Ok((craterdex_detect::GrayImage::open(path)?, d))) {
+            Ok((image, detections)) => read.push((name, image, detections)),
+            Err(e) => {
+                failed += 1;
+                eprintln!("{}: {e:#}", path.display());
+            }
+        }
+    }
+    let observed: Vec<ObservedImage> = read
+        .iter()
+        .map(|(name, image, detections)| ObservedImage {
+            source: name.clone(),
+            image,
+            detections: detections.clone(),
+        })
+        .collect();
+    let o = ImageLinkOptions {
+        context: c.context,
+        look_in_place: !c.detections_only,
+        min_diameter: c.detector.options().min_diameter,
+        ..Default::default()
+    };
+    let links = craterdex_workflows::link_images(
+        &engine,
+        &observed,
+        &rule,
+        &c.tuning.options(false),
+        &o,
+        &Bars::new(),
+    )?;
+    let regs = craterdex_workflows::images::image_registrations(&links);
+    let mut files = craterdex_workflows::output::write_image_links(&c.out, &links)?;
+    craterdex_workflows::output::write_registrations(&c.out, &regs)?;
+    craterdex_workflows::review::write_image_review(&c.out, &links, &observed)?;
+    files.extend(["registrations.csv", "registrations.json", "review.html"].map(|f| c.out.join(f)));
+    if c.json {
+        let summary = serde_json::json!({
+            "images": links.images,
+            "rule": rule.source,
+            "written": files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        for s in &links.images {
+            let reg = s
+                .registration
+                .as_ref()
+                .map_or("not registered".into(), |r| r.summary());
+            println!(
+                "image {}: {} craters detected, {} catalogue craters looked for in place; {} matched, {} new; {reg}{}",
+                s.image,
+                s.detections,
+                s.looked_for,
+                s.matched,
+                s.new,
+                s.note.as_ref().map(|n| format!(" ({n})")).unwrap_or_default()
+            );
+        }
+        println!("wrote {}", crate::output::names_in(&c.out, &files));
+    }
+    anyhow::ensure!(
+        failed == 0,
+        "{failed} of {} images could not be read or searched",
+        c.images.len()
+    );
+    Ok(())
 }

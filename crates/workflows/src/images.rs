@@ -1,0 +1,710 @@
+//! Detect, then link: whole new images, with the craters a detector found in them, against
+//! the catalogue.
+//!
+//! Each image is its own source. Its detections are registered to the catalogue by crater
+//! pattern ([`crate::register`]) in the image's own pixel frame, turned and scaled any way.
+//! Where an image registers, every catalogue crater the transform places inside it is also
+//! looked for where it should be: a crop at its projected position and size, so that what
+//! the detector missed is still found (recall is not bounded by the detector). Every crop,
+//! of a detection or of a projected crater, is cut turned to the catalogue's orientation and
+//! linked by [`link_partition`] with the registration as geometric evidence. New craters
+//! come only from detections that match nothing; a projected crater that does not look like
+//! its catalogue entry is reported `unconfirmed`, never `new`.
+
+use crate::error::{Error, Result};
+use crate::link::{crop_turn_deg, link_partition, Decision, LinkOptions, LinkRow};
+use crate::register::{Frames, RegisterOptions, SourceRegistration};
+use crate::rule::LinkRule;
+use craterdex_detect::{Detection, GrayImage};
+use craterdex_engine::{Engine, Progress};
+use craterdex_errors::ensure;
+use craterdex_index::ImageMeta;
+use serde::Serialize;
+use std::collections::HashSet;
+use std::sync::Arc;
+
+/// One new image and the craters a detector found in it.
+pub struct ObservedImage<'a> {
+    /// The image's name among the sources (unique among the images linked together).
+    pub source: String,
+    pub image: &'a GrayImage,
+    pub detections: Vec<Detection>,
+}
+
+/// How whole images are linked; `Default` is what the command line uses.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ImageLinkOptions {
+    /// Crop side over crater diameter (the catalogue's crops: 2).
+    pub context: f64,
+    /// Look for every catalogue crater the registration places inside a registered image.
+    pub look_in_place: bool,
+    /// Projected craters smaller than this (pixels of the image) are not looked for.
+    pub min_diameter: f64,
+    /// A detection within this many radii of a projected crater (and of a diameter the rule
+    /// allows) is that crater already: it is not looked for a second time.
+    pub covered_radii: f64,
+    /// Largest crop side cut, in pixels (larger craters are sampled more coarsely).
+    pub max_crop_side: u32,
+}
+
+impl Default for ImageLinkOptions {
+    fn default() -> Self {
+        ImageLinkOptions {
+            context: 2.0,
+            look_in_place: true,
+            min_diameter: 8.0,
+            covered_radii: 0.5,
+            max_crop_side: 512,
+        }
+    }
+}
+
+/// How a crater of a new image came to be looked at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FoundBy {
+    /// The detector found it.
+    Detector,
+    /// The registration placed a catalogue crater here.
+    Catalogue,
+}
+
+impl FoundBy {
+    pub fn name(self) -> &'static str {
+        match self {
+            FoundBy::Detector => "detector",
+            FoundBy::Catalogue => "catalogue",
+        }
+    }
+}
+
+/// What was decided for one crater of a new image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ImageDecision {
+    /// The catalogue crater it is.
+    Match,
+    /// A detected crater the catalogue lacks.
+    New,
+    /// Possibly a catalogue crater; for a person to decide.
+    Ambiguous,
+    /// A catalogue crater placed here by the registration that does not look like its entry
+    /// (hidden, under other light, or the registration is off here).
+    Unconfirmed,
+}
+
+impl ImageDecision {
+    pub fn name(self) -> &'static str {
+        match self {
+            ImageDecision::Match => "match",
+            ImageDecision::New => "new",
+            ImageDecision::Ambiguous => "ambiguous",
+            ImageDecision::Unconfirmed => "unconfirmed",
+        }
+    }
+
+    fn of(found_by: FoundBy, decision: Decision) -> Self {
+        match (found_by, decision) {
+            (_, Decision::Match) => ImageDecision::Match,
+            (FoundBy::Detector, Decision::New) => ImageDecision::New,
+            (FoundBy::Detector, Decision::Ambiguous) => ImageDecision::Ambiguous,
+            (FoundBy::Catalogue, _) => ImageDecision::Unconfirmed,
+        }
+    }
+}
+
+/// One crater of a new image: where it is in that image and what it was linked to.
+#[derive(Clone, Debug)]
+pub struct ImageCrater {
+    pub image: String,
+    /// Centre and diameter in the image's own pixels.
+    pub x: f64,
+    pub y: f64,
+    pub diameter_px: f64,
+    /// The detector's likelihood (craters found by the detector).
+    pub detector_score: Option<f32>,
+    pub found_by: FoundBy,
+    pub decision: ImageDecision,
+    /// The link decision, its evidence and candidates (its query's position is in the
+    /// image's frame where the image did not register, else as given: the image's).
+    pub link: LinkRow,
+}
+
+/// What happened to one new image.
+#[derive(Clone, Debug, Serialize)]
+pub struct ImageSummary {
+    pub image: String,
+    pub width: usize,
+    pub height: usize,
+    pub detections: usize,
+    /// Catalogue craters looked for at their projected positions.
+    pub looked_for: usize,
+    pub matched: usize,
+    pub new: usize,
+    pub registration: Option<SourceRegistration>,
+    /// Why the image's results are weaker than they could be (no craters found, not
+    /// registered: compared by appearance alone).
+    pub note: Option<String>,
+}
+
+/// Every image's craters and summary, in the images' order.
+pub struct ImageLinks {
+    pub craters: Vec<ImageCrater>,
+    pub images: Vec<ImageSummary>,
+}
+
+/// The crop of side `side` (image pixels) centred on `(x, y)`, turned by `angle` radians as
+/// [`craterdex_model::preprocess::turn`] turns a crop about its centre (image axes, x right
+/// and y down), sampled bilinearly from the whole image (reflected at its borders) at no more
+/// than `max_side` pixels a side.
+pub fn cut_turned(
+    image: &GrayImage,
+    (x, y): (f64, f64),
+    side: f64,
+    angle: f64,
+    max_side: u32,
+) -> image::GrayImage {
+    let n = (side.round() as u32).clamp(8, max_side.max(8));
+    let step = side / n as f64;
+    let (sin, cos) = (-angle).sin_cos();
+    let (w, h) = (image.width, image.height);
+    let reflect = |v: f64, len: usize| -> f64 {
+        let max = len.saturating_sub(1) as f64;
+        if max <= 0.0 {
+            return 0.0;
+        }
+        let m = v.rem_euclid(2.0 * max);
+        if m > max {
+            2.0 * max - m
+        } else {
+            m
+        }
+    };
+    let at = |px: usize, py: usize| image.pixels[py * w + px] as f64;
+    image::GrayImage::from_fn(n, n, |i, j| {
+        // pixel centres symmetric about the crater's centre
+        let dx = (i as f64 + 0.5) * step - side / 2.0;
+        let dy = (j as f64 + 0.5) * step - side / 2.0;
+        let sx = reflect(x + cos * dx - sin * dy, w);
+        let sy = reflect(y + sin * dx + cos * dy, h);
+        let (x0, y0) = (sx.floor() as usize, sy.floor() as usize);
+        let (x1, y1) = ((x0 + 1).min(w - 1), (y0 + 1).min(h - 1));
+        let (fx, fy) = (sx - x0 as f64, sy - y0 as f64);
+        let top = at(x0, y0) * (1.0 - fx) + at(x1, y0) * fx;
+        let bottom = at(x0, y1) * (1.0 - fx) + at(x1, y1) * fx;
+        image::Luma([(top * (1.0 - fy) + bottom * fy).round().clamp(0.0, 255.0) as u8])
+    })
+}
+
+/// A crater to look at in one image, before it is linked.
+struct Probe {
+    image: usize,
+    /// Centre and diameter in the image.
+    at: (f64, f64, f64),
+    meta: ImageMeta,
+    detector_score: Option<f32>,
+    found_by: FoundBy,
+    /// The catalogue's row a projected crater is of.
+    catalogue_row: Option<usize>,
+}
+
+fn detection_meta(source: &str, n: usize, d: &Detection) -> ImageMeta {
+    ImageMeta {
+        id: crate::output::detection_id(source, n),
+        source: Some(source.to_string()),
+        x: Some(d.x),
+        y: Some(d.y),
+        diameter_px: Some(d.diameter),
+        ..Default::default()
+    }
+}
+
+/// The catalogue craters `reg` places inside an image of `width` x `height` (their whole
+/// rim inside) and at least `o.min_diameter` across there, one per catalogue crater: as
+/// (catalogue row, its entry, x, y, diameter in the image, whether one of `detections` is
+/// that crater already).
+fn projected(
+    engine: &Engine,
+    reg: &SourceRegistration,
+    (width, height): (usize, usize),
+    detections: &[Detection],
+    rule: &LinkRule,
+    o: &ImageLinkOptions,
+) -> Vec<(usize, ImageMeta, f64, f64, f64, bool)> {
+    let Some(t) = reg.transform.filter(|_| reg.registered) else {
+        return Vec::new();
+    };
+    let (back, scale) = (t.inverse(), t.scale());
+    let index = engine.index();
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for row in index.live_rows() {
+        let m = index.meta(row);
+        if m.source == reg.source {
+            continue;
+        }
+        let (Some(cx), Some(cy), Some(cd)) = (m.x, m.y, m.diameter_px) else {
+            continue;
+        };
+        let (x, y) = back.apply(cx, cy);
+        let d = cd / scale;
+        let r = d / 2.0;
+        let inside = x - r >= 0.0
+            && y - r >= 0.0
+            && x + r <= (width - 1) as f64
+            && y + r <= (height - 1) as f64;
+        if !inside || !d.is_finite() || d < o.min_diameter {
+            continue;
+        }
+        let covered = detections.iter().any(|e| {
+            let larger = e.diameter.max(d);
+            (e.x - x).hypot(e.y - y) <= o.covered_radii * larger / 2.0
+                && larger / e.diameter.min(d) <= rule.max_diameter_ratio
+        });
+        let crater = m.crater_id.clone().unwrap_or_else(|| m.id.clone());
+        if seen.insert(crater) {
+            out.push((row, m.clone(), x, y, d, covered));
+        }
+    }
+    out
+}
+
+/// Of a catalogue's craters in pixels, the diameter this share are smaller than: below it the
+/// catalogue holds few craters, and detections smaller than it (scaled) only dilute the
+/// pattern registration compares.
+const CATALOGUE_FLOOR_SHARE: f64 = 0.05;
+
+/// Detections as small as this many times the catalogue's floor diameter are registered;
+/// tried in order (the image's scale against the catalogue is not known yet), with all
+/// detections last.
+const REGISTER_FLOORS: [f64; 4] = [1.0, 0.7, 1.5, 0.0];
+
+/// Inlier tolerances (radii) tried at each floor: a detector places centres well, and the
+/// tighter tolerance expects four times fewer chance inliers where the catalogue is dense.
+const REGISTER_TOLERANCES: [f64; 2] = [1.0, 0.5];
+
+/// Each image registered to the catalogue by the pattern of its detections. A detector finds
+/// many more small craters than a catalogue lists (a catalogue stops at some diameter), and
+/// those crowd the pattern with neighbours the catalogue does not have; so the detections
+/// registered are those at least about as large as the catalogue's smallest, at a few floors
+/// and tolerances. Of the registrations accepted, the one least likely to arise by chance is
+/// kept (each is accepted at a false-alarm bound of 1e-6; the eight tries together at 8e-6).
+fn register_images(engine: &Engine, images: &[ObservedImage], rule: &LinkRule) -> Frames {
+    let index = engine.index();
+    let sources: HashSet<&str> = images.iter().map(|im| im.source.as_str()).collect();
+    let mut sizes: Vec<f64> = index
+        .live_rows()
+        .map(|r| index.meta(r))
+        .filter(|m| !m.source.as_deref().is_some_and(|s| sources.contains(s)))
+        .filter_map(|m| m.diameter_px.filter(|d| d.is_finite() && *d > 0.0))
+        .collect();
+    sizes.sort_by(f64::total_cmp);
+    let floor = sizes
+        .get((sizes.len() as f64 * CATALOGUE_FLOOR_SHARE) as usize)
+        .copied()
+        .unwrap_or(0.0);
+    let mut frames = Frames::none();
+    for im in images {
+        let metas: Vec<ImageMeta> = im
+            .detections
+            .iter()
+            .enumerate()
+            .map(|(n, d)| detection_meta(&im.source, n, d))
+            .collect();
+        // the registered attempt least likely by chance; else the last (its reason)
+        let mut best: Option<(f64, Frames)> = None;
+        let mut tried = HashSet::new();
+        for k in REGISTER_FLOORS {
+            let subset: Vec<ImageMeta> = metas
+                .iter()
+                .filter(|m| m.diameter_px.unwrap_or(0.0) >= k * floor)
+                .cloned()
+                .collect();
+            if subset.is_empty() || !tried.insert(subset.len()) {
+                continue;
+            }
+            for tolerance in REGISTER_TOLERANCES {
+                let o = RegisterOptions {
+                    tolerance_radii: tolerance,
+                    ..Default::default()
+                };
+                let attempt = Frames::of_entries(index, &subset, &o, rule.body_radius_km);
+                let chance = attempt
+                    .registrations()
+                    .first()
+                    .filter(|r| r.registered)
+                    .map_or(f64::INFINITY, |r| r.false_alarm.unwrap_or(1.0));
+                if best
+                    .as_ref()
+                    .is_none_or(|(c, _)| chance < *c || c.is_infinite())
+                {
+                    best = Some((chance, attempt));
+                }
+            }
+        }
+        if let Some((_, f)) = best {
+            frames.extend(f);
+        }
+    }
+    frames
+}
+
+/// Hits looked at besides the catalogue craters placed inside the image, when deciding
+/// whether a crater looked for in place is there.
+const IN_PLACE_RIVALS: usize = 20;
+
+/// The decision for a catalogue crater looked for where the registration places it. Its
+/// position is where it is because the registration put it there, so geometry is no evidence
+/// of it; and appearance scores alone are on no fixed scale between observations (another
+/// resampling, light and blur lower every score alike). So the crop must look more like its
+/// own catalogue entry than like any other crater that could be there (the catalogue craters
+/// placed inside the image, `inside`) and than any of its [`IN_PLACE_RIVALS`] best hits in
+/// the whole catalogue: `match`, else `new` (reported `unconfirmed`). Its confidence is the
+/// rule's appearance confidence of its own entry's score.
+#[allow(clippy::too_many_arguments)]
+fn in_place(
+    engine: &Engine,
+    rule: &LinkRule,
+    opts: &LinkOptions,
+    frames: &Frames,
+    probe: &Probe,
+    row: usize,
+    inside: &[usize],
+    desc: &craterdex_tokens::Descriptors,
+) -> LinkRow {
+    let index = engine.index();
+    let scores = index.late_interaction(&desc.tokens, inside);
+    let local = inside
+        .iter()
+        .zip(scores)
+        .map(|(&row, score)| craterdex_index::Hit {
+            row,
+            score,
+            stage1: None,
+            stage2: Some(score),
+        });
+    let params = craterdex_index::SearchParams {
+        top_k: IN_PLACE_RIVALS,
+        ..crate::link::params(opts)
+    };
+    let far = engine
+        .search_descriptors(std::slice::from_ref(desc), &params)
+        .pop()
+        .unwrap_or_default();
+    let mut hits = engine.describe(&local.collect::<Vec<_>>());
+    hits.extend(far);
+    let own = index.meta(row);
+    let crater = |m: &ImageMeta| m.crater_id.clone().unwrap_or_else(|| m.id.clone());
+    let candidate = |h: &craterdex_engine::SearchHit, placed: bool| crate::link::Candidate {
+        id: h.id.clone(),
+        crater_id: h.crater_id.clone(),
+        score: h.score,
+        offset_radii: placed.then_some(0.0),
+        diameter_ratio: placed.then_some(1.0),
+        registered: placed,
+        confidence: rule.confidence(h.score, None),
+        meta: h.meta.clone(),
+    };
+    let mine = hits
+        .iter()
+        .find(|h| h.row == row)
+        .map(|h| candidate(h, true));
+    let rival = hits
+        .iter()
+        .filter(|h| crater(&h.meta) != crater(own))
+        .max_by(|a, b| a.score.total_cmp(&b.score))
+        .map(|h| candidate(h, false));
+    let best = mine.unwrap_or_else(|| {
+        let score = index.late_interaction(&desc.tokens, &[row])[0];
+        let hit = craterdex_index::Hit {
+            row,
+            score,
+            stage1: None,
+            stage2: Some(score),
+        };
+        candidate(&engine.describe(&[hit])[0], true)
+    });
+    let decision = if rival.as_ref().is_none_or(|r| best.score > r.score) {
+        Decision::Match
+    } else {
+        Decision::New
+    };
+    LinkRow {
+        query: probe.meta.clone(),
+        decision,
+        confidence: best.confidence,
+        best: Some(best.clone()),
+        second: rival.clone(),
+        inserted: false,
+        candidates: [Some(best), rival].into_iter().flatten().collect(),
+        registration: frames.place(&probe.meta).registration.cloned(),
+    }
+}
+
+/// Links the craters of whole new images to `engine`'s catalogue (see the module's comment).
+/// Nothing is inserted: `opts.insert_new` is refused. Images that do not register are
+/// linked by appearance alone (their pixel positions say nothing of the catalogue's frame),
+/// and say so in their summary.
+pub fn link_images(
+    engine: &Engine,
+    images: &[ObservedImage],
+    rule: &LinkRule,
+    opts: &LinkOptions,
+    o: &ImageLinkOptions,
+    progress: &dyn Progress,
+) -> Result<ImageLinks> {
+    ensure!(
+        !opts.insert_new,
+        Error::Invalid(
+            "craters of whole images are linked without inserting: insert what they find \
+             as new from links.csv's crops with `link --entries --insert-new`"
+                .to_string()
+        )
+    );
+    ensure!(
+        o.context.is_finite() && o.context > 0.0,
+        Error::Invalid(format!("crop context {} is not positive", o.context))
+    );
+    let mut names = HashSet::new();
+    for im in images {
+        ensure!(
+            names.insert(im.source.as_str()),
+            Error::Invalid(format!("two images are named {}", im.source))
+        );
+    }
+    let frames = if opts.register {
+        register_images(engine, images, rule)
+    } else {
+        Frames::none()
+    };
+    let registration_of = |source: &str| {
+        frames
+            .registrations()
+            .into_iter()
+            .find(|r| r.source.as_deref() == Some(source))
+    };
+    let mut probes = Vec::new();
+    let mut turns = Vec::new();
+    // per image, the catalogue rows placed inside it: what a crater looked for in place
+    // must look more like than like its own entry
+    let mut inside: Vec<Vec<usize>> = Vec::new();
+    for (i, im) in images.iter().enumerate() {
+        let reg = registration_of(&im.source);
+        let registered = reg.as_ref().is_some_and(|r| r.registered);
+        for (n, d) in im.detections.iter().enumerate() {
+            let mut meta = detection_meta(&im.source, n, d);
+            if !registered {
+                // an image's own pixel frame says nothing of where it lies in the catalogue's
+                (meta.x, meta.y, meta.diameter_px) = (None, None, None);
+            }
+            probes.push(Probe {
+                image: i,
+                at: (d.x, d.y, d.diameter),
+                meta,
+                detector_score: Some(d.score),
+                found_by: FoundBy::Detector,
+                catalogue_row: None,
+            });
+        }
+        if let Some(reg) = reg.as_ref().filter(|_| o.look_in_place) {
+            let size = (im.image.width, im.image.height);
+            let placed = projected(engine, reg, size, &im.detections, rule, o);
+            inside.push(placed.iter().map(|p| p.0).collect());
+            for (row, m, x, y, d, _) in placed.into_iter().filter(|p| !p.5) {
+                probes.push(Probe {
+                    image: i,
+                    at: (x, y, d),
+                    meta: ImageMeta {
+                        id: format!("{}@{}", im.source, m.id),
+                        source: Some(im.source.clone()),
+                        x: Some(x),
+                        y: Some(y),
+                        diameter_px: Some(d),
+                        ..Default::default()
+                    },
+                    detector_score: None,
+                    found_by: FoundBy::Catalogue,
+                    catalogue_row: Some(row),
+                });
+            }
+        }
+        if inside.len() == i {
+            inside.push(Vec::new());
+        }
+        turns.push(reg.as_deref().and_then(crop_turn_deg).unwrap_or(0.0));
+    }
+    let crops: Vec<image::DynamicImage> = probes
+        .iter()
+        .map(|p| {
+            let (x, y, d) = p.at;
+            let im = images[p.image].image;
+            let angle = turns[p.image].to_radians();
+            let side = o.context * d;
+            image::DynamicImage::ImageLuma8(cut_turned(im, (x, y), side, angle, o.max_crop_side))
+        })
+        .collect();
+    let ids: Vec<String> = probes.iter().map(|p| p.meta.id.clone()).collect();
+    let descs = engine.encode_decoded(&ids, &crops, progress)?;
+    drop(crops);
+    let mut detected = Vec::new();
+    let mut rows: Vec<Option<LinkRow>> = Vec::with_capacity(probes.len());
+    for (p, desc) in probes.iter().zip(descs) {
+        match p.catalogue_row {
+            Some(row) => {
+                let local = &inside[p.image];
+                rows.push(Some(in_place(
+                    engine, rule, opts, &frames, p, row, local, &desc,
+                )));
+            }
+            None => {
+                rows.push(None);
+                detected.push((p.meta.clone(), desc));
+            }
+        }
+    }
+    let mut linked = link_partition(engine, &detected, rule, opts, &frames, progress)?.into_iter();
+    let rows: Vec<LinkRow> = rows
+        .into_iter()
+        .map(|r| r.or_else(|| linked.next()))
+        .collect::<Option<_>>()
+        .ok_or_else(|| Error::Invalid("a detection was not linked".into()))?;
+    let mut summaries: Vec<ImageSummary> = images
+        .iter()
+        .map(|im| {
+            let reg = registration_of(&im.source);
+            let note = if im.detections.is_empty() {
+                Some("no craters found".to_string())
+            } else {
+                match &reg {
+                    Some(r) if r.registered => None,
+                    Some(r) => Some(format!(
+                        "not registered ({}): compared by appearance alone",
+                        r.reason.as_deref().unwrap_or("no reason given")
+                    )),
+                    None if !opts.register => {
+                        Some("not registered (asked not to): compared by appearance alone".into())
+                    }
+                    None => Some("not registered: compared by appearance alone".into()),
+                }
+            };
+            ImageSummary {
+                image: im.source.clone(),
+                width: im.image.width,
+                height: im.image.height,
+                detections: im.detections.len(),
+                looked_for: 0,
+                matched: 0,
+                new: 0,
+                registration: reg.map(|r| (*r).clone()),
+                note,
+            }
+        })
+        .collect();
+    let craters: Vec<ImageCrater> = probes
+        .into_iter()
+        .zip(rows)
+        .map(|(p, link)| {
+            let (x, y, d) = p.at;
+            let decision = ImageDecision::of(p.found_by, link.decision);
+            let s = &mut summaries[p.image];
+            s.looked_for += usize::from(p.found_by == FoundBy::Catalogue);
+            s.matched += usize::from(decision == ImageDecision::Match);
+            s.new += usize::from(decision == ImageDecision::New);
+            ImageCrater {
+                image: images[p.image].source.clone(),
+                x,
+                y,
+                diameter_px: d,
+                detector_score: p.detector_score,
+                found_by: p.found_by,
+                decision,
+                link,
+            }
+        })
+        .collect();
+    Ok(ImageLinks {
+        craters,
+        images: summaries,
+    })
+}
+
+/// The registrations of `links`' images, for [`crate::output::write_registrations`].
+pub fn image_registrations(links: &ImageLinks) -> Vec<Arc<SourceRegistration>> {
+    links
+        .images
+        .iter()
+        .filter_map(|s| s.registration.clone().map(Arc::new))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ramp(w: usize, h: usize) -> GrayImage {
+        GrayImage {
+            width: w,
+            height: h,
+            pixels: (0..w * h).map(|i| ((i % w) * 2 + (i / w)) as u8).collect(),
+        }
+    }
+
+    #[test]
+    fn an_unturned_cut_is_the_image_itself() {
+        let im = ramp(64, 64);
+        let c = cut_turned(&im, (32.0, 32.0), 20.0, 0.0, 512);
+        assert_eq!(c.dimensions(), (20, 20));
+        // pixel (i, j) of the cut is centred at image (22.5 + i, 22.5 + j), symmetric about
+        // the centre: on a linear ramp, the mean of the four image pixels around it
+        for (i, j) in [(0, 0), (5, 17), (19, 19)] {
+            let want = 2.0 * (22.5 + i as f64) + 22.5 + j as f64;
+            assert_eq!(c.get_pixel(i, j)[0], want.round() as u8, "{i},{j}");
+        }
+    }
+
+    #[test]
+    fn a_cut_turns_as_a_crop_turns() {
+        // a bright blob right of the centre; turned by a quarter, it is seen below or above
+        let mut im = GrayImage {
+            width: 80,
+            height: 80,
+            pixels: vec![0; 6400],
+        };
+        for y in 36..44 {
+            for x in 54..62 {
+                im.pixels[y * 80 + x] = 255;
+            }
+        }
+        let c = cut_turned(&im, (39.5, 39.5), 48.0, std::f64::consts::FRAC_PI_2, 512);
+        let crop = image::DynamicImage::ImageLuma8(
+            image::imageops::crop_imm(
+                &image::GrayImage::from_raw(80, 80, im.pixels.clone()).unwrap(),
+                16,
+                16,
+                48,
+                48,
+            )
+            .to_image(),
+        );
+        let turned =
+            craterdex_model::preprocess::turn(&crop.to_rgb32f(), std::f32::consts::FRAC_PI_2);
+        let mut agree = 0;
+        for j in 0..48 {
+            for i in 0..48 {
+                let a = c.get_pixel(i, j)[0] > 127;
+                let b = turned.get_pixel(i, j)[0] > 0.5;
+                agree += usize::from(a == b);
+            }
+        }
+        assert!(agree >= 48 * 48 - 48, "{agree} of {} pixels agree", 48 * 48);
+        // and the blob did move off the row it was on
+        assert!(c.get_pixel(43, 24)[0] < 50);
+    }
+
+    #[test]
+    fn a_large_crater_is_cut_coarser() {
+        let im = ramp(64, 64);
+        let c = cut_turned(&im, (32.0, 32.0), 2000.0, 0.3, 256);
+        assert_eq!(c.dimensions(), (256, 256));
+    }
+}
