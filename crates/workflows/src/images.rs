@@ -61,6 +61,7 @@ impl Default for ImageLinkOptions {
 
 /// How a crater of a new image came to be looked at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum FoundBy {
     /// The detector found it.
@@ -80,6 +81,7 @@ impl FoundBy {
 
 /// What was decided for one crater of a new image.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum ImageDecision {
     /// The catalogue crater it is.
@@ -132,6 +134,7 @@ pub struct ImageCrater {
 
 /// What happened to one new image.
 #[derive(Clone, Debug, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ImageSummary {
     pub image: String,
     pub width: usize,
@@ -353,92 +356,128 @@ fn register_images(engine: &Engine, images: &[ObservedImage], rule: &LinkRule) -
 /// whether a crater looked for in place is there.
 const IN_PLACE_RIVALS: usize = 20;
 
-/// The decision for a catalogue crater looked for where the registration places it. Its
-/// position is where it is because the registration put it there, so geometry is no evidence
-/// of it; and appearance scores alone are on no fixed scale between observations (another
-/// resampling, light and blur lower every score alike). So the crop must look more like its
-/// own catalogue entry than like any other crater that could be there (the catalogue craters
-/// placed inside the image, `inside`) and than any of its [`IN_PLACE_RIVALS`] best hits in
-/// the whole catalogue: `match`, else `new` (reported `unconfirmed`). Its confidence is the
-/// rule's appearance confidence of its own entry's score.
-#[allow(clippy::too_many_arguments)]
-fn in_place(
+/// A catalogue crater's hubness in one image: the mean of its this many best scores against
+/// the image's craters looked for in place (the k of cross-domain similarity local scaling,
+/// Conneau et al. 2018, at its published default).
+const HUB_NEIGHBOURS: usize = 10;
+
+/// The decisions for the catalogue craters looked for in place in one image (`probes`, with
+/// their descriptors), each where the registration places it. Its position is the
+/// registration's, so geometry is no evidence of it; and raw appearance scores are on no
+/// fixed scale between observations (another resampling, light and blur lower every score
+/// alike). So a crop must look more like its own catalogue entry than like any other crater
+/// that could be there (the catalogue craters placed inside the image, `inside`) and any of
+/// its [`IN_PLACE_RIVALS`] best hits in the whole catalogue: `match`, else `new` (reported
+/// `unconfirmed`). Scores are compared after cross-domain similarity local scaling (CSLS:
+/// `2 s(q, c) - r(c)`, `r(c)` the mean of catalogue crater `c`'s [`HUB_NEIGHBOURS`] best
+/// scores against this image's crops): a featureless catalogue crop that every blurred crop
+/// resembles (a hub) would otherwise outscore each crater's own entry. The confidence
+/// reported is the rule's appearance confidence of the own entry's raw score.
+fn in_place_rows(
     engine: &Engine,
     rule: &LinkRule,
     opts: &LinkOptions,
     frames: &Frames,
-    probe: &Probe,
-    row: usize,
+    probes: &[(&Probe, usize, &craterdex_tokens::Descriptors)],
     inside: &[usize],
-    desc: &craterdex_tokens::Descriptors,
-) -> LinkRow {
+) -> Vec<LinkRow> {
+    if probes.is_empty() {
+        return Vec::new();
+    }
     let index = engine.index();
-    let scores = index.late_interaction(&desc.tokens, inside);
-    let local = inside
-        .iter()
-        .zip(scores)
-        .map(|(&row, score)| craterdex_index::Hit {
-            row,
-            score,
-            stage1: None,
-            stage2: Some(score),
-        });
     let params = craterdex_index::SearchParams {
         top_k: IN_PLACE_RIVALS,
         ..crate::link::params(opts)
     };
-    let far = engine
-        .search_descriptors(std::slice::from_ref(desc), &params)
-        .pop()
-        .unwrap_or_default();
-    let mut hits = engine.describe(&local.collect::<Vec<_>>());
-    hits.extend(far);
-    let own = index.meta(row);
+    let descs: Vec<craterdex_tokens::Descriptors> = probes.iter().map(|p| (*p.2).clone()).collect();
+    let far = engine.search_descriptors(&descs, &params);
+    let mut rivals: Vec<usize> = inside.to_vec();
+    rivals.extend(probes.iter().map(|p| p.1));
+    rivals.extend(far.iter().flatten().map(|h| h.row));
+    rivals.sort_unstable();
+    rivals.dedup();
+    let scores: Vec<Vec<f32>> = descs
+        .iter()
+        .map(|d| index.late_interaction(&d.tokens, &rivals))
+        .collect();
+    let hubness = hubness(&scores, HUB_NEIGHBOURS);
     let crater = |m: &ImageMeta| m.crater_id.clone().unwrap_or_else(|| m.id.clone());
-    let candidate = |h: &craterdex_engine::SearchHit, placed: bool| crate::link::Candidate {
-        id: h.id.clone(),
-        crater_id: h.crater_id.clone(),
-        score: h.score,
-        offset_radii: placed.then_some(0.0),
-        diameter_ratio: placed.then_some(1.0),
-        registered: placed,
-        confidence: rule.confidence(h.score, None),
-        meta: h.meta.clone(),
-    };
-    let mine = hits
-        .iter()
-        .find(|h| h.row == row)
-        .map(|h| candidate(h, true));
-    let rival = hits
-        .iter()
-        .filter(|h| crater(&h.meta) != crater(own))
-        .max_by(|a, b| a.score.total_cmp(&b.score))
-        .map(|h| candidate(h, false));
-    let best = mine.unwrap_or_else(|| {
-        let score = index.late_interaction(&desc.tokens, &[row])[0];
+    let candidate = |row: usize, score: f32, placed: bool| {
         let hit = craterdex_index::Hit {
             row,
             score,
             stage1: None,
             stage2: Some(score),
         };
-        candidate(&engine.describe(&[hit])[0], true)
-    });
-    let decision = if rival.as_ref().is_none_or(|r| best.score > r.score) {
-        Decision::Match
-    } else {
-        Decision::New
+        let h = engine.describe(&[hit]).remove(0);
+        crate::link::Candidate {
+            id: h.id,
+            crater_id: h.crater_id,
+            score,
+            offset_radii: placed.then_some(0.0),
+            diameter_ratio: placed.then_some(1.0),
+            registered: placed,
+            confidence: rule.confidence(score, None),
+            meta: h.meta,
+        }
     };
-    LinkRow {
-        query: probe.meta.clone(),
-        decision,
-        confidence: best.confidence,
-        best: Some(best.clone()),
-        second: rival.clone(),
-        inserted: false,
-        candidates: [Some(best), rival].into_iter().flatten().collect(),
-        registration: frames.place(&probe.meta).registration.cloned(),
-    }
+    probes
+        .iter()
+        .zip(&scores)
+        .zip(&far)
+        .map(|(((probe, own_row, _), s), far)| {
+            let own = crater(index.meta(*own_row));
+            let considered: HashSet<usize> = inside
+                .iter()
+                .copied()
+                .chain(far.iter().map(|h| h.row))
+                .collect();
+            let scaled = |c: usize| csls(s[c], hubness[c]);
+            let at = |row: usize| rivals.binary_search(&row).unwrap_or_default();
+            let mine = at(*own_row);
+            let rival = (0..rivals.len())
+                .filter(|&c| considered.contains(&rivals[c]))
+                .filter(|&c| crater(index.meta(rivals[c])) != own)
+                .max_by(|&a, &b| scaled(a).total_cmp(&scaled(b)));
+            let best = candidate(*own_row, s[mine], true);
+            let decision = if rival.is_none_or(|r| scaled(mine) > scaled(r)) {
+                Decision::Match
+            } else {
+                Decision::New
+            };
+            let second = rival.map(|r| candidate(rivals[r], s[r], false));
+            LinkRow {
+                query: probe.meta.clone(),
+                decision,
+                confidence: best.confidence,
+                best: Some(best.clone()),
+                second: second.clone(),
+                inserted: false,
+                candidates: [Some(best), second].into_iter().flatten().collect(),
+                registration: frames.place(&probe.meta).registration.cloned(),
+            }
+        })
+        .collect()
+}
+
+/// Each column's hubness in a matrix of scores (rows: crops of one image; columns: catalogue
+/// craters): the mean of its `k` best scores (all of them when fewer).
+fn hubness(scores: &[Vec<f32>], k: usize) -> Vec<f32> {
+    let columns = scores.first().map_or(0, Vec::len);
+    let k = k.min(scores.len()).max(1);
+    (0..columns)
+        .map(|c| {
+            let mut column: Vec<f32> = scores.iter().map(|s| s[c]).collect();
+            column.sort_by(|a, b| b.total_cmp(a));
+            column.iter().take(k).sum::<f32>() / k as f32
+        })
+        .collect()
+}
+
+/// A score scaled by cross-domain similarity local scaling: `2 s - r`, `r` the candidate's
+/// hubness (the crop's own term is the same for all its candidates, so it is left out).
+fn csls(score: f32, hubness: f32) -> f32 {
+    2.0 * score - hubness
 }
 
 /// Links the craters of whole new images to `engine`'s catalogue (see the module's comment).
@@ -547,27 +586,29 @@ pub fn link_images(
     let descs = engine.encode_decoded(&ids, &crops, progress)?;
     drop(crops);
     let mut detected = Vec::new();
-    let mut rows: Vec<Option<LinkRow>> = Vec::with_capacity(probes.len());
-    for (p, desc) in probes.iter().zip(descs) {
+    let mut looked: Vec<Vec<(&Probe, usize, &craterdex_tokens::Descriptors)>> =
+        vec![Vec::new(); images.len()];
+    for (p, desc) in probes.iter().zip(&descs) {
         match p.catalogue_row {
-            Some(row) => {
-                let local = &inside[p.image];
-                rows.push(Some(in_place(
-                    engine, rule, opts, &frames, p, row, local, &desc,
-                )));
-            }
-            None => {
-                rows.push(None);
-                detected.push((p.meta.clone(), desc));
-            }
+            Some(row) => looked[p.image].push((p, row, desc)),
+            None => detected.push((p.meta.clone(), desc.clone())),
         }
     }
+    let mut in_place: std::collections::HashMap<String, LinkRow> = looked
+        .iter()
+        .zip(&inside)
+        .flat_map(|(probes, inside)| in_place_rows(engine, rule, opts, &frames, probes, inside))
+        .map(|r| (r.query.id.clone(), r))
+        .collect();
     let mut linked = link_partition(engine, &detected, rule, opts, &frames, progress)?.into_iter();
-    let rows: Vec<LinkRow> = rows
-        .into_iter()
-        .map(|r| r.or_else(|| linked.next()))
+    let rows: Vec<LinkRow> = probes
+        .iter()
+        .map(|p| match p.catalogue_row {
+            Some(_) => in_place.remove(&p.meta.id),
+            None => linked.next(),
+        })
         .collect::<Option<_>>()
-        .ok_or_else(|| Error::Invalid("a detection was not linked".into()))?;
+        .ok_or_else(|| Error::Invalid("a crater looked at was not linked".into()))?;
     let mut summaries: Vec<ImageSummary> = images
         .iter()
         .map(|im| {
@@ -699,6 +740,27 @@ mod tests {
         assert!(agree >= 48 * 48 - 48, "{agree} of {} pixels agree", 48 * 48);
         // and the blob did move off the row it was on
         assert!(c.get_pixel(43, 24)[0] < 50);
+    }
+
+    /// A featureless catalogue crop that every blurred crop resembles (a hub) outscores each
+    /// crater's own entry on raw scores, and not once its hubness is taken off.
+    #[test]
+    fn a_hub_loses_to_each_crater_s_own_entry_after_local_scaling() {
+        // three crops (rows) against their own craters (columns 0-2) and a hub (column 3)
+        let scores = vec![
+            vec![0.30, 0.10, 0.12, 0.34],
+            vec![0.11, 0.28, 0.09, 0.33],
+            vec![0.08, 0.12, 0.31, 0.35],
+        ];
+        let r = hubness(&scores, 10);
+        assert!((r[3] - (0.34 + 0.33 + 0.35) / 3.0).abs() < 1e-6);
+        for (i, row) in scores.iter().enumerate() {
+            assert!(row[3] > row[i], "the hub wins raw on crop {i}");
+            assert!(csls(row[i], r[i]) > csls(row[3], r[3]), "crop {i}");
+        }
+        // k caps at the crops there are, and an empty matrix has no columns
+        assert_eq!(hubness(&scores, 1)[0], 0.30);
+        assert!(hubness(&[], 10).is_empty());
     }
 
     #[test]
