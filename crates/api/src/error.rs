@@ -84,6 +84,12 @@ impl From<craterdex_workflows::Error> for ApiError {
     }
 }
 
+impl From<craterdex_detect::Error> for ApiError {
+    fn from(e: craterdex_detect::Error) -> Self {
+        Self::new(status_of(e.kind()), e.to_string())
+    }
+}
+
 impl From<IoError> for ApiError {
     fn from(e: IoError) -> Self {
         Self::internal(e)

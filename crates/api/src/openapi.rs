@@ -36,6 +36,7 @@ may be retried."
         crate::paths::add_image,
         crate::paths::remove_image,
         crate::paths::link_image,
+        crate::paths::link_whole_image,
         crate::paths::register_source,
     ),
     components(schemas(types::ErrorBody)),
@@ -159,7 +160,7 @@ mod tests {
         };
         let doc = serde_json::to_value(document(&limits, Some(384))).unwrap();
         let paths = doc["paths"].as_object().unwrap();
-        assert_eq!(paths.len(), 12, "{:?}", paths.keys());
+        assert_eq!(paths.len(), 13, "{:?}", paths.keys());
         let similar = &doc["paths"]["/v1/images/{id}/similar"]["get"]["parameters"];
         let top_k = similar
             .as_array()

@@ -164,6 +164,28 @@ pub fn remove_image() {}
 )]
 pub fn link_image() {}
 
+/// Find the craters of a whole new image and link them to the catalogue: the image's craters
+/// are detected (the server's `--detector`), the image is registered to the catalogue by
+/// their pattern (turned and scaled any way), every catalogue crater the registration places
+/// inside it is looked for where it should be, and each crater is decided `match`, `new`,
+/// `ambiguous` or `unconfirmed` (a catalogue crater placed here that does not look like its
+/// entry). Nothing is added. Bounded as an image search is (the server's largest image side,
+/// the model's slots and the request timeout); 501 when the server has no detector.
+#[utoipa::path(
+    post,
+    path = "/v1/link/image",
+    request_body(content = ImageForm, content_type = "multipart/form-data"),
+    security((), ("apiKey" = []), ("bearer" = [])),
+    responses(
+        (status = 200, description = "the image's craters and their decisions", body = ImageLinkResponse),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 408, body = ErrorBody), (status = 413, body = ErrorBody),
+        (status = 415, body = ErrorBody), (status = 422, body = ErrorBody),
+        (status = 501, body = ErrorBody), (status = 503, body = ErrorBody),
+    )
+)]
+pub fn link_whole_image() {}
+
 /// Register a new image's craters to the catalogue by their pattern (rotation, scale and
 /// shift found by pattern matching with a significance test), so that its crops linked
 /// afterwards with the same `source` are placed and turned as the catalogue sees them.

@@ -232,6 +232,39 @@ pub struct LinkResponse {
     pub registration: Option<craterdex_workflows::SourceRegistration>,
 }
 
+/// One crater of a whole image linked to the catalogue (`POST /v1/link/image`).
+#[derive(Serialize, ToSchema)]
+pub struct ImageCraterLink {
+    pub id: String,
+    /// Centre and diameter in the uploaded image's pixels.
+    pub x: f64,
+    pub y: f64,
+    pub diameter_px: f64,
+    pub found_by: craterdex_workflows::images::FoundBy,
+    /// The detector's likelihood (craters the detector found).
+    pub detector_score: Option<f32>,
+    pub decision: craterdex_workflows::images::ImageDecision,
+    #[schema(minimum = 0, maximum = 1)]
+    pub confidence: f64,
+    /// The catalogue entry it was compared with last: its match when decided `match`.
+    pub best: Option<LinkCandidate>,
+    pub second: Option<LinkCandidate>,
+}
+
+/// A whole image's craters, detected and looked for where the catalogue's should be, each
+/// linked to the catalogue.
+#[derive(Serialize, ToSchema)]
+pub struct ImageLinkResponse {
+    /// What was found, the image's registration to the catalogue by crater pattern, and why
+    /// its results are weaker where they are.
+    pub image: craterdex_workflows::images::ImageSummary,
+    pub craters: Vec<ImageCraterLink>,
+    /// The detector that found the craters.
+    pub detector: String,
+    /// Where the decision rule came from.
+    pub rule: String,
+}
+
 /// Requests answered since the server started.
 #[derive(Serialize, ToSchema)]
 pub struct Requests {

@@ -240,8 +240,11 @@ fn an_onnx_detector_file_is_imported_once_and_used() {
         let csv = std::fs::read_to_string(root.join("found/detections.csv")).unwrap();
         assert_eq!(csv.lines().count(), DISCS.len() + 1, "{csv}");
     }
+    // detector directories (lock files are hidden)
     let imported: Vec<_> = std::fs::read_dir(root.join("home/detectors"))
         .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| !n.to_string_lossy().starts_with('.'))
         .collect();
     assert_eq!(imported.len(), 1, "imported once: {imported:?}");
 }

@@ -79,6 +79,67 @@ pub fn detectors_dir() -> PathBuf {
     cache_dir().join("detectors")
 }
 
+/// The directory of the detector `named`: a detector directory, the name of one under
+/// [`detectors_dir`] ([`PYCDA_UNET`] fetched on first use), or a Keras `.h5` or ONNX file of
+/// a fully convolutional detector, imported there once (named by the file and its contents'
+/// hash, so a changed file is imported again; `input_scale`: what 8-bit pixels are multiplied
+/// by before its first layer).
+pub fn detector_dir(named: &str, input_scale: f32) -> Result<PathBuf> {
+    let path = std::path::Path::new(named);
+    if path.is_dir() {
+        return Ok(path.to_path_buf());
+    }
+    if path.is_file() {
+        return imported_detector(path, input_scale);
+    }
+    if named == PYCDA_UNET {
+        return fetch_pycda_unet(false);
+    }
+    let there = detectors_dir().join(named);
+    if there.is_dir() {
+        return Ok(there);
+    }
+    Err(Error::Invalid(format!(
+        "no detector {named}: give a detector directory, a Keras or ONNX file, or one of those in {}",
+        detectors_dir().display()
+    )))
+}
+
+/// [`detector_dir`] of a file: imported under a lock (two processes importing one file at
+/// once), once.
+fn imported_detector(file: &std::path::Path, input_scale: f32) -> Result<PathBuf> {
+    let bytes = std::fs::read(file).io("read", file)?;
+    let sha = craterdex_model::store::sha256_hex(&bytes);
+    let stem = file
+        .file_stem()
+        .map_or("detector".into(), |s| s.to_string_lossy());
+    let scale = format!("{input_scale}").replace('.', "_");
+    let dir = detectors_dir().join(format!("{stem}-{}-x{scale}", &sha[..12]));
+    if craterdex_detect::read_detector_dir(&dir).is_ok() {
+        return Ok(dir);
+    }
+    craterdex_durable::create_dir_all(&detectors_dir())?;
+    let name = dir
+        .file_name()
+        .map_or_else(Default::default, |n| n.to_string_lossy());
+    let _lock = craterdex_durable::lock(&detectors_dir().join(format!(".{name}.lock")))?;
+    if craterdex_detect::read_detector_dir(&dir).is_err() {
+        let what = file.display().to_string();
+        let source = format!("file:{what}");
+        craterdex_detect::import_detector(
+            &bytes,
+            &what,
+            &stem,
+            &source,
+            "unknown",
+            input_scale,
+            &dir,
+        )?;
+        tracing::info!("imported {what} as detector {}", dir.display());
+    }
+    Ok(dir)
+}
+
 /// Fetches pycda's U-Net and imports it as the detector [`PYCDA_UNET`]; does nothing when
 /// it is already there and reads back.
 pub fn fetch_pycda_unet(force: bool) -> Result<PathBuf> {

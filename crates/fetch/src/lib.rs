@@ -15,7 +15,8 @@ mod error;
 mod hub;
 
 pub use data::{
-    detectors_dir, fetch_pycda_unet, pycda_mars_tile, pycda_sdist, PYCDA_UNET, PYCDA_VERSION,
+    detector_dir, detectors_dir, fetch_pycda_unet, pycda_mars_tile, pycda_sdist, PYCDA_UNET,
+    PYCDA_VERSION,
 };
 pub use error::{Error, Result};
 #[cfg(feature = "hub")]

@@ -484,6 +484,92 @@ impl PyIndex {
         to_json(&rows).py_err()
     }
 
+    /// Whole images linked to this index as `craterdex link --image` links them: each image's
+    /// craters found by `detector` (a detector directory, a name under
+    /// $CRATERDEX_HOME/detectors, or `pycda-unet`, fetched on first use), the image registered
+    /// by their pattern, the catalogue's craters looked for in place, and everything linked.
+    /// JSON: `{"images": [summary...], "craters": [row...]}`.
+    #[pyo3(signature = (paths, detector, rule_json=None, options_json="{}", look_in_place=true, context=2.0, progress=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn link_images_json(
+        &self,
+        py: Python<'_>,
+        paths: Vec<PathBuf>,
+        detector: &str,
+        rule_json: Option<&str>,
+        options_json: &str,
+        look_in_place: bool,
+        context: f64,
+        progress: Option<Py<PyAny>>,
+    ) -> PyResult<String> {
+        let progress = PyProgress::new(progress);
+        let rule = self.rule(rule_json).py_err()?;
+        let opts: LinkOptions = options_from_json("link options", options_json).py_err()?;
+        let dir = py
+            .detach(|| craterdex_fetch::detector_dir(detector, 1.0 / 255.0))
+            .py_err()?;
+        let engine = self.engine.snapshot();
+        if engine.extractor().is_none() {
+            return Err(no_model("linking whole images").into());
+        }
+        let json = py
+            .detach(|| -> Fallible<String> {
+                let (config, net) = craterdex_detect::read_detector_dir(&dir)?;
+                let names = craterdex_workflows::output::source_names(&paths);
+                let mut read = Vec::with_capacity(paths.len());
+                for p in &paths {
+                    let image = craterdex_detect::GrayImage::open(p)?;
+                    let found = craterdex_detect::detect(
+                        &net,
+                        &config,
+                        &image,
+                        &craterdex_detect::DetectOptions::default(),
+                        &|_| (),
+                    )?;
+                    read.push((image, found));
+                }
+                let observed: Vec<craterdex_workflows::ObservedImage> = read
+                    .iter()
+                    .zip(names)
+                    .map(
+                        |((image, found), source)| craterdex_workflows::ObservedImage {
+                            source,
+                            image,
+                            detections: found.clone(),
+                        },
+                    )
+                    .collect();
+                let o = craterdex_workflows::ImageLinkOptions {
+                    look_in_place,
+                    context,
+                    ..Default::default()
+                };
+                let links = craterdex_workflows::link_images(
+                    &engine, &observed, &rule, &opts, &o, &progress,
+                )?;
+                let craters: Vec<serde_json::Value> = links
+                    .craters
+                    .iter()
+                    .map(|c| {
+                        let (b, s) = (c.link.best.as_ref(), c.link.second.as_ref());
+                        serde_json::json!({
+                            "image": c.image, "id": c.link.query.id, "x": c.x, "y": c.y,
+                            "diameter_px": c.diameter_px, "found_by": c.found_by,
+                            "detector_score": c.detector_score, "decision": c.decision,
+                            "confidence": c.link.confidence,
+                            "catalogue_id": b.map(|b| &b.id),
+                            "catalogue_crater_id": b.and_then(|b| b.crater_id.as_ref()),
+                            "score": b.map(|b| b.score),
+                            "second_id": s.map(|s| &s.id), "second_score": s.map(|s| s.score),
+                        })
+                    })
+                    .collect();
+                to_json(&serde_json::json!({"images": links.images, "craters": craters}))
+            })
+            .py_err()?;
+        Ok(json)
+    }
+
     /// Groups of entries of one crater (JSON), over all live entries, or the dedup edges of
     /// the entries `ids` only (one partition; see `craterdex.dask.dedup`), the index's sources
     /// placed by `registrations_json` (`registrations_json(dedup=True)`) when given.

@@ -42,6 +42,44 @@ def tiny_checkpoint(path):
     return path
 
 
+def bright_detector(dir):
+    """A craterdex detector directory whose craters are bright discs on a dark image: one
+    3x3 convolution marking pixels brighter than mid-grey (craterdex_detect::testing's)."""
+    import hashlib
+    tensors = [("mark/bias", [1], np.array([-20.0], "<f4")),
+               ("mark/kernel", [3, 3, 1, 1], np.array([0, 0, 0, 0, 40.0, 0, 0, 0, 0], "<f4"))]
+    header, blobs, offset = {}, [], 0
+    for name, shape, v in tensors:
+        b = v.tobytes()
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + len(b)]}
+        blobs.append(b)
+        offset += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    weights = struct.pack("<Q", len(h)) + h + b"".join(blobs)
+    graph = {"layers": [{"name": "in", "op": "input", "channels": 1, "inputs": []},
+                        {"name": "mark", "op": "conv", "filters": 1, "kernel": [3, 3], "stride": [1, 1],
+                         "padding": "valid", "activation": "sigmoid", "inputs": [0]}]}
+    config = {"format": "craterdex-detector-1", "name": "brightness", "source": "generated",
+              "licence": "MIT", "tile": 24, "input_scale": 1 / 255, "graph": graph,
+              "weights_sha256": hashlib.sha256(weights).hexdigest()}
+    os.makedirs(dir, exist_ok=True)
+    with open(os.path.join(dir, "weights.safetensors"), "wb") as f:
+        f.write(weights)
+    with open(os.path.join(dir, "detector.json"), "w") as f:
+        json.dump(config, f)
+    return dir
+
+
+def discs(width, height, craters):
+    """A dark image with bright discs (x, y, diameter)."""
+    yy, xx = np.mgrid[0:height, 0:width].astype(np.float64)
+    a = np.full((height, width), 20, np.uint8)
+    for x, y, d in craters:
+        a[np.hypot(xx - x, yy - y) <= d / 2] = 230
+    return a
+
+
 def crater_image(seed, size=32, shift=(0, 0)):
     """A textured crop with a dark bowl; `seed` picks the crater's look, `shift` moves the
     view (a second observation of the same crater)."""

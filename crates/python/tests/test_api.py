@@ -239,6 +239,49 @@ def test_link_and_dedup_return_tables(tiny, crops, tmp_path):
     assert idx.search(paths=[second["path"].iloc[3]], top_k=1)["id"].tolist() == [second["id"].iloc[3]]
 
 
+def test_link_images_detects_registers_and_links_whole_images(tiny, tmp_path):
+    # a catalogue of crops of bright discs at places no grid repeats, in its image's pixels
+    rng = np.random.default_rng(7)
+    craters = []
+    while len(craters) < 24:
+        d = float(rng.uniform(12, 36))
+        x, y = (float(v) for v in rng.uniform(d, 420 - d, 2).round())
+        if all(np.hypot(x - u, y - v) > (d + e) / 2 + 10 for u, v, e in craters):
+            craters.append((x, y, round(d)))
+    first = helpers.discs(420, 420, craters)
+    os.makedirs(tmp_path / "cat")
+    rows = []
+    for i, (x, y, d) in enumerate(craters[2:], start=2):
+        p = str(tmp_path / "cat" / f"d{i}.pgm")
+        helpers.write_pgm(p, first[int(y - d):int(y + d), int(x - d):int(x + d)].copy())
+        rows.append({"id": f"d{i}", "path": p, "crater_id": f"d{i}", "source": "catalogue",
+                     "x": x, "y": y, "diameter_px": float(d)})
+    idx = craterdex.Index.build(tmp_path / "idx", pd.DataFrame(rows), model=tiny)
+    # the second observation: turned a quarter, (x, y) -> (y, 419 - x), with no crater list
+    turned = [(y, 419 - x, d) for x, y, d in craters]
+    helpers.write_pgm(str(tmp_path / "second.pgm"), helpers.discs(420, 420, turned))
+    detector = helpers.bright_detector(str(tmp_path / "bright"))
+    # the tiny model's scores mean nothing: decide by registered geometry alone
+    rule = idx.rule()
+    rule.update(registered=dict(max_offset_radii=1.0, max_diameter_ratio=1.5, weights=[10.0, 0.0, -20.0, -20.0]))
+    links = idx.link_images([tmp_path / "second.pgm"], detector=detector, rule=rule, progress=False)
+    assert list(links.columns)[:6] == ["image", "id", "x", "y", "diameter_px", "found_by"]
+    [summary] = links.attrs["images"]
+    assert summary["registration"]["registered"] and abs(abs(summary["registration"]["rotation_deg"]) - 90) < 1
+    for i, (x, y, d) in enumerate(turned):
+        here = links[np.hypot(links["x"] - x, links["y"] - y) <= 0.25 * d + 2]
+        assert len(here) == 1, (i, links)
+        row = here.iloc[0]
+        if i < 2:
+            assert row["decision"] == "new", row
+        elif row["found_by"] == "detector":
+            assert (row["decision"], row["catalogue_crater_id"]) == ("match", f"d{i}"), row
+        else:
+            assert row["catalogue_crater_id"] == f"d{i}" and row["decision"] in ("match", "unconfirmed"), row
+    with pytest.raises(craterdex.InvalidInputError, match="no detector"):
+        idx.link_images([tmp_path / "second.pgm"], detector="nowhere", progress=False)
+
+
 def test_the_gil_is_released_during_extraction(tiny):
     images = [helpers.crater_image(i % 50) for i in range(3000)]
     done = threading.Event()

@@ -82,6 +82,9 @@ pub struct Config {
     /// `*` among them: any. [`serve_blocking`] defaults `None` to [`LOOPBACK_HOSTS`] on a
     /// loopback address.
     pub allowed_hosts: Option<Vec<String>>,
+    /// The crater detector directory `POST /v1/link/image` runs (none: that route answers
+    /// 501).
+    pub detector: Option<PathBuf>,
 }
 
 impl Config {
@@ -105,6 +108,7 @@ impl Config {
             max_connections: 1024,
             header_timeout: Duration::from_secs(10),
             allowed_hosts: None,
+            detector: None,
         }
     }
 }
@@ -139,6 +143,8 @@ pub struct Service {
     search_slots: Arc<tokio::sync::Semaphore>,
     image_slots: Arc<tokio::sync::Semaphore>,
     metrics: metrics::Metrics,
+    /// The configured crater detector, read when the index loads.
+    detector: OnceLock<Arc<(craterdex_detect::DetectorConfig, craterdex_detect::Net)>>,
 }
 
 impl Service {
@@ -157,12 +163,26 @@ impl Service {
             counters: Counters::default(),
             link_context: Default::default(),
             registrations: Default::default(),
+            detector: OnceLock::new(),
         })
     }
 
     /// Opens the index (verifying checksums) for queries from `extractor` (image searches
     /// and adds; without one, feature and similar-image searches only).
     pub fn load(&self, extractor: Option<Extractor>) -> Result<(), craterdex_engine::Error> {
+        if let Some(dir) = &self.config.detector {
+            match craterdex_detect::read_detector_dir(dir) {
+                Ok(d) => {
+                    let _ = self.detector.set(Arc::new(d));
+                }
+                Err(e) => {
+                    let message = format!("the crater detector {}: {e}", dir.display());
+                    *self.load_error.write().unwrap_or_else(|e| e.into_inner()) =
+                        Some(message.clone());
+                    return Err(craterdex_engine::Error::Invalid(message));
+                }
+            }
+        }
         match Engine::open(&self.config.index_dir, extractor.map(Arc::new)) {
             Ok(engine) => {
                 // a second load keeps the first engine: the service loads once

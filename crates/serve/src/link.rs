@@ -6,7 +6,7 @@ use crate::auth::authorize;
 use crate::error::{ApiError, ApiResult};
 use crate::images::{id_taken, store_upload};
 use crate::search::image_engine;
-use crate::upload::{entry_of, read_entry_form, EntryUpload};
+use crate::upload::{entry_of, read_entry_form, read_multipart, EntryUpload};
 use crate::work::{self, Admission};
 use crate::{Counters, Service, Svc};
 use axum::extract::rejection::QueryRejection;
@@ -14,9 +14,14 @@ use axum::extract::{Multipart, Query, State};
 use axum::http::HeaderMap;
 use axum::{Extension, Json};
 use craterdex_api::readers::thumbnail_url;
-use craterdex_api::types::{LinkCandidate, LinkQuery, LinkResponse};
+use craterdex_api::types::{
+    ImageCraterLink, ImageLinkResponse, LinkCandidate, LinkQuery, LinkResponse,
+};
+use craterdex_detect::{detect, DetectOptions, GrayImage};
 use craterdex_engine::Engine;
+use craterdex_model::preprocess::DecodeLimits;
 use craterdex_workflows::link::crop_turn_deg;
+use craterdex_workflows::{link_images, ImageLinkOptions, ObservedImage};
 use craterdex_workflows::{Candidate, Decision, LinkOptions, LinkRow, LinkRule, Neighbours};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -131,4 +136,101 @@ pub async fn link_image(
         images,
         rule,
     }))
+}
+
+/// How a server detects: tiles of [`SERVER_DETECT_TILE`] px, half the command line's side,
+/// so that each request running the detector holds less working memory at once (the
+/// layers' maps scale with the tile's area).
+pub const SERVER_DETECT_TILE: usize = 512;
+
+fn server_detect_options() -> DetectOptions {
+    DetectOptions {
+        max_tile: SERVER_DETECT_TILE,
+        ..Default::default()
+    }
+}
+
+/// `POST /v1/link/image`: [`craterdex_api::paths::link_whole_image`].
+pub async fn link_whole_image(
+    State(svc): State<Svc>,
+    Extension(admission): Extension<Admission>,
+    headers: HeaderMap,
+    mp: Result<Multipart, axum::extract::multipart::MultipartRejection>,
+) -> ApiResult<Json<ImageLinkResponse>> {
+    let timeout = svc.config().request_timeout;
+    let deadline = work::deadline(timeout);
+    authorize(&svc, &headers, false)?;
+    let detector = svc.detector.get().cloned().ok_or_else(|| {
+        ApiError::new(
+            axum::http::StatusCode::NOT_IMPLEMENTED,
+            "this server has no crater detector: start it with --detector",
+        )
+    })?;
+    let mp = mp.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let (bytes, _) = work::before(Some(deadline), timeout, read_multipart(mp, &[])).await?;
+    let engine = image_engine(&svc)?;
+    Counters::count(&svc.counters.image_searches);
+    let svc2 = svc.clone();
+    work::run(admission, Some((deadline, timeout)), move |ticket| {
+        let side = svc2.config().max_image_side;
+        let limits = DecodeLimits {
+            max_pixels: Some(u64::from(side) * u64::from(side)),
+            max_side: Some(side),
+            allow_partial: svc2.config().allow_partial_images,
+        };
+        let decoded = craterdex_model::preprocess::decode(&bytes, &limits)?;
+        let gray = GrayImage::from_dynamic(&decoded.image);
+        drop(decoded);
+        let (config, net) = (&detector.0, &detector.1);
+        let detections = detect(net, config, &gray, &server_detect_options(), &|_| ())?;
+        let ctx = context(&svc2, &engine)?;
+        let rule = &ctx.0;
+        let observed = [ObservedImage {
+            source: "upload".into(),
+            image: &gray,
+            detections,
+        }];
+        let links = link_images(
+            &engine,
+            &observed,
+            rule,
+            &LinkOptions::default(),
+            &ImageLinkOptions::default(),
+            ticket,
+        )?;
+        let image = links
+            .images
+            .into_iter()
+            .next()
+            .ok_or_else(|| ApiError::internal("the image was not linked"))?;
+        let shown = |c: Candidate| {
+            with_thumbnail(Candidate {
+                meta: svc2.shown(c.meta.clone()),
+                ..c
+            })
+        };
+        let craters = links
+            .craters
+            .into_iter()
+            .map(|c| ImageCraterLink {
+                id: c.link.query.id.clone(),
+                x: c.x,
+                y: c.y,
+                diameter_px: c.diameter_px,
+                found_by: c.found_by,
+                detector_score: c.detector_score,
+                decision: c.decision,
+                confidence: c.link.confidence,
+                best: c.link.best.map(shown),
+                second: c.link.second.map(shown),
+            })
+            .collect();
+        Ok(Json(ImageLinkResponse {
+            image,
+            craters,
+            detector: config.name.clone(),
+            rule: rule.source.clone(),
+        }))
+    })
+    .await
 }

@@ -3,7 +3,7 @@
 
 use crate::error::ApiError;
 use crate::images::{add_image, image_meta, remove_image, thumbnail};
-use crate::link::link_image;
+use crate::link::{link_image, link_whole_image};
 use crate::register::register_source;
 use crate::search::{search_features, search_image, search_similar};
 use crate::status::{health, openapi, ready, stats};
@@ -28,6 +28,7 @@ pub fn router(svc: Svc) -> Router {
     };
     let image_reads = Router::new()
         .route("/v1/search/image", post(search_image))
+        .route("/v1/link/image", post(link_whole_image))
         .layer(admit(&svc.image_slots));
     let reads = Router::new()
         .route("/v1/search/features", post(search_features))

@@ -1522,3 +1522,63 @@ async fn registering_needs_the_write_key_where_there_is_one() {
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(v["registered"], true, "{v}");
 }
+
+/// `POST /v1/link/image`: a whole image's craters found by the server's detector and linked
+/// (here a catalogue on the body, which an image's pixel pattern cannot register to: linked
+/// by appearance, and the answer says so); without a detector the route answers 501.
+#[tokio::test]
+async fn a_whole_image_is_detected_and_linked_where_the_server_has_a_detector() {
+    let f = fixture();
+    const DISCS: [(f64, f64, f64); 3] =
+        [(40.0, 50.0, 14.0), (150.0, 70.0, 22.0), (90.0, 140.0, 30.0)];
+    let g = craterdex_detect::testing::discs(200, 180, &DISCS);
+    let png = f.root.join("scene.png");
+    image::GrayImage::from_raw(200, 180, g.pixels)
+        .unwrap()
+        .save(&png)
+        .unwrap();
+    let without = service(&f, |_| {});
+    let (s, v) = call_json(&without, upload("/v1/link/image", &png)).await;
+    assert_eq!(s, StatusCode::NOT_IMPLEMENTED, "{v}");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("--detector"));
+
+    let (config, weights) = craterdex_detect::testing::brightness_detector(24);
+    let dir = f.root.join("bright");
+    craterdex_detect::write_detector_dir(&dir, config, &weights).unwrap();
+    let svc = service(&f, |c| c.detector = Some(dir.clone()));
+    let (s, v) = call_json(&svc, upload("/v1/link/image", &png)).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let craters = v["craters"].as_array().unwrap();
+    assert_eq!(craters.len(), DISCS.len(), "{v}");
+    for (x, y, d) in DISCS {
+        let found = craters.iter().any(|c| {
+            let at = |k: &str| c[k].as_f64().unwrap();
+            (at("x") - x).hypot(at("y") - y) < 0.1 * d + 1.0 && c["found_by"] == "detector"
+        });
+        assert!(found, "disc ({x}, {y}, {d}) not in {v}");
+    }
+    assert!(
+        craters.iter().all(|c| c["best"]["thumbnail"].is_string()),
+        "{v}"
+    );
+    let image = &v["image"];
+    assert_eq!(
+        (image["width"].as_u64(), image["detections"].as_u64()),
+        (Some(200), Some(3))
+    );
+    assert!(
+        image["note"].as_str().unwrap().contains("appearance alone"),
+        "{v}"
+    );
+    assert_eq!(v["detector"], "brightness");
+    // bytes that are no image are refused as such
+    let bad = post_multipart(
+        "/v1/link/image",
+        multipart(&[("image", Some("x.png"), b"nope")]),
+        None,
+    );
+    assert_eq!(call(&svc, bad).await.0, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+}

@@ -44,23 +44,7 @@ pub struct DetectorOpts {
 
 impl DetectorOpts {
     pub fn load(&self) -> Result<(DetectorConfig, Net)> {
-        let dir = PathBuf::from(&self.detector);
-        let dir = if dir.is_dir() {
-            dir
-        } else if dir.is_file() {
-            imported(&dir, self.input_scale)?
-        } else if self.detector == craterdex_fetch::PYCDA_UNET {
-            craterdex_fetch::fetch_pycda_unet(false)?
-        } else {
-            let named = craterdex_fetch::detectors_dir().join(&self.detector);
-            anyhow::ensure!(
-                named.is_dir(),
-                "no detector {}: give a detector directory or one of those in {}",
-                self.detector,
-                craterdex_fetch::detectors_dir().display()
-            );
-            named
-        };
+        let dir = craterdex_fetch::detector_dir(&self.detector, self.input_scale)?;
         let (config, net) = craterdex_detect::read_detector_dir(&dir)?;
         Ok((config, net.with_precision(self.detector_precision)?))
     }
@@ -74,33 +58,6 @@ impl DetectorOpts {
             ..Default::default()
         }
     }
-}
-
-/// The detector directory of a Keras or ONNX file, imported on first use (named by the file
-/// and its contents' hash, so a changed file is imported again).
-fn imported(file: &Path, input_scale: f32) -> Result<PathBuf> {
-    let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
-    let sha = craterdex_model::store::sha256_hex(&bytes);
-    let stem = file
-        .file_stem()
-        .map_or("detector".into(), |s| s.to_string_lossy());
-    let scale = format!("{input_scale}").replace('.', "_");
-    let dir = craterdex_fetch::detectors_dir().join(format!("{stem}-{}-x{scale}", &sha[..12]));
-    if craterdex_detect::read_detector_dir(&dir).is_err() {
-        let what = file.display().to_string();
-        let source = format!("file:{what}");
-        craterdex_detect::import_detector(
-            &bytes,
-            &what,
-            &stem,
-            &source,
-            "unknown",
-            input_scale,
-            &dir,
-        )?;
-        eprintln!("imported {what} as detector {}", dir.display());
-    }
-    Ok(dir)
 }
 
 #[derive(Args)]

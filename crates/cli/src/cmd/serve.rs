@@ -76,6 +76,11 @@ pub struct ServeCmd {
     /// craterdex-index's merge; docs/formats/index.md).
     #[command(flatten)]
     merge: crate::args::MergeOpts,
+    /// The crater detector `POST /v1/link/image` runs on whole images: a detector directory,
+    /// a name under $CRATERDEX_HOME/detectors (pycda-unet is fetched from PyPI on first use)
+    /// or a Keras or ONNX file. Without one that route answers 501.
+    #[arg(long)]
+    detector: Option<String>,
 }
 
 /// The service's documented defaults (one place: `craterdex_serve::Config::new`).
@@ -113,6 +118,11 @@ pub fn run(c: ServeCmd) -> Result<()> {
     config.merge = c.merge.policy();
     config.expose_paths = c.expose_paths;
     config.allowed_hosts = Some(c.allowed_hosts).filter(|hosts| !hosts.is_empty());
+    config.detector = c
+        .detector
+        .as_deref()
+        .map(|d| craterdex_fetch::detector_dir(d, 1.0 / 255.0))
+        .transpose()?;
     if c.no_model && c.model.model.is_some() {
         bail!("--no-model and --model exclude each other");
     }

@@ -328,6 +328,9 @@ def _link_frame(json_text: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+_IMAGE_LINK_COLUMNS = ["image", "id", "x", "y", "diameter_px", "found_by", "detector_score", "decision",
+                       "confidence", "catalogue_id", "catalogue_crater_id", "score", "second_id", "second_score"]
+
 _REGISTRATION_COLUMNS = ["source", "registered", "rotation_deg", "scale", "inliers", "residual_radii",
                          "false_alarm", "entries", "catalogue", "frame", "reason"]
 
@@ -595,6 +598,42 @@ class Index:
                                                       progress=rep))
         finally:
             rep.warn_skipped()
+
+    def link_images(
+        self,
+        images: Sequence[Union[str, "os.PathLike[str]"]],
+        *,
+        detector: str = "pycda-unet",
+        rule: Optional[Mapping[str, Any]] = None,
+        top_k: int = _LINK["top_k"],
+        shortlist: int = _LINK["shortlist"],
+        register: bool = _LINK["register"],
+        look_in_place: bool = True,
+        context: float = 2.0,
+        progress: bool = True,
+    ) -> pd.DataFrame:
+        """Whole new images linked to this catalogue, as ``craterdex link --image``: each
+        image's craters found by ``detector`` (a detector directory, a name under
+        ``$CRATERDEX_HOME/detectors``, or ``pycda-unet``, fetched from PyPI on first use), the
+        image registered to the catalogue by their pattern, every catalogue crater the
+        registration places inside it looked for where it should be (``look_in_place``), and
+        each crater decided ``match`` / ``new`` / ``ambiguous`` / ``unconfirmed``. One row per
+        crater with its ``image``, ``x``, ``y``, ``diameter_px`` in that image, ``found_by``
+        (detector or catalogue) and the catalogue crater; ``.attrs["images"]`` holds each
+        image's summary (its registration, and why its results are weaker where they are).
+        Nothing is added to the index."""
+        options = json.dumps(dict(top_k=top_k, shortlist=shortlist, insert_new=False, register=register))
+        rep = _Reporter(progress)
+        try:
+            text = self._native.link_images_json([os.fspath(p) for p in images], detector,
+                                                 rule_json=_rule_json(rule), options_json=options,
+                                                 look_in_place=look_in_place, context=context, progress=rep)
+        finally:
+            rep.warn_skipped()
+        out = json.loads(text)
+        frame = pd.DataFrame(out["craters"], columns=_IMAGE_LINK_COLUMNS)
+        frame.attrs["images"] = out["images"]
+        return frame
 
     def registrations(self, entries: Optional[Union[pd.DataFrame, Sequence[Mapping[str, Any]]]] = None, *,
                       rule: Optional[Mapping[str, Any]] = None, dedup: bool = False) -> pd.DataFrame:

@@ -139,6 +139,16 @@ class Index:
         registrations_json: Optional[str] = None,
         progress: _Progress = None,
     ) -> str: ...
+    def link_images_json(
+        self,
+        paths: Sequence[_Path],
+        detector: str,
+        rule_json: Optional[str] = None,
+        options_json: str = "{}",
+        look_in_place: bool = True,
+        context: float = 2.0,
+        progress: _Progress = None,
+    ) -> str: ...
     def link_evidence_json(self, meta_json: str, single: _F32, tokens: _F32, options_json: str = "{}") -> str: ...
     def registrations_json(
         self,

@@ -293,8 +293,9 @@ class _ShardCalls:
         return self.router.sun_samples
 
 
-# Routes of craterdex serve the cluster does not answer: sources are registered per server.
-_NOT_ON_A_CLUSTER = ("/v1/register",)
+# Routes of craterdex serve the cluster does not answer: sources are registered per server,
+# and a whole image is detected and linked by one server holding the whole catalogue.
+_NOT_ON_A_CLUSTER = ("/v1/register", "/v1/link/image")
 
 # Ray Serve takes the router's class as it is defined: what it calls is defined above it.
 app = FastAPI(title="craterdex cluster", docs_url=None, redoc_url=None, openapi_url=None)
