@@ -207,8 +207,8 @@ fn cpu_seconds() -> f64 {
     ticks / 100.0
 }
 
-/// A search given up at its timeout stops its work: with one image slot and a 1 s timeout,
-/// a slow search gets 408 at 1 s, the next image search gets 503 while the first one's work
+/// A search given up at its timeout stops its work: with one image slot and a 3 s timeout,
+/// a slow search gets 408 at 3 s, the next image search gets 503 while the first one's work
 /// still runs (the slot is held until the work has ended, not until the 408), the work
 /// stops within a forward pass of the 408 (no CPU a second after it), and the slot is free
 /// again. Before, the work ran on for seconds after the 408 and the slot was free at once.
@@ -220,7 +220,9 @@ async fn a_search_given_up_at_its_timeout_stops_and_holds_its_slot_until_it_has(
     // 384 px: 9,216 tokens a view, a forward pass of about 0.1 s; one image per pass
     let svc = service(tmp.path(), 384, 1, |c| {
         c.max_concurrent_images = 1;
-        c.request_timeout = std::time::Duration::from_secs(1);
+        // long enough for one plain search at the portable level of a 2.5 GHz Xeon (over
+        // 1 s there), far shorter than the slow search's seconds of forward passes
+        c.request_timeout = std::time::Duration::from_secs(3);
     });
     let crop = std::fs::read(tmp.path().join("crops/c3.png")).unwrap();
     // 72 views (36 turns, mirrored) and 8 candidates verified: seconds of forward passes
@@ -238,7 +240,7 @@ async fn a_search_given_up_at_its_timeout_stops_and_holds_its_slot_until_it_has(
     let first = first.await.unwrap().unwrap();
     assert_eq!(first.status(), StatusCode::REQUEST_TIMEOUT);
     let answered = started.elapsed().as_secs_f64();
-    assert!(answered < 1.5, "408 after {answered:.2} s");
+    assert!(answered < 3.5, "408 after {answered:.2} s");
     // the slot stays taken until the given-up work has stopped, then frees
     let mut freed_after = None;
     for i in 0..40 {
@@ -256,7 +258,8 @@ async fn a_search_given_up_at_its_timeout_stops_and_holds_its_slot_until_it_has(
     }
     let freed_after = freed_after.expect("the slot was never freed");
     eprintln!("the given-up work stopped {freed_after:.2} s after its 408");
-    assert!(freed_after < 1.0, "{freed_after} s");
+    // within a forward pass: 0.25 s at avx512, 0.75 s at the portable level of a 2.5 GHz Xeon
+    assert!(freed_after < 1.5, "{freed_after} s");
     // a second after the 408, nothing computes any more
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     let cpu = cpu_seconds();
