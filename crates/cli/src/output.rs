@@ -136,37 +136,37 @@ pub fn print_json(value: &impl serde::Serialize) -> Result<()> {
     Ok(())
 }
 
-/// Search results as a table per query.
-pub fn print_hits(results: &[QueryHits]) {
+/// One query's search results as a table (with inliers and scores where it was verified).
+pub fn hits_table(q: &QueryHits) -> String {
+    use std::fmt::Write;
     let f = |v: Option<f32>| v.map(|v| format!("{v:.4}")).unwrap_or_else(|| "-".into());
     // a verified search ranks by late interaction and inliers: show both
-    let verified = results
-        .iter()
-        .any(|q| q.results.iter().any(|h| h.inliers.is_some()));
-    for q in results {
-        println!("query {}", q.query);
-        let mut head = format!(
+    let verified = q.results.iter().any(|h| h.inliers.is_some());
+    let mut table = format!("query {}\n", q.query);
+    let _ = write!(
+        table,
+        "  {:>4}  {:<32} {:<20} {:>8} {:>8}",
+        "rank", "image", "crater", "stage1", "stage2"
+    );
+    if verified {
+        let _ = write!(table, " {:>7} {:>8}", "inliers", "score");
+    }
+    table.push('\n');
+    for h in &q.results {
+        let _ = write!(
+            table,
             "  {:>4}  {:<32} {:<20} {:>8} {:>8}",
-            "rank", "image", "crater", "stage1", "stage2"
+            h.rank,
+            h.id,
+            h.crater_id.as_deref().unwrap_or("-"),
+            f(h.stage1),
+            f(h.stage2)
         );
         if verified {
-            head.push_str(&format!(" {:>7} {:>8}", "inliers", "score"));
+            let inliers = h.inliers.map_or("-".to_string(), |n| n.to_string());
+            let _ = write!(table, " {inliers:>7} {:>8.4}", h.score);
         }
-        println!("{head}");
-        for h in &q.results {
-            let mut line = format!(
-                "  {:>4}  {:<32} {:<20} {:>8} {:>8}",
-                h.rank,
-                h.id,
-                h.crater_id.as_deref().unwrap_or("-"),
-                f(h.stage1),
-                f(h.stage2)
-            );
-            if verified {
-                let inliers = h.inliers.map_or("-".to_string(), |n| n.to_string());
-                line.push_str(&format!(" {inliers:>7} {:>8.4}", h.score));
-            }
-            println!("{line}");
-        }
+        table.push('\n');
     }
+    table
 }

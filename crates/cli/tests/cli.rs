@@ -742,6 +742,58 @@ fn mosaics_without_gdal_say_how_to_get_it() {
 
 /// `eval` measures what ships: its default-recipe regime ranks every query exactly as
 /// `index build` (the default recipe) and `search --json` rank it on the same benchmark.
+/// `search` answers its queries batch by batch as they come (memory bounded by a batch, not
+/// by the number of queries): more queries than a batch answer as they do searched apart, in
+/// the order asked, as one JSON array or one table per query.
+#[test]
+fn search_streams_its_queries_in_batches_with_the_answers_of_separate_searches() {
+    let e = Env::new();
+    let model = e.tiny_model();
+    let manifest = e.tile_benchmark("4");
+    e.index_build(&model, &manifest, "idx", &[]);
+    let queries: Vec<String> = e
+        .gallery_images()
+        .iter()
+        .take(craterdex_engine::QUERY_BATCH + 5)
+        .map(|p| p.display().to_string())
+        .collect();
+    assert!(
+        queries.len() > craterdex_engine::QUERY_BATCH,
+        "{}",
+        queries.len()
+    );
+    // the default search: rechecked, each batch its own stages
+    let search = |some: &[String], json: bool| {
+        let mut args = vec!["search", "--index", "idx", "--top", "3"];
+        args.extend(some.iter().map(String::as_str));
+        args.extend(["--model", model.as_str(), "--size", "16"]);
+        if json {
+            args.push("--json");
+        }
+        e.ok(&args)
+    };
+    let parsed = |s: String| -> Vec<serde_json::Value> { serde_json::from_str(&s).unwrap() };
+    let streamed = parsed(search(&queries, true));
+    let (first, rest) = queries.split_at(7);
+    let apart = [parsed(search(first, true)), parsed(search(rest, true))].concat();
+    assert_eq!(streamed.len(), queries.len());
+    assert_eq!(streamed, apart);
+    for (answer, query) in streamed.iter().zip(&queries) {
+        assert_eq!(answer["query"].as_str(), Some(query.as_str()));
+        assert_eq!(answer["results"].as_array().unwrap().len(), 3);
+    }
+    let table = search(&queries, false);
+    assert_eq!(
+        table.matches("\nquery ").count() + 1,
+        queries.len(),
+        "{table}"
+    );
+    assert!(
+        table.starts_with(&format!("query {}\n", queries[0])),
+        "{table}"
+    );
+}
+
 #[test]
 fn eval_default_regime_ranks_like_index_build_and_search() {
     let e = Env::new();

@@ -47,7 +47,9 @@ pub use plan::{learn_rows, learn_sample, BuildPlan, LEARN_SAMPLE_IMAGES};
 pub use progress::{Progress, Silent};
 pub use recheck::{RecheckPlan, Stage, StageRun};
 pub use recipe::{encode_all, feature_refs, IndexRecipe, IvfSetting, IVF_AUTO_MIN_IMAGES};
-pub use search::{search, QueryKind, SearchAnswer, SearchInput, Timing};
+pub use search::{
+    search, search_streamed, QueryKind, SearchAnswer, SearchInput, Timing, QUERY_BATCH,
+};
 pub use sharded::{merge_hits, OverShards, QueryEncoder, ShardCalls, ShardedEngine};
 pub use shared::SharedEngine;
 pub use verify::{PatchGrid, PatchGrids};

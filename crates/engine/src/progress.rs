@@ -42,3 +42,19 @@ pub(crate) fn go_on(progress: &dyn Progress) -> crate::Result<()> {
 pub struct Silent;
 
 impl Progress for Silent {}
+
+/// The notes, skipped images and cancellation of another [`Progress`], without its steps: the
+/// steps inside a larger one whose own count is drawn instead ([`crate::search_streamed`]).
+pub(crate) struct NotesOnly<'a>(pub &'a dyn Progress);
+
+impl Progress for NotesOnly<'_> {
+    fn note(&self, message: &str) {
+        self.0.note(message)
+    }
+    fn skipped(&self, path: &std::path::Path, reason: &str) {
+        self.0.skipped(path, reason)
+    }
+    fn cancelled(&self) -> bool {
+        self.0.cancelled()
+    }
+}

@@ -274,6 +274,49 @@ pub fn search(
     })
 }
 
+/// Query images a streamed search ([`search_streamed`]) holds at once. A query that runs
+/// every stage of a rechecked search holds about 35 MB of views and patch tokens until its
+/// batch is answered, so a batch stays under 0.6 GB whatever the number of queries; batches
+/// of 16 keep the model's own batches (8 images) full.
+pub const QUERY_BATCH: usize = 16;
+
+/// [`search`] of query image files, [`QUERY_BATCH`] at a time, each batch's answer handed to
+/// `each` before the next is read: memory stays that of one batch however many queries there
+/// are. `progress` counts queries answered; the steps inside a batch are not drawn (a search
+/// of one batch or less is [`search`] itself, drawn step by step).
+pub fn search_streamed(
+    catalogue: &dyn Catalogue,
+    items: &[(String, PathBuf)],
+    options: &SearchOptions,
+    progress: &dyn Progress,
+    each: &mut dyn FnMut(SearchAnswer) -> Result<()>,
+) -> Result<()> {
+    if items.len() <= QUERY_BATCH {
+        return each(search(
+            catalogue,
+            SearchInput::Files(items),
+            options,
+            progress,
+        )?);
+    }
+    let inside = crate::progress::NotesOnly(progress);
+    progress.start("queries", items.len());
+    let mut done = 0;
+    for batch in items.chunks(QUERY_BATCH) {
+        crate::progress::go_on(progress)?;
+        each(search(
+            catalogue,
+            SearchInput::Files(batch),
+            options,
+            &inside,
+        )?)?;
+        done += batch.len();
+        progress.advance(done);
+    }
+    progress.finish();
+    Ok(())
+}
+
 fn ms_since(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }

@@ -10,8 +10,8 @@ use crate::failure::{invalid, no_model, Fallible, OrPy};
 use crate::model::PyModel;
 use crate::progress::PyProgress;
 use craterdex_engine::{
-    Engine, Entries, FeatureSet, ImageMeta, LearnFrom, MergePolicy, RecipeOptions, SearchInput,
-    SearchOptions, SharedEngine,
+    search_streamed, Engine, Entries, FeatureSet, ImageMeta, LearnFrom, MergePolicy, RecipeOptions,
+    SearchInput, SearchOptions, SharedEngine,
 };
 use craterdex_workflows::{DedupOptions, Frames, LinkOptions, LinkRule, Neighbours};
 use numpy::{IntoPyArray, PyArrayMethods};
@@ -322,6 +322,7 @@ impl PyIndex {
             (None, None, Some((cls, patches, attention))) => {
                 let features = features_from_numpy(ids, cls, patches, attention).py_err()?;
                 py.detach(|| engine.search(SearchInput::Features(&features), &options, &progress))
+                    .map(|a| a.hits)
             }
             (Some(arrays), None, None) => {
                 let images = arrays
@@ -337,14 +338,24 @@ impl PyIndex {
                     };
                     engine.search(input, &options, &progress)
                 })
+                .map(|a| a.hits)
             }
             (None, Some(paths), None) => {
                 let items: Vec<(String, PathBuf)> = ids.into_iter().zip(paths).collect();
-                py.detach(|| engine.search(SearchInput::Files(&items), &options, &progress))
+                // image files are read a batch at a time: memory does not grow with the
+                // number of queries (only their hits are kept)
+                py.detach(|| {
+                    let mut hits = Vec::with_capacity(items.len());
+                    search_streamed(&*engine, &items, &options, &progress, &mut |a| {
+                        hits.extend(a.hits);
+                        Ok(())
+                    })
+                    .map(|()| hits)
+                })
             }
             _ => return Err(invalid("give images (numpy arrays), paths or features")).py_err(),
         };
-        to_json(&answer.py_err()?.hits).py_err()
+        to_json(&answer.py_err()?).py_err()
     }
 
     /// Adds images from `meta_json` records (with `path`, or with `features`); returns how

@@ -1,12 +1,14 @@
 //! `craterdex search`: rank an index's images for query images.
 
 use crate::args::{ModelOpts, SearchOpts};
-use crate::output::{print_hits, print_json, Bars};
+use crate::output::{hits_table, Bars};
 use anyhow::{bail, Result};
 use clap::Args;
 use craterdex_engine::inputs::images_in;
-use craterdex_engine::{Engine, SearchInput, ShardedEngine};
-use std::path::PathBuf;
+use craterdex_engine::{search_streamed, Catalogue, Engine, OverShards, ShardedEngine};
+use craterdex_errors::IoError;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 #[derive(Args)]
@@ -53,20 +55,43 @@ pub fn run(c: SearchCmd) -> Result<()> {
     let extractor = Arc::new(c.model.load()?);
     let bars = Bars::new();
     let t = std::time::Instant::now();
-    let input = SearchInput::Files(&items);
-    let answer = match (&c.index, &c.shards) {
-        (Some(index), _) => Engine::open(index, Some(extractor))?.search(input, &options, &bars)?,
+    let (single, sharded);
+    let catalogue: &dyn Catalogue = match (&c.index, &c.shards) {
+        (Some(index), _) => {
+            single = Engine::open(index, Some(extractor))?;
+            &single
+        }
         (None, Some(set)) => {
-            ShardedEngine::open(set, Some(extractor))?.search(input, &options, &bars)?
+            sharded = ShardedEngine::open(set, Some(extractor))?;
+            &OverShards(&sharded)
         }
         (None, None) => bail!("give --index or --shards"),
     };
-    let results = answer.hits;
-    let ms = t.elapsed().as_secs_f64() * 1e3 / results.len().max(1) as f64;
+    // answers are printed batch by batch as they come, so memory does not grow with the
+    // number of queries
+    let mut answered = 0;
+    let mut out = std::io::stdout().lock();
     if c.json {
-        print_json(&results)?;
-    } else {
-        print_hits(&results);
+        write!(out, "[")?;
+    }
+    search_streamed(catalogue, &items, &options, &bars, &mut |answer| {
+        for hits in &answer.hits {
+            if c.json {
+                let sep = if answered == 0 { "\n" } else { ",\n" };
+                write!(out, "{sep}{}", serde_json::to_string_pretty(hits)?)
+            } else {
+                write!(out, "{}", hits_table(hits))
+            }
+            .map_err(|e| IoError::new("write", Path::new("standard output"), e))?;
+            answered += 1;
+        }
+        Ok(())
+    })?;
+    if c.json {
+        writeln!(out, "\n]")?;
+    }
+    let ms = t.elapsed().as_secs_f64() * 1e3 / answered.max(1) as f64;
+    if !c.json {
         eprintln!("search: {ms:.2} ms per query (feature extraction included)");
     }
     Ok(())
