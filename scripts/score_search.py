@@ -60,11 +60,11 @@ def main():
     p.add_argument("--json", help="write the table as JSON here")
     args = p.parse_args()
     rows = score(json.load(open(args.manifest)), json.load(open(args.answers)), args.catalogue_azimuth)
+    if args.json:
+        json.dump(rows, open(args.json, "w"), indent=1)
     print(f"{'queries':<24} {'n':>5} {'R@1':>6} {'R@5':>6}")
     for r in rows:
         print(f"{r['queries']:<24} {r['n']:>5} {r['R@1']:>6.3f} {r['R@5']:>6.3f}")
-    if args.json:
-        json.dump(rows, open(args.json, "w"), indent=1)
 
 
 if __name__ == "__main__":
