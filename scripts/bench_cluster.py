@@ -135,7 +135,7 @@ def main():
     finally:
         server.terminate()
         server.wait()
-    ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False)
     try:
         for n in [int(x) for x in a.shards.split(",")]:
             out = os.path.join(work, f"set{n}")

@@ -91,7 +91,7 @@ def main():
         server.wait()
 
     model = craterdex.Model.load(a.model) if a.model else craterdex.Model.load()
-    ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False)
     try:
         n = len(cc.shard_names(a.shards))
         serve.start(http_options={"host": "127.0.0.1", "port": 8822})

@@ -86,7 +86,7 @@ def cluster(tiny, crops, cli, tmp_path_factory):
     cli("index", "split", "--index", d / "whole", "--shards", 2, "--out", d / "set")
     # this node holds both shards' files, and says so as a node of a larger cluster would
     holds = {cc.shard_resource(n): 1 for n in cc.shard_names(str(d / "set"))}
-    ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=8, log_to_driver=False,
+    ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=8, log_to_driver=False,
              resources=holds)
     try:
         cc.serve_shards(str(d / "set"), replicas=2, model=tiny, api_key=KEY, port=PORT, replica_cpus=0.5,
