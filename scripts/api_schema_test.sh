@@ -34,9 +34,14 @@ echo
 # conjecture/optimiser.py hill_climb, every generated request having passed): a run that
 # ends in a traceback from hypothesis's internals, and names no failing check, is run once
 # more; a failing check is never retried.
+# POST /v1/link/image needs a crater detector (serve --detector) that this server is started
+# without, so every request is answered with the documented 501 (which schemathesis counts as
+# a server error); the route with a detector is tested in crates/serve/tests/api.rs
+# (a_whole_image_is_detected_and_linked_where_the_server_has_a_detector).
 run_schemathesis() {
   "$st" --config-file "$(dirname "$0")/schemathesis.toml" run "http://127.0.0.1:$port/v1/openapi.json" \
     --header "X-Api-Key: schemathesis-key" \
+    --exclude-path /v1/link/image \
     --max-time "$seconds" \
     --workers 1 \
     --generation-database none \
