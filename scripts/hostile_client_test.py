@@ -211,7 +211,9 @@ def memory_round(args, tmp):
         [th.start() for th in threads]
         [th.join() for th in threads]
         check(server.alive(), f"ten at once under a 4 GB address-space limit: alive, answered {sorted(map(str, results))} in {time.time() - t:.1f} s")
-        check(all(s in (200, 503) for s in results), "each 200 or 503")
+        # 408 where a request waited past the server's timeout for a model slot (ten 4096-px
+        # images on two slots of a 2.5 GHz Xeon take about 30 s): bounded, not a failure
+        check(all(s in (200, 408, 503) for s in results), "each 200, 408 or 503")
         print(f"     peak RSS of the server: {server.peak_rss() / (1 << 20):.0f} MB", flush=True)
     finally:
         slowest, failures = watch.finish()
