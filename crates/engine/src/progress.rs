@@ -17,6 +17,12 @@ pub trait Progress: Sync {
     fn note(&self, message: &str) {
         let _ = message;
     }
+    /// What one stage of a rechecked search did, in words:
+    /// a note, except inside a streamed search, which sums its batches' stages into one note
+    /// per stage at the end.
+    fn stage_ran(&self, message: &str) {
+        self.note(message)
+    }
     /// One image of the job could not be used and was skipped (also listed in a note).
     fn skipped(&self, path: &std::path::Path, reason: &str) {
         let _ = (path, reason);
@@ -43,14 +49,16 @@ pub struct Silent;
 
 impl Progress for Silent {}
 
-/// The notes, skipped images and cancellation of another [`Progress`], without its steps: the
-/// steps inside a larger one whose own count is drawn instead ([`crate::search_streamed`]).
+/// The notes, skipped images and cancellation of another [`Progress`], without its steps nor
+/// its stages' notes: a batch inside a streamed search ([`crate::search_streamed`]), which
+/// draws its own count and sums the stages of all its batches.
 pub(crate) struct NotesOnly<'a>(pub &'a dyn Progress);
 
 impl Progress for NotesOnly<'_> {
     fn note(&self, message: &str) {
         self.0.note(message)
     }
+    fn stage_ran(&self, _message: &str) {}
     fn skipped(&self, path: &std::path::Path, reason: &str) {
         self.0.skipped(path, reason)
     }

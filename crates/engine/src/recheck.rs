@@ -339,36 +339,59 @@ pub(crate) fn run(
             let (ids, in_views) = features(Some(unsure), stage.views)?;
             search(stage, &ids, &in_views)
         })?;
-        if searched > 0 {
-            let before: Vec<&str> = stages
-                .iter()
-                .skip(1)
-                .filter(|s| s.searched > 0)
-                .map(|s| s.stage.name)
-                .collect();
-            let nor = match before.as_slice() {
-                [] => String::new(),
-                names => format!(" nor {}", names.join(" or ")),
-            };
-            let suns = match stage.views.toward.is_empty() {
-                true => String::new(),
-                false => format!(" ({})", stage.views.toward),
-            };
-            progress.note(&format!(
-                "{searched} of {} queries did not register with their first hit{nor}: searched \
-                 again {}{suns}",
-                hits.len(),
-                stage.name,
-            ));
-        }
-        stages.push(StageRun {
+        let run = StageRun {
             stage: *stage,
             searched,
             kept,
             ms: ms_since(t),
-        });
+        };
+        if let Some(note) = stage_note(&stages, &run, hits.len()) {
+            progress.stage_ran(&note);
+        }
+        stages.push(run);
     }
     Ok(Rechecked { hits, stages })
+}
+
+/// What `run`, a stage searching again after `before` (the first stage included), did for
+/// `queries` queries, in words; `None` where it searched none.
+pub fn stage_note(before: &[StageRun], run: &StageRun, queries: usize) -> Option<String> {
+    if run.searched == 0 {
+        return None;
+    }
+    let before: Vec<&str> = before
+        .iter()
+        .skip(1)
+        .filter(|s| s.searched > 0)
+        .map(|s| s.stage.name)
+        .collect();
+    let nor = match before.as_slice() {
+        [] => String::new(),
+        names => format!(" nor {}", names.join(" or ")),
+    };
+    let suns = match run.stage.views.toward.is_empty() {
+        true => String::new(),
+        false => format!(" ({})", run.stage.views.toward),
+    };
+    Some(format!(
+        "{} of {queries} queries did not register with their first hit{nor}: searched again {}{suns}",
+        run.searched, run.stage.name,
+    ))
+}
+
+/// The stages of a search in batches ([`crate::search_streamed`]) summed stage by stage, in
+/// the order they first ran: queries searched, answers kept and time.
+pub fn sum_stages(total: &mut Vec<StageRun>, batch: &[StageRun]) {
+    for run in batch {
+        match total.iter_mut().find(|t| t.stage == run.stage) {
+            Some(t) => {
+                t.searched += run.searched;
+                t.kept += run.kept;
+                t.ms += run.ms;
+            }
+            None => total.push(run.clone()),
+        }
+    }
 }
 
 fn ms_since(t: std::time::Instant) -> f64 {
@@ -402,6 +425,69 @@ mod tests {
             query: query.into(),
             results: vec![first],
         }
+    }
+
+    fn ran(stage: &Stage, searched: usize, kept: usize) -> StageRun {
+        StageRun {
+            stage: *stage,
+            searched,
+            kept,
+            ms: 1.0,
+        }
+    }
+
+    #[test]
+    fn a_streamed_search_sums_its_batches_stages_into_one_note_each() {
+        let plan = RecheckPlan::for_suns(Suns::from_radians(&[0.0]));
+        let [first, turned, relit, turns] = [0, 1, 2, 3].map(|i| &plan.stages[i]);
+        // a batch that registered at once, then two that searched again
+        let batches = [
+            vec![ran(first, 16, 16)],
+            vec![
+                ran(first, 16, 16),
+                ran(turned, 5, 2),
+                ran(relit, 3, 0),
+                ran(turns, 3, 1),
+            ],
+            vec![
+                ran(first, 4, 4),
+                ran(turned, 4, 1),
+                ran(relit, 0, 0),
+                ran(turns, 3, 3),
+            ],
+        ];
+        let mut total = Vec::new();
+        for b in &batches {
+            sum_stages(&mut total, b);
+        }
+        let counts: Vec<(&str, usize, usize)> = total
+            .iter()
+            .map(|r| (r.stage.name, r.searched, r.kept))
+            .collect();
+        assert_eq!(
+            counts,
+            [
+                (AS_GIVEN, 36, 36),
+                (TURNED_TOWARD, 9, 3),
+                (RELIT_TOWARD, 3, 0),
+                (IN_TURNS, 6, 4)
+            ]
+        );
+        assert_eq!(total[1].ms, 2.0);
+        let notes: Vec<String> = (1..total.len())
+            .filter_map(|n| stage_note(&total[..n], &total[n], 36))
+            .collect();
+        assert_eq!(notes.len(), 3, "{notes:?}");
+        assert!(
+            notes[0].starts_with("9 of 36 queries did not register with their first hit: "),
+            "{notes:?}"
+        );
+        assert!(notes[2].starts_with(&format!(
+            "6 of 36 queries did not register with their first hit nor {TURNED_TOWARD} or \
+             {RELIT_TOWARD}: searched again {IN_TURNS}"
+        )));
+        // a stage that searched nothing says nothing
+        assert_eq!(stage_note(&total[..1], &ran(turned, 0, 0), 36), None);
     }
 
     #[test]

@@ -301,19 +301,21 @@ pub fn search_streamed(
     }
     let inside = crate::progress::NotesOnly(progress);
     progress.start("queries", items.len());
-    let mut done = 0;
+    let (mut done, mut stages) = (0, Vec::new());
     for batch in items.chunks(QUERY_BATCH) {
         crate::progress::go_on(progress)?;
-        each(search(
-            catalogue,
-            SearchInput::Files(batch),
-            options,
-            &inside,
-        )?)?;
+        let answer = search(catalogue, SearchInput::Files(batch), options, &inside)?;
+        recheck::sum_stages(&mut stages, &answer.stages);
+        each(answer)?;
         done += batch.len();
         progress.advance(done);
     }
     progress.finish();
+    for (n, run) in stages.iter().enumerate().skip(1) {
+        if let Some(note) = recheck::stage_note(&stages[..n], run, done) {
+            progress.stage_ran(&note);
+        }
+    }
     Ok(())
 }
 
