@@ -223,8 +223,9 @@ def build(args) -> dict:
     # distractors. Drawn apart from the geometry, so every crater keeps its query crop.
     queried = [c for c in ids if c in geometry]
     if args.query_craters:
-        pick = np.random.default_rng(args.seed + 1).permutation(len(queried))[:args.query_craters]
-        queried = [queried[i] for i in sorted(pick)]
+        pick = set(np.random.default_rng(args.seed + 1).permutation(len(queried))[:args.query_craters].tolist())
+        # --held-out: the craters the draw leaves out, where no constant was chosen
+        queried = [c for i, c in enumerate(queried) if (i in pick) != args.held_out]
     queried = set(queried)
     counts = {}
     for sun in suns:
@@ -255,7 +256,7 @@ def build(args) -> dict:
         "craters": len(kept), "gallery_images": len(gallery), "query_images": counts,
         "min_diameter_px": args.min_diameter_px, "km_per_pixel": pixel_km(),
         "query_context": list(args.context), "query_shift": args.shift, "seed": args.seed,
-        "query_craters": len(queried),
+        "query_craters": len(queried), "held_out": args.held_out,
     }
     (out / "metadata" / "relight.json").write_text(json.dumps(meta, indent=1))
     return meta
@@ -278,6 +279,9 @@ def main():
     p.add_argument("--query-craters", type=int, default=150,
                    help="craters with queries, drawn at random; the others are gallery only, "
                         "for whitening and as distractors (0: every crater)")
+    p.add_argument("--held-out", action="store_true",
+                   help="query the craters the draw leaves out instead (the drawn ones are where "
+                        "the recheck's shares and the sun axis' smoothing were chosen)")
     meta = build(p.parse_args())
     print(json.dumps({k: meta[k] for k in ("craters", "gallery_images", "query_images")}))
 

@@ -13,9 +13,16 @@ import sys
 
 
 def first_rank(results, relevant):
+    """The rank of the first relevant crater among the distinct craters of `results`: a
+    catalogue holding several views of one crater (several suns) answers with each, and the
+    next crater, not the next view, is what a user reads second."""
+    seen = []
     for hit in results:
-        if hit.get("crater_id") in relevant:
-            return hit["rank"]
+        crater = hit.get("crater_id") or hit.get("id")
+        if crater not in seen:
+            seen.append(crater)
+        if crater in relevant:
+            return len(seen)
     return None
 
 

