@@ -17,9 +17,8 @@ pub trait Progress: Sync {
     fn note(&self, message: &str) {
         let _ = message;
     }
-    /// What one stage of a rechecked search did, in words:
-    /// a note, except inside a streamed search, which sums its batches' stages into one note
-    /// per stage at the end.
+    /// What one stage of a rechecked search did, in words. A note, except inside a streamed
+    /// search, which sums its batches' stages into one note per stage at the end.
     fn stage_ran(&self, message: &str) {
         self.note(message)
     }
