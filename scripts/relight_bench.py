@@ -282,7 +282,10 @@ def main():
     p.add_argument("--held-out", action="store_true",
                    help="query the craters the draw leaves out instead (the drawn ones are where "
                         "the recheck's shares and the sun axis' smoothing were chosen)")
-    meta = build(p.parse_args())
+    args = p.parse_args()
+    if args.held_out and not args.query_craters:
+        p.error("--held-out needs --query-craters above 0: with every crater queried, none is held out")
+    meta = build(args)
     print(json.dumps({k: meta[k] for k in ("craters", "gallery_images", "query_images")}))
 
 

