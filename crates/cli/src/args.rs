@@ -238,6 +238,8 @@ pub struct SearchOpts {
     /// correspondences between the query and each candidate, and the most of them one
     /// similarity transform (turn, scale, shift) explains, rerank them (score + 0.01 per
     /// inlier beyond a fifth of the patches; 20 is a good choice, 50 with --turns, 0 is off).
+    /// Where the N best are the views of fewer than N craters (an index holding a crater
+    /// several times), the best view of each further crater is verified too, up to N craters.
     /// A verified search reranks a shortlist of at least 400 (a deeper --shortlist is kept).
     /// The candidates' images are read where the index recorded them and run through the
     /// model (up to N forward passes per query; the feature cache serves repeats). Measured:

@@ -27,6 +27,27 @@ pub struct SearchHit {
     pub row: usize,
 }
 
+#[cfg(test)]
+impl SearchHit {
+    /// A hit as tests build them: image `id` of crater `crater`, scored `score`, row 0.
+    pub(crate) fn for_test(id: &str, crater: Option<&str>, score: f32) -> Self {
+        Self {
+            rank: 0,
+            id: id.into(),
+            crater_id: crater.map(Into::into),
+            score,
+            stage1: None,
+            stage2: None,
+            inliers: None,
+            meta: ImageMeta {
+                id: id.into(),
+                ..Default::default()
+            },
+            row: 0,
+        }
+    }
+}
+
 /// The results of one query, named.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct QueryHits {

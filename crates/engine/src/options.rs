@@ -388,9 +388,11 @@ pub struct SearchOptions {
     pub opposite_sun: bool,
     /// Verify the query's `verify` best images spatially (patch-token correspondences under
     /// one similarity transform: turn, scale, shift) and rank them again by late-interaction score plus [`VERIFY_WEIGHT`] per inlier beyond
-    /// [`VERIFY_CHANCE_SHARE`] of the patches; 20 is a good choice, 50 with `turns`, 0 is off. The
+    /// [`VERIFY_CHANCE_SHARE`] of the patches; 20 is a good choice, 50 with `turns`, 0 is off.
+    /// Where those are the views of fewer than `verify` craters, the best image of each
+    /// further crater is verified too, until `verify` craters are in. The
     /// candidates' images are read where the index recorded them and run through the model
-    /// (up to `verify` forward passes per query). With `turns`, each candidate is verified
+    /// (up to `verify` forward passes per query, twice that with several views per crater). With `turns`, each candidate is verified
     /// against the [`VERIFY_VIEWS`] turned views that match it best. A verified two-stage
     /// search reranks a shortlist of at least [`VERIFY_SHORTLIST`].
     #[cfg_attr(feature = "openapi", param(minimum = 0, maximum = 100, default = 0))]
@@ -452,6 +454,11 @@ pub const VERIFY_CHANCE_SHARE: f32 = 0.2;
 /// time; the best view alone lost 0.015 on NAC (docs/results.md, "Turned and verified").
 pub const VERIFY_VIEWS: usize = 3;
 
+/// The most views of one crater for which a verified search looks deeper into its list to
+/// verify `verify` craters, not only `verify` images ([`crate::Engine::search_verified`]): 8,
+/// a catalogue lit by 8 suns. Where a crater has more, fewer craters may be verified.
+pub const VERIFY_VIEWS_PER_CRATER: usize = 8;
+
 /// Least depth of the two-stage shortlist when a search verifies its best images
 /// ([`crate::Engine::search_verified`]): a deeper `shortlist` is kept. Stage 1 (one vector per
 /// image) ranks a turned or faint crater past 100 where late interaction and verification
@@ -463,7 +470,7 @@ pub const VERIFY_SHORTLIST: usize = 400;
 /// Most turns a search may ask for (every 10 degrees).
 pub const MAX_TURNS: usize = 36;
 
-/// Most images a search may verify per query (each may cost a forward pass).
+/// Most images or craters a search may verify per query (each image may cost a forward pass).
 pub const MAX_VERIFY: usize = 100;
 
 impl Default for SearchOptions {

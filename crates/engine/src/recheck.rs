@@ -33,7 +33,8 @@ use craterdex_index::SearchParams;
 use craterdex_model::extract::FeatureSet;
 use std::collections::{HashMap, HashSet};
 
-/// Images verified per query as given and toward the catalogue's suns: 50, the advice for
+/// Images (and craters, where a crater has several views: [`crate::verify::crater_candidates`])
+/// verified per query as given and toward the catalogue's suns: 50, the advice for
 /// queries at an unknown heading (docs/results.md, "Turned and verified"); a query brought
 /// back to the catalogue's heading ranks its crater as an upright query does.
 const FIRST_VERIFY: usize = 50;
@@ -401,22 +402,12 @@ fn ms_since(t: std::time::Instant) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use craterdex_index::ImageMeta;
 
     fn hit(id: &str, inliers: Option<usize>) -> SearchHit {
         SearchHit {
             rank: 1,
-            id: id.into(),
-            crater_id: None,
-            score: 0.5,
-            stage1: None,
-            stage2: None,
             inliers,
-            meta: ImageMeta {
-                id: id.into(),
-                ..Default::default()
-            },
-            row: 0,
+            ..SearchHit::for_test(id, None, 0.5)
         }
     }
 

@@ -9,10 +9,10 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::extractor::Extractor;
 use crate::hits::{QueryHits, SearchHit};
-use crate::options::{verified_search_params, SearchOptions};
+use crate::options::{verified_search_params, SearchOptions, VERIFY_VIEWS_PER_CRATER};
 use crate::progress::Progress;
 use crate::search::{SearchAnswer, SearchInput};
-use crate::verify::candidate_params;
+use crate::verify::{candidate_params, crater_candidates};
 use crate::views::{QueryViews, Suns};
 use craterdex_errors::ensure;
 use craterdex_index::shards::ShardSet;
@@ -196,6 +196,12 @@ pub trait ShardCalls {
     ) -> Result<Vec<Vec<Vec<SearchHit>>>>;
     /// The headings of the whole set's suns ([`crate::suns_from_samples`]).
     fn suns(&self) -> Result<Suns>;
+    /// The most views of one crater in any shard: how deep a verified search lists its
+    /// candidates ([`crate::verify::candidate_params`]); where the shards cannot say, the
+    /// deepest it lists.
+    fn views_per_crater(&self) -> usize {
+        VERIFY_VIEWS_PER_CRATER
+    }
     /// The model that reads query images, where the set has one here.
     fn model(&self) -> Option<&Extractor> {
         None
@@ -237,9 +243,11 @@ impl Catalogue for OverShards<'_> {
     ) -> Result<Vec<QueryHits>> {
         let per_query = encode_in_views(self, variants, views)?;
         let verified = verified_search_params(params);
-        let listed = self
-            .0
-            .search_views(&per_query, views, &candidate_params(&verified, top))?;
+        let listed = self.0.search_views(
+            &per_query,
+            views,
+            &candidate_params(&verified, top, self.0.views_per_crater()),
+        )?;
         let chosen: Vec<Vec<HashSet<String>>> = best_of_shards(listed, top)
             .into_iter()
             .map(|lists| {
@@ -315,6 +323,13 @@ impl ShardCalls for ShardedEngine {
     fn suns(&self) -> Result<Suns> {
         Ok(self.catalogue_suns())
     }
+    fn views_per_crater(&self) -> usize {
+        self.shards
+            .iter()
+            .map(Engine::views_per_crater)
+            .max()
+            .unwrap_or(1)
+    }
     fn model(&self) -> Option<&Extractor> {
         self.shards[0].extractor().map(|x| &**x)
     }
@@ -351,8 +366,9 @@ fn by_query<T>(per_shard: Vec<Vec<T>>, queries: usize) -> Vec<Vec<T>> {
 }
 
 /// Of each shard's candidate lists (`listed[shard][query]`, best first), each query's
-/// `top` best over all shards by score (ties: shard order, then rank), handed back to the
-/// shards that hold them: what one index's search of the whole catalogue lists first.
+/// candidates over all shards ranked by score (ties: shard order, then rank) as
+/// [`crater_candidates`] picks them, handed back to the shards that hold them: what one
+/// index's search of the whole catalogue verifies.
 fn best_of_shards(listed: Vec<Vec<Vec<SearchHit>>>, top: usize) -> Vec<Vec<Vec<SearchHit>>> {
     let shards = listed.len();
     let queries = listed.first().map_or(0, Vec::len);
@@ -369,7 +385,7 @@ fn best_of_shards(listed: Vec<Vec<Vec<SearchHit>>>, top: usize) -> Vec<Vec<Vec<S
                 .then(a.0.cmp(&b.0))
                 .then(a.1.cmp(&b.1))
         });
-        for (s, _, hit) in all.into_iter().take(top) {
+        for (s, _, hit) in crater_candidates(all, top, |(_, _, hit)| hit) {
             out[s][q].push(hit);
         }
     }
@@ -495,17 +511,7 @@ mod tests {
     /// by score, ties to the first shard, at most `top` in all.
     #[test]
     fn the_best_candidates_of_all_shards_return_to_their_shards() {
-        let hit = |id: &str, score: f32| SearchHit {
-            rank: 0,
-            id: id.into(),
-            crater_id: None,
-            score,
-            stage1: None,
-            stage2: None,
-            inliers: None,
-            meta: Default::default(),
-            row: 0,
-        };
+        let hit = |id: &str, score: f32| SearchHit::for_test(id, None, score);
         let listed = vec![
             vec![vec![hit("a", 0.9), hit("b", 0.4)], vec![hit("p", 0.2)]],
             vec![vec![hit("c", 0.8), hit("d", 0.4)], vec![hit("q", 0.3)]],
@@ -520,19 +526,33 @@ mod tests {
         assert_eq!(ids(&chosen[1][1]), ["q"]);
     }
 
+    /// A crater whose views rank below another crater's many views still comes back to its
+    /// shard as a candidate: the candidates are the best `top` images and the best view of
+    /// each further crater until `top` craters are in, over all shards.
+    #[test]
+    fn the_candidates_of_all_shards_reach_top_craters() {
+        let hit = |id: &str, crater: &str, score: f32| SearchHit::for_test(id, Some(crater), score);
+        let listed = vec![
+            vec![vec![
+                hit("a1", "A", 0.9),
+                hit("a2", "A", 0.8),
+                hit("a3", "A", 0.7),
+            ]],
+            vec![vec![
+                hit("b1", "B", 0.6),
+                hit("b2", "B", 0.5),
+                hit("c1", "C", 0.4),
+            ]],
+        ];
+        let chosen = best_of_shards(listed, 2);
+        let ids = |hits: &[SearchHit]| hits.iter().map(|h| h.id.clone()).collect::<Vec<_>>();
+        assert_eq!(ids(&chosen[0][0]), ["a1", "a2"]);
+        assert_eq!(ids(&chosen[1][0]), ["b1"]);
+    }
+
     #[test]
     fn merged_lists_keep_score_order_and_blocks() {
-        let hit = |id: &str, crater: &str, score: f32| SearchHit {
-            rank: 0,
-            id: id.into(),
-            crater_id: Some(crater.into()),
-            score,
-            stage1: None,
-            stage2: None,
-            inliers: None,
-            meta: Default::default(),
-            row: 0,
-        };
+        let hit = |id: &str, crater: &str, score: f32| SearchHit::for_test(id, Some(crater), score);
         let a = vec![
             hit("a1", "A", 0.9),
             hit("a2", "A", 0.5),

@@ -7,7 +7,10 @@ use crate::catalogue::encode_in_views;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::hits::{QueryHits, SearchHit};
-use crate::options::{verified_search_params, VERIFY_CHANCE_SHARE, VERIFY_VIEWS, VERIFY_WEIGHT};
+use crate::options::{
+    verified_search_params, VERIFY_CHANCE_SHARE, VERIFY_VIEWS, VERIFY_VIEWS_PER_CRATER,
+    VERIFY_WEIGHT,
+};
 use crate::progress::Progress;
 use crate::recipe::feature_refs;
 use crate::views::QueryViews;
@@ -63,14 +66,56 @@ impl<'a> PatchGrids<'a> {
     }
 }
 
-/// The search that lists verification's candidates: the `top` best images, views not
-/// grouped (grouping would spend the places on the views of a few craters).
-pub(crate) fn candidate_params(params: &SearchParams, top: usize) -> SearchParams {
+/// The search that lists verification's candidates ([`crater_candidates`] picks them):
+/// the `top` best images times `views_per_crater` (the most views of a crater in the
+/// catalogue, at most [`VERIFY_VIEWS_PER_CRATER`]), views not grouped (grouping would list
+/// every view of a crater behind its best).
+pub(crate) fn candidate_params(
+    params: &SearchParams,
+    top: usize,
+    views_per_crater: usize,
+) -> SearchParams {
     SearchParams {
-        top_k: top,
+        top_k: top * views_per_crater.clamp(1, VERIFY_VIEWS_PER_CRATER),
         group_views: false,
         ..*params
     }
+}
+
+/// What verification verifies of a query's hits ranked best first: the `top` best images,
+/// then the best image of each further crater until `top` craters are in. In a catalogue
+/// holding each crater under several suns, the `top` best images are the views of a few
+/// craters, and a crater whose views all rank below them would go unverified. An image
+/// without a crater id counts as a crater of its own. `hit` reads the hit of an item.
+pub(crate) fn crater_candidates<T>(
+    ranked: Vec<T>,
+    top: usize,
+    hit: impl Fn(&T) -> &SearchHit,
+) -> Vec<T> {
+    let mut craters: HashSet<String> = HashSet::new();
+    let mut out = Vec::with_capacity(top);
+    for (i, item) in ranked.into_iter().enumerate() {
+        if i >= top && craters.len() >= top {
+            break;
+        }
+        let h = hit(&item);
+        let new = craters.insert(h.crater_id.as_ref().unwrap_or(&h.id).clone());
+        if i < top || new {
+            out.push(item);
+        }
+    }
+    out
+}
+
+/// [`crater_candidates`] of each query's hits.
+pub(crate) fn crater_candidates_per_query(
+    lists: Vec<Vec<SearchHit>>,
+    top: usize,
+) -> Vec<Vec<SearchHit>> {
+    lists
+        .into_iter()
+        .map(|hits| crater_candidates(hits, top, |h| h))
+        .collect()
 }
 
 /// The search whose hits verification ranks again: as asked, at least `top` deep.
@@ -115,6 +160,12 @@ struct QueryInViews<'a> {
 }
 
 impl Engine {
+    /// The most views of one crater in the index: how deep verification lists its
+    /// candidates ([`candidate_params`]).
+    pub(crate) fn views_per_crater(&self) -> usize {
+        self.index().most_views_per_crater()
+    }
+
     /// An image's patch tokens as spatial verification compares them: unit length, under
     /// the index's token whitening.
     pub fn patch_grid(&self, f: FeatureRef) -> PatchGrid {
@@ -193,7 +244,10 @@ impl Engine {
     ) -> Vec<Vec<SearchHit>> {
         let params = &verified_search_params(params);
         let listed = search(&listed_params(params, top));
-        let candidates = search(&candidate_params(params, top));
+        let candidates = crater_candidates_per_query(
+            search(&candidate_params(params, top, self.views_per_crater())),
+            top,
+        );
         self.verify_listed(
             listed,
             candidates,
@@ -345,9 +399,12 @@ impl Engine {
     ) -> Result<(ViewedQueries, SearchParams, Vec<Vec<SearchHit>>)> {
         let queries = self.viewed_queries(ids, variants, views)?;
         let params = verified_search_params(params);
-        let candidates =
-            self.search_views(&queries.descriptors, views, &candidate_params(&params, top));
-        Ok((queries, params, candidates))
+        let listed = self.search_views(
+            &queries.descriptors,
+            views,
+            &candidate_params(&params, top, self.views_per_crater()),
+        );
+        Ok((queries, params, crater_candidates_per_query(listed, top)))
     }
 
     /// [`Engine::search_variants_verified`] with the candidates' patch grids taken from
@@ -451,7 +508,11 @@ impl Engine {
     ) -> Result<Vec<Vec<SearchHit>>> {
         let params = verified_search_params(params);
         let candidates = self
-            .search_views(&queries.descriptors, views, &candidate_params(&params, top))
+            .search_views(
+                &queries.descriptors,
+                views,
+                &candidate_params(&params, top, self.views_per_crater()),
+            )
             .into_iter()
             .zip(chosen)
             .map(|(hits, keep)| hits.into_iter().filter(|h| keep.contains(&h.id)).collect())
@@ -524,5 +585,63 @@ impl Engine {
                 Error::Invalid(_) => Ok(FeatureSet::default()),
                 e => Err(e),
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(hits: &[SearchHit]) -> Vec<&str> {
+        hits.iter().map(|h| h.id.as_str()).collect()
+    }
+
+    /// Where the best images are the views of a few craters, verification also takes the
+    /// best view of each further crater, until as many craters as images were asked for.
+    #[test]
+    fn candidates_reach_as_many_craters_as_images_asked_for() {
+        let ranked: Vec<SearchHit> = [
+            ("a1", "A"),
+            ("a2", "A"),
+            ("a3", "A"),
+            ("b1", "B"),
+            ("a4", "A"),
+            ("c1", "C"),
+            ("b2", "B"),
+            ("d1", "D"),
+        ]
+        .iter()
+        .enumerate()
+        .map(|(i, (id, crater))| SearchHit::for_test(id, Some(crater), 1.0 - i as f32 / 10.0))
+        .collect();
+        let picked = crater_candidates(ranked, 3, |h| h);
+        assert_eq!(ids(&picked), ["a1", "a2", "a3", "b1", "c1"]);
+    }
+
+    /// With one view per crater (or no crater ids) the candidates are the best images, as
+    /// many as asked for.
+    #[test]
+    fn with_one_view_per_crater_the_candidates_are_the_best_images() {
+        let ranked: Vec<SearchHit> = (0..10)
+            .map(|i| SearchHit::for_test(&format!("i{i}"), None, -(i as f32)))
+            .collect();
+        assert_eq!(
+            ids(&crater_candidates(ranked, 4, |h| h)),
+            ["i0", "i1", "i2", "i3"]
+        );
+        let params = SearchParams {
+            top_k: 10,
+            shortlist: 100,
+            mode: craterdex_index::Mode::TwoStage,
+            stage1: craterdex_index::Stage1::Exact,
+            group_views: true,
+        };
+        assert_eq!(candidate_params(&params, 50, 1).top_k, 50);
+        assert_eq!(candidate_params(&params, 50, 3).top_k, 150);
+        assert_eq!(
+            candidate_params(&params, 50, 40).top_k,
+            50 * VERIFY_VIEWS_PER_CRATER
+        );
+        assert!(!candidate_params(&params, 50, 3).group_views);
     }
 }

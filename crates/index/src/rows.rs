@@ -35,9 +35,9 @@ impl Index {
         &self.segments[i]
     }
 
-    /// The other live rows showing `row`'s crater (none without a crater id).
-    pub fn other_views(&self, row: usize) -> impl Iterator<Item = usize> + '_ {
-        let views = self.views.get_or_init(|| {
+    /// The live rows of each crater with more than one, by crater id; made when first asked.
+    fn views_by_crater(&self) -> &HashMap<String, Vec<usize>> {
+        self.views.get_or_init(|| {
             let mut by_crater: HashMap<String, Vec<usize>> = HashMap::new();
             for (r, m) in self.metas.iter().enumerate() {
                 if let (false, Some(c)) = (self.deleted_rows[r], &m.crater_id) {
@@ -46,7 +46,21 @@ impl Index {
             }
             by_crater.retain(|_, rows| rows.len() > 1);
             by_crater
-        });
+        })
+    }
+
+    /// The most live rows any one crater has (1 where no crater has two).
+    pub fn most_views_per_crater(&self) -> usize {
+        self.views_by_crater()
+            .values()
+            .map(Vec::len)
+            .max()
+            .unwrap_or(1)
+    }
+
+    /// The other live rows showing `row`'s crater (none without a crater id).
+    pub fn other_views(&self, row: usize) -> impl Iterator<Item = usize> + '_ {
+        let views = self.views_by_crater();
         self.metas[row]
             .crater_id
             .as_ref()

@@ -527,8 +527,10 @@ class Index:
         a good choice; 1 searches the query as given). ``opposite_sun`` (images or paths
         only): for queries lit from the other side than the catalogue, each view is also
         searched with its brightness inverted (how a crater looks with the sun turned 180
-        degrees; twice the forward passes). ``verify``: the ``verify`` best images
-        are verified spatially (patch-token correspondences under one similarity transform)
+        degrees; twice the forward passes). ``verify``: the ``verify`` best images (and,
+        where they are the views of fewer craters, the best view of each further crater up
+        to ``verify`` craters) are verified spatially (patch-token correspondences under one
+        similarity transform)
         and ranked again by score + 0.01 per inlier beyond a fifth of the patches (20 is a
         good choice, 50 with ``turns``; 0 is off; a verified search reranks a shortlist of
         at least 400); their images are read where the index recorded them and run through
