@@ -392,8 +392,9 @@ pub struct SearchOptions {
     /// Where those are the views of fewer than `verify` craters, the best image of each
     /// further crater is verified too, until `verify` craters are in. The
     /// candidates' images are read where the index recorded them and run through the model
-    /// (up to `verify` forward passes per query, twice that with several views per crater). With `turns`, each candidate is verified
-    /// against the [`VERIFY_VIEWS`] turned views that match it best. A verified two-stage
+    /// (up to `verify` forward passes per query, twice that with several views per crater).
+    /// With `turns`, each candidate is verified against the [`VERIFY_VIEWS`] turned views that
+    /// match it best. A verified two-stage
     /// search reranks a shortlist of at least [`VERIFY_SHORTLIST`].
     #[cfg_attr(feature = "openapi", param(minimum = 0, maximum = 100, default = 0))]
     pub verify: usize,
