@@ -1644,6 +1644,107 @@ fn discover_ranks_the_windows_of_a_tile_and_eval_discover_scores_them() {
     assert_eq!(r[0]["craterdex"]["targets"], 8);
 }
 
+/// `bench search-images` times each kind of query at every level and pass, and counts the
+/// forward passes a query costs where they run: one for a plain search, `2 * turns` in turns.
+#[test]
+fn bench_search_images_counts_each_querys_forward_passes_per_level_and_kind() {
+    let e = Env::new();
+    let model = e.tiny_model();
+    let (tile, cat) = write_tile(&e.root);
+    e.bench_build((&tile, &cat), "turned", "4", "10", &["--rotated-split"]);
+    e.index_build(&model, &e.path("turned/splits/test.json"), "idx", &[]);
+    let bench = |extra: &[&str]| {
+        let upright = format!("upright={}", e.path("turned/splits/test.json"));
+        let turned = format!("turned={}", e.path("turned/splits/test_rotated.json"));
+        let mut args = vec![
+            "bench",
+            "search-images",
+            "--index",
+            "idx",
+            "--split",
+            &upright,
+            "--split",
+            &turned,
+            "--queries",
+            "3",
+            "--model",
+            &model,
+            "--size",
+            "16",
+        ];
+        args.extend(extra);
+        let out = e.ok(&args);
+        // level, precision, kind, pass, n, p50, p99, mean, passes, stages, x passes, x p50,
+        // R@1, peak MB
+        let rows: Vec<Vec<String>> = out
+            .lines()
+            .map(|l| l.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+            .filter(|c| c.len() == 14 && (c[2] == "upright" || c[2] == "turned"))
+            .collect();
+        (out, rows)
+    };
+    let cpu = e.ok(&["cpu"]);
+    let levels = cpu
+        .lines()
+        .find_map(|l| l.strip_prefix("levels this CPU supports:"))
+        .unwrap()
+        .split_whitespace()
+        .count();
+    let (out, rows) = bench(&[]);
+    assert_eq!(rows.len(), 4 * levels, "{out}");
+    for r in &rows {
+        assert_eq!(r[4], "3", "{out}");
+        let passes: f64 = r[8].parse().unwrap();
+        assert!(passes >= 1.0, "every query runs at least once:\n{out}");
+        let right: f64 = r[12].parse().unwrap();
+        assert!((0.0..=1.0).contains(&right), "{out}");
+        if r[2] == "upright" {
+            assert_eq!((r[10].as_str(), r[11].as_str()), ("1.00", "1.00"), "{out}");
+        }
+    }
+    let (out, rows) = bench(&["--no-recheck", "--levels", "portable"]);
+    assert_eq!(rows.len(), 4, "{out}");
+    assert!(
+        rows.iter().all(|r| r[0] == "portable" && r[8] == "1.00"),
+        "{out}"
+    );
+    let (out, rows) = bench(&["--turns", "2", "--levels", "portable"]);
+    assert!(
+        rows.iter().all(|r| r[8] == "4.00" && r[10] == "1.00"),
+        "{out}"
+    );
+    let o = e.run(&[
+        "bench",
+        "search-images",
+        "--index",
+        "idx",
+        "--split",
+        "upright",
+    ]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("NAME=PATH"));
+    let o = e.run(&[
+        "bench",
+        "search-images",
+        "--index",
+        "idx",
+        "--split",
+        &format!("upright={}", e.path("turned/splits/test.json")),
+        "--index-for",
+        "turned=idx",
+        "--model",
+        &model,
+        "--size",
+        "16",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("--index-for turned: no --split of that name"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
 /// `bench extract` says what each precision reaches against the level's peak, where a pass
 /// spends its time, and (`--scaling`) how it scales with threads and batch.
 #[test]

@@ -14,6 +14,7 @@ use craterdex_kernels::gemm::{self, PackedF32};
 use craterdex_kernels::linear_i8::{self, PackedI8Linear};
 use craterdex_kernels::nn;
 use rayon::prelude::*;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use strum::IntoEnumIterator;
 
@@ -535,6 +536,9 @@ pub struct Vit {
     cls_token: Vec<f32>,
     blocks: Vec<Block>,
     norm: LayerNorm,
+    /// Images run through the backbone since it was built, each input size counted apart
+    /// ([`Vit::images_run`]).
+    images_run: AtomicU64,
 }
 
 impl Vit {
@@ -583,7 +587,14 @@ impl Vit {
             config,
             precision: Precision::F32,
             keep_tokens: 1.0,
+            images_run: AtomicU64::new(0),
         })
+    }
+
+    /// How many images this backbone has run (an image seen at two input sizes counts
+    /// twice): what a search costs in forward passes, counted where they happen.
+    pub fn images_run(&self) -> u64 {
+        self.images_run.load(Ordering::Relaxed)
     }
 
     /// Runs only the first `blocks` of the backbone's blocks (`None`: [`retrieval_blocks`] of
@@ -891,6 +902,7 @@ impl Vit {
         }
         let d = self.config.hidden_size;
         let b = images.len();
+        self.images_run.fetch_add(b as u64, Ordering::Relaxed);
         let n = scale.patches();
         let t = 1 + n;
         let rows = b * t;

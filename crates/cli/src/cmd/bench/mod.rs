@@ -9,6 +9,7 @@ mod extract;
 mod python;
 mod register;
 mod search;
+mod search_images;
 mod serve;
 mod shards;
 mod writes;
@@ -38,6 +39,14 @@ pub enum BenchCmd {
         after_help = "Example:\n  craterdex bench search --json search.json\n  craterdex bench search --gallery 5000 --real craterdex-demo/bench/splits/test.json"
     )]
     Search(SearchBench),
+    /// The default search of query images by kind of query (upright, turned, relit: each a
+    /// benchmark split of one catalogue) at every kernel level, in one run: latency p50/p99,
+    /// forward passes and stages per query, each kind's cost against the first kind's.
+    #[command(
+        name = "search-images",
+        after_help = "Example:\n  craterdex bench search-images --index idx --split upright=bench/splits/test.json \\\n    --split turned=bench/splits/test_rotated.json --queries 20"
+    )]
+    SearchImages(search_images::SearchImagesBench),
     /// Load test of `craterdex serve` on loopback: feature and image searches per second,
     /// p50/p99 latency, errors and server memory over the run.
     #[command(
@@ -211,6 +220,7 @@ pub fn run(c: BenchCmd) -> Result<()> {
         BenchCmd::Extract(b) => extract::run(b),
         BenchCmd::Detect(b) => detect::run(b),
         BenchCmd::Search(b) => search::run(b),
+        BenchCmd::SearchImages(b) => search_images::run(b),
         BenchCmd::Serve(b) => serve::run(b),
         BenchCmd::Eval(b) => eval::run(b),
         BenchCmd::Register(b) => register::run(b),
