@@ -792,6 +792,24 @@ fn search_streams_its_queries_in_batches_with_the_answers_of_separate_searches()
         table.starts_with(&format!("query {}\n", queries[0])),
         "{table}"
     );
+    // the feature cache's service (the queries are the index's own images) is one note a
+    // step for the whole search, not one a batch
+    let mut args = vec!["search", "--index", "idx", "--top", "3"];
+    args.extend(queries.iter().map(String::as_str));
+    args.extend(["--model", model.as_str(), "--size", "16"]);
+    let stderr = String::from_utf8(e.run(&args).stderr).unwrap();
+    let notes: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("images from the feature cache"))
+        .collect();
+    let steps: std::collections::HashSet<&str> =
+        notes.iter().map(|l| l.split(':').next().unwrap()).collect();
+    assert_eq!(steps.len(), notes.len(), "{stderr}");
+    let all = format!(
+        "{n} of {n} images from the feature cache",
+        n = queries.len()
+    );
+    assert!(notes.iter().any(|l| l.contains(&all)), "{stderr}");
 }
 
 #[test]

@@ -177,11 +177,7 @@ impl Extractor {
             return Err(Error::Cancelled);
         }
         if res.cache_hits > 0 {
-            progress.note(&format!(
-                "{what}: {} of {} images from the feature cache",
-                res.cache_hits,
-                items.len()
-            ));
+            progress.cache_served(what, res.cache_hits, items.len());
         }
         report_failures(what, &res.failures, progress);
         if res.features.is_empty() {

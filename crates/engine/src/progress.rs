@@ -22,6 +22,11 @@ pub trait Progress: Sync {
     fn stage_ran(&self, message: &str) {
         self.note(message)
     }
+    /// The feature cache served `served` of the `of` images of the step named `what`. A
+    /// note, except inside a streamed search, which sums its batches into one note a step.
+    fn cache_served(&self, what: &str, served: usize, of: usize) {
+        self.note(&cache_note(what, served, of))
+    }
     /// One image of the job could not be used and was skipped (also listed in a note).
     fn skipped(&self, path: &std::path::Path, reason: &str) {
         let _ = (path, reason);
@@ -43,25 +48,63 @@ pub(crate) fn go_on(progress: &dyn Progress) -> crate::Result<()> {
     }
 }
 
+/// What [`Progress::cache_served`] says.
+pub(crate) fn cache_note(what: &str, served: usize, of: usize) -> String {
+    format!("{what}: {served} of {of} images from the feature cache")
+}
+
 /// Reports nothing.
 pub struct Silent;
 
 impl Progress for Silent {}
 
-/// The notes, skipped images and cancellation of another [`Progress`], without its steps nor
-/// its stages' notes: a batch inside a streamed search ([`crate::search_streamed`]), which
-/// draws its own count and sums the stages of all its batches.
-pub(crate) struct NotesOnly<'a>(pub &'a dyn Progress);
+/// The notes, skipped images and cancellation of another [`Progress`], without its steps,
+/// its stages' notes nor its cache notes: a batch inside a streamed search
+/// ([`crate::search_streamed`]), which draws its own count and sums the stages and the
+/// cache's service of all its batches ([`NotesOnly::cache_notes`]).
+pub(crate) struct NotesOnly<'a> {
+    outer: &'a dyn Progress,
+    /// Per step name, in the order first seen: images the cache served, and images.
+    served: std::sync::Mutex<Vec<(String, usize, usize)>>,
+}
+
+impl<'a> NotesOnly<'a> {
+    pub(crate) fn new(outer: &'a dyn Progress) -> Self {
+        NotesOnly {
+            outer,
+            served: Default::default(),
+        }
+    }
+
+    /// The cache's service summed over the batches: one note per step it served.
+    pub(crate) fn cache_notes(&self) -> Vec<String> {
+        let served = self.served.lock().unwrap_or_else(|e| e.into_inner());
+        served
+            .iter()
+            .map(|(what, served, of)| cache_note(what, *served, *of))
+            .collect()
+    }
+}
 
 impl Progress for NotesOnly<'_> {
     fn note(&self, message: &str) {
-        self.0.note(message)
+        self.outer.note(message)
     }
     fn stage_ran(&self, _message: &str) {}
+    fn cache_served(&self, what: &str, served: usize, of: usize) {
+        let mut all = self.served.lock().unwrap_or_else(|e| e.into_inner());
+        match all.iter_mut().find(|(w, _, _)| w == what) {
+            Some((_, s, o)) => {
+                *s += served;
+                *o += of;
+            }
+            None => all.push((what.to_string(), served, of)),
+        }
+    }
     fn skipped(&self, path: &std::path::Path, reason: &str) {
-        self.0.skipped(path, reason)
+        self.outer.skipped(path, reason)
     }
     fn cancelled(&self) -> bool {
-        self.0.cancelled()
+        self.outer.cancelled()
     }
 }

@@ -299,7 +299,7 @@ pub fn search_streamed(
             progress,
         )?);
     }
-    let inside = crate::progress::NotesOnly(progress);
+    let inside = crate::progress::NotesOnly::new(progress);
     progress.start("queries", items.len());
     let (mut done, mut stages) = (0, Vec::new());
     for batch in items.chunks(QUERY_BATCH) {
@@ -311,6 +311,9 @@ pub fn search_streamed(
         progress.advance(done);
     }
     progress.finish();
+    for note in inside.cache_notes() {
+        progress.note(&note);
+    }
     for (n, run) in stages.iter().enumerate().skip(1) {
         if let Some(note) = recheck::stage_note(&stages[..n], run, done) {
             progress.stage_ran(&note);
