@@ -162,8 +162,13 @@ struct QueryInViews<'a> {
 impl Engine {
     /// The most views of one crater in the index: how deep verification lists its
     /// candidates ([`candidate_params`]).
-    pub(crate) fn views_per_crater(&self) -> usize {
+    pub fn views_per_crater(&self) -> usize {
         self.index().most_views_per_crater()
+    }
+
+    /// The search that lists this index's verification candidates for the `top` best.
+    fn candidates_search(&self, params: &SearchParams, top: usize) -> SearchParams {
+        candidate_params(params, top, self.views_per_crater())
     }
 
     /// An image's patch tokens as spatial verification compares them: unit length, under
@@ -244,10 +249,8 @@ impl Engine {
     ) -> Vec<Vec<SearchHit>> {
         let params = &verified_search_params(params);
         let listed = search(&listed_params(params, top));
-        let candidates = crater_candidates_per_query(
-            search(&candidate_params(params, top, self.views_per_crater())),
-            top,
-        );
+        let candidates =
+            crater_candidates_per_query(search(&self.candidates_search(params, top)), top);
         self.verify_listed(
             listed,
             candidates,
@@ -402,7 +405,7 @@ impl Engine {
         let listed = self.search_views(
             &queries.descriptors,
             views,
-            &candidate_params(&params, top, self.views_per_crater()),
+            &self.candidates_search(&params, top),
         );
         Ok((queries, params, crater_candidates_per_query(listed, top)))
     }
@@ -511,7 +514,7 @@ impl Engine {
             .search_views(
                 &queries.descriptors,
                 views,
-                &candidate_params(&params, top, self.views_per_crater()),
+                &self.candidates_search(&params, top),
             )
             .into_iter()
             .zip(chosen)

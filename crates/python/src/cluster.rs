@@ -19,8 +19,9 @@ use pyo3::types::PyDict;
 use std::collections::HashSet;
 use std::sync::Mutex;
 
-/// The router's calls (a Python object with `features`, `search_views`, `verify_chosen` and
-/// `sun_samples`, each answering per shard a JSON string or None where the shard failed)
+/// The router's calls (a Python object with `features`, `search_views`, `verify_chosen`,
+/// `views_per_crater` and `sun_samples`, each answering per shard a JSON string or None where
+/// the shard failed)
 /// and the set's shared encoder.
 struct RouterCalls<'a> {
     encoder: &'a QueryEncoder,
@@ -148,6 +149,21 @@ impl ShardCalls for RouterCalls<'_> {
             |a| Self::per_shard("verify_chosen", a),
         )?;
         Ok(padded(lists, ids.len()))
+    }
+
+    fn views_per_crater(&self) -> usize {
+        let per_shard: Vec<usize> = self
+            .call(
+                "views_per_crater",
+                |py| Ok(pyo3::types::PyTuple::empty(py).unbind()),
+                |a| Self::per_shard("views_per_crater", a),
+            )
+            .unwrap_or_default();
+        // a shard that failed answers 0; where none could say, the deepest list
+        match per_shard.into_iter().max() {
+            Some(most) if most > 0 => most,
+            _ => craterdex_engine::VERIFY_VIEWS_PER_CRATER,
+        }
     }
 
     fn suns(&self) -> craterdex_engine::Result<Suns> {

@@ -208,6 +208,12 @@ impl PyIndex {
         )
     }
 
+    /// The most views of one crater in this index (images sharing a crater id).
+    fn views_per_crater(&self, py: Python<'_>) -> usize {
+        let engine = self.engine.snapshot();
+        py.detach(|| engine.views_per_crater())
+    }
+
     /// The ids of this index's sample of images for the catalogue's suns and their shading
     /// dipoles' headings (JSON `[[id, radians or null], ...]`).
     fn sun_sample_json(&self, py: Python<'_>) -> PyResult<String> {

@@ -186,6 +186,9 @@ def test_a_search_under_the_opposite_sun_finds_crops_lit_from_the_other_side(tin
 
 def test_a_verified_search_counts_inliers_and_finds_the_image_itself(tiny, crops, tmp_path):
     idx = craterdex.Index.build(tmp_path / "i", crops.iloc[:12], model=tiny)
+    # what a cluster's shards tell its router, so that it lists candidates as deep as one index
+    most = crops.iloc[:12]["crater_id"].value_counts().max()
+    assert most > 1 and idx._native.views_per_crater() == most
     search_defaults = craterdex.DEFAULTS["engine"]["search"]
     assert search_defaults["verify"] == 0 and search_defaults["recheck"]
     path = crops["path"][0]

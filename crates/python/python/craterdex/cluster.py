@@ -101,6 +101,12 @@ class ShardReplica:
         named = (list(features["ids"]), features["cls"], features["patches"], features["attention"])
         return self.index._native.verify_chosen_json(ids, named, views_json, params_json, top, chosen_json)
 
+    def views_per_crater(self) -> str:
+        """The most views of one crater this shard holds (JSON): how deep a verified search
+        lists its candidates."""
+        self.index.refresh()
+        return json.dumps(self.index._native.views_per_crater())
+
     def sun_sample(self) -> str:
         """The ids of this shard's sample of images for the catalogue's suns and their
         shading dipoles' headings (JSON)."""
@@ -283,6 +289,10 @@ class _ShardCalls:
                       chosen: List[str]) -> List[Optional[str]]:
         args = [(ids, features, views_json, params_json, top, c) for c in chosen]
         return self._answers(*self._wait(self.router._each("verify_chosen", args)))
+
+    def views_per_crater(self) -> List[Optional[str]]:
+        # asked every time: an add can give a crater another view
+        return self._answers(*self._wait(self.router._everywhere("views_per_crater")))
 
     def sun_samples(self) -> List[Optional[str]]:
         if self.router.sun_samples is None:
