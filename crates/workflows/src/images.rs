@@ -222,12 +222,54 @@ fn detection_meta(source: &str, n: usize, d: &Detection) -> ImageMeta {
     }
 }
 
+/// The catalogue's live rows with a position, ordered by x in the catalogue's frame: read
+/// once per call, so that each registered image looks only at the rows in its footprint
+/// instead of the whole catalogue.
+struct CatalogueCentres {
+    /// (x, y, row), ascending x.
+    by_x: Vec<(f64, f64, usize)>,
+}
+
+impl CatalogueCentres {
+    fn of(engine: &Engine) -> Self {
+        let index = engine.index();
+        let mut by_x: Vec<(f64, f64, usize)> = index
+            .live_rows()
+            .filter_map(|row| {
+                let m = index.meta(row);
+                match (m.x, m.y, m.diameter_px) {
+                    (Some(x), Some(y), Some(_)) if x.is_finite() && y.is_finite() => {
+                        Some((x, y, row))
+                    }
+                    _ => None,
+                }
+            })
+            .collect();
+        by_x.sort_by(|a, b| a.0.total_cmp(&b.0));
+        CatalogueCentres { by_x }
+    }
+
+    /// The rows whose centre lies in `[x0, x1] x [y0, y1]`, ascending.
+    fn rows_within(&self, (x0, x1): (f64, f64), (y0, y1): (f64, f64)) -> Vec<usize> {
+        let start = self.by_x.partition_point(|c| c.0 < x0);
+        let mut rows: Vec<usize> = self.by_x[start..]
+            .iter()
+            .take_while(|c| c.0 <= x1)
+            .filter(|c| (y0..=y1).contains(&c.1))
+            .map(|c| c.2)
+            .collect();
+        rows.sort_unstable();
+        rows
+    }
+}
+
 /// The catalogue craters `reg` places inside an image of `width` x `height` (their whole
 /// rim inside) and at least `o.min_diameter` across there, one per catalogue crater: as
 /// (catalogue row, its entry, x, y, diameter in the image, whether one of `detections` is
-/// that crater already).
+/// that crater already). Of a crater's several rows, the first in the index.
 fn projected(
     engine: &Engine,
+    centres: &CatalogueCentres,
     reg: &SourceRegistration,
     (width, height): (usize, usize),
     detections: &[Detection],
@@ -238,10 +280,21 @@ fn projected(
         return Vec::new();
     };
     let (back, scale) = (t.inverse(), t.scale());
+    // the image's footprint in the catalogue's frame: a crater centred outside it cannot
+    // lie inside the image
+    let (w, h) = ((width - 1) as f64, (height - 1) as f64);
+    let corners = [(0.0, 0.0), (w, 0.0), (0.0, h), (w, h)].map(|(x, y)| t.apply(x, y));
+    let span = |c: fn(&(f64, f64)) -> f64| {
+        let v = corners.iter().map(c);
+        (
+            v.clone().fold(f64::INFINITY, f64::min),
+            v.fold(f64::NEG_INFINITY, f64::max),
+        )
+    };
     let index = engine.index();
     let mut seen = HashSet::new();
     let mut out = Vec::new();
-    for row in index.live_rows() {
+    for row in centres.rows_within(span(|c| c.0), span(|c| c.1)) {
         let m = index.meta(row);
         if m.source == reg.source {
             continue;
@@ -252,10 +305,7 @@ fn projected(
         let (x, y) = back.apply(cx, cy);
         let d = cd / scale;
         let r = d / 2.0;
-        let inside = x - r >= 0.0
-            && y - r >= 0.0
-            && x + r <= (width - 1) as f64
-            && y + r <= (height - 1) as f64;
+        let inside = x - r >= 0.0 && y - r >= 0.0 && x + r <= w && y + r <= h;
         if !inside || !d.is_finite() || d < o.min_diameter {
             continue;
         }
@@ -516,19 +566,17 @@ pub fn link_images(
     } else {
         Frames::none()
     };
-    let registration_of = |source: &str| {
-        frames
-            .registrations()
-            .into_iter()
-            .find(|r| r.source.as_deref() == Some(source))
-    };
     let mut probes = Vec::new();
     let mut turns = Vec::new();
     // per image, the catalogue rows placed inside it: what a crater looked for in place
     // must look more like than like its own entry
     let mut inside: Vec<Vec<usize>> = Vec::new();
+    let centres = match o.look_in_place {
+        true => CatalogueCentres::of(engine),
+        false => CatalogueCentres { by_x: Vec::new() },
+    };
     for (i, im) in images.iter().enumerate() {
-        let reg = registration_of(&im.source);
+        let reg = frames.registration_of(&im.source);
         let registered = reg.as_ref().is_some_and(|r| r.registered);
         for (n, d) in im.detections.iter().enumerate() {
             let mut meta = detection_meta(&im.source, n, d);
@@ -547,7 +595,7 @@ pub fn link_images(
         }
         if let Some(reg) = reg.as_ref().filter(|_| o.look_in_place) {
             let size = (im.image.width, im.image.height);
-            let placed = projected(engine, reg, size, &im.detections, rule, o);
+            let placed = projected(engine, &centres, reg, size, &im.detections, rule, o);
             inside.push(placed.iter().map(|p| p.0).collect());
             for (row, m, x, y, d, _) in placed.into_iter().filter(|p| !p.5) {
                 probes.push(Probe {
@@ -612,7 +660,7 @@ pub fn link_images(
     let mut summaries: Vec<ImageSummary> = images
         .iter()
         .map(|im| {
-            let reg = registration_of(&im.source);
+            let reg = frames.registration_of(&im.source);
             let note = if im.detections.is_empty() {
                 Some("no craters found".to_string())
             } else {
@@ -688,6 +736,26 @@ mod tests {
             height: h,
             pixels: (0..w * h).map(|i| ((i % w) * 2 + (i / w)) as u8).collect(),
         }
+    }
+
+    #[test]
+    fn the_rows_in_a_footprint_are_those_centred_in_it_in_index_order() {
+        let mut by_x: Vec<(f64, f64, usize)> = vec![
+            (5.0, 5.0, 3),
+            (1.0, 9.0, 0),
+            (5.0, 1.0, 7),
+            (10.0, 5.0, 1),
+            (10.5, 5.0, 2),
+            (-1.0, 5.0, 4),
+        ];
+        by_x.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let centres = CatalogueCentres { by_x };
+        assert_eq!(centres.rows_within((1.0, 10.0), (2.0, 9.0)), vec![0, 1, 3]);
+        assert_eq!(
+            centres.rows_within((0.0, 11.0), (0.0, 5.0)),
+            vec![1, 2, 3, 7]
+        );
+        assert!(centres.rows_within((11.0, 20.0), (0.0, 20.0)).is_empty());
     }
 
     #[test]

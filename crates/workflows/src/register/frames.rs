@@ -488,6 +488,11 @@ impl Frames {
         }
     }
 
+    /// The registration of `source`, if it was registered (or tried).
+    pub fn registration_of(&self, source: &str) -> Option<Arc<SourceRegistration>> {
+        self.by_source.get(&Some(source.to_string())).cloned()
+    }
+
     /// Every source's registration, in source order.
     pub fn registrations(&self) -> Vec<Arc<SourceRegistration>> {
         let mut v: Vec<Arc<SourceRegistration>> = self.by_source.values().cloned().collect();
