@@ -564,24 +564,14 @@ impl PyIndex {
                 let links = craterdex_workflows::link_images(
                     &engine, &observed, &rule, &opts, &o, &progress,
                 )?;
-                let craters: Vec<serde_json::Value> = links
-                    .craters
-                    .iter()
-                    .map(|c| {
-                        let (b, s) = (c.link.best.as_ref(), c.link.second.as_ref());
-                        serde_json::json!({
-                            "image": c.image, "id": c.link.query.id, "x": c.x, "y": c.y,
-                            "diameter_px": c.diameter_px, "found_by": c.found_by,
-                            "detector_score": c.detector_score, "decision": c.decision,
-                            "confidence": c.link.confidence,
-                            "catalogue_id": b.map(|b| &b.id),
-                            "catalogue_crater_id": b.and_then(|b| b.crater_id.as_ref()),
-                            "score": b.map(|b| b.score),
-                            "second_id": s.map(|s| &s.id), "second_score": s.map(|s| s.score),
-                        })
-                    })
-                    .collect();
-                to_json(&serde_json::json!({"images": links.images, "craters": craters}))
+                use craterdex_workflows::output::{ImageCraterRecord, IMAGE_LINK_HEADER};
+                let craters: Vec<ImageCraterRecord> =
+                    links.craters.iter().map(ImageCraterRecord::of).collect();
+                to_json(&serde_json::json!({
+                    "images": links.images,
+                    "columns": IMAGE_LINK_HEADER,
+                    "craters": craters,
+                }))
             })
             .py_err()?;
         Ok(json)

@@ -544,7 +544,9 @@ pub fn write_detections(
     Ok(vec![csv_path, geojson, images_path])
 }
 
-const IMAGE_LINK_HEADER: [&str; 19] = [
+/// The columns of `links.csv` of `link --image`, and of Python's `Index.link_images`: the
+/// fields of [`ImageCraterRecord`], in order.
+pub const IMAGE_LINK_HEADER: [&str; 19] = [
     "image",
     "id",
     "x",
@@ -566,6 +568,88 @@ const IMAGE_LINK_HEADER: [&str; 19] = [
     "second_score",
 ];
 
+/// One crater of a new image as `links.csv` and Python's `Index.link_images` give it: where it
+/// is in its image, how it was found, the decision and the catalogue crater (its position in
+/// the catalogue where it was matched).
+#[derive(Debug, PartialEq, serde::Serialize)]
+pub struct ImageCraterRecord<'a> {
+    pub image: &'a str,
+    pub id: &'a str,
+    pub x: f64,
+    pub y: f64,
+    pub diameter_px: f64,
+    pub found_by: &'static str,
+    pub detector_score: Option<f32>,
+    pub decision: &'static str,
+    pub confidence: f64,
+    pub catalogue_id: Option<&'a str>,
+    pub catalogue_crater_id: Option<&'a str>,
+    pub score: Option<f32>,
+    pub offset_radii: Option<f64>,
+    pub diameter_ratio: Option<f64>,
+    pub catalogue_x: Option<f64>,
+    pub catalogue_y: Option<f64>,
+    pub catalogue_diameter_px: Option<f64>,
+    pub second_id: Option<&'a str>,
+    pub second_score: Option<f32>,
+}
+
+impl<'a> ImageCraterRecord<'a> {
+    pub fn of(c: &'a crate::images::ImageCrater) -> Self {
+        let (b, s) = (c.link.best.as_ref(), c.link.second.as_ref());
+        let matched = b
+            .filter(|_| c.decision == crate::images::ImageDecision::Match)
+            .map(|b| &b.meta);
+        ImageCraterRecord {
+            image: &c.image,
+            id: &c.link.query.id,
+            x: c.x,
+            y: c.y,
+            diameter_px: c.diameter_px,
+            found_by: c.found_by.name(),
+            detector_score: c.detector_score,
+            decision: c.decision.name(),
+            confidence: c.link.confidence,
+            catalogue_id: b.map(|b| b.id.as_str()),
+            catalogue_crater_id: b.and_then(|b| b.crater_id.as_deref()),
+            score: b.map(|b| b.score),
+            offset_radii: b.and_then(|b| b.offset_radii),
+            diameter_ratio: b.and_then(|b| b.diameter_ratio),
+            catalogue_x: matched.and_then(|m| m.x),
+            catalogue_y: matched.and_then(|m| m.y),
+            catalogue_diameter_px: matched.and_then(|m| m.diameter_px),
+            second_id: s.map(|s| s.id.as_str()),
+            second_score: s.map(|s| s.score),
+        }
+    }
+
+    /// Its `links.csv` row, column by column as [`IMAGE_LINK_HEADER`] names them.
+    fn csv_row(&self) -> Vec<String> {
+        let f = |v: f64| format!("{v:.2}");
+        vec![
+            self.image.to_string(),
+            self.id.to_string(),
+            f(self.x),
+            f(self.y),
+            f(self.diameter_px),
+            self.found_by.into(),
+            opt(self.detector_score.map(|v| format!("{v:.4}"))),
+            self.decision.into(),
+            format!("{:.4}", self.confidence),
+            opt(self.catalogue_id),
+            opt(self.catalogue_crater_id),
+            opt(self.score.map(|v| format!("{v:.5}"))),
+            opt(self.offset_radii.map(|v| format!("{v:.3}"))),
+            opt(self.diameter_ratio.map(|v| format!("{v:.3}"))),
+            opt(self.catalogue_x.map(f)),
+            opt(self.catalogue_y.map(f)),
+            opt(self.catalogue_diameter_px.map(f)),
+            opt(self.second_id),
+            opt(self.second_score.map(|v| format!("{v:.5}"))),
+        ]
+    }
+}
+
 const IMAGE_SUMMARY_HEADER: [&str; 11] = [
     "image",
     "width",
@@ -586,35 +670,10 @@ const IMAGE_SUMMARY_HEADER: [&str; 11] = [
 /// in `dir`; returns the files written.
 pub fn write_image_links(dir: &Path, links: &crate::images::ImageLinks) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).io("create", dir)?;
-    let f = |v: f64| format!("{v:.2}");
     let table = links
         .craters
         .iter()
-        .map(|c| {
-            let (b, s) = (c.link.best.as_ref(), c.link.second.as_ref());
-            let matched = b.filter(|_| c.decision == crate::images::ImageDecision::Match);
-            vec![
-                c.image.clone(),
-                c.link.query.id.clone(),
-                f(c.x),
-                f(c.y),
-                f(c.diameter_px),
-                c.found_by.name().into(),
-                opt(c.detector_score.map(|v| format!("{v:.4}"))),
-                c.decision.name().into(),
-                format!("{:.4}", c.link.confidence),
-                opt(b.map(|b| &b.id)),
-                opt(b.and_then(|b| b.crater_id.as_ref())),
-                opt(b.map(|b| format!("{:.5}", b.score))),
-                opt(b.and_then(|b| b.offset_radii).map(|v| format!("{v:.3}"))),
-                opt(b.and_then(|b| b.diameter_ratio).map(|v| format!("{v:.3}"))),
-                opt(matched.and_then(|b| b.meta.x).map(f)),
-                opt(matched.and_then(|b| b.meta.y).map(f)),
-                opt(matched.and_then(|b| b.meta.diameter_px).map(f)),
-                opt(s.map(|s| &s.id)),
-                opt(s.map(|s| format!("{:.5}", s.score))),
-            ]
-        })
+        .map(|c| ImageCraterRecord::of(c).csv_row())
         .collect();
     let csv = dir.join("links.csv");
     write_csv(&csv, &IMAGE_LINK_HEADER, table)?;
@@ -641,4 +700,49 @@ pub fn write_image_links(dir: &Path, links: &crate::images::ImageLinks) -> Resul
     let images = dir.join("images.csv");
     write_csv(&images, &IMAGE_SUMMARY_HEADER, summaries)?;
     Ok(vec![csv, images])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_image_crater_record_has_the_columns_of_links_csv_in_order() {
+        let record = ImageCraterRecord {
+            image: "new.png",
+            id: "new.png#3",
+            x: 10.0,
+            y: 20.0,
+            diameter_px: 30.0,
+            found_by: "detector",
+            detector_score: Some(0.9),
+            decision: "match",
+            confidence: 0.99,
+            catalogue_id: Some("c1"),
+            catalogue_crater_id: Some("crater1"),
+            score: Some(0.8),
+            offset_radii: Some(0.1),
+            diameter_ratio: Some(1.1),
+            catalogue_x: Some(1.0),
+            catalogue_y: Some(2.0),
+            catalogue_diameter_px: Some(3.0),
+            second_id: Some("c2"),
+            second_score: Some(0.5),
+        };
+        // serialised as written (Python reads the columns in this order)
+        let text = serde_json::to_string(&record).unwrap();
+        let at: Vec<usize> = IMAGE_LINK_HEADER
+            .iter()
+            .map(|k| text.find(&format!("\"{k}\":")).unwrap())
+            .collect();
+        assert!(at.windows(2).all(|w| w[0] < w[1]), "{text}");
+        let fields = serde_json::from_str::<Value>(&text).unwrap();
+        assert_eq!(fields.as_object().unwrap().len(), IMAGE_LINK_HEADER.len());
+        let row = record.csv_row();
+        assert_eq!(row.len(), IMAGE_LINK_HEADER.len());
+        assert_eq!(
+            (row[2].as_str(), row[10].as_str(), row[18].as_str()),
+            ("10.00", "crater1", "0.50000")
+        );
+    }
 }

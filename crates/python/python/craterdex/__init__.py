@@ -328,9 +328,6 @@ def _link_frame(json_text: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-_IMAGE_LINK_COLUMNS = ["image", "id", "x", "y", "diameter_px", "found_by", "detector_score", "decision",
-                       "confidence", "catalogue_id", "catalogue_crater_id", "score", "second_id", "second_score"]
-
 _REGISTRATION_COLUMNS = ["source", "registered", "rotation_deg", "scale", "inliers", "residual_radii",
                          "false_alarm", "entries", "catalogue", "frame", "reason"]
 
@@ -633,7 +630,7 @@ class Index:
         finally:
             rep.warn_skipped()
         out = json.loads(text)
-        frame = pd.DataFrame(out["craters"], columns=_IMAGE_LINK_COLUMNS)
+        frame = pd.DataFrame(out["craters"], columns=out["columns"])
         frame.attrs["images"] = out["images"]
         return frame
 
