@@ -1731,35 +1731,19 @@ fn bench_search_images_counts_each_querys_forward_passes_per_level_and_kind() {
         rows.iter().all(|r| r[8] == "4.00" && r[10] == "1.00"),
         "{out}"
     );
-    let o = e.run(&[
-        "bench",
-        "search-images",
-        "--index",
-        "idx",
-        "--split",
-        "upright",
-    ]);
-    assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("NAME=PATH"));
-    let o = e.run(&[
-        "bench",
-        "search-images",
-        "--index",
-        "idx",
-        "--split",
-        &format!("upright={}", e.path("turned/splits/test.json")),
-        "--index-for",
-        "turned=idx",
-        "--model",
-        &model,
-        "--size",
-        "16",
-    ]);
-    assert!(!o.status.success());
+    let refused = |extra: &[&str]| {
+        let mut args = vec!["bench", "search-images", "--index", "idx"];
+        args.extend(extra);
+        let o = e.run(&args);
+        assert!(!o.status.success());
+        String::from_utf8(o.stderr).unwrap()
+    };
+    assert!(refused(&["--split", "upright"]).contains("NAME=PATH"));
+    let upright = format!("upright={}", e.path("turned/splits/test.json"));
+    let err = refused(&["--split", &upright, "--index-for", "turned=idx"]);
     assert!(
-        String::from_utf8_lossy(&o.stderr).contains("--index-for turned: no --split of that name"),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
+        err.contains("--index-for turned: no --split of that name"),
+        "{err}"
     );
 }
 

@@ -160,21 +160,7 @@ pub fn run(b: DetectBench) -> Result<()> {
                 .map_err(anyhow::Error::from)
         })
         .sum::<Result<f64>>()?;
-    let mut rows = Vec::new();
-    let exe = std::env::current_exe()?;
-    for level in craterdex_kernels::level::supported() {
-        let out =
-            std::env::temp_dir().join(format!("craterdex-{}-{level}.json", std::process::id()));
-        let status = Command::new(&exe)
-            .args(std::env::args_os().skip(1))
-            .arg("--worker")
-            .arg(&out)
-            .env(craterdex_kernels::level::ENV, level.to_string())
-            .status()?;
-        anyhow::ensure!(status.success(), "the run at {level} failed ({status})");
-        rows.extend(serde_json::from_slice::<Vec<Row>>(&std::fs::read(&out)?)?);
-        let _ = std::fs::remove_file(&out);
-    }
+    let rows: Vec<Row> = super::rows_per_level(&craterdex_kernels::level::supported())?;
     let reference = if b.no_reference {
         None
     } else {

@@ -229,6 +229,34 @@ pub fn run(c: BenchCmd) -> Result<()> {
     }
 }
 
+/// This command run again at each of `levels`, each in a child process with
+/// `CRATERDEX_KERNEL` set (the level is fixed per process) and `--worker FILE` added: the
+/// rows each child wrote to its file, in order.
+pub fn rows_per_level<R: serde::de::DeserializeOwned>(
+    levels: &[craterdex_kernels::level::Level],
+) -> Result<Vec<R>> {
+    let exe = std::env::current_exe()?;
+    let mut rows = Vec::new();
+    for level in levels {
+        eprintln!("running at {level}");
+        let out = std::env::temp_dir().join(format!(
+            "craterdex-{}-bench-{level}.json",
+            std::process::id()
+        ));
+        let status = std::process::Command::new(&exe)
+            .args(std::env::args_os().skip(1))
+            .arg("--worker")
+            .arg(&out)
+            .env(craterdex_kernels::level::ENV, level.to_string())
+            .status()?;
+        anyhow::ensure!(status.success(), "the run at {level} failed ({status})");
+        let read = std::fs::read(&out)?;
+        let _ = std::fs::remove_file(&out);
+        rows.extend(serde_json::from_slice::<Vec<R>>(&read)?);
+    }
+    Ok(rows)
+}
+
 /// The `p` quantile (nearest rank) of ascending values; NaN when there are none.
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {

@@ -13,7 +13,6 @@ use craterdex_kernels::level::Level;
 use craterdex_model::extract::read_image;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Arc;
 use strum::VariantNames;
 
@@ -59,10 +58,7 @@ impl SearchImagesBench {
     /// The catalogue each kind searches, each opened once.
     fn catalogues(&self, extractor: &Arc<Extractor>) -> Result<Vec<(PathBuf, Engine)>> {
         let mut dirs = vec![self.index.clone()];
-        for (name, dir) in &self.index_for {
-            if !self.splits.iter().any(|(k, _)| k == name) {
-                bail!("--index-for {name}: no --split of that name");
-            }
+        for (_, dir) in &self.index_for {
             if !dirs.contains(dir) {
                 dirs.push(dir.clone());
             }
@@ -226,6 +222,13 @@ pub fn run(b: SearchImagesBench) -> Result<()> {
     if b.queries == 0 {
         bail!("--queries must be at least 1");
     }
+    if let Some((name, _)) = b
+        .index_for
+        .iter()
+        .find(|(name, _)| !b.splits.iter().any(|(k, _)| k == name))
+    {
+        bail!("--index-for {name}: no --split of that name");
+    }
     for (_, m) in &b.splits {
         queries_of(m, b.queries)?;
     }
@@ -248,24 +251,7 @@ pub fn run(b: SearchImagesBench) -> Result<()> {
         }
         runs
     };
-    let exe = std::env::current_exe()?;
-    let mut rows: Vec<Row> = Vec::new();
-    for level in levels {
-        eprintln!("searching at {level}");
-        let out = std::env::temp_dir().join(format!(
-            "craterdex-{}-search-{level}.json",
-            std::process::id()
-        ));
-        let status = Command::new(&exe)
-            .args(std::env::args_os().skip(1))
-            .arg("--worker")
-            .arg(&out)
-            .env(craterdex_kernels::level::ENV, level.to_string())
-            .status()?;
-        anyhow::ensure!(status.success(), "the run at {level} failed ({status})");
-        rows.extend(serde_json::from_slice::<Vec<Row>>(&std::fs::read(&out)?)?);
-        let _ = std::fs::remove_file(&out);
-    }
+    let rows: Vec<Row> = super::rows_per_level(&levels)?;
     print!("{}", table(&rows, &b.splits[0].0));
     Ok(())
 }
