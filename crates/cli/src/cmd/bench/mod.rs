@@ -40,8 +40,9 @@ pub enum BenchCmd {
     )]
     Search(SearchBench),
     /// The default search of query images by kind of query (upright, turned, relit: each a
-    /// benchmark split of one catalogue) at every kernel level, in one run: latency p50/p99,
-    /// forward passes and stages per query, each kind's cost against the first kind's.
+    /// benchmark split, of one catalogue or several) at every kernel level, in one run:
+    /// latency p50/p99, forward passes and stages per query, each kind's cost against the
+    /// first kind's.
     #[command(
         name = "search-images",
         after_help = "Example:\n  craterdex bench search-images --index idx --split upright=bench/splits/test.json \\\n    --split turned=bench/splits/test_rotated.json --queries 20"

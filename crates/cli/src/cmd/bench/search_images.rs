@@ -108,8 +108,11 @@ struct Row {
     peak_mb: f64,
 }
 
-/// The first `n` queries of a manifest, each with the craters that answer it.
-type Queries = Vec<((String, PathBuf), Vec<String>)>;
+/// A query image, `(id, path)`, and the craters that answer it.
+type Query = ((String, PathBuf), Vec<String>);
+
+/// The first `n` queries of a manifest.
+type Queries = Vec<Query>;
 
 fn queries_of(manifest: &std::path::Path, n: usize) -> Result<Queries> {
     let bench = craterdex_eval::manifest::load(manifest, None)?;
@@ -133,7 +136,7 @@ fn time_kind(
     extractor: &Extractor,
     b: &SearchImagesBench,
     (kind, cache): (&str, &str),
-    queries: &Queries,
+    queries: &[Query],
 ) -> Result<Row> {
     let options = b.search.options();
     let (mut ms, mut passes, mut stages, mut right) = (Vec::new(), 0u64, 0usize, 0usize);
@@ -196,13 +199,7 @@ fn worker(b: &SearchImagesBench) -> Result<Vec<Row>> {
     let engines = b.catalogues(&extractor)?;
     for (kind, queries) in &kinds {
         let engine = b.catalogue_of(kind, &engines);
-        time_kind(
-            engine,
-            &extractor,
-            b,
-            ("warm-up", ""),
-            &queries[..1].to_vec(),
-        )?;
+        time_kind(engine, &extractor, b, ("warm-up", ""), &queries[..1])?;
     }
     let mut rows = Vec::new();
     for cache in ["first", "again"] {
