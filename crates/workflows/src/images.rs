@@ -282,7 +282,10 @@ fn projected(
     let (back, scale) = (t.inverse(), t.scale());
     // the image's footprint in the catalogue's frame: a crater centred outside it cannot
     // lie inside the image
-    let (w, h) = ((width - 1) as f64, (height - 1) as f64);
+    let (w, h) = (
+        width.saturating_sub(1) as f64,
+        height.saturating_sub(1) as f64,
+    );
     let corners = [(0.0, 0.0), (w, 0.0), (0.0, h), (w, h)].map(|(x, y)| t.apply(x, y));
     let span = |c: fn(&(f64, f64)) -> f64| {
         let v = corners.iter().map(c);
