@@ -37,6 +37,47 @@ fn setup(root: &Path) {
 }
 
 #[test]
+fn a_file_neither_decoded_nor_georeferenced_is_refused_naming_both_reasons() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    setup(root);
+    std::fs::write(root.join("scene.cub"), b"not an ISIS cube").unwrap();
+    let o = run(
+        root,
+        &[
+            "detect",
+            "scene.cub",
+            "new.png",
+            "--out",
+            "found",
+            "--detector",
+            "bright",
+        ],
+    );
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("scene.cub")
+            && err.contains("neither an image this build decodes")
+            && err.contains("nor a georeferenced raster"),
+        "{err}"
+    );
+    #[cfg(not(feature = "gdal"))]
+    assert!(err.contains("built with the `gdal` feature"), "{err}");
+    let images = std::fs::read_to_string(root.join("found/images.csv")).unwrap();
+    let lines: Vec<&str> = images.lines().collect();
+    assert!(
+        lines[1].starts_with("scene.cub,scene,failed,0,"),
+        "{images}"
+    );
+    assert!(lines[2].starts_with("new.png,new,found,4,"), "{images}");
+    // a plain image has no place on a body: its columns are empty, and no lon/lat layer
+    let csv = std::fs::read_to_string(root.join("found/detections.csv")).unwrap();
+    assert!(csv.lines().skip(1).all(|l| l.ends_with(",,,")), "{csv}");
+    assert!(!root.join("found/detections_lonlat.geojson").exists());
+}
+
+#[test]
 fn detect_writes_the_crater_list_and_rims_of_each_image() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
@@ -57,7 +98,7 @@ fn detect_writes_the_crater_list_and_rims_of_each_image() {
     let mut lines = csv.lines();
     assert_eq!(
         lines.next().unwrap(),
-        "id,image,source,x,y,diameter_px,score,scale"
+        "id,image,source,x,y,diameter_px,score,scale,lat,lon,diameter_km"
     );
     let rows: Vec<Vec<String>> = lines
         .map(|l| l.split(',').map(String::from).collect())

@@ -70,6 +70,13 @@ fn write_mosaic(dir: &Path, name: &str, craters: &[(f64, f64, f64)], seed: u32) 
     let png = dir.join(format!("{name}.png"));
     img.save(&png).unwrap();
     let tif = dir.join(format!("{name}.tif"));
+    georeference(&png, &tif);
+    std::fs::remove_file(png).unwrap();
+    tif
+}
+
+/// `tif`: the image `png` as a GeoTIFF of the test's ground (GDAL's `gdal_translate`).
+fn georeference(png: &Path, tif: &Path) {
     let (ulx, uly) = (
         MARS_RADIUS_M * LON0.to_radians(),
         MARS_RADIUS_M * LAT0.to_radians(),
@@ -81,8 +88,8 @@ fn write_mosaic(dir: &Path, name: &str, craters: &[(f64, f64, f64)], seed: u32) 
     let out = Command::new("gdal_translate")
         .args(["-q", "-of", "GTiff", "-a_srs", &srs, "-a_ullr"])
         .args([ulx, uly, lrx, lry].map(|v| v.to_string()))
-        .arg(&png)
-        .arg(&tif)
+        .arg(png)
+        .arg(tif)
         .output()
         .expect("gdal_translate (Debian's gdal-bin) is needed to write the test's GeoTIFFs");
     assert!(
@@ -90,8 +97,146 @@ fn write_mosaic(dir: &Path, name: &str, craters: &[(f64, f64, f64)], seed: u32) 
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    std::fs::remove_file(png).unwrap();
-    tif
+}
+
+#[test]
+fn detect_places_each_crater_of_a_geotiff_on_the_body() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let (config, weights) = craterdex_detect::testing::brightness_detector(24);
+    craterdex_detect::write_detector_dir(&dir.join("bright"), config, &weights).unwrap();
+    let discs = [
+        (150.0, 140.0, 20.0),
+        (420.0, 200.0, 36.0),
+        (260.0, 470.0, 56.0),
+    ];
+    let g = craterdex_detect::testing::discs(SIZE as usize, SIZE as usize, &discs);
+    let png = dir.join("plain.png");
+    image::GrayImage::from_raw(SIZE, SIZE, g.pixels)
+        .unwrap()
+        .save(&png)
+        .unwrap();
+    georeference(&png, &dir.join("mosaic.tif"));
+    // the same ground in 16 bits (read as values and stretched, not as 8-bit levels)
+    let out = Command::new("gdal_translate")
+        .args(["-q", "-ot", "UInt16", "-scale", "0", "255", "0", "65535"])
+        .args(["mosaic.tif", "mosaic16.tif"])
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_craterdex"))
+        .args([
+            "detect",
+            "mosaic.tif",
+            "mosaic16.tif",
+            "plain.png",
+            "--out",
+            "found",
+        ])
+        .args(["--detector", "bright"])
+        .env("CRATERDEX_HOME", dir.join("home"))
+        .env("CRATERDEX_PYTHON", "/nonexistent/python")
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        !err.contains("ERROR"),
+        "GDAL's own messages reached stderr:\n{err}"
+    );
+    let csv = dir.join("found/detections.csv");
+    let column = |name: &str| csv_column(&csv, name);
+    let (images, xs, ys, ds) = (
+        column("image"),
+        column("x"),
+        column("y"),
+        column("diameter_px"),
+    );
+    let (lats, lons, kms) = (column("lat"), column("lon"), column("diameter_km"));
+    let f = |v: &str| v.parse::<f64>().unwrap();
+    let mut on_mosaic = 0;
+    for i in 0..images.len() {
+        if images[i] == "plain.png" {
+            assert!(lats[i].is_empty() && lons[i].is_empty() && kms[i].is_empty());
+            continue;
+        }
+        on_mosaic += 1;
+        // the detection's own pixel position, through the mosaic's projection (the CSV's
+        // x and y are rounded to 0.01 px, 1 m here: 1.5e-5 degrees)
+        let (lat, lon) = lat_lon(f(&xs[i]), f(&ys[i]));
+        assert!(
+            (f(&lats[i]) - lat).abs() < 1.5e-5,
+            "row {i}: {} against {lat}",
+            lats[i]
+        );
+        assert!(
+            (f(&lons[i]) - lon).abs() < 1.5e-5,
+            "row {i}: {} against {lon}",
+            lons[i]
+        );
+        // within a degree of the equator a pixel is 100 m either way (east-west 0.015% less)
+        let ratio = f(&kms[i]) / km(f(&ds[i]));
+        assert!(
+            (ratio - 1.0).abs() < 1e-3,
+            "row {i}: {} km, ratio {ratio}",
+            kms[i]
+        );
+    }
+    assert_eq!(
+        on_mosaic,
+        2 * discs.len(),
+        "{}",
+        std::fs::read_to_string(&csv).unwrap()
+    );
+    // GDAL's read of the GeoTIFF gives the detector the PNG's pixels: the same craters
+    let rows_of = |image: &str| -> Vec<(String, String, String)> {
+        (0..images.len())
+            .filter(|&i| images[i] == image)
+            .map(|i| (xs[i].clone(), ys[i].clone(), ds[i].clone()))
+            .collect()
+    };
+    assert_eq!(rows_of("mosaic.tif"), rows_of("plain.png"));
+    for (x, y, d) in discs {
+        for image in ["mosaic.tif", "mosaic16.tif"] {
+            let found = (0..images.len()).any(|i| {
+                images[i] == image
+                    && (f(&xs[i]) - x).hypot(f(&ys[i]) - y) < 0.1 * d + 1.0
+                    && (f(&ds[i]) / d - 1.0).abs() < 0.15
+            });
+            assert!(found, "disc ({x}, {y}, {d}) not found on {image}");
+        }
+    }
+    // the mosaic's rims in longitude and latitude, on Mars, in a layer GDAL reads
+    let layer = dir.join("found/detections_lonlat.geojson");
+    let info = ogrinfo(&layer, "detections_lonlat");
+    assert_eq!(feature_count(&info), 2 * discs.len(), "{info}");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&layer).unwrap()).unwrap();
+    let code = craterdex_workflows::geometry::iau_crs(MARS_RADIUS_M / 1000.0).unwrap();
+    assert_eq!(doc["crs"]["properties"]["name"], code);
+    for feature in doc["features"].as_array().unwrap() {
+        let ring = feature["geometry"]["coordinates"][0].as_array().unwrap();
+        let p = &feature["properties"];
+        let (lon, lat) = (p["lon"].as_f64().unwrap(), p["lat"].as_f64().unwrap());
+        let n = (ring.len() - 1) as f64;
+        let mean = |k: usize| {
+            ring[1..]
+                .iter()
+                .map(|v| v[k].as_f64().unwrap())
+                .sum::<f64>()
+                / n
+        };
+        assert!(
+            (mean(0) - lon).abs() < 1e-4 && (mean(1) - lat).abs() < 1e-4,
+            "{p}"
+        );
+    }
 }
 
 /// The `sh` block under the section's heading in docs/guide/workflows.md.

@@ -52,6 +52,23 @@ impl GrayImage {
         Ok((w as usize, h as usize))
     }
 
+    /// Grey levels from values of any range (a 16-bit or float band read by GDAL): stretched
+    /// between their 0.1 and 99.9 percentiles as deep TIFFs are; non-finite values black.
+    pub fn from_values(width: usize, height: usize, values: &[f32]) -> Result<Self> {
+        ensure!(
+            values.len() == width * height,
+            Error::Invalid(format!(
+                "{} values for a {width} x {height} image",
+                values.len()
+            ))
+        );
+        Ok(Self {
+            width,
+            height,
+            pixels: stretch(values),
+        })
+    }
+
     pub fn from_dynamic(image: &DynamicImage) -> Self {
         let (width, height) = (image.width() as usize, image.height() as usize);
         let pixels = match image {

@@ -255,8 +255,9 @@ impl Input {
 /// Where crops come from: a tile in memory, or a mosaic read window by window.
 enum Source {
     Tile(Tile),
+    // boxed: an open raster (its dataset and two coordinate transforms) is the larger
     #[cfg(feature = "gdal")]
-    Raster(crate::georef::Raster),
+    Raster(Box<crate::georef::Raster>),
 }
 
 impl Source {
@@ -325,7 +326,7 @@ fn open_input(input: &Input) -> Result<(Source, String, Vec<SourceCrater>)> {
                     geo: Some(g),
                 })
                 .collect();
-            Ok((Source::Raster(r), stem(raster), list))
+            Ok((Source::Raster(Box::new(r)), stem(raster), list))
         }
         #[cfg(not(feature = "gdal"))]
         Input::Mosaic { raster, .. } => Err(Error::Unsupported(format!(

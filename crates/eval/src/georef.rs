@@ -7,7 +7,9 @@
 //! geotransform. The two offsets give the crater's local size in pixels along y and x, so a
 //! crater stretched east-west by an equirectangular projection at high latitude gets a crop
 //! window stretched the same way and resampled to a square. Crops are windowed reads,
-//! resampled by GDAL to the output size: a mosaic is never loaded whole.
+//! resampled by GDAL to the output size: a mosaic is never loaded whole to cut crops. Crater
+//! detection reads an image whole ([`Raster::levels`]) and places what it finds back on the
+//! body ([`Raster::lon_lat`]).
 
 use crate::benchbuild::Tile;
 use crate::catalogue::{Crater, GeoCrater};
@@ -21,6 +23,19 @@ use std::path::{Path, PathBuf};
 /// Largest side of a crop read from a mosaic; bigger craters are read downsampled.
 const MAX_SIDE: f64 = 512.0;
 
+/// Largest image read whole (for detection): as many pixels as an image file may hold.
+const MAX_WHOLE_PIXELS: u64 = 1 << 32;
+/// Pixels read at once when a whole image is read.
+const WHOLE_READ_PIXELS: usize = 1 << 22;
+
+/// The values of a whole band.
+pub enum Levels {
+    /// An 8-bit band's levels, as stored.
+    Eight(Vec<u8>),
+    /// Any other band's values; no-data as NaN.
+    Values(Vec<f32>),
+}
+
 /// An open mosaic.
 pub struct Raster {
     path: PathBuf,
@@ -28,6 +43,8 @@ pub struct Raster {
     size: (usize, usize),
     geotransform: [f64; 6],
     to_projected: CoordTransform,
+    to_geographic: CoordTransform,
+    eight_bit: bool,
     radius_m: f64,
     /// Values map to [0, 1] as `(v - offset) * scale`.
     offset: f64,
@@ -63,14 +80,16 @@ impl Raster {
         let mut geographic = srs.geog_cs().or_invalid_with(ctx)?;
         geographic.set_axis_mapping_strategy(AxisMappingStrategy::TraditionalGisOrder);
         let to_projected = CoordTransform::new(&geographic, &srs).or_invalid_with(ctx)?;
+        let to_geographic = CoordTransform::new(&srs, &geographic).or_invalid_with(ctx)?;
         let radius_m = srs.semi_major().or_invalid_with(ctx)?;
         ensure!(
             radius_m > 0.0,
             Error::Invalid(format!("{}: the body's radius is unknown", path.display()))
         );
         let size = ds.raster_size();
-        let (nodata, offset, scale) = {
+        let (nodata, offset, scale, eight_bit) = {
             let band = ds.rasterband(1).or_invalid_with(ctx)?;
+            let eight_bit = band.band_type() == GdalDataType::UInt8;
             let (offset, scale) = match band.band_type() {
                 GdalDataType::UInt8 => (0.0, 1.0 / 255.0),
                 _ => {
@@ -80,7 +99,7 @@ impl Raster {
                     (mm.min, 1.0 / (mm.max - mm.min).max(f64::MIN_POSITIVE))
                 }
             };
-            (band.no_data_value(), offset, scale)
+            (band.no_data_value(), offset, scale, eight_bit)
         };
         Ok(Self {
             path: path.to_path_buf(),
@@ -88,6 +107,8 @@ impl Raster {
             size,
             geotransform,
             to_projected,
+            to_geographic,
+            eight_bit,
             radius_m,
             offset,
             scale,
@@ -115,6 +136,86 @@ impl Raster {
                 )
             })
             .collect())
+    }
+
+    /// Width and height in pixels.
+    pub fn size(&self) -> (usize, usize) {
+        self.size
+    }
+
+    /// The radius of the body the mosaic's coordinate system is on, in km.
+    pub fn body_radius_km(&self) -> f64 {
+        self.radius_m / 1000.0
+    }
+
+    /// The whole of band 1, a block of rows at a time: 8-bit levels as stored, or any other
+    /// type's values as they are (no-data and non-finite values as NaN) for the caller to
+    /// map onto grey levels.
+    pub fn levels(&self) -> Result<Levels> {
+        let (w, h) = self.size;
+        ensure!(
+            (w as u64) * (h as u64) <= MAX_WHOLE_PIXELS,
+            Error::Invalid(format!(
+                "{}: {w} x {h} pixels is more than a whole read takes ({MAX_WHOLE_PIXELS})",
+                self.path.display()
+            ))
+        );
+        let band = self
+            .ds
+            .rasterband(1)
+            .or_invalid_with(|| self.path.display().to_string())?;
+        let rows = (WHOLE_READ_PIXELS / w.max(1)).max(1);
+        let read = |y0: usize, n: usize| -> Result<Vec<f64>> {
+            let buf = band
+                .read_as::<f64>((0, y0 as isize), (w, n), (w, n), None)
+                .or_invalid_with(|| {
+                    format!("{}: cannot read rows {y0}..{}", self.path.display(), y0 + n)
+                })?;
+            Ok(buf.into_shape_and_vec().1)
+        };
+        let mut values = Vec::with_capacity(w * h);
+        let mut eight = Vec::with_capacity(if self.eight_bit { w * h } else { 0 });
+        for y0 in (0..h).step_by(rows) {
+            let block = read(y0, rows.min(h - y0))?;
+            if self.eight_bit {
+                eight.extend(block.iter().map(|&v| v as u8));
+            } else {
+                values.extend(block.iter().map(|&v| {
+                    if self.nodata == Some(v) || !v.is_finite() {
+                        f32::NAN
+                    } else {
+                        v as f32
+                    }
+                }));
+            }
+        }
+        Ok(if self.eight_bit {
+            Levels::Eight(eight)
+        } else {
+            Levels::Values(values)
+        })
+    }
+
+    /// Longitude and latitude in degrees (the mosaic's own geographic system and longitude
+    /// convention) of pixel positions (0 at the centre of the first pixel).
+    pub fn lon_lat(&self, pixels: &[(f64, f64)]) -> Result<Vec<(f64, f64)>> {
+        let g = &self.geotransform;
+        let (mut x, mut y): (Vec<f64>, Vec<f64>) = pixels
+            .iter()
+            .map(|&(px, py)| {
+                let (u, v) = (px + 0.5, py + 0.5);
+                (g[0] + u * g[1] + v * g[2], g[3] + u * g[4] + v * g[5])
+            })
+            .unzip();
+        self.to_geographic
+            .transform_coords(&mut x, &mut y, &mut [])
+            .or_invalid_with(|| {
+                format!(
+                    "{}: cannot find the longitude and latitude of pixels",
+                    self.path.display()
+                )
+            })?;
+        Ok(x.into_iter().zip(y).collect())
     }
 
     fn inside(&self, (x, y): (f64, f64)) -> bool {

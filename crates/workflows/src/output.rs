@@ -429,7 +429,7 @@ pub fn write_discovered(dir: &Path, ranked: &[crate::discover::Discovered]) -> R
     write_geojson(&dir.join("ranked.geojson"), features, None)
 }
 
-const DETECTION_HEADER: [&str; 8] = [
+const DETECTION_HEADER: [&str; 11] = [
     "id",
     "image",
     "source",
@@ -438,7 +438,28 @@ const DETECTION_HEADER: [&str; 8] = [
     "diameter_px",
     "score",
     "scale",
+    "lat",
+    "lon",
+    "diameter_km",
 ];
+
+/// Where a crater found in a georeferenced image lies on its body: centre in degrees (the
+/// image's own geographic system and longitude convention) and diameter in km.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BodyPlace {
+    pub lat: f64,
+    pub lon: f64,
+    pub diameter_km: f64,
+}
+
+/// The craters found in one image, or why there are none to list.
+pub struct ImageDetections {
+    pub image: PathBuf,
+    pub found: std::result::Result<Vec<craterdex_detect::Detection>, String>,
+    /// For a georeferenced image: each crater's place on the body, in the order of `found`,
+    /// and the body's radius in km.
+    pub on_body: Option<(Vec<BodyPlace>, f64)>,
+}
 
 /// The id of the `n`th crater found in `source` (detections.csv, crops.csv).
 pub fn detection_id(source: &str, n: usize) -> String {
@@ -468,68 +489,107 @@ pub fn source_names(images: &[PathBuf]) -> Vec<String> {
         .collect()
 }
 
+/// The radius shared by the bodies of the georeferenced images, if any is; images on
+/// bodies of different radii cannot share one map layer.
+fn shared_body_radius(per_image: &[ImageDetections]) -> Result<Option<f64>> {
+    let mut radii = per_image.iter().filter_map(|d| d.on_body.as_ref());
+    let Some((_, first)) = radii.next() else {
+        return Ok(None);
+    };
+    if let Some(other) = per_image.iter().find(|d| {
+        d.on_body
+            .as_ref()
+            .is_some_and(|(_, r)| (r - first).abs() > 1e-6 * first)
+    }) {
+        return Err(crate::error::Error::Invalid(format!(
+            "{}: on a body of another radius than the other georeferenced images \
+             ({first} km): detect each body's images in a run of their own",
+            other.image.display()
+        )));
+    }
+    Ok(Some(*first))
+}
+
 /// `detections.csv` (one row per crater found: `id` as `<source>-<n>`, the image, its
 /// source name, centre and diameter in its pixels, score, the pyramid scale it was found
-/// at), `detections.geojson` (each crater's rim as a polygon in the image's pixel frame as
-/// QGIS shows an image without georeferencing: x right, y up from the top edge, so y is
-/// minus the row) and `images.csv` (per image: its source name, `found`, `none` or `failed`,
-/// the craters found, and why it failed) in `dir`; `per_image` holds each image's
-/// detections or the reason it has none. Returns the files written.
-pub fn write_detections(
-    dir: &Path,
-    per_image: &[(
-        PathBuf,
-        std::result::Result<Vec<craterdex_detect::Detection>, String>,
-    )],
-) -> Result<Vec<PathBuf>> {
+/// at, and for a georeferenced image latitude, longitude and diameter in km),
+/// `detections.geojson` (each crater's rim as a polygon in the image's pixel frame as QGIS
+/// shows an image without georeferencing: x right, y up from the top edge, so y is minus
+/// the row), `detections_lonlat.geojson` where any image is georeferenced (those images'
+/// rims in longitude and latitude, declaring the body's coordinate system) and `images.csv`
+/// (per image: its source name, `found`, `none` or `failed`, the craters found, and why it
+/// failed) in `dir`. Returns the files written.
+pub fn write_detections(dir: &Path, per_image: &[ImageDetections]) -> Result<Vec<PathBuf>> {
+    let body_radius_km = shared_body_radius(per_image)?;
     craterdex_durable::create_dir_all(dir)?;
-    let images: Vec<PathBuf> = per_image.iter().map(|(p, _)| p.clone()).collect();
+    let images: Vec<PathBuf> = per_image.iter().map(|d| d.image.clone()).collect();
     let sources = source_names(&images);
     let mut rows = Vec::new();
-    let mut features = Vec::new();
+    let (mut features, mut body_features) = (Vec::new(), Vec::new());
     let mut statuses = Vec::new();
-    for ((image, result), source) in per_image.iter().zip(&sources) {
-        let (status, count, why) = match result {
+    for (d, source) in per_image.iter().zip(&sources) {
+        let image = d.image.display().to_string();
+        let (status, count, why) = match &d.found {
             Ok(found) if found.is_empty() => ("none", 0, String::new()),
             Ok(found) => ("found", found.len(), String::new()),
             Err(e) => ("failed", 0, e.clone()),
         };
         statuses.push(vec![
-            image.display().to_string(),
+            image.clone(),
             source.clone(),
             status.to_string(),
             count.to_string(),
             why,
         ]);
-        let Ok(found) = result else { continue };
-        for (n, d) in found.iter().enumerate() {
+        let Ok(found) = &d.found else { continue };
+        for (n, c) in found.iter().enumerate() {
             let id = detection_id(source, n);
+            let place = d.on_body.as_ref().and_then(|(p, _)| p.get(n));
             rows.push(vec![
                 id.clone(),
-                image.display().to_string(),
+                image.clone(),
                 source.clone(),
-                format!("{:.2}", d.x),
-                format!("{:.2}", d.y),
-                format!("{:.2}", d.diameter),
-                format!("{:.4}", d.score),
-                d.scale.to_string(),
+                format!("{:.2}", c.x),
+                format!("{:.2}", c.y),
+                format!("{:.2}", c.diameter),
+                format!("{:.4}", c.score),
+                c.scale.to_string(),
+                opt(place.map(|p| format!("{:.6}", p.lat))),
+                opt(place.map(|p| format!("{:.6}", p.lon))),
+                opt(place.map(|p| format!("{:.4}", p.diameter_km))),
             ]);
+            let mut properties = json!({
+                "id": id, "image": image, "source": source,
+                "x": c.x, "y": c.y, "diameter_px": c.diameter, "score": c.score,
+            });
+            if let Some(p) = place {
+                properties["lat"] = json!(p.lat);
+                properties["lon"] = json!(p.lon);
+                properties["diameter_km"] = json!(p.diameter_km);
+            }
             let ring: Vec<[f64; 2]> = (0..=RIM_VERTICES)
                 .map(|k| {
                     let a = std::f64::consts::TAU * k as f64 / RIM_VERTICES as f64;
-                    let r = d.diameter / 2.0;
+                    let r = c.diameter / 2.0;
                     // pixel centres at +0.5: QGIS puts the image's corner at (0, 0)
-                    [d.x + 0.5 + r * a.cos(), -(d.y + 0.5 + r * a.sin())]
+                    [c.x + 0.5 + r * a.cos(), -(c.y + 0.5 + r * a.sin())]
                 })
                 .collect();
             features.push(json!({
                 "type": "Feature",
                 "geometry": {"type": "Polygon", "coordinates": [ring]},
-                "properties": {
-                    "id": id, "image": image.display().to_string(), "source": source,
-                    "x": d.x, "y": d.y, "diameter_px": d.diameter, "score": d.score,
-                },
+                "properties": properties.clone(),
             }));
+            let on_body = place.zip(body_radius_km).and_then(|(p, radius)| {
+                geometry::rim_ring(p.lat, p.lon, p.diameter_km, radius, RIM_VERTICES)
+            });
+            if let Some(ring) = on_body {
+                body_features.push(json!({
+                    "type": "Feature",
+                    "geometry": {"type": "Polygon", "coordinates": [ring]},
+                    "properties": properties,
+                }));
+            }
         }
     }
     let (csv_path, geojson) = (dir.join("detections.csv"), dir.join("detections.geojson"));
@@ -541,7 +601,13 @@ pub fn write_detections(
         &["image", "source", "status", "craters", "reason"],
         statuses,
     )?;
-    Ok(vec![csv_path, geojson, images_path])
+    let mut files = vec![csv_path, geojson, images_path];
+    if body_radius_km.is_some() {
+        let path = dir.join("detections_lonlat.geojson");
+        write_geojson(&path, body_features, body_radius_km)?;
+        files.push(path);
+    }
+    Ok(files)
 }
 
 /// The columns of `links.csv` of `link --image`, and of Python's `Index.link_images`: the

@@ -7,7 +7,10 @@ use anyhow::{Context, Result};
 use clap::Args;
 use craterdex_detect::{detect, DetectOptions, Detection, DetectorConfig, GrayImage, Net};
 use craterdex_eval::detection::{score, BinCounts, Circle};
+#[cfg(feature = "gdal")]
+use craterdex_eval::georef::Raster;
 use craterdex_model::Precision;
+use craterdex_workflows::output::{BodyPlace, ImageDetections};
 use rayon::prelude::*;
 use std::path::{Path, PathBuf};
 
@@ -62,10 +65,13 @@ impl DetectorOpts {
 
 #[derive(Args)]
 pub struct DetectCmd {
-    /// Images (PNG, TIFF, JPEG, PNM) of any size.
+    /// Images (PNG, TIFF, JPEG, PNM) of any size; built with GDAL, also georeferenced
+    /// rasters (GeoTIFF, map-projected ISIS cubes, PDS), whose craters get latitude,
+    /// longitude and diameter in km.
     #[arg(required = true)]
     images: Vec<PathBuf>,
-    /// Where detections.csv, detections.geojson and images.csv go.
+    /// Where detections.csv, detections.geojson and images.csv go (with georeferenced
+    /// images, detections_lonlat.geojson too).
     #[arg(long)]
     out: PathBuf,
     /// Also cut a crop of each crater (OUT/crops/<id>.png, with OUT/crops.csv beside it:
@@ -81,17 +87,13 @@ pub struct DetectCmd {
 }
 
 /// Crops of the craters found and the metadata link reads beside them; how many.
-fn write_crops(
-    out: &Path,
-    per_image: &[(PathBuf, std::result::Result<Vec<Detection>, String>)],
-    context: f64,
-) -> Result<usize> {
-    let images: Vec<PathBuf> = per_image.iter().map(|(p, _)| p.clone()).collect();
+fn write_crops(out: &Path, per_image: &[ImageDetections], context: f64) -> Result<usize> {
+    let images: Vec<PathBuf> = per_image.iter().map(|d| d.image.clone()).collect();
     let sources = craterdex_workflows::output::source_names(&images);
     let mut craters = Vec::new();
     let mut rows = std::collections::HashMap::new();
-    for (i, ((_, found), source)) in per_image.iter().zip(&sources).enumerate() {
-        for (n, d) in found.iter().flatten().enumerate() {
+    for (i, (image, source)) in per_image.iter().zip(&sources).enumerate() {
+        for (n, d) in image.found.iter().flatten().enumerate() {
             let id = craterdex_workflows::output::detection_id(source, n);
             rows.insert(
                 id.clone(),
@@ -117,6 +119,123 @@ fn write_crops(
     Ok(cut.len())
 }
 
+/// The craters found in one image and, for a georeferenced image (GDAL builds), where each
+/// lies on the body and the body's radius in km.
+pub struct Found {
+    pub detections: Vec<Detection>,
+    pub on_body: Option<(Vec<BodyPlace>, f64)>,
+}
+
+/// Extensions the image crate decodes; any other file is one only GDAL may read.
+const IMAGE_EXTENSIONS: [&str; 9] = [
+    "png", "tif", "tiff", "jpg", "jpeg", "pgm", "ppm", "pnm", "pbm",
+];
+
+fn plain_image(path: &Path) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| IMAGE_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()))
+}
+
+/// The georeferenced raster at `path` (GDAL builds), or why there is none.
+#[cfg(feature = "gdal")]
+fn georeferenced(path: &Path) -> std::result::Result<Raster, String> {
+    Raster::open(path).map_err(|e| e.to_string())
+}
+
+#[cfg(not(feature = "gdal"))]
+fn georeferenced(_: &Path) -> std::result::Result<Raster, String> {
+    Err(
+        "PDS, ISIS cubes and the other formats GDAL reads need craterdex built with the \
+         `gdal` feature"
+            .into(),
+    )
+}
+
+/// Stands in for GDAL's raster in builds without it: never made.
+#[cfg(not(feature = "gdal"))]
+pub enum Raster {}
+
+/// Width and height from the file's header (GDAL's for a georeferenced raster).
+fn dimensions(path: &Path) -> Option<(usize, usize)> {
+    match georeferenced(path) {
+        #[cfg(feature = "gdal")]
+        Ok(r) => Some(r.size()),
+        #[cfg(not(feature = "gdal"))]
+        Ok(never) => match never {},
+        Err(_) => GrayImage::dimensions(path).ok(),
+    }
+}
+
+/// The image's grey levels, and its raster when it is georeferenced (a GeoTIFF, a map-projected
+/// ISIS cube or PDS image in GDAL builds); any other file is read as a plain image.
+pub fn read_image(path: &Path) -> Result<(GrayImage, Option<Raster>)> {
+    let raster = match georeferenced(path) {
+        Ok(r) => r,
+        Err(why) => {
+            return match GrayImage::open(path) {
+                Ok(g) => Ok((g, None)),
+                // both readers' messages name the file
+                Err(e) if !plain_image(path) => Err(anyhow::Error::new(e).context(format!(
+                    "neither an image this build decodes (PNG, TIFF, JPEG, PNM) nor a \
+                     georeferenced raster ({why})"
+                ))),
+                Err(e) => Err(e.into()),
+            };
+        }
+    };
+    #[cfg(feature = "gdal")]
+    {
+        use craterdex_eval::georef::Levels;
+        let (width, height) = raster.size();
+        let grey = match raster.levels()? {
+            Levels::Eight(pixels) => GrayImage {
+                width,
+                height,
+                pixels,
+            },
+            Levels::Values(values) => GrayImage::from_values(width, height, &values)?,
+        };
+        Ok((grey, Some(raster)))
+    }
+    #[cfg(not(feature = "gdal"))]
+    match raster {}
+}
+
+/// Where each crater lies on the body: its centre, and the mean of its east-west and
+/// north-south spans measured on the body's sphere between points a radius either side.
+#[cfg(feature = "gdal")]
+fn places(raster: &Raster, found: &[Detection]) -> Result<Vec<BodyPlace>> {
+    let mut pixels = Vec::with_capacity(found.len() * 5);
+    for d in found {
+        let r = d.diameter / 2.0;
+        pixels.extend([
+            (d.x, d.y),
+            (d.x - r, d.y),
+            (d.x + r, d.y),
+            (d.x, d.y - r),
+            (d.x, d.y + r),
+        ]);
+    }
+    let radius = raster.body_radius_km();
+    let lat_lon: Vec<(f64, f64)> = raster
+        .lon_lat(&pixels)?
+        .into_iter()
+        .map(|(lon, lat)| (lat, lon))
+        .collect();
+    Ok(lat_lon
+        .chunks_exact(5)
+        .map(|p| {
+            let span = |a, b| craterdex_workflows::geometry::distance_km(a, b, radius);
+            BodyPlace {
+                lat: p[0].0,
+                lon: p[0].1,
+                diameter_km: (span(p[1], p[2]) + span(p[3], p[4])) / 2.0,
+            }
+        })
+        .collect())
+}
+
 /// Runs the detector over `images` with one bar for all their tiles; each image's
 /// detections, or why it has none.
 pub fn detect_images(
@@ -125,18 +244,28 @@ pub fn detect_images(
     net: &Net,
     o: &DetectOptions,
     label: &str,
-) -> Vec<Result<Vec<Detection>>> {
+) -> Vec<Result<Found>> {
     // the bar's length from the files' headers; each image decoded when its turn comes
     let total: usize = images
         .iter()
-        .filter_map(|p| GrayImage::dimensions(p).ok())
+        .filter_map(|p| dimensions(p.as_path()))
         .map(|(w, h)| craterdex_detect::detect::tiles_needed(config, w, h, o).unwrap_or(0))
         .sum();
     let pb = bar(total, label);
-    let one = |p: &PathBuf| -> Result<Vec<Detection>> {
-        let g = GrayImage::open(p)?;
-        detect(net, config, &g, o, &|n| pb.inc(n as u64))
-            .with_context(|| format!("detecting craters in {}", p.display()))
+    let one = |p: &PathBuf| -> Result<Found> {
+        let (g, raster) = read_image(p)?;
+        let detections = detect(net, config, &g, o, &|n| pb.inc(n as u64))
+            .with_context(|| format!("detecting craters in {}", p.display()))?;
+        #[cfg(feature = "gdal")]
+        let on_body = raster
+            .map(|r| Ok::<_, anyhow::Error>((places(&r, &detections)?, r.body_radius_km())))
+            .transpose()?;
+        #[cfg(not(feature = "gdal"))]
+        let on_body = raster.map(|never| match never {});
+        Ok(Found {
+            detections,
+            on_body,
+        })
     };
     // as many images at once as threads: each pass has serial stretches (decoding, the
     // pyramid, circles) that the other image's products fill; no more, for memory
@@ -157,8 +286,11 @@ pub fn run(c: DetectCmd) -> Result<()> {
     let mut per_image = Vec::new();
     let (mut failed, mut with_craters, mut n) = (0, 0, 0);
     for (path, r) in c.images.iter().zip(results) {
-        let r = r.map_err(|e| format!("{e:#}"));
-        match &r {
+        let (found, on_body) = match r {
+            Ok(f) => (Ok(f.detections), f.on_body),
+            Err(e) => (Err(format!("{e:#}")), None),
+        };
+        match &found {
             Ok(d) if d.is_empty() => eprintln!("{}: no craters found", path.display()),
             Ok(d) => {
                 with_craters += 1;
@@ -169,7 +301,11 @@ pub fn run(c: DetectCmd) -> Result<()> {
                 eprintln!("{}: {e}", path.display());
             }
         }
-        per_image.push((path.clone(), r));
+        per_image.push(ImageDetections {
+            image: path.clone(),
+            found,
+            on_body,
+        });
     }
     let mut files = craterdex_workflows::output::write_detections(&c.out, &per_image)?;
     if c.crops {
@@ -257,8 +393,7 @@ pub fn run_eval(c: EvalDetectCmd) -> Result<()> {
     let seconds = t.elapsed().as_secs_f64();
     let mut scored = Vec::new();
     for ((tile, labels), f) in pairs.iter().zip(found) {
-        let f = f?;
-        let circles = found_circles(&f);
+        let circles = found_circles(&f?.detections);
         scored.push((
             circles,
             labelled(labels).with_context(|| format!("labels of {}", tile.display()))?,

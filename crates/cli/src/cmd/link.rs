@@ -223,7 +223,7 @@ fn run_images(c: LinkCmd) -> Result<()> {
     let mut failed = 0;
     let mut read = Vec::new();
     for ((path, name), result) in c.images.iter().zip(names).zip(found) {
-        match result.and_then(|d| Ok((craterdex_detect::GrayImage::open(path)?, d))) {
+        match result.and_then(|f| Ok((crate::cmd::detect::read_image(path)?.0, f.detections))) {
             Ok((image, detections)) => read.push((name, image, detections)),
             Err(e) => {
                 failed += 1;

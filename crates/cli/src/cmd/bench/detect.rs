@@ -68,6 +68,7 @@ fn worker(b: &DetectBench) -> Result<Vec<Row>> {
             let t = std::time::Instant::now();
             found = detect_images(&images, &config, &net, &o, &format!("{precision}"))
                 .into_iter()
+                .map(|f| f.map(|f| f.detections))
                 .collect::<Result<Vec<_>>>()?;
             best = best.min(t.elapsed().as_secs_f64());
         }
