@@ -37,47 +37,6 @@ fn setup(root: &Path) {
 }
 
 #[test]
-fn a_file_neither_decoded_nor_georeferenced_is_refused_naming_both_reasons() {
-    let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path();
-    setup(root);
-    std::fs::write(root.join("scene.cub"), b"not an ISIS cube").unwrap();
-    let o = run(
-        root,
-        &[
-            "detect",
-            "scene.cub",
-            "new.png",
-            "--out",
-            "found",
-            "--detector",
-            "bright",
-        ],
-    );
-    assert!(!o.status.success());
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        err.contains("scene.cub")
-            && err.contains("neither an image this build decodes")
-            && err.contains("nor a georeferenced raster"),
-        "{err}"
-    );
-    #[cfg(not(feature = "gdal"))]
-    assert!(err.contains("built with the `gdal` feature"), "{err}");
-    let images = std::fs::read_to_string(root.join("found/images.csv")).unwrap();
-    let lines: Vec<&str> = images.lines().collect();
-    assert!(
-        lines[1].starts_with("scene.cub,scene,failed,0,"),
-        "{images}"
-    );
-    assert!(lines[2].starts_with("new.png,new,found,4,"), "{images}");
-    // a plain image has no place on a body: its columns are empty, and no lon/lat layer
-    let csv = std::fs::read_to_string(root.join("found/detections.csv")).unwrap();
-    assert!(csv.lines().skip(1).all(|l| l.ends_with(",,,")), "{csv}");
-    assert!(!root.join("found/detections_lonlat.geojson").exists());
-}
-
-#[test]
 fn detect_writes_the_crater_list_and_rims_of_each_image() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
@@ -126,6 +85,9 @@ fn detect_writes_the_crater_list_and_rims_of_each_image() {
         .as_array()
         .unwrap();
     assert!(ring.iter().all(|p| p[1].as_f64().unwrap() < 0.0));
+    // a plain image has no place on a body: its columns are empty, and no lon/lat layer
+    assert!(csv.lines().skip(1).all(|l| l.ends_with(",,,")), "{csv}");
+    assert!(!root.join("found/detections_lonlat.geojson").exists());
 
     // eval-detect: three of the four discs are labelled, so the fourth is a false detection
     let o = run(
@@ -168,6 +130,7 @@ fn images_that_cannot_be_searched_are_named_with_the_reason() {
     let root = tmp.path();
     setup(root);
     std::fs::write(root.join("notes.png"), b"not an image").unwrap();
+    std::fs::write(root.join("scene.cub"), b"not an ISIS cube").unwrap();
     image::GrayImage::new(10, 10)
         .save(root.join("tiny.png"))
         .unwrap();
@@ -182,6 +145,7 @@ fn images_that_cannot_be_searched_are_named_with_the_reason() {
             "notes.png",
             "tiny.png",
             "dark.png",
+            "scene.cub",
             "--out",
             "found",
             "--detector",
@@ -199,9 +163,17 @@ fn images_that_cannot_be_searched_are_named_with_the_reason() {
         "{err}"
     );
     assert!(
-        err.contains("2 of 4 images") && err.contains("dark.png: no craters found"),
+        err.contains("3 of 5 images") && err.contains("dark.png: no craters found"),
         "{err}"
     );
+    // a file neither image nor georeferenced raster: both readers' reasons
+    assert!(
+        err.contains("scene.cub: neither an image this build decodes")
+            && err.contains("nor a georeferenced raster"),
+        "{err}"
+    );
+    #[cfg(not(feature = "gdal"))]
+    assert!(err.contains("built with the `gdal` feature"), "{err}");
     // the image that could be searched still has its craters written, and each image its
     // status
     let csv = std::fs::read_to_string(root.join("found/detections.csv")).unwrap();
@@ -220,6 +192,10 @@ fn images_that_cannot_be_searched_are_named_with_the_reason() {
         "{images}"
     );
     assert_eq!(lines[4], "dark.png,dark,none,0,");
+    assert!(
+        lines[5].starts_with("scene.cub,scene,failed,0,"),
+        "{images}"
+    );
     let o = run(
         root,
         &[
