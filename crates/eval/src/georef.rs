@@ -59,6 +59,14 @@ pub struct Placed {
     pub aspect: f64,
 }
 
+/// Width and height of the raster GDAL opens at `path`, from its header alone (no
+/// georeferencing read, no statistics computed).
+pub fn raster_size(path: &Path) -> Result<(usize, usize)> {
+    let ds = Dataset::open(path)
+        .or_invalid_with(|| format!("{}: GDAL cannot open it as a raster", path.display()))?;
+    Ok(ds.raster_size())
+}
+
 impl Raster {
     pub fn open(path: &Path) -> Result<Self> {
         let ctx = || format!("{}", path.display());

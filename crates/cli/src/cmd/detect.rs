@@ -156,15 +156,13 @@ fn georeferenced(_: &Path) -> std::result::Result<Raster, String> {
 #[cfg(not(feature = "gdal"))]
 pub enum Raster {}
 
-/// Width and height from the file's header (GDAL's for a georeferenced raster).
+/// Width and height from the file's header (GDAL's where GDAL is built in and reads it).
 fn dimensions(path: &Path) -> Option<(usize, usize)> {
-    match georeferenced(path) {
-        #[cfg(feature = "gdal")]
-        Ok(r) => Some(r.size()),
-        #[cfg(not(feature = "gdal"))]
-        Ok(never) => match never {},
-        Err(_) => GrayImage::dimensions(path).ok(),
+    #[cfg(feature = "gdal")]
+    if let Ok(size) = craterdex_eval::georef::raster_size(path) {
+        return Some(size);
     }
+    GrayImage::dimensions(path).ok()
 }
 
 /// The image's grey levels, and its raster when it is georeferenced (a GeoTIFF, a map-projected
