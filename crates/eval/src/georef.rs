@@ -181,8 +181,12 @@ impl Raster {
                 })?;
             Ok(buf.into_shape_and_vec().1)
         };
-        let mut values = Vec::with_capacity(w * h);
-        let mut eight = Vec::with_capacity(if self.eight_bit { w * h } else { 0 });
+        // only the band's own kind is filled: the other stays unallocated
+        let (mut eight, mut values) = if self.eight_bit {
+            (Vec::with_capacity(w * h), Vec::new())
+        } else {
+            (Vec::new(), Vec::with_capacity(w * h))
+        };
         for y0 in (0..h).step_by(rows) {
             let block = read(y0, rows.min(h - y0))?;
             if self.eight_bit {
