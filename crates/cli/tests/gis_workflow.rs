@@ -237,6 +237,171 @@ fn detect_places_each_crater_of_a_geotiff_on_the_body() {
             "{p}"
         );
     }
+    // and in one GeoPackage with its QGIS style as the layer's default
+    let gpkg = dir.join("found/detections.gpkg");
+    let info = ogrinfo(&gpkg, "detections_lonlat");
+    assert_eq!(feature_count(&info), 2 * discs.len(), "{info}");
+    let styles = ogrinfo_features(&gpkg, "layer_styles");
+    assert!(
+        styles.contains("f_table_name (String) = detections_lonlat")
+            && styles.contains("singleSymbol"),
+        "{styles}"
+    );
+}
+
+/// `link --image` of a GeoTIFF and a plain PNG of the same ground against a catalogue of
+/// crops: each crater of the GeoTIFF, detected or looked for in place, gets its latitude,
+/// longitude and km from the GeoTIFF's projection in links.csv and the `links` map layer
+/// (centres and rims on Mars's IAU system, and their GeoPackage); the PNG's craters get none.
+/// The rule decides by geometry (the tiny model's appearance means nothing): what is tested
+/// is where the craters are put, not the decisions.
+#[test]
+fn link_image_places_the_craters_of_a_geotiff_on_the_body() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let (config, weights) = craterdex_detect::testing::brightness_detector(24);
+    craterdex_detect::write_detector_dir(&dir.join("bright"), config, &weights).unwrap();
+    let ckpt = craterdex_model::testing::write_tiny_checkpoint(&dir.join("ckpt"), 32, 4, 4);
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_craterdex"))
+            .args(args)
+            .env("CRATERDEX_HOME", dir.join("home"))
+            .env("CRATERDEX_PYTHON", "/nonexistent/python")
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{args:?}: {err}");
+        assert!(
+            !err.contains("ERROR"),
+            "GDAL's messages reached stderr:\n{err}"
+        );
+    };
+    run(&[
+        "model",
+        "fetch",
+        "--from",
+        ckpt.to_str().unwrap(),
+        "--name",
+        "tiny",
+    ]);
+    let size = ["--model", "home/models/tiny", "--size", "16"];
+    let g = craterdex_detect::testing::discs(SIZE as usize, SIZE as usize, &CRATERS);
+    let ground = image::GrayImage::from_raw(SIZE, SIZE, g.pixels).unwrap();
+    ground.save(dir.join("plain.png")).unwrap();
+    georeference(&dir.join("plain.png"), &dir.join("mosaic.tif"));
+    // the catalogue: crops of all but the first two craters
+    std::fs::create_dir_all(dir.join("cat")).unwrap();
+    let mut csv = String::from("id,crater_id,source,x,y,diameter_px\n");
+    for (i, &(x, y, d)) in CRATERS.iter().enumerate().skip(2) {
+        let (x0, y0) = ((x - d) as u32, (y - d) as u32);
+        image::imageops::crop_imm(&ground, x0, y0, 2 * d as u32, 2 * d as u32)
+            .to_image()
+            .save(dir.join(format!("cat/c{i}.png")))
+            .unwrap();
+        csv += &format!("c{i},c{i},catalogue,{x},{y},{d}\n");
+    }
+    std::fs::write(dir.join("cat.csv"), csv).unwrap();
+    run(&[
+        &["index", "build", "--dir", "cat", "--out", "idx"][..],
+        &size,
+    ]
+    .concat());
+    std::fs::write(
+        dir.join("rule.json"),
+        r#"{"match_confidence":0.5,"new_confidence":0.4,"max_offset_radii":3.0,
+            "max_diameter_ratio":1.5,"body_radius_km":3396.19,
+            "appearance_weights":[10.0,0.0],"geometry_weights":[-10.0,0.0,0.0,0.0],
+            "registered":{"max_offset_radii":1.0,"max_diameter_ratio":1.5,
+                          "weights":[10.0,0.0,-20.0,-20.0]},
+            "source":"test"}"#,
+    )
+    .unwrap();
+    let link = [
+        "link",
+        "--index",
+        "idx",
+        "--image",
+        "mosaic.tif",
+        "plain.png",
+    ];
+    let to = [
+        "--out",
+        "links",
+        "--detector",
+        "bright",
+        "--rule",
+        "rule.json",
+    ];
+    run(&[&link[..], &to, &size].concat());
+    let csv = dir.join("links/links.csv");
+    let column = |name: &str| csv_column(&csv, name);
+    let (images, xs, ys, ds) = (
+        column("image"),
+        column("x"),
+        column("y"),
+        column("diameter_px"),
+    );
+    let (lats, lons, kms) = (column("lat"), column("lon"), column("diameter_km"));
+    let decisions = column("decision");
+    let f = |v: &str| v.parse::<f64>().unwrap();
+    let mut on_mosaic = 0;
+    for i in 0..images.len() {
+        if images[i] == "plain" {
+            assert!(lats[i].is_empty() && lons[i].is_empty() && kms[i].is_empty());
+            continue;
+        }
+        assert_eq!(images[i], "mosaic");
+        on_mosaic += 1;
+        let (lat, lon) = lat_lon(f(&xs[i]), f(&ys[i]));
+        assert!(
+            (f(&lats[i]) - lat).abs() < 1.5e-5,
+            "row {i}: {} against {lat}",
+            lats[i]
+        );
+        assert!(
+            (f(&lons[i]) - lon).abs() < 1.5e-5,
+            "row {i}: {} against {lon}",
+            lons[i]
+        );
+        let ratio = f(&kms[i]) / km(f(&ds[i]));
+        assert!(
+            (ratio - 1.0).abs() < 1e-3,
+            "row {i}: {} km, ratio {ratio}",
+            kms[i]
+        );
+    }
+    // every crater of the ground is looked at once in each image
+    assert_eq!(
+        on_mosaic,
+        CRATERS.len(),
+        "{}",
+        std::fs::read_to_string(&csv).unwrap()
+    );
+    assert_eq!(images.len(), 2 * CRATERS.len());
+    // the map layer: the mosaic's craters alone, on Mars, by decision
+    let layer = dir.join("links/links.geojson");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&layer).unwrap()).unwrap();
+    let code = craterdex_workflows::geometry::iau_crs(MARS_RADIUS_M / 1000.0).unwrap();
+    assert_eq!(doc["crs"]["properties"]["name"], code);
+    let features = doc["features"].as_array().unwrap();
+    assert_eq!(features.len(), on_mosaic);
+    for feature in features {
+        let p = &feature["properties"];
+        let at = feature["geometry"]["coordinates"].as_array().unwrap();
+        assert_eq!(at[0].as_f64(), p["lon"].as_f64(), "{feature}");
+        assert_eq!(at[1].as_f64(), p["lat"].as_f64(), "{feature}");
+        let row = (0..images.len())
+            .find(|&i| images[i] == "mosaic" && xs[i] == format!("{:.2}", p["x"].as_f64().unwrap()))
+            .unwrap();
+        assert_eq!(p["decision"].as_str(), Some(decisions[row].as_str()));
+    }
+    for (name, count) in [("links", on_mosaic), ("links_rims", on_mosaic)] {
+        let info = ogrinfo(&dir.join("links/links.gpkg"), name);
+        assert_eq!(feature_count(&info), count, "{info}");
+    }
+    assert!(dir.join("links/links.qml").exists() && dir.join("links/links_rims.qml").exists());
 }
 
 /// The `sh` block under the section's heading in docs/guide/workflows.md.
@@ -273,6 +438,22 @@ fn model_is_fetched() -> bool {
 fn ogrinfo(path: &Path, layer: &str) -> String {
     let out = Command::new("ogrinfo")
         .args(["-so", "-ro"])
+        .arg(path)
+        .arg(layer)
+        .output()
+        .expect("ogrinfo (gdal-bin)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// `ogrinfo`'s listing of every feature of `layer` (attributes included).
+fn ogrinfo_features(path: &Path, layer: &str) -> String {
+    let out = Command::new("ogrinfo")
+        .args(["-ro", "-q"])
         .arg(path)
         .arg(layer)
         .output()

@@ -489,25 +489,23 @@ pub fn source_names(images: &[PathBuf]) -> Vec<String> {
         .collect()
 }
 
-/// The radius shared by the bodies of the georeferenced images, if any is; images on
-/// bodies of different radii cannot share one map layer.
-fn shared_body_radius(per_image: &[ImageDetections]) -> Result<Option<f64>> {
-    let mut radii = per_image.iter().filter_map(|d| d.on_body.as_ref());
+/// The radius shared by the bodies of the georeferenced images (each image's path and body
+/// radius in km), if any is; images on bodies of different radii cannot share one map layer.
+pub fn shared_body_radius<'a>(
+    radii: impl IntoIterator<Item = (&'a Path, f64)>,
+) -> Result<Option<f64>> {
+    let mut radii = radii.into_iter();
     let Some((_, first)) = radii.next() else {
         return Ok(None);
     };
-    if let Some(other) = per_image.iter().find(|d| {
-        d.on_body
-            .as_ref()
-            .is_some_and(|(_, r)| (r - first).abs() > 1e-6 * first)
-    }) {
+    if let Some((other, _)) = radii.find(|(_, r)| (r - first).abs() > 1e-6 * first) {
         return Err(crate::error::Error::Invalid(format!(
             "{}: on a body of another radius than the other georeferenced images \
-             ({first} km): detect each body's images in a run of their own",
-            other.image.display()
+             ({first} km): give each body's images a run of their own",
+            other.display()
         )));
     }
-    Ok(Some(*first))
+    Ok(Some(first))
 }
 
 /// `detections.csv` (one row per crater found: `id` as `<source>-<n>`, the image, its
@@ -516,11 +514,16 @@ fn shared_body_radius(per_image: &[ImageDetections]) -> Result<Option<f64>> {
 /// `detections.geojson` (each crater's rim as a polygon in the image's pixel frame as QGIS
 /// shows an image without georeferencing: x right, y up from the top edge, so y is minus
 /// the row), `detections_lonlat.geojson` where any image is georeferenced (those images'
-/// rims in longitude and latitude, declaring the body's coordinate system) and `images.csv`
+/// rims in longitude and latitude, declaring the body's coordinate system, with its QGIS
+/// style `detections_lonlat.qml`, and with GDAL `detections.gpkg` holding it) and `images.csv`
 /// (per image: its source name, `found`, `none` or `failed`, the craters found, and why it
 /// failed) in `dir`. Returns the files written.
 pub fn write_detections(dir: &Path, per_image: &[ImageDetections]) -> Result<Vec<PathBuf>> {
-    let body_radius_km = shared_body_radius(per_image)?;
+    let body_radius_km = shared_body_radius(
+        per_image
+            .iter()
+            .filter_map(|d| Some((d.image.as_path(), d.on_body.as_ref()?.1))),
+    )?;
     craterdex_durable::create_dir_all(dir)?;
     let images: Vec<PathBuf> = per_image.iter().map(|d| d.image.clone()).collect();
     let sources = source_names(&images);
@@ -604,15 +607,26 @@ pub fn write_detections(dir: &Path, per_image: &[ImageDetections]) -> Result<Vec
     let mut files = vec![csv_path, geojson, images_path];
     if body_radius_km.is_some() {
         let path = dir.join("detections_lonlat.geojson");
+        let (qml_path, qml) = (
+            dir.join("detections_lonlat.qml"),
+            style::single(style::DETECTED, style::Shape::Rims),
+        );
         write_geojson(&path, body_features, body_radius_km)?;
-        files.push(path);
+        craterdex_durable::write_atomic(&qml_path, qml.as_bytes())?;
+        #[cfg(feature = "gdal")]
+        {
+            let gpkg = dir.join("detections.gpkg");
+            crate::gpkg::write(&gpkg, &[("detections_lonlat".into(), path.clone(), qml)])?;
+            files.push(gpkg);
+        }
+        files.extend([path, qml_path]);
     }
     Ok(files)
 }
 
 /// The columns of `links.csv` of `link --image`, and of Python's `Index.link_images`: the
 /// fields of [`ImageCraterRecord`], in order.
-pub const IMAGE_LINK_HEADER: [&str; 19] = [
+pub const IMAGE_LINK_HEADER: [&str; 22] = [
     "image",
     "id",
     "x",
@@ -632,11 +646,14 @@ pub const IMAGE_LINK_HEADER: [&str; 19] = [
     "catalogue_diameter_px",
     "second_id",
     "second_score",
+    "lat",
+    "lon",
+    "diameter_km",
 ];
 
 /// One crater of a new image as `links.csv` and Python's `Index.link_images` give it: where it
 /// is in its image, how it was found, the decision and the catalogue crater (its position in
-/// the catalogue where it was matched).
+/// the catalogue where it was matched), and in a georeferenced image where it lies on the body.
 #[derive(Debug, PartialEq, serde::Serialize)]
 pub struct ImageCraterRecord<'a> {
     pub image: &'a str,
@@ -658,6 +675,9 @@ pub struct ImageCraterRecord<'a> {
     pub catalogue_diameter_px: Option<f64>,
     pub second_id: Option<&'a str>,
     pub second_score: Option<f32>,
+    pub lat: Option<f64>,
+    pub lon: Option<f64>,
+    pub diameter_km: Option<f64>,
 }
 
 impl<'a> ImageCraterRecord<'a> {
@@ -686,6 +706,19 @@ impl<'a> ImageCraterRecord<'a> {
             catalogue_diameter_px: matched.and_then(|m| m.diameter_px),
             second_id: s.map(|s| s.id.as_str()),
             second_score: s.map(|s| s.score),
+            lat: None,
+            lon: None,
+            diameter_km: None,
+        }
+    }
+
+    /// The record of a crater that lies at `place` on the body.
+    pub fn on_body(self, place: Option<&BodyPlace>) -> Self {
+        ImageCraterRecord {
+            lat: place.map(|p| p.lat),
+            lon: place.map(|p| p.lon),
+            diameter_km: place.map(|p| p.diameter_km),
+            ..self
         }
     }
 
@@ -712,6 +745,9 @@ impl<'a> ImageCraterRecord<'a> {
             opt(self.catalogue_diameter_px.map(f)),
             opt(self.second_id),
             opt(self.second_score.map(|v| format!("{v:.5}"))),
+            opt(self.lat.map(|v| format!("{v:.6}"))),
+            opt(self.lon.map(|v| format!("{v:.6}"))),
+            opt(self.diameter_km.map(|v| format!("{v:.4}"))),
         ]
     }
 }
@@ -730,16 +766,33 @@ const IMAGE_SUMMARY_HEADER: [&str; 11] = [
     "note",
 ];
 
+/// Where the craters of georeferenced new images lie on their body: one place per crater of
+/// [`crate::images::ImageLinks::craters`], in order (none for the craters of images without
+/// georeferencing), and the body's radius in km.
+pub struct CratersOnBody {
+    pub places: Vec<Option<BodyPlace>>,
+    pub body_radius_km: f64,
+}
+
 /// `links.csv` of `link --image` (one row per crater looked at: where it is in its image,
-/// how it was found, the decision and the catalogue crater) and `images.csv` (one row per
-/// image: what was found, its registration, and why its results are weaker where they are)
-/// in `dir`; returns the files written.
-pub fn write_image_links(dir: &Path, links: &crate::images::ImageLinks) -> Result<Vec<PathBuf>> {
+/// how it was found, the decision and the catalogue crater, and with `on_body` its latitude,
+/// longitude and diameter in km) and `images.csv` (one row per image: what was found, its
+/// registration, and why its results are weaker where they are) in `dir`. With `on_body`,
+/// also the `links` map layer of the craters placed on the body (centres and rims coloured
+/// by decision, on the body's coordinate system; with GDAL a GeoPackage of both). Returns
+/// the files written.
+pub fn write_image_links(
+    dir: &Path,
+    links: &crate::images::ImageLinks,
+    on_body: Option<&CratersOnBody>,
+) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).io("create", dir)?;
+    let place = |i: usize| on_body.and_then(|b| b.places.get(i)?.as_ref());
     let table = links
         .craters
         .iter()
-        .map(|c| ImageCraterRecord::of(c).csv_row())
+        .enumerate()
+        .map(|(i, c)| ImageCraterRecord::of(c).on_body(place(i)).csv_row())
         .collect();
     let csv = dir.join("links.csv");
     write_csv(&csv, &IMAGE_LINK_HEADER, table)?;
@@ -765,7 +818,28 @@ pub fn write_image_links(dir: &Path, links: &crate::images::ImageLinks) -> Resul
         .collect();
     let images = dir.join("images.csv");
     write_csv(&images, &IMAGE_SUMMARY_HEADER, summaries)?;
-    Ok(vec![csv, images])
+    let mut files = vec![csv, images];
+    if let Some(b) = on_body {
+        let map = MapLayers {
+            body_radius_km: b.body_radius_km,
+            rims: true,
+        };
+        let mut layer = Layer::new("links", "decision", &style::IMAGE_DECISIONS);
+        for (i, c) in links.craters.iter().enumerate() {
+            let Some(p) = place(i) else { continue };
+            let r = ImageCraterRecord::of(c).on_body(Some(p));
+            let meta = ImageMeta {
+                id: r.id.to_string(),
+                lat: Some(p.lat),
+                lon: Some(p.lon),
+                diameter_km: Some(p.diameter_km),
+                ..Default::default()
+            };
+            layer.push(&meta, serde_json::to_value(&r)?, &map);
+        }
+        files.extend(layer.write(dir, &map)?);
+    }
+    Ok(files)
 }
 
 #[cfg(test)]
@@ -794,6 +868,9 @@ mod tests {
             catalogue_diameter_px: Some(3.0),
             second_id: Some("c2"),
             second_score: Some(0.5),
+            lat: Some(-4.5),
+            lon: Some(137.25),
+            diameter_km: Some(1.5),
         };
         // serialised as written (Python reads the columns in this order)
         let text = serde_json::to_string(&record).unwrap();
@@ -810,5 +887,6 @@ mod tests {
             (row[2].as_str(), row[10].as_str(), row[18].as_str()),
             ("10.00", "crater1", "0.50000")
         );
+        assert_eq!(&row[19..], ["-4.500000", "137.250000", "1.5000"]);
     }
 }

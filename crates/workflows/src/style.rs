@@ -1,6 +1,6 @@
 //! QGIS styles of the map layers: a `.qml` file beside each GeoJSON layer, which QGIS loads
 //! by itself when the layer is opened, and the same style as the default of each GeoPackage
-//! layer. Link decisions and dedup groups are coloured by category.
+//! layer. Link decisions and dedup groups are coloured by category; detections have one colour.
 
 /// One category of a layer: the value of its attribute, its legend label and colour.
 #[derive(Clone, Copy, Debug)]
@@ -35,6 +35,23 @@ pub const DECISIONS: [Category; 3] = [
         rgb: (253, 141, 60),
     },
 ];
+
+/// Decisions on the craters of a new image (the `decision` attribute of `links.geojson`
+/// of `link --image`): the link decisions, and catalogue craters placed in the image that did
+/// not look like their entry.
+pub const IMAGE_DECISIONS: [Category; 4] = [
+    DECISIONS[0],
+    DECISIONS[1],
+    DECISIONS[2],
+    Category {
+        value: "unconfirmed",
+        label: "unconfirmed: a catalogue crater not seen where it should be",
+        rgb: (150, 150, 150),
+    },
+];
+
+/// The colour of craters found by the detector (`detections_lonlat`).
+pub const DETECTED: (u8, u8, u8) = (255, 200, 0);
 
 /// Entries of the merged catalogue (the `kind` attribute of `merged.geojson`).
 pub const GROUPS: [Category; 2] = [
@@ -76,6 +93,24 @@ pub fn categorized(attribute: &str, categories: &[Category], shape: Shape) -> St
          \x20 <layerGeometryType>{geometry_type}</layerGeometryType>\n\
          </qgis>\n",
         xml_escape(attribute)
+    )
+}
+
+/// A QGIS layer style (QML) drawing every feature with one symbol of colour `rgb`.
+pub fn single(rgb: (u8, u8, u8), shape: Shape) -> String {
+    let geometry_type = match shape {
+        Shape::Points => 0,
+        Shape::Rims => 2,
+    };
+    format!(
+        "<!DOCTYPE qgis PUBLIC 'http://mrcc.com/qgis.dtd' 'SYSTEM'>\n\
+         <qgis version=\"3.22.0\" styleCategories=\"Symbology\">\n\
+         \x20 <renderer-v2 type=\"singleSymbol\" symbollevels=\"0\" enableorderby=\"0\" forceraster=\"0\">\n\
+         \x20   <symbols>\n{}\x20   </symbols>\n\
+         \x20 </renderer-v2>\n\
+         \x20 <layerGeometryType>{geometry_type}</layerGeometryType>\n\
+         </qgis>\n",
+        symbol("0", rgb, shape)
     )
 }
 

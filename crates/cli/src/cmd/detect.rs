@@ -120,10 +120,12 @@ fn write_crops(out: &Path, per_image: &[ImageDetections], context: f64) -> Resul
 }
 
 /// The craters found in one image and, for a georeferenced image (GDAL builds), where each
-/// lies on the body and the body's radius in km.
+/// lies on the body and the body's radius in km; the image's grey levels where the caller
+/// keeps them.
 pub struct Found {
     pub detections: Vec<Detection>,
     pub on_body: Option<(Vec<BodyPlace>, f64)>,
+    pub image: Option<GrayImage>,
 }
 
 /// Extensions the image crate decodes; any other file is one only GDAL may read.
@@ -200,20 +202,15 @@ pub fn read_image(path: &Path) -> Result<(GrayImage, Option<Raster>)> {
     match raster {}
 }
 
-/// Where each crater lies on the body: its centre, and the mean of its east-west and
-/// north-south spans measured on the body's sphere between points a radius either side.
+/// Where each crater (centre and diameter in the raster's pixels) lies on the body: its
+/// centre, and the mean of its east-west and north-south spans measured on the body's sphere
+/// between points a radius either side.
 #[cfg(feature = "gdal")]
-fn places(raster: &Raster, found: &[Detection]) -> Result<Vec<BodyPlace>> {
-    let mut pixels = Vec::with_capacity(found.len() * 5);
-    for d in found {
-        let r = d.diameter / 2.0;
-        pixels.extend([
-            (d.x, d.y),
-            (d.x - r, d.y),
-            (d.x + r, d.y),
-            (d.x, d.y - r),
-            (d.x, d.y + r),
-        ]);
+fn places(raster: &Raster, craters: &[(f64, f64, f64)]) -> Result<Vec<BodyPlace>> {
+    let mut pixels = Vec::with_capacity(craters.len() * 5);
+    for &(x, y, diameter) in craters {
+        let r = diameter / 2.0;
+        pixels.extend([(x, y), (x - r, y), (x + r, y), (x, y - r), (x, y + r)]);
     }
     let radius = raster.body_radius_km();
     let lat_lon: Vec<(f64, f64)> = raster
@@ -234,14 +231,33 @@ fn places(raster: &Raster, found: &[Detection]) -> Result<Vec<BodyPlace>> {
         .collect())
 }
 
+/// Where each crater of the georeferenced image at `path` lies on its body, and the body's
+/// radius in km; `craters` are centres and diameters in its pixels.
+#[cfg(feature = "gdal")]
+pub fn places_in(path: &Path, craters: &[(f64, f64, f64)]) -> Result<(Vec<BodyPlace>, f64)> {
+    let raster = Raster::open(path)?;
+    Ok((places(&raster, craters)?, raster.body_radius_km()))
+}
+
+/// Builds without GDAL have no georeferenced image to place craters in.
+#[cfg(not(feature = "gdal"))]
+pub fn places_in(path: &Path, _: &[(f64, f64, f64)]) -> Result<(Vec<BodyPlace>, f64)> {
+    anyhow::bail!(
+        "{}: {}",
+        path.display(),
+        georeferenced(path).err().unwrap_or_default()
+    )
+}
+
 /// Runs the detector over `images` with one bar for all their tiles; each image's
-/// detections, or why it has none.
+/// detections (with its grey levels where `keep_images`), or why it has none.
 pub fn detect_images(
     images: &[PathBuf],
     config: &DetectorConfig,
     net: &Net,
     o: &DetectOptions,
     label: &str,
+    keep_images: bool,
 ) -> Vec<Result<Found>> {
     // the bar's length from the files' headers; each image decoded when its turn comes
     let total: usize = images
@@ -256,13 +272,17 @@ pub fn detect_images(
             .with_context(|| format!("detecting craters in {}", p.display()))?;
         #[cfg(feature = "gdal")]
         let on_body = raster
-            .map(|r| Ok::<_, anyhow::Error>((places(&r, &detections)?, r.body_radius_km())))
+            .map(|r| {
+                let craters: Vec<_> = detections.iter().map(|d| (d.x, d.y, d.diameter)).collect();
+                Ok::<_, anyhow::Error>((places(&r, &craters)?, r.body_radius_km()))
+            })
             .transpose()?;
         #[cfg(not(feature = "gdal"))]
         let on_body = raster.map(|never| match never {});
         Ok(Found {
             detections,
             on_body,
+            image: keep_images.then_some(g),
         })
     };
     // as many images at once as threads: each pass has serial stretches (decoding, the
@@ -280,7 +300,7 @@ pub fn run(c: DetectCmd) -> Result<()> {
     let (config, net) = c.detector.load()?;
     let o = c.detector.options();
     let t = std::time::Instant::now();
-    let results = detect_images(&c.images, &config, &net, &o, "detect");
+    let results = detect_images(&c.images, &config, &net, &o, "detect", false);
     let mut per_image = Vec::new();
     let (mut failed, mut with_craters, mut n) = (0, 0, 0);
     for (path, r) in c.images.iter().zip(results) {
@@ -387,7 +407,7 @@ pub fn run_eval(c: EvalDetectCmd) -> Result<()> {
     let o = c.detector.options();
     let images: Vec<PathBuf> = pairs.iter().map(|(t, _)| t.clone()).collect();
     let t = std::time::Instant::now();
-    let found = detect_images(&images, &config, &net, &o, "detect");
+    let found = detect_images(&images, &config, &net, &o, "detect", false);
     let seconds = t.elapsed().as_secs_f64();
     let mut scored = Vec::new();
     for ((tile, labels), f) in pairs.iter().zip(found) {

@@ -2,11 +2,15 @@
 //! ambiguous, with appearance and geometric evidence; `--insert-new` grows the index.
 
 use crate::args::{EntriesOpts, ModelOpts};
+use crate::cmd::detect::Found;
 use crate::output::Bars;
 use anyhow::Result;
 use clap::Args;
+use craterdex_detect::{Detection, GrayImage};
 use craterdex_engine::{Descriptors, Engine, ImageMeta};
 use craterdex_workflows::calibrate::decision_counts;
+use craterdex_workflows::images::ImageLinks;
+use craterdex_workflows::output::CratersOnBody;
 use craterdex_workflows::{link, ImageLinkOptions, LinkOptions, LinkRule, ObservedImage};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -207,6 +211,35 @@ pub fn print_registrations(regs: &[Arc<craterdex_workflows::SourceRegistration>]
     }
 }
 
+/// Where the craters of the georeferenced images among `read` (path, source name, ..., whether
+/// georeferenced) lie on their body, if any image is.
+fn craters_on_body(
+    links: &ImageLinks,
+    read: &[(&PathBuf, String, GrayImage, Vec<Detection>, bool)],
+) -> Result<Option<CratersOnBody>> {
+    let mut places = vec![None; links.craters.len()];
+    let mut radii = Vec::new();
+    for (path, name, ..) in read.iter().filter(|r| r.4) {
+        let (at, craters): (Vec<usize>, Vec<_>) = links
+            .craters
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| &c.image == name)
+            .map(|(i, c)| (i, (c.x, c.y, c.diameter_px)))
+            .unzip();
+        let (found, radius) = crate::cmd::detect::places_in(path, &craters)?;
+        for (i, p) in at.into_iter().zip(found) {
+            places[i] = Some(p);
+        }
+        radii.push((path.as_path(), radius));
+    }
+    let radius = craterdex_workflows::output::shared_body_radius(radii)?;
+    Ok(radius.map(|body_radius_km| CratersOnBody {
+        places,
+        body_radius_km,
+    }))
+}
+
 /// `link --image`: detect, then link, each image its own source.
 fn run_images(c: LinkCmd) -> Result<()> {
     let rule = c.tuning.rule(&c.index)?;
@@ -218,13 +251,19 @@ fn run_images(c: LinkCmd) -> Result<()> {
         &net,
         &c.detector.options(),
         "detect",
+        true,
     );
     let names = craterdex_workflows::output::source_names(&c.images);
     let mut failed = 0;
     let mut read = Vec::new();
     for ((path, name), result) in c.images.iter().zip(names).zip(found) {
-        match result.and_then(|f| Ok((crate::cmd::detect::read_image(path)?.0, f.detections))) {
-            Ok((image, detections)) => read.push((name, image, detections)),
+        match result {
+            Ok(Found {
+                detections,
+                on_body,
+                image: Some(image),
+            }) => read.push((path, name, image, detections, on_body.is_some())),
+            Ok(_) => unreachable!("detect_images keeps the images it is asked to keep"),
             Err(e) => {
                 failed += 1;
                 eprintln!("{}: {e:#}", path.display());
@@ -233,7 +272,7 @@ fn run_images(c: LinkCmd) -> Result<()> {
     }
     let observed: Vec<ObservedImage> = read
         .iter()
-        .map(|(name, image, detections)| ObservedImage {
+        .map(|(_, name, image, detections, _)| ObservedImage {
             source: name.clone(),
             image,
             detections: detections.clone(),
@@ -254,7 +293,9 @@ fn run_images(c: LinkCmd) -> Result<()> {
         &Bars::new(),
     )?;
     let regs = craterdex_workflows::images::image_registrations(&links);
-    let mut files = craterdex_workflows::output::write_image_links(&c.out, &links)?;
+    let on_body = craters_on_body(&links, &read)?;
+    let mut files =
+        craterdex_workflows::output::write_image_links(&c.out, &links, on_body.as_ref())?;
     craterdex_workflows::output::write_registrations(&c.out, &regs)?;
     craterdex_workflows::review::write_image_review(&c.out, &links, &observed)?;
     files.extend(["registrations.csv", "registrations.json", "review.html"].map(|f| c.out.join(f)));

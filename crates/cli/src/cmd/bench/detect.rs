@@ -66,7 +66,7 @@ fn worker(b: &DetectBench) -> Result<Vec<Row>> {
         let mut found = Vec::new();
         for _ in 0..b.repeats.max(1) {
             let t = std::time::Instant::now();
-            found = detect_images(&images, &config, &net, &o, &format!("{precision}"))
+            found = detect_images(&images, &config, &net, &o, &format!("{precision}"), false)
                 .into_iter()
                 .map(|f| f.map(|f| f.detections))
                 .collect::<Result<Vec<_>>>()?;
