@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Opens craterdex's map layers in QGIS (its Python bindings, headless) as a user would:
-every layer of `link` and `dedup` outputs, GeoJSON (with the .qml style beside it) and
-GeoPackage (styles in its layer_styles table), and checks that each is valid, on the given
-body's sphere, has its features, and is drawn by category (decision; group or single).
+every layer of `link`, `link --image`, `dedup` and `detect` outputs, GeoJSON (with the .qml
+style beside it) and GeoPackage (styles in its layer_styles table), and checks that each is
+valid, on the given body's sphere, has its features, and is drawn as styled: by category
+(decision; group or single) or, for detections, with one symbol.
 
     python3 scripts/qgis_check.py --body Mars --radius-m 3396190 LINKS_DIR DEDUP_DIR
 
@@ -17,14 +18,26 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 from qgis.core import QgsApplication, QgsRenderContext, QgsVectorLayer  # noqa: E402
 
+# layer: (its GeoPackage, the attribute it is coloured by and the categories; None: one symbol)
 LAYERS = {
-    "links": ("decision", {"match", "new", "ambiguous"}),
-    "merged": ("kind", {"group", "single"}),
+    "links": ("links", "decision", {"match", "new", "ambiguous"}),
+    "merged": ("merged", "kind", {"group", "single"}),
+    "detections_lonlat": ("detections", None, set()),
 }
+# `link --image` also has catalogue craters that were not seen where they should be
+IMAGE_DECISIONS = {"match", "new", "ambiguous", "unconfirmed"}
+
+
+def expected_style(name, geojson):
+    _, attribute, values = LAYERS[name.replace("_rims", "")]
+    features = json.load(open(geojson))["features"]
+    if name.startswith("links") and any("found_by" in f["properties"] for f in features):
+        values = IMAGE_DECISIONS
+    return attribute, values
 
 
 def check(uri, name, geojson, body, radius_m, failures):
-    attribute, values = LAYERS[name.replace("_rims", "")]
+    attribute, values = expected_style(name, geojson)
     layer = QgsVectorLayer(uri, name, "ogr")
     want = len(json.load(open(geojson))["features"])
     crs = layer.crs()
@@ -43,7 +56,7 @@ def check(uri, name, geojson, body, radius_m, failures):
         "body": body,
         "ellipsoid": f"PARAMETER:{radius_m}:{radius_m}",
         "features": want,
-        "renderer": "categorizedSymbol",
+        "renderer": "categorizedSymbol" if attribute else "singleSymbol",
         "attribute": attribute,
         "categories": sorted(values),
     }
@@ -65,13 +78,13 @@ def main():
     app.initQgis()
     failures, seen = [], 0
     for d in args.dirs:
-        for name in ("links", "links_rims", "merged", "merged_rims"):
+        for name in ("links", "links_rims", "merged", "merged_rims", "detections_lonlat"):
             geojson = os.path.join(d, name + ".geojson")
             if not os.path.exists(geojson):
                 continue
             seen += 1
             check(geojson, name, geojson, args.body, args.radius_m, failures)
-            package = os.path.join(d, name.replace("_rims", "") + ".gpkg")
+            package = os.path.join(d, LAYERS[name.replace("_rims", "")][0] + ".gpkg")
             if os.path.exists(package):
                 check(f"{package}|layername={name}", name, geojson, args.body, args.radius_m, failures)
     app.exitQgis()

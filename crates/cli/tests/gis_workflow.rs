@@ -247,6 +247,10 @@ fn detect_places_each_crater_of_a_geotiff_on_the_body() {
             && styles.contains("singleSymbol"),
         "{styles}"
     );
+    opens_in_qgis(
+        "detect_places_each_crater_of_a_geotiff_on_the_body",
+        &[dir.join("found")],
+    );
 }
 
 /// `link --image` of a GeoTIFF and a plain PNG of the same ground against a catalogue of
@@ -402,6 +406,10 @@ fn link_image_places_the_craters_of_a_geotiff_on_the_body() {
         assert_eq!(feature_count(&info), count, "{info}");
     }
     assert!(dir.join("links/links.qml").exists() && dir.join("links/links_rims.qml").exists());
+    opens_in_qgis(
+        "link_image_places_the_craters_of_a_geotiff_on_the_body",
+        &[dir.join("links")],
+    );
 }
 
 /// The `sh` block under the section's heading in docs/guide/workflows.md.
@@ -604,13 +612,23 @@ fn the_documented_robbins_and_geotiff_workflow_reaches_qgis() {
         }
     }
 
+    opens_in_qgis(
+        "the_documented_robbins_and_geotiff_workflow_reaches_qgis",
+        &[dir.join("links"), dir.join("dedup")],
+    );
+}
+
+/// The map layers in `dirs` open in QGIS on Mars with their features and styles
+/// (scripts/qgis_check.py), where QGIS's Python bindings are installed; `test` is skipped
+/// in part otherwise.
+fn opens_in_qgis(test: &str, dirs: &[PathBuf]) {
     let qgis = Command::new("/usr/bin/python3")
         .args(["-c", "import qgis.core"])
         .output()
         .is_ok_and(|o| o.status.success());
     if !qgis {
         craterdex_testkit::skip(
-            "the_documented_robbins_and_geotiff_workflow_reaches_qgis (QGIS part)",
+            &format!("{test} (QGIS part)"),
             "QGIS's Python bindings (python3-qgis) are not installed",
         );
         return;
@@ -619,8 +637,7 @@ fn the_documented_robbins_and_geotiff_workflow_reaches_qgis() {
     let out = Command::new("/usr/bin/python3")
         .arg(script)
         .args(["--body", "Mars", "--radius-m", "3396190"])
-        .arg(dir.join("links"))
-        .arg(dir.join("dedup"))
+        .args(dirs)
         .output()
         .unwrap();
     assert!(
