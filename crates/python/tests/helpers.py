@@ -92,6 +92,28 @@ def crater_image(seed, size=32, shift=(0, 0)):
     return np.clip(v, 0, 255).astype(np.uint8)
 
 
+def disc_scene(tmp_path, model, side=420, count=24):
+    """A catalogue index of crops of bright discs at places no grid repeats (all but the
+    first two discs, in their image's pixels) and the discs (x, y, diameter)."""
+    import pandas as pd
+    rng = np.random.default_rng(7)
+    craters = []
+    while len(craters) < count:
+        d = float(rng.uniform(12, 36))
+        x, y = (float(v) for v in rng.uniform(d, side - d, 2).round())
+        if all(np.hypot(x - u, y - v) > (d + e) / 2 + 10 for u, v, e in craters):
+            craters.append((x, y, round(d)))
+    first = discs(side, side, craters)
+    os.makedirs(tmp_path / "cat")
+    rows = []
+    for i, (x, y, d) in enumerate(craters[2:], start=2):
+        p = str(tmp_path / "cat" / f"d{i}.pgm")
+        write_pgm(p, first[int(y - d):int(y + d), int(x - d):int(x + d)].copy())
+        rows.append({"id": f"d{i}", "path": p, "crater_id": f"d{i}", "source": "catalogue",
+                     "x": x, "y": y, "diameter_px": float(d)})
+    return craterdex.Index.build(tmp_path / "idx", pd.DataFrame(rows), model=model), craters
+
+
 def write_pgm(path, a):
     with open(path, "wb") as f:
         f.write(b"P5\n%d %d\n255\n" % (a.shape[1], a.shape[0]) + a.tobytes())

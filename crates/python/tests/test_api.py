@@ -243,23 +243,7 @@ def test_link_and_dedup_return_tables(tiny, crops, tmp_path):
 
 
 def test_link_images_detects_registers_and_links_whole_images(tiny, tmp_path):
-    # a catalogue of crops of bright discs at places no grid repeats, in its image's pixels
-    rng = np.random.default_rng(7)
-    craters = []
-    while len(craters) < 24:
-        d = float(rng.uniform(12, 36))
-        x, y = (float(v) for v in rng.uniform(d, 420 - d, 2).round())
-        if all(np.hypot(x - u, y - v) > (d + e) / 2 + 10 for u, v, e in craters):
-            craters.append((x, y, round(d)))
-    first = helpers.discs(420, 420, craters)
-    os.makedirs(tmp_path / "cat")
-    rows = []
-    for i, (x, y, d) in enumerate(craters[2:], start=2):
-        p = str(tmp_path / "cat" / f"d{i}.pgm")
-        helpers.write_pgm(p, first[int(y - d):int(y + d), int(x - d):int(x + d)].copy())
-        rows.append({"id": f"d{i}", "path": p, "crater_id": f"d{i}", "source": "catalogue",
-                     "x": x, "y": y, "diameter_px": float(d)})
-    idx = craterdex.Index.build(tmp_path / "idx", pd.DataFrame(rows), model=tiny)
+    idx, craters = helpers.disc_scene(tmp_path, tiny)
     # the second observation: turned a quarter, (x, y) -> (y, 419 - x), with no crater list
     turned = [(y, 419 - x, d) for x, y, d in craters]
     helpers.write_pgm(str(tmp_path / "second.pgm"), helpers.discs(420, 420, turned))

@@ -115,6 +115,36 @@ def test_dedup_and_link_by_band_equal_the_single_machine_run(client, tiny, crops
     assert (single["decision"] == "match").sum() >= 12
 
 
+def test_link_images_by_task_equals_the_single_machine_call(client, tiny, tmp_path):
+    idx, craters = helpers.disc_scene(tmp_path, tiny)
+    # three observations of the ground, turned a quarter, a half and three quarters
+    paths = []
+    for k in (1, 2, 3):
+        seen = craters
+        for _ in range(k):
+            seen = [(y, 419 - x, d) for x, y, d in seen]
+        paths.append(str(tmp_path / f"turn{k}.pgm"))
+        helpers.write_pgm(paths[-1], helpers.discs(420, 420, seen))
+    detector = helpers.bright_detector(str(tmp_path / "bright"))
+    rule = idx.rule()
+    rule.update(registered=dict(max_offset_radii=1.0, max_diameter_ratio=1.5, weights=[10.0, 0.0, -20.0, -20.0]))
+    single = idx.link_images(paths, detector=detector, rule=rule, progress=False)
+    assert [s["image"] for s in single.attrs["images"]] == ["turn1", "turn2", "turn3"]
+    assert all(s["registration"]["registered"] for s in single.attrs["images"])
+    assert (single["decision"] == "match").sum() >= 3 * 18, single
+    for per_task in (1, 2):
+        cut = cdask.link_images(client, idx.path, paths, model=tiny, detector=detector, rule=rule,
+                                images_per_task=per_task)
+        pd.testing.assert_frame_equal(cut, single)
+        assert cut.attrs["images"] == single.attrs["images"]
+    # a repeated file stem would be numbered by its place in the whole list, which no task sees
+    os.makedirs(tmp_path / "other")
+    again = str(tmp_path / "other" / "turn1.pgm")
+    helpers.write_pgm(again, helpers.discs(420, 420, craters))
+    with pytest.raises(craterdex.InvalidInputError, match="share the name 'turn1'"):
+        cdask.link_images(client, idx.path, paths + [again], model=tiny, detector=detector)
+
+
 def test_link_registers_each_source_once_for_every_band(client, tiny, crops, tmp_path):
     # an irregular field (a pattern to register), the second observation turned by 30
     # degrees about its centre and shifted 0.5 degrees north: a georeferencing error of

@@ -13,6 +13,9 @@ only cuts the work into tasks and joins their results:
   band border is missed; each source image is registered to the catalogue once, before the
   tasks (positions only, milliseconds), and every task places its entries by that shared
   transform; so the result is the single-machine result.
+* :func:`link_images` -- whole new images (detect, then link): each image is its own
+  source, registered and looked in on its own, so images are cut into tasks of a few
+  images each; the rows are :meth:`craterdex.Index.link_images`'s, in image order.
 
 A task whose worker dies is run again by Dask; a part written twice is replaced whole,
 and the commit checks every part's checksums, so the index is complete and correct.
@@ -36,7 +39,7 @@ import pandas as pd
 from . import (_DEDUP, _LINK, InvalidInputError, Index, Model, Recipe, _groups_frame, _link_frame, _native,
                _records)
 
-__all__ = ["build_index", "link", "dedup", "bands"]
+__all__ = ["build_index", "link", "link_images", "dedup", "bands"]
 
 
 def _chunks(n: int, size: int) -> List[range]:
@@ -200,3 +203,52 @@ def link(client, index_path: str, entries: pd.DataFrame, *, model: Optional[Mode
             by_id[r["query"]["id"]] = r
     ordered = [by_id[str(i)] for i in entries["id"] if str(i) in by_id]
     return _link_frame(json.dumps(ordered))
+
+
+def _link_images_task(index_path: str, paths: List[str], model: Model, detector: str, rule: Optional[str],
+                      options: str, look_in_place: bool, context: float) -> str:
+    idx = _native.Index.open(index_path, model=model._native)
+    return idx.link_images_json(paths, detector, rule_json=rule, options_json=options,
+                                look_in_place=look_in_place, context=context)
+
+
+def link_images(client, index_path: str, images: Sequence[Union[str, "os.PathLike[str]"]], *,
+                model: Optional[Model] = None, detector: str = "pycda-unet", images_per_task: int = 1,
+                rule: Optional[Dict[str, Any]] = None, top_k: int = _LINK["top_k"],
+                shortlist: int = _LINK["shortlist"], register: bool = _LINK["register"],
+                look_in_place: bool = True, context: float = 2.0) -> pd.DataFrame:
+    """:meth:`craterdex.Index.link_images` of many whole images against the index at
+    ``index_path``, ``images_per_task`` images to a task (each worker detects, registers and
+    links its images; the detector, like the model, must be one every worker reaches: a
+    shared directory, or ``pycda-unet``, which each worker fetches). Rows and
+    ``.attrs["images"]`` come in the order of ``images`` and equal the single-machine
+    call's. Each image's rows are named by its file stem, so stems must differ (the
+    single-machine call numbers repeated stems by their place in the whole list, which no
+    task sees)."""
+    if not images:
+        raise InvalidInputError("no images to link")
+    if images_per_task < 1:
+        raise InvalidInputError(f"images_per_task must be at least 1, not {images_per_task}")
+    paths = [os.fspath(p) for p in images]
+    stems: Dict[str, str] = {}
+    for p in paths:
+        stem = os.path.splitext(os.path.basename(p))[0]
+        if stem in stems:
+            raise InvalidInputError(f"{stems[stem]} and {p} share the name {stem!r}: rename one, "
+                                    "or link them with Index.link_images")
+        stems[stem] = p
+    model = model or Model.load()
+    options = json.dumps(dict(top_k=top_k, shortlist=shortlist, insert_new=False, register=register))
+    rule_json = None if rule is None else json.dumps(rule)
+    futures = [client.submit(_link_images_task, os.fspath(index_path), paths[start:start + images_per_task], model,
+                             detector, rule_json, options, look_in_place, context, pure=False, retries=3)
+               for start in range(0, len(paths), images_per_task)]
+    columns, craters, summaries = None, [], []
+    for text in client.gather(futures):
+        out = json.loads(text)
+        columns = out["columns"]
+        craters.extend(out["craters"])
+        summaries.extend(out["images"])
+    frame = pd.DataFrame(craters, columns=columns)
+    frame.attrs["images"] = summaries
+    return frame
