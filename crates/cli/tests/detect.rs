@@ -504,3 +504,122 @@ fn link_image_registers_detections_links_them_and_looks_for_what_the_detector_mi
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("cannot be used with"));
 }
+
+/// `dedup --image`: two overlapping observations of one scene, each in its own pixels (the
+/// second's frame shifted by (80, 80)), with no crater list. Their craters are detected, cut,
+/// indexed, the images registered to each other by their crater patterns, and every disc
+/// both images show whole is one group of the two views; no group joins two discs. The
+/// tiny model's scores mean nothing, so the rule decides by registered geometry.
+#[test]
+fn dedup_image_groups_the_craters_two_overlapping_images_share() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let (config, weights) = craterdex_detect::testing::brightness_detector(24);
+    craterdex_detect::write_detector_dir(&root.join("bright"), config, &weights).unwrap();
+    let ckpt = craterdex_model::testing::write_tiny_checkpoint(&root.join("ckpt"), 32, 4, 4);
+    let ok = |args: &[&str]| {
+        let o = run(root, args);
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{args:?}: {err}");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    ok(&[
+        "model",
+        "fetch",
+        "--from",
+        ckpt.to_str().unwrap(),
+        "--name",
+        "tiny",
+    ]);
+    let (side, part, shift) = (600usize, 480u32, 120.0);
+    let discs = scene(side as f64, 60);
+    let ground = craterdex_detect::testing::discs(side, side, &discs);
+    let ground = image::GrayImage::from_raw(side as u32, side as u32, ground.pixels).unwrap();
+    for (name, at) in [("a.png", 0u32), ("b.png", shift as u32)] {
+        image::imageops::crop_imm(&ground, at, at, part, part)
+            .to_image()
+            .save(root.join(name))
+            .unwrap();
+    }
+    std::fs::write(
+        root.join("rule.json"),
+        r#"{"match_confidence":0.5,"new_confidence":0.4,"max_offset_radii":3.0,
+            "max_diameter_ratio":1.5,"body_radius_km":3389.5,
+            "appearance_weights":[10.0,0.0],"geometry_weights":[-10.0,0.0,0.0,0.0],
+            "registered":{"max_offset_radii":1.0,"max_diameter_ratio":1.5,
+                          "weights":[10.0,0.0,-20.0,-20.0]},
+            "source":"test"}"#,
+    )
+    .unwrap();
+    let model = root.join("home/models/tiny");
+    let said = ok(&[
+        "dedup",
+        "--image",
+        "a.png",
+        "b.png",
+        "--out",
+        "dd",
+        "--detector",
+        "bright",
+        "--rule",
+        "rule.json",
+        "--model",
+        model.to_str().unwrap(),
+        "--size",
+        "16",
+    ]);
+    // where each crop's crater is on the ground
+    let crops = std::fs::read_to_string(root.join("dd/crops.csv")).unwrap();
+    let mut on_ground = std::collections::HashMap::new();
+    for line in crops.lines().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        let offset = if f[1] == "b" { shift } else { 0.0 };
+        let (x, y): (f64, f64) = (f[2].parse().unwrap(), f[3].parse().unwrap());
+        let disc = discs
+            .iter()
+            .position(|&(u, v, d)| (u - x - offset).hypot(v - y - offset) <= 0.25 * d + 2.0)
+            .unwrap_or_else(|| panic!("crop {line} is on no disc"));
+        on_ground.insert(f[0].to_string(), (f[1].to_string(), disc));
+    }
+    // a disc cut whole in both images (the crop of side 2d inside each)
+    let cut_in = |(x, y, d): (f64, f64, f64), at: f64| {
+        let (lo, hi) = (at + d, at + part as f64 - d);
+        x >= lo && x <= hi - 1.0 && y >= lo && y <= hi - 1.0
+    };
+    let shared: Vec<usize> = (0..discs.len())
+        .filter(|&i| cut_in(discs[i], 0.0) && cut_in(discs[i], shift))
+        .filter(|&i| on_ground.values().filter(|(_, d)| *d == i).count() == 2)
+        .collect();
+    assert!(shared.len() >= 8, "{shared:?}\n{crops}");
+    let groups = std::fs::read_to_string(root.join("dd/groups.csv")).unwrap();
+    let mut members: std::collections::BTreeMap<String, Vec<(String, usize)>> = Default::default();
+    for line in groups.lines().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        members
+            .entry(f[0].to_string())
+            .or_default()
+            .push(on_ground[f[1]].clone());
+    }
+    for (g, m) in &members {
+        assert!(
+            m.iter().all(|(_, d)| *d == m[0].1),
+            "group {g} joins discs: {m:?}"
+        );
+    }
+    for i in &shared {
+        let grouped = members.values().any(|m| {
+            let mut sources: Vec<&str> = m
+                .iter()
+                .filter(|(_, d)| d == i)
+                .map(|(s, _)| s.as_str())
+                .collect();
+            sources.sort();
+            sources == ["a", "b"]
+        });
+        assert!(grouped, "disc {i} not grouped across the images:\n{said}\n{groups}");
+    }
+    // the index stays for later links, and detections.csv is detect's
+    assert!(root.join("dd/index/index.json").exists());
+    let detections = std::fs::read_to_string(root.join("dd/detections.csv")).unwrap();
+    assert!(detections.starts_with("id,image,source,x,y,diameter_px"));
+}

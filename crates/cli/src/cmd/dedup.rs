@@ -1,21 +1,38 @@
 //! `craterdex dedup`: groups of one index's entries that show the same crater, and the
 //! merged catalogue.
 
+use crate::args::dir_entries;
+use crate::cmd::detect::{detect_images, write_crops};
 use crate::cmd::link::print_registrations;
 use crate::output::Bars;
 use anyhow::Result;
 use clap::Args;
-use craterdex_engine::{Engine, ImageMeta};
+use craterdex_engine::{Engine, ImageMeta, RecipeOptions};
 use craterdex_workflows::dedup::{frames_of_index, score_groups};
 use craterdex_workflows::link::crop_turn_deg;
+use craterdex_workflows::output::{write_detections, ImageDetections};
 use craterdex_workflows::{dedup, DedupOptions, LinkRule};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 #[derive(Args)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["index", "images"])))]
 pub struct DedupCmd {
+    /// The index whose entries are grouped.
     #[arg(long)]
-    pub index: PathBuf,
+    pub index: Option<PathBuf>,
+    /// Whole overlapping images (PNG, TIFF, JPEG, PNM; built with GDAL, georeferenced
+    /// rasters), each its own source, instead of an index: their craters are detected
+    /// (OUT/detections.csv as `detect` writes it), cut as crops (OUT/crops, OUT/crops.csv),
+    /// indexed with the default recipe (OUT/index) and grouped across the images, which are
+    /// registered to each other by their crater patterns in their own pixels.
+    #[arg(long = "image", num_args = 1..)]
+    pub images: Vec<PathBuf>,
+    /// With --image: crop side over crater diameter.
+    #[arg(long, default_value_t = 2.0, requires = "images")]
+    pub context: f64,
+    #[command(flatten)]
+    pub detector: crate::cmd::detect::DetectorOpts,
     /// Where groups.csv, merged.csv, the merged map layer (merged.geojson with its QGIS
     /// style merged.qml; merged.gpkg when built with GDAL) and review.html go.
     #[arg(long)]
@@ -44,12 +61,73 @@ pub struct DedupCmd {
     pub model: crate::args::ModelOpts,
 }
 
+/// `dedup --image`: the images' craters detected, cut and indexed under `out`; the index,
+/// and how many images could not be read or searched (named on stderr).
+fn index_images(c: &DedupCmd) -> Result<(PathBuf, usize)> {
+    let (config, net) = c.detector.load()?;
+    let found = detect_images(
+        &c.images,
+        &config,
+        &net,
+        &c.detector.options(),
+        "detect",
+        false,
+    );
+    let mut per_image = Vec::new();
+    let mut failed = 0;
+    for (path, r) in c.images.iter().zip(found) {
+        match r {
+            Ok(f) => per_image.push(ImageDetections {
+                image: path.clone(),
+                found: Ok(f.detections),
+                on_body: f.on_body,
+            }),
+            Err(e) => {
+                failed += 1;
+                eprintln!("{}: {e:#}", path.display());
+            }
+        }
+    }
+    write_detections(&c.out, &per_image)?;
+    let cut = write_crops(&c.out, &per_image, c.context)?;
+    anyhow::ensure!(
+        cut > 0,
+        "no crater found in the images could be cut as a crop: nothing to group"
+    );
+    let crops = c.out.join("crops");
+    let entries = dir_entries(&crops, Some(&c.out.join("crops.csv")))?;
+    let index = c.out.join("index");
+    let recipe = RecipeOptions::default().recipe()?;
+    Engine::build(
+        &index,
+        &entries,
+        &recipe,
+        Arc::new(c.model.load()?),
+        &Bars::new(),
+    )?;
+    Ok((index, failed))
+}
+
 pub fn run(c: DedupCmd) -> Result<()> {
+    let (index, failed) = match &c.index {
+        Some(index) => (index.clone(), 0),
+        None => index_images(&c)?,
+    };
+    dedup_index(&c, &index)?;
+    anyhow::ensure!(
+        failed == 0,
+        "{failed} of {} images could not be read or searched",
+        c.images.len()
+    );
+    Ok(())
+}
+
+fn dedup_index(c: &DedupCmd, index: &Path) -> Result<()> {
     let rule = match &c.rule {
         Some(p) => LinkRule::load(p)?,
-        None => LinkRule::for_index(&c.index)?,
+        None => LinkRule::for_index(index)?,
     };
-    let engine = Engine::open(&c.index, None)?;
+    let engine = Engine::open(index, None)?;
     let opts = DedupOptions {
         top_k: c.top,
         register: !c.no_register,

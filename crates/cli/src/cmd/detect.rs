@@ -87,7 +87,7 @@ pub struct DetectCmd {
 }
 
 /// Crops of the craters found and the metadata link reads beside them; how many.
-fn write_crops(out: &Path, per_image: &[ImageDetections], context: f64) -> Result<usize> {
+pub fn write_crops(out: &Path, per_image: &[ImageDetections], context: f64) -> Result<usize> {
     let images: Vec<PathBuf> = per_image.iter().map(|d| d.image.clone()).collect();
     let sources = craterdex_workflows::output::source_names(&images);
     let mut craters = Vec::new();
