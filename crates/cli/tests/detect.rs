@@ -293,9 +293,11 @@ fn crops_of_the_craters_found_are_the_entries_link_takes() {
     // the 70 px disc at (120, 200) needs 140 px around it and reaches past the 260 px image
     assert_eq!(rows.len(), DISCS.len() - 1, "{csv}");
     assert!(
-        csv.starts_with("id,source,x,y,diameter_px,score\n"),
+        csv.starts_with("id,source,x,y,diameter_px,score,lat,lon,diameter_km\n"),
         "{csv}"
     );
+    // a plain image has no place on a body
+    assert!(rows.iter().all(|r| r.ends_with(",,,")), "{csv}");
     let crops: Vec<_> = std::fs::read_dir(root.join("found/crops"))
         .unwrap()
         .collect();
@@ -616,7 +618,10 @@ fn dedup_image_groups_the_craters_two_overlapping_images_share() {
             sources.sort();
             sources == ["a", "b"]
         });
-        assert!(grouped, "disc {i} not grouped across the images:\n{said}\n{groups}");
+        assert!(
+            grouped,
+            "disc {i} not grouped across the images:\n{said}\n{groups}"
+        );
     }
     // the index stays for later links, and detections.csv is detect's
     assert!(root.join("dd/index/index.json").exists());

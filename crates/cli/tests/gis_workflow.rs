@@ -77,11 +77,17 @@ fn write_mosaic(dir: &Path, name: &str, craters: &[(f64, f64, f64)], seed: u32) 
 
 /// `tif`: the image `png` as a GeoTIFF of the test's ground (GDAL's `gdal_translate`).
 fn georeference(png: &Path, tif: &Path) {
+    georeference_at(png, tif, 0, SIZE);
+}
+
+/// `tif`: the image `png`, `size` pixels a side, as a GeoTIFF of the part of the test's
+/// ground whose top-left pixel is the ground's (`offset`, `offset`).
+fn georeference_at(png: &Path, tif: &Path, offset: u32, size: u32) {
     let (ulx, uly) = (
-        MARS_RADIUS_M * LON0.to_radians(),
-        MARS_RADIUS_M * LAT0.to_radians(),
+        MARS_RADIUS_M * LON0.to_radians() + offset as f64 * PIXEL_M,
+        MARS_RADIUS_M * LAT0.to_radians() - offset as f64 * PIXEL_M,
     );
-    let (lrx, lry) = (ulx + SIZE as f64 * PIXEL_M, uly - SIZE as f64 * PIXEL_M);
+    let (lrx, lry) = (ulx + size as f64 * PIXEL_M, uly - size as f64 * PIXEL_M);
     let srs = format!(
         "+proj=eqc +lat_ts=0 +lat_0=0 +lon_0=0 +x_0=0 +y_0=0 +R={MARS_RADIUS_M} +units=m +no_defs"
     );
@@ -251,6 +257,125 @@ fn detect_places_each_crater_of_a_geotiff_on_the_body() {
         "detect_places_each_crater_of_a_geotiff_on_the_body",
         &[dir.join("found")],
     );
+}
+
+/// `dedup --image` of two overlapping GeoTIFFs (the second's corner 160 px down and right
+/// of the first's) and `detect --crops` of them: the crops carry each crater's place on the
+/// body, so the craters are compared there (too few to register the images by pattern,
+/// they are placed as georeferenced); each crater both images show whole is one group of
+/// its two views, at its place on the body in merged.csv.
+#[test]
+fn dedup_image_groups_the_craters_of_overlapping_geotiffs_on_the_body() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let (config, weights) = craterdex_detect::testing::brightness_detector(24);
+    craterdex_detect::write_detector_dir(&dir.join("bright"), config, &weights).unwrap();
+    let ckpt = craterdex_model::testing::write_tiny_checkpoint(&dir.join("ckpt"), 32, 4, 4);
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_craterdex"))
+            .args(args)
+            .env("CRATERDEX_HOME", dir.join("home"))
+            .env("CRATERDEX_PYTHON", "/nonexistent/python")
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{args:?}: {err}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    run(&[
+        "model",
+        "fetch",
+        "--from",
+        ckpt.to_str().unwrap(),
+        "--name",
+        "tiny",
+    ]);
+    let g = craterdex_detect::testing::discs(SIZE as usize, SIZE as usize, &CRATERS);
+    let ground = image::GrayImage::from_raw(SIZE, SIZE, g.pixels).unwrap();
+    let (part, shift) = (480u32, 160u32);
+    for (name, at) in [("a", 0), ("b", shift)] {
+        let png = dir.join(format!("{name}.png"));
+        image::imageops::crop_imm(&ground, at, at, part, part)
+            .to_image()
+            .save(&png)
+            .unwrap();
+        georeference_at(&png, &dir.join(format!("{name}.tif")), at, part);
+    }
+    std::fs::write(
+        dir.join("rule.json"),
+        r#"{"match_confidence":0.5,"new_confidence":0.4,"max_offset_radii":0.5,
+            "max_diameter_ratio":1.5,"body_radius_km":3396.19,
+            "appearance_weights":[0.0,0.0],"geometry_weights":[10.0,0.0,-20.0,-20.0],
+            "registered":{"max_offset_radii":0.5,"max_diameter_ratio":1.5,
+                          "weights":[10.0,0.0,-20.0,-20.0]},
+            "source":"test"}"#,
+    )
+    .unwrap();
+    let said = run(&[
+        "dedup",
+        "--image",
+        "a.tif",
+        "b.tif",
+        "--out",
+        "dd",
+        "--detector",
+        "bright",
+        "--rule",
+        "rule.json",
+        "--model",
+        "home/models/tiny",
+        "--size",
+        "16",
+    ]);
+    // each crop's place on the body is its crater's centre on the ground
+    let crops = dir.join("dd/crops.csv");
+    let (ids, sources) = (csv_column(&crops, "id"), csv_column(&crops, "source"));
+    let (lats, lons) = (csv_column(&crops, "lat"), csv_column(&crops, "lon"));
+    let f = |v: &str| v.parse::<f64>().unwrap();
+    let mut crater_of = std::collections::HashMap::new();
+    for i in 0..ids.len() {
+        let k = CRATERS
+            .iter()
+            .position(|&(x, y, d)| {
+                let (lat, lon) = lat_lon(x, y);
+                let px_deg = (PIXEL_M / MARS_RADIUS_M).to_degrees();
+                (f(&lats[i]) - lat).hypot(f(&lons[i]) - lon) < (0.25 * d + 2.0) * px_deg
+            })
+            .unwrap_or_else(|| {
+                panic!(
+                    "crop {} is on no crater: {}",
+                    ids[i],
+                    std::fs::read_to_string(&crops).unwrap()
+                )
+            });
+        crater_of.insert(ids[i].clone(), (sources[i].clone(), k));
+    }
+    let whole_in = |(x, y, d): (f64, f64, f64), at: f64| {
+        let (lo, hi) = (at + d, at + part as f64 - d - 1.0);
+        x >= lo && x <= hi && y >= lo && y <= hi
+    };
+    let shared: Vec<usize> = (0..CRATERS.len())
+        .filter(|&k| whole_in(CRATERS[k], 0.0) && whole_in(CRATERS[k], shift as f64))
+        .collect();
+    assert!(shared.len() >= 2, "{shared:?}");
+    let groups = dir.join("dd/groups.csv");
+    let (group, member) = (csv_column(&groups, "group"), csv_column(&groups, "id"));
+    for k in &shared {
+        let of_k: Vec<usize> = (0..member.len())
+            .filter(|&i| crater_of[&member[i]].1 == *k)
+            .collect();
+        let mut seen: Vec<&str> = of_k
+            .iter()
+            .map(|&i| crater_of[&member[i]].0.as_str())
+            .collect();
+        seen.sort();
+        assert_eq!(seen, ["a", "b"], "crater {k}:\n{said}");
+        assert_eq!(group[of_k[0]], group[of_k[1]], "crater {k}:\n{said}");
+    }
+    assert_eq!(member.len(), 2 * shared.len(), "{said}");
+    let merged = dir.join("dd/merged.csv");
+    assert!(csv_column(&merged, "lat").iter().all(|v| !v.is_empty()));
 }
 
 /// `link --image` of a GeoTIFF and a plain PNG of the same ground against a catalogue of

@@ -75,8 +75,10 @@ pub struct DetectCmd {
     #[arg(long)]
     out: PathBuf,
     /// Also cut a crop of each crater (OUT/crops/<id>.png, with OUT/crops.csv beside it:
-    /// id, source, x, y, diameter_px, score), the entries `craterdex link --entries
-    /// OUT/crops` takes; craters whose crop would leave the image are left out.
+    /// id, source, x, y, diameter_px, score, and for a georeferenced image lat, lon,
+    /// diameter_km), the entries `craterdex link --entries OUT/crops` takes (compared on
+    /// the body where they have a place there); craters whose crop would leave the image
+    /// are left out.
     #[arg(long)]
     crops: bool,
     /// Crop side over crater diameter.
@@ -95,10 +97,14 @@ pub fn write_crops(out: &Path, per_image: &[ImageDetections], context: f64) -> R
     for (i, (image, source)) in per_image.iter().zip(&sources).enumerate() {
         for (n, d) in image.found.iter().flatten().enumerate() {
             let id = craterdex_workflows::output::detection_id(source, n);
+            let place = match image.on_body.as_ref().and_then(|(p, _)| p.get(n)) {
+                Some(p) => format!("{:.6},{:.6},{:.4}", p.lat, p.lon, p.diameter_km),
+                None => ",,".into(),
+            };
             rows.insert(
                 id.clone(),
                 format!(
-                    "{id},{source},{:.2},{:.2},{:.2},{:.4}",
+                    "{id},{source},{:.2},{:.2},{:.2},{:.4},{place}",
                     d.x, d.y, d.diameter, d.score
                 ),
             );
@@ -110,7 +116,7 @@ pub fn write_crops(out: &Path, per_image: &[ImageDetections], context: f64) -> R
     let tmp = craterdex_durable::tempdir_beside(&dir)?;
     let cut = craterdex_eval::tiles::crater_crops(&images, &craters, context, &tmp)?;
     craterdex_durable::replace_dir(&tmp, &dir)?;
-    let mut csv = String::from("id,source,x,y,diameter_px,score\n");
+    let mut csv = String::from("id,source,x,y,diameter_px,score,lat,lon,diameter_km\n");
     for (id, _) in &cut {
         csv += &rows[id];
         csv.push('\n');
