@@ -12,7 +12,7 @@ use craterdex_workflows::calibrate::decision_counts;
 use craterdex_workflows::images::ImageLinks;
 use craterdex_workflows::output::CratersOnBody;
 use craterdex_workflows::{link, ImageLinkOptions, LinkOptions, LinkRule, ObservedImage};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 #[derive(Args)]
@@ -211,33 +211,42 @@ pub fn print_registrations(regs: &[Arc<craterdex_workflows::SourceRegistration>]
     }
 }
 
-/// Where the craters of the georeferenced images among `read` (path, source name, ..., whether
-/// georeferenced) lie on their body, if any image is.
+/// Where the craters of the georeferenced images (their paths and source names) lie on
+/// their body, if any image is.
 fn craters_on_body(
     links: &ImageLinks,
-    read: &[(&PathBuf, String, GrayImage, Vec<Detection>, bool)],
+    georeferenced: &[(&Path, &str)],
 ) -> Result<Option<CratersOnBody>> {
     let mut places = vec![None; links.craters.len()];
     let mut radii = Vec::new();
-    for (path, name, ..) in read.iter().filter(|r| r.4) {
+    for &(path, name) in georeferenced {
         let (at, craters): (Vec<usize>, Vec<_>) = links
             .craters
             .iter()
             .enumerate()
-            .filter(|(_, c)| &c.image == name)
+            .filter(|(_, c)| c.image == name)
             .map(|(i, c)| (i, (c.x, c.y, c.diameter_px)))
             .unzip();
         let (found, radius) = crate::cmd::detect::places_in(path, &craters)?;
         for (i, p) in at.into_iter().zip(found) {
             places[i] = Some(p);
         }
-        radii.push((path.as_path(), radius));
+        radii.push((path, radius));
     }
     let radius = craterdex_workflows::output::shared_body_radius(radii)?;
     Ok(radius.map(|body_radius_km| CratersOnBody {
         places,
         body_radius_km,
     }))
+}
+
+/// An image read and searched for craters.
+struct ReadImage<'a> {
+    path: &'a Path,
+    name: String,
+    image: GrayImage,
+    detections: Vec<Detection>,
+    georeferenced: bool,
 }
 
 /// `link --image`: detect, then link, each image its own source.
@@ -262,7 +271,13 @@ fn run_images(c: LinkCmd) -> Result<()> {
                 detections,
                 on_body,
                 image: Some(image),
-            }) => read.push((path, name, image, detections, on_body.is_some())),
+            }) => read.push(ReadImage {
+                path,
+                name,
+                image,
+                detections,
+                georeferenced: on_body.is_some(),
+            }),
             Ok(_) => unreachable!("detect_images keeps the images it is asked to keep"),
             Err(e) => {
                 failed += 1;
@@ -272,10 +287,10 @@ fn run_images(c: LinkCmd) -> Result<()> {
     }
     let observed: Vec<ObservedImage> = read
         .iter()
-        .map(|(_, name, image, detections, _)| ObservedImage {
-            source: name.clone(),
-            image,
-            detections: detections.clone(),
+        .map(|r| ObservedImage {
+            source: r.name.clone(),
+            image: &r.image,
+            detections: r.detections.clone(),
         })
         .collect();
     let o = ImageLinkOptions {
@@ -293,7 +308,12 @@ fn run_images(c: LinkCmd) -> Result<()> {
         &Bars::new(),
     )?;
     let regs = craterdex_workflows::images::image_registrations(&links);
-    let on_body = craters_on_body(&links, &read)?;
+    let georeferenced: Vec<(&Path, &str)> = read
+        .iter()
+        .filter(|r| r.georeferenced)
+        .map(|r| (r.path, r.name.as_str()))
+        .collect();
+    let on_body = craters_on_body(&links, &georeferenced)?;
     let mut files =
         craterdex_workflows::output::write_image_links(&c.out, &links, on_body.as_ref())?;
     craterdex_workflows::output::write_registrations(&c.out, &regs)?;
