@@ -412,12 +412,7 @@ fn link_image_registers_detections_links_them_and_looks_for_what_the_detector_mi
         .unwrap();
     std::fs::write(
         root.join("rule.json"),
-        r#"{"match_confidence":0.5,"new_confidence":0.4,"max_offset_radii":3.0,
-            "max_diameter_ratio":1.5,"body_radius_km":3389.5,
-            "appearance_weights":[10.0,0.0],"geometry_weights":[-10.0,0.0,0.0,0.0],
-            "registered":{"max_offset_radii":1.0,"max_diameter_ratio":1.5,
-                          "weights":[10.0,0.0,-20.0,-20.0]},
-            "source":"test"}"#,
+        craterdex_testkit::REGISTERED_GEOMETRY_RULE,
     )
     .unwrap();
     let link = [
@@ -545,12 +540,7 @@ fn dedup_image_groups_the_craters_two_overlapping_images_share() {
     }
     std::fs::write(
         root.join("rule.json"),
-        r#"{"match_confidence":0.5,"new_confidence":0.4,"max_offset_radii":3.0,
-            "max_diameter_ratio":1.5,"body_radius_km":3389.5,
-            "appearance_weights":[10.0,0.0],"geometry_weights":[-10.0,0.0,0.0,0.0],
-            "registered":{"max_offset_radii":1.0,"max_diameter_ratio":1.5,
-                          "weights":[10.0,0.0,-20.0,-20.0]},
-            "source":"test"}"#,
+        craterdex_testkit::REGISTERED_GEOMETRY_RULE,
     )
     .unwrap();
     let model = root.join("home/models/tiny");

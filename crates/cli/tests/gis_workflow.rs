@@ -105,6 +105,50 @@ fn georeference_at(png: &Path, tif: &Path, offset: u32, size: u32) {
     );
 }
 
+/// Checks the place columns of the crater table at `csv` (x, y, diameter_px; lat, lon,
+/// diameter_km): rows of the `plain` image have none, every other row the place of its
+/// pixels on the test's ground; returns how many rows are placed.
+fn assert_placed(csv: &Path, plain: &str) -> usize {
+    let column = |name: &str| csv_column(csv, name);
+    let (images, xs, ys, ds) = (
+        column("image"),
+        column("x"),
+        column("y"),
+        column("diameter_px"),
+    );
+    let (lats, lons, kms) = (column("lat"), column("lon"), column("diameter_km"));
+    let f = |v: &str| v.parse::<f64>().unwrap();
+    let mut placed = 0;
+    for i in 0..images.len() {
+        if images[i] == plain {
+            assert!(lats[i].is_empty() && lons[i].is_empty() && kms[i].is_empty());
+            continue;
+        }
+        placed += 1;
+        // the crater's own pixel position, through the mosaic's projection (the CSV's
+        // x and y are rounded to 0.01 px, 1 m here: 1.5e-5 degrees)
+        let (lat, lon) = lat_lon(f(&xs[i]), f(&ys[i]));
+        assert!(
+            (f(&lats[i]) - lat).abs() < 1.5e-5,
+            "row {i}: {} against {lat}",
+            lats[i]
+        );
+        assert!(
+            (f(&lons[i]) - lon).abs() < 1.5e-5,
+            "row {i}: {} against {lon}",
+            lons[i]
+        );
+        // within a degree of the equator a pixel is 100 m either way (east-west 0.015% less)
+        let ratio = f(&kms[i]) / km(f(&ds[i]));
+        assert!(
+            (ratio - 1.0).abs() < 1e-3,
+            "row {i}: {} km, ratio {ratio}",
+            kms[i]
+        );
+    }
+    placed
+}
+
 #[test]
 fn detect_places_each_crater_of_a_geotiff_on_the_body() {
     let tmp = tempfile::tempdir().unwrap();
@@ -164,36 +208,8 @@ fn detect_places_each_crater_of_a_geotiff_on_the_body() {
         column("y"),
         column("diameter_px"),
     );
-    let (lats, lons, kms) = (column("lat"), column("lon"), column("diameter_km"));
     let f = |v: &str| v.parse::<f64>().unwrap();
-    let mut on_mosaic = 0;
-    for i in 0..images.len() {
-        if images[i] == "plain.png" {
-            assert!(lats[i].is_empty() && lons[i].is_empty() && kms[i].is_empty());
-            continue;
-        }
-        on_mosaic += 1;
-        // the detection's own pixel position, through the mosaic's projection (the CSV's
-        // x and y are rounded to 0.01 px, 1 m here: 1.5e-5 degrees)
-        let (lat, lon) = lat_lon(f(&xs[i]), f(&ys[i]));
-        assert!(
-            (f(&lats[i]) - lat).abs() < 1.5e-5,
-            "row {i}: {} against {lat}",
-            lats[i]
-        );
-        assert!(
-            (f(&lons[i]) - lon).abs() < 1.5e-5,
-            "row {i}: {} against {lon}",
-            lons[i]
-        );
-        // within a degree of the equator a pixel is 100 m either way (east-west 0.015% less)
-        let ratio = f(&kms[i]) / km(f(&ds[i]));
-        assert!(
-            (ratio - 1.0).abs() < 1e-3,
-            "row {i}: {} km, ratio {ratio}",
-            kms[i]
-        );
-    }
+    let on_mosaic = assert_placed(&csv, "plain.png");
     assert_eq!(
         on_mosaic,
         2 * discs.len(),
@@ -438,12 +454,7 @@ fn link_image_places_the_craters_of_a_geotiff_on_the_body() {
     .concat());
     std::fs::write(
         dir.join("rule.json"),
-        r#"{"match_confidence":0.5,"new_confidence":0.4,"max_offset_radii":3.0,
-            "max_diameter_ratio":1.5,"body_radius_km":3396.19,
-            "appearance_weights":[10.0,0.0],"geometry_weights":[-10.0,0.0,0.0,0.0],
-            "registered":{"max_offset_radii":1.0,"max_diameter_ratio":1.5,
-                          "weights":[10.0,0.0,-20.0,-20.0]},
-            "source":"test"}"#,
+        craterdex_testkit::REGISTERED_GEOMETRY_RULE,
     )
     .unwrap();
     let link = [
@@ -465,41 +476,9 @@ fn link_image_places_the_craters_of_a_geotiff_on_the_body() {
     run(&[&link[..], &to, &size].concat());
     let csv = dir.join("links/links.csv");
     let column = |name: &str| csv_column(&csv, name);
-    let (images, xs, ys, ds) = (
-        column("image"),
-        column("x"),
-        column("y"),
-        column("diameter_px"),
-    );
-    let (lats, lons, kms) = (column("lat"), column("lon"), column("diameter_km"));
-    let decisions = column("decision");
-    let f = |v: &str| v.parse::<f64>().unwrap();
-    let mut on_mosaic = 0;
-    for i in 0..images.len() {
-        if images[i] == "plain" {
-            assert!(lats[i].is_empty() && lons[i].is_empty() && kms[i].is_empty());
-            continue;
-        }
-        assert_eq!(images[i], "mosaic");
-        on_mosaic += 1;
-        let (lat, lon) = lat_lon(f(&xs[i]), f(&ys[i]));
-        assert!(
-            (f(&lats[i]) - lat).abs() < 1.5e-5,
-            "row {i}: {} against {lat}",
-            lats[i]
-        );
-        assert!(
-            (f(&lons[i]) - lon).abs() < 1.5e-5,
-            "row {i}: {} against {lon}",
-            lons[i]
-        );
-        let ratio = f(&kms[i]) / km(f(&ds[i]));
-        assert!(
-            (ratio - 1.0).abs() < 1e-3,
-            "row {i}: {} km, ratio {ratio}",
-            kms[i]
-        );
-    }
+    let (images, xs, decisions) = (column("image"), column("x"), column("decision"));
+    let on_mosaic = assert_placed(&csv, "plain");
+    assert!(images.iter().all(|i| i == "plain" || i == "mosaic"));
     // every crater of the ground is looked at once in each image
     assert_eq!(
         on_mosaic,

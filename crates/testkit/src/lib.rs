@@ -4,9 +4,20 @@
 //! a test that would test nothing on this machine (AMX tiles absent, model unavailable)
 //! returns early after [`skip`], which says why on stderr and appends one line to the file
 //! named by `CRATERDEX_SKIP_LOG`; CI prints that file. Also: reading a generated page as a
-//! browser's parser does ([`parsed_page`]). Knows nothing of craterdex itself.
+//! browser's parser does ([`parsed_page`]), and a link rule file for tests whose tiny models'
+//! appearance means nothing ([`REGISTERED_GEOMETRY_RULE`], as JSON text). Links none of
+//! craterdex's crates.
 
 use std::io::Write;
+
+/// A link rule that decides by registered geometry alone (a crater within a radius of its
+/// registered catalogue position, of similar size, is a match; appearance weighs nothing): for
+/// tests whose tiny generated models give appearance scores that mean nothing.
+pub const REGISTERED_GEOMETRY_RULE: &str = r#"{"match_confidence":0.5,"new_confidence":0.4,
+    "max_offset_radii":3.0,"max_diameter_ratio":1.5,"body_radius_km":3396.19,
+    "appearance_weights":[10.0,0.0],"geometry_weights":[-10.0,0.0,0.0,0.0],
+    "registered":{"max_offset_radii":1.0,"max_diameter_ratio":1.5,"weights":[10.0,0.0,-20.0,-20.0]},
+    "source":"test"}"#;
 
 /// Reports `test` as skipped for `reason`.
 pub fn skip(test: &str, reason: &str) {
