@@ -158,4 +158,5 @@ def main():
     json.dump(dict(tiles=results, total=total), open(f"{work}/results.json", "w"), indent=1)
 
 
-main()
+if __name__ == "__main__":
+    main()
