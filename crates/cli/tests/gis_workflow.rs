@@ -275,6 +275,35 @@ fn detect_places_each_crater_of_a_geotiff_on_the_body() {
     );
 }
 
+/// A bright-disc detector (`bright`) and a tiny model (`home/models/tiny`) in `dir`: what
+/// the link and dedup tests run, their appearance scores meaning nothing.
+fn with_tiny_model_and_detector(dir: &Path) {
+    let (config, weights) = craterdex_detect::testing::brightness_detector(24);
+    craterdex_detect::write_detector_dir(&dir.join("bright"), config, &weights).unwrap();
+    let ckpt = craterdex_model::testing::write_tiny_checkpoint(&dir.join("ckpt"), 32, 4, 4);
+    let from = ckpt.to_str().unwrap();
+    run_ok(dir, &["model", "fetch", "--from", from, "--name", "tiny"]);
+}
+
+/// craterdex `args` in `dir` (its home there): it succeeds, and no GDAL message reaches
+/// stderr; its stdout.
+fn run_ok(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_craterdex"))
+        .args(args)
+        .env("CRATERDEX_HOME", dir.join("home"))
+        .env("CRATERDEX_PYTHON", "/nonexistent/python")
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{args:?}: {err}");
+    assert!(
+        !err.contains("ERROR"),
+        "GDAL's messages reached stderr:\n{err}"
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// `dedup --image` of two overlapping GeoTIFFs (the second's corner 160 px down and right
 /// of the first's) and `detect --crops` of them: the crops carry each crater's place on the
 /// body, so the craters are compared there (too few to register the images by pattern,
@@ -284,29 +313,8 @@ fn detect_places_each_crater_of_a_geotiff_on_the_body() {
 fn dedup_image_groups_the_craters_of_overlapping_geotiffs_on_the_body() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let (config, weights) = craterdex_detect::testing::brightness_detector(24);
-    craterdex_detect::write_detector_dir(&dir.join("bright"), config, &weights).unwrap();
-    let ckpt = craterdex_model::testing::write_tiny_checkpoint(&dir.join("ckpt"), 32, 4, 4);
-    let run = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_craterdex"))
-            .args(args)
-            .env("CRATERDEX_HOME", dir.join("home"))
-            .env("CRATERDEX_PYTHON", "/nonexistent/python")
-            .current_dir(dir)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(out.status.success(), "{args:?}: {err}");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    run(&[
-        "model",
-        "fetch",
-        "--from",
-        ckpt.to_str().unwrap(),
-        "--name",
-        "tiny",
-    ]);
+    with_tiny_model_and_detector(dir);
+    let run = |args: &[&str]| run_ok(dir, args);
     let g = craterdex_detect::testing::discs(SIZE as usize, SIZE as usize, &CRATERS);
     let ground = image::GrayImage::from_raw(SIZE, SIZE, g.pixels).unwrap();
     let (part, shift) = (480u32, 160u32);
@@ -404,32 +412,8 @@ fn dedup_image_groups_the_craters_of_overlapping_geotiffs_on_the_body() {
 fn link_image_places_the_craters_of_a_geotiff_on_the_body() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let (config, weights) = craterdex_detect::testing::brightness_detector(24);
-    craterdex_detect::write_detector_dir(&dir.join("bright"), config, &weights).unwrap();
-    let ckpt = craterdex_model::testing::write_tiny_checkpoint(&dir.join("ckpt"), 32, 4, 4);
-    let run = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_craterdex"))
-            .args(args)
-            .env("CRATERDEX_HOME", dir.join("home"))
-            .env("CRATERDEX_PYTHON", "/nonexistent/python")
-            .current_dir(dir)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(out.status.success(), "{args:?}: {err}");
-        assert!(
-            !err.contains("ERROR"),
-            "GDAL's messages reached stderr:\n{err}"
-        );
-    };
-    run(&[
-        "model",
-        "fetch",
-        "--from",
-        ckpt.to_str().unwrap(),
-        "--name",
-        "tiny",
-    ]);
+    with_tiny_model_and_detector(dir);
+    let run = |args: &[&str]| run_ok(dir, args);
     let size = ["--model", "home/models/tiny", "--size", "16"];
     let g = craterdex_detect::testing::discs(SIZE as usize, SIZE as usize, &CRATERS);
     let ground = image::GrayImage::from_raw(SIZE, SIZE, g.pixels).unwrap();
