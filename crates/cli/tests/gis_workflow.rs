@@ -531,25 +531,19 @@ fn model_is_fetched() -> bool {
         .exists()
 }
 
+/// `ogrinfo`'s summary of `layer` (its feature count, fields, coordinate system).
 fn ogrinfo(path: &Path, layer: &str) -> String {
-    let out = Command::new("ogrinfo")
-        .args(["-so", "-ro"])
-        .arg(path)
-        .arg(layer)
-        .output()
-        .expect("ogrinfo (gdal-bin)");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).to_string()
+    ogrinfo_with(&["-so", "-ro"], path, layer)
 }
 
 /// `ogrinfo`'s listing of every feature of `layer` (attributes included).
 fn ogrinfo_features(path: &Path, layer: &str) -> String {
+    ogrinfo_with(&["-ro", "-q"], path, layer)
+}
+
+fn ogrinfo_with(options: &[&str], path: &Path, layer: &str) -> String {
     let out = Command::new("ogrinfo")
-        .args(["-ro", "-q"])
+        .args(options)
         .arg(path)
         .arg(layer)
         .output()

@@ -79,6 +79,21 @@ pub fn categorized(attribute: &str, categories: &[Category], shape: Shape) -> St
         ));
         symbols.push_str(&symbol(&i.to_string(), c.rgb, shape));
     }
+    let renderer = format!(
+        "type=\"categorizedSymbol\" attr=\"{}\"",
+        xml_escape(attribute)
+    );
+    qml(
+        &renderer,
+        &format!("\x20   <categories>\n{cats}\x20   </categories>\n"),
+        &symbols,
+        shape,
+    )
+}
+
+/// A QML document whose renderer has the attributes `renderer`, then `categories` (any
+/// elements before the symbols) and `symbols`, for features of `shape`.
+fn qml(renderer: &str, categories: &str, symbols: &str, shape: Shape) -> String {
     let geometry_type = match shape {
         Shape::Points => 0,
         Shape::Rims => 2,
@@ -86,32 +101,18 @@ pub fn categorized(attribute: &str, categories: &[Category], shape: Shape) -> St
     format!(
         "<!DOCTYPE qgis PUBLIC 'http://mrcc.com/qgis.dtd' 'SYSTEM'>\n\
          <qgis version=\"3.22.0\" styleCategories=\"Symbology\">\n\
-         \x20 <renderer-v2 type=\"categorizedSymbol\" attr=\"{}\" symbollevels=\"0\" enableorderby=\"0\" forceraster=\"0\">\n\
-         \x20   <categories>\n{cats}\x20   </categories>\n\
+         \x20 <renderer-v2 {renderer} symbollevels=\"0\" enableorderby=\"0\" forceraster=\"0\">\n\
+         {categories}\
          \x20   <symbols>\n{symbols}\x20   </symbols>\n\
          \x20 </renderer-v2>\n\
          \x20 <layerGeometryType>{geometry_type}</layerGeometryType>\n\
-         </qgis>\n",
-        xml_escape(attribute)
+         </qgis>\n"
     )
 }
 
 /// A QGIS layer style (QML) drawing every feature with one symbol of colour `rgb`.
 pub fn single(rgb: (u8, u8, u8), shape: Shape) -> String {
-    let geometry_type = match shape {
-        Shape::Points => 0,
-        Shape::Rims => 2,
-    };
-    format!(
-        "<!DOCTYPE qgis PUBLIC 'http://mrcc.com/qgis.dtd' 'SYSTEM'>\n\
-         <qgis version=\"3.22.0\" styleCategories=\"Symbology\">\n\
-         \x20 <renderer-v2 type=\"singleSymbol\" symbollevels=\"0\" enableorderby=\"0\" forceraster=\"0\">\n\
-         \x20   <symbols>\n{}\x20   </symbols>\n\
-         \x20 </renderer-v2>\n\
-         \x20 <layerGeometryType>{geometry_type}</layerGeometryType>\n\
-         </qgis>\n",
-        symbol("0", rgb, shape)
-    )
+    qml("type=\"singleSymbol\"", "", &symbol("0", rgb, shape), shape)
 }
 
 fn symbol(name: &str, (r, g, b): (u8, u8, u8), shape: Shape) -> String {
