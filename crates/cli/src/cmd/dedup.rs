@@ -2,7 +2,7 @@
 //! merged catalogue.
 
 use crate::args::dir_entries;
-use crate::cmd::detect::{detect_images, write_crops};
+use crate::cmd::detect::{detect_images, per_image_detections, write_crops};
 use crate::cmd::link::print_registrations;
 use crate::output::Bars;
 use anyhow::Result;
@@ -10,7 +10,7 @@ use clap::Args;
 use craterdex_engine::{Engine, ImageMeta, RecipeOptions};
 use craterdex_workflows::dedup::{frames_of_index, score_groups};
 use craterdex_workflows::link::crop_turn_deg;
-use craterdex_workflows::output::{write_detections, ImageDetections};
+use craterdex_workflows::output::write_detections;
 use craterdex_workflows::{dedup, DedupOptions, LinkRule};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -61,9 +61,10 @@ pub struct DedupCmd {
     pub model: crate::args::ModelOpts,
 }
 
-/// `dedup --image`: the images' craters detected, cut and indexed under `out`; the index,
-/// and how many images could not be read or searched (named on stderr).
-fn index_images(c: &DedupCmd) -> Result<(PathBuf, usize)> {
+/// `dedup --image`: the images' craters detected, cut and indexed under `out`; the engine
+/// over that index (with the model), and how many images could not be read or searched
+/// (named on stderr, and in OUT/images.csv with why).
+fn index_images(c: &DedupCmd) -> Result<(Engine, PathBuf, usize)> {
     let (config, net) = c.detector.load()?;
     let found = detect_images(
         &c.images,
@@ -73,21 +74,8 @@ fn index_images(c: &DedupCmd) -> Result<(PathBuf, usize)> {
         "detect",
         false,
     );
-    let mut per_image = Vec::new();
-    let mut failed = 0;
-    for (path, r) in c.images.iter().zip(found) {
-        match r {
-            Ok(f) => per_image.push(ImageDetections {
-                image: path.clone(),
-                found: Ok(f.detections),
-                on_body: f.on_body,
-            }),
-            Err(e) => {
-                failed += 1;
-                eprintln!("{}: {e:#}", path.display());
-            }
-        }
-    }
+    let per_image = per_image_detections(&c.images, found);
+    let failed = per_image.iter().filter(|d| d.found.is_err()).count();
     write_detections(&c.out, &per_image)?;
     let cut = write_crops(&c.out, &per_image, c.context)?;
     anyhow::ensure!(
@@ -98,22 +86,22 @@ fn index_images(c: &DedupCmd) -> Result<(PathBuf, usize)> {
     let entries = dir_entries(&crops, Some(&c.out.join("crops.csv")))?;
     let index = c.out.join("index");
     let recipe = RecipeOptions::default().recipe()?;
-    Engine::build(
+    let engine = Engine::build(
         &index,
         &entries,
         &recipe,
         Arc::new(c.model.load()?),
         &Bars::new(),
     )?;
-    Ok((index, failed))
+    Ok((engine, index, failed))
 }
 
 pub fn run(c: DedupCmd) -> Result<()> {
-    let (index, failed) = match &c.index {
-        Some(index) => (index.clone(), 0),
+    let (engine, index, failed) = match &c.index {
+        Some(index) => (Engine::open(index, None)?, index.clone(), 0),
         None => index_images(&c)?,
     };
-    dedup_index(&c, &index)?;
+    dedup_index(&c, engine, &index)?;
     anyhow::ensure!(
         failed == 0,
         "{failed} of {} images could not be read or searched",
@@ -122,12 +110,12 @@ pub fn run(c: DedupCmd) -> Result<()> {
     Ok(())
 }
 
-fn dedup_index(c: &DedupCmd, index: &Path) -> Result<()> {
+/// Groups the entries of the index at `index` (`engine` over it).
+fn dedup_index(c: &DedupCmd, engine: Engine, index: &Path) -> Result<()> {
     let rule = match &c.rule {
         Some(p) => LinkRule::load(p)?,
         None => LinkRule::for_index(index)?,
     };
-    let engine = Engine::open(index, None)?;
     let opts = DedupOptions {
         top_k: c.top,
         register: !c.no_register,
@@ -138,7 +126,7 @@ fn dedup_index(c: &DedupCmd, index: &Path) -> Result<()> {
         .registrations()
         .iter()
         .any(|r| crop_turn_deg(r).is_some());
-    let engine = if turned {
+    let engine = if turned && engine.extractor().is_none() {
         // its crops are compared turned to the reference's orientation
         engine.with_extractor(Arc::new(c.model.load()?))?
     } else {

@@ -302,28 +302,23 @@ pub fn detect_images(
     out
 }
 
-pub fn run(c: DetectCmd) -> Result<()> {
-    let (config, net) = c.detector.load()?;
-    let o = c.detector.options();
-    let t = std::time::Instant::now();
-    let results = detect_images(&c.images, &config, &net, &o, "detect", false);
+/// What [`detect_images`] found in each of `images`, as the crater lists record it (the
+/// reason where an image failed); each image without craters, or that failed, is named on
+/// stderr with why.
+pub fn per_image_detections(
+    images: &[PathBuf],
+    results: Vec<Result<Found>>,
+) -> Vec<ImageDetections> {
     let mut per_image = Vec::new();
-    let (mut failed, mut with_craters, mut n) = (0, 0, 0);
-    for (path, r) in c.images.iter().zip(results) {
+    for (path, r) in images.iter().zip(results) {
         let (found, on_body) = match r {
             Ok(f) => (Ok(f.detections), f.on_body),
             Err(e) => (Err(format!("{e:#}")), None),
         };
         match &found {
             Ok(d) if d.is_empty() => eprintln!("{}: no craters found", path.display()),
-            Ok(d) => {
-                with_craters += 1;
-                n += d.len();
-            }
-            Err(e) => {
-                failed += 1;
-                eprintln!("{}: {e}", path.display());
-            }
+            Ok(_) => {}
+            Err(e) => eprintln!("{}: {e}", path.display()),
         }
         per_image.push(ImageDetections {
             image: path.clone(),
@@ -331,6 +326,20 @@ pub fn run(c: DetectCmd) -> Result<()> {
             on_body,
         });
     }
+    per_image
+}
+
+pub fn run(c: DetectCmd) -> Result<()> {
+    let (config, net) = c.detector.load()?;
+    let o = c.detector.options();
+    let t = std::time::Instant::now();
+    let results = detect_images(&c.images, &config, &net, &o, "detect", false);
+    let per_image = per_image_detections(&c.images, results);
+    let failed = per_image.iter().filter(|d| d.found.is_err()).count();
+    let found = per_image.iter().filter_map(|d| d.found.as_ref().ok());
+    let (with_craters, n) = found.fold((0, 0), |(images, craters), d| {
+        (images + usize::from(!d.is_empty()), craters + d.len())
+    });
     let mut files = craterdex_workflows::output::write_detections(&c.out, &per_image)?;
     if c.crops {
         let cut = write_crops(&c.out, &per_image, c.context)?;
