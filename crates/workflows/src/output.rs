@@ -94,34 +94,50 @@ impl Layer {
     /// `NAME.geojson` and `NAME.qml` (and `NAME_rims.*`) in `dir`, then with GDAL
     /// `NAME.gpkg` holding them as layers with their styles; returns the files written.
     fn write(self, dir: &Path, map: &MapLayers) -> Result<Vec<PathBuf>> {
-        let mut layers = Vec::new();
-        let mut files = Vec::new();
-        let mut layer = |name: String, features: Vec<Value>, shape: style::Shape| -> Result<()> {
-            let qml = style::categorized(self.attribute, self.categories, shape);
-            let (path, qml_path) = (
-                dir.join(format!("{name}.geojson")),
-                dir.join(format!("{name}.qml")),
-            );
-            write_geojson(&path, features, Some(map.body_radius_km))?;
-            craterdex_durable::write_atomic(&qml_path, qml.as_bytes())?;
-            files.extend([path.clone(), qml_path]);
-            layers.push((name, path, qml));
-            Ok(())
-        };
-        layer(self.name.to_string(), self.points, style::Shape::Points)?;
+        let style = |shape| style::categorized(self.attribute, self.categories, shape);
+        let mut layers = vec![(
+            self.name.to_string(),
+            self.points,
+            style(style::Shape::Points),
+        )];
         if map.rims {
-            layer(format!("{}_rims", self.name), self.rims, style::Shape::Rims)?;
+            let rims = style(style::Shape::Rims);
+            layers.push((format!("{}_rims", self.name), self.rims, rims));
         }
-        #[cfg(feature = "gdal")]
-        {
-            let gpkg = dir.join(format!("{}.gpkg", self.name));
-            crate::gpkg::write(&gpkg, &layers)?;
-            files.push(gpkg);
-        }
-        #[cfg(not(feature = "gdal"))]
-        let _ = layers;
-        Ok(files)
+        write_styled_layers(dir, self.name, layers, map.body_radius_km)
     }
+}
+
+/// Each layer (name, features on a body of `body_radius_km`, QGIS style) as `NAME.geojson`
+/// with `NAME.qml` beside it in `dir`, then with GDAL `PACKAGE.gpkg` holding them all with
+/// their styles; returns the files written.
+fn write_styled_layers(
+    dir: &Path,
+    package: &str,
+    layers: Vec<(String, Vec<Value>, String)>,
+    body_radius_km: f64,
+) -> Result<Vec<PathBuf>> {
+    let mut written = Vec::new();
+    let mut files = Vec::new();
+    for (name, features, qml) in layers {
+        let (path, qml_path) = (
+            dir.join(format!("{name}.geojson")),
+            dir.join(format!("{name}.qml")),
+        );
+        write_geojson(&path, features, Some(body_radius_km))?;
+        craterdex_durable::write_atomic(&qml_path, qml.as_bytes())?;
+        files.extend([path.clone(), qml_path]);
+        written.push((name, path, qml));
+    }
+    #[cfg(feature = "gdal")]
+    {
+        let gpkg = dir.join(format!("{package}.gpkg"));
+        crate::gpkg::write(&gpkg, &written)?;
+        files.push(gpkg);
+    }
+    #[cfg(not(feature = "gdal"))]
+    let _ = (package, written);
+    Ok(files)
 }
 
 /// A GeoJSON feature collection at `path`. Positions on a body of `body_radius_km` declare
@@ -605,21 +621,10 @@ pub fn write_detections(dir: &Path, per_image: &[ImageDetections]) -> Result<Vec
         statuses,
     )?;
     let mut files = vec![csv_path, geojson, images_path];
-    if body_radius_km.is_some() {
-        let path = dir.join("detections_lonlat.geojson");
-        let (qml_path, qml) = (
-            dir.join("detections_lonlat.qml"),
-            style::single(style::DETECTED, style::Shape::Rims),
-        );
-        write_geojson(&path, body_features, body_radius_km)?;
-        craterdex_durable::write_atomic(&qml_path, qml.as_bytes())?;
-        #[cfg(feature = "gdal")]
-        {
-            let gpkg = dir.join("detections.gpkg");
-            crate::gpkg::write(&gpkg, &[("detections_lonlat".into(), path.clone(), qml)])?;
-            files.push(gpkg);
-        }
-        files.extend([path, qml_path]);
+    if let Some(radius) = body_radius_km {
+        let qml = style::single(style::DETECTED, style::Shape::Rims);
+        let layer = ("detections_lonlat".to_string(), body_features, qml);
+        files.extend(write_styled_layers(dir, "detections", vec![layer], radius)?);
     }
     Ok(files)
 }
