@@ -117,13 +117,18 @@ impl Taps {
         x: &FeatureMap,
         activation: Activation,
         [oh, ow, f]: [usize; 3],
-        pool: &Pool,
+        pools: &Pools,
     ) -> FeatureMap {
+        let pool = &pools.f32;
         let (width, c) = (x.width, self.in_channels);
         let [kh, kw] = self.kernel;
         let positions = x.height * width;
         let rounded = match self.weights.first() {
-            Some(TapWeight::Bf16(w)) => Some(bf16::rows_for(&x.data, positions, w)),
+            Some(TapWeight::Bf16(w)) => {
+                let mut a16 = pools.bf16.dirty(0);
+                bf16::rows_for(&x.data, positions, w, &mut a16);
+                Some(a16)
+            }
             _ => None,
         };
         let mut full = pool.dirty(oh * width * f);
@@ -178,6 +183,9 @@ impl Taps {
                 activation.apply(dst);
             });
         pool.give(full);
+        if let Some(a16) = rounded {
+            pools.bf16.give(a16);
+        }
         out
     }
 }
@@ -187,7 +195,7 @@ pub struct Net {
     graph: Graph,
     kernels: Vec<Kernel>,
     precision: Precision,
-    pool: Pool,
+    pools: Pools,
 }
 
 /// Output pixels of one convolution whose patches are gathered at once: bounds the patch
@@ -274,7 +282,7 @@ impl Net {
             graph,
             kernels,
             precision: Precision::F32,
-            pool: Pool::default(),
+            pools: Pools::default(),
         })
     }
 
@@ -322,12 +330,14 @@ impl Net {
     /// A map for the next input, every value of which the caller sets, in memory an earlier
     /// pass gave back.
     pub fn input_map(&self, height: usize, width: usize) -> FeatureMap {
-        self.pool.dirty_map(height, width, self.graph.channels())
+        self.pools
+            .f32
+            .dirty_map(height, width, self.graph.channels())
     }
 
     /// Gives an output's memory back for the next passes.
     pub fn recycle(&self, map: FeatureMap) {
-        self.pool.give(map.data);
+        self.pools.f32.give(map.data);
     }
 
     pub fn graph(&self) -> &Graph {
@@ -379,12 +389,12 @@ impl Net {
                         *padding,
                         *activation,
                         shapes[i],
-                        &self.pool,
+                        &self.pools.f32,
                     )
                 }
                 (Op::Conv { activation, .. }, Kernel::Taps(t)) => {
                     check_channels(&layer.name, arg(0), t.in_channels)?;
-                    t.forward(arg(0), *activation, shapes[i], &self.pool)
+                    t.forward(arg(0), *activation, shapes[i], &self.pools)
                 }
                 (
                     Op::ConvTranspose {
@@ -408,16 +418,16 @@ impl Net {
                         *stride,
                         *activation,
                         shapes[i],
-                        &self.pool,
+                        &self.pools.f32,
                     )
                 }
                 (Op::MaxPool { size, stride }, _) => {
-                    max_pool(arg(0), *size, *stride, shapes[i], &self.pool)
+                    max_pool(arg(0), *size, *stride, shapes[i], &self.pools.f32)
                 }
-                (Op::Crop { edges }, _) => crop(arg(0), *edges, &self.pool),
+                (Op::Crop { edges }, _) => crop(arg(0), *edges, &self.pools.f32),
                 (Op::Concat, _) => {
                     let parts: Vec<&FeatureMap> = (0..layer.inputs.len()).map(arg).collect();
-                    concat(&parts, &self.pool)
+                    concat(&parts, &self.pools.f32)
                 }
                 _ => unreachable!("kernels are made from the same layers"),
             };
@@ -425,7 +435,7 @@ impl Net {
             for &j in &layer.inputs {
                 if last_uses[j] == i {
                     if let Some(done) = maps[j].take() {
-                        self.pool.give(done.data);
+                        self.pools.f32.give(done.data);
                     }
                 }
             }
@@ -457,40 +467,61 @@ fn same_pad(size: usize, kernel: usize, stride: usize) -> usize {
 
 /// Buffers of finished layers, handed to the next ones: a fresh allocation of a large map is
 /// fresh pages from the kernel, and faulting them in cost a third of a pass.
+struct Pool<T>(Mutex<Vec<Vec<T>>>);
+
+impl<T> Default for Pool<T> {
+    fn default() -> Self {
+        Self(Mutex::new(Vec::new()))
+    }
+}
+
+/// The pools of one detector: its maps, and its layers' inputs rounded to bf16.
 #[derive(Default)]
-struct Pool(Mutex<Vec<Vec<f32>>>);
+struct Pools {
+    f32: Pool<f32>,
+    bf16: Pool<u16>,
+}
 
 /// Buffers the pool keeps at most.
 const POOLED: usize = 24;
 
-impl Pool {
+impl<T: Copy + Default + Send> Pool<T> {
     /// `n` values of no meaning, for a caller that writes every one: the smallest pooled
     /// buffer that holds them, or a new one (growing a smaller one would copy what it holds).
-    fn dirty(&self, n: usize) -> Vec<f32> {
+    fn dirty(&self, n: usize) -> Vec<T> {
         let mut pool = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let fits = (0..pool.len())
             .filter(|&i| pool[i].capacity() >= n)
             .min_by_key(|&i| pool[i].capacity());
         let Some(i) = fits else {
-            return vec![0.0; n];
+            return vec![T::default(); n];
         };
         let mut v = pool.swap_remove(i);
         drop(pool);
         if v.len() >= n {
             v.truncate(n);
         } else {
-            v.resize(n, 0.0);
+            v.resize(n, T::default());
         }
         v
     }
 
     /// `n` zeros, written in parallel.
-    fn zeros(&self, n: usize) -> Vec<f32> {
+    fn zeros(&self, n: usize) -> Vec<T> {
         let mut v = self.dirty(n);
-        v.par_chunks_mut(1 << 15).for_each(|c| c.fill(0.0));
+        v.par_chunks_mut(1 << 15).for_each(|c| c.fill(T::default()));
         v
     }
 
+    fn give(&self, v: Vec<T>) {
+        let mut pool = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if v.capacity() > 0 && pool.len() < POOLED {
+            pool.push(v);
+        }
+    }
+}
+
+impl Pool<f32> {
     /// A map whose every value the caller writes.
     fn dirty_map(&self, height: usize, width: usize, channels: usize) -> FeatureMap {
         FeatureMap {
@@ -509,13 +540,6 @@ impl Pool {
             data: self.zeros(height * width * channels),
         }
     }
-
-    fn give(&self, v: Vec<f32>) {
-        let mut pool = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if v.capacity() > 0 && pool.len() < POOLED {
-            pool.push(v);
-        }
-    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -527,7 +551,7 @@ fn conv(
     padding: Padding,
     activation: Activation,
     [oh, ow, filters]: [usize; 3],
-    pool: &Pool,
+    pool: &Pool<f32>,
 ) -> FeatureMap {
     let mut out = pool.dirty_map(oh, ow, filters);
     let (c, k) = (x.channels, kh * kw * x.channels);
@@ -599,7 +623,7 @@ fn conv_transpose(
     [sh, sw]: [usize; 2],
     activation: Activation,
     [oh, ow, filters]: [usize; 3],
-    pool: &Pool,
+    pool: &Pool<f32>,
 ) -> FeatureMap {
     let taps = kh * kw * filters;
     let mut products = pool.dirty(x.height * x.width * taps);
@@ -646,7 +670,7 @@ fn max_pool(
     [ph, pw]: [usize; 2],
     [sh, sw]: [usize; 2],
     [oh, ow, c]: [usize; 3],
-    pool: &Pool,
+    pool: &Pool<f32>,
 ) -> FeatureMap {
     let mut out = pool.dirty_map(oh, ow, c);
     out.data
@@ -669,7 +693,7 @@ fn max_pool(
     out
 }
 
-fn crop(x: &FeatureMap, [t, b, l, r]: [usize; 4], pool: &Pool) -> FeatureMap {
+fn crop(x: &FeatureMap, [t, b, l, r]: [usize; 4], pool: &Pool<f32>) -> FeatureMap {
     let (h, w, c) = (x.height - t - b, x.width - l - r, x.channels);
     let mut out = pool.dirty_map(h, w, c);
     out.data
@@ -682,7 +706,7 @@ fn crop(x: &FeatureMap, [t, b, l, r]: [usize; 4], pool: &Pool) -> FeatureMap {
     out
 }
 
-fn concat(parts: &[&FeatureMap], pool: &Pool) -> FeatureMap {
+fn concat(parts: &[&FeatureMap], pool: &Pool<f32>) -> FeatureMap {
     let (h, w) = (parts[0].height, parts[0].width);
     let c: usize = parts.iter().map(|p| p.channels).sum();
     let mut out = pool.dirty_map(h, w, c);
@@ -856,7 +880,7 @@ mod tests {
             [2, 2],
             Activation::Linear,
             [4, 6, f],
-            &Pool::default(),
+            &Pool::<f32>::default(),
         );
         for y in 0..4 {
             for xx in 0..6 {
@@ -881,7 +905,7 @@ mod tests {
             channels: 1,
             data: (0..16).map(|v| v as f32).collect(),
         };
-        let pool = Pool::default();
+        let pool = Pool::<f32>::default();
         let p = max_pool(&x, [2, 2], [2, 2], [2, 2, 1], &pool);
         assert_eq!(p.data, vec![5.0, 7.0, 13.0, 15.0]);
         let c = crop(&x, [1, 2, 0, 1], &pool);
