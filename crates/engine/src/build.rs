@@ -6,7 +6,7 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::extractor::Extractor;
 use crate::inputs::metas_in_order;
-use crate::plan::learn_rows;
+use crate::plan::{learn_positions, learn_rows, write_in_chunks, CHUNK_IMAGES};
 use crate::progress::Progress;
 use crate::recipe::IndexRecipe;
 use craterdex_index::ImageMeta;
@@ -68,6 +68,42 @@ impl Engine {
         extractor: Arc<Extractor>,
         progress: &dyn Progress,
     ) -> Result<Engine> {
+        Self::build_in_chunks_of(dir, entries, recipe, extractor, progress, CHUNK_IMAGES)
+    }
+
+    /// [`Engine::build`], reading `chunk` images at a time where whitening learns from
+    /// fewer than all of them.
+    pub(crate) fn build_in_chunks_of(
+        dir: &Path,
+        entries: &Entries,
+        recipe: &IndexRecipe,
+        extractor: Arc<Extractor>,
+        progress: &dyn Progress,
+        chunk: usize,
+    ) -> Result<Engine> {
+        let ids: Vec<String> = entries.items.iter().map(|(id, _)| id.clone()).collect();
+        let sample = learn_positions(&ids, &entries.learn, recipe.seed);
+        if ids.len() > chunk && sample.len() < ids.len() {
+            let mut extract = |positions: &[usize], what: &str, progress: &dyn Progress| {
+                let items: Vec<(String, PathBuf)> = positions
+                    .iter()
+                    .map(|&p| entries.items[p].clone())
+                    .collect();
+                extractor.extract_chunk(&items, what, progress)
+            };
+            write_in_chunks(
+                recipe,
+                dir,
+                &ids,
+                entries.metas.clone(),
+                &sample,
+                chunk,
+                Some(extractor.fingerprint()),
+                &mut extract,
+                progress,
+            )?;
+            return Engine::open(dir, Some(extractor));
+        }
         let features = extractor.extract(&entries.items, "images", progress)?;
         let inputs: Vec<String> = entries.items.iter().map(|(id, _)| id.clone()).collect();
         Self::build_from(

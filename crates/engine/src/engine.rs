@@ -353,16 +353,44 @@ impl Engine {
     }
 
     /// Reads `entries` with the loaded model: each readable image's record with its
-    /// descriptors (unreadable images are skipped with a note).
+    /// descriptors (unreadable images are skipped with a note). Read
+    /// [`crate::plan::CHUNK_IMAGES`] at a time, so that memory holds one chunk's features.
     pub fn encode_entries(
         &self,
         entries: &crate::Entries,
         progress: &dyn Progress,
     ) -> Result<Vec<(ImageMeta, Descriptors)>> {
-        let features = self
-            .extractor_or_err()?
-            .extract(&entries.items, "entries", progress)?;
-        self.encode_with_metas(entries.metas.clone(), &features)
+        self.encode_entries_in_chunks_of(entries, progress, crate::plan::CHUNK_IMAGES)
+    }
+
+    pub(crate) fn encode_entries_in_chunks_of(
+        &self,
+        entries: &crate::Entries,
+        progress: &dyn Progress,
+        chunk: usize,
+    ) -> Result<Vec<(ImageMeta, Descriptors)>> {
+        let extractor = self.extractor_or_err()?;
+        if entries.items.len() <= chunk {
+            let features = extractor.extract(&entries.items, "entries", progress)?;
+            return self.encode_with_metas(entries.metas.clone(), &features);
+        }
+        let metas: std::collections::HashMap<&str, &ImageMeta> =
+            entries.metas.iter().map(|m| (m.id.as_str(), m)).collect();
+        let mut out = Vec::with_capacity(entries.items.len());
+        progress.start("entries", entries.items.len());
+        let continued = crate::progress::Continued::new(progress);
+        for items in entries.items.chunks(chunk.max(1)) {
+            let features = extractor.extract_chunk(items, "entries", &continued)?;
+            continued.done_before(items.len());
+            let records = features.ids.iter().filter_map(|id| metas.get(id.as_str()));
+            out.extend(self.encode_with_metas(records.map(|&m| m.clone()).collect(), &features)?);
+        }
+        progress.finish();
+        ensure!(
+            !out.is_empty(),
+            Error::Invalid("entries: no image could be read".into())
+        );
+        Ok(out)
     }
 
     /// Adds the features of new images; `metas` (any order) holds each one's record.

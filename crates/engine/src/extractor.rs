@@ -188,6 +188,25 @@ impl Extractor {
         Ok((res.features, res.cache_hits))
     }
 
+    /// [`Extractor::extract`] of one chunk of a larger job: none of its images readable is
+    /// not an error here (the job says so when none of all of them was).
+    pub(crate) fn extract_chunk(
+        &self,
+        items: &[(String, PathBuf)],
+        what: &str,
+        progress: &dyn Progress,
+    ) -> Result<FeatureSet> {
+        match self.extract(items, what, progress) {
+            Err(Error::Invalid(why)) if why == format!("{what}: no image could be read") => {
+                Ok(FeatureSet {
+                    dim: self.vit.dim(),
+                    ..Default::default()
+                })
+            }
+            other => other,
+        }
+    }
+
     /// Features of decoded images (arrays handed over from Python, uploads), named `ids`,
     /// run through the model in batches; stopped between batches when `progress` is
     /// [`Progress::cancelled`].

@@ -6,7 +6,8 @@
 //! same ids in the same order, the same codes.
 
 use crate::error::{Error, Result};
-use crate::progress::Progress;
+use crate::inputs::metas_in_order;
+use crate::progress::{Continued, Progress};
 use crate::recipe::{encode_all, IndexRecipe, IvfSetting};
 use craterdex_errors::{ensure, IoContext, ResultExt};
 use craterdex_index::parts::{commit_parts, part_images, part_singles, write_part};
@@ -51,6 +52,136 @@ pub fn learn_rows(inputs: &[String], extracted: &[String], seed: u64) -> Option<
             .filter(|&r| sampled.contains(extracted[r].as_str()))
             .collect(),
     )
+}
+
+/// Images read and encoded at once by a build too large to hold every image's features
+/// (about 2 GB of ViT-S/14 patch tokens at the default crop size).
+pub const CHUNK_IMAGES: usize = 4096;
+
+/// Where in `ids` (a build's inputs, in order) the images its encoder and codec learn from
+/// lie: [`learn_sample`]'s for [`crate::LearnFrom::Sample`], else the named ones.
+pub fn learn_positions(ids: &[String], learn: &crate::LearnFrom, seed: u64) -> Vec<usize> {
+    match learn {
+        crate::LearnFrom::Sample => learn_sample(ids.len(), seed),
+        crate::LearnFrom::Ids(named) => (0..ids.len())
+            .filter(|&i| named.contains(&ids[i]))
+            .collect(),
+    }
+}
+
+/// The features of the images at some positions of a build's inputs (those that could be
+/// read, in order), under a step name, reporting to a progress.
+pub(crate) type ExtractAt<'a> = dyn FnMut(&[usize], &str, &dyn Progress) -> Result<FeatureSet> + 'a;
+
+/// Writes the index of the images `ids` (in that order, `metas` in any) at `dir`, `chunk`
+/// images at a time, so that memory holds the features of the learning sample (`sample`,
+/// positions in `ids`) and of one chunk, never all of them. `extract(positions, what,
+/// progress)` gives the features of the images at `positions` that could be read, in order.
+/// The index equals the one [`IndexRecipe::write_index`] makes of all the features with
+/// the same sample, in one segment per chunk, merged by the default policy.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn write_in_chunks(
+    recipe: &IndexRecipe,
+    dir: &Path,
+    ids: &[String],
+    metas: Vec<ImageMeta>,
+    sample: &[usize],
+    chunk: usize,
+    model: Option<String>,
+    extract: &mut ExtractAt<'_>,
+    progress: &dyn Progress,
+) -> Result<usize> {
+    let mut metas: std::collections::HashMap<String, ImageMeta> =
+        metas.into_iter().map(|m| (m.id.clone(), m)).collect();
+    let feats = extract(sample, "learning sample", progress)?;
+    let sample_metas = metas_in_order(
+        feats.ids.iter().filter_map(|id| metas.get(id).cloned()),
+        &feats.ids,
+    )?;
+    progress.note(&format!(
+        "whitening and codec learned from {} of {} images; the rest read {chunk} at a time",
+        feats.len(),
+        ids.len()
+    ));
+    let plan = recipe.plan(&feats, &sample_metas, model, progress)?;
+    let mut learned: std::collections::HashMap<String, Descriptors> = feats
+        .ids
+        .iter()
+        .cloned()
+        .zip(encode_all(&plan.encoder, &feats))
+        .collect();
+    drop(feats);
+    let in_sample: std::collections::HashSet<usize> = sample.iter().copied().collect();
+    let rest = ids.len() - in_sample.len();
+    let parent = match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&parent).io("create", &parent)?;
+    let staging = tempfile::Builder::new()
+        .prefix(".craterdex-build-")
+        .tempdir_in(&parent)
+        .io("create a staging directory in", &parent)?;
+    let codec = plan.token_codec();
+    let mut parts = Vec::new();
+    let mut read = 0;
+    progress.start("images", rest);
+    let continued = Continued::new(progress);
+    for (c, positions) in (0..ids.len())
+        .collect::<Vec<_>>()
+        .chunks(chunk.max(1))
+        .enumerate()
+    {
+        let new: Vec<usize> = positions
+            .iter()
+            .copied()
+            .filter(|p| !in_sample.contains(p))
+            .collect();
+        let mut fresh: std::collections::HashMap<String, Descriptors> = if new.is_empty() {
+            Default::default()
+        } else {
+            let f = extract(&new, "images", &continued)?;
+            f.ids
+                .iter()
+                .cloned()
+                .zip(encode_all(&plan.encoder, &f))
+                .collect()
+        };
+        continued.done_before(new.len());
+        let mut read_ids = Vec::with_capacity(positions.len());
+        let mut descs = Vec::with_capacity(positions.len());
+        for &p in positions {
+            let id = &ids[p];
+            let desc = match in_sample.contains(&p) {
+                true => learned.remove(id),
+                false => fresh.remove(id),
+            };
+            if let Some(desc) = desc {
+                read_ids.push(id.clone());
+                descs.push(desc);
+            }
+        }
+        if read_ids.is_empty() {
+            continue;
+        }
+        let records = read_ids.iter().filter_map(|id| metas.remove(id));
+        let images: Vec<(ImageMeta, Descriptors)> = metas_in_order(records, &read_ids)?
+            .into_iter()
+            .zip(descs)
+            .collect();
+        read += images.len();
+        let part = staging.path().join(format!("part-{c:06}"));
+        write_part(&part, &codec, &images)?;
+        parts.push(part);
+    }
+    progress.finish();
+    ensure!(
+        !parts.is_empty(),
+        Error::Invalid("images: no image could be read".into())
+    );
+    plan.commit(dir, &parts, progress)?;
+    craterdex_index::Index::merge(dir, &craterdex_index::MergePolicy::default())?;
+    Ok(read)
 }
 
 const PLAN_FORMAT: &str = "craterdex-build-plan/2";
@@ -412,6 +543,227 @@ mod tests {
                 serde_json::to_string(&b.encoder).unwrap()
             );
         }
+    }
+
+    /// Records the steps and counts a build reports.
+    #[derive(Default)]
+    struct Steps(std::sync::Mutex<Vec<(String, usize)>>);
+
+    impl Progress for Steps {
+        fn start(&self, what: &str, total: usize) {
+            self.0
+                .lock()
+                .unwrap()
+                .push((format!("start {what}"), total));
+        }
+        fn advance(&self, done: usize) {
+            self.0.lock().unwrap().push(("advance".into(), done));
+        }
+    }
+
+    #[test]
+    fn a_build_in_chunks_equals_a_one_shot_build_with_the_same_sample() {
+        let all = random_features(60, 3);
+        // two views per crater, so that whitening learns from pairs; img017 cannot be read
+        let metas: Vec<ImageMeta> = all
+            .ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| ImageMeta {
+                id: id.clone(),
+                crater_id: Some(format!("c{}", i / 2)),
+                ..Default::default()
+            })
+            .collect();
+        let unreadable = "img017";
+        let readable: Vec<usize> = (0..60).filter(|&i| all.ids[i] != unreadable).collect();
+        let feats = all.select(&readable);
+        let sample: Vec<usize> = (0..60).filter(|i| i % 3 != 1).collect();
+        for (codec, ivf) in [
+            (Codec::Int8, IvfSetting::Off),
+            (Codec::F16, IvfSetting::Lists(3)),
+        ] {
+            let recipe = recipe(codec, ivf);
+            let tmp = tempfile::tempdir().unwrap();
+            let one_shot = tmp.path().join("one");
+            let rows = learn_rows_of(&sample, &all.ids, &feats.ids);
+            let readable_metas = crate::inputs::metas_in_order(metas.clone(), &feats.ids).unwrap();
+            let encoder = recipe
+                .learn_encoder(&feats, Some(&rows), &readable_metas, &Silent)
+                .unwrap();
+            recipe
+                .write_index(
+                    &one_shot,
+                    &encoder,
+                    &feats,
+                    readable_metas,
+                    None,
+                    Some(&rows),
+                    &Silent,
+                )
+                .unwrap();
+
+            let chunked = tmp.path().join("built/chunked");
+            let mut asked = Vec::new();
+            let mut extract = |positions: &[usize], _: &str, p: &dyn Progress| {
+                asked.push(positions.to_vec());
+                p.start("chunk", positions.len());
+                p.advance(positions.len());
+                let keep: Vec<usize> = positions
+                    .iter()
+                    .copied()
+                    .filter(|&i| all.ids[i] != unreadable)
+                    .collect();
+                Ok(all.select(&keep))
+            };
+            let steps = Steps::default();
+            let read = write_in_chunks(
+                &recipe,
+                &chunked,
+                &all.ids,
+                metas.iter().rev().cloned().collect(),
+                &sample,
+                14,
+                None,
+                &mut extract,
+                &steps,
+            )
+            .unwrap();
+            assert_eq!(read, 59);
+            // the sample first, then each chunk's other images: every image read once
+            assert_eq!(asked[0], sample);
+            let rest: Vec<usize> = asked[1..].concat();
+            assert_eq!(rest, (0..60).filter(|i| i % 3 == 1).collect::<Vec<_>>());
+            assert!(asked[1..].iter().all(|c| c.len() <= 14));
+            // one bar over the images outside the sample, counting up to all of them
+            let steps = steps.0.into_inner().unwrap();
+            let bar = steps.iter().position(|s| s.0 == "start images").unwrap();
+            assert_eq!(steps[bar].1, 20);
+            let counts: Vec<usize> = steps[bar + 1..]
+                .iter()
+                .take_while(|s| s.0 == "advance")
+                .map(|s| s.1)
+                .collect();
+            assert!(counts.windows(2).all(|w| w[0] < w[1]), "{steps:?}");
+            assert_eq!(counts.last(), Some(&20), "{steps:?}");
+
+            let (a, b) = (
+                Index::open(&one_shot).unwrap(),
+                Index::open(&chunked).unwrap(),
+            );
+            assert_eq!(b.segment_count(), 5, "one segment per chunk: 60 / 14");
+            assert_eq!(contents(&a), contents(&b), "{codec:?} {ivf:?}");
+            let order = |idx: &Index| -> Vec<String> {
+                idx.live_rows().map(|r| idx.meta(r).id.clone()).collect()
+            };
+            if ivf == IvfSetting::Off {
+                assert_eq!(order(&a), order(&b), "images in input order");
+            }
+            assert_eq!(
+                a.ivf().map(|(i, n)| (i.centroids.clone(), n)),
+                b.ivf().map(|(i, n)| (i.centroids.clone(), n))
+            );
+            assert_eq!(
+                serde_json::to_string(&a.encoder).unwrap(),
+                serde_json::to_string(&b.encoder).unwrap()
+            );
+            // the staging directory is gone
+            let left: Vec<_> = std::fs::read_dir(tmp.path().join("built"))
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            assert_eq!(left, vec![std::ffi::OsString::from("chunked")]);
+        }
+    }
+
+    /// With a real (tiny) model over image files, one of them unreadable: a build in chunks
+    /// writes the index a one-shot build writes, and entries encoded in chunks are the ones
+    /// encoded at once.
+    #[test]
+    fn images_read_in_chunks_index_and_encode_as_read_at_once() {
+        use crate::{Engine, Entries, Extractor, LearnFrom, ModelOptions};
+        let tmp = tempfile::tempdir().unwrap();
+        let ckpt = craterdex_model::testing::write_tiny_checkpoint_of_depth(
+            &tmp.path().join("ckpt"),
+            16,
+            4,
+            4,
+            2,
+        );
+        let (model, _) = craterdex_model::import::import_file(&ckpt, "tiny2", tmp.path()).unwrap();
+        let extractor = std::sync::Arc::new(
+            Extractor::load(
+                &ModelOptions {
+                    model: Some(model),
+                    cache: false,
+                    ..Default::default()
+                },
+                &Silent,
+            )
+            .unwrap(),
+        );
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+        let mut entries = Entries::default();
+        for i in 0..11 {
+            let (id, path) = (format!("v{i:02}"), tmp.path().join(format!("v{i:02}.png")));
+            if i == 6 {
+                std::fs::write(&path, b"not an image").unwrap();
+            } else {
+                image::GrayImage::from_fn(24, 24, |_, _| image::Luma([rng.gen::<u8>()]))
+                    .save(&path)
+                    .unwrap();
+            }
+            entries.metas.push(ImageMeta {
+                id: id.clone(),
+                crater_id: Some(format!("c{}", i / 2)),
+                ..Default::default()
+            });
+            entries.items.push((id, path));
+        }
+        entries.learn = LearnFrom::Ids(
+            ["v00", "v01", "v04", "v05", "v06", "v09"]
+                .map(String::from)
+                .into(),
+        );
+        let recipe = recipe(Codec::Int8, IvfSetting::Off);
+        let build = |name: &str, chunk: usize| {
+            let dir = tmp.path().join(name);
+            Engine::build_in_chunks_of(&dir, &entries, &recipe, extractor.clone(), &Silent, chunk)
+                .unwrap()
+        };
+        let at_once = build("at-once", 100);
+        let chunked = build("chunked", 3);
+        let (a, b) = (
+            Index::open(&tmp.path().join("at-once")).unwrap(),
+            Index::open(&tmp.path().join("chunked")).unwrap(),
+        );
+        assert_eq!((a.segment_count(), b.segment_count()), (1, 4));
+        assert_eq!(a.live_rows().count(), 10);
+        assert_eq!(contents(&a), contents(&b));
+        assert_eq!(
+            serde_json::to_string(&a.encoder).unwrap(),
+            serde_json::to_string(&b.encoder).unwrap()
+        );
+        let once = at_once
+            .encode_entries_in_chunks_of(&entries, &Silent, 100)
+            .unwrap();
+        let by_three = chunked
+            .encode_entries_in_chunks_of(&entries, &Silent, 3)
+            .unwrap();
+        assert_eq!(once.len(), 10);
+        for ((ma, da), (mb, db)) in once.iter().zip(&by_three) {
+            assert_eq!(ma, mb);
+            assert_eq!((&da.single, &da.tokens), (&db.single, &db.tokens));
+        }
+    }
+
+    /// The rows of `extracted` that `sample` (positions in `inputs`) names.
+    fn learn_rows_of(sample: &[usize], inputs: &[String], extracted: &[String]) -> Vec<usize> {
+        let named: std::collections::HashSet<&str> =
+            sample.iter().map(|&i| inputs[i].as_str()).collect();
+        (0..extracted.len())
+            .filter(|&r| named.contains(extracted[r].as_str()))
+            .collect()
     }
 
     #[test]

@@ -53,6 +53,48 @@ pub(crate) fn cache_note(what: &str, served: usize, of: usize) -> String {
     format!("{what}: {served} of {of} images from the feature cache")
 }
 
+/// One bar over several calls that each start their own step (a long job read a chunk at a
+/// time): their counts go on from what the calls before them did; notes, skipped images
+/// and cancellation pass through.
+pub(crate) struct Continued<'a> {
+    outer: &'a dyn Progress,
+    before: std::sync::atomic::AtomicUsize,
+}
+
+impl<'a> Continued<'a> {
+    pub(crate) fn new(outer: &'a dyn Progress) -> Self {
+        Continued {
+            outer,
+            before: Default::default(),
+        }
+    }
+
+    /// The call that just ended did `units`: the next one counts on from there.
+    pub(crate) fn done_before(&self, units: usize) {
+        self.before
+            .fetch_add(units, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Progress for Continued<'_> {
+    fn advance(&self, done: usize) {
+        self.outer
+            .advance(self.before.load(std::sync::atomic::Ordering::Relaxed) + done);
+    }
+    fn note(&self, message: &str) {
+        self.outer.note(message)
+    }
+    fn cache_served(&self, what: &str, served: usize, of: usize) {
+        self.outer.cache_served(what, served, of)
+    }
+    fn skipped(&self, path: &std::path::Path, reason: &str) {
+        self.outer.skipped(path, reason)
+    }
+    fn cancelled(&self) -> bool {
+        self.outer.cancelled()
+    }
+}
+
 /// Reports nothing.
 pub struct Silent;
 

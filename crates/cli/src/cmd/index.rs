@@ -14,7 +14,9 @@ use std::sync::Arc;
 pub enum IndexCmd {
     /// Build an index from a manifest's gallery or a directory of images.
     #[command(
-        after_help = "Examples:\n  craterdex index build --manifest bench/splits/test.json --out idx\n  craterdex index build --dir catalogue_crops/ --out idx --codec pq96\n\nFrom a manifest with query images, whitening is learned from the gallery images of craters\nthat no query looks for, as `craterdex eval` does, so that searching the manifest's queries\nmeasures what eval reports; otherwise from every image up to 8,192 and from a seeded sample\nof 8,192 beyond (the sample `craterdex.dask.build_index` learns from too)."
+        after_help = "Examples:\n  craterdex index build --manifest bench/splits/test.json --out idx\n  craterdex index build --dir catalogue_crops/ --out idx --codec pq96\n\nFrom a manifest with query images, whitening is learned from the gallery images of craters\nthat no query looks for, as `craterdex eval` does, so that searching the manifest's queries\nmeasures what eval reports; otherwise from every image up to 8,192 and from a seeded sample\nof 8,192 beyond (the sample `craterdex.dask.build_index` learns from too). Past 4,096 images,
+when whitening learns from fewer than all of them, the others are read and encoded 4,096 at a
+time: memory holds the learning images' features and one chunk's, whatever the catalogue's size."
     )]
     Build {
         #[arg(long, group = "input")]
