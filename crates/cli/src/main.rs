@@ -146,7 +146,7 @@ enum Cmd {
     /// error), scored against appearance alone and geometry alone.
     #[command(
         name = "eval-link",
-        after_help = "Example:\n  craterdex eval-link --tile tile.png --craters tile.csv --out link-bench/"
+        after_help = "Examples:\n  craterdex eval-link --tile tile.png --craters tile.csv --out link-bench/\n  craterdex eval-link --image --tile tile.png --craters tile.csv --out image-link-bench/   # detect, then link"
     )]
     EvalLink(cmd::eval_link::EvalLinkCmd),
     /// Benchmarks: feature extraction and search speed against reference implementations.

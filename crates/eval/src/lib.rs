@@ -13,6 +13,7 @@ pub mod detection;
 mod error;
 #[cfg(feature = "gdal")]
 pub mod georef;
+pub mod image_link;
 pub mod manifest;
 pub mod metrics;
 pub mod observations;

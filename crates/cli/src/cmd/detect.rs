@@ -52,6 +52,11 @@ impl DetectorOpts {
         Ok((config, net.with_precision(self.detector_precision)?))
     }
 
+    /// The smallest diameter reported, in pixels.
+    pub fn min_diameter(&self) -> f64 {
+        self.min_diameter
+    }
+
     pub fn options(&self) -> DetectOptions {
         DetectOptions {
             threshold: self.threshold,
