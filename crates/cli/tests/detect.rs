@@ -1,7 +1,7 @@
 //! `craterdex detect` and `eval-detect` end to end with a generated detector whose craters
 //! are bright discs: the crater list and map layer written, the scores, and the errors.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn run(root: &Path, args: &[&str]) -> Output {
@@ -316,6 +316,33 @@ fn crops_of_the_craters_found_are_the_entries_link_takes() {
     );
 }
 
+/// The brightness detector as `root/bright`, a tiny model fetched as `tiny` and the
+/// geometry-only link rule as `root/rule.json`: what the detect-then-link tests run with (the
+/// tiny model's appearance scores mean nothing). Returns the model's directory.
+fn bright_detector_tiny_model_and_geometry_rule(root: &Path) -> PathBuf {
+    let (config, weights) = craterdex_detect::testing::brightness_detector(24);
+    craterdex_detect::write_detector_dir(&root.join("bright"), config, &weights).unwrap();
+    let ckpt = craterdex_model::testing::write_tiny_checkpoint(&root.join("ckpt"), 32, 4, 4);
+    let o = run(
+        root,
+        &[
+            "model",
+            "fetch",
+            "--from",
+            ckpt.to_str().unwrap(),
+            "--name",
+            "tiny",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    std::fs::write(
+        root.join("rule.json"),
+        craterdex_testkit::REGISTERED_GEOMETRY_RULE,
+    )
+    .unwrap();
+    root.join("home/models/tiny")
+}
+
 /// Discs of 12-36 px at places no grid repeats (a pattern to register), none touching and
 /// each with room for a crop of twice its diameter inside a `side` x `side` image.
 fn scene(side: f64, n: usize) -> Vec<(f64, f64, f64)> {
@@ -351,9 +378,8 @@ fn scene(side: f64, n: usize) -> Vec<(f64, f64, f64)> {
 fn link_image_registers_detections_links_them_and_looks_for_what_the_detector_missed() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
-    let (config, weights) = craterdex_detect::testing::brightness_detector(24);
-    craterdex_detect::write_detector_dir(&root.join("bright"), config, &weights).unwrap();
-    let ckpt = craterdex_model::testing::write_tiny_checkpoint(&root.join("ckpt"), 32, 4, 4);
+    let model = bright_detector_tiny_model_and_geometry_rule(root);
+    let model = model.to_str().unwrap();
     let ok = |args: &[&str]| {
         let o = run(root, args);
         assert!(
@@ -363,16 +389,6 @@ fn link_image_registers_detections_links_them_and_looks_for_what_the_detector_mi
         );
         String::from_utf8_lossy(&o.stdout).into_owned()
     };
-    ok(&[
-        "model",
-        "fetch",
-        "--from",
-        ckpt.to_str().unwrap(),
-        "--name",
-        "tiny",
-    ]);
-    let model = root.join("home/models/tiny");
-    let model = model.to_str().unwrap();
     let side = 420usize;
     let discs = scene(side as f64, 26);
     // the catalogue: crops of every disc but the first two, from the first observation
@@ -410,11 +426,6 @@ fn link_image_registers_detections_links_them_and_looks_for_what_the_detector_mi
         .unwrap()
         .save(root.join("second.png"))
         .unwrap();
-    std::fs::write(
-        root.join("rule.json"),
-        craterdex_testkit::REGISTERED_GEOMETRY_RULE,
-    )
-    .unwrap();
     let link = [
         &[
             "link",
@@ -511,23 +522,13 @@ fn link_image_registers_detections_links_them_and_looks_for_what_the_detector_mi
 fn dedup_image_groups_the_craters_two_overlapping_images_share() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
-    let (config, weights) = craterdex_detect::testing::brightness_detector(24);
-    craterdex_detect::write_detector_dir(&root.join("bright"), config, &weights).unwrap();
-    let ckpt = craterdex_model::testing::write_tiny_checkpoint(&root.join("ckpt"), 32, 4, 4);
+    let model = bright_detector_tiny_model_and_geometry_rule(root);
     let ok = |args: &[&str]| {
         let o = run(root, args);
         let err = String::from_utf8_lossy(&o.stderr).into_owned();
         assert!(o.status.success(), "{args:?}: {err}");
         String::from_utf8_lossy(&o.stdout).into_owned()
     };
-    ok(&[
-        "model",
-        "fetch",
-        "--from",
-        ckpt.to_str().unwrap(),
-        "--name",
-        "tiny",
-    ]);
     let (side, part, shift) = (600usize, 480u32, 120.0);
     let discs = scene(side as f64, 60);
     let ground = craterdex_detect::testing::discs(side, side, &discs);
@@ -538,12 +539,6 @@ fn dedup_image_groups_the_craters_two_overlapping_images_share() {
             .save(root.join(name))
             .unwrap();
     }
-    std::fs::write(
-        root.join("rule.json"),
-        craterdex_testkit::REGISTERED_GEOMETRY_RULE,
-    )
-    .unwrap();
-    let model = root.join("home/models/tiny");
     let said = ok(&[
         "dedup",
         "--image",
@@ -628,21 +623,7 @@ fn dedup_image_groups_the_craters_two_overlapping_images_share() {
 fn eval_link_image_scores_a_turned_second_view_of_a_labelled_tile() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
-    let (config, weights) = craterdex_detect::testing::brightness_detector(24);
-    craterdex_detect::write_detector_dir(&root.join("bright"), config, &weights).unwrap();
-    let ckpt = craterdex_model::testing::write_tiny_checkpoint(&root.join("ckpt"), 32, 4, 4);
-    let o = run(
-        root,
-        &[
-            "model",
-            "fetch",
-            "--from",
-            ckpt.to_str().unwrap(),
-            "--name",
-            "tiny",
-        ],
-    );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let model = bright_detector_tiny_model_and_geometry_rule(root);
     let side = 560usize;
     let discs = scene(side as f64, 40);
     let tile = craterdex_detect::testing::discs(side, side, &discs);
@@ -655,12 +636,6 @@ fn eval_link_image_scores_a_turned_second_view_of_a_labelled_tile() {
         labels += &format!("{x},{y},{d}\n");
     }
     std::fs::write(root.join("tile.csv"), labels).unwrap();
-    std::fs::write(
-        root.join("rule.json"),
-        craterdex_testkit::REGISTERED_GEOMETRY_RULE,
-    )
-    .unwrap();
-    let model = root.join("home/models/tiny");
     let o = run(
         root,
         &[

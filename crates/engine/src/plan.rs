@@ -493,20 +493,7 @@ mod tests {
             let recipe = recipe(codec, ivf);
             let tmp = tempfile::tempdir().unwrap();
             let one_shot = tmp.path().join("one");
-            let encoder = recipe
-                .learn_encoder(&feats, None, &[], &crate::Silent)
-                .unwrap();
-            recipe
-                .write_index(
-                    &one_shot,
-                    &encoder,
-                    &feats,
-                    metas(&feats),
-                    None,
-                    None,
-                    &Silent,
-                )
-                .unwrap();
+            write_one_shot(&recipe, &one_shot, &feats, metas(&feats), None);
 
             let plan_path = tmp.path().join("plan.json");
             recipe
@@ -588,20 +575,7 @@ mod tests {
             let one_shot = tmp.path().join("one");
             let rows = learn_rows_of(&sample, &all.ids, &feats.ids);
             let readable_metas = crate::inputs::metas_in_order(metas.clone(), &feats.ids).unwrap();
-            let encoder = recipe
-                .learn_encoder(&feats, Some(&rows), &readable_metas, &Silent)
-                .unwrap();
-            recipe
-                .write_index(
-                    &one_shot,
-                    &encoder,
-                    &feats,
-                    readable_metas,
-                    None,
-                    Some(&rows),
-                    &Silent,
-                )
-                .unwrap();
+            write_one_shot(&recipe, &one_shot, &feats, readable_metas, Some(&rows));
 
             let chunked = tmp.path().join("built/chunked");
             let mut asked = Vec::new();
@@ -755,6 +729,21 @@ mod tests {
             assert_eq!(ma, mb);
             assert_eq!((&da.single, &da.tokens), (&db.single, &db.tokens));
         }
+    }
+
+    /// The index of `feats` built at once, whitening and codec learned from `rows` (all
+    /// when `None`).
+    fn write_one_shot(
+        recipe: &IndexRecipe,
+        dir: &Path,
+        feats: &FeatureSet,
+        metas: Vec<ImageMeta>,
+        rows: Option<&[usize]>,
+    ) {
+        let encoder = recipe.learn_encoder(feats, rows, &metas, &Silent).unwrap();
+        recipe
+            .write_index(dir, &encoder, feats, metas, None, rows, &Silent)
+            .unwrap();
     }
 
     /// The rows of `extracted` that `sample` (positions in `inputs`) names.
