@@ -1573,6 +1573,8 @@ async fn a_whole_image_is_detected_and_linked_where_the_server_has_a_detector() 
         image["note"].as_str().unwrap().contains("appearance alone"),
         "{v}"
     );
+    // not registered: what matches nothing is not claimed new
+    assert!(craters.iter().all(|c| c["decision"] != "new"), "{v}");
     assert_eq!(v["detector"], "brightness");
     // bytes that are no image are refused as such
     let bad = post_multipart(

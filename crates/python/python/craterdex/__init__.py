@@ -616,7 +616,8 @@ class Index:
         ``$CRATERDEX_HOME/detectors``, or ``pycda-unet``, fetched from PyPI on first use), the
         image registered to the catalogue by their pattern, every catalogue crater the
         registration places inside it looked for where it should be (``look_in_place``), and
-        each crater decided ``match`` / ``new`` / ``ambiguous`` / ``unconfirmed``. One row per
+        each crater decided ``match`` / ``new`` (only in an image that registered) / ``ambiguous`` /
+        ``unconfirmed``. One row per
         crater with its ``image``, ``x``, ``y``, ``diameter_px`` in that image, ``found_by``
         (detector or catalogue) and the catalogue crater; ``.attrs["images"]`` holds each
         image's summary (its registration, and why its results are weaker where they are).
