@@ -105,12 +105,11 @@ impl Engine {
             return Engine::open(dir, Some(extractor));
         }
         let features = extractor.extract(&entries.items, "images", progress)?;
-        let inputs: Vec<String> = entries.items.iter().map(|(id, _)| id.clone()).collect();
         Self::build_from(
             dir,
             &features,
             entries.metas.clone(),
-            &inputs,
+            &ids,
             &entries.learn,
             recipe,
             Some(extractor),

@@ -370,10 +370,6 @@ impl Engine {
         chunk: usize,
     ) -> Result<Vec<(ImageMeta, Descriptors)>> {
         let extractor = self.extractor_or_err()?;
-        if entries.items.len() <= chunk {
-            let features = extractor.extract(&entries.items, "entries", progress)?;
-            return self.encode_with_metas(entries.metas.clone(), &features);
-        }
         let metas: std::collections::HashMap<&str, &ImageMeta> =
             entries.metas.iter().map(|m| (m.id.as_str(), m)).collect();
         let mut out = Vec::with_capacity(entries.items.len());

@@ -157,6 +157,34 @@ impl Extractor {
         what: &str,
         progress: &dyn Progress,
     ) -> Result<(FeatureSet, usize)> {
+        let (features, cache_hits) = self.extract_readable(items, what, progress)?;
+        if features.is_empty() {
+            return Err(crate::Error::Invalid(format!(
+                "{what}: no image could be read"
+            )));
+        }
+        Ok((features, cache_hits))
+    }
+
+    /// [`Extractor::extract`] of one chunk of a larger job: none of its images readable is
+    /// not an error here (the job says so when none of all of them was).
+    pub(crate) fn extract_chunk(
+        &self,
+        items: &[(String, PathBuf)],
+        what: &str,
+        progress: &dyn Progress,
+    ) -> Result<FeatureSet> {
+        Ok(self.extract_readable(items, what, progress)?.0)
+    }
+
+    /// The features of the images of `items` that could be read (none, possibly), and how
+    /// many the feature cache served; the others are skipped and listed through `progress`.
+    fn extract_readable(
+        &self,
+        items: &[(String, PathBuf)],
+        what: &str,
+        progress: &dyn Progress,
+    ) -> Result<(FeatureSet, usize)> {
         let opts = ExtractOptions {
             batch_size: self.settings.batch,
             preprocess: self.preprocess(),
@@ -180,31 +208,7 @@ impl Extractor {
             progress.cache_served(what, res.cache_hits, items.len());
         }
         report_failures(what, &res.failures, progress);
-        if res.features.is_empty() {
-            return Err(crate::Error::Invalid(format!(
-                "{what}: no image could be read"
-            )));
-        }
         Ok((res.features, res.cache_hits))
-    }
-
-    /// [`Extractor::extract`] of one chunk of a larger job: none of its images readable is
-    /// not an error here (the job says so when none of all of them was).
-    pub(crate) fn extract_chunk(
-        &self,
-        items: &[(String, PathBuf)],
-        what: &str,
-        progress: &dyn Progress,
-    ) -> Result<FeatureSet> {
-        match self.extract(items, what, progress) {
-            Err(Error::Invalid(why)) if why == format!("{what}: no image could be read") => {
-                Ok(FeatureSet {
-                    dim: self.vit.dim(),
-                    ..Default::default()
-                })
-            }
-            other => other,
-        }
     }
 
     /// Features of decoded images (arrays handed over from Python, uploads), named `ids`,

@@ -718,16 +718,22 @@ mod tests {
             serde_json::to_string(&a.encoder).unwrap(),
             serde_json::to_string(&b.encoder).unwrap()
         );
-        let once = at_once
-            .encode_entries_in_chunks_of(&entries, &Silent, 100)
+        let read = extractor
+            .extract(&entries.items, "entries", &Silent)
             .unwrap();
-        let by_three = chunked
-            .encode_entries_in_chunks_of(&entries, &Silent, 3)
+        let once = at_once
+            .encode_with_metas(entries.metas.clone(), &read)
             .unwrap();
         assert_eq!(once.len(), 10);
-        for ((ma, da), (mb, db)) in once.iter().zip(&by_three) {
-            assert_eq!(ma, mb);
-            assert_eq!((&da.single, &da.tokens), (&db.single, &db.tokens));
+        for (engine, chunk) in [(&at_once, 100), (&chunked, 3)] {
+            let by_chunk = engine
+                .encode_entries_in_chunks_of(&entries, &Silent, chunk)
+                .unwrap();
+            assert_eq!(by_chunk.len(), once.len(), "chunks of {chunk}");
+            for ((ma, da), (mb, db)) in once.iter().zip(&by_chunk) {
+                assert_eq!(ma, mb, "chunks of {chunk}");
+                assert_eq!((&da.single, &da.tokens), (&db.single, &db.tokens));
+            }
         }
     }
 

@@ -590,12 +590,19 @@ pub fn link_images(
         true => CatalogueCentres::of(engine),
         false => CatalogueCentres { by_x: Vec::new() },
     };
+    let registered: Vec<bool> = images
+        .iter()
+        .map(|im| {
+            frames
+                .registration_of(&im.source)
+                .is_some_and(|r| r.registered)
+        })
+        .collect();
     for (i, im) in images.iter().enumerate() {
         let reg = frames.registration_of(&im.source);
-        let registered = reg.as_ref().is_some_and(|r| r.registered);
         for (n, d) in im.detections.iter().enumerate() {
             let mut meta = detection_meta(&im.source, n, d);
-            if !registered {
+            if !registered[i] {
                 // an image's own pixel frame says nothing of where it lies in the catalogue's
                 (meta.x, meta.y, meta.diameter_px) = (None, None, None);
             }
@@ -702,14 +709,6 @@ pub fn link_images(
                 registration: reg.map(|r| (*r).clone()),
                 note,
             }
-        })
-        .collect();
-    let registered: Vec<bool> = images
-        .iter()
-        .map(|im| {
-            frames
-                .registration_of(&im.source)
-                .is_some_and(|r| r.registered)
         })
         .collect();
     let craters: Vec<ImageCrater> = probes

@@ -71,6 +71,16 @@ pub struct EvalLinkCmd {
     model: ModelOpts,
 }
 
+impl EvalLinkCmd {
+    /// `--scale` as (MIN, MAX), or the mode's own range when not given.
+    fn scale_or(&self, default: (f64, f64)) -> (f64, f64) {
+        match self.scale[..] {
+            [lo, hi] => (lo, hi),
+            _ => default,
+        }
+    }
+}
+
 /// Simulates the observations of `tiles` under `out/observations`, extracts them and
 /// scores linking, dedup and the open set; the review page goes to `out/review.html`.
 pub fn link_benchmark_on_tiles(
@@ -205,10 +215,7 @@ pub fn run(c: EvalLinkCmd) -> Result<()> {
         min_diameter: c.detector.min_diameter(),
         georef_errors: c.georef_errors.clone(),
         max_rotation_deg: c.max_rotation,
-        scale: match c.scale[..] {
-            [lo, hi] => (lo, hi),
-            _ => ObservationOptions::default().scale,
-        },
+        scale: c.scale_or(ObservationOptions::default().scale),
         observation_frame: !c.catalogue_frame,
         transform_error: (c.transform_error[0], c.transform_error[1]),
         seed: c.seed,
@@ -243,10 +250,7 @@ fn run_images(c: &EvalLinkCmd, tiles: &[(PathBuf, PathBuf)]) -> Result<()> {
     let defaults = SecondViewOptions::default();
     let so = SecondViewOptions {
         max_rotation_deg: c.max_rotation,
-        scale: match c.scale[..] {
-            [lo, hi] => (lo, hi),
-            _ => defaults.scale,
-        },
+        scale: c.scale_or(defaults.scale),
         held_out: c.held_out,
         ..defaults
     };
