@@ -690,3 +690,122 @@ fn eval_link_image_scores_a_turned_second_view_of_a_labelled_tile() {
     assert!(said.contains("1 tiles, 1 registered"), "{said}");
     assert!(root.join("ev/00-tile/new.png").exists());
 }
+
+/// Sixteen discs of 8-13 px on a jittered grid of a 160 px image, the jitter set by `seed`;
+/// written as `name.png` with its labels `name.csv`.
+fn small_discs(root: &Path, name: &str, seed: usize) -> Vec<(f64, f64, f64)> {
+    let discs: Vec<_> = (0..16)
+        .map(|i| {
+            let jitter = ((i * 7 + seed * 3) % 5) as f64 - 2.0;
+            (
+                24.0 + 36.0 * (i % 4) as f64 + jitter,
+                24.0 + 36.0 * (i / 4) as f64 - jitter,
+                8.0 + ((i + seed) % 6) as f64,
+            )
+        })
+        .collect();
+    let g = craterdex_detect::testing::discs(160, 160, &discs);
+    image::GrayImage::from_raw(160, 160, g.pixels)
+        .unwrap()
+        .save(root.join(format!("{name}.png")))
+        .unwrap();
+    let mut labels = String::from("long,lat,diameter\n");
+    for (x, y, d) in &discs {
+        labels += &format!("{x},{y},{d}\n");
+    }
+    std::fs::write(root.join(format!("{name}.csv")), labels).unwrap();
+    discs
+}
+
+#[test]
+fn detect_fit_writes_a_detector_that_detect_then_uses() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let (config, weights) = craterdex_detect::testing::small_unet_detector();
+    craterdex_detect::write_detector_dir(&root.join("random"), config, &weights).unwrap();
+    small_discs(root, "fit", 0);
+    let want = small_discs(root, "other", 3);
+    // whole discs: the random U-Net sees too little to tell a disc's centre from its edge
+    let fit = [
+        "detect",
+        "fit",
+        "--tile",
+        "fit.png",
+        "--craters",
+        "fit.csv",
+        "--detector",
+        "random",
+        "--out",
+        "mine",
+        "--background-share",
+        "1",
+        "--region-share",
+        "1",
+        "--try-thresholds",
+        "0.3,0.5",
+    ];
+    let o = run(root, &fit);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains("threshold 0.3")
+            && stdout.contains("threshold 0.5")
+            && stdout.contains("kept"),
+        "{stdout}"
+    );
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.join("mine/detector.json")).unwrap()).unwrap();
+    assert!(
+        config["source"].as_str().unwrap().contains("detect fit"),
+        "{config}"
+    );
+
+    let o = run(
+        root,
+        &[
+            "detect",
+            "other.png",
+            "--detector",
+            "mine",
+            "--out",
+            "found",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let csv = std::fs::read_to_string(root.join("found/detections.csv")).unwrap();
+    let rows: Vec<[f64; 3]> = csv
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let v: Vec<f64> = l
+                .split(',')
+                .skip(3)
+                .take(3)
+                .map(|v| v.parse().unwrap())
+                .collect();
+            [v[0], v[1], v[2]]
+        })
+        .collect();
+    let right = want
+        .iter()
+        .filter(|&&(x, y, d)| {
+            rows.iter().any(|r| {
+                (r[0] - x).hypot(r[1] - y) <= 0.25 * d + 2.0 && r[2] / d < 1.5 && d / r[2] < 1.5
+            })
+        })
+        .count();
+    assert!(
+        right >= 12 && rows.len() <= right + 1,
+        "{right} of 16 discs in\n{csv}"
+    );
+
+    // a detector whose last layer is no 1x1 head cannot be fitted, and says which layer
+    setup(root);
+    let mut fit = fit.to_vec();
+    fit[7] = "bright";
+    fit[9] = "mine2";
+    let o = run(root, &fit);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("mark"), "{err}");
+    assert!(!root.join("mine2").exists());
+}

@@ -86,7 +86,7 @@ impl GrayImage {
     }
 
     /// This image resized by `scale` (area-weighted when shrinking).
-    fn scaled(&self, scale: f64) -> Self {
+    pub(crate) fn scaled(&self, scale: f64) -> Self {
         if scale == 1.0 {
             return self.clone();
         }
@@ -194,7 +194,7 @@ impl Default for DetectOptions {
 }
 
 impl DetectOptions {
-    fn check(&self) -> Result<()> {
+    pub(crate) fn check(&self) -> Result<()> {
         ensure!(
             self.threshold > 0.0 && self.threshold < 1.0,
             Error::Invalid(format!(
@@ -217,6 +217,23 @@ impl DetectOptions {
             ))
         );
         Ok(())
+    }
+
+    /// Diameters level `k` of `levels` reports, in its own pixels: from the smallest (the
+    /// first level) or half the per-level largest (the others, the level above taking the
+    /// smaller ones) to the per-level largest (unbounded on the last level).
+    pub fn level_range(&self, k: usize, levels: usize) -> (f64, f64) {
+        let lo = if k == 0 {
+            self.min_diameter
+        } else {
+            self.level_max_diameter / 2.0
+        };
+        let hi = if k + 1 == levels {
+            f64::INFINITY
+        } else {
+            self.level_max_diameter
+        };
+        (lo, hi)
     }
 
     /// The pyramid's scales for an image whose shorter side is `side`: halving until a level
@@ -267,12 +284,12 @@ pub fn tiles_needed(
 
 /// Rows of likelihood computed beyond a band on each side, so that a crater a level
 /// reports, straddling the band's edge, is whole in the band that holds its centre.
-fn halo(o: &DetectOptions) -> usize {
+pub(crate) fn halo(o: &DetectOptions) -> usize {
     o.level_max_diameter.ceil() as usize + 4
 }
 
 /// Rows (with halo) of band `b`.
-fn band_rows(b: usize, band: usize, height: usize, halo: usize) -> (usize, usize) {
+pub(crate) fn band_rows(b: usize, band: usize, height: usize, halo: usize) -> (usize, usize) {
     let core = (b * band, ((b + 1) * band).min(height));
     (core.0.saturating_sub(halo), (core.1 + halo).min(height))
 }
@@ -301,22 +318,14 @@ pub fn detect(
     let scales = o.scales(side);
     for (k, &scale) in scales.iter().enumerate() {
         let level = image.scaled(scale);
-        let lo = if k == 0 {
-            o.min_diameter
-        } else {
-            o.level_max_diameter / 2.0
-        };
-        let hi = if k + 1 == scales.len() {
-            f64::INFINITY
-        } else {
-            o.level_max_diameter
-        };
+        let (lo, hi) = o.level_range(k, scales.len());
         let halo = halo(o);
         for b in 0..level.height.div_ceil(o.band_rows) {
             let (r0, r1) = band_rows(b, o.band_rows, level.height, halo);
             let core = (b * o.band_rows, ((b + 1) * o.band_rows).min(level.height));
-            let map = likelihood(net, config, &level, r0, r1, o.max_tile, progress)?;
-            for c in circles(&map, level.width, r1 - r0, o.threshold) {
+            let map = net_map(net, config, &level, r0, r1, o.max_tile, 1, progress)?;
+            for mut c in circles(&map, level.width, r1 - r0, o.threshold) {
+                c.diameter /= config.region_share;
                 let (cy, touches_cut) = (
                     c.y + r0 as f64,
                     (c.top == 0 && r0 > 0) || (c.bottom + 1 == r1 - r0 && r1 < level.height),
@@ -346,16 +355,18 @@ pub fn detect(
     Ok(merge(found))
 }
 
-/// The likelihood over rows `r0..r1` of `level`, every column: output tiles edge to edge
-/// (the last of a row or column pulled back to end at the edge), each computed from its
-/// input tile around it.
-fn likelihood(
+/// The net's output over rows `r0..r1` of `level`, every column, `channels` values per
+/// pixel (a detector's likelihood: one): output tiles edge to edge (the last of a row or
+/// column pulled back to end at the edge), each computed from its input tile around it.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn net_map(
     net: &Net,
     config: &DetectorConfig,
     level: &GrayImage,
     r0: usize,
     r1: usize,
     max_tile: usize,
+    channels: usize,
     progress: &(dyn Fn(usize) + Sync),
 ) -> Result<Vec<f32>> {
     let (w, h) = (level.width, r1 - r0);
@@ -369,7 +380,7 @@ fn likelihood(
         }
         s
     };
-    let mut map = vec![0f32; w * h];
+    let mut map = vec![0f32; w * h * channels];
     for ty in starts(h, out_h) {
         for tx in starts(w, out_w) {
             let mut input = net.input_map(tile_h, tile_w);
@@ -385,10 +396,17 @@ fn likelihood(
                     }
                 });
             let got = net.forward(input)?;
+            ensure!(
+                got.channels == channels && got.height == out_h && got.width == out_w,
+                Error::Invalid(format!(
+                    "detector {}: its output is {}x{}x{}, not {out_h}x{out_w}x{channels}",
+                    config.name, got.height, got.width, got.channels
+                ))
+            );
             for i in 0..out_h.min(h - ty) {
-                let n = out_w.min(w - tx);
-                map[(ty + i) * w + tx..(ty + i) * w + tx + n]
-                    .copy_from_slice(&got.data[i * out_w..i * out_w + n]);
+                let n = out_w.min(w - tx) * channels;
+                let at = ((ty + i) * w + tx) * channels;
+                map[at..at + n].copy_from_slice(&got.data[i * out_w * channels..][..n]);
             }
             net.recycle(got);
             progress(1);

@@ -11,6 +11,7 @@
 
 pub mod detect;
 mod error;
+pub mod fit;
 pub mod graph;
 pub mod keras;
 pub mod net;
@@ -23,4 +24,6 @@ pub use detect::{detect, DetectOptions, Detection, GrayImage};
 pub use error::{Error, Result};
 pub use graph::{Activation, Graph, Layer, Op, Padding};
 pub use net::{FeatureMap, Net};
-pub use store::{import_detector, read_detector_dir, write_detector_dir, DetectorConfig};
+pub use store::{
+    import_detector, read_detector_dir, read_detector_weights, write_detector_dir, DetectorConfig,
+};

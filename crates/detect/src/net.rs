@@ -344,10 +344,11 @@ impl Net {
         &self.graph
     }
 
-    /// The output for `input` (a map of the graph's input channels): one channel, smaller
-    /// than the input by the detector's border where its convolutions are valid.
+    /// The last layer's output for `input` (a map of the graph's input channels): a
+    /// detector's one channel of likelihood, smaller than the input by its border where its
+    /// convolutions are valid (or, for a graph cut before its head, the head's input).
     pub fn forward(&self, input: FeatureMap) -> Result<FeatureMap> {
-        let shapes = self.graph.shapes(input.height, input.width)?;
+        let shapes = self.graph.layer_shapes(input.height, input.width)?;
         ensure!(
             input.channels == self.graph.channels(),
             Error::Invalid(format!(

@@ -30,8 +30,21 @@ pub struct DetectorConfig {
     /// Pixel values are multiplied by this before the first layer (pycda: 8-bit / 255).
     pub input_scale: f32,
     pub graph: Graph,
+    /// The share of a crater's diameter that its region of likelihood spans: 1 for
+    /// detectors trained on whole discs (pycda's), less for heads fitted on shrunk discs,
+    /// which keep neighbouring craters apart (`detect fit`).
+    #[serde(default = "whole_disc", skip_serializing_if = "is_whole_disc")]
+    pub region_share: f64,
     /// sha256 of `weights.safetensors`.
     pub weights_sha256: String,
+}
+
+fn whole_disc() -> f64 {
+    1.0
+}
+
+fn is_whole_disc(share: &f64) -> bool {
+    *share == 1.0
 }
 
 impl DetectorConfig {
@@ -126,6 +139,16 @@ pub fn write_detector_dir(
 /// Reads a detector directory, checks its weights against the config's checksum and packs
 /// them.
 pub fn read_detector_dir(dir: &Path) -> Result<(DetectorConfig, Net)> {
+    let (config, weights) = read_detector_weights(dir)?;
+    let wpath = dir.join(WEIGHTS_FILE);
+    let net = Net::new(config.graph.clone(), |name| weights.get(name).cloned())
+        .map_err(|e| Error::Corrupt(format!("{}: {e}", wpath.display())))?;
+    Ok((config, net))
+}
+
+/// A detector directory's config and its tensors as stored, checked against the config's
+/// checksum: what a detector made from another one (`detect fit`) starts from.
+pub fn read_detector_weights(dir: &Path) -> Result<(DetectorConfig, BTreeMap<String, Tensor>)> {
     let cpath = dir.join(CONFIG_FILE);
     let text = std::fs::read_to_string(&cpath).io("read", &cpath)?;
     let config: DetectorConfig = serde_json::from_str(&text).map_err(|e| {
@@ -142,6 +165,17 @@ pub fn read_detector_dir(dir: &Path) -> Result<(DetectorConfig, Net)> {
             config.format
         ))
     );
+    config
+        .output()
+        .map_err(|e| Error::Invalid(format!("{}: {e}", cpath.display())))?;
+    ensure!(
+        config.region_share > 0.0 && config.region_share <= 1.0,
+        Error::Invalid(format!(
+            "{}: region_share must lie in (0, 1], not {}",
+            cpath.display(),
+            config.region_share
+        ))
+    );
     let wpath = dir.join(WEIGHTS_FILE);
     let bytes = std::fs::read(&wpath).io("read", &wpath)?;
     let got = sha256_hex(&bytes);
@@ -154,22 +188,24 @@ pub fn read_detector_dir(dir: &Path) -> Result<(DetectorConfig, Net)> {
         ))
     );
     let tensors = safetensors::SafeTensors::deserialize(&bytes)?;
-    let net = Net::new(config.graph.clone(), |name| {
-        let t = tensors.tensor(name).ok()?;
-        (t.dtype() == Dtype::F32).then(|| {
-            let data = t
-                .data()
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes(b.try_into().expect("chunks of 4")))
-                .collect();
-            (t.shape().to_vec(), data)
-        })
-    })
-    .map_err(|e| Error::Corrupt(format!("{}: {e}", wpath.display())))?;
-    config
-        .output()
-        .map_err(|e| Error::Invalid(format!("{}: {e}", cpath.display())))?;
-    Ok((config, net))
+    let mut weights = BTreeMap::new();
+    for (name, t) in tensors.tensors() {
+        ensure!(
+            t.dtype() == Dtype::F32,
+            Error::Corrupt(format!(
+                "{}: tensor {name} is {:?}, not f32",
+                wpath.display(),
+                t.dtype()
+            ))
+        );
+        let data = t
+            .data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().expect("chunks of 4")))
+            .collect();
+        weights.insert(name, (t.shape().to_vec(), data));
+    }
+    Ok((config, weights))
 }
 
 /// A detector as read from another format: its graph, its tensors (Keras' order), and the
@@ -210,6 +246,7 @@ pub fn import_detector(
         tile,
         input_scale,
         graph: read.graph,
+        region_share: 1.0,
         weights_sha256: String::new(),
     };
     write_detector_dir(dir, config, &read.weights)

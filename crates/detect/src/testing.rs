@@ -45,6 +45,7 @@ pub fn brightness_detector(tile: usize) -> (DetectorConfig, BTreeMap<String, Ten
         tile,
         input_scale: 1.0 / 255.0,
         graph,
+        region_share: 1.0,
         weights_sha256: String::new(),
     };
     (config, weights)
@@ -139,4 +140,49 @@ pub fn small_unet() -> Graph {
             ),
         ],
     }
+}
+
+/// [`small_unet`] with fixed pseudo-random weights as a detector of 20 px tiles: features
+/// of no particular meaning for a fitted head to read.
+pub fn small_unet_detector() -> (DetectorConfig, BTreeMap<String, Tensor>) {
+    let values = |n: usize, seed: u64| -> Vec<f32> {
+        (0..n as u64)
+            .map(|i| {
+                let z =
+                    (i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ seed.wrapping_mul(0xBF58_476D);
+                ((z >> 40) % 1000) as f32 / 1000.0 - 0.5
+            })
+            .collect()
+    };
+    let shapes: [(&str, Vec<usize>); 4] = [
+        ("c1", vec![3, 3, 1, 4]),
+        ("c2", vec![3, 3, 4, 8]),
+        ("up", vec![2, 2, 4, 8]),
+        ("out", vec![1, 1, 8, 1]),
+    ];
+    let mut weights = BTreeMap::new();
+    for (k, (name, shape)) in shapes.into_iter().enumerate() {
+        let filters = if name == "up" { shape[2] } else { shape[3] };
+        let n = shape.iter().product();
+        weights.insert(
+            format!("{name}/kernel"),
+            (shape, values(n, 2 * k as u64 + 1)),
+        );
+        weights.insert(
+            format!("{name}/bias"),
+            (vec![filters], values(filters, 2 * k as u64 + 2)),
+        );
+    }
+    let config = DetectorConfig {
+        format: FORMAT.into(),
+        name: "small-unet".into(),
+        source: "generated".into(),
+        licence: "MIT".into(),
+        tile: 20,
+        input_scale: 1.0 / 255.0,
+        graph: small_unet(),
+        region_share: 1.0,
+        weights_sha256: String::new(),
+    };
+    (config, weights)
 }

@@ -131,3 +131,21 @@ fn a_detector_directory_reads_back_and_refuses_damaged_weights() {
         "{err}"
     );
 }
+
+#[test]
+fn a_detector_that_marks_central_discs_reports_whole_diameters() {
+    // a head fitted on half diameters marks a disc of half the crater's: what the
+    // brightness detector marks of a 12 px disc is read as a 24 px crater
+    let (mut config, net) = brightness_net(24);
+    config.region_share = 0.5;
+    let found = detect(
+        &net,
+        &config,
+        &discs(120, 100, &[(50.0, 40.0, 12.0)]),
+        &DetectOptions::default(),
+        &|_| {},
+    )
+    .unwrap();
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert!((found[0].diameter / 24.0 - 1.0).abs() < 0.15, "{found:?}");
+}

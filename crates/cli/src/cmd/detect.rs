@@ -5,6 +5,7 @@
 use crate::output::bar;
 use anyhow::{Context, Result};
 use clap::Args;
+use craterdex_detect::fit::{fit_head, with_head, FitOptions, Labelled};
 use craterdex_detect::{detect, DetectOptions, Detection, DetectorConfig, GrayImage, Net};
 use craterdex_eval::detection::{score, BinCounts, Circle};
 #[cfg(feature = "gdal")]
@@ -69,7 +70,10 @@ impl DetectorOpts {
 }
 
 #[derive(Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct DetectCmd {
+    #[command(subcommand)]
+    action: Option<DetectAction>,
     /// Images (PNG, TIFF, JPEG, PNM) of any size; built with GDAL, also georeferenced
     /// rasters (GeoTIFF, map-projected ISIS cubes, PDS), whose craters get latitude,
     /// longitude and diameter in km.
@@ -77,8 +81,8 @@ pub struct DetectCmd {
     images: Vec<PathBuf>,
     /// Where detections.csv, detections.geojson and images.csv go (with georeferenced
     /// images, detections_lonlat.geojson too).
-    #[arg(long)]
-    out: PathBuf,
+    #[arg(long, required = true)]
+    out: Option<PathBuf>,
     /// Also cut a crop of each crater (OUT/crops/<id>.png, with OUT/crops.csv beside it:
     /// id, source, x, y, diameter_px, score, and for a georeferenced image lat, lon,
     /// diameter_km), the entries `craterdex link --entries OUT/crops` takes (compared on
@@ -334,7 +338,167 @@ pub fn per_image_detections(
     per_image
 }
 
+#[derive(clap::Subcommand)]
+enum DetectAction {
+    /// Fit a detector to your own imagery: a new head on the detector's frozen layers,
+    /// fitted on labelled images and written as a detector directory that --detector takes.
+    #[command(
+        after_help = "Example:\n  craterdex detect fit --tile a.png --craters a.csv --tile b.png --craters b.csv --out my-detector\n  craterdex detect new.png --detector my-detector --out found/"
+    )]
+    Fit(DetectFitCmd),
+}
+
+#[derive(Args)]
+pub struct DetectFitCmd {
+    #[command(flatten)]
+    tiles: crate::args::TileArgs,
+    /// Where the fitted detector directory goes (replaced whole once it is written).
+    #[arg(long)]
+    out: PathBuf,
+    /// Thresholds of the fitted likelihood tried on the labelled images; the one with the
+    /// best mean F1 of the 8-20 px and >= 20 px bins becomes the detector's (the likelihood
+    /// is shifted so that --threshold picks it).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "0.1,0.15,0.2,0.25,0.3,0.4,0.5,0.6"
+    )]
+    try_thresholds: Vec<f32>,
+    /// Share of the pixels outside every crater the fit samples.
+    #[arg(long, default_value_t = FitOptions::default().background_share)]
+    background_share: f64,
+    /// The share of each labelled crater's diameter taught as crater, around its centre:
+    /// less than 1 keeps dense craters' regions apart.
+    #[arg(long, default_value_t = FitOptions::default().region_share)]
+    region_share: f64,
+    /// Hidden units of the head.
+    #[arg(long, default_value_t = FitOptions::default().hidden)]
+    hidden: usize,
+    /// The detector refitted, and how detections are read from it.
+    #[command(flatten)]
+    detector: DetectorOpts,
+}
+
+/// Mean F1 of the 8-20 px and >= 20 px bins: what a detector's constants are chosen by.
+fn small_and_large_f1(bins: &[BinCounts]) -> f64 {
+    let f1 = |bin: &str| bins.iter().find(|b| b.bin == bin).map_or(0.0, |b| b.f1);
+    (f1("8-20") + f1(">=20")) / 2.0
+}
+
+fn run_fit(c: DetectFitCmd) -> Result<()> {
+    let pairs = c.tiles.pairs()?;
+    anyhow::ensure!(
+        !c.try_thresholds.is_empty() && c.try_thresholds.iter().all(|t| *t > 0.0 && *t < 1.0),
+        "--try-thresholds must lie between 0 and 1"
+    );
+    let base = craterdex_fetch::detector_dir(&c.detector.detector, c.detector.input_scale)?;
+    let (config, weights) = craterdex_detect::read_detector_weights(&base)?;
+    let o = c.detector.options();
+    let mut images = Vec::with_capacity(pairs.len());
+    let mut truth = Vec::with_capacity(pairs.len());
+    for (tile, labels) in &pairs {
+        let circles = labelled(labels).with_context(|| format!("labels of {}", tile.display()))?;
+        images.push(Labelled {
+            image: read_image(tile)?.0,
+            craters: circles.iter().map(|c| [c.x, c.y, c.diameter]).collect(),
+        });
+        truth.push(circles);
+    }
+    let tiles: usize = images
+        .iter()
+        .map(|l| craterdex_detect::detect::tiles_needed(&config, l.image.width, l.image.height, &o))
+        .sum::<craterdex_detect::Result<usize>>()?;
+    let fit = FitOptions {
+        background_share: c.background_share,
+        region_share: c.region_share,
+        hidden: c.hidden,
+        ..Default::default()
+    };
+    let t = std::time::Instant::now();
+    let pb = bar(tiles, "features");
+    let head = fit_head(&config, &weights, &images, &o, &fit, &|n| pb.inc(n as u64))?;
+    pb.finish();
+    eprintln!(
+        "head fitted on {} pixels ({} inside craters) in {:.1}s",
+        head.samples,
+        head.crater_pixels,
+        t.elapsed().as_secs_f64()
+    );
+    let (graph, fitted) = with_head(&config.graph, config.tile, &weights, &head, 0.0)?;
+    let net = Net::new(graph.clone(), |n| fitted.get(n).cloned())?
+        .with_precision(c.detector.detector_precision)?;
+    let fitted_config = craterdex_detect::DetectorConfig {
+        graph,
+        region_share: fit.region_share,
+        ..config.clone()
+    };
+    let pb = bar(tiles * c.try_thresholds.len(), "thresholds");
+    let mut tried = Vec::new();
+    for &threshold in &c.try_thresholds {
+        let o = DetectOptions {
+            threshold,
+            ..o.clone()
+        };
+        let scored = images
+            .iter()
+            .zip(&truth)
+            .map(|(l, t)| {
+                let found = detect(&net, &fitted_config, &l.image, &o, &|n| pb.inc(n as u64))?;
+                Ok((found_circles(&found), t.clone()))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        tried.push((threshold, score(&scored)));
+    }
+    pb.finish();
+    let (best, bins) = tried
+        .iter()
+        .max_by(|a, b| small_and_large_f1(&a.1).total_cmp(&small_and_large_f1(&b.1)))
+        .expect("thresholds were tried");
+    for (threshold, bins) in &tried {
+        print_bins(
+            &format!(
+                "fitted head at threshold {threshold} (mean F1 {:.3}){}",
+                small_and_large_f1(bins),
+                if threshold == best { ", kept" } else { "" }
+            ),
+            bins,
+        );
+    }
+    let logit = |p: f32| (p / (1.0 - p)).ln();
+    let shift = logit(o.threshold) - logit(*best);
+    let name = c
+        .out
+        .file_name()
+        .map_or_else(|| "fitted".into(), |n| n.to_string_lossy().into_owned());
+    let (graph, weights) = with_head(&config.graph, config.tile, &weights, &head, shift)?;
+    let out_config = craterdex_detect::DetectorConfig {
+        name,
+        source: format!(
+            "{} with a head refitted by craterdex detect fit on {} labelled images",
+            config.source,
+            pairs.len()
+        ),
+        graph,
+        region_share: fit.region_share,
+        ..config.clone()
+    };
+    craterdex_detect::write_detector_dir(&c.out, out_config, &weights)?;
+    eprintln!(
+        "wrote {} (threshold {best} on the fitted likelihood is --threshold {} on it; on \
+         these images: F1 8-20 px and >= 20 px {:.3}); detect with --detector {}",
+        c.out.display(),
+        o.threshold,
+        small_and_large_f1(bins),
+        c.out.display()
+    );
+    Ok(())
+}
+
 pub fn run(c: DetectCmd) -> Result<()> {
+    if let Some(DetectAction::Fit(f)) = c.action {
+        return run_fit(f);
+    }
+    let out = c.out.context("--out is needed")?;
     let (config, net) = c.detector.load()?;
     let o = c.detector.options();
     let t = std::time::Instant::now();
@@ -345,11 +509,11 @@ pub fn run(c: DetectCmd) -> Result<()> {
     let (with_craters, n) = found.fold((0, 0), |(images, craters), d| {
         (images + usize::from(!d.is_empty()), craters + d.len())
     });
-    let mut files = craterdex_workflows::output::write_detections(&c.out, &per_image)?;
+    let mut files = craterdex_workflows::output::write_detections(&out, &per_image)?;
     if c.crops {
-        let cut = write_crops(&c.out, &per_image, c.context)?;
+        let cut = write_crops(&out, &per_image, c.context)?;
         eprintln!("{cut} of {n} craters cut as crops (the others reach past their image)");
-        files.extend([c.out.join("crops"), c.out.join("crops.csv")]);
+        files.extend([out.join("crops"), out.join("crops.csv")]);
     }
     eprintln!(
         "{n} craters in {with_craters} of {} images in {:.1}s ({}, {} at {}); wrote {}",
