@@ -351,6 +351,13 @@ const REGISTER_FLOORS: [f64; 4] = [1.0, 0.7, 1.5, 0.0];
 /// tighter tolerance expects four times fewer chance inliers where the catalogue is dense.
 const REGISTER_TOLERANCES: [f64; 2] = [1.0, 0.5];
 
+/// Pattern keys of detections match the catalogue's within this (the default is 0.2): a
+/// detector's diameters are read from the area of a region of likelihood, looser than a
+/// catalogue's, and each key holds a diameter twice. Chosen on the four NAC tuning tiles
+/// (docs/results.md, "Detect, then link"), where one observation of twelve registered
+/// only with it; its false alarms are bounded as before (every hypothesis counts).
+const REGISTER_KEY_TOLERANCE: f64 = 0.35;
+
 /// Each image registered to the catalogue by the pattern of its detections. A detector finds
 /// many more small craters than a catalogue lists (a catalogue stops at some diameter), and
 /// those crowd the pattern with neighbours the catalogue does not have; so the detections
@@ -394,6 +401,7 @@ fn register_images(engine: &Engine, images: &[ObservedImage], rule: &LinkRule) -
             for tolerance in REGISTER_TOLERANCES {
                 let o = RegisterOptions {
                     tolerance_radii: tolerance,
+                    key_tolerance: REGISTER_KEY_TOLERANCE,
                     ..Default::default()
                 };
                 let attempt = Frames::of_entries(index, &subset, &o, rule.body_radius_km);
