@@ -474,7 +474,7 @@ fn run_fit(c: DetectFitCmd) -> Result<()> {
     let out_config = craterdex_detect::DetectorConfig {
         name,
         source: format!(
-            "{} with a head refitted by craterdex detect fit on {} labelled images",
+            "{} with a head fitted by craterdex detect fit on {} labelled images",
             config.source,
             pairs.len()
         ),
@@ -485,7 +485,7 @@ fn run_fit(c: DetectFitCmd) -> Result<()> {
     craterdex_detect::write_detector_dir(&c.out, out_config, &weights)?;
     eprintln!(
         "wrote {} (threshold {best} on the fitted likelihood is --threshold {} on it; on \
-         these images: F1 8-20 px and >= 20 px {:.3}); detect with --detector {}",
+         these images, mean F1 of 8-20 px and >= 20 px {:.3}); detect with --detector {}",
         c.out.display(),
         o.threshold,
         small_and_large_f1(bins),
