@@ -6,6 +6,7 @@
 //! files (pycda's U-Net) and ONNX files, the detector directory format, cutting an image of any size into
 //! the detector's tiles over an image pyramid, and turning per-pixel crater likelihoods
 //! into circles merged across tiles and scales.
+//! Also fits a new head on a detector's frozen maps from labelled images (`fit`).
 //! Knows nothing of features, descriptors, indexes, searches or linking; scoring detections
 //! against labelled craters is craterdex-eval's.
 
