@@ -691,19 +691,10 @@ fn eval_link_image_scores_a_turned_second_view_of_a_labelled_tile() {
     assert!(root.join("ev/00-tile/new.png").exists());
 }
 
-/// Sixteen discs of 8-13 px on a jittered grid of a 160 px image, the jitter set by `seed`;
-/// written as `name.png` with its labels `name.csv`.
+/// [`craterdex_detect::testing::disc_grid`] of `seed` written as `name.png` with its labels
+/// `name.csv`.
 fn small_discs(root: &Path, name: &str, seed: usize) -> Vec<(f64, f64, f64)> {
-    let discs: Vec<_> = (0..16)
-        .map(|i| {
-            let jitter = ((i * 7 + seed * 3) % 5) as f64 - 2.0;
-            (
-                24.0 + 36.0 * (i % 4) as f64 + jitter,
-                24.0 + 36.0 * (i / 4) as f64 - jitter,
-                8.0 + ((i + seed) % 6) as f64,
-            )
-        })
-        .collect();
+    let discs = craterdex_detect::testing::disc_grid(seed);
     let g = craterdex_detect::testing::discs(160, 160, &discs);
     image::GrayImage::from_raw(160, 160, g.pixels)
         .unwrap()

@@ -78,6 +78,21 @@ pub fn discs(width: usize, height: usize, discs: &[(f64, f64, f64)]) -> crate::G
     }
 }
 
+/// Sixteen discs of 8-13 px on a jittered 4 x 4 grid of a 160 px image, the jitter and the
+/// sizes set by `seed`: scenes to fit a head on and to score it on.
+pub fn disc_grid(seed: usize) -> Vec<(f64, f64, f64)> {
+    (0..16)
+        .map(|i| {
+            let jitter = ((i * 7 + seed * 3) % 5) as f64 - 2.0;
+            (
+                24.0 + 36.0 * (i % 4) as f64 + jitter,
+                24.0 + 36.0 * (i / 4) as f64 - jitter,
+                8.0 + ((i + seed) % 6) as f64,
+            )
+        })
+        .collect()
+}
+
 fn layer(name: &str, op: Op, inputs: &[usize]) -> Layer {
     Layer {
         name: name.into(),

@@ -2,29 +2,14 @@
 //! discs, the detector finds the discs of another.
 
 use craterdex_detect::fit::{features_graph, fit_head, with_head, FitOptions, Labelled};
-use craterdex_detect::testing::{discs, small_unet_detector};
+use craterdex_detect::testing::{disc_grid, discs, small_unet_detector};
 use craterdex_detect::{detect, read_detector_dir, write_detector_dir, DetectOptions};
-
-/// Discs of 8-13 px on a grid, each shifted by `seed`.
-fn scene(seed: usize) -> Vec<(f64, f64, f64)> {
-    (0..16)
-        .map(|i| {
-            let (row, col) = (i / 4, i % 4);
-            let jitter = ((i * 7 + seed * 3) % 5) as f64 - 2.0;
-            (
-                24.0 + 36.0 * col as f64 + jitter,
-                24.0 + 36.0 * row as f64 - jitter,
-                8.0 + ((i + seed) % 6) as f64,
-            )
-        })
-        .collect()
-}
 
 #[test]
 fn a_fitted_head_finds_the_discs_of_an_image_it_was_not_fitted_on() {
     let (config, weights) = small_unet_detector();
     let o = DetectOptions::default();
-    let fitting = scene(0);
+    let fitting = disc_grid(0);
     let images = [Labelled {
         image: discs(160, 160, &fitting),
         craters: fitting.iter().map(|&(x, y, d)| [x, y, d]).collect(),
@@ -53,7 +38,7 @@ fn a_fitted_head_finds_the_discs_of_an_image_it_was_not_fitted_on() {
     let (read, net) = read_detector_dir(&path).unwrap();
     assert_eq!(read.region_share, fit.region_share);
 
-    let want = scene(3);
+    let want = disc_grid(3);
     let found = detect(&net, &read, &discs(160, 160, &want), &o, &|_| {}).unwrap();
     let right = want
         .iter()
