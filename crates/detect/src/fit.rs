@@ -377,12 +377,10 @@ pub fn fit_head(
                 let (r0, r1) = band_rows(b, o.band_rows, level.height, halo(o));
                 let core = (b * o.band_rows, ((b + 1) * o.band_rows).min(level.height));
                 let map = net_map(&net, config, &level, r0, r1, o.max_tile, channels, progress)?;
-                let rows = (core.0 - r0) * level.width..(core.1 - r0) * level.width;
-                for (p, f) in map.chunks_exact(channels).enumerate() {
-                    if !rows.contains(&p) {
-                        continue;
-                    }
-                    let at = r0 * level.width + p;
+                let core_map = &map[(core.0 - r0) * level.width * channels..]
+                    [..(core.1 - core.0) * level.width * channels];
+                for (p, f) in core_map.chunks_exact(channels).enumerate() {
+                    let at = core.0 * level.width + p;
                     let (target, weight) = match class[at] {
                         CRATER => (1.0, 1.0),
                         IGNORED => continue,
