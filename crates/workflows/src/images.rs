@@ -17,7 +17,7 @@
 
 use crate::error::{Error, Result};
 use crate::link::{crop_turn_deg, link_partition, Decision, LinkOptions, LinkRow};
-use crate::register::{Frames, RegisterOptions, SourceRegistration};
+use crate::register::{ln_poisson_tail, Frames, RegisterOptions, SourceRegistration, Transform};
 use crate::rule::LinkRule;
 use craterdex_detect::{Detection, GrayImage};
 use craterdex_engine::{Engine, Progress};
@@ -282,15 +282,12 @@ impl CatalogueCentres {
 fn projected(
     engine: &Engine,
     centres: &CatalogueCentres,
-    reg: &SourceRegistration,
+    (source, t): (&str, &Transform),
     (width, height): (usize, usize),
     detections: &[Detection],
     rule: &LinkRule,
     o: &ImageLinkOptions,
 ) -> Vec<(usize, ImageMeta, f64, f64, f64, bool)> {
-    let Some(t) = reg.transform.filter(|_| reg.registered) else {
-        return Vec::new();
-    };
     let (back, scale) = (t.inverse(), t.scale());
     // the image's footprint in the catalogue's frame: a crater centred outside it cannot
     // lie inside the image
@@ -311,7 +308,7 @@ fn projected(
     let mut out = Vec::new();
     for row in centres.rows_within(span(|c| c.0), span(|c| c.1)) {
         let m = index.meta(row);
-        if m.source == reg.source {
+        if m.source.as_deref() == Some(source) {
             continue;
         }
         let (Some(cx), Some(cy), Some(cd)) = (m.x, m.y, m.diameter_px) else {
@@ -355,8 +352,9 @@ const REGISTER_TOLERANCES: [f64; 2] = [1.0, 0.5];
 /// detector's diameters are read from the area of a region of likelihood, looser than a
 /// catalogue's, and each key holds a diameter twice. Chosen on the four NAC tuning tiles
 /// (docs/results.md, "Detect, then link"), where one observation of twelve registered
-/// only with it; its false alarms are bounded as before (every hypothesis counts).
-const REGISTER_KEY_TOLERANCE: f64 = 0.35;
+/// only with it; its false alarms are bounded as before (every hypothesis counts). `dedup
+/// --image` registers its images' detections with it too.
+pub const DETECTION_KEY_TOLERANCE: f64 = 0.35;
 
 /// Each image registered to the catalogue by the pattern of its detections. A detector finds
 /// many more small craters than a catalogue lists (a catalogue stops at some diameter), and
@@ -364,7 +362,11 @@ const REGISTER_KEY_TOLERANCE: f64 = 0.35;
 /// registered are those at least about as large as the catalogue's smallest, at a few floors
 /// and tolerances. Of the registrations accepted, the one least likely to arise by chance is
 /// kept (each is accepted at a false-alarm bound of 1e-6; the eight tries together at 8e-6).
-fn register_images(engine: &Engine, images: &[ObservedImage], rule: &LinkRule) -> Frames {
+fn register_images(
+    engine: &Engine,
+    images: &[ObservedImage],
+    rule: &LinkRule,
+) -> (Frames, Vec<Vec<Arc<SourceRegistration>>>) {
     let index = engine.index();
     let sources: HashSet<&str> = images.iter().map(|im| im.source.as_str()).collect();
     let mut sizes: Vec<f64> = index
@@ -379,7 +381,9 @@ fn register_images(engine: &Engine, images: &[ObservedImage], rule: &LinkRule) -
         .copied()
         .unwrap_or(0.0);
     let mut frames = Frames::none();
+    let mut proposals = Vec::new();
     for im in images {
+        let mut proposed = Vec::new();
         let metas: Vec<ImageMeta> = im
             .detections
             .iter()
@@ -401,10 +405,16 @@ fn register_images(engine: &Engine, images: &[ObservedImage], rule: &LinkRule) -
             for tolerance in REGISTER_TOLERANCES {
                 let o = RegisterOptions {
                     tolerance_radii: tolerance,
-                    key_tolerance: REGISTER_KEY_TOLERANCE,
+                    key_tolerance: DETECTION_KEY_TOLERANCE,
                     ..Default::default()
                 };
                 let attempt = Frames::of_entries(index, &subset, &o, rule.body_radius_km);
+                proposed.extend(
+                    attempt
+                        .registrations()
+                        .into_iter()
+                        .filter(|r| r.proposed.is_some() && r.inliers >= o.min_inliers),
+                );
                 let chance = attempt
                     .registrations()
                     .first()
@@ -421,8 +431,168 @@ fn register_images(engine: &Engine, images: &[ObservedImage], rule: &LinkRule) -
         if let Some((_, f)) = best {
             frames.extend(f);
         }
+        proposals.push(proposed);
     }
-    frames
+    (frames, proposals)
+}
+
+/// Fewest catalogue craters a proposed transform must place inside an image for their
+/// appearance to confirm it.
+const APPEARANCE_MIN_PLACED: usize = 8;
+
+/// Most catalogue craters cut for one proposed transform's check, the largest placed:
+/// enough that a right transform's count lies far beyond chance, and a bound on the forward
+/// passes an image that does not register costs.
+const APPEARANCE_MAX_PLACED: usize = 64;
+
+/// Least share of the craters looked for that must be their own crop's best for a proposed
+/// transform to be confirmed. Wrong transforms place some catalogue craters on craters the
+/// detector missed, whose crops then look like their entries more often than one time in
+/// `n`, so the chance count runs above Poisson(1); and a transform only slightly off (a
+/// few degrees) is right near its centre alone. Chosen on the four NAC tuning tiles, seeds
+/// 10-15 (docs/results.md, "Registration confirmed by appearance"): of 74 proposals checked,
+/// the right ones had a share of 0.37-1.00, the wrong ones at most 0.16 (a transform 3.4
+/// degrees off; the others at most 0.05).
+const APPEARANCE_MIN_SHARE: f64 = 0.25;
+
+/// An image that its crater pattern did not register, registered by the first of the
+/// transforms its pattern proposed (`proposals`, rejected as no more than chance could give)
+/// under which the catalogue's craters look like themselves where it places them.
+///
+/// The test: the catalogue craters the transform places inside the image (the
+/// [`APPEARANCE_MAX_PLACED`] largest) are cut there, at the catalogue's orientation, and
+/// each crater's entry is compared with every one of those `n` crops. Counted are the craters no detection lies on: under a wrong transform their
+/// own crops show unrelated ground, no likelier than any other crop to be their entry's
+/// best (one chance in `n`), so the count is at most about Poisson(1); under the right one,
+/// most are. (A crater a detection lies on may be one of the pattern's chance inliers,
+/// whose crop shows some crater like its entry.) Comparing each entry with crops of the
+/// same image cancels what the observation changes in all of them (resampling, light,
+/// blur), which raw scores do not. A transform is accepted when that count could arise by
+/// chance with probability at most the registration's false-alarm bound, over every
+/// proposal tried, and is at least [`APPEARANCE_MIN_SHARE`] of the craters looked for.
+fn confirm_by_appearance(
+    engine: &Engine,
+    centres: &CatalogueCentres,
+    im: &ObservedImage,
+    proposals: &[Arc<SourceRegistration>],
+    rule: &LinkRule,
+    o: &ImageLinkOptions,
+    progress: &dyn Progress,
+) -> Result<Option<SourceRegistration>> {
+    let bound = RegisterOptions::default().false_alarm;
+    let distinct = distinct_proposals(proposals, (im.image.width, im.image.height));
+    let ln_tries = (distinct.len().max(1) as f64).ln();
+    let index = engine.index();
+    for p in distinct {
+        let Some(t) = p.proposed else { continue };
+        let size = (im.image.width, im.image.height);
+        let at = (im.source.as_str(), &t);
+        let mut placed = projected(engine, centres, at, size, &im.detections, rule, o);
+        if placed.len() < APPEARANCE_MIN_PLACED {
+            continue;
+        }
+        placed.sort_by(|a, b| b.4.total_cmp(&a.4));
+        placed.truncate(APPEARANCE_MAX_PLACED);
+        let mut reg = SourceRegistration {
+            registered: true,
+            transform: Some(t),
+            rotation_deg: Some(t.rotation_deg()),
+            scale: Some(t.scale()),
+            proposed: None,
+            reason: None,
+            ..(**p).clone()
+        };
+        let angle = crop_turn_deg(&reg).unwrap_or(0.0).to_radians();
+        let crops: Vec<image::DynamicImage> = placed
+            .iter()
+            .map(|&(_, _, x, y, d, _)| {
+                let cut = cut_turned(im.image, (x, y), o.context * d, angle, o.max_crop_side);
+                image::DynamicImage::ImageLuma8(cut)
+            })
+            .collect();
+        let ids: Vec<String> = placed
+            .iter()
+            .map(|p| format!("{}@{}", im.source, p.1.id))
+            .collect();
+        let descs = engine.encode_decoded(&ids, &crops, progress)?;
+        let rows: Vec<usize> = placed.iter().map(|p| p.0).collect();
+        // scores[crop][entry]
+        let scores: Vec<Vec<f32>> = descs
+            .iter()
+            .map(|d| index.late_interaction(&d.tokens, &rows))
+            .collect();
+        // a crater a detection already sits on may be a chance inlier of the pattern (its
+        // crop then shows a crater like its entry whether or not the transform is right):
+        // only the others count
+        let looked_for: Vec<bool> = placed.iter().map(|p| !p.5).collect();
+        let looked = looked_for.iter().filter(|l| **l).count();
+        let (n, own_best) = (rows.len(), own_crop_best(&scores, &looked_for));
+        let ln_fa = ln_tries + ln_poisson_tail(1.0, own_best);
+        tracing::debug!(
+            image = %im.source,
+            rotation = t.rotation_deg(),
+            scale = t.scale(),
+            inliers = p.inliers,
+            placed = n,
+            looked_for = looked,
+            own_best,
+            false_alarm = ln_fa.exp(),
+            "appearance check of a proposed registration"
+        );
+        let share = own_best as f64 / looked.max(1) as f64;
+        if ln_fa <= bound.ln() && share >= APPEARANCE_MIN_SHARE {
+            reg.false_alarm = Some(ln_fa.exp());
+            reg.reason = Some(format!(
+                "confirmed by appearance: of the {n} catalogue craters it places in the image, \
+                 {own_best} of the {} no detection lies on look most like their own crop there \
+                 (false-alarm bound {:.1e}); the crater pattern alone gave {} inliers",
+                looked,
+                ln_fa.exp(),
+                p.inliers
+            ));
+            return Ok(Some(reg));
+        }
+    }
+    Ok(None)
+}
+
+/// Of a square matrix of scores (`scores[crop][entry]`, crop `i` cut where entry `i` is
+/// placed), the number of entries `counted` whose own crop scores above every other crop.
+fn own_crop_best(scores: &[Vec<f32>], counted: &[bool]) -> usize {
+    let n = scores.len();
+    (0..n)
+        .filter(|&e| counted[e])
+        .filter(|&e| (0..n).all(|c| c == e || scores[c][e] < scores[e][e]))
+        .count()
+}
+
+/// `proposals` with one of each transform (those placing the image's centre within a
+/// twentieth of its size of another's, at a turn within 2 degrees, are one), most inliers
+/// first.
+fn distinct_proposals(
+    proposals: &[Arc<SourceRegistration>],
+    (width, height): (usize, usize),
+) -> Vec<&Arc<SourceRegistration>> {
+    let mut sorted: Vec<&Arc<SourceRegistration>> = proposals.iter().collect();
+    sorted.sort_by_key(|p| std::cmp::Reverse(p.inliers));
+    let centre = (width as f64 / 2.0, height as f64 / 2.0);
+    let reach = width.max(height) as f64 / 20.0;
+    let mut kept: Vec<&Arc<SourceRegistration>> = Vec::new();
+    for p in sorted {
+        let Some(t) = p.proposed else { continue };
+        let (x, y) = t.apply(centre.0, centre.1);
+        let same = |q: &&Arc<SourceRegistration>| {
+            q.proposed.is_some_and(|u| {
+                let (u_x, u_y) = u.apply(centre.0, centre.1);
+                let turn = (u.rotation_deg() - t.rotation_deg() + 540.0).rem_euclid(360.0) - 180.0;
+                (u_x - x).hypot(u_y - y) <= reach * t.scale() && turn.abs() <= 2.0
+            })
+        };
+        if !kept.iter().any(same) {
+            kept.push(p);
+        }
+    }
+    kept
 }
 
 /// Hits looked at besides the catalogue craters placed inside the image, when deciding
@@ -584,10 +754,10 @@ pub fn link_images(
             Error::Invalid(format!("two images are named {}", im.source))
         );
     }
-    let frames = if opts.register {
+    let (mut frames, proposals) = if opts.register {
         register_images(engine, images, rule)
     } else {
-        Frames::none()
+        (Frames::none(), vec![Vec::new(); images.len()])
     };
     let mut probes = Vec::new();
     let mut turns = Vec::new();
@@ -598,6 +768,18 @@ pub fn link_images(
         true => CatalogueCentres::of(engine),
         false => CatalogueCentres { by_x: Vec::new() },
     };
+    for (im, proposed) in images.iter().zip(&proposals) {
+        let registered = frames
+            .registration_of(&im.source)
+            .is_some_and(|r| r.registered);
+        if registered || proposed.is_empty() || !o.look_in_place {
+            continue;
+        }
+        if let Some(reg) = confirm_by_appearance(engine, &centres, im, proposed, rule, o, progress)?
+        {
+            frames.extend(Frames::of_registrations([reg], rule.body_radius_km));
+        }
+    }
     let registered: Vec<bool> = images
         .iter()
         .map(|im| {
@@ -623,9 +805,11 @@ pub fn link_images(
                 catalogue_row: None,
             });
         }
-        if let Some(reg) = reg.as_ref().filter(|_| o.look_in_place) {
+        let placing = reg.as_ref().filter(|r| r.registered && o.look_in_place);
+        if let Some(t) = placing.and_then(|r| r.transform) {
             let size = (im.image.width, im.image.height);
-            let placed = projected(engine, &centres, reg, size, &im.detections, rule, o);
+            let at = (im.source.as_str(), &t);
+            let placed = projected(engine, &centres, at, size, &im.detections, rule, o);
             inside.push(placed.iter().map(|p| p.0).collect());
             for (row, m, x, y, d, _) in placed.into_iter().filter(|p| !p.5) {
                 probes.push(Probe {
@@ -802,6 +986,39 @@ mod tests {
             D::of(FoundBy::Catalogue, Decision::New, true),
             D::Unconfirmed
         );
+    }
+
+    #[test]
+    fn own_crops_best_of_unrelated_crops_are_about_one_in_any_number() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        // exchangeable crops (a wrong transform): each entry's own crop is its best one
+        // time in n, so about one entry a matrix, whatever n, and the Poisson(1) tail the
+        // appearance check uses bounds how often many are
+        let (trials, mut total, mut four_or_more) = (2000, 0usize, 0usize);
+        for t in 0..trials {
+            let n = 8 + t % 120;
+            let scores: Vec<Vec<f32>> = (0..n)
+                .map(|_| (0..n).map(|_| rng.gen_range(0.0..1.0)).collect())
+                .collect();
+            let k = own_crop_best(&scores, &vec![true; n]);
+            total += k;
+            four_or_more += usize::from(k >= 4);
+        }
+        let mean = total as f64 / trials as f64;
+        assert!((0.9..1.1).contains(&mean), "{mean}");
+        let bound = crate::register::ln_poisson_tail(1.0, 4).exp();
+        let seen = four_or_more as f64 / trials as f64;
+        assert!(seen <= 1.5 * bound, "{seen} against {bound}");
+        // crops cut where their entries are: each own crop is its entry's best
+        let right: Vec<Vec<f32>> = (0..10)
+            .map(|c| (0..10).map(|e| if c == e { 0.9 } else { 0.5 }).collect())
+            .collect();
+        assert_eq!(own_crop_best(&right, &[true; 10]), 10);
+        let odd: Vec<bool> = (0..10).map(|i| i % 2 == 1).collect();
+        assert_eq!(own_crop_best(&right, &odd), 5);
+        // ties do not count: a featureless crop that every entry scores alike is no evidence
+        assert_eq!(own_crop_best(&vec![vec![0.7; 10]; 10], &[true; 10]), 0);
     }
 
     #[test]

@@ -382,6 +382,7 @@ mod tests {
             false_alarm: None,
             reason: Some(format!("no pattern in {HOSTILE}")),
             residuals: vec![],
+            proposed: None,
         })
     }
 

@@ -48,6 +48,11 @@ pub struct SourceRegistration {
     /// Each inlier's offset after the transform (dx, dy), in radii of its catalogue crater.
     #[serde(skip)]
     pub residuals: Vec<(f64, f64)>,
+    /// Not registered: the best transform the crater pattern proposed, rejected as no more
+    /// than chance could give, for other evidence to confirm (the appearance of the
+    /// catalogue's craters where it places them).
+    #[serde(skip)]
+    pub proposed: Option<Transform>,
 }
 
 impl SourceRegistration {
@@ -282,6 +287,7 @@ fn register_source(
         false_alarm: None,
         reason: None,
         residuals: Vec::new(),
+        proposed: None,
     };
     let (fit, reason) = match attempt {
         Ok(f) => (Some(f), None),
@@ -306,6 +312,8 @@ fn register_source(
                     ((m.x - cat[j].x) / r, (m.y - cat[j].y) / r)
                 })
                 .collect();
+        } else {
+            out.proposed = Some(f.transform);
         }
     }
     out.reason = reason;

@@ -277,7 +277,7 @@ fn fit(
 }
 
 /// `ln P(X >= k)` for `X ~ Poisson(lambda)`.
-fn ln_poisson_tail(lambda: f64, k: usize) -> f64 {
+pub(crate) fn ln_poisson_tail(lambda: f64, k: usize) -> f64 {
     if k == 0 {
         return 0.0;
     }
