@@ -352,9 +352,8 @@ const REGISTER_TOLERANCES: [f64; 2] = [1.0, 0.5];
 /// detector's diameters are read from the area of a region of likelihood, looser than a
 /// catalogue's, and each key holds a diameter twice. Chosen on the four NAC tuning tiles
 /// (docs/results.md, "Detect, then link"), where one observation of twelve registered
-/// only with it; its false alarms are bounded as before (every hypothesis counts). `dedup
-/// --image` registers its images' detections with it too.
-pub const DETECTION_KEY_TOLERANCE: f64 = 0.35;
+/// only with it; its false alarms are bounded as before (every hypothesis counts).
+const DETECTION_KEY_TOLERANCE: f64 = 0.35;
 
 /// Each image registered to the catalogue by the pattern of its detections. A detector finds
 /// many more small craters than a catalogue lists (a catalogue stops at some diameter), and
