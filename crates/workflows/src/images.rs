@@ -2,14 +2,17 @@
 //! the catalogue.
 //!
 //! Each image is its own source. Its detections are registered to the catalogue by crater
-//! pattern ([`crate::register`]) in the image's own pixel frame, turned and scaled any way.
-//! Where an image registers, every catalogue crater the transform places inside it is also
-//! looked for where it should be: a crop at its projected position and size, so that what
-//! the detector missed is still found (recall is not bounded by the detector). Every crop,
-//! of a detection or of a projected crater, is cut turned to the catalogue's orientation and
-//! linked by [`link_partition`] with the registration as geometric evidence. New craters
-//! come only from detections that match nothing in an image that registered; a projected
-//! crater that does not look like its catalogue entry is reported `unconfirmed`, never `new`.
+//! pattern ([`crate::register`]) in the image's own pixel frame, turned and scaled any way;
+//! where the pattern alone is not significant, a transform it or the detections' appearance
+//! proposed is accepted when the catalogue's craters look like themselves where it places them
+//! (`confirm_by_appearance`). Where an image registers, every catalogue crater the transform
+//! places inside it is also looked for where it should be: a crop at its projected position and
+//! size, so that what the detector missed is still found (recall is not bounded by the
+//! detector). Every crop, of a detection or of a projected crater, is cut turned to the
+//! catalogue's orientation and linked by [`link_partition`] with the registration as geometric
+//! evidence. New craters come only from detections that match nothing in an image that
+//! registered; a projected crater that does not look like its catalogue entry is reported
+//! `unconfirmed`, never `new`.
 //! In an image that does not register, craters are compared by appearance alone, which does
 //! not tell a catalogue crater seen again from a new one (`craterdex eval-link --image` on
 //! held-out NAC tiles: 147 catalogue craters reported `new` in 7 unregistered observations,
@@ -17,7 +20,10 @@
 
 use crate::error::{Error, Result};
 use crate::link::{crop_turn_deg, link_partition, Decision, LinkOptions, LinkRow};
-use crate::register::{ln_poisson_tail, Frames, RegisterOptions, SourceRegistration, Transform};
+use crate::register::{
+    ln_poisson_tail, refine_similarity, register_seeded, Crater, FrameKind, Frames,
+    RegisterOptions, SourceRegistration, Transform,
+};
 use crate::rule::LinkRule;
 use craterdex_detect::{Detection, GrayImage};
 use craterdex_engine::{Engine, Progress};
@@ -355,17 +361,9 @@ const REGISTER_TOLERANCES: [f64; 2] = [1.0, 0.5];
 /// only with it; its false alarms are bounded as before (every hypothesis counts).
 const DETECTION_KEY_TOLERANCE: f64 = 0.35;
 
-/// Each image registered to the catalogue by the pattern of its detections. A detector finds
-/// many more small craters than a catalogue lists (a catalogue stops at some diameter), and
-/// those crowd the pattern with neighbours the catalogue does not have; so the detections
-/// registered are those at least about as large as the catalogue's smallest, at a few floors
-/// and tolerances. Of the registrations accepted, the one least likely to arise by chance is
-/// kept (each is accepted at a false-alarm bound of 1e-6; the eight tries together at 8e-6).
-fn register_images(
-    engine: &Engine,
-    images: &[ObservedImage],
-    rule: &LinkRule,
-) -> (Frames, Vec<Vec<Arc<SourceRegistration>>>) {
+/// The diameter [`CATALOGUE_FLOOR_SHARE`] of the catalogue's craters (those of no source among
+/// `images`) are smaller than, in pixels.
+fn catalogue_floor(engine: &Engine, images: &[ObservedImage]) -> f64 {
     let index = engine.index();
     let sources: HashSet<&str> = images.iter().map(|im| im.source.as_str()).collect();
     let mut sizes: Vec<f64> = index
@@ -375,10 +373,27 @@ fn register_images(
         .filter_map(|m| m.diameter_px.filter(|d| d.is_finite() && *d > 0.0))
         .collect();
     sizes.sort_by(f64::total_cmp);
-    let floor = sizes
+    sizes
         .get((sizes.len() as f64 * CATALOGUE_FLOOR_SHARE) as usize)
         .copied()
-        .unwrap_or(0.0);
+        .unwrap_or(0.0)
+}
+
+/// Each image registered to the catalogue by the pattern of its detections. A detector finds
+/// many more small craters than a catalogue lists (a catalogue stops at some diameter), and
+/// those crowd the pattern with neighbours the catalogue does not have; so the detections
+/// registered are those at least about as large as the catalogue's smallest, at a few floors
+/// and tolerances. Of the registrations accepted, the one least likely to arise by chance is
+/// kept (each is accepted at a false-alarm bound of 1e-6; the eight tries together at 8e-6).
+/// `floor` is the catalogue's ([`catalogue_floor`]). Also returned, per image, each attempt's
+/// best transform where none was accepted, for [`confirm_by_appearance`].
+fn register_images(
+    engine: &Engine,
+    images: &[ObservedImage],
+    floor: f64,
+    rule: &LinkRule,
+) -> (Frames, Vec<Vec<Arc<SourceRegistration>>>) {
+    let index = engine.index();
     let mut frames = Frames::none();
     let mut proposals = Vec::new();
     for im in images {
@@ -455,32 +470,38 @@ const APPEARANCE_MAX_PLACED: usize = 64;
 const APPEARANCE_MIN_SHARE: f64 = 0.25;
 
 /// An image that its crater pattern did not register, registered by the first of the
-/// transforms its pattern proposed (`proposals`, rejected as no more than chance could give)
-/// under which the catalogue's craters look like themselves where it places them.
+/// transforms proposed for it (`proposals`, by its pattern, rejected as no more than chance
+/// could give, or by its detections' appearance) under which the catalogue's craters look
+/// like themselves where it places them.
 ///
 /// The test: the catalogue craters the transform places inside the image (the
 /// [`APPEARANCE_MAX_PLACED`] largest) are cut there, at the catalogue's orientation, and
-/// each crater's entry is compared with every one of those `n` crops. Counted are the craters no detection lies on: under a wrong transform their
-/// own crops show unrelated ground, no likelier than any other crop to be their entry's
-/// best (one chance in `n`), so the count is at most about Poisson(1); under the right one,
-/// most are. (A crater a detection lies on may be one of the pattern's chance inliers,
-/// whose crop shows some crater like its entry.) Comparing each entry with crops of the
-/// same image cancels what the observation changes in all of them (resampling, light,
-/// blur), which raw scores do not. A transform is accepted when that count could arise by
-/// chance with probability at most the registration's false-alarm bound, over every
-/// proposal tried, and is at least [`APPEARANCE_MIN_SHARE`] of the craters looked for.
+/// each crater's entry is compared with every one of those `n` crops. Counted are the
+/// craters no detection lies on: under a wrong transform their own crops show unrelated
+/// ground, no likelier than any other crop to be their entry's best (one chance in `n`), so
+/// the count is at most about Poisson(1); under the right one, most are. (A crater a
+/// detection lies on may be one of the pattern's chance inliers, whose crop shows some
+/// crater like its entry.) Comparing each entry with crops of the same image cancels what
+/// the observation changes in all of them (resampling, light, blur), which raw scores do
+/// not. A transform is accepted when that count could arise by chance with probability at
+/// most the registration's false-alarm bound, over every proposal tried (`tried_before`
+/// earlier ones too), and is at least [`APPEARANCE_MIN_SHARE`] of the craters looked for;
+/// it is then fitted again on all the image's detections. Returns it and the proposals
+/// tried in all.
 fn confirm_by_appearance(
     engine: &Engine,
     centres: &CatalogueCentres,
     im: &ObservedImage,
-    proposals: &[Arc<SourceRegistration>],
+    (proposals, proposed_by): (&[Arc<SourceRegistration>], &str),
+    tried_before: usize,
     rule: &LinkRule,
     o: &ImageLinkOptions,
     progress: &dyn Progress,
-) -> Result<Option<SourceRegistration>> {
+) -> Result<(Option<SourceRegistration>, usize)> {
     let bound = RegisterOptions::default().false_alarm;
     let distinct = distinct_proposals(proposals, (im.image.width, im.image.height));
-    let ln_tries = (distinct.len().max(1) as f64).ln();
+    let tried = tried_before + distinct.len();
+    let ln_tries = (tried.max(1) as f64).ln();
     let index = engine.index();
     for p in distinct {
         let Some(t) = p.proposed else { continue };
@@ -540,19 +561,172 @@ fn confirm_by_appearance(
         );
         let share = own_best as f64 / looked.max(1) as f64;
         if ln_fa <= bound.ln() && share >= APPEARANCE_MIN_SHARE {
+            // appearance tells the right transform from wrong ones, not from one a little
+            // off (a crop a few pixels aside still shows its crater): the transform is
+            // fitted again on all the image's detections at the tighter inlier tolerance
+            let (cat, _) = catalogue_craters(engine, &im.source);
+            let tight = RegisterOptions {
+                tolerance_radii: REGISTER_TOLERANCES[1],
+                ..RegisterOptions::default()
+            };
+            let (fitted, inliers, residual) =
+                refine_similarity(&detected_craters(im, 0.0), &cat, t, &tight);
+            if inliers.len() >= tight.min_inliers {
+                reg.transform = Some(fitted);
+                reg.rotation_deg = Some(fitted.rotation_deg());
+                reg.scale = Some(fitted.scale());
+                reg.inliers = inliers.len();
+                reg.residual_radii = Some(residual);
+            }
             reg.false_alarm = Some(ln_fa.exp());
             reg.reason = Some(format!(
                 "confirmed by appearance: of the {n} catalogue craters it places in the image, \
                  {own_best} of the {} no detection lies on look most like their own crop there \
-                 (false-alarm bound {:.1e}); the crater pattern alone gave {} inliers",
+                 (false-alarm bound {:.1e}); proposed by {proposed_by}, whose pattern alone \
+                 gave {} inliers",
                 looked,
                 ln_fa.exp(),
                 p.inliers
             ));
-            return Ok(Some(reg));
+            return Ok((Some(reg), tried));
         }
     }
-    Ok(None)
+    Ok((None, tried))
+}
+
+/// The catalogue's craters with a pixel position (those of `source` left out), and their
+/// rows.
+fn catalogue_craters(engine: &Engine, source: &str) -> (Vec<Crater>, Vec<usize>) {
+    let index = engine.index();
+    index
+        .live_rows()
+        .filter_map(|row| {
+            let m = index.meta(row);
+            let c = Crater {
+                x: m.x?,
+                y: m.y?,
+                d: m.diameter_px?,
+            };
+            (m.source.as_deref() != Some(source) && c.is_usable()).then_some((c, row))
+        })
+        .unzip()
+}
+
+/// An image's detections of at least `floor` px, as craters to register.
+fn detected_craters(im: &ObservedImage, floor: f64) -> Vec<Crater> {
+    im.detections
+        .iter()
+        .map(|d| Crater {
+            x: d.x,
+            y: d.y,
+            d: d.diameter,
+        })
+        .filter(|c| c.is_usable() && c.d >= floor)
+        .collect()
+}
+
+/// Where [`confirm_by_appearance`]'s proposals came from, as its reason says it.
+const PATTERN: &str = "the crater pattern";
+const SEEDED: &str = "the detections' appearance";
+
+/// Turns (degrees) at which the largest detections of an image that did not register are
+/// cut to find their catalogue craters by appearance: one of them lies within 45 degrees of
+/// any rotation.
+const SEED_TURNS: [f64; 4] = [0.0, 90.0, 180.0, 270.0];
+
+/// Detections (the largest) cut at each of [`SEED_TURNS`].
+const SEED_DETECTIONS: usize = 48;
+
+/// Transforms proposed for an image whose crater pattern proposed no right one, from its
+/// detections' appearance: its [`SEED_DETECTIONS`] largest detections (of at least
+/// `floor` px), cut at each of [`SEED_TURNS`], are searched in the catalogue, and each one's
+/// best hit seeds a registration ([`register_seeded`]: every two seeds propose the
+/// transform mapping one onto the other, scored by the pattern with the rest). One proposal
+/// per turn, the best its seeds and the pattern give, for [`confirm_by_appearance`] to
+/// check.
+fn appearance_proposals(
+    engine: &Engine,
+    im: &ObservedImage,
+    floor: f64,
+    opts: &LinkOptions,
+    o: &ImageLinkOptions,
+    progress: &dyn Progress,
+) -> Result<Vec<Arc<SourceRegistration>>> {
+    let (cat, cat_rows) = catalogue_craters(engine, &im.source);
+    let src = detected_craters(im, floor);
+    let register = RegisterOptions {
+        key_tolerance: DETECTION_KEY_TOLERANCE,
+        ..RegisterOptions::default()
+    };
+    if src.len() < register.min_inliers || cat.len() < register.min_inliers {
+        return Ok(Vec::new());
+    }
+    let mut largest: Vec<usize> = (0..src.len()).collect();
+    largest.sort_by(|&a, &b| src[b].d.total_cmp(&src[a].d).then(a.cmp(&b)));
+    largest.truncate(SEED_DETECTIONS);
+    let at_row: std::collections::HashMap<usize, usize> =
+        cat_rows.iter().enumerate().map(|(j, &r)| (r, j)).collect();
+    let params = craterdex_index::SearchParams {
+        top_k: 1,
+        ..crate::link::params(opts)
+    };
+    let mut proposals = Vec::new();
+    for turn in SEED_TURNS {
+        let crops: Vec<image::DynamicImage> = largest
+            .iter()
+            .map(|&i| {
+                let (c, angle) = (src[i], turn.to_radians());
+                let side = o.context * c.d;
+                let cut = cut_turned(im.image, (c.x, c.y), side, angle, o.max_crop_side);
+                image::DynamicImage::ImageLuma8(cut)
+            })
+            .collect();
+        let ids: Vec<String> = largest
+            .iter()
+            .map(|i| format!("{}#{turn}-{i}", im.source))
+            .collect();
+        let descs = engine.encode_decoded(&ids, &crops, progress)?;
+        let seeds: Vec<(usize, usize)> = largest
+            .iter()
+            .zip(engine.search_descriptors(&descs, &params))
+            .filter_map(|(&i, hits)| Some((i, *at_row.get(&hits.first()?.row)?)))
+            .collect();
+        let fit = match register_seeded(&src, &cat, &seeds, &register) {
+            Ok(f) => f,
+            Err(e) => match e.best {
+                Some(f) => *f,
+                None => continue,
+            },
+        };
+        tracing::debug!(
+            image = %im.source,
+            turn,
+            seeds = seeds.len(),
+            rotation = fit.transform.rotation_deg(),
+            scale = fit.transform.scale(),
+            inliers = fit.inliers.len(),
+            "proposed by the detections' appearance"
+        );
+        proposals.push(Arc::new(SourceRegistration {
+            source: Some(im.source.clone()),
+            frame: FrameKind::Pixels,
+            origin: None,
+            entries: src.len(),
+            catalogue: cat.len(),
+            registered: false,
+            transform: None,
+            rotation_deg: None,
+            scale: None,
+            inliers: fit.inliers.len(),
+            residual_radii: Some(fit.residual_radii),
+            chance_inliers: Some(fit.chance_inliers),
+            false_alarm: Some(fit.false_alarm),
+            reason: None,
+            residuals: Vec::new(),
+            proposed: Some(fit.transform),
+        }));
+    }
+    Ok(proposals)
 }
 
 /// Of a square matrix of scores (`scores[crop][entry]`, crop `i` cut where entry `i` is
@@ -753,8 +927,9 @@ pub fn link_images(
             Error::Invalid(format!("two images are named {}", im.source))
         );
     }
+    let floor = catalogue_floor(engine, images);
     let (mut frames, proposals) = if opts.register {
-        register_images(engine, images, rule)
+        register_images(engine, images, floor, rule)
     } else {
         (Frames::none(), vec![Vec::new(); images.len()])
     };
@@ -771,11 +946,26 @@ pub fn link_images(
         let registered = frames
             .registration_of(&im.source)
             .is_some_and(|r| r.registered);
-        if registered || proposed.is_empty() || !o.look_in_place {
+        if registered || im.detections.is_empty() || !o.look_in_place {
             continue;
         }
-        if let Some(reg) = confirm_by_appearance(engine, &centres, im, proposed, rule, o, progress)?
-        {
+        let (mut found, tried) = confirm_by_appearance(
+            engine,
+            &centres,
+            im,
+            (proposed, PATTERN),
+            0,
+            rule,
+            o,
+            progress,
+        )?;
+        if found.is_none() {
+            let seeded = appearance_proposals(engine, im, floor, opts, o, progress)?;
+            let seeded = (&seeded[..], SEEDED);
+            (found, _) =
+                confirm_by_appearance(engine, &centres, im, seeded, tried, rule, o, progress)?;
+        }
+        if let Some(reg) = found {
             frames.extend(Frames::of_registrations([reg], rule.body_radius_km));
         }
     }

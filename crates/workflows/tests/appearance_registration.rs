@@ -1,6 +1,7 @@
 //! `link_images` registers a new image whose detections' crater pattern alone is not
 //! significant (a few true detections among many false ones) once the catalogue's craters,
-//! cut where the pattern's transform places them, look like themselves; with a (tiny,
+//! cut where a proposed transform places them, look like themselves: transforms the pattern
+//! proposed, or else transforms proposed by the detections' own appearance. With a (tiny,
 //! generated) model whose crops of one crater are alike.
 
 use craterdex_detect::{Detection, GrayImage};
@@ -9,8 +10,12 @@ use craterdex_index::codec::{Codec, TokenCodec};
 use craterdex_index::{ImageMeta, Index};
 use craterdex_tokens::aggregate::{Aggregation, SeedStrategy};
 use craterdex_tokens::{Descriptors, Encoder, FeatureRef, Recipe};
-use craterdex_workflows::{link_images, ImageLinkOptions, LinkOptions, LinkRule, ObservedImage};
+use craterdex_workflows::{
+    link_images, ImageLinkOptions, ImageLinks, LinkOptions, LinkRule, ObservedImage,
+};
 use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::path::Path;
 use std::sync::Arc;
 
 const SIDE: usize = 640;
@@ -56,10 +61,12 @@ fn render(craters: &[(f64, f64, f64, f64, f64)]) -> Vec<u8> {
     pixels
 }
 
-#[test]
-fn an_image_whose_pattern_alone_is_not_enough_registers_by_its_craters_appearance() {
-    let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path();
+type Scene = Vec<(f64, f64, f64, f64, f64)>;
+
+/// The catalogue of a generated scene (a crop of two diameters of each of its 36 craters)
+/// indexed with a tiny model under `root`, the engine over it, the scene, the scene turned a
+/// quarter as a second observation, and the random source the scene was drawn from.
+fn catalogue_and_second_view(root: &Path) -> (Engine, Scene, GrayImage, ChaCha8Rng) {
     let model_dir = craterdex_model::testing::import_tiny_model(root, "tiny", 32, 4, 4, 1);
     let vit = craterdex_model::load(&model_dir, Some(16)).unwrap();
     let extractor = Arc::new(Extractor::new(
@@ -69,7 +76,7 @@ fn an_image_whose_pattern_alone_is_not_enough_registers_by_its_craters_appearanc
             ..Default::default()
         },
     ));
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
     let craters = scene(&mut rng, 36);
     let first = image::GrayImage::from_raw(SIDE as u32, SIDE as u32, render(&craters)).unwrap();
 
@@ -134,9 +141,7 @@ fn an_image_whose_pattern_alone_is_not_enough_registers_by_its_craters_appearanc
     .unwrap();
     let engine = Engine::new(Index::open(&root.join("idx")).unwrap(), Some(extractor)).unwrap();
 
-    // the second observation: the scene turned a quarter, (x, y) -> (y, SIDE - 1 - x);
-    // the detector found the seven craters nearest one place, and 45 false ones
-    let turn = |x: f64, y: f64| (y, SIDE as f64 - 1.0 - x);
+    // the second observation: the scene turned a quarter, (x, y) -> (y, SIDE - 1 - x)
     let pixels = first.as_raw();
     let second = GrayImage {
         width: SIDE,
@@ -148,12 +153,23 @@ fn an_image_whose_pattern_alone_is_not_enough_registers_by_its_craters_appearanc
             })
             .collect(),
     };
-    let mut by_distance: Vec<usize> = (0..craters.len()).collect();
-    by_distance.sort_by(|&a, &b| {
-        let dist = |i: usize| (craters[i].0 - 200.0).hypot(craters[i].1 - 200.0);
-        dist(a).total_cmp(&dist(b))
-    });
-    let mut detections: Vec<Detection> = by_distance[..7]
+    (engine, craters, second, rng)
+}
+
+/// Where the second observation shows the scene's point (x, y).
+fn turn(x: f64, y: f64) -> (f64, f64) {
+    (y, SIDE as f64 - 1.0 - x)
+}
+
+/// Detections of the second observation: the craters `found` (in its pixels) and `false_ones`
+/// more where no crater is.
+fn detections(
+    craters: &Scene,
+    found: &[usize],
+    false_ones: usize,
+    rng: &mut ChaCha8Rng,
+) -> Vec<Detection> {
+    let mut out: Vec<Detection> = found
         .iter()
         .map(|&i| {
             let (x, y) = turn(craters[i].0, craters[i].1);
@@ -166,7 +182,7 @@ fn an_image_whose_pattern_alone_is_not_enough_registers_by_its_craters_appearanc
             }
         })
         .collect();
-    while detections.len() < 7 + 45 {
+    while out.len() < found.len() + false_ones {
         let (x, y) = (
             rng.gen_range(20.0..SIDE as f64 - 20.0),
             rng.gen_range(20.0..SIDE as f64 - 20.0),
@@ -176,7 +192,7 @@ fn an_image_whose_pattern_alone_is_not_enough_registers_by_its_craters_appearanc
             (u - x).hypot(v - y) > c.2
         });
         if clear {
-            detections.push(Detection {
+            out.push(Detection {
                 x,
                 y,
                 diameter: rng.gen_range(18.0f64..40.0).round(),
@@ -185,33 +201,36 @@ fn an_image_whose_pattern_alone_is_not_enough_registers_by_its_craters_appearanc
             });
         }
     }
+    out
+}
+
+fn link(
+    engine: &Engine,
+    second: &GrayImage,
+    detections: Vec<Detection>,
+    o: &ImageLinkOptions,
+) -> ImageLinks {
     let observed = [ObservedImage {
         source: "second".into(),
-        image: &second,
+        image: second,
         detections,
     }];
-    let link = |o: &ImageLinkOptions| {
-        link_images(
-            &engine,
-            &observed,
-            &LinkRule::default(),
-            &LinkOptions::default(),
-            o,
-            &Silent,
-        )
-        .unwrap()
-    };
+    link_images(
+        engine,
+        &observed,
+        &LinkRule::default(),
+        &LinkOptions::default(),
+        o,
+        &Silent,
+    )
+    .unwrap()
+}
 
-    // the crater pattern alone proposes a transform and rejects it
-    let alone = link(&ImageLinkOptions {
-        look_in_place: false,
-        ..Default::default()
-    });
-    let reg = alone.images[0].registration.clone().unwrap();
-    assert!(!reg.registered, "{reg:?}");
-
-    // the catalogue's craters where that transform puts them confirm it
-    let linked = link(&ImageLinkOptions::default());
+/// The second observation's registration: registered a quarter turn, confirmed by appearance
+/// (proposed by `proposed_by`) within the registration's false-alarm bound; and then every
+/// catalogue crater the detector missed looked for where it lies, most linked there (the
+/// tiny model tells fewer apart than a real one).
+fn assert_confirmed(linked: &ImageLinks, found: usize, proposed_by: &str) {
     let reg = linked.images[0].registration.clone().unwrap();
     assert!(reg.registered, "{reg:?}");
     assert!(
@@ -220,12 +239,11 @@ fn an_image_whose_pattern_alone_is_not_enough_registers_by_its_craters_appearanc
     );
     let why = reg.reason.clone().unwrap_or_default();
     assert!(why.starts_with("confirmed by appearance"), "{why}");
+    assert!(why.contains(&format!("proposed by {proposed_by}")), "{why}");
     assert!(reg.false_alarm.unwrap() <= 1e-6, "{reg:?}");
-    // then every catalogue crater the detector missed is looked for where it lies, and
-    // most are linked there (the tiny model tells fewer apart than a real one)
     assert_eq!(
         linked.images[0].looked_for,
-        36 - 7,
+        36 - found,
         "{:?}",
         linked.images[0]
     );
@@ -235,5 +253,55 @@ fn an_image_whose_pattern_alone_is_not_enough_registers_by_its_craters_appearanc
         .filter(|c| c.decision.name() == "match")
         .count();
     assert!(matched >= 24, "{matched} of 36 matched");
-    assert_eq!(alone.images[0].looked_for, 0);
+}
+
+#[test]
+fn an_image_whose_pattern_alone_is_not_enough_registers_by_its_craters_appearance() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (engine, craters, second, mut rng) = catalogue_and_second_view(tmp.path());
+    // the detector found the seven craters nearest one place, and 45 false ones
+    let mut by_distance: Vec<usize> = (0..craters.len()).collect();
+    by_distance.sort_by(|&a, &b| {
+        let dist = |i: usize| (craters[i].0 - 200.0).hypot(craters[i].1 - 200.0);
+        dist(a).total_cmp(&dist(b))
+    });
+    let found = detections(&craters, &by_distance[..7], 45, &mut rng);
+    // the crater pattern alone proposes a transform and rejects it
+    let alone = ImageLinkOptions {
+        look_in_place: false,
+        ..Default::default()
+    };
+    let unconfirmed = link(&engine, &second, found.clone(), &alone);
+    let reg = unconfirmed.images[0].registration.clone().unwrap();
+    assert!(!reg.registered, "{reg:?}");
+    assert_eq!(unconfirmed.images[0].looked_for, 0);
+    // the catalogue's craters where that transform puts them confirm it
+    let linked = link(&engine, &second, found, &ImageLinkOptions::default());
+    assert_confirmed(&linked, 7, "the crater pattern");
+}
+
+#[test]
+fn an_image_whose_pattern_proposes_nothing_right_registers_by_its_detections_appearance() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (engine, craters, second, mut rng) = catalogue_and_second_view(tmp.path());
+    // seven craters far from each other (no two neighbours: no pattern key in common with
+    // the catalogue), among 45 false detections
+    let mut apart: Vec<usize> = vec![0];
+    while apart.len() < 7 {
+        let far = (0..craters.len())
+            .max_by(|&a, &b| {
+                let nearest = |i: usize| {
+                    apart
+                        .iter()
+                        .map(|&j| (craters[i].0 - craters[j].0).hypot(craters[i].1 - craters[j].1))
+                        .fold(f64::INFINITY, f64::min)
+                };
+                nearest(a).total_cmp(&nearest(b))
+            })
+            .unwrap();
+        apart.push(far);
+    }
+    let found = detections(&craters, &apart, 45, &mut rng);
+    let linked = link(&engine, &second, found, &ImageLinkOptions::default());
+    assert_confirmed(&linked, 7, "the detections' appearance");
 }

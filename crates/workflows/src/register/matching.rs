@@ -214,6 +214,28 @@ fn refine(
     (t, inl)
 }
 
+/// `start` refined on `source` against `catalogue` as a registration's hypotheses are
+/// ([`refine`], a similarity): the transform, its inliers (source index, catalogue index) and
+/// their median offset in radii.
+pub fn refine_similarity(
+    source: &[Crater],
+    catalogue: &[Crater],
+    start: Transform,
+    o: &RegisterOptions,
+) -> (Transform, Vec<(usize, usize)>, f64) {
+    let grid = Grid::of(catalogue, cell_size(catalogue));
+    let (t, inl) = refine(
+        source,
+        catalogue,
+        &grid,
+        start,
+        TransformKind::Similarity,
+        o,
+    );
+    let residual = median(inl.iter().map(|p| p.2).collect());
+    (t, inl.iter().map(|p| (p.0, p.1)).collect(), residual)
+}
+
 /// Least-squares similarity (Umeyama, in 2-D closed form) or affine transform of the
 /// matched pairs.
 fn fit(

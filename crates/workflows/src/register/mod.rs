@@ -46,7 +46,7 @@ mod matching;
 pub use frames::{FrameKind, Frames, Placed, SourceRegistration};
 use matching::bounds;
 pub(crate) use matching::ln_poisson_tail;
-pub use matching::{register, register_seeded};
+pub use matching::{refine_similarity, register, register_seeded};
 
 use serde::{Deserialize, Serialize};
 
