@@ -451,8 +451,9 @@ fn register_images(
 }
 
 /// Fewest catalogue craters a proposed transform must place inside an image for their
-/// appearance to confirm it.
-const APPEARANCE_MIN_PLACED: usize = 8;
+/// appearance to confirm it: fewer could never reach the false-alarm bound (Poisson(1) gives
+/// 9 or more with probability 1.1e-6, 10 or more 1.1e-7).
+const APPEARANCE_MIN_PLACED: usize = 10;
 
 /// Most catalogue craters cut for one proposed transform's check, the largest placed:
 /// enough that a right transform's count lies far beyond chance, and a bound on the forward
@@ -1208,6 +1209,14 @@ mod tests {
         assert_eq!(own_crop_best(&right, &odd), 5);
         // ties do not count: a featureless crop that every entry scores alike is no evidence
         assert_eq!(own_crop_best(&vec![vec![0.7; 10]; 10], &[true; 10]), 0);
+    }
+
+    #[test]
+    fn fewer_craters_than_the_least_placed_could_never_confirm_a_transform() {
+        let bound = RegisterOptions::default().false_alarm.ln();
+        let all_best = |n: usize| crate::register::ln_poisson_tail(1.0, n);
+        assert!(all_best(APPEARANCE_MIN_PLACED - 1) > bound);
+        assert!(all_best(APPEARANCE_MIN_PLACED) <= bound);
     }
 
     #[test]
