@@ -1,12 +1,13 @@
 //! A detector graph with its weights, run on craterdex's kernels: convolutions as products
-//! of the image's patches (im2col) with the packed kernel, in f32 or bf16 like the ViT's
-//! linear layers.
+//! of the image's patches (im2col) or tap by tap with the packed kernel, in f32, bf16 or
+//! int8 (the layers of many channels) like the ViT's linear layers.
 
 use crate::error::{Error, Result};
 use crate::graph::{Activation, Graph, Op, Padding};
 use craterdex_errors::ensure;
 use craterdex_kernels::bf16::{self, PackedBf16};
 use craterdex_kernels::gemm::{matmul_f32, PackedF32};
+use craterdex_kernels::linear_i8::{self, PackedI8Linear};
 use craterdex_model::vit::Linear;
 use craterdex_model::Precision;
 use rayon::prelude::*;
@@ -55,14 +56,20 @@ enum Kernel {
 enum TapWeight {
     F32(PackedF32),
     Bf16(PackedBf16),
+    Int8(PackedI8Linear),
 }
 
+/// Input channels from which a layer runs in int8 when the detector's precision is int8:
+/// int8 products take whole groups of [`linear_i8::GROUP`] inputs, so narrower layers would
+/// multiply mostly padding (the U-Net's 16- and 32-channel layers stay in bf16 or f32).
+const INT8_FROM_CHANNELS: usize = linear_i8::GROUP;
+
 /// A stride-1 convolution as `kh * kw` products, each of the input map read in place at the
-/// tap's offset: output pixel `(y, x)` is computed at flat position `y * W + x` of the input
-/// (`W` its width), so tap `(i, j)` reads the input's rows from `i * W + j` on, contiguous,
-/// and the `kw - 1` positions at the end of each row, which would wrap, are dropped after.
-/// Nothing is copied before the products (an im2col of the U-Net's widest layer is 9 times
-/// its input) and each block of outputs stays in cache through all the taps.
+/// tap's offset: output pixel `(y, x)` is input pixel `(y + i, x + j)` at tap `(i, j)`, so a
+/// run of one output row reads each tap's input rows contiguously (from `(y + i) * W + x + j`,
+/// `W` the input's width). Nothing is copied before the products (an im2col of the U-Net's
+/// widest layer is 9 times its input), each block of outputs stays in cache through all the
+/// taps, and the outputs are written where the next layer reads them.
 struct Taps {
     weights: Vec<TapWeight>,
     bias: Vec<f32>,
@@ -102,13 +109,47 @@ impl Taps {
     }
 
     fn set_precision(&mut self, p: Precision) {
-        if p != Precision::Bf16 || !PackedBf16::fits(self.filters) {
+        let p = layer_precision(p, self.in_channels);
+        if p == Precision::F32 || (p == Precision::Bf16 && !PackedBf16::fits(self.filters)) {
             return;
         }
+        let (k, n) = (self.in_channels, self.filters);
         for w in &mut self.weights {
             if let TapWeight::F32(f) = w {
-                *w = TapWeight::Bf16(PackedBf16::new(&f.unpack(), self.in_channels, self.filters));
+                *w = match p {
+                    Precision::Int8 => TapWeight::Int8(PackedI8Linear::new(&f.unpack(), k, n)),
+                    _ => TapWeight::Bf16(PackedBf16::new(&f.unpack(), k, n)),
+                };
             }
+        }
+    }
+
+    /// `out += tap's weight x the input's rows start..start + m`, in the tap's precision
+    /// (`rounded`: the input's rows in bf16, `quantised`: in int8, where the taps take them).
+    #[allow(clippy::too_many_arguments)]
+    fn tap_products(
+        &self,
+        tap: usize,
+        x: &FeatureMap,
+        rounded: Option<&[u16]>,
+        quantised: Option<&linear_i8::I8Rows>,
+        (start, m): (usize, usize),
+        out: &mut [f32],
+        scratch: &mut Vec<f32>,
+    ) {
+        let (c, f) = (self.in_channels, self.filters);
+        match (&self.weights[tap], rounded, quantised) {
+            (TapWeight::F32(w), _, _) => {
+                matmul_f32(&x.data[start * c..(start + m) * c], m, c, w, out, f, true)
+            }
+            (TapWeight::Bf16(w), Some(a16), _) => {
+                let kp = w.padded_k();
+                bf16::products_acc_rounded(&a16[start * kp..(start + m) * kp], m, w, out)
+            }
+            (TapWeight::Int8(w), _, Some(rows)) => {
+                linear_i8::products_acc_i8(rows, start, m, w, out, scratch)
+            }
+            _ => unreachable!("bf16 and int8 taps have their input rounded or quantised"),
         }
     }
 
@@ -120,7 +161,7 @@ impl Taps {
         pools: &Pools,
     ) -> FeatureMap {
         let pool = &pools.f32;
-        let (width, c) = (x.width, self.in_channels);
+        let width = x.width;
         let [kh, kw] = self.kernel;
         let positions = x.height * width;
         let rounded = match self.weights.first() {
@@ -131,60 +172,49 @@ impl Taps {
             }
             _ => None,
         };
-        let mut full = pool.dirty(oh * width * f);
-        full.par_chunks_mut(TAP_ROWS * f)
+        let quantised = match self.weights.first() {
+            Some(TapWeight::Int8(w)) => Some(pools.quantised(x, w)),
+            _ => None,
+        };
+        let mut out = pool.dirty_map(oh, ow, f);
+        out.data
+            .par_chunks_mut(TAP_ROWS * f)
             .enumerate()
-            .for_each(|(chunk, o)| {
-                let p0 = chunk * TAP_ROWS;
+            .for_each_init(Vec::new, |scratch, (chunk, o)| {
                 for px in o.chunks_exact_mut(f) {
                     px.copy_from_slice(&self.bias);
                 }
-                for i in 0..kh {
-                    for j in 0..kw {
-                        let start = p0 + i * width + j;
-                        // the last row's wrapped positions run past the input: not computed
-                        let m = (o.len() / f).min(positions.saturating_sub(start));
-                        if m == 0 {
-                            continue;
-                        }
-                        let out = &mut o[..m * f];
-                        match (&self.weights[i * kw + j], &rounded) {
-                            (TapWeight::F32(w), _) => matmul_f32(
-                                &x.data[start * c..(start + m) * c],
-                                m,
-                                c,
-                                w,
-                                out,
-                                f,
-                                true,
-                            ),
-                            (TapWeight::Bf16(w), Some(a16)) => {
-                                let kp = w.padded_k();
-                                bf16::products_acc_rounded(
-                                    &a16[start * kp..(start + m) * kp],
-                                    m,
-                                    w,
-                                    out,
-                                )
-                            }
-                            (TapWeight::Bf16(_), None) => {
-                                unreachable!("bf16 taps round their input")
-                            }
+                let (q0, n) = (chunk * TAP_ROWS, o.len() / f);
+                // the block's outputs row by row: a run of one output row reads each tap's
+                // input contiguously, and never past the input's row
+                let mut q = q0;
+                while q < q0 + n {
+                    let (y, x0) = (q / ow, q % ow);
+                    let m = (ow - x0).min(q0 + n - q);
+                    let run = &mut o[(q - q0) * f..(q - q0 + m) * f];
+                    for i in 0..kh {
+                        for j in 0..kw {
+                            let start = (y + i) * width + x0 + j;
+                            self.tap_products(
+                                i * kw + j,
+                                x,
+                                rounded.as_deref(),
+                                quantised.as_ref(),
+                                (start, m),
+                                run,
+                                scratch,
+                            );
                         }
                     }
+                    q += m;
                 }
+                activation.apply(o);
             });
-        let mut out = pool.dirty_map(oh, ow, f);
-        out.data
-            .par_chunks_mut(ow * f)
-            .zip(full.par_chunks(width * f))
-            .for_each(|(dst, src)| {
-                dst.copy_from_slice(&src[..ow * f]);
-                activation.apply(dst);
-            });
-        pool.give(full);
         if let Some(a16) = rounded {
             pools.bf16.give(a16);
+        }
+        if let Some(rows) = quantised {
+            pools.give_quantised(rows);
         }
         out
     }
@@ -286,10 +316,11 @@ impl Net {
         })
     }
 
-    /// Switches the products to `precision` (bf16 needs bf16 hardware at the active kernel
-    /// level; layers of widths bf16 cannot pack stay f32). int8 is not offered: the first
-    /// layers' few input channels quantise poorly and the U-Net's time is in its widest
-    /// layers, which bf16 already halves.
+    /// Switches the products to `precision`. bf16 needs bf16 hardware at the active kernel
+    /// level; layers of widths bf16 cannot pack stay f32. int8 runs the layers of at least
+    /// [`INT8_FROM_CHANNELS`] input channels in int8 (each pixel quantised per group of
+    /// channels, each filter per output) and the narrower ones as [`layer_precision`] says:
+    /// the first layers' few channels would be mostly padding, and quantise poorly.
     pub fn with_precision(mut self, precision: Precision) -> Result<Self> {
         ensure!(
             self.precision == Precision::F32,
@@ -297,11 +328,7 @@ impl Net {
         );
         match precision {
             Precision::F32 => return Ok(self),
-            Precision::Int8 => {
-                return Err(Error::Unsupported(
-                    "detectors run in f32 or bf16, not int8".into(),
-                ))
-            }
+            Precision::Int8 => {}
             Precision::Bf16 => ensure!(
                 craterdex_kernels::bf16::available(),
                 Error::Unsupported(format!(
@@ -312,9 +339,15 @@ impl Net {
         }
         for k in &mut self.kernels {
             match k {
-                Kernel::Conv { linear, .. } | Kernel::ConvTranspose { linear, .. } => {
-                    linear.set_precision(precision)
+                Kernel::Conv {
+                    linear,
+                    in_channels,
                 }
+                | Kernel::ConvTranspose {
+                    linear,
+                    in_channels,
+                    ..
+                } => linear.set_precision(layer_precision(precision, *in_channels)),
                 Kernel::Taps(t) => t.set_precision(precision),
                 Kernel::None => {}
             }
@@ -448,6 +481,18 @@ impl Net {
     }
 }
 
+/// The precision a layer of `in_channels` inputs runs in when the detector's is `p`: int8
+/// from [`INT8_FROM_CHANNELS`] on; below that bf16 where this CPU's kernel level has it,
+/// else f32.
+fn layer_precision(p: Precision, in_channels: usize) -> Precision {
+    match p {
+        Precision::Int8 if in_channels >= INT8_FROM_CHANNELS => Precision::Int8,
+        Precision::Int8 if craterdex_kernels::bf16::available() => Precision::Bf16,
+        Precision::Int8 => Precision::F32,
+        p => p,
+    }
+}
+
 fn check_channels(layer: &str, map: &FeatureMap, expected: usize) -> Result<()> {
     ensure!(
         map.channels == expected,
@@ -476,11 +521,31 @@ impl<T> Default for Pool<T> {
     }
 }
 
-/// The pools of one detector: its maps, and its layers' inputs rounded to bf16.
+/// The pools of one detector: its maps, and its layers' inputs rounded to bf16 or
+/// quantised to int8.
 #[derive(Default)]
 struct Pools {
     f32: Pool<f32>,
     bf16: Pool<u16>,
+    int8: Mutex<Vec<linear_i8::I8Rows>>,
+}
+
+impl Pools {
+    /// A layer's input quantised for `w`'s products, in pooled memory.
+    fn quantised(&self, x: &FeatureMap, w: &PackedI8Linear) -> linear_i8::I8Rows {
+        let mut pool = self.int8.lock().unwrap_or_else(|e| e.into_inner());
+        let mut rows = pool.pop().unwrap_or_default();
+        drop(pool);
+        linear_i8::requantise(&x.data, x.height * x.width, w, &mut rows);
+        rows
+    }
+
+    fn give_quantised(&self, rows: linear_i8::I8Rows) {
+        let mut pool = self.int8.lock().unwrap_or_else(|e| e.into_inner());
+        if pool.len() < POOLED {
+            pool.push(rows);
+        }
+    }
 }
 
 /// Buffers the pool keeps at most.
@@ -514,10 +579,20 @@ impl<T: Copy + Default + Send> Pool<T> {
         v
     }
 
+    /// Keeps `v` for a later caller. A full pool keeps its largest buffers: a large map
+    /// given up is the one whose pages cost most to fault in again.
     fn give(&self, v: Vec<T>) {
+        if v.capacity() == 0 {
+            return;
+        }
         let mut pool = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if v.capacity() > 0 && pool.len() < POOLED {
+        if pool.len() < POOLED {
             pool.push(v);
+            return;
+        }
+        let smallest = (0..pool.len()).min_by_key(|&i| pool[i].capacity());
+        if let Some(i) = smallest.filter(|&i| pool[i].capacity() < v.capacity()) {
+            pool[i] = v;
         }
     }
 }
@@ -629,6 +704,32 @@ fn conv_transpose(
     let taps = kh * kw * filters;
     let mut products = pool.dirty(x.height * x.width * taps);
     linear.forward(&x.data, x.height * x.width, &mut products);
+    if [kh, kw] == [sh, sw] {
+        // the U-Net's case: each output pixel takes exactly one tap of one input pixel, so
+        // every output is written once, bias and activation with it
+        let mut out = pool.dirty_map(oh, ow, filters);
+        out.data
+            .par_chunks_mut(sh * ow * filters)
+            .enumerate()
+            .for_each(|(y, rows)| {
+                for xx in 0..x.width {
+                    let p = &products[(y * x.width + xx) * taps..(y * x.width + xx + 1) * taps];
+                    for i in 0..kh {
+                        for j in 0..kw {
+                            let at = (i * ow + xx * sw + j) * filters;
+                            let dst = &mut rows[at..at + filters];
+                            let src = &p[(i * kw + j) * filters..(i * kw + j + 1) * filters];
+                            for ((o, v), b) in dst.iter_mut().zip(src).zip(bias) {
+                                *o = v + b;
+                            }
+                            activation.apply(dst);
+                        }
+                    }
+                }
+            });
+        pool.give(products);
+        return out;
+    }
     let mut out = pool.map(oh, ow, filters);
     let scatter_row = |y: usize, rows: &mut [f32], first_row: usize| {
         for xx in 0..x.width {

@@ -102,3 +102,18 @@ fn bf16_likelihoods_stay_close_to_keras() {
     assert!(worst <= 0.1, "worst likelihood difference {worst}");
     assert!(agree >= 0.995, "pixels on the same side of 0.5: {agree}");
 }
+
+/// int8 (the layers of 64 input channels or more; the narrower in bf16 or f32) on every
+/// kernel level: each pixel quantised per group of 64 channels, each filter per output.
+#[test]
+fn int8_likelihoods_stay_close_to_keras() {
+    let Some((worst, agree)) = compare(Precision::Int8) else {
+        return;
+    };
+    eprintln!(
+        "int8 at {}: worst difference {worst:.2e}, same side of 0.5 {agree:.6}",
+        craterdex_kernels::active()
+    );
+    assert!(worst <= 0.1, "worst likelihood difference {worst}");
+    assert!(agree >= 0.995, "pixels on the same side of 0.5: {agree}");
+}

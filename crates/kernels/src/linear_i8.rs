@@ -1,4 +1,5 @@
-//! The ViT's int8 linear layers `x W + b`. `x` is quantised dynamically per row and per
+//! The ViT's int8 linear layers `x W + b`, and the detector's convolutions tap by tap (each
+//! tap a product of the input's rows, quantised once: [`requantise`], [`products_acc_i8`]). `x` is quantised dynamically per row and per
 //! group of [`GROUP`] inputs (asymmetric, 255 levels: GELU outputs are lopsided) and `W` per
 //! column (symmetric, 8 bits). Both are stored as signed bytes, whose products every kernel
 //! computes exactly, group by group: the sign trick through the int8 block kernel of
@@ -111,6 +112,14 @@ impl PackedI8Linear {
     fn groups(&self) -> usize {
         self.kp / GROUP
     }
+
+    /// Whether its products take the activations' codes as unsigned bytes (the VNNI kernel).
+    fn multiplies_unsigned(&self) -> bool {
+        cfg!(target_arch = "x86_64")
+            && self.tiles.is_empty()
+            && self.level == Level::Avx512
+            && crate::level::has_avx512_vnni()
+    }
 }
 
 /// Rows of `x` quantised per group of [`GROUP`] inputs: `x ~ scale * (code - zero)` with
@@ -128,6 +137,51 @@ struct QuantisedRows {
 }
 
 impl QuantisedRows {
+    fn new(m: usize, kp: usize) -> Self {
+        let groups = kp / GROUP;
+        Self {
+            kp,
+            codes: vec![0i8; m * kp],
+            scales: vec![1f32; m * groups],
+            zeros: vec![0i32; m * groups],
+        }
+    }
+
+    /// Its rows `first..first + m`, as the products read them.
+    fn rows(&self, first: usize, m: usize) -> Rows<'_> {
+        let groups = self.kp / GROUP;
+        Rows {
+            kp: self.kp,
+            codes: &self.codes[first * self.kp..(first + m) * self.kp],
+            scales: &self.scales[first * groups..(first + m) * groups],
+            zeros: &self.zeros[first * groups..(first + m) * groups],
+            unsigned: None,
+        }
+    }
+
+    fn as_mut(&mut self) -> RowsMut<'_> {
+        RowsMut {
+            kp: self.kp,
+            codes: &mut self.codes,
+            scales: &mut self.scales,
+            zeros: &mut self.zeros,
+        }
+    }
+}
+
+/// A run of quantised rows ([`QuantisedRows`]), read by the products.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    kp: usize,
+    codes: &'a [i8],
+    scales: &'a [f32],
+    zeros: &'a [i32],
+    /// The codes plus 128 as unsigned bytes, where they were made once for many products
+    /// (VNNI multiplies unsigned by signed bytes); else the VNNI kernel makes them.
+    unsigned: Option<&'a [u8]>,
+}
+
+impl Rows<'_> {
     /// Row `r`'s zero point in group `g` as the signed codes carry it (`zero - 127`).
     #[inline(always)]
     fn zero(&self, r: usize, g: usize) -> f32 {
@@ -135,24 +189,30 @@ impl QuantisedRows {
     }
 }
 
+/// A run of quantised rows being written by the quantiser.
+struct RowsMut<'a> {
+    kp: usize,
+    codes: &'a mut [i8],
+    scales: &'a mut [f32],
+    zeros: &'a mut [i32],
+}
+
 fn quantise_rows(x: &[f32], m: usize, k: usize, kp: usize, level: Level) -> QuantisedRows {
-    let groups = kp / GROUP;
-    let mut q = QuantisedRows {
-        kp,
-        codes: vec![0i8; m * kp],
-        scales: vec![1f32; m * groups],
-        zeros: vec![0i32; m * groups],
-    };
-    dispatch!(level,
-        avx512 => x86::quantise_avx512(x, k, &mut q),
-        avx2 => x86::quantise_avx2(x, k, &mut q),
-        portable => quantise_into(x, k, &mut q));
+    let mut q = QuantisedRows::new(m, kp);
+    quantise_at(level, x, k, &mut q.as_mut());
     q
+}
+
+fn quantise_at(level: Level, x: &[f32], k: usize, q: &mut RowsMut) {
+    dispatch!(level,
+        avx512 => x86::quantise_avx512(x, k, q),
+        avx2 => x86::quantise_avx2(x, k, q),
+        portable => quantise_into(x, k, q));
 }
 
 /// The quantiser: the same operations on every level (compiled wider where the CPU allows).
 #[inline(always)]
-fn quantise_into(x: &[f32], k: usize, q: &mut QuantisedRows) {
+fn quantise_into(x: &[f32], k: usize, q: &mut RowsMut) {
     quantise_groups_with(x, k, q, quantise_group)
 }
 
@@ -162,7 +222,7 @@ fn quantise_into(x: &[f32], k: usize, q: &mut QuantisedRows) {
 fn quantise_groups_with(
     x: &[f32],
     k: usize,
-    q: &mut QuantisedRows,
+    q: &mut RowsMut,
     mut group: impl FnMut(&[f32], &mut [i8]) -> (f32, i32),
 ) {
     let (kp, groups) = (q.kp, q.kp / GROUP);
@@ -243,12 +303,129 @@ pub fn linear_i8(x: &[f32], m: usize, w: &PackedI8Linear, bias: &[f32], out: &mu
         .for_each(|(o, x)| {
             let mr = x.len() / k;
             let q = quantise_rows(x, mr, k, w.kp, w.level);
-            let done = int8_products(&q, mr, w, bias, o);
+            let done = int8_products(&q.rows(0, mr), mr, w, Finish::Bias(bias), o);
             for (r, o) in o.chunks_exact_mut(n).enumerate() {
                 let first = if r < done.rows { done.columns } else { 0 };
                 finish_columns(o, w, bias, first);
             }
         });
+}
+
+/// A map's rows (pixels of `k` channels) quantised once for several int8 products with
+/// weights of depth `k` ([`products_acc_i8`]): each tap of a convolution reads a run of them,
+/// so the map is quantised once instead of once per tap. Refilled in place
+/// ([`requantise`]), so that a caller can keep its memory from layer to layer.
+pub struct I8Rows {
+    q: QuantisedRows,
+    k: usize,
+    m: usize,
+    /// `q.codes` plus 128 as unsigned bytes, for the VNNI kernel (empty elsewhere): made
+    /// once here instead of once per product.
+    unsigned: Vec<u8>,
+}
+
+impl Default for I8Rows {
+    fn default() -> Self {
+        Self {
+            q: QuantisedRows::new(0, 0),
+            k: 0,
+            m: 0,
+            unsigned: Vec::new(),
+        }
+    }
+}
+
+impl I8Rows {
+    pub fn rows(&self) -> usize {
+        self.m
+    }
+}
+
+/// Rows quantised per task of [`requantise`].
+const QUANTISE_ROWS: usize = 512;
+
+/// `m` rows of `x` (`k` values each) quantised for products with `w` (its depth `k`, its
+/// level) into `rows`, in parallel over rows; `rows`' memory is reused (every value is
+/// written: nothing is cleared).
+pub fn requantise(x: &[f32], m: usize, w: &PackedI8Linear, rows: &mut I8Rows) {
+    let (k, kp) = (w.k, w.kp);
+    assert!(x.len() >= m * k);
+    let groups = kp / GROUP;
+    let q = &mut rows.q;
+    q.kp = kp;
+    q.codes.resize(m * kp, 0);
+    q.scales.resize(m * groups, 0.0);
+    q.zeros.resize(m * groups, 0);
+    q.codes
+        .par_chunks_mut(QUANTISE_ROWS * kp)
+        .zip(q.scales.par_chunks_mut(QUANTISE_ROWS * groups))
+        .zip(q.zeros.par_chunks_mut(QUANTISE_ROWS * groups))
+        .zip(x[..m * k].par_chunks(QUANTISE_ROWS * k))
+        .for_each(|(((codes, scales), zeros), x)| {
+            let mut part = RowsMut {
+                kp,
+                codes,
+                scales,
+                zeros,
+            };
+            quantise_at(w.level, x, k, &mut part)
+        });
+    rows.k = k;
+    rows.m = m;
+    rows.unsigned.clear();
+    if w.multiplies_unsigned() {
+        rows.unsigned.resize(m * kp, 0);
+        rows.unsigned
+            .par_chunks_mut(QUANTISE_ROWS * kp)
+            .zip(q.codes.par_chunks(QUANTISE_ROWS * kp))
+            .for_each(|(u, c)| unsigned_codes(c, u));
+    }
+}
+
+/// `out[m, n] += rows[first..first + m] W` with int8 products and no bias, on the calling
+/// thread (a task of the caller's). `scratch` holds the products before they are added. The
+/// sums are those of [`linear_i8`] on the same rows with a zero bias, on every level.
+pub fn products_acc_i8(
+    rows: &I8Rows,
+    first: usize,
+    m: usize,
+    w: &PackedI8Linear,
+    out: &mut [f32],
+    scratch: &mut Vec<f32>,
+) {
+    let n = w.n;
+    assert!(rows.k == w.k && rows.q.kp == w.kp && first + m <= rows.m && out.len() >= m * n);
+    // the products (every kernel sets its sums: no clearing), then a zero bias for the
+    // kernels that finish outputs themselves
+    if scratch.len() < m * n + n {
+        scratch.resize(m * n + n, 0.0);
+    }
+    let (sums, bias) = scratch[..m * n + n].split_at_mut(m * n);
+    bias.fill(0.0);
+    let mut run = rows.q.rows(first, m);
+    if !rows.unsigned.is_empty() {
+        run.unsigned = Some(&rows.unsigned[first * w.kp..(first + m) * w.kp]);
+    }
+    // what the kernel finishes it adds to `out` itself; the rest is finished and added here
+    let done = int8_products(&run, m, w, Finish::AddTo(out.as_mut_ptr()), sums);
+    for (r, (o, s)) in out[..m * n]
+        .chunks_exact_mut(n)
+        .zip(sums.chunks_exact_mut(n))
+        .enumerate()
+    {
+        let finished = if r < done.rows { done.columns } else { 0 };
+        finish_columns(s, w, bias, finished);
+        for (o, s) in o[finished..].iter_mut().zip(&s[finished..]) {
+            *o += s;
+        }
+    }
+}
+
+/// The signed codes `c` as the VNNI kernel's unsigned bytes (plus 128).
+fn unsigned_codes(c: &[i8], u: &mut [u8]) {
+    for (u, &c) in u.iter_mut().zip(c) {
+        *u = (c as u8) ^ 0x80;
+    }
 }
 
 /// Turns one row's sums (its columns from `first` on) into outputs: `out = sums * w_scale +
@@ -300,13 +477,24 @@ const _: () = assert!(GROUP * 255 * 127 < 1 << 24);
 // whole groups fill whole registers of 16 floats (the AVX-512 quantiser)
 const _: () = assert!(GROUP.is_multiple_of(16));
 
+/// How a products kernel that finishes outputs itself (VNNI) finishes them.
+#[derive(Clone, Copy)]
+enum Finish<'a> {
+    /// `out = sums * scale + bias`, in the products' own buffer (a linear layer).
+    Bias(&'a [f32]),
+    /// `into += sums * scale`, `into` being `[m, n]` apart from the products' buffer (a tap
+    /// of a convolution added to the others').
+    AddTo(*mut f32),
+}
+
 /// `out[r * n + j] = sum_g scale[r, g] * sum_{i in g} code[r, i] * W8[i, j]`, group by
-/// group; where the kernel finishes outputs itself (VNNI), those it returns are final.
+/// group; where the kernel finishes outputs itself (VNNI), those it returns are final, as
+/// `finish` says.
 fn int8_products(
-    q: &QuantisedRows,
+    q: &Rows,
     m: usize,
     w: &PackedI8Linear,
-    bias: &[f32],
+    finish: Finish,
     out: &mut [f32],
 ) -> Finished {
     let (kp, n, groups) = (w.kp, w.n, w.groups());
@@ -335,17 +523,12 @@ fn int8_products(
     }
     // q.codes is [m, kp], out [m, n], the packed codes [blocks][kp / 4][NB][4]
     dispatch!(w.level,
-        avx512 => x86::int8_products_avx512(q, m, w, bias, out),
+        avx512 => x86::int8_products_avx512(q, m, w, finish, out),
         avx2 => x86::int8_products_avx2(q, m, w, out),
         portable => int8_products_plain(q, m, w, out))
 }
 
-fn int8_products_plain(
-    q: &QuantisedRows,
-    m: usize,
-    w: &PackedI8Linear,
-    out: &mut [f32],
-) -> Finished {
+fn int8_products_plain(q: &Rows, m: usize, w: &PackedI8Linear, out: &mut [f32]) -> Finished {
     let (kp, n, groups) = (w.kp, w.n, w.groups());
     let mut p = [0i32; NB];
     for (blk, panel) in w.codes.chunks_exact(kp * NB).enumerate() {
@@ -374,8 +557,8 @@ fn int8_products_plain(
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{
-        add_group, group_scale, quantise_group, quantise_groups_with, quantise_into, Finished,
-        PackedI8Linear, QuantisedRows, GROUP, NB,
+        add_group, group_scale, quantise_group, quantise_groups_with, quantise_into, Finish,
+        Finished, PackedI8Linear, Rows, RowsMut, GROUP, NB,
     };
     use crate::level::has_avx512_vnni;
     use crate::simd::{Avx2, Avx512, Avx512Vnni, Vector};
@@ -404,7 +587,7 @@ mod x86 {
     unsafe fn add_group_registers<V: Vector, const R: usize, const NV: usize>(
         sums: &mut [[V::F; NV]; R],
         acc: &[[V::I; NV]; R],
-        q: &QuantisedRows,
+        q: &Rows,
         w: &PackedI8Linear,
         (r, col, g): (usize, usize, usize),
         extra_zero: f32,
@@ -430,7 +613,7 @@ mod x86 {
     #[inline(always)]
     unsafe fn flush<V: Vector, const R: usize, const NV: usize>(
         acc: &[[V::I; NV]; R],
-        q: &QuantisedRows,
+        q: &Rows,
         w: &PackedI8Linear,
         (r, col, g): (usize, usize, usize),
         extra_zero: f32,
@@ -461,7 +644,7 @@ mod x86 {
 
     #[inline(always)]
     unsafe fn int8_generic<V: Vector, const R: usize, const NV: usize>(
-        q: &QuantisedRows,
+        q: &Rows,
         m: usize,
         w: &PackedI8Linear,
         out: &mut [f32],
@@ -528,14 +711,14 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn quantise_avx2(x: &[f32], k: usize, q: &mut QuantisedRows) {
+    pub unsafe fn quantise_avx2(x: &[f32], k: usize, q: &mut RowsMut) {
         quantise_into(x, k, q)
     }
     /// [`quantise_into`] with whole groups in registers (`GROUP / 16` each): the same
     /// operations (and so the same codes) as the portable quantiser, which takes a row's last,
     /// partial group.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub unsafe fn quantise_avx512(x: &[f32], k: usize, q: &mut QuantisedRows) {
+    pub unsafe fn quantise_avx512(x: &[f32], k: usize, q: &mut RowsMut) {
         const SHIFT: f32 = 12_582_912.0;
         quantise_groups_with(x, k, q, |part, dst| {
             if part.len() < GROUP {
@@ -571,28 +754,28 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn int8_avx2(q: &QuantisedRows, m: usize, w: &PackedI8Linear, out: &mut [f32]) {
+    unsafe fn int8_avx2(q: &Rows, m: usize, w: &PackedI8Linear, out: &mut [f32]) {
         // SAFETY: the features are enabled on this function.
         unsafe { int8_generic::<Avx2, 2, 4>(q, m, w, out) }
     }
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn int8_avx512(q: &QuantisedRows, m: usize, w: &PackedI8Linear, out: &mut [f32]) {
+    unsafe fn int8_avx512(q: &Rows, m: usize, w: &PackedI8Linear, out: &mut [f32]) {
         // SAFETY: the features are enabled on this function.
         unsafe { int8_generic::<Avx512, 6, 2>(q, m, w, out) }
     }
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn int8_vnni(
-        q: &QuantisedRows,
+        q: &Rows,
         m: usize,
         w: &PackedI8Linear,
-        bias: &[f32],
+        finish: Finish,
         out: &mut [f32],
     ) -> Finished {
         // six rows: their 12 integer and 12 f32 accumulators, two weight registers and a
         // broadcast fit the 32 registers, so every group's sums stay there (Zen 5, bench
         // extract: 12 rows flushed through memory 72 images/s, kept 83 with spills, 6 rows 96)
         // SAFETY: the features are enabled on this function.
-        unsafe { vnni_unsigned::<6>(q, m, w, bias, out) }
+        unsafe { vnni_unsigned::<6>(q, m, w, finish, out) }
     }
 
     /// One group's products of `R` rows of unsigned codes (`a`, rows `kp` apart) with one
@@ -660,15 +843,26 @@ mod x86 {
     /// are final.
     #[inline(always)]
     unsafe fn vnni_unsigned<const R: usize>(
-        q: &QuantisedRows,
+        q: &Rows,
         m: usize,
         w: &PackedI8Linear,
-        bias: &[f32],
+        finish: Finish,
         out: &mut [f32],
     ) -> Finished {
         let (n, groups) = (w.n, w.groups());
         // the signed codes plus 128, as unsigned bytes
-        let codes: Vec<u8> = q.codes.iter().map(|&c| (c as u8) ^ 0x80).collect();
+        let made: Vec<u8>;
+        let codes: &[u8] = match q.unsigned {
+            Some(codes) => codes,
+            None => {
+                made = {
+                    let mut u = vec![0u8; q.codes.len()];
+                    super::unsigned_codes(q.codes, &mut u);
+                    u
+                };
+                &made
+            }
+        };
         // SAFETY: (whole body) AVX-512 VNNI per the caller; codes is [m, kp], out [m, n], each
         // packed block kp / 4 * NB * 4 bytes, w.colsums [groups, n], q.scales [m, groups].
         unsafe {
@@ -685,7 +879,7 @@ mod x86 {
                         // group)
                         let mut sums = [[_mm512_setzero_ps(); 2]; R];
                         for g in 0..groups {
-                            vnni_group_rows::<R>(w, &codes, r, R, blk, g, &mut acc);
+                            vnni_group_rows::<R>(w, codes, r, R, blk, g, &mut acc);
                             add_group_registers::<Avx512Vnni, R, 2>(
                                 &mut sums,
                                 &acc,
@@ -695,21 +889,28 @@ mod x86 {
                                 UNSIGNED,
                             );
                         }
-                        // finished as finish_columns does it
+                        // finished as finish_columns does it, or added where asked
                         for (i, s) in sums.iter().enumerate() {
-                            let o = out.as_mut_ptr().add((r + i) * n + col);
+                            let at = (r + i) * n + col;
                             for v in 0..2 {
                                 let scale = _mm512_loadu_ps(w.scales.as_ptr().add(col + 16 * v));
                                 let x = _mm512_mul_ps(s[v], scale);
-                                let b = _mm512_loadu_ps(bias.as_ptr().add(col + 16 * v));
-                                _mm512_storeu_ps(o.add(16 * v), _mm512_add_ps(x, b));
+                                let o = match finish {
+                                    Finish::Bias(_) => out.as_mut_ptr().add(at + 16 * v),
+                                    Finish::AddTo(into) => into.add(at + 16 * v),
+                                };
+                                let b = match finish {
+                                    Finish::Bias(bias) => bias.as_ptr().add(col + 16 * v),
+                                    Finish::AddTo(_) => o,
+                                };
+                                _mm512_storeu_ps(o, _mm512_add_ps(x, _mm512_loadu_ps(b)));
                             }
                         }
                         r += R;
                         continue;
                     }
                     for g in 0..groups {
-                        vnni_group_rows::<R>(w, &codes, r, rows, blk, g, &mut acc);
+                        vnni_group_rows::<R>(w, codes, r, rows, blk, g, &mut acc);
                         for (i, a) in acc[..rows].iter().enumerate() {
                             if width == NB {
                                 let at = (r + i, col, g);
@@ -751,15 +952,15 @@ mod x86 {
 
     /// The group-wise int8 products on AVX-512, with VNNI where the CPU has it.
     pub unsafe fn int8_products_avx512(
-        q: &QuantisedRows,
+        q: &Rows,
         m: usize,
         w: &PackedI8Linear,
-        bias: &[f32],
+        finish: Finish,
         out: &mut [f32],
     ) -> Finished {
         if has_avx512_vnni() {
             // SAFETY: VNNI was detected; AVX-512 per the caller.
-            unsafe { int8_vnni(q, m, w, bias, out) }
+            unsafe { int8_vnni(q, m, w, finish, out) }
         } else {
             // SAFETY: AVX-512 per the caller.
             unsafe { int8_avx512(q, m, w, out) };
@@ -769,7 +970,7 @@ mod x86 {
 
     /// The group-wise int8 products on AVX2.
     pub unsafe fn int8_products_avx2(
-        q: &QuantisedRows,
+        q: &Rows,
         m: usize,
         w: &PackedI8Linear,
         out: &mut [f32],

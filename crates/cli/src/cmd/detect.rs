@@ -27,7 +27,9 @@ pub struct DetectorOpts {
     /// first layer.
     #[arg(long, default_value_t = 1.0 / 255.0)]
     input_scale: f32,
-    /// Arithmetic of the detector's products: f32, or bf16 where the CPU has it.
+    /// Arithmetic of the detector's products: f32; bf16 where the CPU has it; int8 (layers of
+    /// 64 input channels or more in int8, the narrower ones in bf16 where the CPU has it):
+    /// the fastest with VNNI or AMX, slower than f32 without them.
     #[arg(long, default_value_t = Precision::F32)]
     detector_precision: Precision,
     /// Pixels of likelihood above this make up craters.

@@ -9,10 +9,12 @@ use crate::cmd::detect::{detect_images, found_circles, labelled, DetectorOpts};
 use anyhow::{Context, Result};
 use clap::Args;
 use craterdex_eval::detection::{score, BinCounts, Circle};
+use craterdex_kernels::level::Level;
 use craterdex_model::Precision;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::process::Command;
+use strum::VariantNames;
 
 #[derive(Args)]
 pub struct DetectBench {
@@ -21,6 +23,9 @@ pub struct DetectBench {
     /// Passes over the tiles per level and precision; the fastest is reported.
     #[arg(long, default_value_t = 2)]
     repeats: usize,
+    /// Kernel levels to time (default: every level this CPU runs).
+    #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(Level::VARIANTS))]
+    levels: Vec<String>,
     /// Skip pycda's pipeline (its Python environment is about 700 MB, installed once).
     #[arg(long)]
     no_reference: bool,
@@ -57,6 +62,7 @@ fn worker(b: &DetectBench) -> Result<Vec<Row>> {
     if craterdex_kernels::bf16::available() {
         precisions.push(Precision::Bf16);
     }
+    precisions.push(Precision::Int8);
     let mut rows = Vec::new();
     for precision in precisions {
         let (config, net) = b.detector.load()?;
@@ -161,7 +167,7 @@ pub fn run(b: DetectBench) -> Result<()> {
                 .map_err(anyhow::Error::from)
         })
         .sum::<Result<f64>>()?;
-    let rows: Vec<Row> = super::rows_per_level(&craterdex_kernels::level::supported())?;
+    let rows: Vec<Row> = super::rows_per_level(&super::chosen_levels(&b.levels)?)?;
     let reference = if b.no_reference {
         None
     } else {

@@ -230,6 +230,31 @@ pub fn run(c: BenchCmd) -> Result<()> {
     }
 }
 
+/// The kernel levels named (`--levels`), or every level this CPU runs where none is; a
+/// named level this CPU does not run is an error.
+pub fn chosen_levels(names: &[String]) -> Result<Vec<craterdex_kernels::level::Level>> {
+    let supported = craterdex_kernels::level::supported();
+    if names.is_empty() {
+        return Ok(supported);
+    }
+    let runs: Vec<_> = supported
+        .iter()
+        .copied()
+        .filter(|l| names.iter().any(|n| n == l.name()))
+        .collect();
+    anyhow::ensure!(
+        runs.len() == names.len(),
+        "this CPU runs the levels {}, not all of {}",
+        supported
+            .iter()
+            .map(|l| l.name())
+            .collect::<Vec<_>>()
+            .join(", "),
+        names.join(", ")
+    );
+    Ok(runs)
+}
+
 /// This command run again at each of `levels`, each in a child process with
 /// `CRATERDEX_KERNEL` set (the level is fixed per process) and `--worker FILE` added: the
 /// rows each child wrote to its file, in order.

@@ -229,25 +229,7 @@ pub fn run(b: SearchImagesBench) -> Result<()> {
     for (_, m) in &b.splits {
         queries_of(m, b.queries)?;
     }
-    let supported = craterdex_kernels::level::supported();
-    let levels: Vec<Level> = if b.levels.is_empty() {
-        supported.clone()
-    } else {
-        let named = |l: &Level| b.levels.iter().any(|n| n == l.name());
-        let runs: Vec<Level> = supported.iter().copied().filter(named).collect();
-        if runs.len() < b.levels.len() {
-            bail!(
-                "this CPU runs the levels {}, not all of {}",
-                supported
-                    .iter()
-                    .map(|l| l.name())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                b.levels.join(", ")
-            );
-        }
-        runs
-    };
+    let levels = super::chosen_levels(&b.levels)?;
     let rows: Vec<Row> = super::rows_per_level(&levels)?;
     print!("{}", table(&rows, &b.splits[0].0));
     Ok(())
