@@ -689,6 +689,31 @@ fn eval_link_image_scores_a_turned_second_view_of_a_labelled_tile() {
     assert_eq!(n("reported_new"), n("held_out"), "{score}");
     assert!(said.contains("1 tiles, 1 registered"), "{said}");
     assert!(root.join("ev/00-tile/new.png").exists());
+    // catalogue errors are craters of another tile: one tile has none to give
+    let o = run(
+        root,
+        &[
+            "eval-link",
+            "--image",
+            "--tile",
+            "tile.png",
+            "--craters",
+            "tile.csv",
+            "--out",
+            "ev2",
+            "--phantoms",
+            "0.2",
+            "--detector",
+            "bright",
+            "--model",
+            model.to_str().unwrap(),
+        ],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("needs two tiles"),
+        "{err}"
+    );
 }
 
 /// [`craterdex_detect::testing::disc_grid`] of `seed` written as `name.png` with its labels

@@ -207,10 +207,89 @@ fn bilinear(tile: &image::GrayImage, x: f64, y: f64) -> Option<f64> {
     )
 }
 
-/// The labelled craters a tile's catalogue holds, and the scored ones held out of it.
+/// The labelled craters a tile's catalogue holds, the scored ones held out of it, and the
+/// catalogue's errors ([`Phantom`]s).
 pub struct CatalogueSplit {
     pub catalogue: Vec<Crater>,
     pub held_out: Vec<Crater>,
+    pub phantoms: Vec<Phantom>,
+}
+
+/// A catalogue error to look for: an entry whose crop is a crater of another image, listed
+/// at a place of the tile where no labelled crater of its size lies. A crater looked for in
+/// place there must not be confirmed: the negative control of the in-place decision, which
+/// the tile's own craters (all present in the second observation) cannot give.
+pub struct Phantom {
+    /// Its id, listed position and diameter.
+    pub listed: Crater,
+    /// Its crop, `context` diameters a side, from the other image.
+    pub crop: image::GrayImage,
+}
+
+/// Prefix of phantoms' ids.
+pub const PHANTOM_PREFIX: &str = "phantom-";
+
+/// `n` phantoms for a `width x height` tile labelled `labels`: crops of craters of at least
+/// [`SCORED_DIAMETER`] px of `other` (labelled `other_labels`), each listed at a random place
+/// of the tile whose crop fits and where no labelled crater within a diameter has a diameter
+/// within 1.5x of its own (so that no crater there could count as it). Fewer where the tile
+/// has no room.
+pub fn phantoms(
+    other: &image::GrayImage,
+    other_labels: &[Crater],
+    labels: &[Crater],
+    (width, height): (u32, u32),
+    context: f64,
+    n: usize,
+    rng: &mut ChaCha8Rng,
+) -> Vec<Phantom> {
+    let (ow, oh) = other.dimensions();
+    let fits = |x: f64, y: f64, d: f64, w: u32, h: u32| {
+        let r = d * context / 2.0;
+        x - r >= 0.0 && y - r >= 0.0 && x + r <= w as f64 - 1.0 && y + r <= h as f64 - 1.0
+    };
+    let sources: Vec<&Crater> = other_labels
+        .iter()
+        .filter(|c| c.diameter >= SCORED_DIAMETER && fits(c.x, c.y, c.diameter, ow, oh))
+        .collect();
+    let mut out = Vec::new();
+    if sources.is_empty() {
+        return out;
+    }
+    for k in 0..n {
+        let c = sources[rng.gen_range(0..sources.len())];
+        let d = c.diameter;
+        let place = (0..200)
+            .map(|_| {
+                (
+                    rng.gen_range(0.0..width as f64),
+                    rng.gen_range(0.0..height as f64),
+                )
+            })
+            .find(|&(x, y)| {
+                fits(x, y, d, width, height)
+                    && labels.iter().all(|l| {
+                        (l.x - x).hypot(l.y - y) > d.max(l.diameter)
+                            || l.diameter.max(d) / l.diameter.min(d) > 1.5
+                    })
+            });
+        let Some((x, y)) = place else {
+            continue;
+        };
+        let r = d * context / 2.0;
+        let (x0, y0) = ((c.x - r).round() as u32, (c.y - r).round() as u32);
+        let side = ((c.x + r).round() as u32).saturating_sub(x0).max(1);
+        out.push(Phantom {
+            listed: Crater {
+                id: format!("{PHANTOM_PREFIX}{k}"),
+                x,
+                y,
+                diameter: d,
+            },
+            crop: image::imageops::crop_imm(other, x0, y0, side, side).to_image(),
+        });
+    }
+    out
 }
 
 /// Splits `labels` of a `width x height` tile: craters of at least
@@ -250,6 +329,7 @@ pub fn split_catalogue(
     CatalogueSplit {
         catalogue,
         held_out,
+        phantoms: Vec::new(),
     }
 }
 
@@ -285,15 +365,13 @@ pub fn catalogue_index(
             image::imageops::crop_imm(tile, x0, y0, side, side).to_image(),
         ));
         ids.push(k.id.clone());
-        metas.push(ImageMeta {
-            id: k.id.clone(),
-            crater_id: Some(k.id.clone()),
-            source: Some("catalogue".into()),
-            x: Some(k.x),
-            y: Some(k.y),
-            diameter_px: Some(k.diameter),
-            ..Default::default()
-        });
+        metas.push(listed(k));
+    }
+    // the catalogue's errors, listed as any entry is
+    for p in &split.phantoms {
+        crops.push(image::DynamicImage::ImageLuma8(p.crop.clone()));
+        ids.push(p.listed.id.clone());
+        metas.push(listed(&p.listed));
     }
     let features = extractor.features_of_images(&ids, &crops, progress)?;
     Ok(Engine::build_from_features(
@@ -305,6 +383,19 @@ pub fn catalogue_index(
         Some(extractor.clone()),
         progress,
     )?)
+}
+
+/// A catalogue entry's record: the crater's id and its position in the tile.
+fn listed(k: &Crater) -> ImageMeta {
+    ImageMeta {
+        id: k.id.clone(),
+        crater_id: Some(k.id.clone()),
+        source: Some("catalogue".into()),
+        x: Some(k.x),
+        y: Some(k.y),
+        diameter_px: Some(k.diameter),
+        ..Default::default()
+    }
 }
 
 /// One crater `link --image` reported in the second observation.
@@ -337,6 +428,9 @@ pub struct TileScore {
     pub reported_new: usize,
     /// `new` rows lying on a catalogue crater.
     pub new_on_catalogue: usize,
+    /// Catalogue errors listed ([`Phantom`]s), and those some `match` row confirmed.
+    pub phantoms: usize,
+    pub phantoms_confirmed: usize,
 }
 
 /// Scores the rows of one second observation against the tile's labels.
@@ -381,16 +475,26 @@ pub fn score_tile(
         .collect();
     let in_catalogue: HashSet<&str> = split.catalogue.iter().map(|c| c.id.as_str()).collect();
     let held: HashSet<&str> = split.held_out.iter().map(|c| c.id.as_str()).collect();
+    let phantoms: HashSet<&str> = split
+        .phantoms
+        .iter()
+        .map(|p| p.listed.id.as_str())
+        .collect();
     let mut s = TileScore {
         catalogue_scored: scored.len(),
         held_out: held.len(),
+        phantoms: phantoms.len(),
         ..Default::default()
     };
+    let mut confirmed = HashSet::new();
     let (mut right, mut by_detection) = (HashSet::new(), HashSet::new());
     let (mut detected, mut new) = (HashSet::new(), HashSet::new());
     for r in rows {
         let at = crater_at(r);
         match (r.decision, r.catalogue_crater) {
+            ("match", Some(c)) if phantoms.contains(c) => {
+                confirmed.insert(c);
+            }
             ("match", Some(c)) if scored.contains(c) => {
                 if at == Some(c) {
                     s.right_rows += 1;
@@ -419,17 +523,20 @@ pub fn score_tile(
     s.linked_right_by_detection = by_detection.len();
     s.held_out_detected = detected.len();
     s.reported_new = new.len();
+    s.phantoms_confirmed = confirmed.len();
     s
 }
 
 /// The measures over all tiles: precision and recall of right links of scored catalogue
-/// craters, their F1, and the recall of held-out craters reported new.
+/// craters, their F1, the recall of held-out craters reported new, and the share of
+/// catalogue errors confirmed (NaN without any).
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct LinkTotals {
     pub precision: f64,
     pub recall: f64,
     pub f1: f64,
     pub new_recall: f64,
+    pub phantoms_confirmed: f64,
 }
 
 pub fn totals(tiles: &[TileScore]) -> LinkTotals {
@@ -446,6 +553,7 @@ pub fn totals(tiles: &[TileScore]) -> LinkTotals {
             0.0
         },
         new_recall: sum(&|t| t.reported_new) / sum(&|t| t.held_out).max(1.0),
+        phantoms_confirmed: sum(&|t| t.phantoms_confirmed) / sum(&|t| t.phantoms),
     }
 }
 
@@ -539,6 +647,69 @@ mod tests {
     }
 
     #[test]
+    fn phantoms_are_other_craters_listed_where_no_crater_of_their_size_lies() {
+        let other = image::GrayImage::from_fn(300, 300, |x, y| image::Luma([(x ^ y) as u8]));
+        let sources = vec![
+            crater("o1", 100.0, 100.0, 40.0),
+            crater("o2", 200.0, 200.0, 25.0),
+            crater("tiny", 50.0, 50.0, 10.0), // below the scored size: never a source
+            crater("edge", 290.0, 150.0, 40.0), // its crop does not fit
+        ];
+        let labels: Vec<Crater> = (0..16)
+            .flat_map(|i| (0..16).map(move |j| (i, j)))
+            .map(|(i, j)| {
+                let (x, y) = (25.0 + 50.0 * i as f64, 25.0 + 50.0 * j as f64);
+                crater(
+                    &format!("t{i}-{j}"),
+                    x,
+                    y,
+                    if (i + j) % 2 == 0 { 30.0 } else { 8.0 },
+                )
+            })
+            .collect();
+        let found = phantoms(
+            &other,
+            &sources,
+            &labels,
+            (800, 800),
+            2.0,
+            12,
+            &mut tile_rng(3, 0),
+        );
+        assert!(found.len() >= 10, "{}", found.len());
+        for (k, p) in found.iter().enumerate() {
+            let l = &p.listed;
+            assert!(l.id.starts_with(PHANTOM_PREFIX));
+            assert!(l.diameter == 40.0 || l.diameter == 25.0, "{}", l.diameter);
+            assert_eq!(p.crop.width(), p.crop.height());
+            assert!((p.crop.width() as f64 - 2.0 * l.diameter).abs() <= 1.0);
+            assert!(l.x >= l.diameter && l.x <= 799.0 - l.diameter, "{k}");
+            for t in &labels {
+                let near = (t.x - l.x).hypot(t.y - l.y) <= l.diameter.max(t.diameter);
+                let alike = t.diameter.max(l.diameter) / t.diameter.min(l.diameter) <= 1.5;
+                assert!(!(near && alike), "{k} lies on {}", t.id);
+            }
+        }
+        // no room: a tile covered by craters of every size gets none
+        let full: Vec<Crater> = (0..40)
+            .flat_map(|i| (0..40).map(move |j| (i, j)))
+            .flat_map(|(i, j)| {
+                [25.0, 35.0].map(|d| crater("f", 10.0 * i as f64, 10.0 * j as f64, d))
+            })
+            .collect();
+        let none = phantoms(
+            &other,
+            &sources,
+            &full,
+            (400, 400),
+            2.0,
+            5,
+            &mut tile_rng(3, 1),
+        );
+        assert!(none.is_empty());
+    }
+
+    #[test]
     fn rows_score_by_the_crater_at_their_place_in_the_tile() {
         let labels = vec![
             crater("a", 100.0, 100.0, 30.0),
@@ -549,6 +720,16 @@ mod tests {
         let split = CatalogueSplit {
             catalogue: vec![labels[0].clone(), labels[1].clone(), labels[3].clone()],
             held_out: vec![labels[2].clone()],
+            phantoms: vec![
+                Phantom {
+                    listed: crater("phantom-0", 300.0, 100.0, 30.0),
+                    crop: image::GrayImage::new(60, 60),
+                },
+                Phantom {
+                    listed: crater("phantom-1", 50.0, 350.0, 30.0),
+                    crop: image::GrayImage::new(60, 60),
+                },
+            ],
         };
         let t = ViewTransform {
             rotation_deg: 90.0,
@@ -572,6 +753,8 @@ mod tests {
             row(at(200.0, 100.0), "new", None, true),        // new on a catalogue crater
             row(at(100.0, 200.0), "new", None, true),        // the held-out crater, new
             row(at(300.0, 300.0), "match", Some("c"), false), // not scored: below 20 px
+            row(at(300.0, 100.0), "match", Some("phantom-0"), false), // an error confirmed
+            row(at(50.0, 350.0), "new", Some("phantom-1"), false), // an error not confirmed
         ];
         let s = score_tile(&rows, &t, &labels, &split);
         assert_eq!((s.catalogue_scored, s.held_out), (2, 1));
@@ -581,8 +764,10 @@ mod tests {
             (s.held_out_detected, s.reported_new, s.new_on_catalogue),
             (1, 1, 1)
         );
+        assert_eq!((s.phantoms, s.phantoms_confirmed), (2, 1));
         let total = totals(&[s]);
         assert!((total.precision - 2.0 / 3.0).abs() < 1e-12);
+        assert!((total.phantoms_confirmed - 0.5).abs() < 1e-12);
         assert!((total.recall - 0.5).abs() < 1e-12 && (total.new_recall - 1.0).abs() < 1e-12);
     }
 }

@@ -12,8 +12,8 @@ use craterdex_engine::inputs::images_in;
 use craterdex_engine::{Extractor, IndexRecipe};
 use craterdex_eval::catalogue::read_pixel_catalogue;
 use craterdex_eval::image_link::{
-    catalogue_index, read_tile, score_tile, second_view, split_catalogue, tile_rng, totals,
-    LinkedCrater, SecondViewOptions, TileScore, ViewTransform,
+    catalogue_index, phantoms, read_tile, score_tile, second_view, split_catalogue, tile_rng,
+    totals, LinkedCrater, SecondViewOptions, TileScore, ViewTransform, SCORED_DIAMETER,
 };
 use craterdex_eval::observations::{second_csv_name, simulate, ObservationOptions};
 use craterdex_workflows::evaluate::{link_benchmark, LinkBenchInput, LinkBenchReport};
@@ -39,6 +39,12 @@ pub struct EvalLinkCmd {
     /// With --image: the share of the craters of at least 20 px left out of the catalogue.
     #[arg(long, default_value_t = SecondViewOptions::default().held_out)]
     held_out: f64,
+    /// With --image: catalogue errors to look for, as a share of each tile's scored
+    /// catalogue craters: entries whose crop is a crater of the next tile given, listed
+    /// where the tile has no crater of its size. `link --image` should confirm none; their
+    /// share confirmed is the in-place decision's false confirmations (needs two tiles).
+    #[arg(long, default_value_t = 0.0, requires = "image")]
+    phantoms: f64,
     /// With --image: a link rule file (as `link --rule` takes) instead of the default rule.
     #[arg(long, requires = "image")]
     rule: Option<PathBuf>,
@@ -243,6 +249,9 @@ struct ImageTileReport {
     score: TileScore,
 }
 
+/// Mixed into the seed of the phantoms' draws ([`EvalLinkCmd::phantoms`]).
+const PHANTOM_DRAWS: u64 = 0x5048_414e_544f_4d53;
+
 /// `eval-link --image`: per tile, a catalogue of crops of its labelled craters (some left
 /// out), a second observation of the whole tile with no crater list, `link --image`'s
 /// rows scored against the labels.
@@ -258,6 +267,10 @@ fn run_images(c: &EvalLinkCmd, tiles: &[(PathBuf, PathBuf)]) -> Result<()> {
         (0.0..1.0).contains(&so.held_out) && so.scale.0 > 0.0 && so.scale.0 <= so.scale.1,
         "--held-out must lie in [0, 1) and --scale be MIN,MAX with 0 < MIN <= MAX"
     );
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&c.phantoms) && (c.phantoms == 0.0 || tiles.len() >= 2),
+        "--phantoms must lie in [0, 1], and needs two tiles or more (a phantom is a crater of another tile)"
+    );
     let extractor = Arc::new(c.model.load()?);
     let (config, net) = c.detector.load()?;
     let detect_options = c.detector.options();
@@ -271,7 +284,26 @@ fn run_images(c: &EvalLinkCmd, tiles: &[(PathBuf, PathBuf)]) -> Result<()> {
         let labels = read_pixel_catalogue(craters)?;
         let mut rng = tile_rng(c.seed, i);
         let context = ImageLinkOptions::default().context;
-        let split = split_catalogue(&labels, image.dimensions(), context, so.held_out, &mut rng);
+        let mut split =
+            split_catalogue(&labels, image.dimensions(), context, so.held_out, &mut rng);
+        if c.phantoms > 0.0 {
+            let (other, other_labels) = &tiles[(i + 1) % tiles.len()];
+            let scored = split
+                .catalogue
+                .iter()
+                .filter(|k| k.diameter >= SCORED_DIAMETER)
+                .count();
+            // drawn apart from the tile's own draws, which stay as without phantoms
+            split.phantoms = phantoms(
+                &read_tile(other)?,
+                &read_pixel_catalogue(other_labels)?,
+                &labels,
+                image.dimensions(),
+                context,
+                (c.phantoms * scored as f64).round() as usize,
+                &mut tile_rng(c.seed ^ PHANTOM_DRAWS, i),
+            );
+        }
         let view = second_view(&image, &so, &mut rng);
         let dir = c.out.join(format!("{i:02}-{name}"));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -337,8 +369,16 @@ fn run_images(c: &EvalLinkCmd, tiles: &[(PathBuf, PathBuf)]) -> Result<()> {
             .as_ref()
             .filter(|r| r.registered)
             .and_then(|r| r.rotation_deg);
+        let errors = if score.phantoms > 0 {
+            format!(
+                "; catalogue errors {}: confirmed {}",
+                score.phantoms, score.phantoms_confirmed
+            )
+        } else {
+            String::new()
+        };
         println!(
-            "{name}: turned {:.0} deg, scale {:.2}, {}; registered {}; catalogue >= 20 px {}: linked right {} ({} by detection), wrong rows {}; held out {}: detected {}, reported new {} ({} new rows on catalogue craters)",
+            "{name}: turned {:.0} deg, scale {:.2}, {}; registered {}; catalogue >= 20 px {}: linked right {} ({} by detection), wrong rows {}; held out {}: detected {}, reported new {} ({} new rows on catalogue craters){errors}",
             view.transform.rotation_deg,
             view.transform.scale,
             view.wear,
@@ -366,8 +406,16 @@ fn run_images(c: &EvalLinkCmd, tiles: &[(PathBuf, PathBuf)]) -> Result<()> {
     }
     let scores: Vec<TileScore> = reports.iter().map(|r| r.score.clone()).collect();
     let total = totals(&scores);
+    let errors = if total.phantoms_confirmed.is_nan() {
+        String::new()
+    } else {
+        format!(
+            "; catalogue errors confirmed {:.3}",
+            total.phantoms_confirmed
+        )
+    };
     println!(
-        "{} tiles, {} registered: precision {:.3}, recall {:.3}, F1 {:.3}; held-out craters reported new {:.3}",
+        "{} tiles, {} registered: precision {:.3}, recall {:.3}, F1 {:.3}; held-out craters reported new {:.3}{errors}",
         reports.len(),
         reports.iter().filter(|r| r.registered_rotation_deg.is_some()).count(),
         total.precision,
