@@ -636,9 +636,8 @@ fn eval_link_image_scores_a_turned_second_view_of_a_labelled_tile() {
         labels += &format!("{x},{y},{d}\n");
     }
     std::fs::write(root.join("tile.csv"), labels).unwrap();
-    let o = run(
-        root,
-        &[
+    let eval_link = |out: &str, extra: &[&str]| {
+        let mut args = vec![
             "eval-link",
             "--image",
             "--tile",
@@ -646,17 +645,24 @@ fn eval_link_image_scores_a_turned_second_view_of_a_labelled_tile() {
             "--craters",
             "tile.csv",
             "--out",
-            "ev",
+            out,
+            "--detector",
+            "bright",
+            "--model",
+            model.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        run(root, &args)
+    };
+    let o = eval_link(
+        "ev",
+        &[
             "--seed",
             "3",
             "--scale",
             "0.9,1.1",
-            "--detector",
-            "bright",
             "--rule",
             "rule.json",
-            "--model",
-            model.to_str().unwrap(),
             "--size",
             "16",
         ],
@@ -690,25 +696,7 @@ fn eval_link_image_scores_a_turned_second_view_of_a_labelled_tile() {
     assert!(said.contains("1 tiles, 1 registered"), "{said}");
     assert!(root.join("ev/00-tile/new.png").exists());
     // catalogue errors are craters of another tile: one tile has none to give
-    let o = run(
-        root,
-        &[
-            "eval-link",
-            "--image",
-            "--tile",
-            "tile.png",
-            "--craters",
-            "tile.csv",
-            "--out",
-            "ev2",
-            "--phantoms",
-            "0.2",
-            "--detector",
-            "bright",
-            "--model",
-            model.to_str().unwrap(),
-        ],
-    );
+    let o = eval_link("ev2", &["--phantoms", "0.2"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
         !o.status.success() && err.contains("needs two tiles"),
