@@ -1,6 +1,6 @@
 //! The ViT's int8 linear layers `x W + b`, and the detector's convolutions tap by tap (each
-//! tap a product of the input's rows, quantised once: [`requantise`], [`products_acc_i8`]). `x` is quantised dynamically per row and per
-//! group of [`GROUP`] inputs (asymmetric, 255 levels: GELU outputs are lopsided) and `W` per
+//! tap a product of the input's rows, quantised once: [`requantise`], [`products_acc_i8`]).
+//! `x` is quantised dynamically per row and per group of [`GROUP`] inputs (asymmetric, 255 levels: GELU outputs are lopsided) and `W` per
 //! column (symmetric, 8 bits). Both are stored as signed bytes, whose products every kernel
 //! computes exactly, group by group: the sign trick through the int8 block kernel of
 //! `i8_block` on AVX2 and AVX-512, `vpdpbusd` straight on the activations' codes plus 128 on
