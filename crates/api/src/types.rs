@@ -261,6 +261,8 @@ pub struct ImageLinkResponse {
     pub craters: Vec<ImageCraterLink>,
     /// The detector that found the craters.
     pub detector: String,
+    /// The arithmetic it ran in (`serve --detector-precision`): f32, bf16 or int8.
+    pub detector_precision: String,
     /// Where the decision rule came from.
     pub rule: String,
 }

@@ -48,6 +48,20 @@ fn is_whole_disc(share: &f64) -> bool {
 }
 
 impl DetectorConfig {
+    /// What makes a config usable: an output centred in the tile and a region share in
+    /// (0, 1] (a share of 0 would make every diameter infinite, above 1 shrink them).
+    fn check(&self) -> Result<()> {
+        self.output()?;
+        ensure!(
+            self.region_share > 0.0 && self.region_share <= 1.0,
+            Error::Invalid(format!(
+                "region_share must lie in (0, 1], not {}",
+                self.region_share
+            ))
+        );
+        Ok(())
+    }
+
     /// The output side for a tile and the border lost on each side (valid convolutions).
     pub fn output(&self) -> Result<(usize, usize)> {
         let shapes = self.graph.shapes(self.tile, self.tile)?;
@@ -117,7 +131,7 @@ pub fn write_detector_dir(
     mut config: DetectorConfig,
     weights: &BTreeMap<String, Tensor>,
 ) -> Result<DetectorConfig> {
-    config.output()?;
+    config.check()?;
     let bytes = to_safetensors(weights)?;
     // the weights must make a detector before they are stored
     Net::new(config.graph.clone(), |n| weights.get(n).cloned())?;
@@ -166,16 +180,8 @@ pub fn read_detector_weights(dir: &Path) -> Result<(DetectorConfig, BTreeMap<Str
         ))
     );
     config
-        .output()
+        .check()
         .map_err(|e| Error::Invalid(format!("{}: {e}", cpath.display())))?;
-    ensure!(
-        config.region_share > 0.0 && config.region_share <= 1.0,
-        Error::Invalid(format!(
-            "{}: region_share must lie in (0, 1], not {}",
-            cpath.display(),
-            config.region_share
-        ))
-    );
     let wpath = dir.join(WEIGHTS_FILE);
     let bytes = std::fs::read(&wpath).io("read", &wpath)?;
     let got = sha256_hex(&bytes);

@@ -108,6 +108,18 @@ fn a_detector_directory_reads_back_and_refuses_damaged_weights() {
     let (config, weights) = brightness_detector(24);
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().join("brightness");
+    // a region share outside (0, 1] would scale every diameter wrongly: refused before
+    // anything is written
+    for share in [0.0, 1.5, f64::NAN] {
+        let mut bad = config.clone();
+        bad.region_share = share;
+        let err = craterdex_detect::write_detector_dir(&d, bad, &weights)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("region_share"), "{err}");
+        assert!(!d.exists());
+    }
     let written = craterdex_detect::write_detector_dir(&d, config, &weights).unwrap();
     let (read, read_net) = craterdex_detect::read_detector_dir(&d).unwrap();
     assert_eq!(read, written);

@@ -9,7 +9,7 @@ pub use craterdex_api::{ApiError, ApiResult};
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The index (or the model) could not be loaded.
-    #[error("{0}")]
+    #[error(transparent)]
     Load(#[from] craterdex_engine::Error),
     /// The address could not be listened on, or the connection loop failed.
     #[error(transparent)]

@@ -85,6 +85,8 @@ pub struct Config {
     /// The crater detector directory `POST /v1/link/image` runs (none: that route answers
     /// 501).
     pub detector: Option<PathBuf>,
+    /// The arithmetic the detector runs in (`craterdex detect --detector-precision`).
+    pub detector_precision: craterdex_model::Precision,
 }
 
 impl Config {
@@ -109,6 +111,7 @@ impl Config {
             header_timeout: Duration::from_secs(10),
             allowed_hosts: None,
             detector: None,
+            detector_precision: craterdex_model::Precision::F32,
         }
     }
 }
@@ -171,7 +174,10 @@ impl Service {
     /// and adds; without one, feature and similar-image searches only).
     pub fn load(&self, extractor: Option<Extractor>) -> Result<(), craterdex_engine::Error> {
         if let Some(dir) = &self.config.detector {
-            match craterdex_detect::read_detector_dir(dir) {
+            let precision = self.config.detector_precision;
+            match craterdex_detect::read_detector_dir(dir)
+                .and_then(|(config, net)| Ok((config, net.with_precision(precision)?)))
+            {
                 Ok(d) => {
                     let _ = self.detector.set(Arc::new(d));
                 }

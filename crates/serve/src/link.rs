@@ -229,6 +229,7 @@ pub async fn link_whole_image(
             image,
             craters,
             detector: config.name.clone(),
+            detector_precision: net.precision().name().into(),
             rule: rule.source.clone(),
         }))
     })

@@ -1575,7 +1575,32 @@ async fn a_whole_image_is_detected_and_linked_where_the_server_has_a_detector() 
     );
     // not registered: what matches nothing is not claimed new
     assert!(craters.iter().all(|c| c["decision"] != "new"), "{v}");
-    assert_eq!(v["detector"], "brightness");
+    assert_eq!(
+        (&v["detector"], &v["detector_precision"]),
+        (&serde_json::json!("brightness"), &serde_json::json!("f32"))
+    );
+    // the detector in int8 (`serve --detector-precision int8`) finds the same craters
+    let int8 = service(&f, |c| {
+        c.detector = Some(dir.clone());
+        c.detector_precision = craterdex_model::Precision::Int8;
+    });
+    let (s, w) = call_json(&int8, upload("/v1/link/image", &png)).await;
+    assert_eq!(s, StatusCode::OK, "{w}");
+    assert_eq!(w["detector_precision"], "int8", "{w}");
+    let centres = |v: &serde_json::Value| -> Vec<(i64, i64)> {
+        let mut c: Vec<_> = v["craters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                let at = |k: &str| c[k].as_f64().unwrap().round() as i64;
+                (at("x"), at("y"))
+            })
+            .collect();
+        c.sort();
+        c
+    };
+    assert_eq!(centres(&w), centres(&v));
     // bytes that are no image are refused as such
     let bad = post_multipart(
         "/v1/link/image",

@@ -2,7 +2,7 @@
 //! merged catalogue.
 
 use crate::args::dir_entries;
-use crate::cmd::detect::{detect_images, per_image_detections, write_crops};
+use crate::cmd::detect::{detect_images, drop_image, per_image_detections, write_crops};
 use crate::cmd::link::print_registrations;
 use crate::output::Bars;
 use anyhow::Result;
@@ -72,7 +72,7 @@ fn index_images(c: &DedupCmd) -> Result<(Engine, PathBuf, usize)> {
         &net,
         &c.detector.options(),
         "detect",
-        false,
+        drop_image,
     );
     let per_image = per_image_detections(&c.images, found);
     let failed = per_image.iter().filter(|d| d.found.is_err()).count();

@@ -137,12 +137,12 @@ pub fn write_crops(out: &Path, per_image: &[ImageDetections], context: f64) -> R
 }
 
 /// The craters found in one image and, for a georeferenced image (GDAL builds), where each
-/// lies on the body and the body's radius in km; the image's grey levels where the caller
-/// keeps them.
-pub struct Found {
+/// lies on the body and the body's radius in km; `image` is what the caller kept of its grey
+/// levels (the levels themselves, or nothing: `()`).
+pub struct Found<I = ()> {
     pub detections: Vec<Detection>,
     pub on_body: Option<(Vec<BodyPlace>, f64)>,
-    pub image: Option<GrayImage>,
+    pub image: I,
 }
 
 /// Extensions the image crate decodes; any other file is one only GDAL may read.
@@ -266,16 +266,20 @@ pub fn places_in(path: &Path, _: &[(f64, f64, f64)]) -> Result<(Vec<BodyPlace>, 
     )
 }
 
+/// For [`detect_images`]: keeps nothing of an image once its craters are found.
+pub fn drop_image(_: GrayImage) {}
+
 /// Runs the detector over `images` with one bar for all their tiles; each image's
-/// detections (with its grey levels where `keep_images`), or why it has none.
-pub fn detect_images(
+/// detections with what `keep` keeps of its grey levels (`drop_image`: nothing), or why it
+/// has none.
+pub fn detect_images<I: Send>(
     images: &[PathBuf],
     config: &DetectorConfig,
     net: &Net,
     o: &DetectOptions,
     label: &str,
-    keep_images: bool,
-) -> Vec<Result<Found>> {
+    keep: impl Fn(GrayImage) -> I + Sync,
+) -> Vec<Result<Found<I>>> {
     // the bar's length from the files' headers; each image decoded when its turn comes
     let total: usize = images
         .iter()
@@ -283,7 +287,7 @@ pub fn detect_images(
         .map(|(w, h)| craterdex_detect::detect::tiles_needed(config, w, h, o).unwrap_or(0))
         .sum();
     let pb = bar(total, label);
-    let one = |p: &PathBuf| -> Result<Found> {
+    let one = |p: &PathBuf| -> Result<Found<I>> {
         let (g, raster) = read_image(p)?;
         let detections = detect(net, config, &g, o, &|n| pb.inc(n as u64))
             .with_context(|| format!("detecting craters in {}", p.display()))?;
@@ -299,7 +303,7 @@ pub fn detect_images(
         Ok(Found {
             detections,
             on_body,
-            image: keep_images.then_some(g),
+            image: keep(g),
         })
     };
     // as many images at once as threads: each pass has serial stretches (decoding, the
@@ -316,9 +320,9 @@ pub fn detect_images(
 /// What [`detect_images`] found in each of `images`, as the crater lists record it (the
 /// reason where an image failed); each image without craters, or that failed, is named on
 /// stderr with why.
-pub fn per_image_detections(
+pub fn per_image_detections<I>(
     images: &[PathBuf],
-    results: Vec<Result<Found>>,
+    results: Vec<Result<Found<I>>>,
 ) -> Vec<ImageDetections> {
     let mut per_image = Vec::new();
     for (path, r) in images.iter().zip(results) {
@@ -504,7 +508,7 @@ pub fn run(c: DetectCmd) -> Result<()> {
     let (config, net) = c.detector.load()?;
     let o = c.detector.options();
     let t = std::time::Instant::now();
-    let results = detect_images(&c.images, &config, &net, &o, "detect", false);
+    let results = detect_images(&c.images, &config, &net, &o, "detect", drop_image);
     let per_image = per_image_detections(&c.images, results);
     let failed = per_image.iter().filter(|d| d.found.is_err()).count();
     let found = per_image.iter().filter_map(|d| d.found.as_ref().ok());
@@ -593,7 +597,7 @@ pub fn run_eval(c: EvalDetectCmd) -> Result<()> {
     let o = c.detector.options();
     let images: Vec<PathBuf> = pairs.iter().map(|(t, _)| t.clone()).collect();
     let t = std::time::Instant::now();
-    let found = detect_images(&images, &config, &net, &o, "detect", false);
+    let found = detect_images(&images, &config, &net, &o, "detect", drop_image);
     let seconds = t.elapsed().as_secs_f64();
     let mut scored = Vec::new();
     for ((tile, labels), f) in pairs.iter().zip(found) {

@@ -260,7 +260,7 @@ fn run_images(c: LinkCmd) -> Result<()> {
         &net,
         &c.detector.options(),
         "detect",
-        true,
+        |image| image,
     );
     let names = craterdex_workflows::output::source_names(&c.images);
     let mut failed = 0;
@@ -270,7 +270,7 @@ fn run_images(c: LinkCmd) -> Result<()> {
             Ok(Found {
                 detections,
                 on_body,
-                image: Some(image),
+                image,
             }) => read.push(ReadImage {
                 path,
                 name,
@@ -278,7 +278,6 @@ fn run_images(c: LinkCmd) -> Result<()> {
                 detections,
                 georeferenced: on_body.is_some(),
             }),
-            Ok(_) => unreachable!("detect_images keeps the images it is asked to keep"),
             Err(e) => {
                 failed += 1;
                 eprintln!("{}: {e:#}", path.display());

@@ -81,6 +81,10 @@ pub struct ServeCmd {
     /// or a Keras or ONNX file. Without one that route answers 501.
     #[arg(long)]
     detector: Option<String>,
+    /// Arithmetic of the detector's products (as `craterdex detect --detector-precision`):
+    /// int8 is the fastest on CPUs with VNNI or AMX.
+    #[arg(long, default_value_t = defaults().detector_precision, requires = "detector")]
+    detector_precision: craterdex_model::Precision,
 }
 
 /// The service's documented defaults (one place: `craterdex_serve::Config::new`).
@@ -123,6 +127,7 @@ pub fn run(c: ServeCmd) -> Result<()> {
         .as_deref()
         .map(|d| craterdex_fetch::detector_dir(d, 1.0 / 255.0))
         .transpose()?;
+    config.detector_precision = c.detector_precision;
     if c.no_model && c.model.model.is_some() {
         bail!("--no-model and --model exclude each other");
     }

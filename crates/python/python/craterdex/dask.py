@@ -205,15 +205,17 @@ def link(client, index_path: str, entries: pd.DataFrame, *, model: Optional[Mode
     return _link_frame(json.dumps(ordered))
 
 
-def _link_images_task(index_path: str, paths: List[str], model: Model, detector: str, rule: Optional[str],
-                      options: str, look_in_place: bool, context: float) -> str:
+def _link_images_task(index_path: str, paths: List[str], model: Model, detector: str, detector_precision: str,
+                      rule: Optional[str], options: str, look_in_place: bool, context: float) -> str:
     idx = _native.Index.open(index_path, model=model._native)
     return idx.link_images_json(paths, detector, rule_json=rule, options_json=options,
-                                look_in_place=look_in_place, context=context)
+                                look_in_place=look_in_place, context=context,
+                                detector_precision=detector_precision)
 
 
 def link_images(client, index_path: str, images: Sequence[Union[str, "os.PathLike[str]"]], *,
-                model: Optional[Model] = None, detector: str = "pycda-unet", images_per_task: int = 1,
+                model: Optional[Model] = None, detector: str = "pycda-unet", detector_precision: str = "f32",
+                images_per_task: int = 1,
                 rule: Optional[Dict[str, Any]] = None, top_k: int = _LINK["top_k"],
                 shortlist: int = _LINK["shortlist"], register: bool = _LINK["register"],
                 look_in_place: bool = True, context: float = 2.0) -> pd.DataFrame:
@@ -241,7 +243,8 @@ def link_images(client, index_path: str, images: Sequence[Union[str, "os.PathLik
     options = json.dumps(dict(top_k=top_k, shortlist=shortlist, insert_new=False, register=register))
     rule_json = None if rule is None else json.dumps(rule)
     futures = [client.submit(_link_images_task, os.fspath(index_path), paths[start:start + images_per_task], model,
-                             detector, rule_json, options, look_in_place, context, pure=False, retries=3)
+                             detector, detector_precision, rule_json, options, look_in_place, context,
+                             pure=False, retries=3)
                for start in range(0, len(paths), images_per_task)]
     columns, craters, summaries = None, [], []
     for text in client.gather(futures):

@@ -5,7 +5,7 @@
 
 use super::python::{pinned_python, script_file, PYCDA, PYCDA_SCRIPT};
 use crate::args::TileArgs;
-use crate::cmd::detect::{detect_images, found_circles, labelled, DetectorOpts};
+use crate::cmd::detect::{detect_images, drop_image, found_circles, labelled, DetectorOpts};
 use anyhow::{Context, Result};
 use clap::Args;
 use craterdex_eval::detection::{score, BinCounts, Circle};
@@ -72,10 +72,17 @@ fn worker(b: &DetectBench) -> Result<Vec<Row>> {
         let mut found = Vec::new();
         for _ in 0..b.repeats.max(1) {
             let t = std::time::Instant::now();
-            found = detect_images(&images, &config, &net, &o, &format!("{precision}"), false)
-                .into_iter()
-                .map(|f| f.map(|f| f.detections))
-                .collect::<Result<Vec<_>>>()?;
+            found = detect_images(
+                &images,
+                &config,
+                &net,
+                &o,
+                &format!("{precision}"),
+                drop_image,
+            )
+            .into_iter()
+            .map(|f| f.map(|f| f.detections))
+            .collect::<Result<Vec<_>>>()?;
             best = best.min(t.elapsed().as_secs_f64());
         }
         let scored: Vec<(Vec<Circle>, Vec<Circle>)> = found
