@@ -721,6 +721,33 @@ fn small_discs(root: &Path, name: &str, seed: usize) -> Vec<(f64, f64, f64)> {
     discs
 }
 
+/// Of the discs `want`, how many a row of `detect`'s CSV finds (centre within 0.25 D + 2 px,
+/// diameter within 1.5x), and how many rows there are.
+fn found_right(csv: &str, want: &[(f64, f64, f64)]) -> (usize, usize) {
+    let rows: Vec<[f64; 3]> = csv
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let v: Vec<f64> = l
+                .split(',')
+                .skip(3)
+                .take(3)
+                .map(|v| v.parse().unwrap())
+                .collect();
+            [v[0], v[1], v[2]]
+        })
+        .collect();
+    let right = want
+        .iter()
+        .filter(|&&(x, y, d)| {
+            rows.iter().any(|r| {
+                (r[0] - x).hypot(r[1] - y) <= 0.25 * d + 2.0 && r[2] / d < 1.5 && d / r[2] < 1.5
+            })
+        })
+        .count();
+    (right, rows.len())
+}
+
 #[test]
 fn detect_fit_writes_a_detector_that_detect_then_uses() {
     let tmp = tempfile::tempdir().unwrap();
@@ -777,29 +804,57 @@ fn detect_fit_writes_a_detector_that_detect_then_uses() {
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let csv = std::fs::read_to_string(root.join("found/detections.csv")).unwrap();
-    let rows: Vec<[f64; 3]> = csv
-        .lines()
-        .skip(1)
-        .map(|l| {
-            let v: Vec<f64> = l
-                .split(',')
-                .skip(3)
-                .take(3)
-                .map(|v| v.parse().unwrap())
-                .collect();
-            [v[0], v[1], v[2]]
-        })
-        .collect();
-    let right = want
-        .iter()
-        .filter(|&&(x, y, d)| {
-            rows.iter().any(|r| {
-                (r[0] - x).hypot(r[1] - y) <= 0.25 * d + 2.0 && r[2] / d < 1.5 && d / r[2] < 1.5
-            })
-        })
-        .count();
+    let (right, rows) = found_right(&csv, &want);
     assert!(
-        right >= 12 && rows.len() <= right + 1,
+        right >= 12 && rows <= right + 1,
+        "{right} of 16 discs in\n{csv}"
+    );
+
+    // every layer fitted (--whole) on the same discs finds them as well
+    let whole = [
+        &fit[..9],
+        &[
+            "whole",
+            "--whole",
+            "--region-share",
+            "1",
+            "--steps",
+            "300",
+            "--learning-rate",
+            "0.01",
+            "--try-thresholds",
+            "0.3,0.5",
+        ],
+    ]
+    .concat();
+    let o = run(root, &whole);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.join("whole/detector.json")).unwrap()).unwrap();
+    assert!(
+        config["source"].as_str().unwrap().contains("every layer"),
+        "{config}"
+    );
+    assert_eq!(
+        config["graph"]["layers"].as_array().unwrap().len(),
+        craterdex_detect::testing::small_unet().layers.len()
+    );
+    let o = run(
+        root,
+        &[
+            "detect",
+            "other.png",
+            "--detector",
+            "whole",
+            "--out",
+            "found-whole",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let csv = std::fs::read_to_string(root.join("found-whole/detections.csv")).unwrap();
+    let (right, rows) = found_right(&csv, &want);
+    assert!(
+        right >= 12 && rows <= right + 1,
         "{right} of 16 discs in\n{csv}"
     );
 

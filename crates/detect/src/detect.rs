@@ -106,7 +106,7 @@ impl GrayImage {
     }
 
     /// Pixel at `(x, y)`, mirrored back inside past the edges.
-    fn mirrored(&self, x: isize, y: isize) -> u8 {
+    pub(crate) fn mirrored(&self, x: isize, y: isize) -> u8 {
         self.pixels[mirror(y, self.height) * self.width + mirror(x, self.width)]
     }
 }

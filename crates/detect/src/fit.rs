@@ -223,15 +223,15 @@ pub fn with_head(
 
 /// Pixel classes of one level: what the head is taught there.
 const BACKGROUND: u8 = 0;
-const IGNORED: u8 = 1;
-const CRATER: u8 = 2;
+pub(crate) const IGNORED: u8 = 1;
+pub(crate) const CRATER: u8 = 2;
 
 /// Each pixel's class on a `width x height` level at `scale` whose range of reported
 /// diameters is `lo..hi`: within `region_share` of the radius of a crater of that range, a
 /// crater; inside one near the
 /// range's top (within a factor of 1.25) or below the range, ignored (another level or the
 /// smallest-size cut answers for it); elsewhere, inside larger craters too, background.
-fn classes(
+pub(crate) fn classes(
     craters: &[[f64; 3]],
     scale: f64,
     (lo, hi): (f64, f64),
@@ -273,7 +273,7 @@ fn classes(
 }
 
 /// A deterministic draw in `[0, 1)` for sample `i` of level `level` of image `image`.
-fn draw(image: usize, level: usize, i: usize) -> f64 {
+pub(crate) fn draw(image: usize, level: usize, i: usize) -> f64 {
     let mut z = (image as u64)
         .wrapping_mul(0x9E37_79B9_7F4A_7C15)
         .wrapping_add((level as u64) << 40)

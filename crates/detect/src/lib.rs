@@ -6,7 +6,8 @@
 //! files (pycda's U-Net) and ONNX files, the detector directory format, cutting an image of any size into
 //! the detector's tiles over an image pyramid, and turning per-pixel crater likelihoods
 //! into circles merged across tiles and scales.
-//! Also fits a new head on a detector's frozen maps from labelled images (`fit`).
+//! Also fits a detector to labelled images: a new head on its frozen maps (`fit`), or every
+//! layer (`train`).
 //! Knows nothing of features, descriptors, indexes, searches or linking; scoring detections
 //! against labelled craters is craterdex-eval's.
 
@@ -20,6 +21,7 @@ pub mod onnx;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod train;
 
 pub use detect::{detect, DetectOptions, Detection, GrayImage};
 pub use error::{Error, Result};

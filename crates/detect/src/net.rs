@@ -506,7 +506,7 @@ fn check_channels(layer: &str, map: &FeatureMap, expected: usize) -> Result<()> 
 
 /// Zeros before the first row (column) of a `Same` convolution, TensorFlow's way: the odd
 /// one goes after.
-fn same_pad(size: usize, kernel: usize, stride: usize) -> usize {
+pub(crate) fn same_pad(size: usize, kernel: usize, stride: usize) -> usize {
     let out = size.div_ceil(stride);
     ((out - 1) * stride + kernel).saturating_sub(size) / 2
 }

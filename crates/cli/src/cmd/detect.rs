@@ -6,6 +6,7 @@ use crate::output::bar;
 use anyhow::{Context, Result};
 use clap::Args;
 use craterdex_detect::fit::{fit_head, with_head, FitOptions, Labelled};
+use craterdex_detect::train::{fit_whole, shifted as shifted_bias, WholeFitOptions};
 use craterdex_detect::{detect, DetectOptions, Detection, DetectorConfig, GrayImage, Net};
 use craterdex_eval::detection::{score, BinCounts, Circle};
 #[cfg(feature = "gdal")]
@@ -380,6 +381,20 @@ pub struct DetectFitCmd {
     /// Hidden units of the head.
     #[arg(long, default_value_t = FitOptions::default().hidden)]
     hidden: usize,
+    /// Fit every layer of the detector rather than a new head on its frozen maps: slower
+    /// (about 8 s a step of 8 tiles with pycda's U-Net on two cores), and on lunar tiles it
+    /// finds more craters (docs/results.md, "The whole detector fitted").
+    #[arg(long)]
+    whole: bool,
+    /// With --whole: Adam steps.
+    #[arg(long, default_value_t = WholeFitOptions::default().steps, requires = "whole")]
+    steps: usize,
+    /// With --whole: tiles per step.
+    #[arg(long, default_value_t = WholeFitOptions::default().batch, requires = "whole")]
+    batch: usize,
+    /// With --whole: Adam's learning rate.
+    #[arg(long, default_value_t = WholeFitOptions::default().learning_rate, requires = "whole")]
+    learning_rate: f64,
     /// The detector refitted, and how detections are read from it.
     #[command(flatten)]
     detector: DetectorOpts,
@@ -414,28 +429,54 @@ fn run_fit(c: DetectFitCmd) -> Result<()> {
         .iter()
         .map(|l| craterdex_detect::detect::tiles_needed(&config, l.image.width, l.image.height, &o))
         .sum::<craterdex_detect::Result<usize>>()?;
-    let fit = FitOptions {
-        background_share: c.background_share,
-        region_share: c.region_share,
-        hidden: c.hidden,
-        ..Default::default()
-    };
     let t = std::time::Instant::now();
-    let pb = bar(tiles, "features");
-    let head = fit_head(&config, &weights, &images, &o, &fit, &|n| pb.inc(n as u64))?;
-    pb.finish();
-    eprintln!(
-        "head fitted on {} pixels ({} inside craters) in {:.1}s",
-        head.samples,
-        head.crater_pixels,
-        t.elapsed().as_secs_f64()
-    );
-    let (graph, fitted) = with_head(&config.graph, config.tile, &weights, &head, 0.0)?;
+    // the fitted detector, its likelihood shifted by a number of logits
+    let shifted: Box<dyn Fn(f32) -> craterdex_detect::Result<_>> = if c.whole {
+        let fit = WholeFitOptions {
+            steps: c.steps,
+            batch: c.batch,
+            learning_rate: c.learning_rate,
+            region_share: c.region_share,
+        };
+        let pb = bar(fit.steps, "fit steps");
+        let fitted = fit_whole(&config, &weights, &images, &o, &fit, &|loss| {
+            pb.set_message(format!("loss {loss:.4}"));
+            pb.inc(1);
+        })?;
+        pb.finish();
+        eprintln!(
+            "every layer fitted in {:.1}s ({} steps of {} tiles)",
+            t.elapsed().as_secs_f64(),
+            fit.steps,
+            fit.batch
+        );
+        let graph = config.graph.clone();
+        Box::new(move |shift| Ok((graph.clone(), shifted_bias(&graph, &fitted, shift)?)))
+    } else {
+        let fit = FitOptions {
+            background_share: c.background_share,
+            region_share: c.region_share,
+            hidden: c.hidden,
+            ..Default::default()
+        };
+        let pb = bar(tiles, "features");
+        let head = fit_head(&config, &weights, &images, &o, &fit, &|n| pb.inc(n as u64))?;
+        pb.finish();
+        eprintln!(
+            "head fitted on {} pixels ({} inside craters) in {:.1}s",
+            head.samples,
+            head.crater_pixels,
+            t.elapsed().as_secs_f64()
+        );
+        let (graph, tile, weights) = (config.graph.clone(), config.tile, weights.clone());
+        Box::new(move |shift| with_head(&graph, tile, &weights, &head, shift))
+    };
+    let (graph, fitted) = shifted(0.0)?;
     let net = Net::new(graph.clone(), |n| fitted.get(n).cloned())?
         .with_precision(c.detector.detector_precision)?;
     let fitted_config = craterdex_detect::DetectorConfig {
         graph,
-        region_share: fit.region_share,
+        region_share: c.region_share,
         ..config.clone()
     };
     let pb = bar(tiles * c.try_thresholds.len(), "thresholds");
@@ -463,7 +504,7 @@ fn run_fit(c: DetectFitCmd) -> Result<()> {
     for (threshold, bins) in &tried {
         print_bins(
             &format!(
-                "fitted head at threshold {threshold} (mean F1 {:.3}){}",
+                "fitted at threshold {threshold} (mean F1 {:.3}){}",
                 small_and_large_f1(bins),
                 if threshold == best { ", kept" } else { "" }
             ),
@@ -476,16 +517,17 @@ fn run_fit(c: DetectFitCmd) -> Result<()> {
         .out
         .file_name()
         .map_or_else(|| "fitted".into(), |n| n.to_string_lossy().into_owned());
-    let (graph, weights) = with_head(&config.graph, config.tile, &weights, &head, shift)?;
+    let (graph, weights) = shifted(shift)?;
     let out_config = craterdex_detect::DetectorConfig {
         name,
         source: format!(
-            "{} with a head fitted by craterdex detect fit on {} labelled images",
+            "{} with {} fitted by craterdex detect fit on {} labelled images",
             config.source,
+            if c.whole { "every layer" } else { "a head" },
             pairs.len()
         ),
         graph,
-        region_share: fit.region_share,
+        region_share: c.region_share,
         ..config.clone()
     };
     craterdex_detect::write_detector_dir(&c.out, out_config, &weights)?;

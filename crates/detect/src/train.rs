@@ -1,0 +1,1018 @@
+//! Fitting every layer of a detector to labelled images (`detect fit --whole`): the graph's
+//! forward pass with each layer's output kept, its gradients by hand for the graph's few
+//! operations, and Adam. Where the head fit (`fit`) reads a frozen detector's maps, this
+//! changes the detector itself: each step is a batch of tiles cut at random from the
+//! labelled images' pyramid levels (turned by quarter turns and mirrored), each pixel taught
+//! what `detect` reads there (`fit::classes`). Products are f32 GEMMs (matrixmultiply); the
+//! tiles of a batch run in parallel.
+
+use crate::detect::{DetectOptions, GrayImage};
+use crate::error::{Error, Result};
+use crate::fit::{classes, draw, Labelled, CRATER, IGNORED};
+use crate::graph::{Activation, Graph, Op, Padding};
+use crate::net::{same_pad, FeatureMap, Tensor};
+use crate::store::DetectorConfig;
+use craterdex_errors::ensure;
+use rayon::prelude::*;
+use std::collections::BTreeMap;
+
+/// How a whole detector is fitted. The defaults live here.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WholeFitOptions {
+    /// Adam steps.
+    pub steps: usize,
+    /// Tiles per step.
+    pub batch: usize,
+    pub learning_rate: f64,
+    /// The share of each crater's diameter taught as crater (as the head fit's).
+    pub region_share: f64,
+}
+
+impl Default for WholeFitOptions {
+    fn default() -> Self {
+        // 400 steps of 8 tiles at 1e-4: set before any run on the tiles that report it
+        // (docs/results.md, "The whole detector fitted")
+        Self {
+            steps: 400,
+            batch: 8,
+            learning_rate: 1e-4,
+            region_share: crate::fit::FitOptions::default().region_share,
+        }
+    }
+}
+
+/// `c[m x n] = beta c + a[m x k] b[k x n]`, `a` and `b` read with any row and column strides
+/// (a transposed operand is the same slice with its strides swapped), `c` row-major.
+#[allow(clippy::too_many_arguments)]
+fn gemm(
+    (m, k, n): (usize, usize, usize),
+    a: &[f32],
+    (rsa, csa): (usize, usize),
+    b: &[f32],
+    (rsb, csb): (usize, usize),
+    c: &mut [f32],
+    beta: f32,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(c.len() >= m * n, "gemm: c holds {} of {m} x {n}", c.len());
+    if k == 0 {
+        c[..m * n].iter_mut().for_each(|v| *v *= beta);
+        return;
+    }
+    assert!(a.len() > (m - 1) * rsa + (k - 1) * csa, "gemm: a too short");
+    assert!(b.len() > (k - 1) * rsb + (n - 1) * csb, "gemm: b too short");
+    // SAFETY: every element read or written lies inside its slice (asserted above) and `c`
+    // does not alias `a` or `b` (a `&mut` beside two `&`).
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            1.0,
+            a.as_ptr(),
+            rsa as isize,
+            csa as isize,
+            b.as_ptr(),
+            rsb as isize,
+            csb as isize,
+            beta,
+            c.as_mut_ptr(),
+            n as isize,
+            1,
+        );
+    }
+}
+
+fn zeros(height: usize, width: usize, channels: usize) -> FeatureMap {
+    FeatureMap {
+        height,
+        width,
+        channels,
+        data: vec![0.0; height * width * channels],
+    }
+}
+
+/// Where a convolution's taps start (padding before) and its output's side.
+fn conv_geometry(size: usize, kernel: usize, stride: usize, padding: Padding) -> (usize, usize) {
+    match padding {
+        Padding::Valid => (0, (size - kernel) / stride + 1),
+        Padding::Same => (same_pad(size, kernel, stride), size.div_ceil(stride)),
+    }
+}
+
+/// A convolution's input patches, one row per output pixel: `[oh * ow, kh * kw * c]` in
+/// the kernel's `(row, column, channel)` order, zeros past the edges.
+fn patches(
+    x: &FeatureMap,
+    [kh, kw]: [usize; 2],
+    [sh, sw]: [usize; 2],
+    [pt, pl]: [usize; 2],
+    [oh, ow]: [usize; 2],
+) -> Vec<f32> {
+    let c = x.channels;
+    let k = kh * kw * c;
+    let mut cols = vec![0f32; oh * ow * k];
+    cols.par_chunks_mut(ow * k)
+        .enumerate()
+        .for_each(|(oy, row)| {
+            for ox in 0..ow {
+                let patch = &mut row[ox * k..(ox + 1) * k];
+                for a in 0..kh {
+                    let Some(iy) = (oy * sh + a).checked_sub(pt).filter(|&y| y < x.height) else {
+                        continue;
+                    };
+                    for b in 0..kw {
+                        let Some(ix) = (ox * sw + b).checked_sub(pl).filter(|&v| v < x.width)
+                        else {
+                            continue;
+                        };
+                        let at = (iy * x.width + ix) * c;
+                        patch[(a * kw + b) * c..][..c].copy_from_slice(&x.data[at..at + c]);
+                    }
+                }
+            }
+        });
+    cols
+}
+
+/// The gradients of patches added back onto the input's pixels they were read from (rows of
+/// the input in parallel: each gathers what the output rows that read it give back).
+fn add_patches(
+    dx: &mut FeatureMap,
+    cols: &[f32],
+    [kh, kw]: [usize; 2],
+    [sh, sw]: [usize; 2],
+    [pt, pl]: [usize; 2],
+    [oh, ow]: [usize; 2],
+) {
+    let (c, width) = (dx.channels, dx.width);
+    let k = kh * kw * c;
+    dx.data
+        .par_chunks_mut(width * c)
+        .enumerate()
+        .for_each(|(iy, row)| {
+            for a in 0..kh {
+                let Some(t) = (iy + pt).checked_sub(a) else {
+                    continue;
+                };
+                if t % sh != 0 || t / sh >= oh {
+                    continue;
+                }
+                let oy = t / sh;
+                for ox in 0..ow {
+                    let patch = &cols[(oy * ow + ox) * k..][..k];
+                    for b in 0..kw {
+                        let Some(ix) = (ox * sw + b).checked_sub(pl).filter(|&v| v < width) else {
+                            continue;
+                        };
+                        row[ix * c..(ix + 1) * c]
+                            .iter_mut()
+                            .zip(&patch[(a * kw + b) * c..][..c])
+                            .for_each(|(d, g)| *d += g);
+                    }
+                }
+            }
+        });
+}
+
+/// The gradient through an activation, from its output `y`.
+fn through_activation(activation: Activation, y: &[f32], dy: &mut [f32]) {
+    match activation {
+        Activation::Linear => {}
+        Activation::Relu => dy
+            .iter_mut()
+            .zip(y)
+            .for_each(|(d, &y)| *d = if y > 0.0 { *d } else { 0.0 }),
+        Activation::Sigmoid => dy.iter_mut().zip(y).for_each(|(d, &y)| *d *= y * (1.0 - y)),
+    }
+}
+
+fn tensor<'a>(weights: &'a BTreeMap<String, Tensor>, name: &str) -> Result<&'a [f32]> {
+    weights
+        .get(name)
+        .map(|t| t.1.as_slice())
+        .ok_or_else(|| Error::Invalid(format!("the detector has no tensor {name}")))
+}
+
+/// Every layer's output for `input`, each convolution's input patches (the backward pass
+/// reads them again), and where each max pool took its values from.
+struct Pass {
+    outputs: Vec<FeatureMap>,
+    patches: Vec<Vec<f32>>,
+    argmax: Vec<Vec<u32>>,
+}
+
+fn forward(graph: &Graph, weights: &BTreeMap<String, Tensor>, input: FeatureMap) -> Result<Pass> {
+    let n = graph.layers.len();
+    let mut outputs: Vec<FeatureMap> = Vec::with_capacity(n);
+    let mut argmax = vec![Vec::new(); n];
+    let mut kept = vec![Vec::new(); n];
+    for (i, layer) in graph.layers.iter().enumerate() {
+        let x = |j: usize| &outputs[layer.inputs[j]];
+        let out = match &layer.op {
+            Op::Input { .. } => FeatureMap {
+                height: input.height,
+                width: input.width,
+                channels: input.channels,
+                data: input.data.clone(),
+            },
+            Op::Conv {
+                filters,
+                kernel,
+                stride,
+                padding,
+                activation,
+            } => {
+                let x = x(0);
+                let (pt, oh) = conv_geometry(x.height, kernel[0], stride[0], *padding);
+                let (pl, ow) = conv_geometry(x.width, kernel[1], stride[1], *padding);
+                let cols = patches(x, *kernel, *stride, [pt, pl], [oh, ow]);
+                let k = kernel[0] * kernel[1] * x.channels;
+                let w = tensor(weights, &format!("{}/kernel", layer.name))?;
+                let b = tensor(weights, &format!("{}/bias", layer.name))?;
+                let mut y = zeros(oh, ow, *filters);
+                for row in y.data.chunks_exact_mut(*filters) {
+                    row.copy_from_slice(b);
+                }
+                gemm(
+                    (oh * ow, k, *filters),
+                    &cols,
+                    (k, 1),
+                    w,
+                    (*filters, 1),
+                    &mut y.data,
+                    1.0,
+                );
+                activation.apply(&mut y.data);
+                kept[i] = cols;
+                y
+            }
+            Op::ConvTranspose {
+                filters,
+                kernel,
+                stride,
+                activation,
+            } => {
+                let x = x(0);
+                let (oh, ow) = (
+                    (x.height - 1) * stride[0] + kernel[0],
+                    (x.width - 1) * stride[1] + kernel[1],
+                );
+                let (cin, f) = (x.channels, *filters);
+                let w = tensor(weights, &format!("{}/kernel", layer.name))?;
+                let b = tensor(weights, &format!("{}/bias", layer.name))?;
+                let mut y = zeros(oh, ow, f);
+                for row in y.data.chunks_exact_mut(f) {
+                    row.copy_from_slice(b);
+                }
+                let p = x.height * x.width;
+                let mut tap = vec![0f32; p * f];
+                for a in 0..kernel[0] {
+                    for bb in 0..kernel[1] {
+                        // the tap's weights [f, cin], read transposed
+                        let wt = &w[(a * kernel[1] + bb) * f * cin..][..f * cin];
+                        gemm((p, cin, f), &x.data, (cin, 1), wt, (1, cin), &mut tap, 0.0);
+                        for iy in 0..x.height {
+                            for ix in 0..x.width {
+                                let at = ((iy * stride[0] + a) * ow + ix * stride[1] + bb) * f;
+                                y.data[at..at + f]
+                                    .iter_mut()
+                                    .zip(&tap[(iy * x.width + ix) * f..][..f])
+                                    .for_each(|(y, t)| *y += t);
+                            }
+                        }
+                    }
+                }
+                activation.apply(&mut y.data);
+                y
+            }
+            Op::MaxPool { size, stride } => {
+                let x = x(0);
+                let (oh, ow) = (
+                    (x.height - size[0]) / stride[0] + 1,
+                    (x.width - size[1]) / stride[1] + 1,
+                );
+                let c = x.channels;
+                let mut y = zeros(oh, ow, c);
+                let mut from = vec![0u32; oh * ow * c];
+                for oy in 0..oh {
+                    for ox in 0..ow {
+                        for ch in 0..c {
+                            let mut best = (f32::NEG_INFINITY, 0usize);
+                            for a in 0..size[0] {
+                                for b in 0..size[1] {
+                                    let at = ((oy * stride[0] + a) * x.width + ox * stride[1] + b)
+                                        * c
+                                        + ch;
+                                    if x.data[at] > best.0 {
+                                        best = (x.data[at], at);
+                                    }
+                                }
+                            }
+                            let o = (oy * ow + ox) * c + ch;
+                            y.data[o] = best.0;
+                            from[o] = best.1 as u32;
+                        }
+                    }
+                }
+                argmax[i] = from;
+                y
+            }
+            Op::Crop { edges } => {
+                let x = x(0);
+                let (oh, ow) = (
+                    x.height - edges[0] - edges[1],
+                    x.width - edges[2] - edges[3],
+                );
+                let c = x.channels;
+                let mut y = zeros(oh, ow, c);
+                for r in 0..oh {
+                    let at = ((r + edges[0]) * x.width + edges[2]) * c;
+                    y.data[r * ow * c..(r + 1) * ow * c].copy_from_slice(&x.data[at..at + ow * c]);
+                }
+                y
+            }
+            Op::Concat => {
+                let parts: Vec<&FeatureMap> = layer.inputs.iter().map(|&j| &outputs[j]).collect();
+                let (h, w) = (parts[0].height, parts[0].width);
+                let c: usize = parts.iter().map(|p| p.channels).sum();
+                let mut y = zeros(h, w, c);
+                for (px, out) in y.data.chunks_exact_mut(c).enumerate() {
+                    let mut at = 0;
+                    for p in &parts {
+                        out[at..at + p.channels]
+                            .copy_from_slice(&p.data[px * p.channels..(px + 1) * p.channels]);
+                        at += p.channels;
+                    }
+                }
+                y
+            }
+        };
+        outputs.push(out);
+    }
+    Ok(Pass {
+        outputs,
+        patches: kept,
+        argmax,
+    })
+}
+
+/// Adds `g` onto the gradient of layer output `slot` (zeros of `like`'s shape at first).
+fn add_grad(grads: &mut [Option<FeatureMap>], slot: usize, like: &FeatureMap, g: &[f32]) {
+    let d = grads[slot].get_or_insert_with(|| zeros(like.height, like.width, like.channels));
+    d.data.iter_mut().zip(g).for_each(|(d, g)| *d += g);
+}
+
+/// The gradients of the weights, given the gradient of the loss with respect to the last
+/// layer's input to its activation (`d_logits`: the sigmoid folded into the cross-entropy).
+fn backward(
+    graph: &Graph,
+    weights: &BTreeMap<String, Tensor>,
+    pass: &Pass,
+    d_logits: Vec<f32>,
+    into: &mut BTreeMap<String, Vec<f32>>,
+) -> Result<()> {
+    let n = graph.layers.len();
+    let mut grads: Vec<Option<FeatureMap>> = (0..n).map(|_| None).collect();
+    let last = &pass.outputs[n - 1];
+    grads[n - 1] = Some(FeatureMap {
+        height: last.height,
+        width: last.width,
+        channels: last.channels,
+        data: d_logits,
+    });
+    for i in (0..n).rev() {
+        let Some(mut dy) = grads[i].take() else {
+            continue;
+        };
+        let layer = &graph.layers[i];
+        let y = &pass.outputs[i];
+        let input_needs = |j: usize| !matches!(graph.layers[j].op, Op::Input { .. });
+        match &layer.op {
+            Op::Input { .. } => {}
+            Op::Conv {
+                filters,
+                kernel,
+                stride,
+                padding,
+                activation,
+            } => {
+                if i + 1 < n {
+                    through_activation(*activation, &y.data, &mut dy.data);
+                }
+                let j = layer.inputs[0];
+                let x = &pass.outputs[j];
+                let (pt, oh) = conv_geometry(x.height, kernel[0], stride[0], *padding);
+                let (pl, ow) = conv_geometry(x.width, kernel[1], stride[1], *padding);
+                let cols = &pass.patches[i];
+                let (k, f, p) = (kernel[0] * kernel[1] * x.channels, *filters, oh * ow);
+                let gw = into
+                    .get_mut(&format!("{}/kernel", layer.name))
+                    .expect("a gradient per tensor");
+                gemm((k, p, f), cols, (1, k), &dy.data, (f, 1), gw, 1.0);
+                let gb = into
+                    .get_mut(&format!("{}/bias", layer.name))
+                    .expect("a gradient per tensor");
+                for row in dy.data.chunks_exact(f) {
+                    gb.iter_mut().zip(row).for_each(|(g, d)| *g += d);
+                }
+                if input_needs(j) {
+                    let w = tensor(weights, &format!("{}/kernel", layer.name))?;
+                    let mut dcols = vec![0f32; p * k];
+                    gemm((p, f, k), &dy.data, (f, 1), w, (1, f), &mut dcols, 0.0);
+                    let mut dx = zeros(x.height, x.width, x.channels);
+                    add_patches(&mut dx, &dcols, *kernel, *stride, [pt, pl], [oh, ow]);
+                    add_grad(&mut grads, j, x, &dx.data);
+                }
+            }
+            Op::ConvTranspose {
+                filters,
+                kernel,
+                stride,
+                activation,
+            } => {
+                if i + 1 < n {
+                    through_activation(*activation, &y.data, &mut dy.data);
+                }
+                let j = layer.inputs[0];
+                let x = &pass.outputs[j];
+                let (cin, f, p) = (x.channels, *filters, x.height * x.width);
+                let ow = y.width;
+                let gb = into
+                    .get_mut(&format!("{}/bias", layer.name))
+                    .expect("a gradient per tensor");
+                for row in dy.data.chunks_exact(f) {
+                    gb.iter_mut().zip(row).for_each(|(g, d)| *g += d);
+                }
+                let w = tensor(weights, &format!("{}/kernel", layer.name))?;
+                let mut dx = zeros(x.height, x.width, cin);
+                let mut tap = vec![0f32; p * f];
+                for a in 0..kernel[0] {
+                    for bb in 0..kernel[1] {
+                        for iy in 0..x.height {
+                            for ix in 0..x.width {
+                                let at = ((iy * stride[0] + a) * ow + ix * stride[1] + bb) * f;
+                                tap[(iy * x.width + ix) * f..][..f]
+                                    .copy_from_slice(&dy.data[at..at + f]);
+                            }
+                        }
+                        let offset = (a * kernel[1] + bb) * f * cin;
+                        let gw = into
+                            .get_mut(&format!("{}/kernel", layer.name))
+                            .expect("a gradient per tensor");
+                        gemm(
+                            (f, p, cin),
+                            &tap,
+                            (1, f),
+                            &x.data,
+                            (cin, 1),
+                            &mut gw[offset..offset + f * cin],
+                            1.0,
+                        );
+                        if input_needs(j) {
+                            let wt = &w[offset..offset + f * cin];
+                            gemm((p, f, cin), &tap, (f, 1), wt, (cin, 1), &mut dx.data, 1.0);
+                        }
+                    }
+                }
+                if input_needs(j) {
+                    add_grad(&mut grads, j, x, &dx.data);
+                }
+            }
+            Op::MaxPool { .. } => {
+                let j = layer.inputs[0];
+                let x = &pass.outputs[j];
+                let mut dx = zeros(x.height, x.width, x.channels);
+                for (&from, &d) in pass.argmax[i].iter().zip(&dy.data) {
+                    dx.data[from as usize] += d;
+                }
+                add_grad(&mut grads, j, x, &dx.data);
+            }
+            Op::Crop { edges } => {
+                let j = layer.inputs[0];
+                let x = &pass.outputs[j];
+                let c = x.channels;
+                let mut dx = zeros(x.height, x.width, c);
+                for r in 0..y.height {
+                    let at = ((r + edges[0]) * x.width + edges[2]) * c;
+                    dx.data[at..at + y.width * c]
+                        .copy_from_slice(&dy.data[r * y.width * c..(r + 1) * y.width * c]);
+                }
+                add_grad(&mut grads, j, x, &dx.data);
+            }
+            Op::Concat => {
+                let mut at = 0;
+                for &j in &layer.inputs {
+                    let x = &pass.outputs[j];
+                    let c = x.channels;
+                    let part: Vec<f32> = dy
+                        .data
+                        .chunks_exact(y.channels)
+                        .flat_map(|px| px[at..at + c].iter().copied())
+                        .collect();
+                    add_grad(&mut grads, j, x, &part);
+                    at += c;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A pyramid level of a labelled image, and what each of its pixels is taught.
+struct Level {
+    image: GrayImage,
+    class: Vec<u8>,
+}
+
+/// One tile of a batch: the detector's input, and per output pixel its target and weight.
+struct Example {
+    input: FeatureMap,
+    targets: Vec<f32>,
+    weights: Vec<f32>,
+}
+
+/// `(y, x)` of an `n x n` square's pixel `(r, c)` after `turns` quarter turns and a mirror.
+fn turned(r: usize, c: usize, n: usize, turns: usize, mirror: bool) -> (usize, usize) {
+    let c = if mirror { n - 1 - c } else { c };
+    match turns % 4 {
+        0 => (r, c),
+        1 => (c, n - 1 - r),
+        2 => (n - 1 - r, n - 1 - c),
+        _ => (n - 1 - c, r),
+    }
+}
+
+/// The tile of `level` whose output starts at `(y0, x0)` (may lie partly outside: those
+/// pixels are ignored), turned and mirrored.
+#[allow(clippy::too_many_arguments)]
+fn example(
+    level: &Level,
+    (y0, x0): (isize, isize),
+    tile: usize,
+    out: usize,
+    input_scale: f32,
+    turns: usize,
+    mirror: bool,
+) -> Example {
+    let border = ((tile - out) / 2) as isize;
+    let mut input = zeros(tile, tile, 1);
+    for r in 0..tile {
+        for c in 0..tile {
+            let (ty, tx) = turned(r, c, tile, turns, mirror);
+            input.data[ty * tile + tx] = level
+                .image
+                .mirrored(x0 - border + c as isize, y0 - border + r as isize)
+                as f32
+                * input_scale;
+        }
+    }
+    let (w, h) = (level.image.width as isize, level.image.height as isize);
+    let mut targets = vec![0f32; out * out];
+    let mut weights = vec![0f32; out * out];
+    for r in 0..out {
+        for c in 0..out {
+            let (y, x) = (y0 + r as isize, x0 + c as isize);
+            let class = if y < 0 || x < 0 || y >= h || x >= w {
+                IGNORED
+            } else {
+                level.class[(y * w + x) as usize]
+            };
+            let (ty, tx) = turned(r, c, out, turns, mirror);
+            if class != IGNORED {
+                targets[ty * out + tx] = f32::from(class == CRATER);
+                weights[ty * out + tx] = 1.0;
+            }
+        }
+    }
+    Example {
+        input,
+        targets,
+        weights,
+    }
+}
+
+/// The names of the tensors a fit changes: every convolution's kernel and bias.
+fn trained_tensors(graph: &Graph) -> Vec<String> {
+    graph
+        .layers
+        .iter()
+        .filter(|l| matches!(l.op, Op::Conv { .. } | Op::ConvTranspose { .. }))
+        .flat_map(|l| [format!("{}/kernel", l.name), format!("{}/bias", l.name)])
+        .collect()
+}
+
+/// The loss of one example and the gradient of the weights it gives (the cross-entropy of
+/// each weighted pixel, divided by `total` weight).
+fn example_gradient(
+    graph: &Graph,
+    weights: &BTreeMap<String, Tensor>,
+    e: &Example,
+    total: f32,
+    names: &[String],
+) -> Result<(f64, BTreeMap<String, Vec<f32>>)> {
+    let pass = forward(graph, weights, e.input.clone())?;
+    let p = &pass.outputs[graph.layers.len() - 1].data;
+    ensure!(
+        p.len() == e.targets.len(),
+        Error::Invalid(format!(
+            "the detector's output has {} pixels for a tile, not the {} its shape says",
+            p.len(),
+            e.targets.len()
+        ))
+    );
+    let mut loss = 0f64;
+    let d: Vec<f32> = p
+        .iter()
+        .zip(&e.targets)
+        .zip(&e.weights)
+        .map(|((&p, &t), &w)| {
+            let q = p.clamp(1e-7, 1.0 - 1e-7) as f64;
+            loss += w as f64 * -(t as f64 * q.ln() + (1.0 - t as f64) * (1.0 - q).ln());
+            w * (p - t) / total
+        })
+        .collect();
+    let mut grads: BTreeMap<String, Vec<f32>> = names
+        .iter()
+        .map(|n| Ok((n.clone(), vec![0f32; tensor(weights, n)?.len()])))
+        .collect::<Result<_>>()?;
+    backward(graph, weights, &pass, d, &mut grads)?;
+    Ok((loss / total as f64, grads))
+}
+
+/// The detector `config` with `weights` fitted whole on `images` (pyramid as `detect` makes
+/// it with `o`); `progress` is told of each step with the batch's mean loss.
+pub fn fit_whole(
+    config: &DetectorConfig,
+    weights: &BTreeMap<String, Tensor>,
+    images: &[Labelled],
+    o: &DetectOptions,
+    fit: &WholeFitOptions,
+    progress: &(dyn Fn(f64) + Sync),
+) -> Result<BTreeMap<String, Tensor>> {
+    o.check()?;
+    ensure!(
+        !images.is_empty(),
+        Error::Invalid("fitting a detector needs labelled images".into())
+    );
+    ensure!(
+        fit.steps > 0 && fit.batch > 0 && fit.learning_rate > 0.0,
+        Error::Invalid("a whole fit needs steps, a batch and a learning rate above 0".into())
+    );
+    ensure!(
+        fit.region_share > 0.0 && fit.region_share <= 1.0,
+        Error::Invalid(format!(
+            "the share of a crater taught as crater must lie in (0, 1], not {}",
+            fit.region_share
+        ))
+    );
+    let graph = &config.graph;
+    let last = graph.layers.last().map(|l| &l.op);
+    ensure!(
+        matches!(
+            last,
+            Some(Op::Conv {
+                filters: 1,
+                activation: Activation::Sigmoid,
+                ..
+            })
+        ),
+        Error::Unsupported(
+            "only a detector whose last layer is a convolution to one sigmoid channel can be \
+             fitted whole"
+                .into()
+        )
+    );
+    let (out, _) = config.output()?;
+    let tile = config.tile;
+    let mut levels = Vec::new();
+    for (i, l) in images.iter().enumerate() {
+        let side = l.image.width.min(l.image.height);
+        ensure!(
+            side >= 16,
+            Error::Invalid(format!(
+                "image {} of the fit is {}x{} pixels; the detector needs at least 16 per side",
+                i + 1,
+                l.image.width,
+                l.image.height
+            ))
+        );
+        let scales = o.scales(side);
+        for (k, &scale) in scales.iter().enumerate() {
+            let image = l.image.scaled(scale);
+            let class = classes(
+                &l.craters,
+                scale,
+                o.level_range(k, scales.len()),
+                fit.region_share,
+                image.width,
+                image.height,
+            );
+            levels.push(Level { image, class });
+        }
+    }
+    // levels drawn by their area, each at least a twentieth of the draws' share: the
+    // smallest levels hold the largest craters, few in pixels
+    let areas: Vec<f64> = levels
+        .iter()
+        .map(|l| (l.image.width * l.image.height) as f64)
+        .collect();
+    let sum: f64 = areas.iter().sum();
+    let shares: Vec<f64> = areas.iter().map(|a| (a / sum).max(0.05)).collect();
+    let norm: f64 = shares.iter().sum();
+    let cumulative: Vec<f64> = shares
+        .iter()
+        .scan(0.0, |s, a| {
+            *s += a / norm;
+            Some(*s)
+        })
+        .collect();
+    let names = trained_tensors(graph);
+    let mut w = weights.clone();
+    let mut moments: BTreeMap<String, (Vec<f32>, Vec<f32>)> = names
+        .iter()
+        .map(|n| {
+            let len = tensor(weights, n)?.len();
+            Ok((n.clone(), (vec![0f32; len], vec![0f32; len])))
+        })
+        .collect::<Result<_>>()?;
+    let (b1, b2, eps) = (0.9f32, 0.999f32, 1e-7f32);
+    let lr = fit.learning_rate as f32;
+    for step in 0..fit.steps {
+        let batch: Vec<Example> = (0..fit.batch)
+            .map(|i| {
+                let r = |k: usize| draw(step, 17 + k, i);
+                let at = r(0);
+                let li = cumulative
+                    .iter()
+                    .position(|&c| at < c)
+                    .unwrap_or(levels.len() - 1);
+                let level = &levels[li];
+                let place = |size: usize, u: f64| -> isize {
+                    // an output window inside the level where it fits, else covering it
+                    let span = size as isize - out as isize;
+                    let (lo, hi) = if span >= 0 { (0, span) } else { (span, 0) };
+                    lo + ((hi - lo + 1) as f64 * u) as isize
+                };
+                let (y0, x0) = (
+                    place(level.image.height, r(1)),
+                    place(level.image.width, r(2)),
+                );
+                let turns = (r(3) * 4.0) as usize;
+                example(
+                    level,
+                    (y0, x0),
+                    tile,
+                    out,
+                    config.input_scale,
+                    turns,
+                    r(4) < 0.5,
+                )
+            })
+            .collect();
+        let total: f32 = batch
+            .iter()
+            .map(|e| e.weights.iter().sum::<f32>())
+            .sum::<f32>()
+            .max(1.0);
+        let (loss, grads) = batch
+            .par_iter()
+            .map(|e| example_gradient(graph, &w, e, total, &names))
+            .try_reduce(
+                || (0.0, BTreeMap::new()),
+                |(la, mut a), (lb, b)| {
+                    for (k, g) in b {
+                        match a.get_mut(&k) {
+                            Some(v) => v.iter_mut().zip(g).for_each(|(v, g)| *v += g),
+                            None => {
+                                a.insert(k, g);
+                            }
+                        }
+                    }
+                    Ok((la + lb, a))
+                },
+            )?;
+        let t = step as i32 + 1;
+        let (c1, c2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
+        for (name, g) in &grads {
+            let (m1, m2) = moments.get_mut(name).expect("moments per tensor");
+            let p = &mut w.get_mut(name).expect("a tensor per gradient").1;
+            for k in 0..p.len() {
+                m1[k] = b1 * m1[k] + (1.0 - b1) * g[k];
+                m2[k] = b2 * m2[k] + (1.0 - b2) * g[k] * g[k];
+                p[k] -= lr * (m1[k] / c1) / ((m2[k] / c2).sqrt() + eps);
+            }
+        }
+        tracing::debug!(step, loss, "whole fit");
+        progress(loss);
+    }
+    Ok(w)
+}
+
+/// `weights` with the last layer's bias moved by `shift` (in logits): what moves the fitted
+/// likelihood's best threshold onto the default one.
+pub fn shifted(
+    graph: &Graph,
+    weights: &BTreeMap<String, Tensor>,
+    shift: f32,
+) -> Result<BTreeMap<String, Tensor>> {
+    let last = graph
+        .layers
+        .last()
+        .ok_or_else(|| Error::Invalid("the detector has no layers".into()))?;
+    let mut out = weights.clone();
+    let bias = out
+        .get_mut(&format!("{}/bias", last.name))
+        .ok_or_else(|| Error::Invalid(format!("the detector has no bias for {}", last.name)))?;
+    bias.1.iter_mut().for_each(|b| *b += shift);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::Layer;
+
+    fn conv(
+        name: &str,
+        filters: usize,
+        k: usize,
+        padding: Padding,
+        act: Activation,
+        from: usize,
+    ) -> Layer {
+        Layer {
+            name: name.into(),
+            op: Op::Conv {
+                filters,
+                kernel: [k, k],
+                stride: [1, 1],
+                padding,
+                activation: act,
+            },
+            inputs: vec![from],
+        }
+    }
+
+    /// A small graph with every operation: two paths joined (crop, pool, transposed
+    /// convolution, concatenation), a same-padded and valid convolutions, a sigmoid head.
+    fn small_graph() -> Graph {
+        Graph {
+            layers: vec![
+                Layer {
+                    name: "in".into(),
+                    op: Op::Input { channels: 1 },
+                    inputs: vec![],
+                },
+                conv("c1", 3, 3, Padding::Valid, Activation::Relu, 0),
+                Layer {
+                    name: "pool".into(),
+                    op: Op::MaxPool {
+                        size: [2, 2],
+                        stride: [2, 2],
+                    },
+                    inputs: vec![1],
+                },
+                conv("c2", 4, 3, Padding::Same, Activation::Linear, 2),
+                Layer {
+                    name: "up".into(),
+                    op: Op::ConvTranspose {
+                        filters: 2,
+                        kernel: [2, 2],
+                        stride: [2, 2],
+                        activation: Activation::Relu,
+                    },
+                    inputs: vec![3],
+                },
+                Layer {
+                    name: "crop".into(),
+                    op: Op::Crop {
+                        edges: [0, 0, 0, 0],
+                    },
+                    inputs: vec![1],
+                },
+                Layer {
+                    name: "cat".into(),
+                    op: Op::Concat,
+                    inputs: vec![5, 4],
+                },
+                conv("c3", 3, 3, Padding::Valid, Activation::Relu, 6),
+                conv("head", 1, 1, Padding::Valid, Activation::Sigmoid, 7),
+            ],
+        }
+    }
+
+    fn values(n: usize, seed: usize, scale: f32) -> Vec<f32> {
+        (0..n)
+            .map(|i| (draw(seed, 3, i) as f32 - 0.5) * 2.0 * scale)
+            .collect()
+    }
+
+    fn small_weights(graph: &Graph) -> BTreeMap<String, Tensor> {
+        let shapes = graph.layer_shapes(10, 10).unwrap();
+        let mut w = BTreeMap::new();
+        for (i, l) in graph.layers.iter().enumerate() {
+            let cin = l.inputs.first().map_or(0, |&j| shapes[j][2]);
+            let (kernel, f) = match l.op {
+                Op::Conv {
+                    filters, kernel, ..
+                } => (vec![kernel[0], kernel[1], cin, filters], filters),
+                Op::ConvTranspose {
+                    filters, kernel, ..
+                } => (vec![kernel[0], kernel[1], filters, cin], filters),
+                _ => continue,
+            };
+            let n: usize = kernel.iter().product();
+            w.insert(format!("{}/kernel", l.name), (kernel, values(n, i, 0.6)));
+            w.insert(
+                format!("{}/bias", l.name),
+                (vec![f], values(f, 100 + i, 0.1)),
+            );
+        }
+        w
+    }
+
+    #[test]
+    fn the_forward_pass_is_the_detectors() {
+        let graph = small_graph();
+        let weights = small_weights(&graph);
+        let input = FeatureMap {
+            height: 10,
+            width: 10,
+            channels: 1,
+            data: values(100, 7, 1.0),
+        };
+        let net = crate::Net::new(graph.clone(), |n| weights.get(n).cloned()).unwrap();
+        let want = net.forward(input.clone()).unwrap();
+        let got = forward(&graph, &weights, input).unwrap();
+        let got = got.outputs.last().unwrap();
+        assert_eq!((got.height, got.width), (want.height, want.width));
+        for (g, w) in got.data.iter().zip(&want.data) {
+            assert!((g - w).abs() < 1e-5, "{g} vs {w}");
+        }
+    }
+
+    #[test]
+    fn gradients_agree_with_finite_differences() {
+        let graph = small_graph();
+        let weights = small_weights(&graph);
+        let e = Example {
+            input: FeatureMap {
+                height: 10,
+                width: 10,
+                channels: 1,
+                data: values(100, 8, 1.0),
+            },
+            targets: (0..36).map(|i| f32::from(i % 3 == 0)).collect(),
+            weights: (0..36)
+                .map(|i| if i % 5 == 4 { 0.0 } else { 1.0 })
+                .collect(),
+        };
+        let names = trained_tensors(&graph);
+        let total = e.weights.iter().sum::<f32>();
+        let (_, grads) = example_gradient(&graph, &weights, &e, total, &names).unwrap();
+        let loss = |w: &BTreeMap<String, Tensor>| {
+            // in f64 from the f32 pass: the loss summed as example_gradient sums it
+            example_gradient(&graph, w, &e, total, &names).unwrap().0
+        };
+        let mut checked = 0;
+        for name in &names {
+            let n = weights[name].1.len();
+            for k in (0..n).step_by((n / 5).max(1)) {
+                let h = 1e-2f32;
+                let mut plus = weights.clone();
+                plus.get_mut(name).unwrap().1[k] += h;
+                let mut minus = weights.clone();
+                minus.get_mut(name).unwrap().1[k] -= h;
+                let numeric = (loss(&plus) - loss(&minus)) / (2.0 * h as f64);
+                let analytic = grads[name][k] as f64;
+                assert!(
+                    (numeric - analytic).abs() <= 2e-3 + 0.05 * analytic.abs(),
+                    "{name}[{k}]: finite differences {numeric}, backward {analytic}"
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked >= 35, "{checked}");
+    }
+
+    #[test]
+    fn turning_and_mirroring_keep_pixels_apart() {
+        for turns in 0..4 {
+            for mirror in [false, true] {
+                let mut seen = std::collections::HashSet::new();
+                for r in 0..5 {
+                    for c in 0..5 {
+                        let (y, x) = turned(r, c, 5, turns, mirror);
+                        assert!(y < 5 && x < 5);
+                        seen.insert((y, x));
+                    }
+                }
+                assert_eq!(seen.len(), 25);
+            }
+        }
+        assert_eq!(turned(0, 1, 5, 1, false), (1, 4));
+    }
+}
