@@ -272,6 +272,65 @@ pub(crate) fn classes(
     class
 }
 
+/// A pyramid level of a labelled image, and what each of its pixels is taught.
+pub(crate) struct TaughtLevel {
+    pub image_index: usize,
+    pub level_index: usize,
+    pub image: GrayImage,
+    pub class: Vec<u8>,
+}
+
+/// Every pyramid level (as `detect` makes them with `o`) of every labelled image, each pixel's
+/// class as [`classes`] says (`region_share` of each crater's diameter taught as crater).
+pub(crate) fn taught_levels(
+    images: &[Labelled],
+    o: &DetectOptions,
+    region_share: f64,
+) -> Result<Vec<TaughtLevel>> {
+    ensure!(
+        !images.is_empty(),
+        Error::Invalid("fitting a detector needs labelled images".into())
+    );
+    ensure!(
+        region_share > 0.0 && region_share <= 1.0,
+        Error::Invalid(format!(
+            "the share of a crater taught as crater must lie in (0, 1], not {region_share}"
+        ))
+    );
+    let mut levels = Vec::new();
+    for (i, l) in images.iter().enumerate() {
+        let side = l.image.width.min(l.image.height);
+        ensure!(
+            side >= 16,
+            Error::Invalid(format!(
+                "image {} of the fit is {}x{} pixels; the detector needs at least 16 per side",
+                i + 1,
+                l.image.width,
+                l.image.height
+            ))
+        );
+        let scales = o.scales(side);
+        for (k, &scale) in scales.iter().enumerate() {
+            let image = l.image.scaled(scale);
+            let class = classes(
+                &l.craters,
+                scale,
+                o.level_range(k, scales.len()),
+                region_share,
+                image.width,
+                image.height,
+            );
+            levels.push(TaughtLevel {
+                image_index: i,
+                level_index: k,
+                image,
+                class,
+            });
+        }
+    }
+    Ok(levels)
+}
+
 /// A deterministic draw in `[0, 1)` for sample `i` of level `level` of image `image`.
 pub(crate) fn draw(image: usize, level: usize, i: usize) -> f64 {
     let mut z = (image as u64)
@@ -304,19 +363,8 @@ pub fn fit_head(
 ) -> Result<Head> {
     o.check()?;
     ensure!(
-        !images.is_empty(),
-        Error::Invalid("fitting a detector needs labelled images".into())
-    );
-    ensure!(
         fit.hidden > 0 && fit.steps > 0,
         Error::Invalid("a fitted head needs hidden units and at least one step".into())
-    );
-    ensure!(
-        fit.region_share > 0.0 && fit.region_share <= 1.0,
-        Error::Invalid(format!(
-            "the share of a crater taught as crater must lie in (0, 1], not {}",
-            fit.region_share
-        ))
     );
     let body = features_graph(&config.graph, config.tile)?;
     let channels = body.layer_shapes(config.tile, config.tile)?[body.layers.len() - 1][2];
@@ -349,48 +397,32 @@ pub fn fit_head(
         targets: Vec::new(),
         weights: Vec::new(),
     };
-    for (i, l) in images.iter().enumerate() {
-        let side = l.image.width.min(l.image.height);
-        ensure!(
-            side >= 16,
-            Error::Invalid(format!(
-                "image {} of the fit is {}x{} pixels; the detector needs at least 16 per side",
-                i + 1,
-                l.image.width,
-                l.image.height
-            ))
-        );
-        let scales = o.scales(side);
-        for (k, &scale) in scales.iter().enumerate() {
-            let level = l.image.scaled(scale);
-            let class = classes(
-                &l.craters,
-                scale,
-                o.level_range(k, scales.len()),
-                fit.region_share,
-                level.width,
-                level.height,
-            );
-            // the bands `detect` runs (halo included, so a bar counts the same tiles);
-            // each pixel sampled from the band whose core holds it
-            for b in 0..level.height.div_ceil(o.band_rows) {
-                let (r0, r1) = band_rows(b, o.band_rows, level.height, halo(o));
-                let core = (b * o.band_rows, ((b + 1) * o.band_rows).min(level.height));
-                let map = net_map(&net, config, &level, r0, r1, o.max_tile, channels, progress)?;
-                let core_map = &map[(core.0 - r0) * level.width * channels..]
-                    [..(core.1 - core.0) * level.width * channels];
-                for (p, f) in core_map.chunks_exact(channels).enumerate() {
-                    let at = core.0 * level.width + p;
-                    let (target, weight) = match class[at] {
-                        CRATER => (1.0, 1.0),
-                        IGNORED => continue,
-                        _ if draw(i, k, at) < share => (0.0, (1.0 / share) as f32),
-                        _ => continue,
-                    };
-                    samples.features.extend_from_slice(f);
-                    samples.targets.push(target);
-                    samples.weights.push(weight);
-                }
+    for TaughtLevel {
+        image_index: i,
+        level_index: k,
+        image: level,
+        class,
+    } in taught_levels(images, o, fit.region_share)?
+    {
+        // the bands `detect` runs (halo included, so a bar counts the same tiles);
+        // each pixel sampled from the band whose core holds it
+        for b in 0..level.height.div_ceil(o.band_rows) {
+            let (r0, r1) = band_rows(b, o.band_rows, level.height, halo(o));
+            let core = (b * o.band_rows, ((b + 1) * o.band_rows).min(level.height));
+            let map = net_map(&net, config, &level, r0, r1, o.max_tile, channels, progress)?;
+            let core_map = &map[(core.0 - r0) * level.width * channels..]
+                [..(core.1 - core.0) * level.width * channels];
+            for (p, f) in core_map.chunks_exact(channels).enumerate() {
+                let at = core.0 * level.width + p;
+                let (target, weight) = match class[at] {
+                    CRATER => (1.0, 1.0),
+                    IGNORED => continue,
+                    _ if draw(i, k, at) < share => (0.0, (1.0 / share) as f32),
+                    _ => continue,
+                };
+                samples.features.extend_from_slice(f);
+                samples.targets.push(target);
+                samples.weights.push(weight);
             }
         }
     }

@@ -6,9 +6,9 @@
 //! what `detect` reads there (`fit::classes`). Products are f32 GEMMs (matrixmultiply); the
 //! tiles of a batch run in parallel.
 
-use crate::detect::{DetectOptions, GrayImage};
+use crate::detect::DetectOptions;
 use crate::error::{Error, Result};
-use crate::fit::{classes, draw, Labelled, CRATER, IGNORED};
+use crate::fit::{draw, taught_levels, Labelled, TaughtLevel, CRATER, IGNORED};
 use crate::graph::{Activation, Graph, Op, Padding};
 use crate::net::{same_pad, FeatureMap, Tensor};
 use crate::store::DetectorConfig;
@@ -365,6 +365,16 @@ fn add_grad(grads: &mut [Option<FeatureMap>], slot: usize, like: &FeatureMap, g:
     d.data.iter_mut().zip(g).for_each(|(d, g)| *d += g);
 }
 
+/// Adds a layer's bias gradient: its output's gradient summed over the pixels (`f` per pixel).
+fn add_bias_grad(into: &mut BTreeMap<String, Vec<f32>>, layer: &str, dy: &[f32], f: usize) {
+    let gb = into
+        .get_mut(&format!("{layer}/bias"))
+        .expect("a gradient per tensor");
+    for row in dy.chunks_exact(f) {
+        gb.iter_mut().zip(row).for_each(|(g, d)| *g += d);
+    }
+}
+
 /// The gradients of the weights, given the gradient of the loss with respect to the last
 /// layer's input to its activation (`d_logits`: the sigmoid folded into the cross-entropy).
 fn backward(
@@ -412,12 +422,7 @@ fn backward(
                     .get_mut(&format!("{}/kernel", layer.name))
                     .expect("a gradient per tensor");
                 gemm((k, p, f), cols, (1, k), &dy.data, (f, 1), gw, 1.0);
-                let gb = into
-                    .get_mut(&format!("{}/bias", layer.name))
-                    .expect("a gradient per tensor");
-                for row in dy.data.chunks_exact(f) {
-                    gb.iter_mut().zip(row).for_each(|(g, d)| *g += d);
-                }
+                add_bias_grad(into, &layer.name, &dy.data, f);
                 if input_needs(j) {
                     let w = tensor(weights, &format!("{}/kernel", layer.name))?;
                     let mut dcols = vec![0f32; p * k];
@@ -440,12 +445,7 @@ fn backward(
                 let x = &pass.outputs[j];
                 let (cin, f, p) = (x.channels, *filters, x.height * x.width);
                 let ow = y.width;
-                let gb = into
-                    .get_mut(&format!("{}/bias", layer.name))
-                    .expect("a gradient per tensor");
-                for row in dy.data.chunks_exact(f) {
-                    gb.iter_mut().zip(row).for_each(|(g, d)| *g += d);
-                }
+                add_bias_grad(into, &layer.name, &dy.data, f);
                 let w = tensor(weights, &format!("{}/kernel", layer.name))?;
                 let mut dx = zeros(x.height, x.width, cin);
                 let mut tap = vec![0f32; p * f];
@@ -521,12 +521,6 @@ fn backward(
     Ok(())
 }
 
-/// A pyramid level of a labelled image, and what each of its pixels is taught.
-struct Level {
-    image: GrayImage,
-    class: Vec<u8>,
-}
-
 /// One tile of a batch: the detector's input, and per output pixel its target and weight.
 struct Example {
     input: FeatureMap,
@@ -549,7 +543,7 @@ fn turned(r: usize, c: usize, n: usize, turns: usize, mirror: bool) -> (usize, u
 /// pixels are ignored), turned and mirrored.
 #[allow(clippy::too_many_arguments)]
 fn example(
-    level: &Level,
+    level: &TaughtLevel,
     (y0, x0): (isize, isize),
     tile: usize,
     out: usize,
@@ -654,19 +648,8 @@ pub fn fit_whole(
 ) -> Result<BTreeMap<String, Tensor>> {
     o.check()?;
     ensure!(
-        !images.is_empty(),
-        Error::Invalid("fitting a detector needs labelled images".into())
-    );
-    ensure!(
         fit.steps > 0 && fit.batch > 0 && fit.learning_rate > 0.0,
         Error::Invalid("a whole fit needs steps, a batch and a learning rate above 0".into())
-    );
-    ensure!(
-        fit.region_share > 0.0 && fit.region_share <= 1.0,
-        Error::Invalid(format!(
-            "the share of a crater taught as crater must lie in (0, 1], not {}",
-            fit.region_share
-        ))
     );
     let graph = &config.graph;
     let last = graph.layers.last().map(|l| &l.op);
@@ -687,32 +670,7 @@ pub fn fit_whole(
     );
     let (out, _) = config.output()?;
     let tile = config.tile;
-    let mut levels = Vec::new();
-    for (i, l) in images.iter().enumerate() {
-        let side = l.image.width.min(l.image.height);
-        ensure!(
-            side >= 16,
-            Error::Invalid(format!(
-                "image {} of the fit is {}x{} pixels; the detector needs at least 16 per side",
-                i + 1,
-                l.image.width,
-                l.image.height
-            ))
-        );
-        let scales = o.scales(side);
-        for (k, &scale) in scales.iter().enumerate() {
-            let image = l.image.scaled(scale);
-            let class = classes(
-                &l.craters,
-                scale,
-                o.level_range(k, scales.len()),
-                fit.region_share,
-                image.width,
-                image.height,
-            );
-            levels.push(Level { image, class });
-        }
-    }
+    let levels = taught_levels(images, o, fit.region_share)?;
     // levels drawn by their area, each at least a twentieth of the draws' share: the
     // smallest levels hold the largest craters, few in pixels
     let areas: Vec<f64> = levels
