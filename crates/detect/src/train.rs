@@ -400,6 +400,12 @@ fn backward(
         let layer = &graph.layers[i];
         let y = &pass.outputs[i];
         let input_needs = |j: usize| !matches!(graph.layers[j].op, Op::Input { .. });
+        // the last layer's gradient is given before its sigmoid
+        if let (true, Op::Conv { activation, .. } | Op::ConvTranspose { activation, .. }) =
+            (i + 1 < n, &layer.op)
+        {
+            through_activation(*activation, &y.data, &mut dy.data);
+        }
         match &layer.op {
             Op::Input { .. } => {}
             Op::Conv {
@@ -407,11 +413,8 @@ fn backward(
                 kernel,
                 stride,
                 padding,
-                activation,
+                ..
             } => {
-                if i + 1 < n {
-                    through_activation(*activation, &y.data, &mut dy.data);
-                }
                 let j = layer.inputs[0];
                 let x = &pass.outputs[j];
                 let (pt, oh) = conv_geometry(x.height, kernel[0], stride[0], *padding);
@@ -436,11 +439,8 @@ fn backward(
                 filters,
                 kernel,
                 stride,
-                activation,
+                ..
             } => {
-                if i + 1 < n {
-                    through_activation(*activation, &y.data, &mut dy.data);
-                }
                 let j = layer.inputs[0];
                 let x = &pass.outputs[j];
                 let (cin, f, p) = (x.channels, *filters, x.height * x.width);
