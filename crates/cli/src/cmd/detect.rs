@@ -371,19 +371,20 @@ pub struct DetectFitCmd {
         default_value = "0.1,0.15,0.2,0.25,0.3,0.4,0.5,0.6"
     )]
     try_thresholds: Vec<f32>,
-    /// Share of the pixels outside every crater the fit samples.
-    #[arg(long, default_value_t = FitOptions::default().background_share)]
+    /// Share of the pixels outside every crater the fit samples (the head's fit).
+    #[arg(long, default_value_t = FitOptions::default().background_share, conflicts_with = "whole")]
     background_share: f64,
     /// The share of each labelled crater's diameter taught as crater, around its centre:
     /// less than 1 keeps dense craters' regions apart.
     #[arg(long, default_value_t = FitOptions::default().region_share)]
     region_share: f64,
     /// Hidden units of the head.
-    #[arg(long, default_value_t = FitOptions::default().hidden)]
+    #[arg(long, default_value_t = FitOptions::default().hidden, conflicts_with = "whole")]
     hidden: usize,
     /// Fit every layer of the detector rather than a new head on its frozen maps: slower
-    /// (about 8 s a step of 8 tiles with pycda's U-Net on two cores), and on lunar tiles it
-    /// finds more craters (docs/results.md, "The whole detector fitted").
+    /// (about 3.3 s a step of 8 tiles with pycda's U-Net on two cores: 23 minutes for 400),
+    /// and on lunar tiles it finds more craters (docs/results.md, "The whole detector
+    /// fitted").
     #[arg(long)]
     whole: bool,
     /// With --whole: Adam steps.
