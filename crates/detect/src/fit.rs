@@ -231,7 +231,7 @@ pub(crate) const CRATER: u8 = 2;
 /// crater; inside one near the
 /// range's top (within a factor of 1.25) or below the range, ignored (another level or the
 /// smallest-size cut answers for it); elsewhere, inside larger craters too, background.
-pub(crate) fn classes(
+fn classes(
     craters: &[[f64; 3]],
     scale: f64,
     (lo, hi): (f64, f64),

@@ -3,7 +3,7 @@
 //! operations, and Adam. Where the head fit (`fit`) reads a frozen detector's maps, this
 //! changes the detector itself: each step is a batch of tiles cut at random from the
 //! labelled images' pyramid levels (turned by quarter turns and mirrored), each pixel taught
-//! what `detect` reads there (`fit::classes`). Products are f32 GEMMs (matrixmultiply); the
+//! what `detect` reads there (`fit::taught_levels`). Products are f32 GEMMs (matrixmultiply); the
 //! tiles of a batch run in parallel.
 
 use crate::detect::DetectOptions;
@@ -94,11 +94,11 @@ fn zeros(height: usize, width: usize, channels: usize) -> FeatureMap {
     }
 }
 
-/// Where a convolution's taps start (padding before) and its output's side.
-fn conv_geometry(size: usize, kernel: usize, stride: usize, padding: Padding) -> (usize, usize) {
+/// Rows or columns of zeros a convolution reads before the input's first one.
+fn pad_before(size: usize, kernel: usize, stride: usize, padding: Padding) -> usize {
     match padding {
-        Padding::Valid => (0, (size - kernel) / stride + 1),
-        Padding::Same => (same_pad(size, kernel, stride), size.div_ceil(stride)),
+        Padding::Valid => 0,
+        Padding::Same => same_pad(size, kernel, stride),
     }
 }
 
@@ -204,13 +204,17 @@ struct Pass {
     argmax: Vec<Vec<u32>>,
 }
 
-fn forward(graph: &Graph, weights: &BTreeMap<String, Tensor>, input: FeatureMap) -> Result<Pass> {
+/// Every layer's output for `input`, each of the shape the graph gives it (which also checks
+/// that the input is large enough for every layer).
+fn forward(graph: &Graph, weights: &BTreeMap<String, Tensor>, input: &FeatureMap) -> Result<Pass> {
+    let shapes = graph.layer_shapes(input.height, input.width)?;
     let n = graph.layers.len();
     let mut outputs: Vec<FeatureMap> = Vec::with_capacity(n);
     let mut argmax = vec![Vec::new(); n];
     let mut kept = vec![Vec::new(); n];
     for (i, layer) in graph.layers.iter().enumerate() {
         let x = |j: usize| &outputs[layer.inputs[j]];
+        let [oh, ow, _] = shapes[i];
         let out = match &layer.op {
             Op::Input { .. } => FeatureMap {
                 height: input.height,
@@ -226,8 +230,8 @@ fn forward(graph: &Graph, weights: &BTreeMap<String, Tensor>, input: FeatureMap)
                 activation,
             } => {
                 let x = x(0);
-                let (pt, oh) = conv_geometry(x.height, kernel[0], stride[0], *padding);
-                let (pl, ow) = conv_geometry(x.width, kernel[1], stride[1], *padding);
+                let pt = pad_before(x.height, kernel[0], stride[0], *padding);
+                let pl = pad_before(x.width, kernel[1], stride[1], *padding);
                 let cols = patches(x, *kernel, *stride, [pt, pl], [oh, ow]);
                 let k = kernel[0] * kernel[1] * x.channels;
                 let w = tensor(weights, &format!("{}/kernel", layer.name))?;
@@ -256,10 +260,6 @@ fn forward(graph: &Graph, weights: &BTreeMap<String, Tensor>, input: FeatureMap)
                 activation,
             } => {
                 let x = x(0);
-                let (oh, ow) = (
-                    (x.height - 1) * stride[0] + kernel[0],
-                    (x.width - 1) * stride[1] + kernel[1],
-                );
                 let (cin, f) = (x.channels, *filters);
                 let w = tensor(weights, &format!("{}/kernel", layer.name))?;
                 let b = tensor(weights, &format!("{}/bias", layer.name))?;
@@ -290,10 +290,6 @@ fn forward(graph: &Graph, weights: &BTreeMap<String, Tensor>, input: FeatureMap)
             }
             Op::MaxPool { size, stride } => {
                 let x = x(0);
-                let (oh, ow) = (
-                    (x.height - size[0]) / stride[0] + 1,
-                    (x.width - size[1]) / stride[1] + 1,
-                );
                 let c = x.channels;
                 let mut y = zeros(oh, ow, c);
                 let mut from = vec![0u32; oh * ow * c];
@@ -322,10 +318,6 @@ fn forward(graph: &Graph, weights: &BTreeMap<String, Tensor>, input: FeatureMap)
             }
             Op::Crop { edges } => {
                 let x = x(0);
-                let (oh, ow) = (
-                    x.height - edges[0] - edges[1],
-                    x.width - edges[2] - edges[3],
-                );
                 let c = x.channels;
                 let mut y = zeros(oh, ow, c);
                 for r in 0..oh {
@@ -336,9 +328,8 @@ fn forward(graph: &Graph, weights: &BTreeMap<String, Tensor>, input: FeatureMap)
             }
             Op::Concat => {
                 let parts: Vec<&FeatureMap> = layer.inputs.iter().map(|&j| &outputs[j]).collect();
-                let (h, w) = (parts[0].height, parts[0].width);
-                let c: usize = parts.iter().map(|p| p.channels).sum();
-                let mut y = zeros(h, w, c);
+                let c = shapes[i][2];
+                let mut y = zeros(oh, ow, c);
                 for (px, out) in y.data.chunks_exact_mut(c).enumerate() {
                     let mut at = 0;
                     for p in &parts {
@@ -417,8 +408,9 @@ fn backward(
             } => {
                 let j = layer.inputs[0];
                 let x = &pass.outputs[j];
-                let (pt, oh) = conv_geometry(x.height, kernel[0], stride[0], *padding);
-                let (pl, ow) = conv_geometry(x.width, kernel[1], stride[1], *padding);
+                let (oh, ow) = (y.height, y.width);
+                let pt = pad_before(x.height, kernel[0], stride[0], *padding);
+                let pl = pad_before(x.width, kernel[1], stride[1], *padding);
                 let cols = &pass.patches[i];
                 let (k, f, p) = (kernel[0] * kernel[1] * x.channels, *filters, oh * ow);
                 let gw = into
@@ -607,7 +599,7 @@ fn example_gradient(
     total: f32,
     names: &[String],
 ) -> Result<(f64, BTreeMap<String, Vec<f32>>)> {
-    let pass = forward(graph, weights, e.input.clone())?;
+    let pass = forward(graph, weights, &e.input)?;
     let p = &pass.outputs[graph.layers.len() - 1].data;
     ensure!(
         p.len() == e.targets.len(),
@@ -904,7 +896,7 @@ mod tests {
         };
         let net = crate::Net::new(graph.clone(), |n| weights.get(n).cloned()).unwrap();
         let want = net.forward(input.clone()).unwrap();
-        let got = forward(&graph, &weights, input).unwrap();
+        let got = forward(&graph, &weights, &input).unwrap();
         let got = got.outputs.last().unwrap();
         assert_eq!((got.height, got.width), (want.height, want.width));
         for (g, w) in got.data.iter().zip(&want.data) {
