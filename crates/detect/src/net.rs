@@ -504,11 +504,16 @@ fn check_channels(layer: &str, map: &FeatureMap, expected: usize) -> Result<()> 
     Ok(())
 }
 
-/// Zeros before the first row (column) of a `Same` convolution, TensorFlow's way: the odd
-/// one goes after.
-pub(crate) fn same_pad(size: usize, kernel: usize, stride: usize) -> usize {
-    let out = size.div_ceil(stride);
-    ((out - 1) * stride + kernel).saturating_sub(size) / 2
+/// Zeros a convolution reads before the input's first row (column): none for `Valid`; for
+/// `Same`, TensorFlow's way (the odd one goes after).
+pub(crate) fn pad_before(size: usize, kernel: usize, stride: usize, padding: Padding) -> usize {
+    match padding {
+        Padding::Valid => 0,
+        Padding::Same => {
+            let out = size.div_ceil(stride);
+            ((out - 1) * stride + kernel).saturating_sub(size) / 2
+        }
+    }
 }
 
 /// Buffers of finished layers, handed to the next ones: a fresh allocation of a large map is
@@ -636,10 +641,10 @@ fn conv(
         activation.apply(&mut out.data);
         return out;
     }
-    let (pt, pl) = match padding {
-        Padding::Valid => (0, 0),
-        Padding::Same => (same_pad(x.height, kh, sh), same_pad(x.width, kw, sw)),
-    };
+    let (pt, pl) = (
+        pad_before(x.height, kh, sh, padding),
+        pad_before(x.width, kw, sw, padding),
+    );
     let rows_per_chunk = (PATCH_FLOATS / (ow * k)).max(1);
     let mut patches = pool.dirty(rows_per_chunk * ow * k);
     for (chunk, out_rows) in out

@@ -9,8 +9,8 @@
 use crate::detect::DetectOptions;
 use crate::error::{Error, Result};
 use crate::fit::{draw, taught_levels, Labelled, TaughtLevel, CRATER, IGNORED};
-use crate::graph::{Activation, Graph, Op, Padding};
-use crate::net::{same_pad, FeatureMap, Tensor};
+use crate::graph::{Activation, Graph, Op};
+use crate::net::{pad_before, FeatureMap, Tensor};
 use crate::store::DetectorConfig;
 use craterdex_errors::ensure;
 use rayon::prelude::*;
@@ -91,14 +91,6 @@ fn zeros(height: usize, width: usize, channels: usize) -> FeatureMap {
         width,
         channels,
         data: vec![0.0; height * width * channels],
-    }
-}
-
-/// Rows or columns of zeros a convolution reads before the input's first one.
-fn pad_before(size: usize, kernel: usize, stride: usize, padding: Padding) -> usize {
-    match padding {
-        Padding::Valid => 0,
-        Padding::Same => same_pad(size, kernel, stride),
     }
 }
 
@@ -783,7 +775,7 @@ pub fn shifted(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::graph::Layer;
+    use crate::graph::{Layer, Padding};
 
     fn conv(
         name: &str,
