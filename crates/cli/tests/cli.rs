@@ -1804,42 +1804,60 @@ fn bench_extract_reports_operations_peak_profile_and_scaling() {
     }
 }
 
-/// A crater lit from the left (a bowl under Lambertian light) with `pits` dark pits of its
-/// own around it and blotches on the terrain, so that every crater looks different and its
-/// mirror image too, while its shading dipole points the same way in every one.
+/// A crater lit from the left: a bowl, `pits` small pits of its own around it and 60 bumps
+/// on the terrain (placed by a hash of the pits), all under one Lambertian sun, so that every
+/// crater looks different and its mirror image too, while its sun's heading reads the same in
+/// every one. Albedo blotches in place of the bumps (edges along the pixel grid, as bright
+/// one way as the other) turned the shading's axis by up to 19 degrees.
 fn lit_crater(side: u32, pits: &[(f32, f32)]) -> GrayImage {
+    let seed = pits.iter().fold(0u32, |h, &(px, py)| {
+        h.wrapping_mul(2_654_435_761)
+            .wrapping_add(((px + 2.0) * 1000.0) as u32 ^ ((py + 2.0) * 7919.0) as u32)
+    });
+    let bumps: Vec<(f32, f32, f32, f32)> = (0u32..)
+        .map(|i| {
+            let u = |k: u32| {
+                let h = (seed ^ i.wrapping_mul(104_729) ^ k.wrapping_mul(0x9e37_79b9))
+                    .wrapping_mul(2_654_435_761);
+                let h = (h ^ (h >> 15)).wrapping_mul(2_246_822_519);
+                ((h >> 20) & 0xfff) as f32 / 4096.0
+            };
+            let sign = if u(3) > 0.5 { 1.0 } else { -1.0 };
+            (2.0 * u(0) - 1.0, 2.0 * u(1) - 1.0, 0.06 + 0.08 * u(2), sign)
+        })
+        // on the terrain around the bowl
+        .filter(|&(bx, by, _, _)| bx * bx + by * by >= 0.5)
+        .take(60)
+        .collect();
     let c = (side as f32 - 1.0) / 2.0;
     GrayImage::from_fn(side, side, |x, y| {
         let (dx, dy) = ((x as f32 - c) / c, (y as f32 - c) / c);
-        let slope = if dx * dx + dy * dy < 0.3 {
+        // each feature's slope along x, the sun's axis
+        let mut slope = if dx * dx + dy * dy < 0.3 {
             2.0 * dx
         } else {
             0.0
         };
-        let pit = pits
-            .iter()
-            .any(|&(px, py)| (dx - px).powi(2) + (dy - py).powi(2) < 0.02);
-        // blotches 8 px across, different around every crater, that a patch token tells apart
-        let (bx, by) = (x / 8, y / 8);
-        let seed = pits.iter().fold(bx * 31 + by * 17, |h, &(px, py)| {
-            h.wrapping_mul(2_654_435_761)
-                .wrapping_add(((px + 2.0) * 1000.0) as u32 ^ ((py + 2.0) * 7919.0) as u32)
-        });
-        let blotch = (seed.wrapping_mul(2_246_822_519) >> 24) as f32 / 255.0 - 0.5;
-        // on the terrain around the bowl, where the shading dipole does not look
-        let blotch = if dx * dx + dy * dy > 0.36 {
-            blotch
-        } else {
-            0.0
-        };
-        let v = 0.5 + 0.35 * slope + 0.3 * blotch - if pit { 0.3 } else { 0.0 };
+        for &(px, py) in pits {
+            if (dx - px).powi(2) + (dy - py).powi(2) < 0.02 {
+                slope += 6.0 * (dx - px);
+            }
+        }
+        for &(bx, by, r, a) in &bumps {
+            let g = a * (-((dx - bx).powi(2) + (dy - by).powi(2)) / (r * r)).exp();
+            slope -= 0.16 * g * (dx - bx) / (r * r);
+        }
+        let v = 0.5 + 0.35 * slope;
         Luma([(v.clamp(0.0, 1.0) * 255.0) as u8])
     })
 }
 
 /// Eight lit craters (their own pits, one sun from the left) indexed with the tiny model at
 /// 64 px in `idx`, and crater c3 turned by 2.3 rad and mirrored as a query; the model
-/// options the index needs and the query's path.
+/// options the index needs and the query's path. At every precision (f32, int8, bf16) and
+/// kernel level (portable, avx2, avx512; 2026-11-30, Zen 4), of 256 patches: as given,
+/// verified, no image gathers more than 55 inliers, in four turns and their mirror images
+/// 71; turned toward the catalogue's sun (358 degrees), c3 134-135 and the next 97.
 fn lit_catalogue(e: &Env, model: &str) -> (Vec<String>, PathBuf) {
     let dir = e.root.join("lit");
     std::fs::create_dir_all(&dir).unwrap();
@@ -1873,14 +1891,26 @@ fn lit_catalogue(e: &Env, model: &str) -> (Vec<String>, PathBuf) {
     (common, query)
 }
 
+/// Asserts that the one catalogue sun a search's `stderr` names is `lit_catalogue`'s: from
+/// the left, its heading along +x (each image's own within 10 degrees of it).
+fn lit_from_the_left(stderr: &str) {
+    let sun: f32 = stderr
+        .split("toward the catalogue's suns (")
+        .nth(1)
+        .and_then(|rest| rest.split(" degrees)").next())
+        .and_then(|d| d.parse().ok())
+        .unwrap_or_else(|| panic!("one sun heading in {stderr}"));
+    assert!(sun <= 5.0 || sun >= 355.0, "{stderr}");
+}
+
 /// The hits of `query` searched by default in index `idx` (with the `model` options), whose
-/// note on stderr says it was searched again as `note` says and not in turns.
+/// note on stderr says it was searched again as `note` says and not in turns; and that note.
 fn searched_again_without_turns(
     e: &Env,
     query: &Path,
     model: &[&str],
     note: &str,
-) -> serde_json::Value {
+) -> (serde_json::Value, String) {
     let q = query.to_str().unwrap();
     let mut search = vec!["search", "--index", "idx", q, "--json", "--top", "3"];
     search.extend(model);
@@ -1889,7 +1919,10 @@ fn searched_again_without_turns(
     assert!(o.status.success(), "{stderr}");
     assert!(stderr.contains(note), "{stderr}");
     assert!(!stderr.contains("searched again in turns"), "{stderr}");
-    serde_json::from_slice(&o.stdout).unwrap()
+    (
+        serde_json::from_slice(&o.stdout).unwrap(),
+        stderr.into_owned(),
+    )
 }
 
 /// A query turned and mirrored does not register as given; turned toward the catalogue's
@@ -1900,18 +1933,20 @@ fn a_turned_query_is_found_again_toward_the_catalogues_sun_first() {
     let model = e.tiny_model();
     let (common, query) = lit_catalogue(&e, &model);
     let common: Vec<&str> = common.iter().map(String::as_str).collect();
-    // lit from the left in every image: one sun, the dipole along +x
-    let v = searched_again_without_turns(
+    let (v, stderr) = searched_again_without_turns(
         &e,
         &query,
         &common,
-        "searched again turned toward the catalogue's suns (0 degrees)",
+        "searched again turned toward the catalogue's suns (",
     );
+    lit_from_the_left(&stderr);
     let first = &v[0]["results"][0];
     assert_eq!(first["id"].as_str(), Some("c3"), "{v}");
     let inliers = first["inliers"].as_u64().unwrap() as f32;
+    // 64-px crops in patches of P px
+    let patches = (64 / P).pow(2) as f32;
     assert!(
-        inliers >= craterdex_engine::RecheckPlan::shipped().unsure_share * (G * G) as f32,
+        inliers >= craterdex_engine::RecheckPlan::shipped().unsure_share * patches,
         "{inliers} inliers"
     );
 }
@@ -1923,14 +1958,22 @@ fn a_turned_query_is_found_again_toward_the_catalogues_sun_first() {
 /// The bumps leave little flat ground, which looks alike in every image. Among 40 larger
 /// bumps, the query's views turned toward the sun gathered 94-104 inliers with every crater,
 /// where 103 register, so the stage that found it depended on the precision (issue 52). With
-/// these, at every precision and kernel level (f32, int8, bf16): as given and in four turns
-/// and their mirror images, verified, no image gathers more than 66 inliers; relit, the right
-/// crater 136-138 and the next 64.
+/// these, at every precision (f32, int8, bf16) and kernel level (portable, avx2, avx512;
+/// 2026-11-30, Zen 4), of 256 patches: as given, verified, no image gathers more than 35
+/// inliers, in four turns and their mirror images 54; relit, the right crater 213-215 and
+/// the next 37. The catalogue's sun reads 181 degrees: brightness falls with the slope along
+/// +x, so the lit walls face -x.
 fn shaded_terrain(side: u32, seed: u32, sun: f32) -> GrayImage {
     let bumps: Vec<(f32, f32, f32, f32)> = (0..250u32)
         .map(|i| {
-            let h = (seed * 7919 + i * 104_729).wrapping_mul(2_654_435_761);
-            let u = |k: u32| ((h.rotate_left(k * 8) >> 20) & 0xfff) as f32 / 4096.0;
+            // each coordinate from a hash of its own: drawn from shared bits of one hash, x
+            // and y lay the bumps along a line, a lineation the shading's axis reads
+            let u = |k: u32| {
+                let h = ((seed * 7919 + i * 104_729) ^ k.wrapping_mul(0x9e37_79b9))
+                    .wrapping_mul(2_654_435_761);
+                let h = (h ^ (h >> 15)).wrapping_mul(2_246_822_519);
+                ((h >> 20) & 0xfff) as f32 / 4096.0
+            };
             (
                 u(0),
                 u(1),
@@ -1980,7 +2023,7 @@ fn a_query_under_another_sun_is_found_again_relit_toward_the_catalogues_sun() {
     let mut build = vec!["index", "build", "--dir", "shaded", "--out", "idx"];
     build.extend(common);
     e.ok(&build);
-    let v = searched_again_without_turns(
+    let (v, _) = searched_again_without_turns(
         &e,
         &query,
         &common,
@@ -2041,9 +2084,10 @@ fn a_shard_set_searches_a_turned_query_as_its_index_does() {
             assert_eq!(sharded[0].0, "c3");
             assert!(sharded[0].1.is_some(), "{sharded:?}");
             assert!(
-                stderr.contains("searched again turned toward the catalogue's suns (0 degrees)"),
+                stderr.contains("searched again turned toward the catalogue's suns ("),
                 "{stderr}"
             );
+            lit_from_the_left(&stderr);
         }
     }
 }

@@ -65,7 +65,7 @@ pub(crate) fn encode_in_views(
 }
 
 /// The suns of a catalogue made of `indexes` (one, or a set's shards): the headings of the
-/// dipoles of [`sun_sample`] of their live images ([`sun_headings_of`]), read where the
+/// suns' headings in [`sun_sample`] of their live images ([`sun_headings_of`]), read where the
 /// indexes recorded them.
 pub(crate) fn suns_of(indexes: &[&Index]) -> Suns {
     sun_headings_of(&sun_sample(
@@ -81,7 +81,7 @@ pub(crate) fn placed_images(index: &Index) -> impl Iterator<Item = (&str, &Path)
     })
 }
 
-/// Of a catalogue's images `(id, path)`, the [`SUN_SAMPLE`] whose dipoles give its suns (or
+/// Of a catalogue's images `(id, path)`, the [`SUN_SAMPLE`] whose suns' headings give its suns (or
 /// all of them): those whose ids hash lowest (crc32, ties by id), so that an index, the
 /// shards it is cut into and a benchmark's gallery in any order sample the same images.
 pub fn sun_sample<'a>(images: impl IntoIterator<Item = (&'a str, &'a Path)>) -> Vec<PathBuf> {
@@ -108,7 +108,7 @@ pub(crate) fn sampled_images<'a>(
 }
 
 /// The catalogue's suns from what each of its parts found of its own [`sun_sample`]: the
-/// ids of its images and their shading dipoles' headings in radians (None where the image
+/// ids of its images and their suns' headings in radians (None where the image
 /// could not be read). The sample of the whole is the [`SUN_SAMPLE`] of those ids that hash
 /// lowest, as [`suns_of`] samples it: what a cluster's router measures from its shards.
 pub fn suns_from_samples(parts: impl IntoIterator<Item = Vec<(String, Option<f32>)>>) -> Suns {

@@ -9,7 +9,7 @@ use crate::options::SearchOptions;
 use crate::progress::Progress;
 use crate::recipe::encode_all;
 use crate::search::{SearchAnswer, SearchInput};
-use crate::views::{shading_angle_of, sun_headings, QueryViews, Suns};
+use crate::views::{sun_heading_of, sun_headings, QueryViews, Suns};
 use craterdex_errors::ensure;
 use craterdex_index::{
     Hit, ImageMeta, Index, MergePolicy, MergeReport, PreparedMerge, SearchParams,
@@ -25,15 +25,15 @@ use std::sync::{Arc, OnceLock};
 pub type QueryFeatures<'a> =
     dyn Fn(Option<&HashSet<String>>, QueryViews) -> Result<(Vec<String>, FeatureSet)> + 'a;
 
-/// The catalogue's sun headings ([`sun_headings`]) from the shading dipoles of the images at
-/// `paths` (those unreadable left out): what [`Engine::catalogue_suns`] measures on an index,
-/// and eval on a benchmark's gallery.
+/// The catalogue's sun headings ([`sun_headings`]) from the suns' headings ([`sun_heading_of`])
+/// in the images at `paths` (those unreadable left out): what [`Engine::catalogue_suns`]
+/// measures on an index, and eval on a benchmark's gallery.
 pub fn sun_headings_of(paths: &[PathBuf]) -> Suns {
     use rayon::prelude::*;
     let angles: Vec<f32> = paths
         .par_iter()
         .filter_map(|p| craterdex_model::preprocess::load_image(p).ok())
-        .map(|im| shading_angle_of(&im))
+        .map(|im| sun_heading_of(&im))
         .collect();
     sun_headings(&angles)
 }
@@ -214,7 +214,7 @@ impl Engine {
             .collect()
     }
 
-    /// The headings of the catalogue's suns ([`sun_headings`]) from the shading dipoles of
+    /// The headings of the catalogue's suns ([`sun_headings`]) from the suns' headings in
     /// [`crate::SUN_SAMPLE`] indexed images ([`crate::sun_sample`]), read where the index
     /// recorded them; measured once per engine. None where no image is readable.
     pub fn catalogue_suns(&self) -> Suns {
@@ -222,7 +222,7 @@ impl Engine {
     }
 
     /// This index's own [`crate::sun_sample`]: each image's id and the heading of its
-    /// shading dipole in radians (None where its image cannot be read), what a cluster's
+    /// sun's heading in radians (None where its image cannot be read), what a cluster's
     /// router gathers from every shard ([`crate::suns_from_samples`]).
     pub fn sun_sample_angles(&self) -> Vec<(String, Option<f32>)> {
         use rayon::prelude::*;
@@ -231,7 +231,7 @@ impl Engine {
             .map(|&(id, p)| {
                 let angle = craterdex_model::preprocess::load_image(p)
                     .ok()
-                    .map(|im| shading_angle_of(&im));
+                    .map(|im| sun_heading_of(&im));
                 (id.to_string(), angle)
             })
             .collect()

@@ -55,7 +55,7 @@ pub use sharded::{merge_hits, OverShards, QueryEncoder, ShardCalls, ShardedEngin
 pub use shared::SharedEngine;
 pub use verify::{PatchGrid, PatchGrids};
 pub use views::{
-    opposite_sun, shading_angle_of, sun_headings, OppositeSun, QueryViews, Suns, MAX_SUNS,
+    opposite_sun, sun_heading_of, sun_headings, OppositeSun, QueryViews, Suns, MAX_SUNS,
 };
 
 // What front ends need from the crates below to use the engine.

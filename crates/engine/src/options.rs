@@ -409,15 +409,15 @@ pub struct SearchOptions {
     pub recheck: bool,
 }
 
-/// Indexed images whose shading dipoles give the catalogue's suns ([`crate::sun_headings`],
+/// Indexed images whose suns' headings give the catalogue's suns ([`crate::sun_headings`],
 /// [`crate::Engine::catalogue_suns`]): 64, those whose ids hash lowest ([`crate::sun_sample`]).
 pub const SUN_SAMPLE: usize = 64;
 
-/// The share of a catalogue's dipoles that a sun heading must gather within
+/// The share of a catalogue's images' headings that a sun heading must gather within
 /// +-[`SUN_WINDOW_DEGREES`] ([`crate::sun_headings`]): 0.15.
 pub const SUN_SHARE: f32 = 0.15;
 
-/// Half-width of the window that gathers a sun heading's dipoles ([`crate::sun_headings`]):
+/// Half-width of the window that gathers a sun heading's images ([`crate::sun_headings`]):
 /// 20 degrees.
 pub const SUN_WINDOW_DEGREES: f32 = 20.0;
 

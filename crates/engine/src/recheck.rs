@@ -7,8 +7,9 @@
 //!    A query whose verified first hit gathers fewer than [`UNSURE_SHARE`] of its patches
 //!    as inliers ([`RecheckPlan::unsure`]: turned, mirrored, under another sun) goes on.
 //! 2. **turned toward the catalogue's suns** (only where the catalogue has suns): the query
-//!    and its mirror image turned so that their shading points toward each sun
-//!    ([`QueryViews::toward`]), [`FIRST_VERIFY`] verified; 2 forward passes per sun.
+//!    and its mirror image turned so that the sun's heading each shows
+//!    ([`crate::sun_heading_of`]) points toward each sun ([`QueryViews::toward`]),
+//!    [`FIRST_VERIFY`] verified; 2 forward passes per sun.
 //! 3. **relit toward the catalogue's suns** (the same): the query relit so that its sun
 //!    shines from each sun's axis ([`QueryViews::relit_toward`]), [`FIRST_VERIFY`] verified.
 //! 4. **in turns and under the opposite sun**: [`TURNS`] turns, each mirrored, and the query

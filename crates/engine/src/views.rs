@@ -19,7 +19,7 @@ pub struct QueryViews {
     /// Which of those are also seen with their brightness inverted.
     pub opposite_sun: OppositeSun,
     /// Unless empty, the views are these instead: for each sun, the query and its mirror
-    /// image each turned so that its shading dipole points toward that sun
+    /// image each turned so that its sun's heading ([`sun_heading_of`]) points toward that sun
     /// ([`QueryViews::toward`]), or with [`QueryViews::relit`] the query relit so.
     pub toward: Suns,
     /// Toward the suns by relighting the query as given, not by turning it
@@ -31,7 +31,7 @@ pub struct QueryViews {
 /// Most sun headings a catalogue is seen under ([`Suns`]).
 pub const MAX_SUNS: usize = 2;
 
-/// The headings (whole degrees, image axes: x right, y down) that the shading dipoles of a
+/// The headings (whole degrees, image axes: x right, y down) that the suns of a
 /// catalogue's craters share ([`sun_headings`]): where its images' suns shine from. A
 /// map-projected tile has one; a catalogue of several observations a few.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -97,12 +97,12 @@ impl std::fmt::Display for Suns {
     }
 }
 
-/// The sun headings that the shading dipoles `angles` (radians, [`shading_angle_of`]) of a
-/// catalogue's images share: the heading with the most dipoles within +-[`SUN_WINDOW_DEGREES`]
+/// The sun headings that the headings `angles` (radians, [`sun_heading_of`]) of a
+/// catalogue's images share: the heading with the most of them within +-[`SUN_WINDOW_DEGREES`]
 /// (on a whole-degree grid), if it holds at least [`SUN_SHARE`] of them, then the next at
 /// least [`SUN_APART_DEGREES`] from it, up to [`MAX_SUNS`]; each the circular mean of the
-/// dipoles within its window. Craters whose walls the sun lights unevenly scatter their
-/// dipoles; a catalogue of one sun still gathers most within the window.
+/// headings within its window. Craters whose walls the sun lights unevenly scatter their
+/// headings; a catalogue of one sun still gathers most within the window.
 pub fn sun_headings(angles: &[f32]) -> Suns {
     let degrees: Vec<f32> = angles
         .iter()
@@ -144,19 +144,21 @@ pub fn sun_headings(angles: &[f32]) -> Suns {
 /// side, squared) and keeps more than the model's input (224 px) sees.
 pub const RELIT_SIDE: u32 = 448;
 
-/// Side of the square a crop is brought to before its shading dipole is measured: the
-/// model's input, where the dipole of [`preprocess::shading_angle`] was tuned.
+/// Side of the square a crop is brought to before its sun's heading is read: the model's
+/// input, where the dipole of [`preprocess::shading_angle`] was tuned and the axis of
+/// [`relight::shading_axis`] measured.
 const SHADING_SIDE: u32 = 224;
 
-/// The direction (radians, image axes) of `image`'s shading dipole at its centre
-/// ([`preprocess::shading_angle`]), measured at [`SHADING_SIDE`] px.
-pub fn shading_angle_of(image: &image::DynamicImage) -> f32 {
+/// The heading (radians, image axes) of `image`'s sun as its shading shows it
+/// ([`relight::sun_heading`]: the shading's axis, the end its dipole points to), read at
+/// [`SHADING_SIDE`] px.
+pub fn sun_heading_of(image: &image::DynamicImage) -> f32 {
     let square = image.resize_exact(
         SHADING_SIDE,
         SHADING_SIDE,
         image::imageops::FilterType::Triangle,
     );
-    preprocess::shading_angle(&square.to_rgb32f())
+    relight::sun_heading(&square.to_rgb32f())
 }
 
 /// Which views of a query a search also looks at under the opposite sun (brightness
@@ -262,8 +264,8 @@ impl QueryViews {
     /// turns) its mirror image (left to right) and each further turn by a `turns`-th of a
     /// circle and its mirror image, then (under the opposite sun) each of those with its
     /// brightness inverted, or `image` alone inverted ([`OppositeSun::Given`]). Toward suns:
-    /// for each sun, `image` and its mirror image turned so that their shading dipoles
-    /// ([`shading_angle_of`]) point toward it. Turns reflect the image at its edges, so no
+    /// for each sun, `image` and its mirror image turned so that their suns' headings
+    /// ([`sun_heading_of`]) point toward it. Turns reflect the image at its edges, so no
     /// blank corner appears. Relit toward suns: for each sun, `image` relit from its shading
     /// axis to the sun's, then from the axis taken the other way (its inverse), at most
     /// [`RELIT_SIDE`] px across.
@@ -286,16 +288,16 @@ impl QueryViews {
         }
         if !self.toward.is_empty() {
             let bases = [image.clone(), image.fliph()];
-            let dipoles = bases.each_ref().map(shading_angle_of);
+            let headings = bases.each_ref().map(sun_heading_of);
             return self
                 .toward
                 .radians()
                 .into_iter()
                 .flat_map(|sun| {
-                    bases.iter().zip(dipoles).map(move |(b, dipole)| {
+                    bases.iter().zip(headings).map(move |(b, heading)| {
                         image::DynamicImage::ImageRgb32F(preprocess::turn(
                             &b.to_rgb32f(),
-                            sun - dipole,
+                            sun - heading,
                         ))
                     })
                 })
@@ -464,7 +466,7 @@ mod tests {
     fn views_toward_a_sun_bring_the_dipole_to_it_whatever_the_turn() {
         let sun = 0.4f32;
         let upright = lit_bowl(96, sun + std::f32::consts::PI);
-        assert!(apart(shading_angle_of(&upright), sun) < 0.1);
+        assert!(apart(sun_heading_of(&upright), sun) < 0.1);
         let suns = Suns::from_radians(&[sun, -2.0]);
         let views = QueryViews::toward(suns);
         assert_eq!((views.count(), views.is_plain()), (4, false));
@@ -480,7 +482,7 @@ mod tests {
                 assert_eq!(images.len(), 4);
                 for (v, im) in images.iter().enumerate() {
                     let toward = suns.radians()[v / 2];
-                    let a = shading_angle_of(im);
+                    let a = sun_heading_of(im);
                     assert!(
                         apart(a, toward) < 0.1,
                         "turn {turn_by}, mirrored {mirrored}, view {v}: {a} for {toward}"
