@@ -839,24 +839,31 @@ fn detect_fit_writes_a_detector_that_detect_then_uses() {
         config["graph"]["layers"].as_array().unwrap().len(),
         craterdex_detect::testing::small_unet().layers.len()
     );
-    let o = run(
-        root,
-        &[
-            "detect",
-            "other.png",
-            "--detector",
-            "whole",
-            "--out",
-            "found-whole",
-        ],
-    );
+    // and fitted on tiles worn as a second observation is (any turn, gamma, blur or noise)
+    let mut worn = whole.clone();
+    worn[9] = "worn";
+    worn.push("--wear");
+    let o = run(root, &worn);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let csv = std::fs::read_to_string(root.join("found-whole/detections.csv")).unwrap();
-    let (right, rows) = found_right(&csv, &want);
-    assert!(
-        right >= 12 && rows <= right + 1,
-        "{right} of 16 discs in\n{csv}"
-    );
+    for (detector, out) in [("whole", "found-whole"), ("worn", "found-worn")] {
+        let o = run(
+            root,
+            &["detect", "other.png", "--detector", detector, "--out", out],
+        );
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let csv = std::fs::read_to_string(root.join(out).join("detections.csv")).unwrap();
+        let (right, rows) = found_right(&csv, &want);
+        assert!(
+            right >= 12 && rows <= right + 1,
+            "{detector}: {right} of 16 discs in\n{csv}"
+        );
+    }
+    // wear is a way of fitting every layer: refused with the head's fit
+    let mut head_worn = fit.to_vec();
+    head_worn.push("--wear");
+    let o = run(root, &head_worn);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("--whole"), "{err}");
 
     // a detector whose last layer is no 1x1 head cannot be fitted, and says which layer
     setup(root);

@@ -2,7 +2,8 @@
 //! forward pass with each layer's output kept, its gradients by hand for the graph's few
 //! operations, and Adam. Where the head fit (`fit`) reads a frozen detector's maps, this
 //! changes the detector itself: each step is a batch of tiles cut at random from the
-//! labelled images' pyramid levels (turned by quarter turns and mirrored), each pixel taught
+//! labelled images' pyramid levels (turned by quarter turns, or any angle and worn as a second
+//! observation is, and mirrored), each pixel taught
 //! what `detect` reads there (`fit::taught_levels`). Products are f32 GEMMs (matrixmultiply); the
 //! tiles of a batch run in parallel.
 
@@ -26,6 +27,36 @@ pub struct WholeFitOptions {
     pub learning_rate: f64,
     /// The share of each crater's diameter taught as crater (as the head fit's).
     pub region_share: f64,
+    /// How each tile is worn before the detector sees it; `None`: turned by quarter turns
+    /// and mirrored only.
+    pub wear: Option<Wear>,
+}
+
+/// How each tile of a fit is worn, as a second observation differs from the tiles the
+/// detector is fitted on: turned by any angle (and with it the sun's heading in the image,
+/// which quarter turns show only four ways), mirrored, under another gamma and contrast, then
+/// blurred or noised.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Wear {
+    pub gamma: (f64, f64),
+    pub contrast: (f64, f64),
+    /// Gaussian blur of this sigma (pixels) for half the tiles; noise of this standard
+    /// deviation (8-bit levels) for the other half.
+    pub blur_sigma: (f64, f64),
+    pub noise_sigma: (f64, f64),
+}
+
+impl Default for Wear {
+    /// The ranges of `craterdex eval-link --image`'s second observations (issue 54's
+    /// setting), taken as they are, before any fit with them.
+    fn default() -> Self {
+        Self {
+            gamma: (0.7, 1.4),
+            contrast: (0.8, 1.2),
+            blur_sigma: (0.5, 1.2),
+            noise_sigma: (2.0, 6.0),
+        }
+    }
 }
 
 impl Default for WholeFitOptions {
@@ -37,6 +68,7 @@ impl Default for WholeFitOptions {
             batch: 8,
             learning_rate: 1e-4,
             region_share: crate::fit::FitOptions::default().region_share,
+            wear: None,
         }
     }
 }
@@ -512,56 +544,116 @@ struct Example {
     weights: Vec<f32>,
 }
 
-/// `(y, x)` of an `n x n` square's pixel `(r, c)` after `turns` quarter turns and a mirror.
-fn turned(r: usize, c: usize, n: usize, turns: usize, mirror: bool) -> (usize, usize) {
-    let c = if mirror { n - 1 - c } else { c };
-    match turns % 4 {
-        0 => (r, c),
-        1 => (c, n - 1 - r),
-        2 => (n - 1 - r, n - 1 - c),
-        _ => (n - 1 - c, r),
+/// Where a tile is cut from its level and how it is turned: the output window's corner
+/// `(y0, x0)` in the level (it may lie partly outside: those pixels are ignored), the turn as
+/// its cosine and sine (exact for quarter turns, so that their pixels are the level's own),
+/// and a mirror image.
+#[derive(Clone, Copy, Debug)]
+struct Cut {
+    corner: (isize, isize),
+    cos: f32,
+    sin: f32,
+    mirror: bool,
+}
+
+impl Cut {
+    /// The level's position shown at `(r, c)` of an `n x n` square centred on the output
+    /// window's centre.
+    fn source(&self, r: usize, c: usize, n: usize, out: usize) -> (f32, f32) {
+        let half = (n as f32 - 1.0) / 2.0;
+        let (u, v) = (c as f32 - half, r as f32 - half);
+        let u = if self.mirror { -u } else { u };
+        let centre = (out as f32 - 1.0) / 2.0;
+        (
+            self.corner.1 as f32 + centre + self.cos * u - self.sin * v,
+            self.corner.0 as f32 + centre + self.sin * u + self.cos * v,
+        )
     }
 }
 
-/// The tile of `level` whose output starts at `(y0, x0)` (may lie partly outside: those
-/// pixels are ignored), turned and mirrored.
-#[allow(clippy::too_many_arguments)]
+/// A standard normal draw per pixel index.
+type PixelNoise = Box<dyn Fn(usize) -> f32>;
+
+/// One tile's draw of a [`Wear`]: gamma, contrast, and blur (sigma) or noise (standard
+/// deviation, and its draws).
+struct Worn {
+    gamma: f32,
+    contrast: f32,
+    blur: Option<f32>,
+    noise: Option<(f32, PixelNoise)>,
+}
+
+/// `level`'s value at `(x, y)` (bilinear; mirrored back inside past the edges).
+fn bilinear(level: &TaughtLevel, x: f32, y: f32) -> f32 {
+    let (fx, fy) = (x.floor(), y.floor());
+    let (ax, ay) = (x - fx, y - fy);
+    let (ix, iy) = (fx as isize, fy as isize);
+    let at = |dx: isize, dy: isize| level.image.mirrored(ix + dx, iy + dy) as f32;
+    let top = at(0, 0) + ax * (at(1, 0) - at(0, 0));
+    let bottom = at(0, 1) + ax * (at(1, 1) - at(0, 1));
+    top + ay * (bottom - top)
+}
+
+/// `levels` (8-bit levels, `side x side`) worn as `worn` says, in place.
+fn wear_tile(levels: &mut [f32], side: usize, worn: &Worn) {
+    for v in levels.iter_mut() {
+        let x = (*v / 255.0).clamp(0.0, 1.0).powf(worn.gamma);
+        *v = (((x - 0.5) * worn.contrast + 0.5) * 255.0).clamp(0.0, 255.0);
+    }
+    if let Some(sigma) = worn.blur {
+        let buf = image::ImageBuffer::<image::Luma<f32>, _>::from_raw(
+            side as u32,
+            side as u32,
+            levels.to_vec(),
+        )
+        .expect("one value per pixel");
+        levels.copy_from_slice(&image::imageops::blur(&buf, sigma).into_raw());
+    }
+    if let Some((sd, gauss)) = &worn.noise {
+        for (i, v) in levels.iter_mut().enumerate() {
+            *v = (*v + sd * gauss(i)).clamp(0.0, 255.0);
+        }
+    }
+}
+
+/// The tile of `level` that `cut` says, worn as `worn` says, and what each of its output
+/// pixels is taught (the nearest level pixel's class; ignored outside the level).
 fn example(
     level: &TaughtLevel,
-    (y0, x0): (isize, isize),
-    tile: usize,
-    out: usize,
+    cut: Cut,
+    (tile, out): (usize, usize),
     input_scale: f32,
-    turns: usize,
-    mirror: bool,
+    worn: Option<&Worn>,
 ) -> Example {
-    let border = ((tile - out) / 2) as isize;
-    let mut input = zeros(tile, tile, 1);
+    let mut values = vec![0f32; tile * tile];
     for r in 0..tile {
         for c in 0..tile {
-            let (ty, tx) = turned(r, c, tile, turns, mirror);
-            input.data[ty * tile + tx] = level
-                .image
-                .mirrored(x0 - border + c as isize, y0 - border + r as isize)
-                as f32
-                * input_scale;
+            let (x, y) = cut.source(r, c, tile, out);
+            values[r * tile + c] = bilinear(level, x, y);
         }
+    }
+    if let Some(worn) = worn {
+        wear_tile(&mut values, tile, worn);
+    }
+    let mut input = zeros(tile, tile, 1);
+    for (i, v) in values.into_iter().enumerate() {
+        input.data[i] = v * input_scale;
     }
     let (w, h) = (level.image.width as isize, level.image.height as isize);
     let mut targets = vec![0f32; out * out];
     let mut weights = vec![0f32; out * out];
     for r in 0..out {
         for c in 0..out {
-            let (y, x) = (y0 + r as isize, x0 + c as isize);
+            let (x, y) = cut.source(r, c, out, out);
+            let (x, y) = (x.round() as isize, y.round() as isize);
             let class = if y < 0 || x < 0 || y >= h || x >= w {
                 IGNORED
             } else {
                 level.class[(y * w + x) as usize]
             };
-            let (ty, tx) = turned(r, c, out, turns, mirror);
             if class != IGNORED {
-                targets[ty * out + tx] = f32::from(class == CRATER);
-                weights[ty * out + tx] = 1.0;
+                targets[r * out + c] = f32::from(class == CRATER);
+                weights[r * out + c] = 1.0;
             }
         }
     }
@@ -702,16 +794,41 @@ pub fn fit_whole(
                     place(level.image.height, r(1)),
                     place(level.image.width, r(2)),
                 );
-                let turns = (r(3) * 4.0) as usize;
-                example(
-                    level,
-                    (y0, x0),
-                    tile,
-                    out,
-                    config.input_scale,
-                    turns,
-                    r(4) < 0.5,
-                )
+                let (cos, sin) = match fit.wear {
+                    // any angle
+                    Some(_) => {
+                        let (sin, cos) = (r(3) as f32 * std::f32::consts::TAU).sin_cos();
+                        (cos, sin)
+                    }
+                    None => [(1.0, 0.0), (0.0, 1.0), (-1.0, 0.0), (0.0, -1.0)]
+                        [((r(3) * 4.0) as usize).min(3)],
+                };
+                let cut = Cut {
+                    corner: (y0, x0),
+                    cos,
+                    sin,
+                    mirror: r(4) < 0.5,
+                };
+                let worn = fit.wear.as_ref().map(|wear| {
+                    let within = |(lo, hi): (f64, f64), u: f64| (lo + (hi - lo) * u) as f32;
+                    let sigma = |range| within(range, r(8));
+                    let blurred = r(7) < 0.5;
+                    Worn {
+                        gamma: within(wear.gamma, r(5)),
+                        contrast: within(wear.contrast, r(6)),
+                        blur: blurred.then(|| sigma(wear.blur_sigma)),
+                        noise: (!blurred).then(|| {
+                            let gauss: PixelNoise = Box::new(move |p: usize| {
+                                // Box-Muller on two draws of this pixel
+                                let u = 1.0 - draw(step, 1024 + 2 * p, i);
+                                let v = draw(step, 1025 + 2 * p, i);
+                                ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
+                            });
+                            (sigma(wear.noise_sigma), gauss)
+                        }),
+                    }
+                });
+                example(level, cut, (tile, out), config.input_scale, worn.as_ref())
             })
             .collect();
         let total: f32 = batch
@@ -940,21 +1057,127 @@ mod tests {
         assert!(checked >= 35, "{checked}");
     }
 
+    fn level(width: usize, height: usize) -> TaughtLevel {
+        let pixels: Vec<u8> = (0..width * height).map(|i| (i * 7 % 251) as u8).collect();
+        TaughtLevel {
+            image_index: 0,
+            level_index: 0,
+            image: crate::detect::GrayImage {
+                width,
+                height,
+                pixels,
+            },
+            class: (0..width * height)
+                .map(|i| if i % 3 == 0 { CRATER } else { 0 })
+                .collect(),
+        }
+    }
+
+    /// A quarter turn or a mirror image moves the level's own pixels (none interpolated) and
+    /// the taught classes with them; a turn by any angle keeps the centre's pixel where it is.
     #[test]
-    fn turning_and_mirroring_keep_pixels_apart() {
-        for turns in 0..4 {
-            for mirror in [false, true] {
-                let mut seen = std::collections::HashSet::new();
-                for r in 0..5 {
-                    for c in 0..5 {
-                        let (y, x) = turned(r, c, 5, turns, mirror);
-                        assert!(y < 5 && x < 5);
-                        seen.insert((y, x));
-                    }
+    fn a_cut_turns_the_tile_and_its_classes_together() {
+        let l = level(40, 30);
+        let (tile, out) = (12, 8);
+        let upright = Cut {
+            corner: (10, 14),
+            cos: 1.0,
+            sin: 0.0,
+            mirror: false,
+        };
+        let e = example(&l, upright, (tile, out), 1.0, None);
+        // upright, the tile's pixel (r, c) is the level's (y0 - 2 + r, x0 - 2 + c)
+        assert_eq!(e.input.data[0], l.image.mirrored(12, 8) as f32);
+        assert_eq!(e.targets[0], f32::from(l.class[10 * 40 + 14] == CRATER));
+        for mirror in [false, true] {
+            let quarter = Cut {
+                corner: (10, 14),
+                cos: 0.0,
+                sin: 1.0,
+                mirror,
+            };
+            let q = example(&l, quarter, (tile, out), 1.0, None);
+            let mut a: Vec<f32> = q.input.data.clone();
+            let mut b: Vec<f32> = e.input.data.clone();
+            a.sort_by(f32::total_cmp);
+            b.sort_by(f32::total_cmp);
+            assert_eq!(a, b, "the same pixels, moved");
+            assert_ne!(q.input.data, e.input.data);
+            // classes follow their pixels: the pixel taught crater shows the same value
+            for r in 0..out {
+                for c in 0..out {
+                    let (x, y) = quarter.source(r, c, out, out);
+                    let (x, y) = (x.round() as usize, y.round() as usize);
+                    let crater = l.class[y * 40 + x] == CRATER;
+                    assert_eq!(q.targets[r * out + c], f32::from(crater));
+                    let shown = q.input.data[(r + 2) * tile + c + 2];
+                    assert_eq!(shown, l.image.mirrored(x as isize, y as isize) as f32);
                 }
-                assert_eq!(seen.len(), 25);
             }
         }
-        assert_eq!(turned(0, 1, 5, 1, false), (1, 4));
+        let (sin, cos) = 0.7f32.sin_cos();
+        let (x, y) = Cut {
+            cos,
+            sin,
+            ..upright
+        }
+        .source(5, 5, 11, 11);
+        assert!(
+            (x - 19.0).abs() < 1e-4 && (y - 15.0).abs() < 1e-4,
+            "{x} {y}"
+        );
+    }
+
+    /// Gamma, contrast and noise change the levels within 0-255; blur smooths them.
+    #[test]
+    fn wear_changes_levels_within_range() {
+        let side = 16;
+        let base: Vec<f32> = (0..side * side).map(|i| ((i * 37) % 256) as f32).collect();
+        let spread = |v: &[f32]| {
+            let n = v.len() as f32;
+            let m = v.iter().sum::<f32>() / n;
+            (v.iter().map(|x| (x - m).powi(2)).sum::<f32>() / n).sqrt()
+        };
+        let identity = || Worn {
+            gamma: 1.0,
+            contrast: 1.0,
+            blur: None,
+            noise: None,
+        };
+        let mut plain = base.clone();
+        wear_tile(&mut plain, side, &identity());
+        assert!(plain.iter().zip(&base).all(|(a, b)| (a - b).abs() < 1e-3));
+        let mut dark = base.clone();
+        wear_tile(
+            &mut dark,
+            side,
+            &Worn {
+                gamma: 1.4,
+                ..identity()
+            },
+        );
+        assert!(dark.iter().zip(&base).all(|(a, b)| a <= b));
+        assert!(dark.iter().zip(&base).any(|(a, b)| a < &(b - 1.0)));
+        let mut blurred = base.clone();
+        wear_tile(
+            &mut blurred,
+            side,
+            &Worn {
+                blur: Some(1.0),
+                ..identity()
+            },
+        );
+        assert!(spread(&blurred) < 0.8 * spread(&base));
+        let mut noisy = vec![128f32; side * side];
+        wear_tile(
+            &mut noisy,
+            side,
+            &Worn {
+                noise: Some((4.0, Box::new(|p| draw(0, 1024 + p, 0) as f32 * 2.0 - 1.0))),
+                ..identity()
+            },
+        );
+        let sd = spread(&noisy);
+        assert!(sd > 1.0 && sd < 4.0 && noisy.iter().all(|v| (0.0..=255.0).contains(v)));
     }
 }

@@ -6,7 +6,7 @@ use crate::output::bar;
 use anyhow::{Context, Result};
 use clap::Args;
 use craterdex_detect::fit::{fit_head, with_head, FitOptions, Labelled};
-use craterdex_detect::train::{fit_whole, shifted as shifted_bias, WholeFitOptions};
+use craterdex_detect::train::{fit_whole, shifted as shifted_bias, Wear, WholeFitOptions};
 use craterdex_detect::{detect, DetectOptions, Detection, DetectorConfig, GrayImage, Net};
 use craterdex_eval::detection::{score, BinCounts, Circle};
 #[cfg(feature = "gdal")]
@@ -396,6 +396,11 @@ pub struct DetectFitCmd {
     /// With --whole: Adam's learning rate.
     #[arg(long, default_value_t = WholeFitOptions::default().learning_rate, requires = "whole")]
     learning_rate: f64,
+    /// With --whole: wear each tile as a second observation is worn (turned by any angle,
+    /// another gamma and contrast, blurred or noised: the ranges of `eval-link --image`'s
+    /// second observations), not only turned by quarter turns and mirrored.
+    #[arg(long, requires = "whole")]
+    wear: bool,
     /// The detector refitted, and how detections are read from it.
     #[command(flatten)]
     detector: DetectorOpts,
@@ -408,6 +413,11 @@ fn small_and_large_f1(bins: &[BinCounts]) -> f64 {
 }
 
 fn run_fit(c: DetectFitCmd) -> Result<()> {
+    // clap does not hold `requires` against an argument that conflicts with the required one
+    anyhow::ensure!(
+        c.whole || !c.wear,
+        "--wear wears the tiles of a fit of every layer: it needs --whole"
+    );
     let pairs = c.tiles.pairs()?;
     anyhow::ensure!(
         !c.try_thresholds.is_empty() && c.try_thresholds.iter().all(|t| *t > 0.0 && *t < 1.0),
@@ -438,6 +448,7 @@ fn run_fit(c: DetectFitCmd) -> Result<()> {
             batch: c.batch,
             learning_rate: c.learning_rate,
             region_share: c.region_share,
+            wear: c.wear.then(Wear::default),
         };
         let pb = bar(fit.steps, "fit steps");
         let fitted = fit_whole(&config, &weights, &images, &o, &fit, &|loss| {
