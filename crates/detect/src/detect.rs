@@ -109,6 +109,17 @@ impl GrayImage {
     pub(crate) fn mirrored(&self, x: isize, y: isize) -> u8 {
         self.pixels[mirror(y, self.height) * self.width + mirror(x, self.width)]
     }
+
+    /// The value at `(x, y)` between pixels (bilinear), [`GrayImage::mirrored`] past the edges.
+    pub(crate) fn bilinear(&self, x: f32, y: f32) -> f32 {
+        let (fx, fy) = (x.floor(), y.floor());
+        let (ax, ay) = (x - fx, y - fy);
+        let (ix, iy) = (fx as isize, fy as isize);
+        let at = |dx: isize, dy: isize| self.mirrored(ix + dx, iy + dy) as f32;
+        let top = at(0, 0) + ax * (at(1, 0) - at(0, 0));
+        let bottom = at(0, 1) + ax * (at(1, 1) - at(0, 1));
+        top + ay * (bottom - top)
+    }
 }
 
 /// `i` reflected into `0..n` (…, 2, 1, 0, 1, 2, …, n-1, n-2, …), for any distance out.

@@ -583,17 +583,6 @@ struct Worn {
     noise: Option<(f32, PixelNoise)>,
 }
 
-/// `level`'s value at `(x, y)` (bilinear; mirrored back inside past the edges).
-fn bilinear(level: &TaughtLevel, x: f32, y: f32) -> f32 {
-    let (fx, fy) = (x.floor(), y.floor());
-    let (ax, ay) = (x - fx, y - fy);
-    let (ix, iy) = (fx as isize, fy as isize);
-    let at = |dx: isize, dy: isize| level.image.mirrored(ix + dx, iy + dy) as f32;
-    let top = at(0, 0) + ax * (at(1, 0) - at(0, 0));
-    let bottom = at(0, 1) + ax * (at(1, 1) - at(0, 1));
-    top + ay * (bottom - top)
-}
-
 /// `levels` (8-bit levels, `side x side`) worn as `worn` says, in place.
 fn wear_tile(levels: &mut [f32], side: usize, worn: &Worn) {
     for v in levels.iter_mut() {
@@ -629,7 +618,7 @@ fn example(
     for r in 0..tile {
         for c in 0..tile {
             let (x, y) = cut.source(r, c, tile, out);
-            values[r * tile + c] = bilinear(level, x, y);
+            values[r * tile + c] = level.image.bilinear(x, y);
         }
     }
     if let Some(worn) = worn {
