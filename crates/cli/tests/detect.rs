@@ -693,6 +693,10 @@ fn eval_link_image_scores_a_turned_second_view_of_a_labelled_tile() {
     // the detector finds every disc: each held-out one is reported new
     assert_eq!(n("held_out_detected"), n("held_out"), "{score}");
     assert_eq!(n("reported_new"), n("held_out"), "{score}");
+    assert!(
+        n("new_rows_right") >= n("held_out") && n("new_rows") >= n("new_rows_right"),
+        "{score}"
+    );
     assert!(said.contains("1 tiles, 1 registered"), "{said}");
     assert!(root.join("ev/00-tile/new.png").exists());
     // catalogue errors are craters of another tile: one tile has none to give

@@ -428,6 +428,12 @@ pub struct TileScore {
     pub reported_new: usize,
     /// `new` rows lying on a catalogue crater.
     pub new_on_catalogue: usize,
+    /// `new` rows scored for precision (at least [`SCORED_DIAMETER`] pixels in the tile, or
+    /// on a held-out crater), and those of them on a labelled crater the catalogue lacks
+    /// (held out, or never catalogued: its crop did not fit). A row on no labelled crater
+    /// counts as wrong, though it may be a crater the labels miss.
+    pub new_rows: usize,
+    pub new_rows_right: usize,
     /// Catalogue errors listed ([`Phantom`]s), and those some `match` row confirmed.
     pub phantoms: usize,
     pub phantoms_confirmed: usize,
@@ -506,13 +512,22 @@ pub fn score_tile(
                     s.wrong_rows += 1;
                 }
             }
-            ("new", _) => match at {
-                Some(c) if held.contains(c) => {
-                    new.insert(c);
+            ("new", _) => {
+                let missing = at.filter(|c| !in_catalogue.contains(c));
+                if missing.is_some_and(|c| held.contains(c))
+                    || r.diameter_px / transform.scale >= SCORED_DIAMETER
+                {
+                    s.new_rows += 1;
+                    s.new_rows_right += usize::from(missing.is_some());
                 }
-                Some(c) if in_catalogue.contains(c) => s.new_on_catalogue += 1,
-                _ => {}
-            },
+                match at {
+                    Some(c) if held.contains(c) => {
+                        new.insert(c);
+                    }
+                    Some(c) if in_catalogue.contains(c) => s.new_on_catalogue += 1,
+                    _ => {}
+                }
+            }
             _ => {}
         }
         if let Some(c) = at.filter(|c| r.by_detector && held.contains(c)) {
@@ -528,14 +543,16 @@ pub fn score_tile(
 }
 
 /// The measures over all tiles: precision and recall of right links of scored catalogue
-/// craters, their F1, the recall of held-out craters reported new, and the share of
-/// catalogue errors confirmed (NaN without any).
+/// craters, their F1, the recall of held-out craters reported new and the precision of
+/// `new` rows ([`TileScore::new_rows`]), and the share of catalogue errors confirmed (NaN
+/// without any).
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct LinkTotals {
     pub precision: f64,
     pub recall: f64,
     pub f1: f64,
     pub new_recall: f64,
+    pub new_precision: f64,
     pub phantoms_confirmed: f64,
 }
 
@@ -553,6 +570,7 @@ pub fn totals(tiles: &[TileScore]) -> LinkTotals {
             0.0
         },
         new_recall: sum(&|t| t.reported_new) / sum(&|t| t.held_out).max(1.0),
+        new_precision: sum(&|t| t.new_rows_right) / sum(&|t| t.new_rows).max(1.0),
         phantoms_confirmed: sum(&|t| t.phantoms_confirmed) / sum(&|t| t.phantoms),
     }
 }
@@ -765,9 +783,13 @@ mod tests {
             (1, 1, 1)
         );
         assert_eq!((s.phantoms, s.phantoms_confirmed), (2, 1));
+        // the new rows are 30 px in the tile: the held-out crater's is right, the one on a
+        // catalogue crater and the one on no labelled crater wrong
+        assert_eq!((s.new_rows, s.new_rows_right), (3, 1));
         let total = totals(&[s]);
         assert!((total.precision - 2.0 / 3.0).abs() < 1e-12);
         assert!((total.phantoms_confirmed - 0.5).abs() < 1e-12);
         assert!((total.recall - 0.5).abs() < 1e-12 && (total.new_recall - 1.0).abs() < 1e-12);
+        assert!((total.new_precision - 1.0 / 3.0).abs() < 1e-12);
     }
 }

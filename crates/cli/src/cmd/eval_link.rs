@@ -415,13 +415,14 @@ fn run_images(c: &EvalLinkCmd, tiles: &[(PathBuf, PathBuf)]) -> Result<()> {
         )
     };
     println!(
-        "{} tiles, {} registered: precision {:.3}, recall {:.3}, F1 {:.3}; held-out craters reported new {:.3}{errors}",
+        "{} tiles, {} registered: precision {:.3}, recall {:.3}, F1 {:.3}; held-out craters reported new {:.3} (new rows on a crater the catalogue lacks {:.3}){errors}",
         reports.len(),
         reports.iter().filter(|r| r.registered_rotation_deg.is_some()).count(),
         total.precision,
         total.recall,
         total.f1,
-        total.new_recall
+        total.new_recall,
+        total.new_precision
     );
     let results = serde_json::json!({
         "options": so,
