@@ -862,12 +862,24 @@ fn detect_fit_writes_a_detector_that_detect_then_uses() {
             "{detector}: {right} of 16 discs in\n{csv}"
         );
     }
-    // wear is a way of fitting every layer: refused with the head's fit
-    let mut head_worn = fit.to_vec();
-    head_worn.push("--wear");
-    let o = run(root, &head_worn);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && err.contains("--whole"), "{err}");
+    // wear and the step options belong to fitting every layer: refused with the head's fit
+    // (whose own options are given here), never silently ignored
+    for whole_only in [
+        &["--wear"][..],
+        &["--steps", "3"],
+        &["--learning-rate", "0.1"],
+    ] {
+        let mut head = fit.to_vec();
+        head.extend_from_slice(whole_only);
+        let o = run(root, &head);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success()
+                && err.contains(whole_only[0])
+                && err.contains("cannot be used with"),
+            "{err}"
+        );
+    }
 
     // a detector whose last layer is no 1x1 head cannot be fitted, and says which layer
     setup(root);

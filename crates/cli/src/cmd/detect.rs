@@ -355,6 +355,11 @@ enum DetectAction {
     Fit(DetectFitCmd),
 }
 
+/// The head fit's own options. Options of the whole fit conflict with them as well as
+/// requiring --whole: clap does not hold `requires` where an argument that conflicts with
+/// the required one is given.
+const HEAD_ONLY: [&str; 2] = ["background_share", "hidden"];
+
 #[derive(Args)]
 pub struct DetectFitCmd {
     #[command(flatten)]
@@ -388,18 +393,18 @@ pub struct DetectFitCmd {
     #[arg(long)]
     whole: bool,
     /// With --whole: Adam steps.
-    #[arg(long, default_value_t = WholeFitOptions::default().steps, requires = "whole")]
+    #[arg(long, default_value_t = WholeFitOptions::default().steps, requires = "whole", conflicts_with_all = HEAD_ONLY)]
     steps: usize,
     /// With --whole: tiles per step.
-    #[arg(long, default_value_t = WholeFitOptions::default().batch, requires = "whole")]
+    #[arg(long, default_value_t = WholeFitOptions::default().batch, requires = "whole", conflicts_with_all = HEAD_ONLY)]
     batch: usize,
     /// With --whole: Adam's learning rate.
-    #[arg(long, default_value_t = WholeFitOptions::default().learning_rate, requires = "whole")]
+    #[arg(long, default_value_t = WholeFitOptions::default().learning_rate, requires = "whole", conflicts_with_all = HEAD_ONLY)]
     learning_rate: f64,
     /// With --whole: wear each tile as a second observation is worn (turned by any angle,
     /// another gamma and contrast, blurred or noised: the ranges of `eval-link --image`'s
     /// second observations), not only turned by quarter turns and mirrored.
-    #[arg(long, requires = "whole")]
+    #[arg(long, requires = "whole", conflicts_with_all = HEAD_ONLY)]
     wear: bool,
     /// The detector refitted, and how detections are read from it.
     #[command(flatten)]
@@ -413,11 +418,6 @@ fn small_and_large_f1(bins: &[BinCounts]) -> f64 {
 }
 
 fn run_fit(c: DetectFitCmd) -> Result<()> {
-    // clap does not hold `requires` against an argument that conflicts with the required one
-    anyhow::ensure!(
-        c.whole || !c.wear,
-        "--wear wears the tiles of a fit of every layer: it needs --whole"
-    );
     let pairs = c.tiles.pairs()?;
     anyhow::ensure!(
         !c.try_thresholds.is_empty() && c.try_thresholds.iter().all(|t| *t > 0.0 && *t < 1.0),
