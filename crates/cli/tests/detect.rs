@@ -836,7 +836,10 @@ fn detect_fit_writes_a_detector_that_detect_then_uses() {
     let config: serde_json::Value =
         serde_json::from_slice(&std::fs::read(root.join("whole/detector.json")).unwrap()).unwrap();
     assert!(
-        config["source"].as_str().unwrap().contains("every layer"),
+        config["source"]
+            .as_str()
+            .unwrap()
+            .ends_with("; then every layer (300 steps of 8 tiles) fitted by craterdex detect fit on 1 labelled images"),
         "{config}"
     );
     assert_eq!(
@@ -849,6 +852,15 @@ fn detect_fit_writes_a_detector_that_detect_then_uses() {
     worn.push("--wear");
     let o = run(root, &worn);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.join("worn/detector.json")).unwrap()).unwrap();
+    assert!(
+        config["source"]
+            .as_str()
+            .unwrap()
+            .contains("(300 steps of 8 tiles, worn)"),
+        "{config}"
+    );
     for (detector, out) in [("whole", "found-whole"), ("worn", "found-worn")] {
         let o = run(
             root,

@@ -532,10 +532,20 @@ fn run_fit(c: DetectFitCmd) -> Result<()> {
     let (graph, weights) = shifted(shift)?;
     let out_config = craterdex_detect::DetectorConfig {
         name,
+        // each fit appends itself: a detector fitted again names every fit, in order
         source: format!(
-            "{} with {} fitted by craterdex detect fit on {} labelled images",
+            "{}; then {} fitted by craterdex detect fit on {} labelled images",
             config.source,
-            if c.whole { "every layer" } else { "a head" },
+            if c.whole {
+                format!(
+                    "every layer ({} steps of {} tiles{})",
+                    c.steps,
+                    c.batch,
+                    if c.wear { ", worn" } else { "" }
+                )
+            } else {
+                "a head".into()
+            },
             pairs.len()
         ),
         graph,
