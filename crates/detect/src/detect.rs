@@ -5,6 +5,8 @@
 //! The detector's convolutions are valid, so each output tile sees its full context in the
 //! image around it: tiles are laid edge to edge and the stitched likelihood is the one a
 //! detector as large as the image would give (mirrored pixels only past the image's edges).
+//! A no-data margin (black joined to the image's edge) is filled from the data before the
+//! pyramid is made, and nothing centred in it is reported.
 
 use crate::error::{Error, Result};
 use crate::net::Net;
@@ -103,6 +105,101 @@ impl GrayImage {
             height: h as usize,
             pixels: out.into_raw(),
         }
+    }
+
+    /// The image's no-data margin: black (level 0) pixels joined to its edge through black
+    /// pixels, as map-projected products and turned or mosaicked canvases carry outside their
+    /// data; `None` where there is none. Shadows are black too, but lit ground encloses
+    /// them (on the Mars sample tile, 98 black regions, none at the edge).
+    pub fn margin(&self) -> Option<Vec<bool>> {
+        let (w, h) = (self.width, self.height);
+        let edge = (0..w)
+            .flat_map(|x| [x, (h - 1) * w + x])
+            .chain((0..h).flat_map(|y| [y * w, y * w + w - 1]));
+        let mut stack: Vec<usize> = edge.filter(|&i| self.pixels[i] == 0).collect();
+        if stack.is_empty() {
+            return None;
+        }
+        let mut margin = vec![false; w * h];
+        while let Some(i) = stack.pop() {
+            if margin[i] || self.pixels[i] != 0 {
+                continue;
+            }
+            margin[i] = true;
+            let (x, y) = (i % w, i / w);
+            if x > 0 {
+                stack.push(i - 1);
+            }
+            if x + 1 < w {
+                stack.push(i + 1);
+            }
+            if y > 0 {
+                stack.push(i - w);
+            }
+            if y + 1 < h {
+                stack.push(i + w);
+            }
+        }
+        Some(margin)
+    }
+
+    /// This image with its `margin` filled from the data inward out: ring by ring, each pixel
+    /// the mean of its eight neighbours filled before it (or data). The detector then sees the
+    /// ground go on past the data's edge, as mirroring shows it past the image's edges,
+    /// rather than an edge of black it was never taught; an image all margin stays as it is.
+    pub fn with_margin_filled(&self, margin: &[bool]) -> Self {
+        // each pixel's state: a margin pixel not yet reached, one in the ring being filled,
+        // or known (data, or filled): one byte a pixel beside the copy
+        const UNREACHED: u8 = 0;
+        const IN_RING: u8 = 1;
+        const KNOWN: u8 = 2;
+        let (w, h) = (self.width, self.height);
+        let mut out = self.clone();
+        let mut state: Vec<u8> = margin
+            .iter()
+            .map(|&m| if m { UNREACHED } else { KNOWN })
+            .collect();
+        let neighbours = |i: usize| {
+            let (x, y) = ((i % w) as isize, (i / w) as isize);
+            (-1..=1)
+                .flat_map(move |dy| (-1..=1).map(move |dx| (x + dx, y + dy)))
+                .filter(move |&(nx, ny)| {
+                    (nx, ny) != (x, y) && nx >= 0 && ny >= 0 && nx < w as isize && ny < h as isize
+                })
+                .map(move |(nx, ny)| ny as usize * w + nx as usize)
+        };
+        let mut ring: Vec<usize> = (0..w * h)
+            .filter(|&i| margin[i] && neighbours(i).any(|n| state[n] == KNOWN))
+            .collect();
+        ring.iter().for_each(|&i| state[i] = IN_RING);
+        while !ring.is_empty() {
+            let values: Vec<u8> = ring
+                .iter()
+                .map(|&i| {
+                    let (sum, n) = neighbours(i)
+                        .filter(|&n| state[n] == KNOWN)
+                        .fold((0u32, 0u32), |(s, c), n| {
+                            (s + u32::from(out.pixels[n]), c + 1)
+                        });
+                    ((sum + n / 2) / n.max(1)) as u8
+                })
+                .collect();
+            for (&i, v) in ring.iter().zip(values) {
+                out.pixels[i] = v;
+                state[i] = KNOWN;
+            }
+            let mut next = Vec::new();
+            for &i in &ring {
+                for n in neighbours(i) {
+                    if state[n] == UNREACHED {
+                        state[n] = IN_RING;
+                        next.push(n);
+                    }
+                }
+            }
+            ring = next;
+        }
+        out
     }
 
     /// Pixel at `(x, y)`, mirrored back inside past the edges.
@@ -323,6 +420,9 @@ pub fn detect(
             image.width, image.height
         ))
     );
+    let margin = image.margin();
+    let filled = margin.as_deref().map(|m| image.with_margin_filled(m));
+    let image = filled.as_ref().unwrap_or(image);
     let side = image.width.min(image.height);
     let largest = o.max_diameter_share * side as f64;
     let mut found = Vec::new();
@@ -350,12 +450,13 @@ pub fn detect(
                     continue;
                 }
                 let d = c.diameter / scale;
-                if d < o.min_diameter || d > largest {
+                let (x, y) = ((c.x + 0.5) / scale - 0.5, (cy + 0.5) / scale - 0.5);
+                if d < o.min_diameter || d > largest || in_margin(margin.as_deref(), image, x, y) {
                     continue;
                 }
                 found.push(Detection {
-                    x: (c.x + 0.5) / scale - 0.5,
-                    y: (cy + 0.5) / scale - 0.5,
+                    x,
+                    y,
                     diameter: d,
                     score: c.score,
                     scale,
@@ -364,6 +465,14 @@ pub fn detect(
         }
     }
     Ok(merge(found))
+}
+
+/// Whether `(x, y)` (pixel centres at whole numbers) lies in the image's no-data `margin`.
+fn in_margin(margin: Option<&[bool]>, image: &GrayImage, x: f64, y: f64) -> bool {
+    margin.is_some_and(|m| {
+        let (px, py) = (x.round().max(0.0) as usize, y.round().max(0.0) as usize);
+        m[py.min(image.height - 1) * image.width + px.min(image.width - 1)]
+    })
 }
 
 /// The net's output over rows `r0..r1` of `level`, every column, `channels` values per
@@ -540,6 +649,66 @@ mod tests {
             vec![3, 2, 1, 0, 1, 2, 3, 2, 1, 0, 1]
         );
         assert_eq!(mirror(-100, 1), 0);
+    }
+
+    /// A 12 x 10 image: data of level 100 plus x, a black frame two pixels wide on the left
+    /// and top (the margin) and a black pit of 2 x 2 inside.
+    fn framed() -> GrayImage {
+        let (width, height) = (12, 10);
+        let pixels = (0..width * height)
+            .map(|i| {
+                let (x, y) = (i % width, i / width);
+                match (x < 2 || y < 2, (6..8).contains(&x) && (5..7).contains(&y)) {
+                    (true, _) | (_, true) => 0,
+                    _ => 100 + x as u8,
+                }
+            })
+            .collect();
+        GrayImage {
+            width,
+            height,
+            pixels,
+        }
+    }
+
+    #[test]
+    fn the_margin_is_black_joined_to_the_edge_and_shadows_inside_are_not() {
+        let image = framed();
+        let margin = image.margin().unwrap();
+        for (i, &m) in margin.iter().enumerate() {
+            let (x, y) = (i % image.width, i / image.width);
+            assert_eq!(m, x < 2 || y < 2, "({x}, {y})");
+        }
+        let mut inside = image.clone();
+        for (i, p) in inside.pixels.iter_mut().enumerate() {
+            *p = (*p).max(u8::from(i % 12 < 2 || i / 12 < 2));
+        }
+        assert_eq!(inside.margin(), None, "only the pit is black");
+    }
+
+    #[test]
+    fn the_margin_is_filled_from_the_data_nearest_it_and_the_data_kept() {
+        let image = framed();
+        let margin = image.margin().unwrap();
+        let filled = image.with_margin_filled(&margin);
+        for (i, (&before, &after)) in image.pixels.iter().zip(&filled.pixels).enumerate() {
+            let (x, y) = (i % image.width, i / image.width);
+            if margin[i] {
+                // the data's columns run 102 + (x - 2): a margin pixel takes about the
+                // column's value it faces, never black
+                let near = 100 + x.max(2) as i32;
+                assert!((after as i32 - near).abs() <= 2, "({x}, {y}): {after}");
+            } else {
+                assert_eq!(after, before, "({x}, {y})");
+            }
+        }
+        // an image all margin has nothing to fill from
+        let black = GrayImage {
+            width: 5,
+            height: 4,
+            pixels: vec![0; 20],
+        };
+        assert_eq!(black.with_margin_filled(&black.margin().unwrap()), black);
     }
 
     #[test]

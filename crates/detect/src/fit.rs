@@ -310,9 +310,13 @@ pub(crate) fn taught_levels(
             ))
         );
         let scales = o.scales(side);
+        // a no-data margin filled as `detect` fills it, and taught nothing
+        let margin = l.image.margin();
+        let filled = margin.as_deref().map(|m| l.image.with_margin_filled(m));
+        let whole = filled.as_ref().unwrap_or(&l.image);
         for (k, &scale) in scales.iter().enumerate() {
-            let image = l.image.scaled(scale);
-            let class = classes(
+            let image = whole.scaled(scale);
+            let mut class = classes(
                 &l.craters,
                 scale,
                 o.level_range(k, scales.len()),
@@ -320,6 +324,20 @@ pub(crate) fn taught_levels(
                 image.width,
                 image.height,
             );
+            if let Some(m) = &margin {
+                // the image's pixel a level pixel's centre falls in
+                let source = |i: usize, of: usize| {
+                    (((i as f64 + 0.5) / scale - 0.5).round().max(0.0) as usize).min(of - 1)
+                };
+                for y in 0..image.height {
+                    let sy = source(y, l.image.height);
+                    for x in 0..image.width {
+                        if m[sy * l.image.width + source(x, l.image.width)] {
+                            class[y * image.width + x] = IGNORED;
+                        }
+                    }
+                }
+            }
             levels.push(TaughtLevel {
                 image_index: i,
                 level_index: k,

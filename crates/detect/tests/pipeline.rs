@@ -161,3 +161,42 @@ fn a_detector_that_marks_central_discs_reports_whole_diameters() {
     assert_eq!(found.len(), 1, "{found:#?}");
     assert!((found[0].diameter / 24.0 - 1.0).abs() < 0.15, "{found:?}");
 }
+
+/// A canvas with a no-data margin (black joined to its edge, as a turned or map-projected
+/// image has): the discs in the data are found as without it, and nothing is reported in the
+/// margin, though the margin is filled from the bright strip along the data's edge.
+#[test]
+fn nothing_is_reported_in_a_no_data_margin() {
+    let want = [
+        (90.0, 50.0, 12.0),
+        (150.0, 110.0, 20.0),
+        (60.0, 120.0, 16.0),
+    ];
+    let mut image = discs(200, 160, &want);
+    // a turned canvas' black corner, the data's edge along its diagonal bright
+    for y in 0..160 {
+        for x in 0..200 {
+            match x + y {
+                0..50 => image.pixels[y * 200 + x] = 0,
+                50..54 => image.pixels[y * 200 + x] = 230,
+                _ => {}
+            }
+        }
+    }
+    let (config, net) = brightness_net(24);
+    let o = DetectOptions {
+        level_max_diameter: 24.0,
+        ..Default::default()
+    };
+    let found = detect(&net, &config, &image, &o, &|_| {}).unwrap();
+    assert!(found.iter().all(|f| f.x + f.y >= 49.0), "{found:#?}");
+    for &(x, y, d) in &want {
+        assert!(
+            found
+                .iter()
+                .any(|f| (f.x - x).hypot(f.y - y) < 0.1 * d + 1.0
+                    && (f.diameter / d - 1.0).abs() < 0.15),
+            "disc at ({x}, {y}) not found: {found:#?}"
+        );
+    }
+}
