@@ -832,7 +832,11 @@ fn detect_fit_writes_a_detector_that_detect_then_uses() {
     ]
     .concat();
     let o = run(root, &whole);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    // no terminal, no bar: a line every 5% of the steps, with the loss and the time to go
+    assert_eq!(err.matches("fit step ").count(), 20, "{err}");
+    assert!(err.contains("fit step 300/300: loss "), "{err}");
     let config: serde_json::Value =
         serde_json::from_slice(&std::fs::read(root.join("whole/detector.json")).unwrap()).unwrap();
     assert!(

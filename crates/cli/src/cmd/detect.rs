@@ -451,9 +451,21 @@ fn run_fit(c: DetectFitCmd) -> Result<()> {
             wear: c.wear.then(Wear::default),
         };
         let pb = bar(fit.steps, "fit steps");
+        // a fit runs for an hour or more, often with stderr to a file where no bar is drawn:
+        // there, a line every 5% of the steps
+        let every = fit.steps.div_ceil(20);
         let fitted = fit_whole(&config, &weights, &images, &o, &fit, &|loss| {
             pb.set_message(format!("loss {loss:.4}"));
             pb.inc(1);
+            let done = pb.position() as usize;
+            if pb.is_hidden() && (done.is_multiple_of(every) || done == fit.steps) {
+                let elapsed = t.elapsed().as_secs_f64();
+                eprintln!(
+                    "fit step {done}/{}: loss {loss:.4}, {elapsed:.0}s, about {:.0}s to go",
+                    fit.steps,
+                    elapsed / done as f64 * (fit.steps - done) as f64
+                );
+            }
         })?;
         pb.finish();
         eprintln!(
