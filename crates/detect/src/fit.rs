@@ -7,7 +7,7 @@
 //! the share, so diameters are read back whole. Everything before the head stays as it was:
 //! the fitted detector is the same graph with a few layers added.
 
-use crate::detect::{band_rows, halo, net_map, DetectOptions, GrayImage};
+use crate::detect::{band_rows, halo, in_margin, net_map, DetectOptions, GrayImage};
 use crate::error::{Error, Result};
 use crate::graph::{Activation, Graph, Op};
 use crate::net::{Net, Tensor};
@@ -324,15 +324,12 @@ pub(crate) fn taught_levels(
                 image.width,
                 image.height,
             );
-            if let Some(m) = &margin {
-                // the image's pixel a level pixel's centre falls in
-                let source = |i: usize, of: usize| {
-                    (((i as f64 + 0.5) / scale - 0.5).round().max(0.0) as usize).min(of - 1)
-                };
+            if margin.is_some() {
+                // where a level pixel's centre falls in the image
+                let source = |i: usize| (i as f64 + 0.5) / scale - 0.5;
                 for y in 0..image.height {
-                    let sy = source(y, l.image.height);
                     for x in 0..image.width {
-                        if m[sy * l.image.width + source(x, l.image.width)] {
+                        if in_margin(margin.as_deref(), &l.image, source(x), source(y)) {
                             class[y * image.width + x] = IGNORED;
                         }
                     }
@@ -641,6 +638,37 @@ mod tests {
         // near the range's top, ignored either way
         let class = classes(&[[20.0, 20.0, 15.0]], 1.0, (7.0, 14.0), 1.0, 50, 50);
         assert_eq!(class[20 * 50 + 20], IGNORED);
+    }
+
+    #[test]
+    fn a_no_data_margin_is_filled_and_taught_nothing_on_every_level() {
+        // a 120 px image whose left 30 columns are black (no data), a crater in the data
+        let mut image = crate::testing::discs(120, 120, &[(70.0, 60.0, 10.0)]);
+        for y in 0..120 {
+            image.pixels[y * 120..y * 120 + 30].fill(0);
+        }
+        let labelled = Labelled {
+            image,
+            craters: vec![[70.0, 60.0, 10.0], [10.0, 60.0, 10.0]],
+        };
+        let o = DetectOptions::default();
+        let levels = taught_levels(&[labelled], &o, 1.0).unwrap();
+        assert_eq!(levels.len(), o.scales(120).len());
+        for level in &levels {
+            let scale = level.image.width as f64 / 120.0;
+            for y in 0..level.image.height {
+                for x in 0..level.image.width {
+                    let (i, source_x) = (y * level.image.width + x, (x as f64 + 0.5) / scale);
+                    // filled from the data's dark ground, nothing of it black
+                    assert!(level.image.pixels[i] >= 10, "{scale}: ({x}, {y})");
+                    if source_x < 29.0 {
+                        assert_eq!(level.class[i], IGNORED, "{scale}: ({x}, {y})");
+                    }
+                }
+            }
+        }
+        // the crater in the data is still taught on the first level
+        assert_eq!(levels[0].class[60 * 120 + 70], CRATER);
     }
 
     #[test]
