@@ -29,7 +29,8 @@ const MAX_IMAGE_PIXELS: u64 = 1 << 32;
 
 impl GrayImage {
     /// Reads PNG, TIFF, JPEG or PNM; colour is averaged to grey, and deeper than 8 bits
-    /// (16-bit or float TIFF) stretched between its 0.1 and 99.9 percentiles.
+    /// (16-bit or float TIFF) stretched between its 0.1 and 99.9 percentiles onto levels 1-255
+    /// (0 is no data: non-finite values).
     pub fn open(path: &Path) -> Result<Self> {
         let bytes = std::fs::read(path).io("read", path)?;
         let limits = craterdex_model::preprocess::DecodeLimits {
@@ -55,7 +56,8 @@ impl GrayImage {
     }
 
     /// Grey levels from values of any range (a 16-bit or float band read by GDAL): stretched
-    /// between their 0.1 and 99.9 percentiles as deep TIFFs are; non-finite values black.
+    /// between their 0.1 and 99.9 percentiles onto levels 1-255 as deep TIFFs are; non-finite
+    /// values (the band's no-data) level 0.
     pub fn from_values(width: usize, height: usize, values: &[f32]) -> Result<Self> {
         ensure!(
             values.len() == width * height,
@@ -244,8 +246,9 @@ fn stretch(values: &[f32]) -> Vec<u8> {
     values
         .iter()
         .map(|v| {
+            // data onto 1..=255: level 0 is no data alone (GrayImage::margin)
             if v.is_finite() {
-                ((v - lo) / span * 255.0).clamp(0.0, 255.0).round() as u8
+                (1.0 + (v - lo) / span * 254.0).clamp(1.0, 255.0).round() as u8
             } else {
                 0
             }
@@ -766,9 +769,10 @@ mod tests {
         assert_eq!(o.scales(40), vec![1.0]);
         assert_eq!(o.scales(100), vec![1.0, 0.5]);
         assert_eq!(o.scales(800), vec![1.0, 0.5, 0.25, 0.125, 0.0625]);
-        // 16-bit data is stretched onto 8 bits
-        let v: Vec<f32> = (0..1000).map(|i| i as f32).collect();
+        // 16-bit data is stretched onto 8 bits, level 0 kept for no data (non-finite)
+        let mut v: Vec<f32> = (0..1000).map(|i| i as f32).collect();
+        v[500] = f32::NAN;
         let s = stretch(&v);
-        assert_eq!((s[0], s[999]), (0, 255));
+        assert_eq!((s[0], s[1], s[500], s[999]), (1, 1, 0, 255));
     }
 }
