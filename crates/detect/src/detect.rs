@@ -115,6 +115,9 @@ impl GrayImage {
     /// them (on the Mars sample tile, 98 black regions, none at the edge).
     pub fn margin(&self) -> Option<Vec<bool>> {
         let (w, h) = (self.width, self.height);
+        if w == 0 || h == 0 {
+            return None;
+        }
         let edge = (0..w)
             .flat_map(|x| [x, (h - 1) * w + x])
             .chain((0..h).flat_map(|y| [y * w, y * w + w - 1]));
@@ -712,6 +715,12 @@ mod tests {
             pixels: vec![0; 20],
         };
         assert_eq!(black.with_margin_filled(&black.margin().unwrap()), black);
+        let empty = GrayImage {
+            width: 0,
+            height: 0,
+            pixels: vec![],
+        };
+        assert_eq!(empty.margin(), None);
     }
 
     #[test]
