@@ -14,6 +14,7 @@ use crate::store::DetectorConfig;
 use craterdex_errors::{ensure, IoContext, ResultExt};
 use image::{DynamicImage, ImageBuffer, Luma};
 use rayon::prelude::*;
+use std::borrow::Cow;
 use std::path::Path;
 
 /// A grey image as 8-bit levels (what pycda's detector was trained on).
@@ -146,6 +147,16 @@ impl GrayImage {
             }
         }
         Some(margin)
+    }
+
+    /// This image with its no-data margin ([`GrayImage::margin`]) filled
+    /// ([`GrayImage::with_margin_filled`]), as it is where it has none, and the margin: what
+    /// `detect` searches and what a fit is taught on.
+    pub fn margin_filled(&self) -> (Cow<'_, Self>, Option<Vec<bool>>) {
+        match self.margin() {
+            Some(m) => (Cow::Owned(self.with_margin_filled(&m)), Some(m)),
+            None => (Cow::Borrowed(self), None),
+        }
     }
 
     /// This image with its `margin` filled from the data inward out: ring by ring, each pixel
@@ -426,9 +437,8 @@ pub fn detect(
             image.width, image.height
         ))
     );
-    let margin = image.margin();
-    let filled = margin.as_deref().map(|m| image.with_margin_filled(m));
-    let image = filled.as_ref().unwrap_or(image);
+    let (filled, margin) = image.margin_filled();
+    let image = filled.as_ref();
     let side = image.width.min(image.height);
     let largest = o.max_diameter_share * side as f64;
     let mut found = Vec::new();

@@ -311,9 +311,7 @@ pub(crate) fn taught_levels(
         );
         let scales = o.scales(side);
         // a no-data margin filled as `detect` fills it, and taught nothing
-        let margin = l.image.margin();
-        let filled = margin.as_deref().map(|m| l.image.with_margin_filled(m));
-        let whole = filled.as_ref().unwrap_or(&l.image);
+        let (whole, margin) = l.image.margin_filled();
         for (k, &scale) in scales.iter().enumerate() {
             let image = whole.scaled(scale);
             let mut class = classes(
@@ -324,12 +322,12 @@ pub(crate) fn taught_levels(
                 image.width,
                 image.height,
             );
-            if margin.is_some() {
+            if let Some(m) = margin.as_deref() {
                 // where a level pixel's centre falls in the image
                 let source = |i: usize| (i as f64 + 0.5) / scale - 0.5;
                 for y in 0..image.height {
                     for x in 0..image.width {
-                        if in_margin(margin.as_deref(), &l.image, source(x), source(y)) {
+                        if in_margin(Some(m), &l.image, source(x), source(y)) {
                             class[y * image.width + x] = IGNORED;
                         }
                     }
