@@ -300,6 +300,12 @@ pub struct DetectOptions {
     /// larger tiles waste less on their borders and hold more memory (about 1 GB at 1024
     /// for pycda's U-Net).
     pub max_tile: usize,
+    /// Each tile is also run mirrored left to right, top to bottom and both, and the
+    /// likelihoods averaged: four times the time.
+    pub flips: bool,
+    /// Pyramid levels per halving of the image: at 2 each crater is read at two levels
+    /// (half an octave apart), for about 1.5 times the time of 1.
+    pub levels_per_octave: usize,
 }
 
 impl Default for DetectOptions {
@@ -314,6 +320,8 @@ impl Default for DetectOptions {
             level_max_diameter: 14.0,
             band_rows: 1024,
             max_tile: 1024,
+            flips: false,
+            levels_per_octave: 2,
         }
     }
 }
@@ -335,6 +343,13 @@ impl DetectOptions {
             ))
         );
         ensure!(
+            (1..=4).contains(&self.levels_per_octave),
+            Error::Invalid(format!(
+                "levels per octave must be 1 to 4, not {}",
+                self.levels_per_octave
+            ))
+        );
+        ensure!(
             self.max_diameter_share > 0.0 && self.max_diameter_share <= 1.0,
             Error::Invalid(format!(
                 "the largest diameter share must lie in (0, 1], not {}",
@@ -345,8 +360,10 @@ impl DetectOptions {
     }
 
     /// Diameters level `k` of `levels` reports, in its own pixels: from the smallest (the
-    /// first level) or half the per-level largest (the others, the level above taking the
-    /// smaller ones) to the per-level largest (unbounded on the last level).
+    /// first level) or half the per-level largest (the others) to the per-level largest
+    /// (unbounded on the last level). With more than one level per octave the ranges of
+    /// neighbouring levels overlap: a crater is read at two levels or more, and the best
+    /// reading kept.
     pub fn level_range(&self, k: usize, levels: usize) -> (f64, f64) {
         let lo = if k == 0 {
             self.min_diameter
@@ -361,13 +378,14 @@ impl DetectOptions {
         (lo, hi)
     }
 
-    /// The pyramid's scales for an image whose shorter side is `side`: halving until a level
-    /// would only hold craters larger than the largest reported.
+    /// The pyramid's scales for an image whose shorter side is `side`: shrinking by
+    /// `levels_per_octave` steps an octave until a level would only hold craters larger than
+    /// the largest reported.
     pub fn scales(&self, side: usize) -> Vec<f64> {
         let largest = self.max_diameter_share * side as f64;
         let mut scales: Vec<f64> = vec![1.0];
         loop {
-            let next = scales[scales.len() - 1] / 2.0;
+            let next = 0.5f64.powf(scales.len() as f64 / self.levels_per_octave as f64);
             // the next level reports from half the per-level largest in its own pixels, and
             // its largest must still fit twice across it
             let smallest_reported = self.level_max_diameter / 2.0 / next;
@@ -450,7 +468,9 @@ pub fn detect(
         for b in 0..level.height.div_ceil(o.band_rows) {
             let (r0, r1) = band_rows(b, o.band_rows, level.height, halo);
             let core = (b * o.band_rows, ((b + 1) * o.band_rows).min(level.height));
-            let map = net_map(net, config, &level, r0, r1, o.max_tile, 1, progress)?;
+            let map = net_map(
+                net, config, &level, r0, r1, o.max_tile, 1, o.flips, progress,
+            )?;
             for mut c in circles(&map, level.width, r1 - r0, o.threshold) {
                 c.diameter /= config.region_share;
                 let (cy, touches_cut) = (
@@ -503,6 +523,7 @@ pub(crate) fn net_map(
     r1: usize,
     max_tile: usize,
     channels: usize,
+    flips: bool,
     progress: &(dyn Fn(usize) + Sync),
 ) -> Result<Vec<f32>> {
     let (w, h) = (level.width, r1 - r0);
@@ -516,35 +537,53 @@ pub(crate) fn net_map(
         }
         s
     };
+    // each flip of the tile is run and its output flipped back: the border is the same on
+    // both sides of each axis, so output pixel i of a flipped tile is pixel out - 1 - i
+    let views: &[(bool, bool)] = if flips {
+        &[(false, false), (false, true), (true, false), (true, true)]
+    } else {
+        &[(false, false)]
+    };
+    let share = 1.0 / views.len() as f32;
     let mut map = vec![0f32; w * h * channels];
     for ty in starts(h, out_h) {
         for tx in starts(w, out_w) {
-            let mut input = net.input_map(tile_h, tile_w);
-            input
-                .data
-                .par_chunks_mut(tile_w)
-                .enumerate()
-                .for_each(|(i, row)| {
-                    let y = (r0 + ty) as isize + i as isize - border as isize;
-                    for (j, v) in row.iter_mut().enumerate() {
-                        let x = tx as isize + j as isize - border as isize;
-                        *v = level.mirrored(x, y) as f32 * config.input_scale;
+            for &(flip_y, flip_x) in views {
+                let mut input = net.input_map(tile_h, tile_w);
+                input
+                    .data
+                    .par_chunks_mut(tile_w)
+                    .enumerate()
+                    .for_each(|(i, row)| {
+                        let i = if flip_y { tile_h - 1 - i } else { i };
+                        let y = (r0 + ty) as isize + i as isize - border as isize;
+                        for (j, v) in row.iter_mut().enumerate() {
+                            let j = if flip_x { tile_w - 1 - j } else { j };
+                            let x = tx as isize + j as isize - border as isize;
+                            *v = level.mirrored(x, y) as f32 * config.input_scale;
+                        }
+                    });
+                let got = net.forward(input)?;
+                ensure!(
+                    got.channels == channels && got.height == out_h && got.width == out_w,
+                    Error::Invalid(format!(
+                        "detector {}: its output is {}x{}x{}, not {out_h}x{out_w}x{channels}",
+                        config.name, got.height, got.width, got.channels
+                    ))
+                );
+                for i in 0..out_h.min(h - ty) {
+                    let from_row = if flip_y { out_h - 1 - i } else { i };
+                    let at = ((ty + i) * w + tx) * channels;
+                    for j in 0..out_w.min(w - tx) {
+                        let from =
+                            (from_row * out_w + if flip_x { out_w - 1 - j } else { j }) * channels;
+                        for c in 0..channels {
+                            map[at + j * channels + c] += share * got.data[from + c];
+                        }
                     }
-                });
-            let got = net.forward(input)?;
-            ensure!(
-                got.channels == channels && got.height == out_h && got.width == out_w,
-                Error::Invalid(format!(
-                    "detector {}: its output is {}x{}x{}, not {out_h}x{out_w}x{channels}",
-                    config.name, got.height, got.width, got.channels
-                ))
-            );
-            for i in 0..out_h.min(h - ty) {
-                let n = out_w.min(w - tx) * channels;
-                let at = ((ty + i) * w + tx) * channels;
-                map[at..at + n].copy_from_slice(&got.data[i * out_w * channels..][..n]);
+                }
+                net.recycle(got);
             }
-            net.recycle(got);
             progress(1);
         }
     }
@@ -733,6 +772,44 @@ mod tests {
         assert_eq!(empty.margin(), None);
     }
 
+    /// A 28 x 28 image of no symmetry and its mirror image left to right.
+    fn asymmetric_and_mirrored() -> (GrayImage, GrayImage) {
+        let n = 28;
+        let level = |x: usize, y: usize| ((x * 37 + y * y * 11 + x * y * 5) % 251) as u8;
+        let image = |mirror: bool| GrayImage {
+            width: n,
+            height: n,
+            pixels: (0..n * n)
+                .map(|i| {
+                    let (x, y) = (i % n, i / n);
+                    level(if mirror { n - 1 - x } else { x }, y)
+                })
+                .collect(),
+        };
+        (image(false), image(true))
+    }
+
+    #[test]
+    fn flipped_views_make_the_likelihood_mirror_symmetric() {
+        let (config, weights) = crate::testing::small_unet_detector();
+        let net = Net::new(config.graph.clone(), |n| weights.get(n).cloned()).unwrap();
+        let (image, mirrored) = asymmetric_and_mirrored();
+        let n = image.width;
+        let map = |im: &GrayImage, flips| {
+            net_map(&net, &config, im, 0, n, 64, 1, flips, &|_| {}).unwrap()
+        };
+        // the worst difference between a map of the mirrored image and the mirrored map
+        let asymmetry = |flips| {
+            let (a, b) = (map(&image, flips), map(&mirrored, flips));
+            (0..n * n)
+                .map(|i| (a[i] - b[(i / n) * n + n - 1 - i % n]).abs())
+                .fold(0f32, f32::max)
+        };
+        // the random net alone is not symmetric, so the test can tell
+        assert!(asymmetry(false) > 1e-3, "{}", asymmetry(false));
+        assert!(asymmetry(true) < 1e-5, "{}", asymmetry(true));
+    }
+
     #[test]
     fn regions_become_circles_of_their_area() {
         let (w, h) = (40, 30);
@@ -783,11 +860,21 @@ mod tests {
 
     #[test]
     fn the_pyramid_halves_until_craters_would_be_too_large() {
-        let o = DetectOptions::default();
+        let o = DetectOptions {
+            levels_per_octave: 1,
+            ..Default::default()
+        };
         // levels report 7-14 px of their own: a 100 px image has room for one halving
         assert_eq!(o.scales(40), vec![1.0]);
         assert_eq!(o.scales(100), vec![1.0, 0.5]);
         assert_eq!(o.scales(800), vec![1.0, 0.5, 0.25, 0.125, 0.0625]);
+        // two levels an octave: the same halvings and a level between each two
+        let half = DetectOptions::default().scales(800);
+        assert_eq!(half.len(), 10, "{half:?}");
+        for (k, s) in half.iter().enumerate() {
+            assert_eq!(*s, 0.5f64.powf(k as f64 / 2.0), "{half:?}");
+        }
+        assert_eq!(DetectOptions::default().scales(36), vec![1.0]);
         // 16-bit data is stretched onto 8 bits, level 0 kept for no data (non-finite)
         let mut v: Vec<f32> = (0..1000).map(|i| i as f32).collect();
         v[500] = f32::NAN;

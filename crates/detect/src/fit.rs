@@ -422,7 +422,9 @@ pub fn fit_head(
         for b in 0..level.height.div_ceil(o.band_rows) {
             let (r0, r1) = band_rows(b, o.band_rows, level.height, halo(o));
             let core = (b * o.band_rows, ((b + 1) * o.band_rows).min(level.height));
-            let map = net_map(&net, config, &level, r0, r1, o.max_tile, channels, progress)?;
+            let map = net_map(
+                &net, config, &level, r0, r1, o.max_tile, channels, false, progress,
+            )?;
             let core_map = &map[(core.0 - r0) * level.width * channels..]
                 [..(core.1 - core.0) * level.width * channels];
             for (p, f) in core_map.chunks_exact(channels).enumerate() {

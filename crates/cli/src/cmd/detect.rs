@@ -47,6 +47,14 @@ pub struct DetectorOpts {
     /// more memory (about 1 GB at 1024 for pycda's U-Net).
     #[arg(long, default_value_t = DetectOptions::default().max_tile)]
     max_tile: usize,
+    /// Also run each tile mirrored (left to right, top to bottom, both) and average the
+    /// likelihoods: four times the time.
+    #[arg(long)]
+    flips: bool,
+    /// Pyramid levels per halving of the image: 2 reads each crater at two sizes, half an
+    /// octave apart (about 1.5 times the time of 1).
+    #[arg(long, default_value_t = DetectOptions::default().levels_per_octave as u8, value_parser = clap::value_parser!(u8).range(1..=4))]
+    levels_per_octave: u8,
 }
 
 impl DetectorOpts {
@@ -67,6 +75,8 @@ impl DetectorOpts {
             min_diameter: self.min_diameter,
             level_max_diameter: self.level_max_diameter,
             max_tile: self.max_tile,
+            flips: self.flips,
+            levels_per_octave: self.levels_per_octave.into(),
             ..Default::default()
         }
     }
