@@ -124,6 +124,43 @@ fn detect_writes_the_crater_list_and_rims_of_each_image() {
     assert_eq!(big["precision"].as_f64(), Some(0.5));
 }
 
+/// `bench detect --detector-precision P` times f32 and P (it used to fail: the detector was
+/// loaded at P, then set to each precision again).
+#[test]
+fn bench_detect_times_f32_and_the_precision_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    setup(root);
+    let o = run(
+        root,
+        &[
+            "bench",
+            "detect",
+            "--tile",
+            "new.png",
+            "--craters",
+            "labels.csv",
+            "--detector",
+            "bright",
+            "--no-reference",
+            "--levels",
+            "portable",
+            "--repeats",
+            "1",
+            "--detector-precision",
+            "int8",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let precisions: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("craterdex brightness"))
+        .map(|l| l.split_whitespace().nth(3).unwrap())
+        .collect();
+    assert_eq!(precisions, ["f32", "int8"], "{out}");
+}
+
 #[test]
 fn images_that_cannot_be_searched_are_named_with_the_reason() {
     let tmp = tempfile::tempdir().unwrap();

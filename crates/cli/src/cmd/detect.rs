@@ -59,9 +59,19 @@ pub struct DetectorOpts {
 
 impl DetectorOpts {
     pub fn load(&self) -> Result<(DetectorConfig, Net)> {
-        let dir = craterdex_fetch::detector_dir(&self.detector, self.input_scale)?;
-        let (config, net) = craterdex_detect::read_detector_dir(&dir)?;
+        let (config, net) = self.load_f32()?;
         Ok((config, net.with_precision(self.detector_precision)?))
+    }
+
+    /// The detector at f32, whatever --detector-precision says: for callers that set the
+    /// precision themselves.
+    pub fn load_f32(&self) -> Result<(DetectorConfig, Net)> {
+        let dir = craterdex_fetch::detector_dir(&self.detector, self.input_scale)?;
+        Ok(craterdex_detect::read_detector_dir(&dir)?)
+    }
+
+    pub fn precision(&self) -> Precision {
+        self.detector_precision
     }
 
     /// The smallest diameter reported, in pixels.

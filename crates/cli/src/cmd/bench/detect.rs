@@ -1,6 +1,7 @@
 //! `craterdex bench detect`: the detector over whole labelled tiles at every kernel level
 //! this CPU runs (each level a child process, `CRATERDEX_KERNEL` set, the level being fixed
-//! per process) and every precision, and pycda's own pipeline on TensorFlow over the same
+//! per process) and every precision (f32 and the one `--detector-precision` names, where it
+//! names one), and pycda's own pipeline on TensorFlow over the same
 //! tiles in the same run; time, rate and F1 per size bin of each.
 
 use super::python::{pinned_python, script_file, PYCDA, PYCDA_SCRIPT};
@@ -58,14 +59,24 @@ fn labels(b: &DetectBench) -> Result<Vec<Vec<Circle>>> {
 fn worker(b: &DetectBench) -> Result<Vec<Row>> {
     let images: Vec<PathBuf> = b.tiles.pairs()?.into_iter().map(|(t, _)| t).collect();
     let truth = labels(b)?;
+    // f32 and the precision named, or every one this level runs
     let mut precisions = vec![Precision::F32];
-    if craterdex_kernels::bf16::available() {
-        precisions.push(Precision::Bf16);
+    match b.detector.precision() {
+        Precision::F32 => {
+            if craterdex_kernels::bf16::available() {
+                precisions.push(Precision::Bf16);
+            }
+            precisions.push(Precision::Int8);
+        }
+        Precision::Bf16 if !craterdex_kernels::bf16::available() => eprintln!(
+            "bf16 is not timed at {}: this level has no bf16 products",
+            craterdex_kernels::active()
+        ),
+        named => precisions.push(named),
     }
-    precisions.push(Precision::Int8);
     let mut rows = Vec::new();
     for precision in precisions {
-        let (config, net) = b.detector.load()?;
+        let (config, net) = b.detector.load_f32()?;
         let net = net.with_precision(precision)?;
         let o = b.detector.options();
         let mut best = f64::INFINITY;
