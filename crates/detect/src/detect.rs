@@ -310,9 +310,10 @@ pub struct DetectOptions {
 
 impl Default for DetectOptions {
     fn default() -> Self {
-        // threshold and level_max_diameter chosen on four of the twelve NAC tiles (the first
-        // four by name), by the mean F1 of the 8-20 px and >= 20 px bins; reported on the
-        // other eight and on the Mars tile (docs/results.md, "Finding craters")
+        // threshold, level_max_diameter and levels_per_octave chosen on four of the twelve
+        // NAC tiles (the first four by name), by the mean F1 of the 8-20 px and >= 20 px
+        // bins; reported on the other eight and on the Mars tile (docs/results.md, "Finding
+        // craters")
         Self {
             threshold: 0.4,
             min_diameter: 8.0,
