@@ -30,7 +30,8 @@ const WHOLE_READ_PIXELS: usize = 1 << 22;
 
 /// The values of a whole band.
 pub enum Levels {
-    /// An 8-bit band's levels, as stored.
+    /// An 8-bit band's levels as stored, but that level 0 is no data alone (a band whose
+    /// no-data value is another level has it read as 0 and its own 0 as 1).
     Eight(Vec<u8>),
     /// Any other band's values; no-data as NaN.
     Values(Vec<f32>),
@@ -190,7 +191,7 @@ impl Raster {
         for y0 in (0..h).step_by(rows) {
             let block = read(y0, rows.min(h - y0))?;
             if self.eight_bit {
-                eight.extend(block.iter().map(|&v| v as u8));
+                eight.extend(block.iter().map(|&v| self.eight_bit_level(v)));
             } else {
                 values.extend(block.iter().map(|&v| {
                     if self.nodata == Some(v) || !v.is_finite() {
@@ -206,6 +207,17 @@ impl Raster {
         } else {
             Levels::Values(values)
         })
+    }
+
+    /// An 8-bit band's level with level 0 meaning no data alone, as the detector reads it: a
+    /// band whose no-data value is another level has that level read as 0 and its data's 0
+    /// as 1 (the next level up), so its margin is a margin and a black shadow is not.
+    fn eight_bit_level(&self, v: f64) -> u8 {
+        match self.nodata {
+            Some(nd) if nd != 0.0 && v == nd => 0,
+            Some(nd) if nd != 0.0 && (0.0..=255.0).contains(&nd) => (v as u8).max(1),
+            _ => v as u8,
+        }
     }
 
     /// Longitude and latitude in degrees (the mosaic's own geographic system and longitude

@@ -205,3 +205,47 @@ fn unusable_inputs_fail_with_the_file_named() {
     );
     assert!(e.contains("far.csv") && e.contains("m.tif"), "{e}");
 }
+
+/// An 8-bit band whose no-data value is 255: its no-data pixels read as level 0 (the margin
+/// the detector fills) and its data's black as level 1, so a shadow is not read as margin.
+#[test]
+fn an_eight_bit_band_reads_its_own_no_data_value_as_level_zero() {
+    use craterdex_eval::georef::Levels;
+    let d = tempfile::tempdir().unwrap();
+    let tif = d.path().join("nodata255.tif");
+    write_mosaic(&tif, 0.0, 0.0, 16, &[]);
+    let levels = |x: usize, y: usize| -> u8 {
+        match (x < 4, (x, y) == (9, 9), (x, y) == (12, 3)) {
+            (true, _, _) => 255,
+            (_, true, _) => 0,
+            (_, _, true) => 77,
+            _ => 120,
+        }
+    };
+    {
+        let ds = gdal::Dataset::open_ex(
+            &tif,
+            gdal::DatasetOptions {
+                open_flags: gdal::GdalOpenFlags::GDAL_OF_UPDATE,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let mut band = ds.rasterband(1).unwrap();
+        let px: Vec<u8> = (0..256).map(|i| levels(i % 16, i / 16)).collect();
+        band.write((0, 0), (16, 16), &mut Buffer::new((16, 16), px))
+            .unwrap();
+        band.set_no_data_value(Some(255.0)).unwrap();
+    }
+    let Levels::Eight(read) = Raster::open(&tif).unwrap().levels().unwrap() else {
+        panic!("an 8-bit band reads as 8-bit levels");
+    };
+    for (i, &v) in read.iter().enumerate() {
+        let want = match levels(i % 16, i / 16) {
+            255 => 0,
+            0 => 1,
+            other => other,
+        };
+        assert_eq!(v, want, "pixel ({}, {})", i % 16, i / 16);
+    }
+}
