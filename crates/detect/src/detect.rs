@@ -505,7 +505,7 @@ pub fn detect(
 }
 
 /// Whether `(x, y)` (pixel centres at whole numbers) lies in the image's no-data `margin`.
-pub(crate) fn in_margin(margin: Option<&[bool]>, image: &GrayImage, x: f64, y: f64) -> bool {
+pub fn in_margin(margin: Option<&[bool]>, image: &GrayImage, x: f64, y: f64) -> bool {
     margin.is_some_and(|m| {
         let (px, py) = (x.round().max(0.0) as usize, y.round().max(0.0) as usize);
         m[py.min(image.height - 1) * image.width + px.min(image.width - 1)]

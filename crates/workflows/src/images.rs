@@ -8,7 +8,9 @@
 //! (`confirm_by_appearance`). Where an image registers, every catalogue crater the transform
 //! places inside it is also looked for where it should be: a crop at its projected position and
 //! size, so that what the detector missed is still found (recall is not bounded by the
-//! detector). Every crop, of a detection or of a projected crater, is cut turned to the
+//! detector), unless its rim reaches the image's no-data margin (black joined to the image's
+//! edge: outside what was observed). Every crop, of a detection or of a projected crater, is
+//! cut from the image with that margin filled as the detector fills it, turned to the
 //! catalogue's orientation and linked by [`link_partition`] with the registration as geometric
 //! evidence. New craters come only from detections that match nothing in an image that
 //! registered; a projected crater that does not look like its catalogue entry is reported
@@ -25,6 +27,7 @@ use crate::register::{
     RegisterOptions, SourceRegistration, Transform,
 };
 use crate::rule::LinkRule;
+use craterdex_detect::detect::in_margin;
 use craterdex_detect::{Detection, GrayImage};
 use craterdex_engine::{Engine, Progress};
 use craterdex_errors::ensure;
@@ -288,12 +291,14 @@ impl CatalogueCentres {
 fn projected(
     engine: &Engine,
     centres: &CatalogueCentres,
-    (source, t): (&str, &Transform),
-    (width, height): (usize, usize),
-    detections: &[Detection],
+    im: &ObservedImage,
+    margin: Option<&[bool]>,
+    t: &Transform,
     rule: &LinkRule,
     o: &ImageLinkOptions,
 ) -> Vec<(usize, ImageMeta, f64, f64, f64, bool)> {
+    let (source, detections) = (im.source.as_str(), &im.detections);
+    let (width, height) = (im.image.width, im.image.height);
     let (back, scale) = (t.inverse(), t.scale());
     // the image's footprint in the catalogue's frame: a crater centred outside it cannot
     // lie inside the image
@@ -324,7 +329,7 @@ fn projected(
         let d = cd / scale;
         let r = d / 2.0;
         let inside = x - r >= 0.0 && y - r >= 0.0 && x + r <= w && y + r <= h;
-        if !inside || !d.is_finite() || d < o.min_diameter {
+        if !inside || !d.is_finite() || d < o.min_diameter || !disc_in_data(im, margin, x, y, r) {
             continue;
         }
         let covered = detections.iter().any(|e| {
@@ -338,6 +343,16 @@ fn projected(
         }
     }
     out
+}
+
+/// Whether the disc of radius `r` about `(x, y)` lies in `im`'s data: its centre and eight
+/// points of its rim outside the no-data `margin` (a map-projected or turned image's black
+/// surround, where a catalogue crater the transform places there was not observed).
+fn disc_in_data(im: &ObservedImage, margin: Option<&[bool]>, x: f64, y: f64, r: f64) -> bool {
+    let rim = (0..8).map(|k| (k as f64 * std::f64::consts::FRAC_PI_4).sin_cos());
+    std::iter::once((0.0, 0.0))
+        .chain(rim)
+        .all(|(s, c)| !in_margin(margin, im.image, x + r * c, y + r * s))
 }
 
 /// Of a catalogue's craters in pixels, the diameter this share are smaller than: below it the
@@ -492,7 +507,7 @@ const APPEARANCE_MIN_SHARE: f64 = 0.25;
 fn confirm_by_appearance(
     engine: &Engine,
     centres: &CatalogueCentres,
-    im: &ObservedImage,
+    (im, margin): (&ObservedImage, Option<&[bool]>),
     (proposals, proposed_by): (&[Arc<SourceRegistration>], &str),
     tried_before: usize,
     rule: &LinkRule,
@@ -506,9 +521,7 @@ fn confirm_by_appearance(
     let index = engine.index();
     for p in distinct {
         let Some(t) = p.proposed else { continue };
-        let size = (im.image.width, im.image.height);
-        let at = (im.source.as_str(), &t);
-        let mut placed = projected(engine, centres, at, size, &im.detections, rule, o);
+        let mut placed = projected(engine, centres, im, margin, &t, rule, o);
         if placed.len() < APPEARANCE_MIN_PLACED {
             continue;
         }
@@ -948,6 +961,21 @@ pub fn link_images(
             Error::Invalid(format!("two images are named {}", im.source))
         );
     }
+    // each image with its no-data margin filled as the detector saw it: a crop cut near the
+    // data's edge shows the ground going on (as the catalogue's crops, reflected at their
+    // tiles' edges, do), not black; and no catalogue crater is looked for in the margin
+    let data: Vec<_> = images.iter().map(|im| im.image.margin_filled()).collect();
+    let margins: Vec<Option<&[bool]>> = data.iter().map(|d| d.1.as_deref()).collect();
+    let filled: Vec<ObservedImage> = images
+        .iter()
+        .zip(&data)
+        .map(|(im, d)| ObservedImage {
+            source: im.source.clone(),
+            image: d.0.as_ref(),
+            detections: im.detections.clone(),
+        })
+        .collect();
+    let images = &filled[..];
     let floor = catalogue_floor(engine, images);
     let (mut frames, proposals) = if opts.register {
         register_images(engine, images, floor, rule)
@@ -963,7 +991,7 @@ pub fn link_images(
         true => CatalogueCentres::of(engine),
         false => CatalogueCentres { by_x: Vec::new() },
     };
-    for (im, proposed) in images.iter().zip(&proposals) {
+    for ((im, proposed), &margin) in images.iter().zip(&proposals).zip(&margins) {
         let registered = frames
             .registration_of(&im.source)
             .is_some_and(|r| r.registered);
@@ -973,7 +1001,7 @@ pub fn link_images(
         let (mut found, tried) = confirm_by_appearance(
             engine,
             &centres,
-            im,
+            (im, margin),
             (proposed, PATTERN),
             0,
             rule,
@@ -983,8 +1011,16 @@ pub fn link_images(
         if found.is_none() {
             let seeded = appearance_proposals(engine, im, floor, opts, o, progress)?;
             let seeded = (&seeded[..], SEEDED);
-            (found, _) =
-                confirm_by_appearance(engine, &centres, im, seeded, tried, rule, o, progress)?;
+            (found, _) = confirm_by_appearance(
+                engine,
+                &centres,
+                (im, margin),
+                seeded,
+                tried,
+                rule,
+                o,
+                progress,
+            )?;
         }
         if let Some(reg) = found {
             frames.extend(Frames::of_registrations([reg], rule.body_radius_km));
@@ -1017,9 +1053,7 @@ pub fn link_images(
         }
         let placing = reg.as_ref().filter(|r| r.registered && o.look_in_place);
         if let Some(t) = placing.and_then(|r| r.transform) {
-            let size = (im.image.width, im.image.height);
-            let at = (im.source.as_str(), &t);
-            let placed = projected(engine, &centres, at, size, &im.detections, rule, o);
+            let placed = projected(engine, &centres, im, margins[i], &t, rule, o);
             inside.push(placed.iter().map(|p| p.0).collect());
             for (row, m, x, y, d, _) in placed.into_iter().filter(|p| !p.5) {
                 probes.push(Probe {
