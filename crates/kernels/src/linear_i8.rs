@@ -10,7 +10,7 @@
 //! int8 outputs are bit-identical across levels. Token cosine to f32 on real crater crops: see
 //! the model crate's parity test.
 
-use crate::amx::{self, PackedI8};
+use crate::amx::PackedI8;
 use crate::gemm::{task_rows, NB};
 use crate::i8_block;
 use crate::int8::round_small;
@@ -42,8 +42,9 @@ pub struct PackedI8Linear {
     /// a group's zero point times these is what its codes' products hold beyond those of the
     /// codes minus the zero point.
     colsums: Vec<f32>,
-    /// AMX: each group's codes as the columns of signed tile products.
-    tiles: Vec<PackedI8>,
+    /// AMX: the codes as the columns of signed tile products (each group one 64-byte slice
+    /// of their depth).
+    tiles: Option<PackedI8>,
 }
 
 impl PackedI8Linear {
@@ -78,19 +79,7 @@ impl PackedI8Linear {
                 codes[((b * kp / 4 + i / 4) * NB + c) * 4 + i % 4] = columns[j * kp + i];
             }
         }
-        let tiles = if level == Level::Amx && PackedI8::fits(GROUP) {
-            (0..groups)
-                .map(|g| {
-                    let slice: Vec<i8> = columns
-                        .chunks_exact(kp)
-                        .flat_map(|c| c[g * GROUP..(g + 1) * GROUP].iter().copied())
-                        .collect();
-                    PackedI8::new(&slice, n, GROUP)
-                })
-                .collect()
-        } else {
-            Vec::new()
-        };
+        let tiles = (level == Level::Amx).then(|| PackedI8::new(&columns, n, kp));
         Self {
             k,
             kp,
@@ -116,7 +105,7 @@ impl PackedI8Linear {
     /// Whether its products take the activations' codes as unsigned bytes (the VNNI kernel).
     fn multiplies_unsigned(&self) -> bool {
         cfg!(target_arch = "x86_64")
-            && self.tiles.is_empty()
+            && self.tiles.is_none()
             && self.level == Level::Avx512
             && crate::level::has_avx512_vnni()
     }
@@ -277,7 +266,7 @@ fn quantise_group(part: &[f32], dst: &mut [i8]) -> (f32, i32) {
 
 /// A group's scale, its inverse and its zero point from the group's range (`lo <= 0 <= hi`).
 #[inline(always)]
-fn group_scale(lo: f32, hi: f32) -> (f32, f32, f32) {
+pub(crate) fn group_scale(lo: f32, hi: f32) -> (f32, f32, f32) {
     let scale = if hi > lo { (hi - lo) / 254.0 } else { 1.0 };
     let inv = 1.0 / scale;
     let zero = round_small(-lo * inv).clamp(0.0, 254.0);
@@ -288,7 +277,7 @@ fn group_scale(lo: f32, hi: f32) -> (f32, f32, f32) {
 /// `c + 1.5 * 2^23` (whose low byte is `c`): a float-to-int `as` saturates and keeps the
 /// quantiser's loop from vectorising.
 #[inline(always)]
-fn code_byte(c: f32) -> i8 {
+pub(crate) fn code_byte(c: f32) -> i8 {
     ((c + 12_582_912.0).to_bits() as u8).wrapping_sub(127) as i8
 }
 
@@ -497,29 +486,13 @@ fn int8_products(
     finish: Finish,
     out: &mut [f32],
 ) -> Finished {
-    let (kp, n, groups) = (w.kp, w.n, w.groups());
-    if !w.tiles.is_empty() {
-        let cols = w.tiles[0].columns();
-        let mut p = vec![0i32; m * cols];
-        for (g, tiles) in w.tiles.iter().enumerate() {
-            let a: Vec<i8> = q
-                .codes
-                .chunks_exact(kp)
-                .flat_map(|r| r[g * GROUP..(g + 1) * GROUP].iter().copied())
-                .collect();
-            amx::i8_products(&a, m, tiles, &mut p);
-            for r in 0..m {
-                add_group(
-                    &mut out[r * n..(r + 1) * n],
-                    &p[r * cols..r * cols + n],
-                    &w.colsums[g * n..(g + 1) * n],
-                    q.zero(r, g),
-                    q.scales[r * groups + g],
-                    g == 0,
-                );
-            }
-        }
-        return Finished::NONE;
+    if let Some(tiles) = &w.tiles {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: tiles are packed only at the AMX level, capped at what this CPU has, so
+        // AVX-512 is here (and `Tiles::configure` checks the tiles themselves).
+        return unsafe { x86::int8_products_amx(q, m, w, tiles, finish, out) };
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!("no tiles off x86-64: {}", tiles.columns());
     }
     // q.codes is [m, kp], out [m, n], the packed codes [blocks][kp / 4][NB][4]
     dispatch!(w.level,
@@ -560,6 +533,7 @@ mod x86 {
         add_group, group_scale, quantise_group, quantise_groups_with, quantise_into, Finish,
         Finished, PackedI8Linear, Rows, RowsMut, GROUP, NB,
     };
+    use crate::amx::PackedI8;
     use crate::level::has_avx512_vnni;
     use crate::simd::{Avx2, Avx512, Avx512Vnni, Vector};
     use std::arch::x86_64::*;
@@ -944,6 +918,129 @@ mod x86 {
         Finished {
             rows: m / R * R,
             columns: n / NB * NB,
+        }
+    }
+
+    /// The group-wise int8 products on AMX tiles: blocks of 32 rows (16 at the end, then the
+    /// last rows through a zero-padded copy) and 32 columns, each group one tile product per
+    /// 16 x 16 outputs whose int32 sums go through memory into the block's f32 sums by the
+    /// operations of [`add_group`] (in AVX-512 registers, as on VNNI), so that the outputs are
+    /// those of every other level. The whole 16-column vectors are finished here (as VNNI
+    /// finishes its blocks); the columns past them are left as group sums in `out` for the
+    /// caller (what it returns says which).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub unsafe fn int8_products_amx(
+        q: &Rows,
+        m: usize,
+        w: &PackedI8Linear,
+        tiles: &PackedI8,
+        finish: Finish,
+        out: &mut [f32],
+    ) -> Finished {
+        const BLOCK: usize = 32;
+        let (kp, n, groups) = (w.kp, w.n, w.groups());
+        let col_blocks = n.div_ceil(16);
+        let mut products = [[0i32; BLOCK]; BLOCK];
+        let mut sums = [[0f32; BLOCK]; BLOCK];
+        // SAFETY: (whole body) AVX-512 per the caller; every block of A read lies in q.codes
+        // (blocks of 32 and 16 rows, then the last rows with tiles of that many rows); out is
+        // [m, n], colsums [groups, n], scales [n], q.scales [m, groups], and only columns < n
+        // are read from the products or written.
+        unsafe {
+            let mut tiles_of = Some(crate::amx::Tiles::configure());
+            let mut r = 0;
+            while r < m {
+                let (rows, two_rows) = match m - r {
+                    32.. => (32, true),
+                    16..32 => (16, false),
+                    tail => {
+                        // the 16-row configuration released before the tail's is loaded
+                        drop(tiles_of.take());
+                        tiles_of = Some(crate::amx::Tiles::configure_rows(tail));
+                        (tail, false)
+                    }
+                };
+                let tile = tiles_of.as_ref().expect("configured above");
+                let a = q.codes.as_ptr().add(r * kp);
+                for cb in (0..col_blocks).step_by(2) {
+                    let two_columns = cb + 1 < col_blocks;
+                    let col = cb * 16;
+                    let width = (n - col).min(BLOCK);
+                    let vectors = width / 16;
+                    for g in 0..groups {
+                        tile.i8_slice_block(
+                            two_rows,
+                            two_columns,
+                            a.add(g * GROUP),
+                            kp,
+                            tiles,
+                            cb,
+                            g,
+                            &mut products,
+                        );
+                        let colsums = &w.colsums[g * n + col..g * n + col + width];
+                        let c: [__m512; 2] = std::array::from_fn(|v| {
+                            if v < vectors {
+                                _mm512_loadu_ps(colsums.as_ptr().add(16 * v))
+                            } else {
+                                _mm512_setzero_ps()
+                            }
+                        });
+                        for i in 0..rows {
+                            let scale = q.scales[(r + i) * groups + g];
+                            let zero = q.zero(r + i, g);
+                            let (scale_v, zero_v) = (_mm512_set1_ps(scale), _mm512_set1_ps(-zero));
+                            for v in 0..vectors {
+                                let p = _mm512_loadu_si512(products[i].as_ptr().add(16 * v).cast());
+                                let x = _mm512_fmadd_ps(zero_v, c[v], _mm512_cvtepi32_ps(p));
+                                let x = _mm512_mul_ps(x, scale_v);
+                                let s = sums[i].as_mut_ptr().add(16 * v);
+                                let x = if g == 0 {
+                                    x
+                                } else {
+                                    _mm512_add_ps(_mm512_loadu_ps(s), x)
+                                };
+                                _mm512_storeu_ps(s, x);
+                            }
+                            let rest = 16 * vectors..width;
+                            add_group(
+                                &mut sums[i][rest.clone()],
+                                &products[i][rest.clone()],
+                                &colsums[rest],
+                                zero,
+                                scale,
+                                g == 0,
+                            );
+                        }
+                    }
+                    // the whole vectors finished as finish_columns does it (or added where
+                    // asked), the rest left as sums
+                    for (i, s) in sums[..rows].iter().enumerate() {
+                        let at = (r + i) * n + col;
+                        for v in 0..vectors {
+                            let scale = _mm512_loadu_ps(w.scales.as_ptr().add(col + 16 * v));
+                            let x = _mm512_mul_ps(_mm512_loadu_ps(s.as_ptr().add(16 * v)), scale);
+                            let (o, b) = match finish {
+                                Finish::Bias(bias) => (
+                                    out.as_mut_ptr().add(at + 16 * v),
+                                    bias.as_ptr().add(col + 16 * v),
+                                ),
+                                Finish::AddTo(into) => {
+                                    let o = into.add(at + 16 * v);
+                                    (o, o.cast_const())
+                                }
+                            };
+                            _mm512_storeu_ps(o, _mm512_add_ps(x, _mm512_loadu_ps(b)));
+                        }
+                        out[at + 16 * vectors..at + width].copy_from_slice(&s[16 * vectors..width]);
+                    }
+                }
+                r += rows;
+            }
+        }
+        Finished {
+            rows: m,
+            columns: n / 16 * 16,
         }
     }
 

@@ -26,6 +26,13 @@ pub fn available() -> bool {
     active() == Level::Amx
 }
 
+/// Whether the tile kernels can run here at all: the CPU has AMX and the tile state was
+/// granted (what their safety rests on). Kernels packed for [`Level::Amx`] on purpose run
+/// on the tiles even where `CRATERDEX_KERNEL` caps the default level below it.
+fn granted() -> bool {
+    crate::level::detected() == Level::Amx
+}
+
 /// Whether the CPU has AMX int8 and bf16 tiles (CPUID leaf 7).
 pub(crate) fn cpu_has_amx() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -92,10 +99,136 @@ impl PackedI8 {
     pub fn columns(&self) -> usize {
         self.n.div_ceil(TILE_ROWS) * TILE_ROWS
     }
+
+    /// Where the tiles of column block `cb` (columns `16 cb..16 cb + 16`) begin; the next
+    /// block's follow [`PackedI8::column_block_bytes`] later.
+    pub(crate) fn column_block(&self, cb: usize) -> *const i8 {
+        assert!(cb < self.columns() / TILE_ROWS);
+        self.tiles[cb * self.column_block_bytes()..].as_ptr()
+    }
+
+    /// Bytes of one column block's tiles: one tile per 64 bytes of the shared dimension.
+    pub(crate) fn column_block_bytes(&self) -> usize {
+        self.k / TILE_BYTES * TILE_ROWS * TILE_BYTES
+    }
+}
+
+/// The tile configuration loaded on this thread for as long as it lives (tile state is per
+/// thread): what [`Tiles::i8_slice_block`] runs under. Not `Send`: it must be dropped on the
+/// thread that made it.
+pub(crate) struct Tiles {
+    #[cfg(target_arch = "x86_64")]
+    _configured: tiles::Configured,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl Tiles {
+    /// Panics where the tiles are not granted.
+    pub(crate) fn configure() -> Self {
+        Self::configure_rows(TILE_ROWS)
+    }
+
+    /// The tiles with blocks of `rows` rows of A (1..=16) instead of 16: the last rows of a
+    /// product, read and written in place. Panics where the tiles are not granted.
+    pub(crate) fn configure_rows(rows: usize) -> Self {
+        assert!(granted(), "AMX tiles are not available");
+        Self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the tiles are available (checked above).
+            _configured: unsafe { tiles::Configured::with_rows(rows) },
+            _not_send: std::marker::PhantomData,
+        }
+    }
+
+    /// One 64-byte slice `s` of the shared dimension of int8 products: rows `a` (the
+    /// configured rows, or twice them with `two_rows`; `lda` bytes apart, each holding the
+    /// slice's 64 bytes) against column block `cb` of `b` (and `cb + 1` with `two_columns`),
+    /// the int32 products stored into `out`, 32 a row (rows and columns past the block's are
+    /// left as they were).
+    ///
+    /// # Safety
+    /// `a` must point at that many readable rows of 64 bytes, `lda` apart (`two_rows` only
+    /// with 16 configured rows); `cb` (and `cb + 1`) and `s` must lie in `b`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn i8_slice_block(
+        &self,
+        two_rows: bool,
+        two_columns: bool,
+        a: *const i8,
+        lda: usize,
+        b: &PackedI8,
+        cb: usize,
+        s: usize,
+        out: &mut [[i32; 32]; 32],
+    ) {
+        assert!(s < b.k / TILE_BYTES && (!two_columns || cb + 1 < b.columns() / TILE_ROWS));
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: A per the caller; B's block (and the next) checked above; out holds 32 rows
+        // of 32 int32; the tiles are configured on this thread (self).
+        unsafe {
+            tiles::i8_slice_block(
+                two_rows,
+                two_columns,
+                a,
+                lda,
+                b.column_block(cb).add(s * TILE_ROWS * TILE_BYTES),
+                b.column_block_bytes(),
+                out.as_mut_ptr().cast(),
+            )
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (two_rows, two_columns, a, lda, out);
+    }
+
+    /// A convolution's int32 sums for one block of outputs: rows `a` (the configured rows,
+    /// or twice them with `two_rows`; `lda` bytes apart) against column block `cb` of `b`
+    /// (and `cb + 1` with `two_columns`) over all of `b`'s depth, whose 64-byte slice `s` A
+    /// holds at `a + (s / per_row) * row_step + (s % per_row) * 64` (a kernel row's pixels
+    /// side by side, the next kernel row `row_step` bytes on); stored into `out`, `ldo` int32
+    /// a row.
+    ///
+    /// # Safety
+    /// Every slice of A must have that many readable rows of 64 bytes, `lda` apart
+    /// (`two_rows` only with 16 configured rows); `out` must hold that many rows of `ldo`
+    /// int32, 16 (32) from where it points.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn i8_conv_block(
+        &self,
+        (two_rows, two_columns): (bool, bool),
+        a: *const i8,
+        lda: usize,
+        (row_step, per_row): (usize, usize),
+        b: &PackedI8,
+        cb: usize,
+        out: *mut i32,
+        ldo: usize,
+    ) {
+        let slices = b.k / TILE_BYTES;
+        assert!(per_row > 0 && slices.is_multiple_of(per_row));
+        assert!(!two_columns || cb + 1 < b.columns() / TILE_ROWS);
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: A and out per the caller; B's blocks checked above; the tiles are
+        // configured on this thread (self).
+        unsafe {
+            tiles::i8_conv_block(
+                two_rows,
+                two_columns,
+                a,
+                lda,
+                (row_step, per_row, slices),
+                b.column_block(cb),
+                b.column_block_bytes(),
+                out,
+                ldo * 4,
+            )
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (two_rows, two_columns, a, lda, row_step, out, ldo);
+    }
 }
 
 /// `out[m, columns] = A B^T` in exact int32 arithmetic, `A` `[m, k]` row-major int8.
-/// Panics when [`available`] is false or the shapes disagree.
+/// Panics where the tiles are not granted or the shapes disagree.
 pub fn i8_products(a: &[i8], m: usize, b: &PackedI8, out: &mut [i32]) {
     assert_eq!(a.len(), m * b.k, "A must be [m, k]");
     i8_products_of_parts(&[a], b, out);
@@ -104,7 +237,7 @@ pub fn i8_products(a: &[i8], m: usize, b: &PackedI8, out: &mut [i32]) {
 /// [`i8_products`] for several separate row blocks of A (e.g. scattered documents) in one
 /// call: `out` holds their outputs one after another, `[sum m_i, columns]`.
 pub fn i8_products_of_parts(parts: &[&[i8]], b: &PackedI8, out: &mut [i32]) {
-    assert!(available(), "AMX tiles are not available");
+    assert!(granted(), "AMX tiles are not available");
     let mut rows = 0;
     for a in parts {
         assert!(a.len().is_multiple_of(b.k), "each part must be [m, k]");
@@ -119,7 +252,7 @@ pub fn i8_products_of_parts(parts: &[&[i8]], b: &PackedI8, out: &mut [i32]) {
 }
 
 /// `out[m, n] += A W` on the tiles: `a16` is `[m, kp]` bf16 with `kp` the packed weight's
-/// padded depth. Panics when [`available`] is false or the shapes disagree.
+/// padded depth. Panics where the tiles are not granted or the shapes disagree.
 pub(crate) fn bf16_tile_products(
     a16: &[u16],
     m: usize,
@@ -127,7 +260,7 @@ pub(crate) fn bf16_tile_products(
     w: &PackedBf16,
     out: &mut [f32],
 ) {
-    assert!(available(), "AMX tiles are not available");
+    assert!(granted(), "AMX tiles are not available");
     assert_eq!(kp, w.padded_k(), "A's rows must have the packed depth");
     assert!(
         a16.len() >= m * kp && out.len() >= m * w.n,

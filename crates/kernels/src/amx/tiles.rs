@@ -46,10 +46,19 @@ struct TileConfig {
 }
 
 /// Loads the tile configuration on this thread and releases the tiles when dropped.
-struct Configured;
+pub(super) struct Configured;
 
 impl Configured {
-    unsafe fn new() -> Self {
+    pub(super) unsafe fn new() -> Self {
+        // SAFETY: per the caller.
+        unsafe { Self::with_rows(TILE_ROWS) }
+    }
+
+    /// The configuration with the accumulators (tmm0-3) and A's tiles (tmm4-5) `rows` rows
+    /// tall (1..=16), B's (tmm6-7) whole: products of fewer than 16 rows of A, read and
+    /// written in place.
+    pub(super) unsafe fn with_rows(rows: usize) -> Self {
+        assert!((1..=TILE_ROWS).contains(&rows));
         // SAFETY: ldtilecfg reads the 64-byte configuration above; the caller checked that
         // the tiles are available on this CPU and granted by the kernel.
         unsafe {
@@ -62,7 +71,7 @@ impl Configured {
             };
             for t in 0..8 {
                 cfg.colsb[t] = TILE_BYTES as u16;
-                cfg.rows[t] = TILE_ROWS as u8;
+                cfg.rows[t] = if t < 6 { rows } else { TILE_ROWS } as u8;
             }
             asm!("ldtilecfg [{}]", in(reg) &cfg, options(nostack, readonly));
             Configured
@@ -284,6 +293,118 @@ unsafe fn rows<const BF16: bool, const ACC: bool>(
                 ldo,
             );
             std::ptr::copy_nonoverlapping(out_pad.as_ptr(), out.add(r * ldo), tail * ldo);
+        }
+    }
+}
+
+/// One 64-byte slice of the shared dimension: a block of 16 or 32 rows of A (`lda` bytes
+/// apart) against one or two column blocks of packed B (the second `b_next` bytes after the
+/// first), the int32 products stored (not added) into `out`, 32 lanes a row.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn i8_slice_block(
+    two_rows: bool,
+    two_columns: bool,
+    a: *const i8,
+    lda: usize,
+    b: *const i8,
+    b_next: usize,
+    out: *mut i32,
+) {
+    let (a, b, out, ldo) = (a.cast(), b.cast(), out.cast(), 32 * 4);
+    // SAFETY: the caller passes a block of 16 (32) rows of A, the tiles of one slice of B's
+    // one (two) column blocks and 16 (32) rows of 32 int32 at out, on a configured thread.
+    unsafe {
+        match (two_rows, two_columns) {
+            (true, true) => block::<true, true, false, false>(a, lda, b, b_next, 1, out, ldo),
+            (true, false) => block::<true, false, false, false>(a, lda, b, b_next, 1, out, ldo),
+            (false, true) => block::<false, true, false, false>(a, lda, b, b_next, 1, out, ldo),
+            (false, false) => block::<false, false, false, false>(a, lda, b, b_next, 1, out, ldo),
+        }
+    }
+}
+
+/// A convolution's block of 16 or 32 rows x 16 or 32 columns: the shared dimension in
+/// `slices` 64-byte slices, slice `kb` of A at `a + (kb / per_row) * row_step + (kb % per_row)
+/// * 64` (rows `lda` bytes apart: each kernel row's product read in place from the map), of B
+/// at `b + kb` tiles (the second column block `b_next` bytes later); the int32 sums stored
+/// into `out` (`ldo` bytes a row).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn conv_block<const R2: bool, const C2: bool>(
+    a: *const u8,
+    lda: usize,
+    (row_step, per_row, slices): (usize, usize, usize),
+    b: *const u8,
+    b_next: usize,
+    out: *mut u8,
+    ldo: usize,
+) {
+    // SAFETY: the caller passes A's slices (16 or 32 rows each), B's tiles and the output
+    // block as described, on a thread with tiles configured.
+    unsafe {
+        tile_zero!("0");
+        if C2 {
+            tile_zero!("1");
+        }
+        if R2 {
+            tile_zero!("2");
+            if C2 {
+                tile_zero!("3");
+            }
+        }
+        for kb in 0..slices {
+            let at = a.add((kb / per_row) * row_step + (kb % per_row) * TILE_BYTES);
+            let bt = b.add(kb * TILE_LEN);
+            tile_load!("4", at, lda);
+            tile_load!("6", bt, TILE_BYTES);
+            tile_dot!(false, "0", "4", "6");
+            if C2 {
+                tile_load!("7", bt.add(b_next), TILE_BYTES);
+                tile_dot!(false, "1", "4", "7");
+            }
+            if R2 {
+                tile_load!("5", at.add(TILE_ROWS * lda), lda);
+                tile_dot!(false, "2", "5", "6");
+                if C2 {
+                    tile_dot!(false, "3", "5", "7");
+                }
+            }
+        }
+        let lower = out.add(TILE_ROWS * ldo);
+        tile_store!("0", out, ldo);
+        if C2 {
+            tile_store!("1", out.add(64), ldo);
+        }
+        if R2 {
+            tile_store!("2", lower, ldo);
+            if C2 {
+                tile_store!("3", lower.add(64), ldo);
+            }
+        }
+    }
+}
+
+/// [`conv_block`] for the four shapes of block.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn i8_conv_block(
+    two_rows: bool,
+    two_columns: bool,
+    a: *const i8,
+    lda: usize,
+    slices: (usize, usize, usize),
+    b: *const i8,
+    b_next: usize,
+    out: *mut i32,
+    ldo: usize,
+) {
+    let (a, b, out) = (a.cast(), b.cast(), out.cast());
+    // SAFETY: per the caller, as for conv_block.
+    unsafe {
+        match (two_rows, two_columns) {
+            (true, true) => conv_block::<true, true>(a, lda, slices, b, b_next, out, ldo),
+            (true, false) => conv_block::<true, false>(a, lda, slices, b, b_next, out, ldo),
+            (false, true) => conv_block::<false, true>(a, lda, slices, b, b_next, out, ldo),
+            (false, false) => conv_block::<false, false>(a, lda, slices, b, b_next, out, ldo),
         }
     }
 }
