@@ -5,7 +5,7 @@
 use crate::error::{Error, Result};
 use crate::graph::{Activation, Graph, Op, Padding};
 use craterdex_errors::ensure;
-use craterdex_kernels::bf16::{self, PackedBf16};
+use craterdex_kernels::bf16::{self, PackedConvBf16};
 use craterdex_kernels::gemm::{matmul_f32, PackedF32};
 use craterdex_kernels::linear_i8::{self, PackedI8Linear};
 use craterdex_model::vit::Linear;
@@ -52,11 +52,14 @@ enum Kernel {
     },
 }
 
-/// One tap's `[in, out]` weight, packed for its precision.
-enum TapWeight {
-    F32(PackedF32),
-    Bf16(PackedBf16),
-    Int8(PackedI8Linear),
+/// A convolution's weights by tap, packed for its precision.
+enum TapWeights {
+    /// Each tap's `[in, out]` weight.
+    F32(Vec<PackedF32>),
+    /// The whole kernel, each kernel row one product ([`PackedConvBf16`]).
+    Bf16(PackedConvBf16),
+    /// Each tap's `[in, out]` weight.
+    Int8(Vec<PackedI8Linear>),
 }
 
 /// Input channels from which a layer runs in int8 when the detector's precision is int8:
@@ -69,9 +72,11 @@ const INT8_FROM_CHANNELS: usize = linear_i8::GROUP;
 /// run of one output row reads each tap's input rows contiguously (from `(y + i) * W + x + j`,
 /// `W` the input's width). Nothing is copied before the products (an im2col of the U-Net's
 /// widest layer is 9 times its input), each block of outputs stays in cache through all the
-/// taps, and the outputs are written where the next layer reads them.
+/// taps, and the outputs are written where the next layer reads them. In bf16 a kernel row's
+/// `kw` taps are one product, their pixels' values side by side in the map
+/// ([`PackedConvBf16`]).
 struct Taps {
-    weights: Vec<TapWeight>,
+    weights: TapWeights,
     bias: Vec<f32>,
     kernel: [usize; 2],
     in_channels: usize,
@@ -95,10 +100,11 @@ impl Taps {
         filters: usize,
     ) -> Self {
         let tap = in_channels * filters;
-        let weights = w
-            .chunks_exact(tap)
-            .map(|t| TapWeight::F32(PackedF32::from_kn(t, in_channels, filters)))
-            .collect();
+        let weights = TapWeights::F32(
+            w.chunks_exact(tap)
+                .map(|t| PackedF32::from_kn(t, in_channels, filters))
+                .collect(),
+        );
         Self {
             weights,
             bias,
@@ -110,47 +116,23 @@ impl Taps {
 
     fn set_precision(&mut self, p: Precision) {
         let p = layer_precision(p, self.in_channels);
-        if p == Precision::F32 || (p == Precision::Bf16 && !PackedBf16::fits(self.filters)) {
-            return;
-        }
         let (k, n) = (self.in_channels, self.filters);
-        for w in &mut self.weights {
-            if let TapWeight::F32(f) = w {
-                *w = match p {
-                    Precision::Int8 => TapWeight::Int8(PackedI8Linear::new(&f.unpack(), k, n)),
-                    _ => TapWeight::Bf16(PackedBf16::new(&f.unpack(), k, n)),
-                };
+        let TapWeights::F32(taps) = &self.weights else {
+            unreachable!("the precision is set once, from f32");
+        };
+        self.weights = match p {
+            Precision::F32 => return,
+            Precision::Bf16 if !PackedConvBf16::fits(n) => return,
+            Precision::Bf16 => {
+                let w: Vec<f32> = taps.iter().flat_map(|t| t.unpack()).collect();
+                TapWeights::Bf16(PackedConvBf16::new(&w, self.kernel, k, n))
             }
-        }
-    }
-
-    /// `out += tap's weight x the input's rows start..start + m`, in the tap's precision
-    /// (`rounded`: the input's rows in bf16, `quantised`: in int8, where the taps take them).
-    #[allow(clippy::too_many_arguments)]
-    fn tap_products(
-        &self,
-        tap: usize,
-        x: &FeatureMap,
-        rounded: Option<&[u16]>,
-        quantised: Option<&linear_i8::I8Rows>,
-        (start, m): (usize, usize),
-        out: &mut [f32],
-        scratch: &mut Vec<f32>,
-    ) {
-        let (c, f) = (self.in_channels, self.filters);
-        match (&self.weights[tap], rounded, quantised) {
-            (TapWeight::F32(w), _, _) => {
-                matmul_f32(&x.data[start * c..(start + m) * c], m, c, w, out, f, true)
-            }
-            (TapWeight::Bf16(w), Some(a16), _) => {
-                let kp = w.padded_k();
-                bf16::products_acc_rounded(&a16[start * kp..(start + m) * kp], m, w, out)
-            }
-            (TapWeight::Int8(w), _, Some(rows)) => {
-                linear_i8::products_acc_i8(rows, start, m, w, out, scratch)
-            }
-            _ => unreachable!("bf16 and int8 taps have their input rounded or quantised"),
-        }
+            Precision::Int8 => TapWeights::Int8(
+                taps.iter()
+                    .map(|t| PackedI8Linear::new(&t.unpack(), k, n))
+                    .collect(),
+            ),
+        };
     }
 
     fn forward(
@@ -162,18 +144,18 @@ impl Taps {
     ) -> FeatureMap {
         let pool = &pools.f32;
         let width = x.width;
-        let [kh, kw] = self.kernel;
-        let positions = x.height * width;
-        let rounded = match self.weights.first() {
-            Some(TapWeight::Bf16(w)) => {
-                let mut a16 = pools.bf16.dirty(0);
-                bf16::rows_for(&x.data, positions, w, &mut a16);
-                Some(a16)
+        let kw = self.kernel[1];
+        let (c, positions) = (self.in_channels, x.height * width);
+        let rounded = match &self.weights {
+            TapWeights::Bf16(_) => {
+                let mut map16 = pools.bf16.dirty(bf16::rounded_map_len(positions * c));
+                bf16::round_map(&x.data, positions * c, &mut map16);
+                Some(map16)
             }
             _ => None,
         };
-        let quantised = match self.weights.first() {
-            Some(TapWeight::Int8(w)) => Some(pools.quantised(x, w)),
+        let quantised = match &self.weights {
+            TapWeights::Int8(taps) => Some(pools.quantised(x, &taps[0])),
             _ => None,
         };
         let mut out = pool.dirty_map(oh, ow, f);
@@ -192,26 +174,34 @@ impl Taps {
                     let (y, x0) = (q / ow, q % ow);
                     let m = (ow - x0).min(q0 + n - q);
                     let run = &mut o[(q - q0) * f..(q - q0 + m) * f];
-                    for i in 0..kh {
-                        for j in 0..kw {
-                            let start = (y + i) * width + x0 + j;
-                            self.tap_products(
-                                i * kw + j,
-                                x,
-                                rounded.as_deref(),
-                                quantised.as_ref(),
-                                (start, m),
-                                run,
-                                scratch,
-                            );
+                    let first = y * width + x0;
+                    match (&self.weights, &rounded, &quantised) {
+                        (TapWeights::Bf16(w), Some(map16), _) => {
+                            bf16::conv_rows_bf16(map16, width, first, m, w, run)
+                        }
+                        (TapWeights::F32(taps), _, _) => {
+                            for (t, w) in taps.iter().enumerate() {
+                                let start = first + (t / kw) * width + t % kw;
+                                let a = &x.data[start * c..(start + m) * c];
+                                matmul_f32(a, m, c, w, run, f, true);
+                            }
+                        }
+                        (TapWeights::Int8(taps), _, Some(rows)) => {
+                            for (t, w) in taps.iter().enumerate() {
+                                let start = first + (t / kw) * width + t % kw;
+                                linear_i8::products_acc_i8(rows, start, m, w, run, scratch);
+                            }
+                        }
+                        _ => {
+                            unreachable!("bf16 and int8 taps have their input rounded or quantised")
                         }
                     }
                     q += m;
                 }
                 activation.apply(o);
             });
-        if let Some(a16) = rounded {
-            pools.bf16.give(a16);
+        if let Some(map16) = rounded {
+            pools.bf16.give(map16);
         }
         if let Some(rows) = quantised {
             pools.give_quantised(rows);

@@ -390,6 +390,132 @@ pub fn products_into(
     }
 }
 
+/// A convolution's filters (stride 1, no padding; Keras' `[kh][kw][channels][n]`) for bf16
+/// products by kernel row ([`conv_rows_bf16`]): the `kw` taps of a kernel row read `kw`
+/// neighbouring pixels, whose values lie side by side in the map, so each kernel row is one
+/// product of depth `kw * channels` (rounded up to [`K_ALIGN`]) whose rows are `channels`
+/// values apart, and every kernel row's products add up before they are stored. A layer of
+/// 16 or 32 channels is then not mostly padding, and the sums of a block of outputs are
+/// loaded and stored once per layer instead of once per tap.
+#[derive(Clone, Debug)]
+pub struct PackedConvBf16 {
+    /// `[kh * depth, n]`: kernel row `i`'s weights at depths `i * depth..`, zero past `kw *
+    /// channels`.
+    w: PackedBf16,
+    kernel: [usize; 2],
+    channels: usize,
+    depth: usize,
+}
+
+impl PackedConvBf16 {
+    /// Whether `n` filters can be packed (whole blocks of 16).
+    pub fn fits(n: usize) -> bool {
+        PackedBf16::fits(n)
+    }
+
+    pub fn new(w: &[f32], [kh, kw]: [usize; 2], channels: usize, n: usize) -> Self {
+        assert_eq!(
+            w.len(),
+            kh * kw * channels * n,
+            "filters must be [kh, kw, c, n]"
+        );
+        assert!(kh > 0 && kw > 0 && channels > 0);
+        let depth = padded_depth(kw * channels);
+        let mut rows = vec![0f32; kh * depth * n];
+        for i in 0..kh {
+            let row = &w[i * kw * channels * n..(i + 1) * kw * channels * n];
+            rows[i * depth * n..][..row.len()].copy_from_slice(row);
+        }
+        Self {
+            w: PackedBf16::new(&rows, kh * depth, n),
+            kernel: [kh, kw],
+            channels,
+            depth,
+        }
+    }
+
+    pub fn n(&self) -> usize {
+        self.w.n
+    }
+}
+
+/// The length of a map of `len` values rounded by [`round_map`]: [`K_ALIGN`] zeros follow
+/// them (a kernel row's product reads up to its depth's rounding past a window's last pixel).
+pub fn rounded_map_len(len: usize) -> usize {
+    len + K_ALIGN
+}
+
+/// The values of a map (`len` of them) rounded to bf16 into `map16` for [`conv_rows_bf16`]
+/// ([`rounded_map_len`] values in all), in parallel, reusing `map16`'s memory.
+pub fn round_map(x: &[f32], len: usize, map16: &mut Vec<u16>) {
+    const CHUNK: usize = 1 << 16;
+    assert!(x.len() >= len, "the map holds fewer values");
+    map16.truncate(len);
+    map16.resize(rounded_map_len(len), 0);
+    map16[..len]
+        .par_chunks_mut(CHUNK)
+        .zip(x[..len].par_chunks(CHUNK))
+        .for_each(|(dst, src)| round_rows_into_slice(src, 1, src.len(), src.len(), dst));
+}
+
+/// `out[r * n + j] += sum_{i, t, c} map[first + r + i * width + t][c] * w[i][t][c][j]` in bf16
+/// (sums in f32) for the `m` outputs whose windows start at the map's pixels `first..first +
+/// m` (`width` pixels a row): a run of one output row. `map16` comes from [`round_map`].
+/// Panics when [`available`] is false or a window reaches past the map.
+pub fn conv_rows_bf16(
+    map16: &[u16],
+    width: usize,
+    first: usize,
+    m: usize,
+    w: &PackedConvBf16,
+    out: &mut [f32],
+) {
+    conv_rows_bf16_at(active(), map16, width, first, m, w, out)
+}
+
+/// [`conv_rows_bf16`] at `level` (which must run bf16 here: [`levels`]).
+pub fn conv_rows_bf16_at(
+    level: Level,
+    map16: &[u16],
+    width: usize,
+    first: usize,
+    m: usize,
+    w: &PackedConvBf16,
+    out: &mut [f32],
+) {
+    assert!(
+        runs_at(level),
+        "no bf16 kernel at level {level} on this CPU"
+    );
+    let ([kh, kw], c, n) = (w.kernel, w.channels, w.w.n);
+    assert!(out.len() >= m * n, "out must be [m, n]");
+    if m == 0 {
+        return;
+    }
+    assert!(width >= kw, "a map row narrower than the kernel");
+    let last = first + m - 1 + (kh - 1) * width;
+    assert!(
+        (last + kw) * c + K_ALIGN <= map16.len(),
+        "a window reaches past the map"
+    );
+    let a = &map16[first * c..];
+    let row_step = width * c;
+    match level {
+        Level::Amx => amx::bf16_conv_products(a, m, (c, row_step, w.depth / K_ALIGN), &w.w, out),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: runs_at(level) says AVX-512 BF16 exists; every kernel row's rows lie in the
+        // map (checked above: the depth's rounding past a window is in the K_ALIGN zeros).
+        Level::Avx512 => unsafe {
+            for i in 0..kh {
+                let part = (c, w.depth);
+                let a = &a[i * row_step..];
+                x86::dp_products_part(a, m, part, &w.w, i * w.depth, out, n, true);
+            }
+        },
+        _ => unreachable!("runs_at admits only Amx and Avx512"),
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{bf16_bits, PackedBf16, BLOCK_COLUMNS, PAIR_ROW};
@@ -580,10 +706,33 @@ mod x86 {
         ldo: usize,
         accumulate: bool,
     ) {
+        debug_assert!(a16.len() >= m * kp);
+        // SAFETY: AVX-512 BF16 per the caller; A is [m, kp], the whole packed depth.
+        unsafe { dp_products_part(a16, m, (kp, kp), w, 0, out, ldo, accumulate) }
+    }
+
+    /// [`dp_products`] over part of the packed depth: its `depth` values from `from` (a
+    /// multiple of [`K_ALIGN`](super::K_ALIGN)) against rows of `a16` `lda` apart (which may
+    /// overlap: a convolution's kernel row read in place).
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub unsafe fn dp_products_part(
+        a16: &[u16],
+        m: usize,
+        (lda, depth): (usize, usize),
+        w: &PackedBf16,
+        from: usize,
+        out: &mut [f32],
+        ldo: usize,
+        accumulate: bool,
+    ) {
         let n = w.n;
         let blocks = n / BLOCK_COLUMNS;
-        let block_len = kp * BLOCK_COLUMNS;
-        debug_assert!(a16.len() >= m * kp && (m == 0 || out.len() >= (m - 1) * ldo + n));
+        let block_len = w.padded_k() * BLOCK_COLUMNS;
+        let (pairs, w_from) = (depth / 2, from * BLOCK_COLUMNS);
+        debug_assert!(m == 0 || a16.len() >= (m - 1) * lda + depth);
+        debug_assert!(m == 0 || out.len() >= (m - 1) * ldo + n);
+        debug_assert!(from + depth <= w.padded_k());
         let mut blk = 0;
         while blk < blocks {
             let wide = blocks - blk >= BLOCKS;
@@ -594,15 +743,15 @@ mod x86 {
                 // starts at block blk and holds the blocks the arm reads; AVX-512 BF16 is
                 // enabled on this function.
                 unsafe {
-                    let a = a16.as_ptr().add(r * kp);
-                    let wp = w.data.as_ptr().add(blk * block_len);
+                    let a = (a16.as_ptr().add(r * lda), lda, pairs);
+                    let wp = w.data.as_ptr().add(w_from + blk * block_len);
                     let o = out.as_mut_ptr().add(r * ldo + blk * BLOCK_COLUMNS);
                     let acc = accumulate;
                     match (full, wide) {
-                        (true, true) => block::<ROWS, BLOCKS>(a, kp, wp, block_len, o, ldo, acc),
-                        (true, false) => block::<ROWS, 1>(a, kp, wp, block_len, o, ldo, acc),
-                        (false, true) => block::<1, BLOCKS>(a, kp, wp, block_len, o, ldo, acc),
-                        (false, false) => block::<1, 1>(a, kp, wp, block_len, o, ldo, acc),
+                        (true, true) => block::<ROWS, BLOCKS>(a, wp, block_len, o, ldo, acc),
+                        (true, false) => block::<ROWS, 1>(a, wp, block_len, o, ldo, acc),
+                        (false, true) => block::<1, BLOCKS>(a, wp, block_len, o, ldo, acc),
+                        (false, false) => block::<1, 1>(a, wp, block_len, o, ldo, acc),
                     }
                 }
                 r += if full { ROWS } else { 1 };
@@ -611,29 +760,30 @@ mod x86 {
         }
     }
 
-    /// `R` rows x `C` column blocks over the whole depth, added into `out` (or stored).
+    /// `R` rows x `C` column blocks over `pairs` pairs of the depth (rows of A `lda` apart),
+    /// added into `out` (or stored).
     #[inline(always)]
     unsafe fn block<const R: usize, const C: usize>(
-        a: *const u16,
-        kp: usize,
+        (a, lda, pairs): (*const u16, usize, usize),
         w: *const u16,
         block_len: usize,
         out: *mut f32,
         ldo: usize,
         accumulate: bool,
     ) {
-        // SAFETY: (whole body) AVX-512 BF16 per the caller; a holds R rows of kp bf16, w C
-        // blocks of block_len = kp * 16, out R rows of C * 16 floats, ldo apart.
+        // SAFETY: (whole body) AVX-512 BF16 per the caller; a holds R rows of 2 pairs bf16,
+        // lda apart, w C blocks of pairs steps, block_len apart, out R rows of C * 16 floats,
+        // ldo apart.
         unsafe {
             let mut acc = [[_mm512_setzero_ps(); C]; R];
-            for pair in 0..kp / 2 {
+            for pair in 0..pairs {
                 let mut wv: [__m512bh; C] = core::mem::zeroed();
                 for (c, wv) in wv.iter_mut().enumerate() {
                     let v = _mm512_loadu_si512(w.add(c * block_len + pair * PAIR_ROW).cast());
                     *wv = core::mem::transmute::<__m512i, __m512bh>(v);
                 }
                 for (i, acc) in acc.iter_mut().enumerate() {
-                    let x = a.add(i * kp + 2 * pair).cast::<i32>().read_unaligned();
+                    let x = a.add(i * lda + 2 * pair).cast::<i32>().read_unaligned();
                     let x = core::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(x));
                     for (acc, &wv) in acc.iter_mut().zip(&wv) {
                         *acc = _mm512_dpbf16_ps(*acc, x, wv);

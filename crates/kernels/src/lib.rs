@@ -6,10 +6,10 @@
 //! query-by-row products on f32 and on int8 codes (`f32`, `int8`); matrix products with a
 //! packed right-hand side and the f32 and int8 linear layers of the ViT (`gemm`); the ViT's
 //! element-wise and row-wise maps (`nn`); multi-head attention over fused q|k|v rows
-//! (`attention`); the int8 quantiser; nearest-centroid search for
-//! product quantisation (`pq`); bf16 linear layers on AVX-512 BF16 or AMX (`bf16`); AMX tile
-//! products (`amx`). Knows nothing of images, models,
-//! descriptors or indexes: callers pass plain row-major slices.
+//! (`attention`); the int8 quantiser; nearest-centroid search for product quantisation
+//! (`pq`); bf16 linear layers and convolutions on AVX-512 BF16 or AMX (`bf16`); AMX tile
+//! products (`amx`). Knows nothing of images, models, descriptors or indexes: callers pass
+//! plain row-major slices.
 //!
 //! Results are identical across levels wherever the arithmetic is exact (every int8 path),
 //! and differ only by the order of f32 additions elsewhere (bounded in the tests).

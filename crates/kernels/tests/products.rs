@@ -2,7 +2,10 @@
 //! 16/32/64-column blocks. Skipped (with a message) on machines without the hardware.
 
 use craterdex_kernels::amx::{available, i8_products, PackedI8};
-use craterdex_kernels::bf16::{self, bf16_bits, bf16_matmul_acc_at, linear_bf16_at, PackedBf16};
+use craterdex_kernels::bf16::{
+    self, bf16_bits, bf16_matmul_acc_at, conv_rows_bf16_at, linear_bf16_at, PackedBf16,
+    PackedConvBf16,
+};
 use rand::{Rng, SeedableRng};
 
 /// Whether `test` must be skipped here: the tile kernels cannot run without AMX.
@@ -137,6 +140,76 @@ fn bf16_linear_layers_add_the_bias_or_the_residual() {
                 "{level} at {i}: {} vs {want}",
                 added[i]
             );
+        }
+    }
+}
+
+/// A convolution by kernel rows in bf16 adds to `out` the products of the rounded map and
+/// filters, on every level with a bf16 kernel: the U-Net's narrow and wide layers, a kernel
+/// row that fills its slices exactly and one that is mostly padding, runs of one output row
+/// longer than two tile blocks and of single pixels, and the map's last window.
+#[test]
+fn bf16_convolutions_by_kernel_rows_match_the_rounded_inputs() {
+    let levels = bf16::levels();
+    if levels.is_empty() {
+        craterdex_testkit::skip(
+            "kernels::products::bf16_convolutions_by_kernel_rows_match_the_rounded_inputs",
+            "no bf16 hardware on this CPU (AVX-512 BF16 or AMX)",
+        );
+        return;
+    }
+    let round = |v: f32| f32::from_bits((bf16_bits(v) as u32) << 16);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(4);
+    let mut map16 = vec![7u16; 3];
+    for (kh, kw, c, n) in [
+        (3, 3, 16, 32),
+        (3, 3, 32, 64),
+        (3, 3, 96, 32),
+        (3, 3, 64, 16),
+        (2, 3, 8, 48),
+        (1, 1, 64, 16),
+    ] {
+        let (h, width) = (kh + 3, 70);
+        let x: Vec<f32> = (0..h * width * c)
+            .map(|_| rng.gen_range(-1.0..2.0))
+            .collect();
+        let w: Vec<f32> = (0..kh * kw * c * n)
+            .map(|_| rng.gen_range(-1.0..1.0))
+            .collect();
+        let packed = PackedConvBf16::new(&w, [kh, kw], c, n);
+        bf16::round_map(&x, x.len(), &mut map16);
+        let (oh, ow) = (h - kh + 1, width - kw + 1);
+        for (first, m) in [
+            (0, ow),
+            (width + 3, ow - 5),
+            (2 * width + 1, 1),
+            (width * (oh - 1), ow),
+        ] {
+            let prior: Vec<f32> = (0..m * n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            for &level in &levels {
+                let mut out = prior.clone();
+                conv_rows_bf16_at(level, &map16, width, first, m, &packed, &mut out);
+                for r in 0..m {
+                    for j in 0..n {
+                        let mut want = prior[r * n + j] as f64;
+                        for i in 0..kh {
+                            for t in 0..kw {
+                                for ch in 0..c {
+                                    let v = x[(first + r + i * width + t) * c + ch];
+                                    let f = w[((i * kw + t) * c + ch) * n + j];
+                                    want += round(v) as f64 * round(f) as f64;
+                                }
+                            }
+                        }
+                        let got = out[r * n + j] as f64;
+                        let k = (kh * kw * c) as f64;
+                        assert!(
+                            (got - want).abs() < 1e-4 * k.sqrt(),
+                            "{level} {kh}x{kw} c{c} n{n} run {first}+{r} [{j}]: {got} vs {want}"
+                        );
+                    }
+                }
+            }
         }
     }
 }

@@ -179,52 +179,6 @@ impl Tiles {
         #[cfg(not(target_arch = "x86_64"))]
         let _ = (two_rows, two_columns, a, lda, out);
     }
-
-    /// A convolution's int32 sums for one block of outputs: rows `a` (the configured rows,
-    /// or twice them with `two_rows`; `lda` bytes apart) against column block `cb` of `b`
-    /// (and `cb + 1` with `two_columns`) over all of `b`'s depth, whose 64-byte slice `s` A
-    /// holds at `a + (s / per_row) * row_step + (s % per_row) * 64` (a kernel row's pixels
-    /// side by side, the next kernel row `row_step` bytes on); stored into `out`, `ldo` int32
-    /// a row.
-    ///
-    /// # Safety
-    /// Every slice of A must have that many readable rows of 64 bytes, `lda` apart
-    /// (`two_rows` only with 16 configured rows); `out` must hold that many rows of `ldo`
-    /// int32, 16 (32) from where it points.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) unsafe fn i8_conv_block(
-        &self,
-        (two_rows, two_columns): (bool, bool),
-        a: *const i8,
-        lda: usize,
-        (row_step, per_row): (usize, usize),
-        b: &PackedI8,
-        cb: usize,
-        out: *mut i32,
-        ldo: usize,
-    ) {
-        let slices = b.k / TILE_BYTES;
-        assert!(per_row > 0 && slices.is_multiple_of(per_row));
-        assert!(!two_columns || cb + 1 < b.columns() / TILE_ROWS);
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: A and out per the caller; B's blocks checked above; the tiles are
-        // configured on this thread (self).
-        unsafe {
-            tiles::i8_conv_block(
-                two_rows,
-                two_columns,
-                a,
-                lda,
-                (row_step, per_row, slices),
-                b.column_block(cb),
-                b.column_block_bytes(),
-                out,
-                ldo * 4,
-            )
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (two_rows, two_columns, a, lda, row_step, out, ldo);
-    }
 }
 
 /// `out[m, columns] = A B^T` in exact int32 arithmetic, `A` `[m, k]` row-major int8.
@@ -271,4 +225,70 @@ pub(crate) fn bf16_tile_products(
     unsafe {
         tiles::bf16_matmul_acc(a16, m, kp, w, out)
     }
+}
+
+/// `out[r * n + j] += sum_s A_s[r] W[s][j]` for the `m` rows of one convolution run, on the
+/// tiles: A's 64-byte slice `s` of row `r` at `a16[r * lda + (s / per_row) * row_step + (s %
+/// per_row) * 32]` (a kernel row's pixels side by side, the next kernel row `row_step` values
+/// on), W packed over all the slices. Blocks of 32 rows (16 at the end, then the last rows with
+/// tiles of that many rows) and 32 columns keep their sums in the tiles over every slice.
+/// Panics where the tiles are not granted or the shapes disagree.
+pub(crate) fn bf16_conv_products(
+    a16: &[u16],
+    m: usize,
+    (lda, row_step, per_row): (usize, usize, usize),
+    w: &PackedBf16,
+    out: &mut [f32],
+) {
+    assert!(granted(), "AMX tiles are not available");
+    let (kp, n) = (w.padded_k(), w.n);
+    let slices = kp * 2 / TILE_BYTES;
+    assert!(per_row > 0 && slices.is_multiple_of(per_row) && out.len() >= m * n);
+    if m == 0 {
+        return;
+    }
+    // the last row's last slice
+    let reach = (m - 1) * lda + (slices / per_row - 1) * row_step + per_row * TILE_BYTES / 2;
+    assert!(reach <= a16.len(), "the run reads past A");
+    let col_blocks = n / TILE_ROWS;
+    let b_next = kp * TILE_ROWS * 2;
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut configured = Some(Tiles::configure());
+        let mut r = 0;
+        while r < m {
+            let (rows, two_rows) = match m - r {
+                32.. => (32, true),
+                16..32 => (16, false),
+                tail => {
+                    // the 16-row configuration released before the tail's is loaded
+                    drop(configured.take());
+                    configured = Some(Tiles::configure_rows(tail));
+                    (tail, false)
+                }
+            };
+            let _tiles = configured.as_ref().expect("configured above");
+            for cb in (0..col_blocks).step_by(2) {
+                // SAFETY: rows r..r + rows of every slice lie in a16 (reach, above); out holds
+                // m rows of n >= 16 (cb + 2) or 16 (cb + 1) columns; W's column blocks cb (and
+                // cb + 1) hold `slices` tiles; the tiles are configured on this thread.
+                unsafe {
+                    tiles::bf16_conv_block(
+                        two_rows,
+                        cb + 1 < col_blocks,
+                        a16.as_ptr().add(r * lda),
+                        lda * 2,
+                        (row_step * 2, per_row, slices),
+                        w.data.as_ptr().add(cb * kp * TILE_ROWS),
+                        b_next,
+                        out.as_mut_ptr().add(r * n + cb * TILE_ROWS),
+                        n * 4,
+                    )
+                };
+            }
+            r += rows;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (lda, row_step, b_next, col_blocks);
 }

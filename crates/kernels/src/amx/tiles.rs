@@ -323,11 +323,11 @@ pub unsafe fn i8_slice_block(
     }
 }
 
-/// A convolution's block of 16 or 32 rows x 16 or 32 columns: the shared dimension in
-/// `slices` 64-byte slices, slice `kb` of A at `a + (kb / per_row) * row_step + (kb % per_row)
-/// * 64` (rows `lda` bytes apart: each kernel row's product read in place from the map), of B
-/// at `b + kb` tiles (the second column block `b_next` bytes later); the int32 sums stored
-/// into `out` (`ldo` bytes a row).
+/// A convolution's block of 16 or 32 rows x 16 or 32 columns of bf16 products added to
+/// `out` (`ldo` bytes a row, f32): the shared dimension in `slices` 64-byte slices, slice `kb`
+/// of A at `a + (kb / per_row) * row_step + (kb % per_row) * 64` (rows `lda` bytes apart: each
+/// kernel row's product read in place from the map), of B at `b + kb` tiles (the second column
+/// block `b_next` bytes later).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn conv_block<const R2: bool, const C2: bool>(
@@ -342,14 +342,15 @@ unsafe fn conv_block<const R2: bool, const C2: bool>(
     // SAFETY: the caller passes A's slices (16 or 32 rows each), B's tiles and the output
     // block as described, on a thread with tiles configured.
     unsafe {
-        tile_zero!("0");
+        let lower = out.add(TILE_ROWS * ldo);
+        tile_load!("0", out, ldo);
         if C2 {
-            tile_zero!("1");
+            tile_load!("1", out.add(64), ldo);
         }
         if R2 {
-            tile_zero!("2");
+            tile_load!("2", lower, ldo);
             if C2 {
-                tile_zero!("3");
+                tile_load!("3", lower.add(64), ldo);
             }
         }
         for kb in 0..slices {
@@ -357,20 +358,19 @@ unsafe fn conv_block<const R2: bool, const C2: bool>(
             let bt = b.add(kb * TILE_LEN);
             tile_load!("4", at, lda);
             tile_load!("6", bt, TILE_BYTES);
-            tile_dot!(false, "0", "4", "6");
+            tile_dot!(true, "0", "4", "6");
             if C2 {
                 tile_load!("7", bt.add(b_next), TILE_BYTES);
-                tile_dot!(false, "1", "4", "7");
+                tile_dot!(true, "1", "4", "7");
             }
             if R2 {
                 tile_load!("5", at.add(TILE_ROWS * lda), lda);
-                tile_dot!(false, "2", "5", "6");
+                tile_dot!(true, "2", "5", "6");
                 if C2 {
-                    tile_dot!(false, "3", "5", "7");
+                    tile_dot!(true, "3", "5", "7");
                 }
             }
         }
-        let lower = out.add(TILE_ROWS * ldo);
         tile_store!("0", out, ldo);
         if C2 {
             tile_store!("1", out.add(64), ldo);
@@ -386,15 +386,15 @@ unsafe fn conv_block<const R2: bool, const C2: bool>(
 
 /// [`conv_block`] for the four shapes of block.
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn i8_conv_block(
+pub unsafe fn bf16_conv_block(
     two_rows: bool,
     two_columns: bool,
-    a: *const i8,
+    a: *const u16,
     lda: usize,
     slices: (usize, usize, usize),
-    b: *const i8,
+    b: *const u16,
     b_next: usize,
-    out: *mut i32,
+    out: *mut f32,
     ldo: usize,
 ) {
     let (a, b, out) = (a.cast(), b.cast(), out.cast());
