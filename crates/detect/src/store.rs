@@ -97,11 +97,27 @@ impl DetectorConfig {
 
     /// The tile side (input, output) along an axis of `extent` pixels: as few tiles as
     /// tiles of at most `max_tile` allow, each no larger than that number needs (a
-    /// detector's border is context every tile pays for, so larger tiles waste less).
+    /// detector's border is context every tile pays for, so larger tiles waste less), and
+    /// for an extent under the detector's own output, the smallest tile that covers it (a
+    /// small pyramid level in a 256-pixel tile was mostly mirrored border). Sides differ by
+    /// whole steps, so every tile's outputs lie on the same grid of its poolings and read
+    /// the same context: the likelihood does not depend on the tile.
     pub fn tile_for(&self, extent: usize, max_tile: usize) -> Result<(usize, usize)> {
         let (out, _) = self.output()?;
         let step = self.tile_step();
-        if step == 0 || max_tile <= self.tile {
+        if step == 0 {
+            return Ok((self.tile, out));
+        }
+        if extent < out {
+            let shrink = (out - extent) / step * step;
+            let (tile, smaller) = (self.tile - shrink, out - shrink);
+            let fits = self.graph.shapes(tile, tile).ok();
+            if fits.and_then(|s| s.last().map(|l| l[0])) == Some(smaller) {
+                return Ok((tile, smaller));
+            }
+            return Ok((self.tile, out));
+        }
+        if max_tile <= self.tile {
             return Ok((self.tile, out));
         }
         let largest = self.tile + (max_tile - self.tile) / step * step;

@@ -115,3 +115,59 @@ fn stays_close(precision: Precision) {
     assert!(worst <= 0.1, "worst likelihood difference {worst}");
     assert!(agree >= 0.995, "pixels on the same side of 0.5: {agree}");
 }
+
+/// A pyramid level smaller than the U-Net's own output runs in the smallest tile that covers
+/// it (`tile_for`), and that changes nothing it reports: a tile smaller by whole steps keeps
+/// its outputs on the same grid of the poolings, so the top-left part of a real crater
+/// crop's likelihood is the likelihood of the crop's top-left part, bit for bit.
+#[test]
+fn a_smaller_tile_gives_the_same_likelihood_where_it_reaches() {
+    let Some(dir) = detector() else {
+        return;
+    };
+    let (config, net) = read_detector_dir(&dir).unwrap();
+    let (own, _) = config.output().unwrap();
+    assert_eq!(config.tile_for(141, 1024).unwrap(), (232, 148));
+    assert_eq!(config.tile_for(35, 1024).unwrap(), (120, 36));
+    assert_eq!(config.tile_for(own, 1024).unwrap(), (config.tile, own));
+    assert_eq!(config.tile_for(800, 1024).unwrap(), (888, 804));
+    let fixtures =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/unet_reference.safetensors");
+    let bytes = std::fs::read(&fixtures).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let input = st.tensor("input").unwrap();
+    let side = input.shape()[1];
+    let pixels: Vec<f32> = input.data()[..side * side]
+        .iter()
+        .map(|&p| p as f32 * config.input_scale)
+        .collect();
+    let whole = net
+        .forward(FeatureMap {
+            height: side,
+            width: side,
+            channels: 1,
+            data: pixels.clone(),
+        })
+        .unwrap();
+    let (tile, out) = config.tile_for(100, 1024).unwrap();
+    assert!(tile < side && out >= 100);
+    let part: Vec<f32> = (0..tile)
+        .flat_map(|y| pixels[y * side..y * side + tile].iter().copied())
+        .collect();
+    let small = net
+        .forward(FeatureMap {
+            height: tile,
+            width: tile,
+            channels: 1,
+            data: part,
+        })
+        .unwrap();
+    assert_eq!((small.height, small.width), (out, out));
+    for y in 0..out {
+        assert_eq!(
+            &small.data[y * out..(y + 1) * out],
+            &whole.data[y * own..y * own + out],
+            "output row {y}"
+        );
+    }
+}
