@@ -163,8 +163,11 @@ impl Taps {
             .par_chunks_mut(TAP_ROWS * f)
             .enumerate()
             .for_each_init(Vec::new, |scratch, (chunk, o)| {
-                for px in o.chunks_exact_mut(f) {
-                    px.copy_from_slice(&self.bias);
+                // bf16 products start from the bias themselves
+                if rounded.is_none() {
+                    for px in o.chunks_exact_mut(f) {
+                        px.copy_from_slice(&self.bias);
+                    }
                 }
                 let (q0, n) = (chunk * TAP_ROWS, o.len() / f);
                 // the block's outputs row by row: a run of one output row reads each tap's
@@ -177,7 +180,7 @@ impl Taps {
                     let first = y * width + x0;
                     match (&self.weights, &rounded, &quantised) {
                         (TapWeights::Bf16(w), Some(map16), _) => {
-                            bf16::conv_rows_bf16(map16, width, first, m, w, run)
+                            bf16::conv_rows_bf16(map16, width, first, m, w, &self.bias, run)
                         }
                         (TapWeights::F32(taps), _, _) => {
                             for (t, w) in taps.iter().enumerate() {

@@ -458,8 +458,8 @@ pub fn round_map(x: &[f32], len: usize, map16: &mut Vec<u16>) {
         .for_each(|(dst, src)| round_rows_into_slice(src, 1, src.len(), src.len(), dst));
 }
 
-/// `out[r * n + j] += sum_{i, t, c} map[first + r + i * width + t][c] * w[i][t][c][j]` in bf16
-/// (sums in f32) for the `m` outputs whose windows start at the map's pixels `first..first +
+/// `out[r * n + j] = bias[j] + sum_{i, t, c} map[first + r + i * width + t][c] * w[i][t][c][j]`
+/// in bf16 (sums in f32) for the `m` outputs whose windows start at the map's pixels `first..first +
 /// m` (`width` pixels a row): a run of one output row. `map16` comes from [`round_map`].
 /// Panics when [`available`] is false or a window reaches past the map.
 pub fn conv_rows_bf16(
@@ -468,12 +468,14 @@ pub fn conv_rows_bf16(
     first: usize,
     m: usize,
     w: &PackedConvBf16,
+    bias: &[f32],
     out: &mut [f32],
 ) {
-    conv_rows_bf16_at(active(), map16, width, first, m, w, out)
+    conv_rows_bf16_at(active(), map16, width, first, m, w, bias, out)
 }
 
 /// [`conv_rows_bf16`] at `level` (which must run bf16 here: [`levels`]).
+#[allow(clippy::too_many_arguments)]
 pub fn conv_rows_bf16_at(
     level: Level,
     map16: &[u16],
@@ -481,6 +483,7 @@ pub fn conv_rows_bf16_at(
     first: usize,
     m: usize,
     w: &PackedConvBf16,
+    bias: &[f32],
     out: &mut [f32],
 ) {
     assert!(
@@ -489,6 +492,7 @@ pub fn conv_rows_bf16_at(
     );
     let ([kh, kw], c, n) = (w.kernel, w.channels, w.w.n);
     assert!(out.len() >= m * n, "out must be [m, n]");
+    assert_eq!(bias.len(), n, "one bias per output");
     if m == 0 {
         return;
     }
@@ -501,11 +505,17 @@ pub fn conv_rows_bf16_at(
     let a = &map16[first * c..];
     let row_step = width * c;
     match level {
-        Level::Amx => amx::bf16_conv_products(a, m, (c, row_step, w.depth / K_ALIGN), &w.w, out),
+        Level::Amx => {
+            let shape = (c, row_step, w.depth / K_ALIGN);
+            amx::bf16_conv_products(a, m, shape, &w.w, bias, out)
+        }
         #[cfg(target_arch = "x86_64")]
         // SAFETY: runs_at(level) says AVX-512 BF16 exists; every kernel row's rows lie in the
         // map (checked above: the depth's rounding past a window is in the K_ALIGN zeros).
         Level::Avx512 => unsafe {
+            for o in out[..m * n].chunks_exact_mut(n) {
+                o.copy_from_slice(bias);
+            }
             for i in 0..kh {
                 let part = (c, w.depth);
                 let a = &a[i * row_step..];

@@ -227,8 +227,8 @@ pub(crate) fn bf16_tile_products(
     }
 }
 
-/// `out[r * n + j] += sum_s A_s[r] W[s][j]` for the `m` rows of one convolution run, on the
-/// tiles: A's 64-byte slice `s` of row `r` at `a16[r * lda + (s / per_row) * row_step + (s %
+/// `out[r * n + j] = bias[j] + sum_s A_s[r] W[s][j]` for the `m` rows of one convolution run,
+/// on the tiles: A's 64-byte slice `s` of row `r` at `a16[r * lda + (s / per_row) * row_step + (s %
 /// per_row) * 32]` (a kernel row's pixels side by side, the next kernel row `row_step` values
 /// on), W packed over all the slices. Blocks of 32 rows (16 at the end, then the last rows with
 /// tiles of that many rows) and 32 columns keep their sums in the tiles over every slice.
@@ -238,10 +238,12 @@ pub(crate) fn bf16_conv_products(
     m: usize,
     (lda, row_step, per_row): (usize, usize, usize),
     w: &PackedBf16,
+    bias: &[f32],
     out: &mut [f32],
 ) {
     assert!(granted(), "AMX tiles are not available");
     let (kp, n) = (w.padded_k(), w.n);
+    assert_eq!(bias.len(), n, "one bias per output");
     let slices = kp * 2 / TILE_BYTES;
     assert!(per_row > 0 && slices.is_multiple_of(per_row) && out.len() >= m * n);
     if m == 0 {
@@ -270,8 +272,9 @@ pub(crate) fn bf16_conv_products(
             let _tiles = configured.as_ref().expect("configured above");
             for cb in (0..col_blocks).step_by(2) {
                 // SAFETY: rows r..r + rows of every slice lie in a16 (reach, above); out holds
-                // m rows of n >= 16 (cb + 2) or 16 (cb + 1) columns; W's column blocks cb (and
-                // cb + 1) hold `slices` tiles; the tiles are configured on this thread.
+                // m rows of n >= 16 (cb + 2) or 16 (cb + 1) columns, the bias as many (its one
+                // row read for every row: stride 0); W's column blocks cb (and cb + 1) hold
+                // `slices` tiles; the tiles are configured on this thread.
                 unsafe {
                     tiles::bf16_conv_block(
                         two_rows,
@@ -281,6 +284,7 @@ pub(crate) fn bf16_conv_products(
                         (row_step * 2, per_row, slices),
                         w.data.as_ptr().add(cb * kp * TILE_ROWS),
                         b_next,
+                        (bias.as_ptr().add(cb * TILE_ROWS), 0),
                         out.as_mut_ptr().add(r * n + cb * TILE_ROWS),
                         n * 4,
                     )

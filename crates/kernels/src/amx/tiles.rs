@@ -323,11 +323,12 @@ pub unsafe fn i8_slice_block(
     }
 }
 
-/// A convolution's block of 16 or 32 rows x 16 or 32 columns of bf16 products added to
-/// `out` (`ldo` bytes a row, f32): the shared dimension in `slices` 64-byte slices, slice `kb`
-/// of A at `a + (kb / per_row) * row_step + (kb % per_row) * 64` (rows `lda` bytes apart: each
-/// kernel row's product read in place from the map), of B at `b + kb` tiles (the second column
-/// block `b_next` bytes later).
+/// A convolution's block of 16 or 32 rows x 16 or 32 columns of bf16 products added to a
+/// start read from `init` (`init_step` bytes a row: 0 repeats one row, a bias) and stored
+/// into `out` (`ldo` bytes a row, f32): the shared dimension in `slices` 64-byte slices, slice
+/// `kb` of A at `a + (kb / per_row) * row_step + (kb % per_row) * 64` (rows `lda` bytes apart:
+/// each kernel row's product read in place from the map), of B at `b + kb` tiles (the second
+/// column block `b_next` bytes later).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn conv_block<const R2: bool, const C2: bool>(
@@ -336,21 +337,22 @@ unsafe fn conv_block<const R2: bool, const C2: bool>(
     (row_step, per_row, slices): (usize, usize, usize),
     b: *const u8,
     b_next: usize,
+    (init, init_step): (*const u8, usize),
     out: *mut u8,
     ldo: usize,
 ) {
-    // SAFETY: the caller passes A's slices (16 or 32 rows each), B's tiles and the output
-    // block as described, on a thread with tiles configured.
+    // SAFETY: the caller passes A's slices (16 or 32 rows each), B's tiles, the start and the
+    // output block as described, on a thread with tiles configured.
     unsafe {
-        let lower = out.add(TILE_ROWS * ldo);
-        tile_load!("0", out, ldo);
+        let init_lower = init.add(TILE_ROWS * init_step);
+        tile_load!("0", init, init_step);
         if C2 {
-            tile_load!("1", out.add(64), ldo);
+            tile_load!("1", init.add(64), init_step);
         }
         if R2 {
-            tile_load!("2", lower, ldo);
+            tile_load!("2", init_lower, init_step);
             if C2 {
-                tile_load!("3", lower.add(64), ldo);
+                tile_load!("3", init_lower.add(64), init_step);
             }
         }
         for kb in 0..slices {
@@ -371,6 +373,7 @@ unsafe fn conv_block<const R2: bool, const C2: bool>(
                 }
             }
         }
+        let lower = out.add(TILE_ROWS * ldo);
         tile_store!("0", out, ldo);
         if C2 {
             tile_store!("1", out.add(64), ldo);
@@ -394,17 +397,20 @@ pub unsafe fn bf16_conv_block(
     slices: (usize, usize, usize),
     b: *const u16,
     b_next: usize,
+    (init, init_step): (*const f32, usize),
     out: *mut f32,
     ldo: usize,
 ) {
-    let (a, b, out) = (a.cast(), b.cast(), out.cast());
+    let (a, b, out, start) = (a.cast(), b.cast(), out.cast(), (init.cast(), init_step));
     // SAFETY: per the caller, as for conv_block.
     unsafe {
         match (two_rows, two_columns) {
-            (true, true) => conv_block::<true, true>(a, lda, slices, b, b_next, out, ldo),
-            (true, false) => conv_block::<true, false>(a, lda, slices, b, b_next, out, ldo),
-            (false, true) => conv_block::<false, true>(a, lda, slices, b, b_next, out, ldo),
-            (false, false) => conv_block::<false, false>(a, lda, slices, b, b_next, out, ldo),
+            (true, true) => conv_block::<true, true>(a, lda, slices, b, b_next, start, out, ldo),
+            (true, false) => conv_block::<true, false>(a, lda, slices, b, b_next, start, out, ldo),
+            (false, true) => conv_block::<false, true>(a, lda, slices, b, b_next, start, out, ldo),
+            (false, false) => {
+                conv_block::<false, false>(a, lda, slices, b, b_next, start, out, ldo)
+            }
         }
     }
 }
