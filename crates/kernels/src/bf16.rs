@@ -273,27 +273,31 @@ pub fn rows_for(x: &[f32], m: usize, w: &PackedBf16, a16: &mut Vec<u16>) {
     a16.par_chunks_mut(ROWS * kp)
         .zip(x[..m * k].par_chunks(ROWS * k.max(1)))
         .for_each(|(dst, src)| {
-            round_rows_into_slice(src, dst.len() / kp, k, kp, dst);
+            round_into(src, dst.len() / kp, k, dst, kp);
             if kp > k {
                 dst.chunks_exact_mut(kp).for_each(|row| row[k..].fill(0));
             }
         });
 }
 
-/// [`round_rows_into`] of contiguous rows into a slice of `[m, kp]`, its columns from `k`
-/// on left as they are.
-fn round_rows_into_slice(x: &[f32], m: usize, k: usize, kp: usize, a16: &mut [u16]) {
-    if k == 0 {
+/// `m` contiguous rows of `k` values of `x` rounded to bf16 into rows of `a16` `kp` apart
+/// (`kp >= k`; the values between rows, and the last row's past `k`, left as they are):
+/// e.g. each part of a concatenation into its channels of the joined map.
+pub fn round_into(x: &[f32], m: usize, k: usize, a16: &mut [u16], kp: usize) {
+    if k == 0 || m == 0 {
         return;
     }
+    assert!(kp >= k && x.len() >= m * k && a16.len() >= (m - 1) * kp + k);
     #[cfg(target_arch = "x86_64")]
     if has_avx512_bf16() {
-        // SAFETY: the CPU has AVX-512 BF16; x holds m rows of k, a16 m rows of kp >= k.
+        // SAFETY: the CPU has AVX-512 BF16; x holds m rows of k, a16 m rows kp >= k apart
+        // (the last one k long), checked above.
         unsafe { x86::round_rows(x, m, k, k, kp, a16) };
         return;
     }
-    for (dst, src) in a16.chunks_exact_mut(kp).zip(x.chunks_exact(k)).take(m) {
-        dst.iter_mut()
+    for (r, src) in x.chunks_exact(k).take(m).enumerate() {
+        a16[r * kp..r * kp + k]
+            .iter_mut()
             .zip(src)
             .for_each(|(d, &s)| *d = bf16_bits(s));
     }
@@ -455,7 +459,7 @@ pub fn round_map(x: &[f32], len: usize, map16: &mut Vec<u16>) {
     map16[..len]
         .par_chunks_mut(CHUNK)
         .zip(x[..len].par_chunks(CHUNK))
-        .for_each(|(dst, src)| round_rows_into_slice(src, 1, src.len(), src.len(), dst));
+        .for_each(|(dst, src)| round_into(src, 1, src.len(), dst, src.len()));
 }
 
 /// `out[r * n + j] = bias[j] + sum_{i, t, c} map[first + r + i * width + t][c] * w[i][t][c][j]`
