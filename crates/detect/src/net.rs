@@ -43,10 +43,13 @@ enum Kernel {
     Taps(Taps),
     /// Any other convolution: products of the gathered patches (im2col).
     Conv { linear: Linear, in_channels: usize },
-    /// Products of each input pixel with every kernel tap at once (`[in, kh * kw * out]`,
-    /// no bias), scattered to the outputs; the bias after, once per output.
+    /// Where the taps do not overlap (kernel and stride alike: the U-Net's 2x2), one layer
+    /// per kernel row (`[in, kw * out]`, with the bias), whose outputs for an input row are the
+    /// output row of that kernel row as it lies in the map. Else one layer of every tap at
+    /// once (`[in, kh * kw * out]`, no bias), scattered to the outputs, and the bias after.
     ConvTranspose {
-        linear: Linear,
+        linears: Vec<Linear>,
+        by_row: bool,
         in_channels: usize,
         bias: Vec<f32>,
     },
@@ -438,7 +441,10 @@ impl Net {
                     }
                 }
                 Op::ConvTranspose {
-                    filters, kernel, ..
+                    filters,
+                    kernel,
+                    stride,
+                    ..
                 } => {
                     let (shape, w) = get(format!("{}/kernel", layer.name), 4)?;
                     let (_, bias) = get(format!("{}/bias", layer.name), 1)?;
@@ -457,8 +463,25 @@ impl Net {
                             wt[c * taps + t] = w[t * cin + c];
                         }
                     }
+                    let by_row = kernel == stride;
+                    let linears = if by_row {
+                        // kernel row i's taps are columns i * kw * out.. of [in, taps]
+                        let row = taps / kernel[0];
+                        (0..kernel[0])
+                            .map(|i| {
+                                let w: Vec<f32> = wt
+                                    .chunks_exact(taps)
+                                    .flat_map(|c| c[i * row..(i + 1) * row].iter().copied())
+                                    .collect();
+                                Linear::new(w, bias.repeat(kernel[1]), cin, row)
+                            })
+                            .collect()
+                    } else {
+                        vec![Linear::new(wt, vec![0.0; taps], cin, taps)]
+                    };
                     Kernel::ConvTranspose {
-                        linear: Linear::new(wt, vec![0.0; taps], cin, taps),
+                        linears,
+                        by_row,
                         in_channels: cin,
                         bias,
                     }
@@ -503,12 +526,16 @@ impl Net {
                 Kernel::Conv {
                     linear,
                     in_channels,
-                }
-                | Kernel::ConvTranspose {
-                    linear,
+                } => linear.set_precision(layer_precision(precision, *in_channels)),
+                Kernel::ConvTranspose {
+                    linears,
                     in_channels,
                     ..
-                } => linear.set_precision(layer_precision(precision, *in_channels)),
+                } => {
+                    for l in linears {
+                        l.set_precision(layer_precision(precision, *in_channels));
+                    }
+                }
                 Kernel::Taps(t) => t.set_precision(precision),
                 Kernel::None => {}
             }
@@ -631,7 +658,8 @@ impl Net {
                         ..
                     },
                     Kernel::ConvTranspose {
-                        linear,
+                        linears,
+                        by_row,
                         in_channels,
                         bias,
                     },
@@ -639,7 +667,7 @@ impl Net {
                     check_channels(&layer.name, arg(0), *in_channels)?;
                     conv_transpose(
                         arg(0),
-                        linear,
+                        (linears, *by_row),
                         bias,
                         *kernel,
                         *stride,
@@ -889,7 +917,7 @@ fn conv(
 #[allow(clippy::too_many_arguments)]
 fn conv_transpose(
     x: &FeatureMap,
-    linear: &Linear,
+    (linears, by_row): (&[Linear], bool),
     bias: &[f32],
     [kh, kw]: [usize; 2],
     [sh, sw]: [usize; 2],
@@ -897,35 +925,26 @@ fn conv_transpose(
     [oh, ow, filters]: [usize; 3],
     pool: &Pool<f32>,
 ) -> FeatureMap {
-    let taps = kh * kw * filters;
-    let mut products = pool.dirty(x.height * x.width * taps);
-    linear.forward(&x.data, x.height * x.width, &mut products);
-    if [kh, kw] == [sh, sw] {
-        // the U-Net's case: each output pixel takes exactly one tap of one input pixel, so
-        // every output is written once, bias and activation with it
+    if by_row {
+        // the U-Net's case: each kernel row's products of an input row, bias with them, are
+        // that kernel row's output row, written in place
         let mut out = pool.dirty_map(oh, ow, filters);
+        let row = ow * filters;
         out.data
-            .par_chunks_mut(sh * ow * filters)
+            .par_chunks_mut(sh * row)
             .enumerate()
             .for_each(|(y, rows)| {
-                for xx in 0..x.width {
-                    let p = &products[(y * x.width + xx) * taps..(y * x.width + xx + 1) * taps];
-                    for i in 0..kh {
-                        for j in 0..kw {
-                            let at = (i * ow + xx * sw + j) * filters;
-                            let dst = &mut rows[at..at + filters];
-                            let src = &p[(i * kw + j) * filters..(i * kw + j + 1) * filters];
-                            for ((o, v), b) in dst.iter_mut().zip(src).zip(bias) {
-                                *o = v + b;
-                            }
-                            activation.apply(dst);
-                        }
-                    }
+                let input = &x.data[y * x.width * x.channels..(y + 1) * x.width * x.channels];
+                for (linear, dst) in linears.iter().zip(rows.chunks_exact_mut(row)) {
+                    linear.forward(input, x.width, dst);
                 }
+                activation.apply(rows);
             });
-        pool.give(products);
         return out;
     }
+    let taps = kh * kw * filters;
+    let mut products = pool.dirty(x.height * x.width * taps);
+    linears[0].forward(&x.data, x.height * x.width, &mut products);
     let mut out = pool.map(oh, ow, filters);
     let scatter_row = |y: usize, rows: &mut [f32], first_row: usize| {
         for xx in 0..x.width {
@@ -1265,46 +1284,71 @@ mod tests {
         }
     }
 
+    /// A transposed convolution, each input pixel times every tap added where the tap
+    /// lands: with kernel and stride alike (kernel rows written in place) and with taps that
+    /// overlap (scattered), against the definition.
     #[test]
     fn a_transposed_convolution_spreads_each_pixel_over_its_taps() {
+        let (cin, f) = (2, 3);
         let x = FeatureMap {
             height: 2,
             width: 3,
-            channels: 2,
-            data: values(12, 4),
+            channels: cin,
+            data: values(2 * 3 * cin, 4),
         };
-        let (kh, kw, f) = (2, 2, 3);
-        let w = values(kh * kw * f * 2, 5); // Keras: [kh, kw, out, in]
-        let b = values(f, 6);
-        let taps = kh * kw * f;
-        let mut wt = vec![0f32; taps * 2];
-        for t in 0..taps {
-            for c in 0..2 {
-                wt[c * taps + t] = w[t * 2 + c];
-            }
-        }
-        let lin = Linear::new(wt, vec![0.0; taps], 2, taps);
-        let out = conv_transpose(
-            &x,
-            &lin,
-            &b,
-            [2, 2],
-            [2, 2],
-            Activation::Linear,
-            [4, 6, f],
-            &Pool::<f32>::default(),
-        );
-        for y in 0..4 {
-            for xx in 0..6 {
-                for o in 0..f {
-                    let (iy, ix, i, j) = (y / 2, xx / 2, y % 2, xx % 2);
-                    let mut e = b[o];
-                    for c in 0..2 {
-                        e += x.data[(iy * 3 + ix) * 2 + c] * w[((i * kw + j) * f + o) * 2 + c];
+        for ([kh, kw], [sh, sw]) in [([2, 2], [2, 2]), ([3, 2], [2, 2]), ([3, 3], [2, 1])] {
+            let w = values(kh * kw * f * cin, 5); // Keras: [kh, kw, out, in]
+            let b = values(f, 6);
+            let graph = Graph {
+                layers: vec![
+                    Layer {
+                        name: "in".into(),
+                        op: Op::Input { channels: cin },
+                        inputs: vec![],
+                    },
+                    Layer {
+                        name: "up".into(),
+                        op: Op::ConvTranspose {
+                            filters: f,
+                            kernel: [kh, kw],
+                            stride: [sh, sw],
+                            activation: Activation::Linear,
+                        },
+                        inputs: vec![0],
+                    },
+                ],
+            };
+            let net = Net::new(graph, |name| match name {
+                "up/kernel" => Some((vec![kh, kw, f, cin], w.clone())),
+                "up/bias" => Some((vec![f], b.clone())),
+                _ => None,
+            })
+            .unwrap();
+            let out = net.forward(x.clone()).unwrap();
+            let (oh, ow) = ((x.height - 1) * sh + kh, (x.width - 1) * sw + kw);
+            assert_eq!((out.height, out.width, out.channels), (oh, ow, f));
+            let mut want: Vec<f32> = (0..oh * ow).flat_map(|_| b.iter().copied()).collect();
+            for iy in 0..x.height {
+                for ix in 0..x.width {
+                    for i in 0..kh {
+                        for j in 0..kw {
+                            for o in 0..f {
+                                let (y, xx) = (iy * sh + i, ix * sw + j);
+                                for c in 0..cin {
+                                    want[(y * ow + xx) * f + o] += x.data
+                                        [(iy * x.width + ix) * cin + c]
+                                        * w[((i * kw + j) * f + o) * cin + c];
+                                }
+                            }
+                        }
                     }
-                    let g = out.data[(y * 6 + xx) * f + o];
-                    assert!((g - e).abs() < 1e-5, "({y},{xx},{o}): {g} vs {e}");
                 }
+            }
+            for (k, (g, e)) in out.data.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - e).abs() < 1e-5,
+                    "{kh}x{kw} /{sh}x{sw} [{k}]: {g} vs {e}"
+                );
             }
         }
     }
