@@ -231,9 +231,15 @@ pub fn linear_bf16_at(
         .par_chunks_mut(rows * n)
         .zip(x[..m * k].par_chunks(rows * k.max(1)))
         .for_each(|(o, x)| {
-            crate::gemm::start_with_bias(o, bias, residual);
             let mr = o.len() / n;
             let a16 = rows_to_bf16(x, mr, k, w.padded_k());
+            if level == Level::Amx && !residual {
+                // the tiles start from the bias themselves
+                let kp = w.padded_k();
+                amx::bf16_tile_products(&a16, mr, kp, w, amx::Start::Bias(bias), o);
+                return;
+            }
+            crate::gemm::start_with_bias(o, bias, residual);
             products_acc(level, &a16, mr, w, o);
         });
 }
@@ -319,7 +325,7 @@ pub fn products_acc_rounded(a16: &[u16], m: usize, w: &PackedBf16, out: &mut [f3
 fn products_acc(level: Level, a16: &[u16], m: usize, w: &PackedBf16, out: &mut [f32]) {
     let kp = w.padded_k();
     match level {
-        Level::Amx => amx::bf16_tile_products(a16, m, kp, w, out),
+        Level::Amx => amx::bf16_tile_products(a16, m, kp, w, amx::Start::Out, out),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: runs_at(level) (checked by the callers) says AVX-512 BF16 exists; a16 is
         // [m, kp] and out [m, n].
@@ -511,7 +517,7 @@ pub fn conv_rows_bf16_at(
     match level {
         Level::Amx => {
             let shape = (c, row_step, w.depth / K_ALIGN);
-            amx::bf16_conv_products(a, m, shape, &w.w, bias, out)
+            amx::bf16_conv_products(a, m, shape, &w.w, amx::Start::Bias(bias), out)
         }
         #[cfg(target_arch = "x86_64")]
         // SAFETY: runs_at(level) says AVX-512 BF16 exists; every kernel row's rows lie in the

@@ -205,29 +205,31 @@ pub fn i8_products_of_parts(parts: &[&[i8]], b: &PackedI8, out: &mut [i32]) {
     }
 }
 
-/// `out[m, n] += A W` on the tiles: `a16` is `[m, kp]` bf16 with `kp` the packed weight's
-/// padded depth. Panics where the tiles are not granted or the shapes disagree.
+/// `out[m, n] = start + A W` on the tiles: `a16` is `[m, kp]` bf16 with `kp` the packed
+/// weight's padded depth. Panics where the tiles are not granted or the shapes disagree.
 pub(crate) fn bf16_tile_products(
     a16: &[u16],
     m: usize,
     kp: usize,
     w: &PackedBf16,
+    start: Start,
     out: &mut [f32],
 ) {
-    assert!(granted(), "AMX tiles are not available");
     assert_eq!(kp, w.padded_k(), "A's rows must have the packed depth");
-    assert!(
-        a16.len() >= m * kp && out.len() >= m * w.n,
-        "A [m, kp] and out [m, n]"
-    );
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: shapes checked above; tiles are available.
-    unsafe {
-        tiles::bf16_matmul_acc(a16, m, kp, w, out)
-    }
+    let per_row = kp * 2 / TILE_BYTES;
+    bf16_conv_products(a16, m, (kp, 0, per_row), w, start, out)
 }
 
-/// `out[r * n + j] = bias[j] + sum_s A_s[r] W[s][j]` for the `m` rows of one convolution run,
+/// Where the sums of bf16 tile products start.
+#[derive(Clone, Copy)]
+pub(crate) enum Start<'a> {
+    /// One bias per output column.
+    Bias(&'a [f32]),
+    /// What the outputs hold: the products are added to it.
+    Out,
+}
+
+/// `out[r * n + j] = start + sum_s A_s[r] W[s][j]` for the `m` rows of one convolution run,
 /// on the tiles: A's 64-byte slice `s` of row `r` at `a16[r * lda + (s / per_row) * row_step + (s %
 /// per_row) * 32]` (a kernel row's pixels side by side, the next kernel row `row_step` values
 /// on), W packed over all the slices. Blocks of 32 rows (16 at the end, then the last rows with
@@ -238,12 +240,14 @@ pub(crate) fn bf16_conv_products(
     m: usize,
     (lda, row_step, per_row): (usize, usize, usize),
     w: &PackedBf16,
-    bias: &[f32],
+    start: Start,
     out: &mut [f32],
 ) {
     assert!(granted(), "AMX tiles are not available");
     let (kp, n) = (w.padded_k(), w.n);
-    assert_eq!(bias.len(), n, "one bias per output");
+    if let Start::Bias(bias) = start {
+        assert_eq!(bias.len(), n, "one bias per output");
+    }
     let slices = kp * 2 / TILE_BYTES;
     assert!(per_row > 0 && slices.is_multiple_of(per_row) && out.len() >= m * n);
     if m == 0 {
@@ -271,10 +275,16 @@ pub(crate) fn bf16_conv_products(
             };
             let _tiles = configured.as_ref().expect("configured above");
             for cb in (0..col_blocks).step_by(2) {
+                let o = out[r * n + cb * TILE_ROWS..].as_mut_ptr();
+                let init = match start {
+                    // one row read for every row: stride 0
+                    Start::Bias(bias) => (bias[cb * TILE_ROWS..].as_ptr(), 0),
+                    Start::Out => (o.cast_const(), n * 4),
+                };
                 // SAFETY: rows r..r + rows of every slice lie in a16 (reach, above); out holds
-                // m rows of n >= 16 (cb + 2) or 16 (cb + 1) columns, the bias as many (its one
-                // row read for every row: stride 0); W's column blocks cb (and cb + 1) hold
-                // `slices` tiles; the tiles are configured on this thread.
+                // m rows of n >= 16 (cb + 2) or 16 (cb + 1) columns, the bias as many; W's
+                // column blocks cb (and cb + 1) hold `slices` tiles; the tiles are configured
+                // on this thread.
                 unsafe {
                     tiles::bf16_conv_block(
                         two_rows,
@@ -284,8 +294,8 @@ pub(crate) fn bf16_conv_products(
                         (row_step * 2, per_row, slices),
                         w.data.as_ptr().add(cb * kp * TILE_ROWS),
                         b_next,
-                        (bias.as_ptr().add(cb * TILE_ROWS), 0),
-                        out.as_mut_ptr().add(r * n + cb * TILE_ROWS),
+                        init,
+                        o,
                         n * 4,
                     )
                 };

@@ -6,7 +6,6 @@
 //! one call; nothing between them calls out of this module.
 
 use super::{PackedI8, TILE_BYTES, TILE_ROWS};
-use crate::bf16::PackedBf16;
 use core::arch::asm;
 use core::arch::x86_64::{__cpuid, __cpuid_count};
 
@@ -119,13 +118,13 @@ macro_rules! tile_dot {
     };
 }
 
-/// One output block of (1 or 2) x (1 or 2) tiles. `a` points at the block's first row
-/// (row stride `lda` bytes), `b` at its first column block's first tile (the second column
-/// block's tiles follow `b_next` bytes later), `out` at the block's first output (row stride
-/// `ldo` bytes). With `ACC` the block adds to what `out` holds.
+/// One output block of (1 or 2) x (1 or 2) tiles of int8 products. `a` points at the
+/// block's first row (row stride `lda` bytes), `b` at its first column block's first tile
+/// (the second column block's tiles follow `b_next` bytes later), `out` at the block's first
+/// output (row stride `ldo` bytes), where the int32 sums are stored.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn block<const R2: bool, const C2: bool, const BF16: bool, const ACC: bool>(
+unsafe fn block<const R2: bool, const C2: bool>(
     a: *const u8,
     lda: usize,
     b: *const u8,
@@ -138,27 +137,14 @@ unsafe fn block<const R2: bool, const C2: bool, const BF16: bool, const ACC: boo
     // k_blocks tiles of B (and b_next beyond for C2), on a thread with tiles configured.
     unsafe {
         let lower = out.add(TILE_ROWS * ldo);
-        if ACC {
-            tile_load!("0", out, ldo);
+        tile_zero!("0");
+        if C2 {
+            tile_zero!("1");
+        }
+        if R2 {
+            tile_zero!("2");
             if C2 {
-                tile_load!("1", out.add(64), ldo);
-            }
-            if R2 {
-                tile_load!("2", lower, ldo);
-                if C2 {
-                    tile_load!("3", lower.add(64), ldo);
-                }
-            }
-        } else {
-            tile_zero!("0");
-            if C2 {
-                tile_zero!("1");
-            }
-            if R2 {
-                tile_zero!("2");
-                if C2 {
-                    tile_zero!("3");
-                }
+                tile_zero!("3");
             }
         }
         let a_lower = a.add(TILE_ROWS * lda);
@@ -166,16 +152,16 @@ unsafe fn block<const R2: bool, const C2: bool, const BF16: bool, const ACC: boo
             let bt = b.add(kb * TILE_LEN);
             tile_load!("4", a.add(kb * TILE_BYTES), lda);
             tile_load!("6", bt, TILE_BYTES);
-            tile_dot!(BF16, "0", "4", "6");
+            tile_dot!(false, "0", "4", "6");
             if C2 {
                 tile_load!("7", bt.add(b_next), TILE_BYTES);
-                tile_dot!(BF16, "1", "4", "7");
+                tile_dot!(false, "1", "4", "7");
             }
             if R2 {
                 tile_load!("5", a_lower.add(kb * TILE_BYTES), lda);
-                tile_dot!(BF16, "2", "5", "6");
+                tile_dot!(false, "2", "5", "6");
                 if C2 {
-                    tile_dot!(BF16, "3", "5", "7");
+                    tile_dot!(false, "3", "5", "7");
                 }
             }
         }
@@ -195,7 +181,7 @@ unsafe fn block<const R2: bool, const C2: bool, const BF16: bool, const ACC: boo
 /// All column blocks of one row block (16 or 32 rows).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn row_block<const R2: bool, const BF16: bool, const ACC: bool>(
+unsafe fn row_block<const R2: bool>(
     a: *const u8,
     lda: usize,
     b: *const u8,
@@ -209,7 +195,7 @@ unsafe fn row_block<const R2: bool, const BF16: bool, const ACC: bool>(
         let panel = k_blocks * TILE_LEN;
         let mut cb = 0;
         while cb + 2 <= col_blocks {
-            block::<R2, true, BF16, ACC>(
+            block::<R2, true>(
                 a,
                 lda,
                 b.add(cb * panel),
@@ -221,7 +207,7 @@ unsafe fn row_block<const R2: bool, const BF16: bool, const ACC: bool>(
             cb += 2;
         }
         if cb < col_blocks {
-            block::<R2, false, BF16, ACC>(
+            block::<R2, false>(
                 a,
                 lda,
                 b.add(cb * panel),
@@ -235,9 +221,9 @@ unsafe fn row_block<const R2: bool, const BF16: bool, const ACC: bool>(
 }
 
 /// Runs `m` rows of A (`lda` bytes apart) against packed B into `out` (`ldo` bytes per row,
-/// 4-byte lanes). Rows past the last whole 16 go through zero-padded copies.
+/// int32). Rows past the last whole 16 go through zero-padded copies.
 #[allow(clippy::too_many_arguments)]
-unsafe fn rows<const BF16: bool, const ACC: bool>(
+unsafe fn rows(
     a: *const u8,
     m: usize,
     lda: usize,
@@ -252,7 +238,7 @@ unsafe fn rows<const BF16: bool, const ACC: bool>(
     unsafe {
         let mut r = 0;
         while r + 2 * TILE_ROWS <= m {
-            row_block::<true, BF16, ACC>(
+            row_block::<true>(
                 a.add(r * lda),
                 lda,
                 b,
@@ -264,7 +250,7 @@ unsafe fn rows<const BF16: bool, const ACC: bool>(
             r += 2 * TILE_ROWS;
         }
         if r + TILE_ROWS <= m {
-            row_block::<false, BF16, ACC>(
+            row_block::<false>(
                 a.add(r * lda),
                 lda,
                 b,
@@ -280,10 +266,7 @@ unsafe fn rows<const BF16: bool, const ACC: bool>(
             let mut a_pad = vec![0u8; TILE_ROWS * lda];
             let mut out_pad = vec![0u8; TILE_ROWS * ldo];
             std::ptr::copy_nonoverlapping(a.add(r * lda), a_pad.as_mut_ptr(), tail * lda);
-            if ACC {
-                std::ptr::copy_nonoverlapping(out.add(r * ldo), out_pad.as_mut_ptr(), tail * ldo);
-            }
-            row_block::<false, BF16, ACC>(
+            row_block::<false>(
                 a_pad.as_ptr(),
                 lda,
                 b,
@@ -315,10 +298,10 @@ pub unsafe fn i8_slice_block(
     // one (two) column blocks and 16 (32) rows of 32 int32 at out, on a configured thread.
     unsafe {
         match (two_rows, two_columns) {
-            (true, true) => block::<true, true, false, false>(a, lda, b, b_next, 1, out, ldo),
-            (true, false) => block::<true, false, false, false>(a, lda, b, b_next, 1, out, ldo),
-            (false, true) => block::<false, true, false, false>(a, lda, b, b_next, 1, out, ldo),
-            (false, false) => block::<false, false, false, false>(a, lda, b, b_next, 1, out, ldo),
+            (true, true) => block::<true, true>(a, lda, b, b_next, 1, out, ldo),
+            (true, false) => block::<true, false>(a, lda, b, b_next, 1, out, ldo),
+            (false, true) => block::<false, true>(a, lda, b, b_next, 1, out, ldo),
+            (false, false) => block::<false, false>(a, lda, b, b_next, 1, out, ldo),
         }
     }
 }
@@ -426,7 +409,7 @@ pub unsafe fn i8_products(parts: &[&[i8]], b: &PackedI8, out: &mut [i32]) {
         let mut at = 0;
         for a in parts {
             let m = a.len() / b.k;
-            rows::<false, false>(
+            rows(
                 a.as_ptr().cast(),
                 m,
                 b.k,
@@ -438,24 +421,5 @@ pub unsafe fn i8_products(parts: &[&[i8]], b: &PackedI8, out: &mut [i32]) {
             );
             at += m * cols;
         }
-    }
-}
-
-/// `a16` is `[m, kp]` bf16 with `kp` the packed operand's padded k.
-pub unsafe fn bf16_matmul_acc(a16: &[u16], m: usize, kp: usize, w: &PackedBf16, out: &mut [f32]) {
-    // SAFETY: the caller checked the shapes (a16 [m, kp], out [m, n]) and that the tiles
-    // are available.
-    unsafe {
-        let _tiles = Configured::new();
-        rows::<true, true>(
-            a16.as_ptr().cast(),
-            m,
-            kp * 2,
-            w.data.as_ptr().cast(),
-            w.n / TILE_ROWS,
-            kp * 2 / TILE_BYTES,
-            out.as_mut_ptr().cast(),
-            w.n * 4,
-        );
     }
 }
