@@ -106,8 +106,8 @@ impl TapInput<'_> {
     }
 
     /// The values rounded to bf16 into `map16` ([`bf16::round_map`]'s layout), the parts of a
-    /// concatenation each into its channels, in parallel over rows.
-    fn round(&self, map16: &mut Vec<u16>) {
+    /// concatenation each into its channels, in parallel over rows; returns where they start.
+    fn round(&self, map16: &mut Vec<u16>) -> usize {
         let len = self.height() * self.width() * self.channels();
         match self {
             TapInput::Map(x) => bf16::round_map(&x.data, len, map16),
@@ -117,9 +117,8 @@ impl TapInput<'_> {
                 channels,
                 ..
             } => {
-                map16.truncate(len);
-                map16.resize(bf16::rounded_map_len(len), 0);
-                map16[..len]
+                let start = bf16::map_start(map16, len);
+                map16[start..start + len]
                     .par_chunks_mut(width * channels)
                     .enumerate()
                     .for_each(|(y, row)| {
@@ -132,6 +131,7 @@ impl TapInput<'_> {
                             at += c;
                         }
                     });
+                start
             }
         }
     }
@@ -220,8 +220,8 @@ impl Taps {
             TapWeights::Bf16(_) => {
                 let len = input.height() * width * c;
                 let mut map16 = pools.bf16.dirty(bf16::rounded_map_len(len));
-                input.round(&mut map16);
-                Some(map16)
+                let start = input.round(&mut map16);
+                Some((map16, start))
             }
             _ => None,
         };
@@ -257,7 +257,8 @@ impl Taps {
                     let run = &mut o[(q - q0) * f..(q - q0 + m) * f];
                     let first = y * width + x0;
                     match (&self.weights, &rounded, &quantised) {
-                        (TapWeights::Bf16(w), Some(map16), _) => {
+                        (TapWeights::Bf16(w), Some((map16, start)), _) => {
+                            let map16 = &map16[*start..];
                             bf16::conv_rows_bf16(map16, width, first, m, w, &self.bias, run)
                         }
                         (TapWeights::F32(taps), _, _) => {
@@ -282,7 +283,7 @@ impl Taps {
                 }
                 activation.apply(o);
             });
-        if let Some(map16) = rounded {
+        if let Some((map16, _)) = rounded {
             pools.bf16.give(map16);
         }
         if let Some(rows) = quantised {

@@ -292,7 +292,7 @@ pub(crate) fn bf16_conv_products(
                         a16.as_ptr().add(r * lda),
                         lda * 2,
                         (row_step * 2, per_row, slices),
-                        w.data.as_ptr().add(cb * kp * TILE_ROWS),
+                        w.data().as_ptr().add(cb * kp * TILE_ROWS),
                         b_next,
                         init,
                         o,
