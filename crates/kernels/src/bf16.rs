@@ -10,6 +10,7 @@
 //! Both kernels multiply the same rounded values and add in f32, so they differ from each
 //! other only by the order of the additions.
 
+use crate::aligned::{Aligned, LINE};
 use crate::amx;
 use crate::level::{active, detected, Level};
 use rayon::prelude::*;
@@ -28,11 +29,8 @@ const K_ALIGN: usize = 32;
 /// by side per column, which is what one `vdpbf16ps` register and one AMX tile row take.
 #[derive(Clone, Debug)]
 pub struct PackedBf16 {
-    /// `[n / 16][kp / 2][16 columns][2]` from `start` on, depth past `k` zero.
-    buf: Vec<u16>,
-    /// The first [`MAP_ALIGN`] boundary in `buf`: a tile row that straddles two cache lines
-    /// is loaded as two.
-    start: usize,
+    /// `[n / 16][kp / 2][16 columns][2]`, depth past `k` zero.
+    data: Aligned<u16>,
     pub(crate) k: usize,
     pub(crate) n: usize,
 }
@@ -53,8 +51,7 @@ impl PackedBf16 {
     /// No weight yet, for buffers refilled in place ([`PackedBf16::refill_rows`]).
     pub fn empty() -> Self {
         Self {
-            buf: Vec::new(),
-            start: 0,
+            data: Aligned::zeroed(0),
             k: 0,
             n: 0,
         }
@@ -62,13 +59,11 @@ impl PackedBf16 {
 
     /// The packed values.
     pub(crate) fn data(&self) -> &[u16] {
-        let len = self.n / BLOCK_COLUMNS * padded_depth(self.k) * BLOCK_COLUMNS;
-        &self.buf[self.start..self.start + len]
+        &self.data
     }
 
     fn data_mut(&mut self) -> &mut [u16] {
-        let len = self.n / BLOCK_COLUMNS * padded_depth(self.k) * BLOCK_COLUMNS;
-        &mut self.buf[self.start..self.start + len]
+        &mut self.data
     }
 
     /// Refills with `W[kk, j] = src[kk * stride + j]` (`[k, n]` rows inside longer rows, e.g.
@@ -121,10 +116,9 @@ impl PackedBf16 {
         );
         self.k = k;
         self.n = n;
-        let len = n / BLOCK_COLUMNS * padded_depth(k) * BLOCK_COLUMNS;
-        self.buf.clear();
-        self.buf.resize(len + MAP_ALIGN / 2 - 1, 0);
-        self.start = (self.buf.as_ptr() as usize).wrapping_neg() % MAP_ALIGN / 2;
+        self.data
+            .resize_for_overwrite(n / BLOCK_COLUMNS * padded_depth(k) * BLOCK_COLUMNS);
+        self.data.fill(0);
     }
 
     fn refill(&mut self, k: usize, n: usize, value: impl Fn(usize, usize) -> f32) {
@@ -465,24 +459,19 @@ impl PackedConvBf16 {
     }
 }
 
-/// Bytes a rounded map's values (and a packed weight's) start at a multiple of: a tile row
-/// that straddles two cache lines is loaded as two (a map at 16 bytes past a line read 3x3 convolutions of 192 and 384
-/// channels 35% slower than one on a line, on Sapphire Rapids).
-const MAP_ALIGN: usize = 64;
-
-/// The room a map of `len` values rounded by [`round_map`] takes: its values from a
-/// [`MAP_ALIGN`] boundary, then [`K_ALIGN`] zeros (a kernel row's product reads up to its
+/// The room a map of `len` values rounded by [`round_map`] takes: its values from a cache
+/// line's start (as a packed weight's, [`crate::aligned`]), then [`K_ALIGN`] zeros (a kernel row's product reads up to its
 /// depth's rounding past a window's last pixel).
 pub fn rounded_map_len(len: usize) -> usize {
-    len + K_ALIGN + MAP_ALIGN / 2 - 1
+    len + K_ALIGN + LINE / 2 - 1
 }
 
 /// Makes `map16` room for a rounded map of `len` values ([`rounded_map_len`]) and returns
-/// where they start in it (its first [`MAP_ALIGN`] boundary); the [`K_ALIGN`] values after
+/// where they start in it (its first cache line); the [`K_ALIGN`] values after
 /// them are zero, the rest left as they were.
 pub fn map_start(map16: &mut Vec<u16>, len: usize) -> usize {
     map16.resize(rounded_map_len(len), 0);
-    let start = (map16.as_ptr() as usize).wrapping_neg() % MAP_ALIGN / 2;
+    let start = (map16.as_ptr() as usize).wrapping_neg() % LINE / 2;
     map16[start + len..start + len + K_ALIGN].fill(0);
     start
 }
@@ -929,7 +918,7 @@ mod tests {
             assert_eq!(PackedBf16::new(&w, k, n).data(), by_definition(&w, k, n));
             packed.refill(k, n, |kk, j| src[kk * stride + j]);
             assert_eq!(packed.data(), by_definition(&w, k, n), "plain k {k} n {n}");
-            assert_eq!(packed.data().as_ptr() as usize % MAP_ALIGN, 0);
+            assert_eq!(packed.data().as_ptr() as usize % crate::aligned::LINE, 0);
         }
         for (k, rows) in [
             (2, 1usize),

@@ -17,6 +17,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+mod aligned;
 pub mod amx;
 pub mod attention;
 pub mod bf16;

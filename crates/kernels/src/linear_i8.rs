@@ -10,6 +10,7 @@
 //! int8 outputs are bit-identical across levels. Token cosine to f32 on real crater crops: see
 //! the model crate's parity test.
 
+use crate::aligned::Aligned;
 use crate::amx::PackedI8;
 use crate::gemm::{task_rows, NB};
 use crate::i8_block;
@@ -118,7 +119,7 @@ struct QuantisedRows {
     /// Row length of `codes`: `k` rounded up to whole groups.
     kp: usize,
     /// `[m, kp]`: `code - 127`, padding zero.
-    codes: Vec<i8>,
+    codes: Aligned<i8>,
     /// `[m, groups]`
     scales: Vec<f32>,
     /// `[m, groups]`: `zero - 127`.
@@ -130,7 +131,7 @@ impl QuantisedRows {
         let groups = kp / GROUP;
         Self {
             kp,
-            codes: vec![0i8; m * kp],
+            codes: Aligned::zeroed(m * kp),
             scales: vec![1f32; m * groups],
             zeros: vec![0i32; m * groups],
         }
@@ -342,7 +343,7 @@ pub fn requantise(x: &[f32], m: usize, w: &PackedI8Linear, rows: &mut I8Rows) {
     let groups = kp / GROUP;
     let q = &mut rows.q;
     q.kp = kp;
-    q.codes.resize(m * kp, 0);
+    q.codes.resize_for_overwrite(m * kp);
     q.scales.resize(m * groups, 0.0);
     q.zeros.resize(m * groups, 0);
     q.codes

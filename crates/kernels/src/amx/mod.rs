@@ -10,6 +10,7 @@
 //! Tile state is per thread: each call loads the tile configuration and releases it on
 //! return, so calls may run on any thread of any pool.
 
+use crate::aligned::Aligned;
 use crate::bf16::PackedBf16;
 use crate::level::{active, Level};
 
@@ -62,7 +63,7 @@ pub(crate) fn request_tile_state() -> bool {
 #[derive(Clone, Debug)]
 pub struct PackedI8 {
     /// `[col_blocks][k_blocks]` tiles of 16 rows (groups of 4 along k) x 16 columns x 4 bytes.
-    tiles: Vec<i8>,
+    tiles: Aligned<i8>,
     n: usize,
     k: usize,
 }
@@ -82,7 +83,7 @@ impl PackedI8 {
         assert_eq!(b.len(), n * k, "B must be [n, k]");
         let col_blocks = n.div_ceil(TILE_ROWS);
         let k_blocks = k / TILE_BYTES;
-        let mut tiles = vec![0i8; col_blocks * k_blocks * TILE_ROWS * TILE_BYTES];
+        let mut tiles = Aligned::zeroed(col_blocks * k_blocks * TILE_ROWS * TILE_BYTES);
         for (j, row) in b.chunks_exact(k).enumerate() {
             let (cb, c) = (j / TILE_ROWS, j % TILE_ROWS);
             for (kb, chunk) in row.chunks_exact(TILE_BYTES).enumerate() {
