@@ -210,12 +210,15 @@ impl std::fmt::Display for ProtocolInfo {
     }
 }
 
-/// The precision extraction runs at unless told: int8 where the CPU has an int8 dot-product
-/// instruction (VNNI, AMX), f32 elsewhere. A faster precision becomes the default only where
-/// it keeps the shipped recipe within 0.005 mAP of f32 on both real benchmarks; int8 does
-/// ([`DEFAULT_PRECISION_WHY`]), and is the faster one only with such an instruction.
+/// The precision extraction runs at unless told: bf16 on AMX tiles, int8 where the CPU has
+/// an int8 dot-product instruction (AVX-512 VNNI), f32 elsewhere. A faster precision becomes
+/// the default only where it keeps the shipped recipe within 0.005 mAP of f32 on both real
+/// benchmarks; int8 and bf16 both do ([`DEFAULT_PRECISION_WHY`]), and each is the faster one
+/// only on its hardware.
 pub fn default_precision() -> Precision {
-    if craterdex_kernels::level::int8_in_hardware() {
+    if craterdex_kernels::amx::available() {
+        Precision::Bf16
+    } else if craterdex_kernels::level::int8_in_hardware() {
         Precision::Int8
     } else {
         Precision::F32
@@ -227,10 +230,10 @@ pub fn default_precision() -> Precision {
 pub const DEFAULT_PRECISION_WHY: &str = "int8 extraction keeps the shipped recipe within \
      0.005 mAP of f32 on both real benchmarks (Mars -0.003, NAC +0.000, 8 blocks) and runs \
      1.7x (Zen 4) to 2.2x (Zen 5) f32 with VNNI (avx512), 1.07x on avx2 and 0.2x on the \
-     portable level, so it is the \
-     default only where the CPU multiplies int8 in hardware; bf16 (AVX-512 BF16 or AMX) keeps \
-     the recipe within 0.0001 on both but runs 1.7x f32 on Zen 5 where int8 runs 2.2x, so it \
-     stays an option";
+     portable level, so it is the default where the CPU multiplies int8 in hardware without \
+     AMX; bf16 keeps the recipe within 0.0001 on both (Sapphire Rapids: Mars +0.0000, NAC \
+     +0.0001) and runs 2.7x f32 on AMX tiles where int8 runs 2.0x, so it is the default \
+     there, and an option on AVX-512 BF16 (1.7x f32 on Zen 5 where int8 runs 2.2x)";
 
 const MAX_BATCH: usize = 4096;
 const MAX_INPUT_SIZE: usize = 4096;

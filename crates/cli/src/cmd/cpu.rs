@@ -19,7 +19,9 @@ pub fn run(c: CpuCmd) -> Result<()> {
     } else {
         println!("{}", level::describe());
         println!("levels this CPU supports: {}", supported.join(" "));
-        let int8 = if level::int8_in_hardware() {
+        let int8 = if craterdex_kernels::amx::available() {
+            "AMX tiles at this level"
+        } else if level::int8_in_hardware() {
             "int8 products run in hardware at this level"
         } else {
             "no int8 dot-product instruction at this level (`--precision int8` gives the same \
