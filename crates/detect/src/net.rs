@@ -1152,18 +1152,7 @@ mod tests {
     /// A U-Net's step up: a crop of an early map and a transposed convolution's output
     /// joined, then convolved by taps in bf16.
     fn joined_net() -> Net {
-        let conv = |filters| Op::Conv {
-            filters,
-            kernel: [3, 3],
-            stride: [1, 1],
-            padding: Padding::Valid,
-            activation: Activation::Relu,
-        };
-        let layer = |name: &str, op: Op, inputs: &[usize]| Layer {
-            name: name.into(),
-            op,
-            inputs: inputs.to_vec(),
-        };
+        use crate::testing::{layer, relu_conv3 as conv};
         let graph = Graph {
             layers: vec![
                 layer("in", Op::Input { channels: 1 }, &[]),

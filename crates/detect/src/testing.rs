@@ -93,7 +93,7 @@ pub fn disc_grid(seed: usize) -> Vec<(f64, f64, f64)> {
         .collect()
 }
 
-fn layer(name: &str, op: Op, inputs: &[usize]) -> Layer {
+pub(crate) fn layer(name: &str, op: Op, inputs: &[usize]) -> Layer {
     Layer {
         name: name.into(),
         op,
@@ -101,16 +101,21 @@ fn layer(name: &str, op: Op, inputs: &[usize]) -> Layer {
     }
 }
 
-/// A small U-Net of every layer kind (valid 3x3 convolutions, pooling, a transposed
-/// convolution, a crop, a concatenation, a 1x1 sigmoid head): its 20 px input gives 14 px.
-pub fn small_unet() -> Graph {
-    let conv = |filters| Op::Conv {
+/// A valid 3x3 convolution of `filters` outputs with a ReLU.
+pub(crate) fn relu_conv3(filters: usize) -> Op {
+    Op::Conv {
         filters,
         kernel: [3, 3],
         stride: [1, 1],
         padding: Padding::Valid,
         activation: Activation::Relu,
-    };
+    }
+}
+
+/// A small U-Net of every layer kind (valid 3x3 convolutions, pooling, a transposed
+/// convolution, a crop, a concatenation, a 1x1 sigmoid head): its 20 px input gives 14 px.
+pub fn small_unet() -> Graph {
+    let conv = relu_conv3;
     Graph {
         layers: vec![
             layer("in", Op::Input { channels: 1 }, &[]),

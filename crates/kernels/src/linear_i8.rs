@@ -948,20 +948,7 @@ mod x86 {
         // [m, n], colsums [groups, n], scales [n], q.scales [m, groups], and only columns < n
         // are read from the products or written.
         unsafe {
-            let mut tiles_of = Some(crate::amx::Tiles::configure());
-            let mut r = 0;
-            while r < m {
-                let (rows, two_rows) = match m - r {
-                    32.. => (32, true),
-                    16..32 => (16, false),
-                    tail => {
-                        // the 16-row configuration released before the tail's is loaded
-                        drop(tiles_of.take());
-                        tiles_of = Some(crate::amx::Tiles::configure_rows(tail));
-                        (tail, false)
-                    }
-                };
-                let tile = tiles_of.as_ref().expect("configured above");
+            crate::amx::for_row_blocks(m, |tile, r, rows, two_rows| {
                 let a = q.codes.as_ptr().add(r * kp);
                 for cb in (0..col_blocks).step_by(2) {
                     let two_columns = cb + 1 < col_blocks;
@@ -1036,8 +1023,7 @@ mod x86 {
                         out[at + 16 * vectors..at + width].copy_from_slice(&s[16 * vectors..width]);
                     }
                 }
-                r += rows;
-            }
+            });
         }
         Finished {
             rows: m,

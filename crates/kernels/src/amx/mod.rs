@@ -221,6 +221,33 @@ pub(crate) fn bf16_tile_products(
     bf16_conv_products(a16, m, (kp, 0, per_row), w, start, out)
 }
 
+/// Runs `each(tiles, r, rows, two_rows)` over `m` rows in blocks of 32 (`two_rows`), then 16,
+/// then the last rows, with the tiles configured for each block's rows: the last rows under a
+/// configuration of that many rows, read and written in place (no padded copies).
+pub(crate) fn for_row_blocks(m: usize, mut each: impl FnMut(&Tiles, usize, usize, bool)) {
+    let mut configured = Some(Tiles::configure());
+    let mut r = 0;
+    while r < m {
+        let (rows, two_rows) = match m - r {
+            32.. => (32, true),
+            16..32 => (16, false),
+            tail => {
+                // the 16-row configuration released before the tail's is loaded
+                drop(configured.take());
+                configured = Some(Tiles::configure_rows(tail));
+                (tail, false)
+            }
+        };
+        each(
+            configured.as_ref().expect("configured above"),
+            r,
+            rows,
+            two_rows,
+        );
+        r += rows;
+    }
+}
+
 /// Where the sums of bf16 tile products start.
 #[derive(Clone, Copy)]
 pub(crate) enum Start<'a> {
@@ -260,50 +287,34 @@ pub(crate) fn bf16_conv_products(
     let col_blocks = n / TILE_ROWS;
     let b_next = kp * TILE_ROWS * 2;
     #[cfg(target_arch = "x86_64")]
-    {
-        let mut configured = Some(Tiles::configure());
-        let mut r = 0;
-        while r < m {
-            let (rows, two_rows) = match m - r {
-                32.. => (32, true),
-                16..32 => (16, false),
-                tail => {
-                    // the 16-row configuration released before the tail's is loaded
-                    drop(configured.take());
-                    configured = Some(Tiles::configure_rows(tail));
-                    (tail, false)
-                }
+    for_row_blocks(m, |_tiles, r, _rows, two_rows| {
+        for cb in (0..col_blocks).step_by(2) {
+            let o = out[r * n + cb * TILE_ROWS..].as_mut_ptr();
+            let init = match start {
+                // one row read for every row: stride 0
+                Start::Bias(bias) => (bias[cb * TILE_ROWS..].as_ptr(), 0),
+                Start::Out => (o.cast_const(), n * 4),
             };
-            let _tiles = configured.as_ref().expect("configured above");
-            for cb in (0..col_blocks).step_by(2) {
-                let o = out[r * n + cb * TILE_ROWS..].as_mut_ptr();
-                let init = match start {
-                    // one row read for every row: stride 0
-                    Start::Bias(bias) => (bias[cb * TILE_ROWS..].as_ptr(), 0),
-                    Start::Out => (o.cast_const(), n * 4),
-                };
-                // SAFETY: rows r..r + rows of every slice lie in a16 (reach, above); out holds
-                // m rows of n >= 16 (cb + 2) or 16 (cb + 1) columns, the bias as many; W's
-                // column blocks cb (and cb + 1) hold `slices` tiles; the tiles are configured
-                // on this thread.
-                unsafe {
-                    tiles::bf16_conv_block(
-                        two_rows,
-                        cb + 1 < col_blocks,
-                        a16.as_ptr().add(r * lda),
-                        lda * 2,
-                        (row_step * 2, per_row, slices),
-                        w.data().as_ptr().add(cb * kp * TILE_ROWS),
-                        b_next,
-                        init,
-                        o,
-                        n * 4,
-                    )
-                };
-            }
-            r += rows;
+            // SAFETY: the block's rows of every slice lie in a16 (reach, above); out holds m
+            // rows of n >= 16 (cb + 2) or 16 (cb + 1) columns, the bias as many; W's column
+            // blocks cb (and cb + 1) hold `slices` tiles; the tiles are configured for the
+            // block's rows on this thread (_tiles).
+            unsafe {
+                tiles::bf16_conv_block(
+                    two_rows,
+                    cb + 1 < col_blocks,
+                    a16.as_ptr().add(r * lda),
+                    lda * 2,
+                    (row_step * 2, per_row, slices),
+                    w.data().as_ptr().add(cb * kp * TILE_ROWS),
+                    b_next,
+                    init,
+                    o,
+                    n * 4,
+                )
+            };
         }
-    }
+    });
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (lda, row_step, b_next, col_blocks);
 }

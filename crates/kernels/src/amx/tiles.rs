@@ -118,66 +118,6 @@ macro_rules! tile_dot {
     };
 }
 
-/// One output block of (1 or 2) x (1 or 2) tiles of int8 products. `a` points at the
-/// block's first row (row stride `lda` bytes), `b` at its first column block's first tile
-/// (the second column block's tiles follow `b_next` bytes later), `out` at the block's first
-/// output (row stride `ldo` bytes), where the int32 sums are stored.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-unsafe fn block<const R2: bool, const C2: bool>(
-    a: *const u8,
-    lda: usize,
-    b: *const u8,
-    b_next: usize,
-    k_blocks: usize,
-    out: *mut u8,
-    ldo: usize,
-) {
-    // SAFETY: the caller passes pointers valid for the block's rows (lda / ldo apart),
-    // k_blocks tiles of B (and b_next beyond for C2), on a thread with tiles configured.
-    unsafe {
-        let lower = out.add(TILE_ROWS * ldo);
-        tile_zero!("0");
-        if C2 {
-            tile_zero!("1");
-        }
-        if R2 {
-            tile_zero!("2");
-            if C2 {
-                tile_zero!("3");
-            }
-        }
-        let a_lower = a.add(TILE_ROWS * lda);
-        for kb in 0..k_blocks {
-            let bt = b.add(kb * TILE_LEN);
-            tile_load!("4", a.add(kb * TILE_BYTES), lda);
-            tile_load!("6", bt, TILE_BYTES);
-            tile_dot!(false, "0", "4", "6");
-            if C2 {
-                tile_load!("7", bt.add(b_next), TILE_BYTES);
-                tile_dot!(false, "1", "4", "7");
-            }
-            if R2 {
-                tile_load!("5", a_lower.add(kb * TILE_BYTES), lda);
-                tile_dot!(false, "2", "5", "6");
-                if C2 {
-                    tile_dot!(false, "3", "5", "7");
-                }
-            }
-        }
-        tile_store!("0", out, ldo);
-        if C2 {
-            tile_store!("1", out.add(64), ldo);
-        }
-        if R2 {
-            tile_store!("2", lower, ldo);
-            if C2 {
-                tile_store!("3", lower.add(64), ldo);
-            }
-        }
-    }
-}
-
 /// All column blocks of one row block (16 or 32 rows).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
@@ -195,24 +135,26 @@ unsafe fn row_block<const R2: bool>(
         let panel = k_blocks * TILE_LEN;
         let mut cb = 0;
         while cb + 2 <= col_blocks {
-            block::<R2, true>(
+            block::<R2, true, false>(
                 a,
                 lda,
+                (0, k_blocks, k_blocks),
                 b.add(cb * panel),
                 panel,
-                k_blocks,
+                None,
                 out.add(cb * 64),
                 ldo,
             );
             cb += 2;
         }
         if cb < col_blocks {
-            block::<R2, false>(
+            block::<R2, false, false>(
                 a,
                 lda,
+                (0, k_blocks, k_blocks),
                 b.add(cb * panel),
                 panel,
-                k_blocks,
+                None,
                 out.add(cb * 64),
                 ldo,
             );
@@ -293,49 +235,63 @@ pub unsafe fn i8_slice_block(
     b_next: usize,
     out: *mut i32,
 ) {
-    let (a, b, out, ldo) = (a.cast(), b.cast(), out.cast(), 32 * 4);
+    let (a, b, out, ldo, one) = (a.cast(), b.cast(), out.cast(), 32 * 4, (0, 1, 1));
     // SAFETY: the caller passes a block of 16 (32) rows of A, the tiles of one slice of B's
     // one (two) column blocks and 16 (32) rows of 32 int32 at out, on a configured thread.
     unsafe {
         match (two_rows, two_columns) {
-            (true, true) => block::<true, true>(a, lda, b, b_next, 1, out, ldo),
-            (true, false) => block::<true, false>(a, lda, b, b_next, 1, out, ldo),
-            (false, true) => block::<false, true>(a, lda, b, b_next, 1, out, ldo),
-            (false, false) => block::<false, false>(a, lda, b, b_next, 1, out, ldo),
+            (true, true) => block::<true, true, false>(a, lda, one, b, b_next, None, out, ldo),
+            (true, false) => block::<true, false, false>(a, lda, one, b, b_next, None, out, ldo),
+            (false, true) => block::<false, true, false>(a, lda, one, b, b_next, None, out, ldo),
+            (false, false) => block::<false, false, false>(a, lda, one, b, b_next, None, out, ldo),
         }
     }
 }
 
-/// A convolution's block of 16 or 32 rows x 16 or 32 columns of bf16 products added to a
-/// start read from `init` (`init_step` bytes a row: 0 repeats one row, a bias) and stored
-/// into `out` (`ldo` bytes a row, f32): the shared dimension in `slices` 64-byte slices, slice
-/// `kb` of A at `a + (kb / per_row) * row_step + (kb % per_row) * 64` (rows `lda` bytes apart:
-/// each kernel row's product read in place from the map), of B at `b + kb` tiles (the second
-/// column block `b_next` bytes later).
+/// One output block of 16 or 32 rows x 16 or 32 columns (1 or 2 x 1 or 2 tiles) of int8
+/// or (`BF16`) bf16 products: the shared dimension in `slices` 64-byte slices, slice `kb` of A
+/// at `a + (kb / per_row) * row_step + (kb % per_row) * 64` (rows `lda` bytes apart; a
+/// convolution's kernel rows read in place from the map, one row of `slices` for a plain
+/// product), of B at `b + kb` tiles (the second column block `b_next` bytes later). The sums
+/// start from zero, or from `init` (`init_step` bytes a row: 0 repeats one row, a bias), and
+/// are stored into `out` (`ldo` bytes a row: int32 or f32).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn conv_block<const R2: bool, const C2: bool>(
+unsafe fn block<const R2: bool, const C2: bool, const BF16: bool>(
     a: *const u8,
     lda: usize,
     (row_step, per_row, slices): (usize, usize, usize),
     b: *const u8,
     b_next: usize,
-    (init, init_step): (*const u8, usize),
+    init: Option<(*const u8, usize)>,
     out: *mut u8,
     ldo: usize,
 ) {
     // SAFETY: the caller passes A's slices (16 or 32 rows each), B's tiles, the start and the
     // output block as described, on a thread with tiles configured.
     unsafe {
-        let init_lower = init.add(TILE_ROWS * init_step);
-        tile_load!("0", init, init_step);
-        if C2 {
-            tile_load!("1", init.add(64), init_step);
-        }
-        if R2 {
-            tile_load!("2", init_lower, init_step);
+        if let Some((init, init_step)) = init {
+            let init_lower = init.add(TILE_ROWS * init_step);
+            tile_load!("0", init, init_step);
             if C2 {
-                tile_load!("3", init_lower.add(64), init_step);
+                tile_load!("1", init.add(64), init_step);
+            }
+            if R2 {
+                tile_load!("2", init_lower, init_step);
+                if C2 {
+                    tile_load!("3", init_lower.add(64), init_step);
+                }
+            }
+        } else {
+            tile_zero!("0");
+            if C2 {
+                tile_zero!("1");
+            }
+            if R2 {
+                tile_zero!("2");
+                if C2 {
+                    tile_zero!("3");
+                }
             }
         }
         for kb in 0..slices {
@@ -343,16 +299,16 @@ unsafe fn conv_block<const R2: bool, const C2: bool>(
             let bt = b.add(kb * TILE_LEN);
             tile_load!("4", at, lda);
             tile_load!("6", bt, TILE_BYTES);
-            tile_dot!(true, "0", "4", "6");
+            tile_dot!(BF16, "0", "4", "6");
             if C2 {
                 tile_load!("7", bt.add(b_next), TILE_BYTES);
-                tile_dot!(true, "1", "4", "7");
+                tile_dot!(BF16, "1", "4", "7");
             }
             if R2 {
                 tile_load!("5", at.add(TILE_ROWS * lda), lda);
-                tile_dot!(true, "2", "5", "6");
+                tile_dot!(BF16, "2", "5", "6");
                 if C2 {
-                    tile_dot!(true, "3", "5", "7");
+                    tile_dot!(BF16, "3", "5", "7");
                 }
             }
         }
@@ -370,7 +326,7 @@ unsafe fn conv_block<const R2: bool, const C2: bool>(
     }
 }
 
-/// [`conv_block`] for the four shapes of block.
+/// A bf16 convolution's [`block`], for the four shapes of block.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn bf16_conv_block(
     two_rows: bool,
@@ -384,15 +340,20 @@ pub unsafe fn bf16_conv_block(
     out: *mut f32,
     ldo: usize,
 ) {
-    let (a, b, out, start) = (a.cast(), b.cast(), out.cast(), (init.cast(), init_step));
-    // SAFETY: per the caller, as for conv_block.
+    let (a, b, out, start) = (
+        a.cast(),
+        b.cast(),
+        out.cast(),
+        Some((init.cast(), init_step)),
+    );
+    // SAFETY: per the caller, as for block.
     unsafe {
         match (two_rows, two_columns) {
-            (true, true) => conv_block::<true, true>(a, lda, slices, b, b_next, start, out, ldo),
-            (true, false) => conv_block::<true, false>(a, lda, slices, b, b_next, start, out, ldo),
-            (false, true) => conv_block::<false, true>(a, lda, slices, b, b_next, start, out, ldo),
+            (true, true) => block::<true, true, true>(a, lda, slices, b, b_next, start, out, ldo),
+            (true, false) => block::<true, false, true>(a, lda, slices, b, b_next, start, out, ldo),
+            (false, true) => block::<false, true, true>(a, lda, slices, b, b_next, start, out, ldo),
             (false, false) => {
-                conv_block::<false, false>(a, lda, slices, b, b_next, start, out, ldo)
+                block::<false, false, true>(a, lda, slices, b, b_next, start, out, ldo)
             }
         }
     }
