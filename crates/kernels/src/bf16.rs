@@ -254,13 +254,8 @@ pub fn linear_bf16_at(
         });
 }
 
-/// `out[m, n] += A W` with `A` `[m, k]` f32 rounded to bf16, at the active level.
-/// Panics when [`available`] is false or the shapes disagree.
-pub fn bf16_matmul_acc(a: &[f32], m: usize, w: &PackedBf16, out: &mut [f32]) {
-    bf16_matmul_acc_at(active(), a, m, w, out)
-}
-
-/// [`bf16_matmul_acc`] at `level` (which must run bf16 here: [`levels`]).
+/// `out[m, n] += A W` with `A` `[m, k]` f32 rounded to bf16, at `level` (which must run
+/// bf16 here: [`levels`]). Panics when the shapes disagree.
 pub fn bf16_matmul_acc_at(level: Level, a: &[f32], m: usize, w: &PackedBf16, out: &mut [f32]) {
     assert!(
         runs_at(level),
@@ -270,30 +265,6 @@ pub fn bf16_matmul_acc_at(level: Level, a: &[f32], m: usize, w: &PackedBf16, out
     assert_eq!(out.len(), m * w.n, "out must be [m, n]");
     let a16 = rows_to_bf16(a, m, w.k, w.padded_k());
     products_acc(level, &a16, m, w, out);
-}
-
-/// `x` (`[m, k]` f32) rounded to bf16 rows as products with `w` take them, into `a16`: rounded
-/// once for several weights of the same depth (a convolution's taps, each reading the rows at
-/// its own offset). Large inputs are rounded in parallel, a block of rows per task. `a16`'s
-/// memory is reused: a fresh buffer for a large input is fresh pages, each faulted in and
-/// cleared by the kernel before it is written.
-pub fn rows_for(x: &[f32], m: usize, w: &PackedBf16, a16: &mut Vec<u16>) {
-    const ROWS: usize = 2048;
-    let (k, kp) = (w.k, w.padded_k());
-    assert!(x.len() >= m * k, "x must be [m, k]");
-    if a16.len() >= m * kp {
-        a16.truncate(m * kp);
-    } else {
-        a16.resize(m * kp, 0);
-    }
-    a16.par_chunks_mut(ROWS * kp)
-        .zip(x[..m * k].par_chunks(ROWS * k.max(1)))
-        .for_each(|(dst, src)| {
-            round_into(src, dst.len() / kp, k, dst, kp);
-            if kp > k {
-                dst.chunks_exact_mut(kp).for_each(|row| row[k..].fill(0));
-            }
-        });
 }
 
 /// `m` contiguous rows of `k` values of `x` rounded to bf16 into rows of `a16` `kp` apart
@@ -317,19 +288,6 @@ pub fn round_into(x: &[f32], m: usize, k: usize, a16: &mut [u16], kp: usize) {
             .zip(src)
             .for_each(|(d, &s)| *d = bf16_bits(s));
     }
-}
-
-/// `out[m, n] += A W` with `A` rounded by [`rows_for`] (`[m, w.padded_k()]`), at the active
-/// level. Panics when [`available`] is false or the shapes disagree.
-pub fn products_acc_rounded(a16: &[u16], m: usize, w: &PackedBf16, out: &mut [f32]) {
-    let level = active();
-    assert!(
-        runs_at(level),
-        "no bf16 kernel at level {level} on this CPU"
-    );
-    assert!(a16.len() >= m * w.padded_k(), "A must be [m, padded k]");
-    assert_eq!(out.len(), m * w.n, "out must be [m, n]");
-    products_acc(level, &a16[..m * w.padded_k()], m, w, out);
 }
 
 fn products_acc(level: Level, a16: &[u16], m: usize, w: &PackedBf16, out: &mut [f32]) {
@@ -859,31 +817,6 @@ mod tests {
         assert_eq!(bf16_bits(1.0 + 3.0 / 256.0), 0x3f82);
         assert_eq!(bf16_bits(-2.0), 0xc000);
         assert!(f32::from_bits((bf16_bits(f32::NAN) as u32) << 16).is_nan());
-    }
-
-    /// Rows rounded into a buffer that held other, longer rows are the rows rounded into a
-    /// fresh one: each value its own rounding and the depth's padding zero (products read it).
-    #[test]
-    fn rows_rounded_into_a_used_buffer_are_fresh_ones() {
-        for k in [5, 32, 33] {
-            let w = PackedBf16::new(&vec![0.5; k * 16], k, 16);
-            let kp = w.padded_k();
-            let m = 4100; // more than one parallel block of rows
-            let x: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.13).cos() * 7.0).collect();
-            let mut used = vec![0xffffu16; (m + 50) * kp];
-            rows_for(&x, m, &w, &mut used);
-            let mut fresh = Vec::new();
-            rows_for(&x, m, &w, &mut fresh);
-            assert_eq!(used, fresh, "k {k}");
-            for (r, row) in fresh.chunks_exact(kp).enumerate() {
-                let want: Vec<u16> = x[r * k..(r + 1) * k]
-                    .iter()
-                    .map(|&v| bf16_bits(v))
-                    .collect();
-                assert_eq!(row[..k], want[..], "k {k} row {r}");
-                assert!(row[k..].iter().all(|&v| v == 0), "k {k} row {r} padding");
-            }
-        }
     }
 
     /// The packed layout written out from its definition: element `(kk, j)` of `[k, n]` `w`
