@@ -938,7 +938,32 @@ fn detect_fit_writes_a_detector_that_detect_then_uses() {
             .contains("(300 steps of 8 tiles, worn)"),
         "{config}"
     );
-    for (detector, out) in [("whole", "found-whole"), ("worn", "found-worn")] {
+    // products in bf16 where this CPU has it at the level in use; refused by name elsewhere
+    let mut bf16 = whole.clone();
+    bf16[9] = "whole-bf16";
+    bf16.extend(["--fit-precision", "bf16"]);
+    let o = run(root, &bf16);
+    let mut fitted = vec![("whole", "found-whole"), ("worn", "found-worn")];
+    if craterdex_kernels::bf16::available() {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let config: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(root.join("whole-bf16/detector.json")).unwrap())
+                .unwrap();
+        assert!(
+            config["source"]
+                .as_str()
+                .unwrap()
+                .contains("(300 steps of 8 tiles, products in bf16)"),
+            "{config}"
+        );
+        fitted.push(("whole-bf16", "found-whole-bf16"));
+    } else {
+        assert!(!o.status.success());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("a bf16 fit needs bf16 hardware"), "{err}");
+        assert!(!root.join("whole-bf16").exists());
+    }
+    for (detector, out) in fitted {
         let o = run(
             root,
             &["detect", "other.png", "--detector", detector, "--out", out],

@@ -407,7 +407,7 @@ pub struct DetectFitCmd {
     #[arg(long, default_value_t = FitOptions::default().hidden, conflicts_with = "whole")]
     hidden: usize,
     /// Fit every layer of the detector rather than a new head on its frozen maps: slower
-    /// (about 3.3 s a step of 8 tiles with pycda's U-Net on two cores: 23 minutes for 400),
+    /// (about 3 s a step of 8 tiles with pycda's U-Net on two cores: 20 minutes for 400),
     /// and on lunar tiles it finds more craters (docs/results.md, "The whole detector
     /// fitted").
     #[arg(long)]
@@ -426,9 +426,30 @@ pub struct DetectFitCmd {
     /// second observations), not only turned by quarter turns and mirrored.
     #[arg(long, requires = "whole", conflicts_with_all = HEAD_ONLY)]
     wear: bool,
+    /// With --whole: the fit's products in f32, or in bf16 with f32 sums where the CPU has
+    /// bf16 (AMX tiles or AVX-512 BF16): faster, the weights and Adam still f32
+    /// (docs/performance.md, "Fitting a detector in bf16").
+    #[arg(long, default_value_t = WholeFitOptions::default().precision, requires = "whole", conflicts_with_all = HEAD_ONLY)]
+    fit_precision: Precision,
     /// The detector refitted, and how detections are read from it.
     #[command(flatten)]
     detector: DetectorOpts,
+}
+
+/// Asks glibc's allocator to keep what a whole fit frees for its next step: each step
+/// allocates and frees the same buffers (a layer's patches of a tile reach 105 MB), which
+/// glibc otherwise maps and unmaps each time, faulting every page in again. Those over 32 MiB,
+/// glibc's largest threshold, still are (12 steps of 8 tiles on two cores: 44-45 s -> 36-40 s,
+/// docs/performance.md, "Fitting a detector in bf16").
+fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets the allocator's thresholds; it is called before the fit's
+    // threads allocate.
+    unsafe {
+        // the largest mmap threshold glibc takes (32 MiB on 64-bit); nothing trimmed
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+    }
 }
 
 /// Mean F1 of the 8-20 px and >= 20 px bins: what a detector's constants are chosen by.
@@ -469,7 +490,9 @@ fn run_fit(c: DetectFitCmd) -> Result<()> {
             learning_rate: c.learning_rate,
             region_share: c.region_share,
             wear: c.wear.then(Wear::default),
+            precision: c.fit_precision,
         };
+        keep_freed_memory();
         let pb = bar(fit.steps, "fit steps");
         // a fit runs for an hour or more, often with stderr to a file where no bar is drawn:
         // there, a line every 5% of the steps
@@ -570,10 +593,15 @@ fn run_fit(c: DetectFitCmd) -> Result<()> {
             config.source,
             if c.whole {
                 format!(
-                    "every layer ({} steps of {} tiles{})",
+                    "every layer ({} steps of {} tiles{}{})",
                     c.steps,
                     c.batch,
-                    if c.wear { ", worn" } else { "" }
+                    if c.wear { ", worn" } else { "" },
+                    if c.fit_precision == Precision::F32 {
+                        String::new()
+                    } else {
+                        format!(", products in {}", c.fit_precision)
+                    }
                 )
             } else {
                 "a head".into()
