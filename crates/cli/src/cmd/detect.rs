@@ -443,8 +443,8 @@ pub struct DetectFitCmd {
 /// docs/performance.md, "Fitting a detector in bf16").
 fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only sets the allocator's thresholds; it is called before the fit's
-    // threads allocate.
+    // SAFETY: mallopt only changes two of the allocator's thresholds, under its own lock;
+    // no memory is touched.
     unsafe {
         // the largest mmap threshold glibc takes (32 MiB on 64-bit); nothing trimmed
         libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
