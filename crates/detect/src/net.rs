@@ -395,6 +395,19 @@ impl Plan {
 /// buffer (about 8 MB of f32) whatever the image size.
 const PATCH_FLOATS: usize = 2 << 20;
 
+/// An error unless bf16 products run at the active kernel level; `what` (a precision, a fit)
+/// names what needs them.
+pub(crate) fn ensure_bf16(what: &str) -> Result<()> {
+    ensure!(
+        bf16::available(),
+        Error::Unsupported(format!(
+            "{what} needs bf16 hardware at the kernel level in use ({}); f32 runs here",
+            craterdex_kernels::active()
+        ))
+    );
+    Ok(())
+}
+
 impl Net {
     /// Packs the weights of `graph`; `weight(name)` gives a layer's tensor by name
     /// (`{layer}/kernel`, `{layer}/bias`).
@@ -514,13 +527,7 @@ impl Net {
         match precision {
             Precision::F32 => return Ok(self),
             Precision::Int8 => {}
-            Precision::Bf16 => ensure!(
-                craterdex_kernels::bf16::available(),
-                Error::Unsupported(format!(
-                    "bf16 precision needs bf16 hardware at the kernel level in use ({}); f32 runs here",
-                    craterdex_kernels::active()
-                ))
-            ),
+            Precision::Bf16 => ensure_bf16("bf16 precision")?,
         }
         for k in &mut self.kernels {
             match k {

@@ -93,13 +93,7 @@ impl Products {
         match precision {
             Precision::F32 => Ok(Self::F32),
             Precision::Bf16 => {
-                ensure!(
-                    bf16::available(),
-                    Error::Unsupported(format!(
-                        "a bf16 fit needs bf16 hardware at the kernel level in use ({}); f32 runs here",
-                        craterdex_kernels::active()
-                    ))
-                );
+                crate::net::ensure_bf16("a bf16 fit")?;
                 Ok(Self::Bf16(craterdex_kernels::active()))
             }
             Precision::Int8 => Err(Error::Unsupported(
