@@ -6,7 +6,9 @@
 //! observation is, and mirrored), each pixel taught
 //! what `detect` reads there (`fit::taught_levels`). Products are f32 GEMMs (matrixmultiply), or
 //! bf16 products with f32 sums on craterdex's kernels where asked ([`WholeFitOptions::precision`]);
-//! the weights, their gradients' sums and Adam stay f32. The tiles of a batch run in parallel.
+//! the weights, their gradients' sums and Adam stay f32. The tiles of a batch run in parallel,
+//! each in memory kept from step to step ([`Scratch`]: a tile's passes are the same shapes
+//! every step, so none is mapped or zeroed afresh).
 
 use crate::detect::DetectOptions;
 use crate::error::{Error, Result};
@@ -20,6 +22,7 @@ use craterdex_kernels::Level;
 use craterdex_model::Precision;
 use rayon::prelude::*;
 use std::collections::BTreeMap;
+use std::sync::Mutex;
 
 /// How a whole detector is fitted. The defaults live here.
 #[derive(Clone, Debug, PartialEq)]
@@ -103,92 +106,127 @@ impl Products {
     }
 }
 
-/// `c[m x n] = beta c + a[m x k] b[k x n]` (`beta` 0 or 1), `a` and `b` read with any row and
-/// column strides (a transposed operand is the same slice with its strides swapped), `c`
-/// row-major. In bf16 where `n` fills whole blocks of 16 columns (every layer of pycda's
-/// U-Net but its one-channel head), else f32.
-#[allow(clippy::too_many_arguments)]
-fn gemm(
+/// A fit's products ([`Products`]) and the memory their bf16 operands are packed and copied
+/// into, kept from call to call: a step's products would otherwise map and zero it afresh
+/// for every layer of every tile.
+struct Gemm {
     products: Products,
-    shape: (usize, usize, usize),
-    a: &[f32],
-    a_strides: (usize, usize),
-    b: &[f32],
-    b_strides: (usize, usize),
-    c: &mut [f32],
-    beta: f32,
-) {
-    let (m, k, n) = shape;
-    match products {
-        Products::Bf16(level) if PackedBf16::fits(n) && m > 0 && k > 0 => {
-            gemm_bf16(level, shape, a, a_strides, b, b_strides, c, beta)
-        }
-        _ => gemm_f32(shape, a, a_strides, b, b_strides, c, beta),
-    }
+    packed: PackedBf16,
+    copied: Vec<f32>,
+    transposed: Vec<f32>,
+    /// Never written: the bias of a product that has none.
+    zeros: Vec<f32>,
 }
 
-/// [`gemm`] with `a` and `b` rounded to bf16 and `b` packed as the kernels take it. An `a`
-/// read transposed is copied row-major first, unless `b` is smaller and `m` fills whole
-/// blocks: then `c` is computed transposed, `cᵀ = bᵀ aᵀ`, where `aᵀ` is row-major as it
-/// lies and `bᵀ` is what is copied (a weight's gradient, `patchesᵀ dy`, copies `dy` instead
-/// of patches up to nine times its size).
-#[allow(clippy::too_many_arguments)]
-fn gemm_bf16(
-    level: Level,
-    (m, k, n): (usize, usize, usize),
-    a: &[f32],
-    (rsa, csa): (usize, usize),
-    b: &[f32],
-    (rsb, csb): (usize, usize),
-    c: &mut [f32],
-    beta: f32,
-) {
-    assert!(
-        beta == 0.0 || beta == 1.0,
-        "gemm: beta {beta} is neither 0 nor 1"
-    );
-    assert!(c.len() >= m * n, "gemm: c holds {} of {m} x {n}", c.len());
-    let mut w = PackedBf16::empty();
-    let zeros = |n| vec![0f32; n];
-    if rsa == 1 && csa != 1 && csb == 1 && PackedBf16::fits(m) && n < m {
-        // cᵀ [n, m] = bᵀ [n, k] · aᵀ [k, m], aᵀ's rows `csa` apart
-        w.refill_rows(a, k, m, csa);
-        let bt = row_major(b, (n, k), (csb, rsb));
-        let mut ct = zeros(n * m);
-        bf16::linear_bf16_at(level, &bt, n, &w, &zeros(m), &mut ct, false);
-        for (i, row) in c[..m * n].chunks_exact_mut(n).enumerate() {
-            for (j, v) in row.iter_mut().enumerate() {
-                *v = beta * *v + ct[j * m + i];
+impl Gemm {
+    fn new(products: Products) -> Self {
+        Self {
+            products,
+            packed: PackedBf16::empty(),
+            copied: Vec::new(),
+            transposed: Vec::new(),
+            zeros: Vec::new(),
+        }
+    }
+
+    /// `c[m x n] = beta c + a[m x k] b[k x n]` (`beta` 0 or 1; at 0, `c` is not read), `a`
+    /// and `b` read with any row and column strides (a transposed operand is the same slice
+    /// with its strides swapped), `c` row-major. In bf16 where `n` fills whole blocks of 16
+    /// columns (every layer of pycda's U-Net but its one-channel head), else f32.
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &mut self,
+        shape: (usize, usize, usize),
+        a: &[f32],
+        a_strides: (usize, usize),
+        b: &[f32],
+        b_strides: (usize, usize),
+        c: &mut [f32],
+        beta: f32,
+    ) {
+        let (m, k, n) = shape;
+        match self.products {
+            Products::Bf16(level) if PackedBf16::fits(n) && m > 0 && k > 0 => {
+                self.bf16(level, shape, a, a_strides, b, b_strides, c, beta)
             }
+            _ => gemm_f32(shape, a, a_strides, b, b_strides, c, beta),
         }
-        return;
     }
-    if csb == 1 {
-        w.refill_rows(b, k, n, rsb);
-    } else {
-        assert_eq!(rsb, 1, "gemm: b is read with neither unit stride");
-        w.refill_transposed(b, k, n, csb);
+
+    /// [`Gemm::run`] with `a` and `b` rounded to bf16 and `b` packed as the kernels take it.
+    /// An `a` read transposed is copied row-major first, unless `b` is smaller and `m` fills
+    /// whole blocks: then `c` is computed transposed, `cᵀ = bᵀ aᵀ`, where `aᵀ` is row-major
+    /// as it lies and `bᵀ` is what is copied (a weight's gradient, `patchesᵀ dy`, copies `dy`
+    /// instead of patches up to nine times its size).
+    #[allow(clippy::too_many_arguments)]
+    fn bf16(
+        &mut self,
+        level: Level,
+        (m, k, n): (usize, usize, usize),
+        a: &[f32],
+        (rsa, csa): (usize, usize),
+        b: &[f32],
+        (rsb, csb): (usize, usize),
+        c: &mut [f32],
+        beta: f32,
+    ) {
+        assert!(
+            beta == 0.0 || beta == 1.0,
+            "gemm: beta {beta} is neither 0 nor 1"
+        );
+        assert!(c.len() >= m * n, "gemm: c holds {} of {m} x {n}", c.len());
+        let Self {
+            packed,
+            copied,
+            transposed,
+            zeros,
+            ..
+        } = self;
+        if zeros.len() < m.max(n) {
+            zeros.resize(m.max(n), 0.0);
+        }
+        if rsa == 1 && csa != 1 && csb == 1 && PackedBf16::fits(m) && n < m {
+            // cᵀ [n, m] = bᵀ [n, k] · aᵀ [k, m], aᵀ's rows `csa` apart
+            packed.refill_rows(a, k, m, csa);
+            row_major_into(b, (n, k), (csb, rsb), copied);
+            transposed.resize(n * m, 0.0);
+            bf16::linear_bf16_at(level, copied, n, packed, &zeros[..m], transposed, false);
+            for (i, row) in c[..m * n].chunks_exact_mut(n).enumerate() {
+                for (j, v) in row.iter_mut().enumerate() {
+                    let t = transposed[j * m + i];
+                    *v = if beta == 0.0 { t } else { *v + t };
+                }
+            }
+            return;
+        }
+        if csb == 1 {
+            packed.refill_rows(b, k, n, rsb);
+        } else {
+            assert_eq!(rsb, 1, "gemm: b is read with neither unit stride");
+            packed.refill_transposed(b, k, n, csb);
+        }
+        let rows = if csa == 1 && rsa == k {
+            &a[..m * k]
+        } else {
+            row_major_into(a, (m, k), (rsa, csa), copied);
+            &copied[..]
+        };
+        let out = &mut c[..m * n];
+        bf16::linear_bf16_at(level, rows, m, packed, &zeros[..n], out, beta == 1.0);
     }
-    let gathered;
-    let rows = if csa == 1 && rsa == k {
-        &a[..m * k]
-    } else {
-        gathered = row_major(a, (m, k), (rsa, csa));
-        &gathered[..]
-    };
-    bf16::linear_bf16_at(level, rows, m, &w, &zeros(n), &mut c[..m * n], beta == 1.0);
 }
 
-/// `a[r * rs + c * cs]` for `r < m`, `c < k` as an `[m, k]` row-major matrix: the source
-/// read in order, written in columns of 16 rows at once.
-fn row_major(a: &[f32], (m, k): (usize, usize), (rs, cs): (usize, usize)) -> Vec<f32> {
+/// `a[r * rs + c * cs]` for `r < m`, `c < k` into `out` as an `[m, k]` row-major matrix
+/// (its memory reused): the source read in order, written in columns of 16 rows at once.
+fn row_major_into(a: &[f32], (m, k): (usize, usize), (rs, cs): (usize, usize), out: &mut Vec<f32>) {
     assert!(a.len() > (m - 1) * rs + (k - 1) * cs, "gemm: a too short");
-    let mut out = vec![0f32; m * k];
+    // every element is written below
+    out.resize(m * k, 0.0);
     if cs == 1 {
         for (r, row) in out.chunks_exact_mut(k).enumerate() {
             row.copy_from_slice(&a[r * rs..r * rs + k]);
         }
-        return out;
+        return;
     }
     // a transposed read: source row c (stride cs) gives column c of out
     const BLOCK: usize = 16;
@@ -201,10 +239,9 @@ fn row_major(a: &[f32], (m, k): (usize, usize), (rs, cs): (usize, usize)) -> Vec
             }
         }
     }
-    out
 }
 
-/// [`gemm`] in f32 (matrixmultiply).
+/// [`Gemm::run`] in f32 (matrixmultiply; at `beta` 0, `c` is not read).
 #[allow(clippy::too_many_arguments)]
 fn gemm_f32(
     (m, k, n): (usize, usize, usize),
@@ -220,7 +257,9 @@ fn gemm_f32(
     }
     assert!(c.len() >= m * n, "gemm: c holds {} of {m} x {n}", c.len());
     if k == 0 {
-        c[..m * n].iter_mut().for_each(|v| *v *= beta);
+        if beta == 0.0 {
+            c[..m * n].fill(0.0);
+        }
         return;
     }
     assert!(a.len() > (m - 1) * rsa + (k - 1) * csa, "gemm: a too short");
@@ -247,48 +286,60 @@ fn gemm_f32(
     }
 }
 
-fn zeros(height: usize, width: usize, channels: usize) -> FeatureMap {
+/// `map` given the shape `[height, width, channels]`, its memory reused: the values are stale
+/// (whatever its last use left), for a pass that writes every one of them.
+fn shaped(map: &mut FeatureMap, [height, width, channels]: [usize; 3]) {
+    map.height = height;
+    map.width = width;
+    map.channels = channels;
+    map.data.resize(height * width * channels, 0.0);
+}
+
+/// A map of no pixels, for memory to be [`shaped`].
+fn unshaped() -> FeatureMap {
     FeatureMap {
-        height,
-        width,
-        channels,
-        data: vec![0.0; height * width * channels],
+        height: 0,
+        width: 0,
+        channels: 0,
+        data: Vec::new(),
     }
 }
 
-/// A convolution's input patches, one row per output pixel: `[oh * ow, kh * kw * c]` in
-/// the kernel's `(row, column, channel)` order, zeros past the edges.
-fn patches(
+/// A convolution's input patches into `cols`, one row per output pixel: `[oh * ow, kh * kw *
+/// c]` in the kernel's `(row, column, channel)` order, zeros past the edges (every value
+/// written: `cols` may hold another pass's).
+fn patches_into(
     x: &FeatureMap,
     [kh, kw]: [usize; 2],
     [sh, sw]: [usize; 2],
     [pt, pl]: [usize; 2],
     [oh, ow]: [usize; 2],
-) -> Vec<f32> {
+    cols: &mut Vec<f32>,
+) {
     let c = x.channels;
     let k = kh * kw * c;
-    let mut cols = vec![0f32; oh * ow * k];
+    cols.resize(oh * ow * k, 0.0);
     cols.par_chunks_mut(ow * k)
         .enumerate()
         .for_each(|(oy, row)| {
             for ox in 0..ow {
                 let patch = &mut row[ox * k..(ox + 1) * k];
                 for a in 0..kh {
-                    let Some(iy) = (oy * sh + a).checked_sub(pt).filter(|&y| y < x.height) else {
-                        continue;
-                    };
+                    let iy = (oy * sh + a).checked_sub(pt).filter(|&y| y < x.height);
                     for b in 0..kw {
-                        let Some(ix) = (ox * sw + b).checked_sub(pl).filter(|&v| v < x.width)
-                        else {
-                            continue;
-                        };
-                        let at = (iy * x.width + ix) * c;
-                        patch[(a * kw + b) * c..][..c].copy_from_slice(&x.data[at..at + c]);
+                        let tap = &mut patch[(a * kw + b) * c..][..c];
+                        let ix = (ox * sw + b).checked_sub(pl).filter(|&v| v < x.width);
+                        match iy.zip(ix) {
+                            Some((iy, ix)) => {
+                                let at = (iy * x.width + ix) * c;
+                                tap.copy_from_slice(&x.data[at..at + c]);
+                            }
+                            None => tap.fill(0.0),
+                        }
                     }
                 }
             }
         });
-    cols
 }
 
 /// The gradients of patches added back onto the input's pixels they were read from (rows of
@@ -352,35 +403,73 @@ fn tensor<'a>(weights: &'a BTreeMap<String, Tensor>, name: &str) -> Result<&'a [
 
 /// Every layer's output for `input`, each convolution's input patches (the backward pass
 /// reads them again), and where each max pool took its values from.
+#[derive(Default)]
 struct Pass {
     outputs: Vec<FeatureMap>,
     patches: Vec<Vec<f32>>,
     argmax: Vec<Vec<u32>>,
 }
 
-/// Every layer's output for `input`, each of the shape the graph gives it (which also checks
-/// that the input is large enough for every layer).
+/// One example's memory, kept from step to step (the passes of one tile are the same shapes
+/// every step): its forward [`Pass`], the gradient of each layer's output, the buffers in
+/// between and its products' own. Each pass writes every value it reads afterwards, so
+/// nothing is zeroed but the gradients that several layers add into.
+struct Scratch {
+    pass: Pass,
+    grads: Vec<FeatureMap>,
+    /// Whether this pass has written `grads[i]` yet.
+    written: Vec<bool>,
+    dcols: Vec<f32>,
+    tap: Vec<f32>,
+    gemm: Gemm,
+}
+
+impl Scratch {
+    fn new(products: Products) -> Self {
+        Self {
+            pass: Pass::default(),
+            grads: Vec::new(),
+            written: Vec::new(),
+            dcols: Vec::new(),
+            tap: Vec::new(),
+            gemm: Gemm::new(products),
+        }
+    }
+}
+
+/// Every layer's output for `input` into `scratch.pass`, each of the shape the graph gives it
+/// (which also checks that the input is large enough for every layer).
 fn forward(
-    products: Products,
+    scratch: &mut Scratch,
     graph: &Graph,
     weights: &BTreeMap<String, Tensor>,
     input: &FeatureMap,
-) -> Result<Pass> {
+) -> Result<()> {
     let shapes = graph.layer_shapes(input.height, input.width)?;
     let n = graph.layers.len();
-    let mut outputs: Vec<FeatureMap> = Vec::with_capacity(n);
-    let mut argmax = vec![Vec::new(); n];
-    let mut kept = vec![Vec::new(); n];
+    let Scratch {
+        pass: Pass {
+            outputs,
+            patches,
+            argmax,
+        },
+        tap,
+        gemm,
+        ..
+    } = scratch;
+    outputs.resize_with(n, unshaped);
+    patches.resize_with(n, Vec::new);
+    argmax.resize_with(n, Vec::new);
     for (i, layer) in graph.layers.iter().enumerate() {
-        let x = |j: usize| &outputs[layer.inputs[j]];
+        let (done, rest) = outputs.split_at_mut(i);
+        let y = &mut rest[0];
+        let x = |j: usize| &done[layer.inputs[j]];
         let [oh, ow, _] = shapes[i];
-        let out = match &layer.op {
-            Op::Input { .. } => FeatureMap {
-                height: input.height,
-                width: input.width,
-                channels: input.channels,
-                data: input.data.clone(),
-            },
+        match &layer.op {
+            Op::Input { .. } => {
+                shaped(y, [input.height, input.width, input.channels]);
+                y.data.copy_from_slice(&input.data);
+            }
             Op::Conv {
                 filters,
                 kernel,
@@ -391,18 +480,18 @@ fn forward(
                 let x = x(0);
                 let pt = pad_before(x.height, kernel[0], stride[0], *padding);
                 let pl = pad_before(x.width, kernel[1], stride[1], *padding);
-                let cols = patches(x, *kernel, *stride, [pt, pl], [oh, ow]);
+                let cols = &mut patches[i];
+                patches_into(x, *kernel, *stride, [pt, pl], [oh, ow], cols);
                 let k = kernel[0] * kernel[1] * x.channels;
                 let w = tensor(weights, &format!("{}/kernel", layer.name))?;
                 let b = tensor(weights, &format!("{}/bias", layer.name))?;
-                let mut y = zeros(oh, ow, *filters);
+                shaped(y, shapes[i]);
                 for row in y.data.chunks_exact_mut(*filters) {
                     row.copy_from_slice(b);
                 }
-                gemm(
-                    products,
+                gemm.run(
                     (oh * ow, k, *filters),
-                    &cols,
+                    cols,
                     (k, 1),
                     w,
                     (*filters, 1),
@@ -410,8 +499,6 @@ fn forward(
                     1.0,
                 );
                 activation.apply(&mut y.data);
-                kept[i] = cols;
-                y
             }
             Op::ConvTranspose {
                 filters,
@@ -423,26 +510,17 @@ fn forward(
                 let (cin, f) = (x.channels, *filters);
                 let w = tensor(weights, &format!("{}/kernel", layer.name))?;
                 let b = tensor(weights, &format!("{}/bias", layer.name))?;
-                let mut y = zeros(oh, ow, f);
+                shaped(y, shapes[i]);
                 for row in y.data.chunks_exact_mut(f) {
                     row.copy_from_slice(b);
                 }
                 let p = x.height * x.width;
-                let mut tap = vec![0f32; p * f];
+                tap.resize(p * f, 0.0);
                 for a in 0..kernel[0] {
                     for bb in 0..kernel[1] {
                         // the tap's weights [f, cin], read transposed
                         let wt = &w[(a * kernel[1] + bb) * f * cin..][..f * cin];
-                        gemm(
-                            products,
-                            (p, cin, f),
-                            &x.data,
-                            (cin, 1),
-                            wt,
-                            (1, cin),
-                            &mut tap,
-                            0.0,
-                        );
+                        gemm.run((p, cin, f), &x.data, (cin, 1), wt, (1, cin), tap, 0.0);
                         for iy in 0..x.height {
                             for ix in 0..x.width {
                                 let at = ((iy * stride[0] + a) * ow + ix * stride[1] + bb) * f;
@@ -455,13 +533,13 @@ fn forward(
                     }
                 }
                 activation.apply(&mut y.data);
-                y
             }
             Op::MaxPool { size, stride } => {
                 let x = x(0);
                 let c = x.channels;
-                let mut y = zeros(oh, ow, c);
-                let mut from = vec![0u32; oh * ow * c];
+                shaped(y, shapes[i]);
+                let from = &mut argmax[i];
+                from.resize(oh * ow * c, 0);
                 for oy in 0..oh {
                     for ox in 0..ow {
                         for ch in 0..c {
@@ -482,47 +560,49 @@ fn forward(
                         }
                     }
                 }
-                argmax[i] = from;
-                y
             }
             Op::Crop { edges } => {
                 let x = x(0);
                 let c = x.channels;
-                let mut y = zeros(oh, ow, c);
+                shaped(y, shapes[i]);
                 for r in 0..oh {
                     let at = ((r + edges[0]) * x.width + edges[2]) * c;
                     y.data[r * ow * c..(r + 1) * ow * c].copy_from_slice(&x.data[at..at + ow * c]);
                 }
-                y
             }
             Op::Concat => {
-                let parts: Vec<&FeatureMap> = layer.inputs.iter().map(|&j| &outputs[j]).collect();
-                let c = shapes[i][2];
-                let mut y = zeros(oh, ow, c);
+                shaped(y, shapes[i]);
+                let c = y.channels;
                 for (px, out) in y.data.chunks_exact_mut(c).enumerate() {
                     let mut at = 0;
-                    for p in &parts {
+                    for &j in &layer.inputs {
+                        let p = &done[j];
                         out[at..at + p.channels]
                             .copy_from_slice(&p.data[px * p.channels..(px + 1) * p.channels]);
                         at += p.channels;
                     }
                 }
-                y
             }
-        };
-        outputs.push(out);
+        }
     }
-    Ok(Pass {
-        outputs,
-        patches: kept,
-        argmax,
-    })
+    Ok(())
 }
 
-/// Adds `g` onto the gradient of layer output `slot` (zeros of `like`'s shape at first).
-fn add_grad(grads: &mut [Option<FeatureMap>], slot: usize, like: &FeatureMap, g: &[f32]) {
-    let d = grads[slot].get_or_insert_with(|| zeros(like.height, like.width, like.channels));
-    d.data.iter_mut().zip(g).for_each(|(d, g)| *d += g);
+/// The gradient of layer output `j` (of `like`'s shape) to add into: zeros the first time a
+/// pass asks for it.
+fn gradient_of<'a>(
+    grads: &'a mut [FeatureMap],
+    written: &mut [bool],
+    j: usize,
+    like: &FeatureMap,
+) -> &'a mut FeatureMap {
+    let g = &mut grads[j];
+    if !written[j] {
+        shaped(g, [like.height, like.width, like.channels]);
+        g.data.fill(0.0);
+        written[j] = true;
+    }
+    g
 }
 
 /// Adds a layer's bias gradient: its output's gradient summed over the pixels (`f` per pixel).
@@ -535,29 +615,30 @@ fn add_bias_grad(into: &mut BTreeMap<String, Vec<f32>>, layer: &str, dy: &[f32],
     }
 }
 
-/// The gradients of the weights, given the gradient of the loss with respect to the last
-/// layer's input to its activation (`d_logits`: the sigmoid folded into the cross-entropy).
+/// The gradients of the weights added into `into`, from the forward pass in `scratch` and the
+/// gradient of the loss with respect to the last layer's input to its activation, in
+/// `scratch.grads`' last (`d_logits`: the sigmoid folded into the cross-entropy).
 fn backward(
-    products: Products,
+    scratch: &mut Scratch,
     graph: &Graph,
     weights: &BTreeMap<String, Tensor>,
-    pass: &Pass,
-    d_logits: Vec<f32>,
     into: &mut BTreeMap<String, Vec<f32>>,
 ) -> Result<()> {
     let n = graph.layers.len();
-    let mut grads: Vec<Option<FeatureMap>> = (0..n).map(|_| None).collect();
-    let last = &pass.outputs[n - 1];
-    grads[n - 1] = Some(FeatureMap {
-        height: last.height,
-        width: last.width,
-        channels: last.channels,
-        data: d_logits,
-    });
+    let Scratch {
+        pass,
+        grads,
+        written,
+        dcols,
+        tap,
+        gemm,
+    } = scratch;
     for i in (0..n).rev() {
-        let Some(mut dy) = grads[i].take() else {
+        if !written[i] {
             continue;
-        };
+        }
+        let (before, rest) = grads.split_at_mut(i);
+        let dy = &mut rest[0];
         let layer = &graph.layers[i];
         let y = &pass.outputs[i];
         let input_needs = |j: usize| !matches!(graph.layers[j].op, Op::Input { .. });
@@ -586,24 +667,14 @@ fn backward(
                 let gw = into
                     .get_mut(&format!("{}/kernel", layer.name))
                     .expect("a gradient per tensor");
-                gemm(products, (k, p, f), cols, (1, k), &dy.data, (f, 1), gw, 1.0);
+                gemm.run((k, p, f), cols, (1, k), &dy.data, (f, 1), gw, 1.0);
                 add_bias_grad(into, &layer.name, &dy.data, f);
                 if input_needs(j) {
                     let w = tensor(weights, &format!("{}/kernel", layer.name))?;
-                    let mut dcols = vec![0f32; p * k];
-                    gemm(
-                        products,
-                        (p, f, k),
-                        &dy.data,
-                        (f, 1),
-                        w,
-                        (1, f),
-                        &mut dcols,
-                        0.0,
-                    );
-                    let mut dx = zeros(x.height, x.width, x.channels);
-                    add_patches(&mut dx, &dcols, *kernel, *stride, [pt, pl], [oh, ow]);
-                    add_grad(&mut grads, j, x, &dx.data);
+                    dcols.resize(p * k, 0.0);
+                    gemm.run((p, f, k), &dy.data, (f, 1), w, (1, f), dcols, 0.0);
+                    let dx = gradient_of(before, written, j, x);
+                    add_patches(dx, dcols, *kernel, *stride, [pt, pl], [oh, ow]);
                 }
             }
             Op::ConvTranspose {
@@ -618,8 +689,7 @@ fn backward(
                 let ow = y.width;
                 add_bias_grad(into, &layer.name, &dy.data, f);
                 let w = tensor(weights, &format!("{}/kernel", layer.name))?;
-                let mut dx = zeros(x.height, x.width, cin);
-                let mut tap = vec![0f32; p * f];
+                tap.resize(p * f, 0.0);
                 for a in 0..kernel[0] {
                     for bb in 0..kernel[1] {
                         for iy in 0..x.height {
@@ -633,67 +703,49 @@ fn backward(
                         let gw = into
                             .get_mut(&format!("{}/kernel", layer.name))
                             .expect("a gradient per tensor");
-                        gemm(
-                            products,
-                            (f, p, cin),
-                            &tap,
-                            (1, f),
-                            &x.data,
-                            (cin, 1),
-                            &mut gw[offset..offset + f * cin],
-                            1.0,
-                        );
+                        let gw = &mut gw[offset..offset + f * cin];
+                        gemm.run((f, p, cin), tap, (1, f), &x.data, (cin, 1), gw, 1.0);
                         if input_needs(j) {
                             let wt = &w[offset..offset + f * cin];
-                            gemm(
-                                products,
-                                (p, f, cin),
-                                &tap,
-                                (f, 1),
-                                wt,
-                                (cin, 1),
-                                &mut dx.data,
-                                1.0,
-                            );
+                            let dx = gradient_of(before, written, j, x);
+                            gemm.run((p, f, cin), tap, (f, 1), wt, (cin, 1), &mut dx.data, 1.0);
                         }
                     }
-                }
-                if input_needs(j) {
-                    add_grad(&mut grads, j, x, &dx.data);
                 }
             }
             Op::MaxPool { .. } => {
                 let j = layer.inputs[0];
-                let x = &pass.outputs[j];
-                let mut dx = zeros(x.height, x.width, x.channels);
+                let dx = gradient_of(before, written, j, &pass.outputs[j]);
                 for (&from, &d) in pass.argmax[i].iter().zip(&dy.data) {
                     dx.data[from as usize] += d;
                 }
-                add_grad(&mut grads, j, x, &dx.data);
             }
             Op::Crop { edges } => {
                 let j = layer.inputs[0];
                 let x = &pass.outputs[j];
                 let c = x.channels;
-                let mut dx = zeros(x.height, x.width, c);
+                let dx = gradient_of(before, written, j, x);
                 for r in 0..y.height {
                     let at = ((r + edges[0]) * x.width + edges[2]) * c;
                     dx.data[at..at + y.width * c]
-                        .copy_from_slice(&dy.data[r * y.width * c..(r + 1) * y.width * c]);
+                        .iter_mut()
+                        .zip(&dy.data[r * y.width * c..(r + 1) * y.width * c])
+                        .for_each(|(d, g)| *d += g);
                 }
-                add_grad(&mut grads, j, x, &dx.data);
             }
             Op::Concat => {
                 let mut at = 0;
                 for &j in &layer.inputs {
                     let x = &pass.outputs[j];
                     let c = x.channels;
-                    let part: Vec<f32> = dy
+                    let dx = gradient_of(before, written, j, x);
+                    for (d, g) in dx
                         .data
-                        .chunks_exact(y.channels)
-                        .flat_map(|px| px[at..at + c].iter().copied())
-                        .collect();
-                    add_grad(&mut grads, j, x, &part);
+                        .chunks_exact_mut(c)
+                        .zip(dy.data.chunks_exact(y.channels))
+                    {
+                        d.iter_mut().zip(&g[at..at + c]).for_each(|(d, g)| *d += g);
+                    }
                     at += c;
                 }
             }
@@ -789,7 +841,7 @@ fn example(
     if let Some(worn) = worn {
         wear_tile(&mut values, tile, worn);
     }
-    let mut input = zeros(tile, tile, 1);
+    let mut input = FeatureMap::zeros(tile, tile, 1);
     for (i, v) in values.into_iter().enumerate() {
         input.data[i] = v * input_scale;
     }
@@ -829,41 +881,47 @@ fn trained_tensors(graph: &Graph) -> Vec<String> {
 }
 
 /// The loss of one example and the gradient of the weights it gives (the cross-entropy of
-/// each weighted pixel, divided by `total` weight).
+/// each weighted pixel, divided by `total` weight), in `scratch`'s memory.
 fn example_gradient(
-    products: Products,
+    scratch: &mut Scratch,
     graph: &Graph,
     weights: &BTreeMap<String, Tensor>,
     e: &Example,
     total: f32,
     names: &[String],
 ) -> Result<(f64, BTreeMap<String, Vec<f32>>)> {
-    let pass = forward(products, graph, weights, &e.input)?;
-    let p = &pass.outputs[graph.layers.len() - 1].data;
+    forward(scratch, graph, weights, &e.input)?;
+    let n = graph.layers.len();
+    let p = &scratch.pass.outputs[n - 1];
     ensure!(
-        p.len() == e.targets.len(),
+        p.data.len() == e.targets.len(),
         Error::Invalid(format!(
             "the detector's output has {} pixels for a tile, not the {} its shape says",
-            p.len(),
+            p.data.len(),
             e.targets.len()
         ))
     );
+    scratch.grads.resize_with(n, unshaped);
+    scratch.written.clear();
+    scratch.written.resize(n, false);
+    let d = &mut scratch.grads[n - 1];
+    shaped(d, [p.height, p.width, p.channels]);
     let mut loss = 0f64;
-    let d: Vec<f32> = p
-        .iter()
-        .zip(&e.targets)
-        .zip(&e.weights)
-        .map(|((&p, &t), &w)| {
-            let q = p.clamp(1e-7, 1.0 - 1e-7) as f64;
-            loss += w as f64 * -(t as f64 * q.ln() + (1.0 - t as f64) * (1.0 - q).ln());
-            w * (p - t) / total
-        })
-        .collect();
+    for (d, ((&p, &t), &w)) in d
+        .data
+        .iter_mut()
+        .zip(p.data.iter().zip(&e.targets).zip(&e.weights))
+    {
+        let q = p.clamp(1e-7, 1.0 - 1e-7) as f64;
+        loss += w as f64 * -(t as f64 * q.ln() + (1.0 - t as f64) * (1.0 - q).ln());
+        *d = w * (p - t) / total;
+    }
+    scratch.written[n - 1] = true;
     let mut grads: BTreeMap<String, Vec<f32>> = names
         .iter()
         .map(|n| Ok((n.clone(), vec![0f32; tensor(weights, n)?.len()])))
         .collect::<Result<_>>()?;
-    backward(products, graph, weights, &pass, d, &mut grads)?;
+    backward(scratch, graph, weights, &mut grads)?;
     Ok((loss / total as f64, grads))
 }
 
@@ -928,6 +986,8 @@ pub fn fit_whole(
             Ok((n.clone(), (vec![0f32; len], vec![0f32; len])))
         })
         .collect::<Result<_>>()?;
+    // one example's memory per tile in flight, kept from step to step
+    let kept: Mutex<Vec<Scratch>> = Mutex::new(Vec::new());
     let (b1, b2, eps) = (0.9f32, 0.999f32, 1e-7f32);
     let lr = fit.learning_rate as f32;
     for step in 0..fit.steps {
@@ -994,7 +1054,16 @@ pub fn fit_whole(
             .max(1.0);
         let (loss, grads) = batch
             .par_iter()
-            .map(|e| example_gradient(products, graph, &w, e, total, &names))
+            .map(|e| {
+                let mut scratch = kept
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .pop()
+                    .unwrap_or_else(|| Scratch::new(products));
+                let got = example_gradient(&mut scratch, graph, &w, e, total, &names);
+                kept.lock().unwrap_or_else(|e| e.into_inner()).push(scratch);
+                got
+            })
             .try_reduce(
                 || (0.0, BTreeMap::new()),
                 |(la, mut a), (lb, b)| {
@@ -1161,8 +1230,9 @@ mod tests {
         };
         let net = crate::Net::new(graph.clone(), |n| weights.get(n).cloned()).unwrap();
         let want = net.forward(input.clone()).unwrap();
-        let got = forward(Products::F32, &graph, &weights, &input).unwrap();
-        let got = got.outputs.last().unwrap();
+        let mut scratch = Scratch::new(Products::F32);
+        forward(&mut scratch, &graph, &weights, &input).unwrap();
+        let got = scratch.pass.outputs.last().unwrap();
         assert_eq!((got.height, got.width), (want.height, want.width));
         for (g, w) in got.data.iter().zip(&want.data) {
             assert!((g - w).abs() < 1e-5, "{g} vs {w}");
@@ -1194,11 +1264,12 @@ mod tests {
         );
         let names = trained_tensors(&graph);
         let total = e.weights.iter().sum::<f32>();
+        let mut scratch = Scratch::new(Products::F32);
         let (_, grads) =
-            example_gradient(Products::F32, &graph, &weights, &e, total, &names).unwrap();
-        let loss = |w: &BTreeMap<String, Tensor>| {
+            example_gradient(&mut scratch, &graph, &weights, &e, total, &names).unwrap();
+        let mut loss = |w: &BTreeMap<String, Tensor>| {
             // in f64 from the f32 pass: the loss summed as example_gradient sums it
-            example_gradient(Products::F32, &graph, w, &e, total, &names)
+            example_gradient(&mut scratch, &graph, w, &e, total, &names)
                 .unwrap()
                 .0
         };
@@ -1223,6 +1294,81 @@ mod tests {
         assert!(checked >= 35, "{checked}");
     }
 
+    /// The small graph's shapes with 16 filters, so that its products run in bf16, and its
+    /// weights scaled by fan-in, so that 16 channels do not saturate the sigmoid.
+    fn wide_graph() -> (Graph, BTreeMap<String, Tensor>) {
+        let mut graph = small_graph();
+        for l in &mut graph.layers {
+            if let Op::Conv { filters, .. } | Op::ConvTranspose { filters, .. } = &mut l.op {
+                if *filters > 1 {
+                    *filters = 16;
+                }
+            }
+        }
+        let weights = small_weights(&graph)
+            .into_iter()
+            .map(|(name, (shape, v))| {
+                let fan_in: usize = shape.iter().rev().skip(1).product::<usize>().max(1);
+                let s = (3.0 / fan_in as f32).sqrt();
+                (name, (shape, v.into_iter().map(|x| x * s).collect()))
+            })
+            .collect();
+        (graph, weights)
+    }
+
+    /// Every f32 buffer of `scratch` overwritten with NaN, as if another tile had left
+    /// garbage there.
+    fn spoil(scratch: &mut Scratch) {
+        let Scratch {
+            pass,
+            grads,
+            dcols,
+            tap,
+            gemm,
+            ..
+        } = scratch;
+        let maps = pass.outputs.iter_mut().chain(grads.iter_mut());
+        let buffers =
+            pass.patches
+                .iter_mut()
+                .chain([dcols, tap, &mut gemm.copied, &mut gemm.transposed]);
+        maps.map(|m| &mut m.data)
+            .chain(buffers)
+            .for_each(|b| b.fill(f32::NAN));
+    }
+
+    #[test]
+    fn memory_kept_from_another_tile_gives_the_same_gradients() {
+        let e = small_example(vec![1.0; 36]);
+        let mut other = small_example(vec![0.5; 36]);
+        other.input.data = values(100, 9, 1.0);
+        let small = (small_graph(), small_weights(&small_graph()));
+        let runs = [
+            Some((Products::F32, small)),
+            Some((Products::F32, wide_graph())),
+            Products::of(Precision::Bf16)
+                .ok()
+                .map(|p| (p, wide_graph())),
+        ];
+        for (products, (graph, weights)) in runs.into_iter().flatten() {
+            let names = trained_tensors(&graph);
+            let mut fresh = Scratch::new(products);
+            let want = example_gradient(&mut fresh, &graph, &weights, &e, 36.0, &names).unwrap();
+            let mut kept = Scratch::new(products);
+            example_gradient(&mut kept, &graph, &weights, &other, 18.0, &names).unwrap();
+            spoil(&mut kept);
+            let got = example_gradient(&mut kept, &graph, &weights, &e, 36.0, &names).unwrap();
+            assert_eq!(want.0.to_bits(), got.0.to_bits(), "{products:?}: loss");
+            for name in &names {
+                let same = want.1[name]
+                    .iter()
+                    .zip(&got.1[name])
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{products:?}: {name} differs");
+            }
+        }
+    }
+
     #[test]
     fn bf16_products_are_the_f32_products_of_rounded_operands() {
         let Ok(bf16) = Products::of(Precision::Bf16) else {
@@ -1235,6 +1381,7 @@ mod tests {
         };
         // rows that fill no block; and whole blocks of rows over fewer columns, where a
         // transposed `a` has `c` computed transposed
+        let mut products = Gemm::new(bf16);
         for (m, k, n) in [(37, 45, 32), (32, 45, 16)] {
             let a = values(m * k, 1, 1.0);
             let b = values(k * n, 2, 1.0);
@@ -1246,7 +1393,11 @@ mod tests {
                 ((1, m), (1, k)),
             ] {
                 for beta in [0.0, 1.0] {
-                    let start = values(m * n, 3, 1.0);
+                    // at beta 0, c is not read: it starts as NaN
+                    let start = match beta {
+                        0.0 => vec![f32::NAN; m * n],
+                        _ => values(m * n, 3, 1.0),
+                    };
                     let mut want = start.clone();
                     gemm_f32(
                         (m, k, n),
@@ -1258,16 +1409,7 @@ mod tests {
                         beta,
                     );
                     let mut got = start.clone();
-                    gemm(
-                        bf16,
-                        (m, k, n),
-                        &a,
-                        a_strides,
-                        &b,
-                        b_strides,
-                        &mut got,
-                        beta,
-                    );
+                    products.run((m, k, n), &a, a_strides, &b, b_strides, &mut got, beta);
                     for (g, w) in got.iter().zip(&want) {
                         assert!(
                             (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
@@ -1284,29 +1426,20 @@ mod tests {
         let Ok(bf16) = Products::of(Precision::Bf16) else {
             return; // no bf16 hardware at this level
         };
-        // the small graph's shapes with 16 filters, so that its products run in bf16
-        let mut graph = small_graph();
-        for l in &mut graph.layers {
-            if let Op::Conv { filters, .. } | Op::ConvTranspose { filters, .. } = &mut l.op {
-                if *filters > 1 {
-                    *filters = 16;
-                }
-            }
-        }
-        let weights: BTreeMap<String, Tensor> = small_weights(&graph)
-            .into_iter()
-            .map(|(name, (shape, v))| {
-                // fan-in scaled, so that 16 channels do not saturate the sigmoid
-                let fan_in: usize = shape.iter().rev().skip(1).product::<usize>().max(1);
-                let s = (3.0 / fan_in as f32).sqrt();
-                (name, (shape, v.into_iter().map(|x| x * s).collect()))
-            })
-            .collect();
+        let (graph, weights) = wide_graph();
         let e = small_example(vec![1.0; 36]);
         let names = trained_tensors(&graph);
-        let (loss32, want) =
-            example_gradient(Products::F32, &graph, &weights, &e, 36.0, &names).unwrap();
-        let (loss16, got) = example_gradient(bf16, &graph, &weights, &e, 36.0, &names).unwrap();
+        let (loss32, want) = example_gradient(
+            &mut Scratch::new(Products::F32),
+            &graph,
+            &weights,
+            &e,
+            36.0,
+            &names,
+        )
+        .unwrap();
+        let (loss16, got) =
+            example_gradient(&mut Scratch::new(bf16), &graph, &weights, &e, 36.0, &names).unwrap();
         assert!(
             (loss32 - loss16).abs() < 0.01 * loss32,
             "loss {loss32} vs {loss16}"
