@@ -268,7 +268,8 @@ pub fn peak_ops_per_cpu(level: Level, arith: Arithmetic) -> Option<(f64, String)
 
 /// The clock one busy core runs at, in MHz, measured once per process: a chain of dependent
 /// 64-bit integer multiplications (three cycles each on every x86-64 core since Nehalem and
-/// on AMD Zen) timed, best of five. A VM's /proc/cpuinfo gives the nominal clock, which boost
+/// on AMD Zen) timed, best of twenty runs of about a millisecond each (short enough that one
+/// of them runs within a time slice on a machine busy with other work). A VM's /proc/cpuinfo gives the nominal clock, which boost
 /// exceeds; this is what the core does while working. (A chain of `add reg, 1` read 24 GHz on
 /// Sapphire Rapids, whose renamer folds immediate additions.)
 pub fn measured_mhz() -> Option<f64> {
@@ -278,10 +279,10 @@ pub fn measured_mhz() -> Option<f64> {
 
 #[cfg(target_arch = "x86_64")]
 fn time_multiply_chain() -> Option<f64> {
-    const ITERATIONS: u64 = 150_000;
+    const ITERATIONS: u64 = 15_000;
     const CYCLES_PER_ITERATION: f64 = 100.0 * 3.0;
     let mut best = f64::INFINITY;
-    for _ in 0..5 {
+    for _ in 0..20 {
         let (mut x, mut n) = (3u64, ITERATIONS);
         let t = std::time::Instant::now();
         // SAFETY: register arithmetic only; no memory is read or written.
