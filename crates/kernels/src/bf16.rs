@@ -75,7 +75,7 @@ impl PackedBf16 {
         );
         #[cfg(target_arch = "x86_64")]
         if has_avx512_bf16() && Self::fits(n) {
-            self.zeroed(k, n);
+            self.shaped_for_pairs(k, n);
             // SAFETY: AVX-512 BF16 present; src holds k rows of n, stride apart; data is
             // [n / 16][kp / 2][32] for this k and n.
             unsafe { x86::pack_rows(src, k, n, stride, self.data_mut()) };
@@ -119,6 +119,27 @@ impl PackedBf16 {
         self.data
             .resize_for_overwrite(n / BLOCK_COLUMNS * padded_depth(k) * BLOCK_COLUMNS);
         self.data.fill(0);
+    }
+
+    /// A `[k, n]` weight's memory, reused, with only each block's pairs past `k` zeroed: for
+    /// a packing that writes every pair below (`x86::pack_rows`). Packing a large operand
+    /// (a detector fit packs a layer's patches) would otherwise write it twice.
+    fn shaped_for_pairs(&mut self, k: usize, n: usize) {
+        assert!(
+            Self::fits(n),
+            "bf16 products need n a multiple of 16, got {n}"
+        );
+        self.k = k;
+        self.n = n;
+        let block_len = padded_depth(k) * BLOCK_COLUMNS;
+        self.data
+            .resize_for_overwrite(n / BLOCK_COLUMNS * block_len);
+        let written = k.div_ceil(2) * PAIR_ROW;
+        if block_len > written {
+            self.data
+                .chunks_exact_mut(block_len)
+                .for_each(|block| block[written..].fill(0));
+        }
     }
 
     fn refill(&mut self, k: usize, n: usize, value: impl Fn(usize, usize) -> f32) {
@@ -242,16 +263,35 @@ pub fn linear_bf16_at(
         .zip(x[..m * k].par_chunks(rows * k.max(1)))
         .for_each(|(o, x)| {
             let mr = o.len() / n;
-            let a16 = rows_to_bf16(x, mr, k, w.padded_k());
-            if level == Level::Amx && !residual {
-                // the tiles start from the bias themselves
-                let kp = w.padded_k();
-                amx::bf16_tile_products(&a16, mr, kp, w, amx::Start::Bias(bias), o);
-                return;
-            }
-            crate::gemm::start_with_bias(o, bias, residual);
-            products_acc(level, &a16, mr, w, o);
+            let kp = w.padded_k();
+            with_rounded(x, mr, k, kp, |a16| {
+                if level == Level::Amx && !residual {
+                    // the tiles start from the bias themselves
+                    amx::bf16_tile_products(a16, mr, kp, w, amx::Start::Bias(bias), o);
+                    return;
+                }
+                crate::gemm::start_with_bias(o, bias, residual);
+                products_acc(level, a16, mr, w, o);
+            })
         });
+}
+
+thread_local! {
+    /// Each thread's rows rounded to bf16, reused from product to product.
+    static ROUNDED: std::cell::RefCell<Vec<u16>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `f` of `x`'s `m` rows of `k` rounded to bf16 rows of `kp`, in this thread's reused memory
+/// when it is free (a thread that steals another product's task while it waits inside `f`
+/// finds it taken, and rounds into memory of its own).
+fn with_rounded<R>(x: &[f32], m: usize, k: usize, kp: usize, f: impl FnOnce(&[u16]) -> R) -> R {
+    ROUNDED.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut a16) => {
+            round_rows_into(x, m, k, k, kp, &mut a16);
+            f(&a16)
+        }
+        Err(_) => f(&rows_to_bf16(x, m, k, kp)),
+    })
 }
 
 /// `out[m, n] += A W` with `A` `[m, k]` f32 rounded to bf16, at `level` (which must run
@@ -320,8 +360,11 @@ pub(crate) fn round_rows_into(
     a16: &mut Vec<u16>,
 ) {
     assert!(kp >= k && (m == 0 || x.len() >= (m - 1) * stride + k));
-    a16.clear();
+    // every value below `k` is written: only the padding past it is zeroed
     a16.resize(m * kp, 0);
+    if kp > k {
+        a16.chunks_exact_mut(kp).for_each(|row| row[k..].fill(0));
+    }
     if k == 0 {
         return;
     }
@@ -844,8 +887,10 @@ mod tests {
             .map(|i| (i as f32 * 0.37).sin() * 3.0)
             .collect();
         let mut packed = PackedBf16::empty();
-        for (k, n) in [(1, 16), (7, 32), (33, 64), (40, 48)] {
+        for (k, n) in [(1, 16), (7, 32), (33, 64), (40, 48), (3, 16)] {
             let w: Vec<f32> = (0..k * n).map(|i| src[i / n * stride + i % n]).collect();
+            // memory kept from the last weight holds no zeros to rely on
+            packed.data_mut().fill(0xffff);
             packed.refill_rows(&src, k, n, stride);
             assert_eq!(packed.data(), by_definition(&w, k, n), "rows k {k} n {n}");
             assert_eq!(PackedBf16::new(&w, k, n).data(), by_definition(&w, k, n));
@@ -895,11 +940,16 @@ mod tests {
                 _ => (i as f32 * 0.731).sin() * 1e3,
             })
             .collect();
-        let a16 = rows_to_bf16(&x, m, k, kp);
-        for r in 0..m {
-            for c in 0..kp {
-                let want = if c < k { bf16_bits(x[r * k + c]) } else { 0 };
-                assert_eq!(a16[r * kp + c], want, "row {r} column {c}");
+        // fresh memory, and memory kept from a larger use
+        let mut kept = vec![0xffff; 2 * m * kp];
+        round_rows_into(&x, m, k, k, kp, &mut kept);
+        for a16 in [rows_to_bf16(&x, m, k, kp), kept] {
+            assert_eq!(a16.len(), m * kp);
+            for r in 0..m {
+                for c in 0..kp {
+                    let want = if c < k { bf16_bits(x[r * k + c]) } else { 0 };
+                    assert_eq!(a16[r * kp + c], want, "row {r} column {c}");
+                }
             }
         }
     }
