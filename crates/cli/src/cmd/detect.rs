@@ -407,7 +407,8 @@ pub struct DetectFitCmd {
     #[arg(long, default_value_t = FitOptions::default().hidden, conflicts_with = "whole")]
     hidden: usize,
     /// Fit every layer of the detector rather than a new head on its frozen maps: slower
-    /// (about 3 s a step of 8 tiles with pycda's U-Net on two cores: 20 minutes for 400),
+    /// (about 2.4 s a step of 8 tiles with pycda's U-Net on two cores: 16 minutes for 400;
+    /// 1.6 s with --fit-precision bf16 on AMX),
     /// and on lunar tiles it finds more craters (docs/results.md, "The whole detector
     /// fitted").
     #[arg(long)]
