@@ -295,16 +295,6 @@ fn shaped(map: &mut FeatureMap, [height, width, channels]: [usize; 3]) {
     map.data.resize(height * width * channels, 0.0);
 }
 
-/// A map of no pixels, for memory to be [`shaped`].
-fn unshaped() -> FeatureMap {
-    FeatureMap {
-        height: 0,
-        width: 0,
-        channels: 0,
-        data: Vec::new(),
-    }
-}
-
 /// A convolution's input patches into `cols`, one row per output pixel: `[oh * ow, kh * kw *
 /// c]` in the kernel's `(row, column, channel)` order, zeros past the edges (every value
 /// written: `cols` may hold another pass's).
@@ -457,7 +447,7 @@ fn forward(
         gemm,
         ..
     } = scratch;
-    outputs.resize_with(n, unshaped);
+    outputs.resize_with(n, || FeatureMap::zeros(0, 0, 0));
     patches.resize_with(n, Vec::new);
     argmax.resize_with(n, Vec::new);
     for (i, layer) in graph.layers.iter().enumerate() {
@@ -901,7 +891,7 @@ fn example_gradient(
             e.targets.len()
         ))
     );
-    scratch.grads.resize_with(n, unshaped);
+    scratch.grads.resize_with(n, || FeatureMap::zeros(0, 0, 0));
     scratch.written.clear();
     scratch.written.resize(n, false);
     let d = &mut scratch.grads[n - 1];

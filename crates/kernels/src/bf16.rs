@@ -108,23 +108,8 @@ impl PackedBf16 {
         );
     }
 
-    /// Zeros for a `[k, n]` weight, reusing the memory.
-    fn zeroed(&mut self, k: usize, n: usize) {
-        assert!(
-            Self::fits(n),
-            "bf16 products need n a multiple of 16, got {n}"
-        );
-        self.k = k;
-        self.n = n;
-        self.data
-            .resize_for_overwrite(n / BLOCK_COLUMNS * padded_depth(k) * BLOCK_COLUMNS);
-        self.data.fill(0);
-    }
-
-    /// A `[k, n]` weight's memory, reused, with only each block's pairs past `k` zeroed: for
-    /// a packing that writes every pair below (`x86::pack_rows`). Packing a large operand
-    /// (a detector fit packs a layer's patches) would otherwise write it twice.
-    fn shaped_for_pairs(&mut self, k: usize, n: usize) {
+    /// The memory of a `[k, n]` weight, reused, its values stale; the length of a block.
+    fn shaped(&mut self, k: usize, n: usize) -> usize {
         assert!(
             Self::fits(n),
             "bf16 products need n a multiple of 16, got {n}"
@@ -134,6 +119,20 @@ impl PackedBf16 {
         let block_len = padded_depth(k) * BLOCK_COLUMNS;
         self.data
             .resize_for_overwrite(n / BLOCK_COLUMNS * block_len);
+        block_len
+    }
+
+    /// Zeros for a `[k, n]` weight, reusing the memory.
+    fn zeroed(&mut self, k: usize, n: usize) {
+        self.shaped(k, n);
+        self.data.fill(0);
+    }
+
+    /// A `[k, n]` weight's memory, reused, with only each block's pairs past `k` zeroed: for
+    /// a packing that writes every pair below (`x86::pack_rows`). Packing a large operand
+    /// (a detector fit packs a layer's patches) would otherwise write it twice.
+    fn shaped_for_pairs(&mut self, k: usize, n: usize) {
+        let block_len = self.shaped(k, n);
         let written = k.div_ceil(2) * PAIR_ROW;
         if block_len > written {
             self.data
