@@ -338,38 +338,92 @@ const QUANTISE_ROWS: usize = 512;
 /// level) into `rows`, in parallel over rows; `rows`' memory is reused (every value is
 /// written: nothing is cleared).
 pub fn requantise(x: &[f32], m: usize, w: &PackedI8Linear, rows: &mut I8Rows) {
-    let (k, kp) = (w.k, w.kp);
+    let k = w.k;
     assert!(x.len() >= m * k);
+    refill(m, w, rows, |first, n, q| {
+        quantise_at(w.level, &x[first * k..(first + n) * k], k, q)
+    });
+}
+
+/// Rows gathered and quantised at a time by [`requantise_gathered`]: their values stay in
+/// L2 between the gathering and the quantising.
+const GATHERED_ROWS: usize = 64;
+
+/// [`requantise`] of `m` rows that are nowhere in memory as one array (a concatenation's
+/// parts, say): `gather(first, values)` writes rows `first..` into `values` (a whole number
+/// of rows of `k`), a few rows at a time, each thread into its own buffer. The same codes
+/// as [`requantise`] of the rows written out.
+pub fn requantise_gathered(
+    m: usize,
+    w: &PackedI8Linear,
+    rows: &mut I8Rows,
+    gather: impl Fn(usize, &mut [f32]) + Sync,
+) {
+    let k = w.k;
+    refill(m, w, rows, |first, n, q| {
+        let mut values = vec![0f32; GATHERED_ROWS.min(n) * k];
+        let groups = q.kp / GROUP;
+        for at in (0..n).step_by(GATHERED_ROWS) {
+            let len = GATHERED_ROWS.min(n - at);
+            let values = &mut values[..len * k];
+            gather(first + at, values);
+            let mut part = RowsMut {
+                kp: q.kp,
+                codes: &mut q.codes[at * q.kp..(at + len) * q.kp],
+                scales: &mut q.scales[at * groups..(at + len) * groups],
+                zeros: &mut q.zeros[at * groups..(at + len) * groups],
+            };
+            quantise_at(w.level, values, k, &mut part);
+        }
+    });
+}
+
+/// `rows` made `m` rows for `w`'s products, each task's run of rows quantised by
+/// `quantise(first, rows, into)` and, for the VNNI kernel, made unsigned while they are
+/// in cache.
+fn refill(
+    m: usize,
+    w: &PackedI8Linear,
+    rows: &mut I8Rows,
+    quantise: impl Fn(usize, usize, &mut RowsMut) + Sync,
+) {
+    let kp = w.kp;
     let groups = kp / GROUP;
     let q = &mut rows.q;
     q.kp = kp;
     q.codes.resize_for_overwrite(m * kp);
     q.scales.resize(m * groups, 0.0);
     q.zeros.resize(m * groups, 0);
-    q.codes
+    rows.unsigned.clear();
+    let task = |task: usize, codes: &mut [i8], scales, zeros, unsigned: Option<&mut [u8]>| {
+        let n = codes.len() / kp;
+        let mut part = RowsMut {
+            kp,
+            codes,
+            scales,
+            zeros,
+        };
+        quantise(task * QUANTISE_ROWS, n, &mut part);
+        if let Some(u) = unsigned {
+            unsigned_codes(part.codes, u);
+        }
+    };
+    let tasks = q
+        .codes
         .par_chunks_mut(QUANTISE_ROWS * kp)
         .zip(q.scales.par_chunks_mut(QUANTISE_ROWS * groups))
         .zip(q.zeros.par_chunks_mut(QUANTISE_ROWS * groups))
-        .zip(x[..m * k].par_chunks(QUANTISE_ROWS * k))
-        .for_each(|(((codes, scales), zeros), x)| {
-            let mut part = RowsMut {
-                kp,
-                codes,
-                scales,
-                zeros,
-            };
-            quantise_at(w.level, x, k, &mut part)
-        });
-    rows.k = k;
-    rows.m = m;
-    rows.unsigned.clear();
+        .enumerate();
     if w.multiplies_unsigned() {
         rows.unsigned.resize(m * kp, 0);
-        rows.unsigned
-            .par_chunks_mut(QUANTISE_ROWS * kp)
-            .zip(q.codes.par_chunks(QUANTISE_ROWS * kp))
-            .for_each(|(u, c)| unsigned_codes(c, u));
+        tasks
+            .zip(rows.unsigned.par_chunks_mut(QUANTISE_ROWS * kp))
+            .for_each(|((t, ((c, s), z)), u)| task(t, c, s, z, Some(u)));
+    } else {
+        tasks.for_each(|(t, ((c, s), z))| task(t, c, s, z, None));
     }
+    rows.k = w.k;
+    rows.m = m;
 }
 
 /// `out[m, n] += rows[first..first + m] W` with int8 products and no bias, on the calling

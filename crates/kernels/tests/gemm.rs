@@ -112,12 +112,14 @@ fn int8_linear_layers_are_identical_on_every_level_exact_and_close_to_f32() {
 
 /// A map quantised once (into a reused buffer) and multiplied a run of rows at a time (a
 /// convolution's taps) adds exactly what the int8 linear layer gives those rows, on every
-/// level.
+/// level; the same rows gathered a few at a time (a concatenation's parts) give the same
+/// sums.
 #[test]
 fn int8_products_of_quantised_runs_add_the_linear_layers_rows() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
     // one buffer refilled for every map, larger and smaller, deeper and shallower
     let mut rows = linear_i8::I8Rows::default();
+    let mut gathered = linear_i8::I8Rows::default();
     for (m, k, n) in [
         (700, 64, 32),
         (613, 96, 64),
@@ -131,12 +133,28 @@ fn int8_products_of_quantised_runs_add_the_linear_layers_rows() {
             let packed = PackedI8Linear::with_level(&w, k, n, l);
             linear_i8::requantise(&x, m, &packed, &mut rows);
             assert_eq!(rows.rows(), m);
+            linear_i8::requantise_gathered(m, &packed, &mut gathered, |first, values| {
+                assert_eq!(values.len() % k, 0);
+                values.copy_from_slice(&x[first * k..first * k + values.len()]);
+            });
+            assert_eq!(gathered.rows(), m);
             // stale values in the scratch space must not reach the outputs
             let mut scratch = vec![f32::NAN; m * n + n];
             for (first, run) in [(0, m), (3, m - 3 - 5), (m / 2, m / 3)] {
                 let prior = randn(&mut rng, run * n);
                 let mut got = prior.clone();
                 linear_i8::products_acc_i8(&rows, first, run, &packed, &mut got, &mut scratch);
+                let mut from_gathered = prior.clone();
+                let g = &gathered;
+                linear_i8::products_acc_i8(
+                    g,
+                    first,
+                    run,
+                    &packed,
+                    &mut from_gathered,
+                    &mut scratch,
+                );
+                assert_eq!(from_gathered, got, "{l} m{m} k{k} n{n} first {first}");
                 let mut layer = vec![f32::NAN; run * n];
                 linear_i8::linear_i8(&x[first * k..], run, &packed, &zero, &mut layer);
                 for (i, (g, (p, y))) in got.iter().zip(prior.iter().zip(&layer)).enumerate() {
