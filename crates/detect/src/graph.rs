@@ -201,6 +201,23 @@ impl Graph {
         Ok(shapes)
     }
 
+    /// Each layer's output channels, whatever the input's size (0 past a layer that reads a
+    /// later one, which [`Graph::layer_shapes`] refuses).
+    pub fn layer_channels(&self) -> Vec<usize> {
+        let mut channels: Vec<usize> = Vec::with_capacity(self.layers.len());
+        for layer in &self.layers {
+            let of = |j: &usize| channels.get(*j).copied().unwrap_or(0);
+            let c = match &layer.op {
+                Op::Input { channels } => *channels,
+                Op::Conv { filters, .. } | Op::ConvTranspose { filters, .. } => *filters,
+                Op::MaxPool { .. } | Op::Crop { .. } => layer.inputs.first().map_or(0, of),
+                Op::Concat => layer.inputs.iter().map(of).sum(),
+            };
+            channels.push(c);
+        }
+        channels
+    }
+
     /// Input channels.
     pub fn channels(&self) -> usize {
         match self.layers.first().map(|l| &l.op) {
