@@ -405,6 +405,7 @@ pub fn tiles_needed(
     height: usize,
     o: &DetectOptions,
 ) -> Result<usize> {
+    let period = config.tile_step().max(1);
     o.scales(width.min(height))
         .iter()
         .map(|s| {
@@ -416,14 +417,40 @@ pub fn tiles_needed(
             let halo = halo(o);
             (0..bands)
                 .map(|b| {
-                    let (r0, r1) = band_rows(b, o.band_rows, h, halo);
+                    let (r0, r1) = band_rows(b, o.band_rows, h, halo, period);
                     let rows = config.tile_for(r1 - r0, o.max_tile)?.1;
                     let columns = config.tile_for(w, o.max_tile)?.1;
-                    Ok((r1 - r0).div_ceil(rows) * w.div_ceil(columns))
+                    Ok(tile_starts(r0, r1 - r0, rows, period).len()
+                        * tile_starts(0, w, columns, period).len())
                 })
                 .sum::<Result<usize>>()
         })
         .sum::<Result<usize>>()
+}
+
+/// Where the output tiles of `out` pixels start (in the level's pixels) to cover `len`
+/// pixels from `first`: each at a multiple of `period`, the detector's poolings' step, so
+/// that every tile computes the same function of the level, which its pooling would
+/// otherwise shift with the tile's place (pycda's U-Net: 8 px); neighbouring tiles then
+/// overlap by what `out` exceeds a multiple of `period`, and the first and last reach past
+/// `first` and the end. A map so tiled is what one tile of the whole level gives.
+pub(crate) fn tile_starts(first: usize, len: usize, out: usize, period: usize) -> Vec<usize> {
+    let aligned = out - out % period.max(1);
+    if aligned == 0 {
+        // tiles narrower than the step: edge to edge, the last pulled back to the end
+        let mut starts: Vec<usize> = (0..len.div_ceil(out.max(1)))
+            .map(|i| first + i * out)
+            .collect();
+        if let Some(last) = starts.last_mut() {
+            *last = (*last).min(first + len.saturating_sub(out));
+        }
+        return starts;
+    }
+    let mut starts = vec![first - first % period];
+    while let Some(&last) = starts.last().filter(|&&s| s + out < first + len) {
+        starts.push(last + aligned);
+    }
+    starts
 }
 
 /// Rows of likelihood computed beyond a band on each side, so that a crater a level
@@ -432,10 +459,17 @@ pub(crate) fn halo(o: &DetectOptions) -> usize {
     o.level_max_diameter.ceil() as usize + 4
 }
 
-/// Rows (with halo) of band `b`.
-pub(crate) fn band_rows(b: usize, band: usize, height: usize, halo: usize) -> (usize, usize) {
+/// Rows (with halo) of band `b`, starting at a multiple of `period` ([`tile_starts`]).
+pub(crate) fn band_rows(
+    b: usize,
+    band: usize,
+    height: usize,
+    halo: usize,
+    period: usize,
+) -> (usize, usize) {
     let core = (b * band, ((b + 1) * band).min(height));
-    (core.0.saturating_sub(halo), (core.1 + halo).min(height))
+    let first = core.0.saturating_sub(halo);
+    (first - first % period.max(1), (core.1 + halo).min(height))
 }
 
 /// Finds the craters in `image` with `net` (described by `config`); `progress` is told of
@@ -462,12 +496,13 @@ pub fn detect(
     let largest = o.max_diameter_share * side as f64;
     let mut found = Vec::new();
     let scales = o.scales(side);
+    let period = config.tile_step();
     for (k, &scale) in scales.iter().enumerate() {
         let level = image.scaled(scale);
         let (lo, hi) = o.level_range(k, scales.len());
         let halo = halo(o);
         for b in 0..level.height.div_ceil(o.band_rows) {
-            let (r0, r1) = band_rows(b, o.band_rows, level.height, halo);
+            let (r0, r1) = band_rows(b, o.band_rows, level.height, halo, period);
             let core = (b * o.band_rows, ((b + 1) * o.band_rows).min(level.height));
             let map = net_map(
                 net, config, &level, r0, r1, o.max_tile, 1, o.flips, progress,
@@ -531,13 +566,7 @@ pub(crate) fn net_map(
     let (tile_h, out_h) = config.tile_for(h, max_tile)?;
     let (tile_w, out_w) = config.tile_for(w, max_tile)?;
     let border = (tile_h - out_h) / 2;
-    let starts = |len: usize, out: usize| -> Vec<usize> {
-        let mut s: Vec<usize> = (0..len.div_ceil(out)).map(|i| i * out).collect();
-        if let Some(last) = s.last_mut() {
-            *last = (*last).min(len.saturating_sub(out));
-        }
-        s
-    };
+    let period = config.tile_step();
     // each flip of the tile is run and its output flipped back: the border is the same on
     // both sides of each axis, so output pixel i of a flipped tile is pixel out - 1 - i
     let views: &[(bool, bool)] = if flips {
@@ -547,8 +576,14 @@ pub(crate) fn net_map(
     };
     let share = 1.0 / views.len() as f32;
     let mut map = vec![0f32; w * h * channels];
-    for ty in starts(h, out_h) {
-        for tx in starts(w, out_w) {
+    // tiles at their places in the level (rows from r0 on kept); each output pixel is
+    // written once, by the first tile that holds it
+    let (mut rows_done, row_starts) = (r0, tile_starts(r0, h, out_h, period));
+    for ty in row_starts {
+        let rows = rows_done.max(ty)..(ty + out_h).min(r1);
+        let mut columns_done = 0;
+        for tx in tile_starts(0, w, out_w, period) {
+            let columns = columns_done.max(tx)..(tx + out_w).min(w);
             for &(flip_y, flip_x) in views {
                 let mut input = net.input_map(tile_h, tile_w);
                 input
@@ -557,7 +592,7 @@ pub(crate) fn net_map(
                     .enumerate()
                     .for_each(|(i, row)| {
                         let i = if flip_y { tile_h - 1 - i } else { i };
-                        let y = (r0 + ty) as isize + i as isize - border as isize;
+                        let y = ty as isize + i as isize - border as isize;
                         for (j, v) in row.iter_mut().enumerate() {
                             let j = if flip_x { tile_w - 1 - j } else { j };
                             let x = tx as isize + j as isize - border as isize;
@@ -572,21 +607,25 @@ pub(crate) fn net_map(
                         config.name, got.height, got.width, got.channels
                     ))
                 );
-                for i in 0..out_h.min(h - ty) {
+                for y in rows.clone() {
+                    let i = y - ty;
                     let from_row = if flip_y { out_h - 1 - i } else { i };
-                    let at = ((ty + i) * w + tx) * channels;
-                    for j in 0..out_w.min(w - tx) {
+                    let at = (y - r0) * w * channels;
+                    for x in columns.clone() {
+                        let j = x - tx;
                         let from =
                             (from_row * out_w + if flip_x { out_w - 1 - j } else { j }) * channels;
                         for c in 0..channels {
-                            map[at + j * channels + c] += share * got.data[from + c];
+                            map[at + x * channels + c] += share * got.data[from + c];
                         }
                     }
                 }
                 net.recycle(got);
             }
+            columns_done = columns.end;
             progress(1);
         }
+        rows_done = rows.end;
     }
     Ok(map)
 }
@@ -788,6 +827,46 @@ mod tests {
                 .collect(),
         };
         (image(false), image(true))
+    }
+
+    /// Tiles at multiples of the detector's pooling step compute the same function of the
+    /// level wherever they lie: the map is what one tile of the whole level gives, whatever
+    /// the tile size and the band (a last tile pulled back to end at the edge, at an odd
+    /// place, used to shift the pooling under it).
+    #[test]
+    fn the_likelihood_is_the_same_whatever_the_tiles() {
+        let (config, weights) = crate::testing::small_unet_detector();
+        let net = Net::new(config.graph.clone(), |n| weights.get(n).cloned()).unwrap();
+        assert_eq!(config.tile_step(), 2);
+        let (w, h) = (37, 31);
+        let level = GrayImage {
+            width: w,
+            height: h,
+            pixels: (0..w * h)
+                .map(|i| ((i * 37 + (i / w) * (i / w) * 11) % 251) as u8)
+                .collect(),
+        };
+        let map = |r0, r1, max_tile| {
+            net_map(&net, &config, &level, r0, r1, max_tile, 1, false, &|_| {}).unwrap()
+        };
+        let whole = map(0, h, 64);
+        assert_eq!(tile_starts(0, w, config.tile_for(w, 64).unwrap().1, 2), [0]);
+        assert_eq!(tile_starts(0, w, 14, 2), [0, 14, 28]);
+        for (r0, r1, max_tile) in [(0, h, 20), (0, h, 30), (10, 25, 20), (4, 31, 64)] {
+            let part = map(r0, r1, max_tile);
+            let want = &whole[r0 * w..r1 * w];
+            let worst = part
+                .iter()
+                .zip(want)
+                .fold(0f32, |d, (a, b)| d.max((a - b).abs()));
+            assert!(
+                worst < 1e-5,
+                "rows {r0}..{r1}, tiles of {max_tile}: {worst}"
+            );
+        }
+        // a tile step of 4 px and outputs of 6: neighbours overlap by 2, from a multiple of 4
+        assert_eq!(tile_starts(6, 13, 6, 4), [4, 8, 12, 16]);
+        assert_eq!(tile_starts(0, 5, 3, 4), [0, 2]);
     }
 
     #[test]

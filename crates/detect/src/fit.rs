@@ -419,8 +419,9 @@ pub fn fit_head(
     {
         // the bands `detect` runs (halo included, so a bar counts the same tiles);
         // each pixel sampled from the band whose core holds it
+        let period = config.tile_step();
         for b in 0..level.height.div_ceil(o.band_rows) {
-            let (r0, r1) = band_rows(b, o.band_rows, level.height, halo(o));
+            let (r0, r1) = band_rows(b, o.band_rows, level.height, halo(o), period);
             let core = (b * o.band_rows, ((b + 1) * o.band_rows).min(level.height));
             let map = net_map(
                 &net, config, &level, r0, r1, o.max_tile, channels, false, progress,
