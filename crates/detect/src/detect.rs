@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::net::Net;
 use crate::store::DetectorConfig;
 use craterdex_errors::{ensure, IoContext, ResultExt};
+use craterdex_model::Precision;
 use image::{DynamicImage, ImageBuffer, Luma};
 use rayon::prelude::*;
 use std::borrow::Cow;
@@ -397,6 +398,21 @@ impl DetectOptions {
         }
     }
 }
+
+/// The precision a detector runs at unless told: the fastest here (bf16 on AMX tiles, int8
+/// with AVX-512 VNNI, f32 elsewhere), each of which finds the craters f32 finds
+/// ([`DEFAULT_PRECISION_WHY`]).
+pub fn default_precision() -> Precision {
+    Precision::fastest_here()
+}
+
+/// Why [`default_precision`] is what it is, from docs/performance.md and docs/results.md.
+pub const DEFAULT_PRECISION_WHY: &str = "int8 and bf16 detection keep F1 at >= 20 px within \
+     0.003 of f32 on the eight held-out NAC tiles (pycda's U-Net 0.399 and 0.397 against \
+     0.398; a fitted detector 0.733 and 0.734 against 0.734) and within 0.008 on pycda's Mars \
+     tile (0.455 and 0.445 against 0.453: one crater of 117); int8 runs 1.65x f32 with VNNI \
+     (Zen 5, avx512) and bf16 4.0x on AMX tiles (Sapphire Rapids), so each is the default on \
+     its hardware; without either, f32";
 
 /// The tiles `detect` runs for an image of `width x height`: what a progress bar counts.
 pub fn tiles_needed(

@@ -23,7 +23,9 @@ pub mod store;
 pub mod testing;
 pub mod train;
 
-pub use detect::{detect, DetectOptions, Detection, GrayImage};
+pub use detect::{
+    default_precision, detect, DetectOptions, Detection, GrayImage, DEFAULT_PRECISION_WHY,
+};
 pub use error::{Error, Result};
 pub use graph::{Activation, Graph, Layer, Op, Padding};
 pub use net::{FeatureMap, Net};

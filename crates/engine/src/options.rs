@@ -216,13 +216,7 @@ impl std::fmt::Display for ProtocolInfo {
 /// benchmarks; int8 and bf16 both do ([`DEFAULT_PRECISION_WHY`]), and each is the faster one
 /// only on its hardware.
 pub fn default_precision() -> Precision {
-    if craterdex_kernels::amx::available() {
-        Precision::Bf16
-    } else if craterdex_kernels::level::int8_in_hardware() {
-        Precision::Int8
-    } else {
-        Precision::F32
-    }
+    Precision::fastest_here()
 }
 
 /// Why [`default_precision`] chose as it did (`craterdex cpu` prints it), from the

@@ -212,6 +212,20 @@ impl Precision {
     pub fn name(self) -> &'static str {
         self.into()
     }
+
+    /// The precision whose products run fastest on this CPU at the active kernel level: bf16
+    /// on AMX tiles, int8 where int8 is multiplied in hardware (AVX-512 VNNI), f32 elsewhere.
+    /// Callers make it their default where their own measurements show it keeps their
+    /// results (the extraction's, the detector's).
+    pub fn fastest_here() -> Precision {
+        if craterdex_kernels::amx::available() {
+            Precision::Bf16
+        } else if craterdex_kernels::level::int8_in_hardware() {
+            Precision::Int8
+        } else {
+            Precision::F32
+        }
+    }
 }
 
 impl std::str::FromStr for Precision {

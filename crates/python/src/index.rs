@@ -506,7 +506,7 @@ impl PyIndex {
     /// $CRATERDEX_HOME/detectors, or `pycda-unet`, fetched on first use), the image registered
     /// by their pattern, the catalogue's craters looked for in place, and everything linked.
     /// JSON: `{"images": [summary...], "craters": [row...]}`.
-    #[pyo3(signature = (paths, detector, rule_json=None, options_json="{}", look_in_place=true, context=2.0, progress=None, detector_precision="f32"))]
+    #[pyo3(signature = (paths, detector, rule_json=None, options_json="{}", look_in_place=true, context=2.0, progress=None, detector_precision=None))]
     #[allow(clippy::too_many_arguments)]
     fn link_images_json(
         &self,
@@ -518,15 +518,18 @@ impl PyIndex {
         look_in_place: bool,
         context: f64,
         progress: Option<Py<PyAny>>,
-        detector_precision: &str,
+        detector_precision: Option<&str>,
     ) -> PyResult<String> {
         let progress = PyProgress::new(progress);
         let rule = self.rule(rule_json).py_err()?;
         let opts: LinkOptions = options_from_json("link options", options_json).py_err()?;
-        let precision: craterdex_model::Precision = detector_precision
-            .parse()
-            .map_err(|e: craterdex_errors::Invalid| invalid(e.0))
-            .py_err()?;
+        let precision: craterdex_model::Precision = match detector_precision {
+            Some(p) => p
+                .parse()
+                .map_err(|e: craterdex_errors::Invalid| invalid(e.0))
+                .py_err()?,
+            None => craterdex_detect::default_precision(),
+        };
         let dir = py
             .detach(|| craterdex_fetch::detector_dir(detector, 1.0 / 255.0))
             .py_err()?;

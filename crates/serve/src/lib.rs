@@ -85,7 +85,8 @@ pub struct Config {
     /// The crater detector directory `POST /v1/link/image` runs (none: that route answers
     /// 501).
     pub detector: Option<PathBuf>,
-    /// The arithmetic the detector runs in (`craterdex detect --detector-precision`).
+    /// The arithmetic the detector runs in (`craterdex detect --detector-precision`; by
+    /// default the fastest here, [`craterdex_detect::default_precision`]).
     pub detector_precision: craterdex_model::Precision,
 }
 
@@ -111,7 +112,7 @@ impl Config {
             header_timeout: Duration::from_secs(10),
             allowed_hosts: None,
             detector: None,
-            detector_precision: craterdex_model::Precision::F32,
+            detector_precision: craterdex_detect::default_precision(),
         }
     }
 }

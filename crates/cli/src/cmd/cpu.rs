@@ -32,6 +32,11 @@ pub fn run(c: CpuCmd) -> Result<()> {
             ModelOptions::default().precision,
             DEFAULT_PRECISION_WHY
         );
+        println!(
+            "default precision of the crater detector: {}: {}",
+            craterdex_detect::default_precision(),
+            craterdex_detect::DEFAULT_PRECISION_WHY
+        );
         let bf16: Vec<&str> = craterdex_kernels::bf16::levels()
             .iter()
             .map(|l| l.name())

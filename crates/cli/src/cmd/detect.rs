@@ -31,9 +31,10 @@ pub struct DetectorOpts {
     #[arg(long, default_value_t = 1.0 / 255.0)]
     input_scale: f32,
     /// Arithmetic of the detector's products: f32; bf16 where the CPU has it; int8 (layers of
-    /// 64 input channels or more in int8, the narrower ones in bf16 where the CPU has it):
-    /// the fastest with VNNI or AMX, slower than f32 without them.
-    #[arg(long, default_value_t = Precision::F32)]
+    /// 64 input channels or more in int8, the narrower ones in bf16 where the CPU has it).
+    /// Default: the fastest here, bf16 on AMX tiles, int8 with VNNI, else f32 (`craterdex
+    /// cpu` says which and why).
+    #[arg(long, default_value_t = craterdex_detect::default_precision())]
     detector_precision: Precision,
     /// Pixels of likelihood above this make up craters.
     #[arg(long, default_value_t = DetectOptions::default().threshold)]

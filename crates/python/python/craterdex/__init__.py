@@ -603,7 +603,7 @@ class Index:
         images: Sequence[Union[str, "os.PathLike[str]"]],
         *,
         detector: str = "pycda-unet",
-        detector_precision: str = "f32",
+        detector_precision: Optional[str] = None,
         rule: Optional[Mapping[str, Any]] = None,
         top_k: int = _LINK["top_k"],
         shortlist: int = _LINK["shortlist"],
@@ -616,7 +616,8 @@ class Index:
         image's craters found by ``detector`` (a detector directory, a name under
         ``$CRATERDEX_HOME/detectors``, or ``pycda-unet``, fetched from PyPI on first use) in
         ``detector_precision`` (``f32``, ``bf16`` or ``int8``, as ``craterdex detect
-        --detector-precision``: int8 is the fastest on CPUs with VNNI or AMX), the
+        --detector-precision``; ``None``: the fastest on this CPU, bf16 on AMX tiles, int8 with
+        VNNI, else f32), the
         image registered to the catalogue by their pattern, every catalogue crater the
         registration places inside it looked for where it should be (``look_in_place``), and
         each crater decided ``match`` / ``new`` (only in an image that registered) / ``ambiguous`` /

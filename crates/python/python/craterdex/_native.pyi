@@ -149,7 +149,7 @@ class Index:
         look_in_place: bool = True,
         context: float = 2.0,
         progress: _Progress = None,
-        detector_precision: str = "f32",
+        detector_precision: Optional[str] = None,
     ) -> str: ...
     def link_evidence_json(self, meta_json: str, single: _F32, tokens: _F32, options_json: str = "{}") -> str: ...
     def registrations_json(

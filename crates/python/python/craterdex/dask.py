@@ -205,7 +205,7 @@ def link(client, index_path: str, entries: pd.DataFrame, *, model: Optional[Mode
     return _link_frame(json.dumps(ordered))
 
 
-def _link_images_task(index_path: str, paths: List[str], model: Model, detector: str, detector_precision: str,
+def _link_images_task(index_path: str, paths: List[str], model: Model, detector: str, detector_precision: Optional[str],
                       rule: Optional[str], options: str, look_in_place: bool, context: float) -> str:
     idx = _native.Index.open(index_path, model=model._native)
     return idx.link_images_json(paths, detector, rule_json=rule, options_json=options,
@@ -214,7 +214,7 @@ def _link_images_task(index_path: str, paths: List[str], model: Model, detector:
 
 
 def link_images(client, index_path: str, images: Sequence[Union[str, "os.PathLike[str]"]], *,
-                model: Optional[Model] = None, detector: str = "pycda-unet", detector_precision: str = "f32",
+                model: Optional[Model] = None, detector: str = "pycda-unet", detector_precision: Optional[str] = None,
                 images_per_task: int = 1,
                 rule: Optional[Dict[str, Any]] = None, top_k: int = _LINK["top_k"],
                 shortlist: int = _LINK["shortlist"], register: bool = _LINK["register"],
