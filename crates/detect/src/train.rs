@@ -40,18 +40,6 @@ pub struct WholeFitOptions {
     /// The products' precision: f32, or bf16 inputs with f32 sums (needs bf16 hardware at
     /// the active kernel level). Int8 does not fit.
     pub precision: Precision,
-    /// Also keep the mean of the weights after each step past this many (stochastic weight
-    /// averaging): a constant learning rate leaves the last step wherever its noise took it,
-    /// the mean of the steps around it lies nearer their centre. `None`: no mean kept.
-    pub average_from: Option<usize>,
-}
-
-/// What a whole fit gives: the weights after its last step and, where asked, their mean over
-/// the last steps ([`WholeFitOptions::average_from`]).
-#[derive(Clone, Debug)]
-pub struct WholeFit {
-    pub last: BTreeMap<String, Tensor>,
-    pub averaged: Option<BTreeMap<String, Tensor>>,
 }
 
 /// How each tile of a fit is worn, as a second observation differs from the tiles the
@@ -92,7 +80,6 @@ impl Default for WholeFitOptions {
             region_share: crate::fit::FitOptions::default().region_share,
             wear: None,
             precision: Precision::F32,
-            average_from: None,
         }
     }
 }
@@ -937,21 +924,12 @@ pub fn fit_whole(
     o: &DetectOptions,
     fit: &WholeFitOptions,
     progress: &(dyn Fn(f64) + Sync),
-) -> Result<WholeFit> {
+) -> Result<BTreeMap<String, Tensor>> {
     o.check()?;
     ensure!(
         fit.steps > 0 && fit.batch > 0 && fit.learning_rate > 0.0,
         Error::Invalid("a whole fit needs steps, a batch and a learning rate above 0".into())
     );
-    if let Some(from) = fit.average_from {
-        ensure!(
-            from < fit.steps,
-            Error::Invalid(format!(
-                "weights averaged from step {from} of a fit of {} steps: nothing to average",
-                fit.steps
-            ))
-        );
-    }
     let products = Products::of(fit.precision)?;
     let graph = &config.graph;
     let last = graph.layers.last().map(|l| &l.op);
@@ -1000,7 +978,6 @@ pub fn fit_whole(
         .collect::<Result<_>>()?;
     // one example's memory per tile in flight, kept from step to step
     let kept: Mutex<Vec<Scratch>> = Mutex::new(Vec::new());
-    let mut averaged: Option<BTreeMap<String, Tensor>> = None;
     let (b1, b2, eps) = (0.9f32, 0.999f32, 1e-7f32);
     let lr = fit.learning_rate as f32;
     for step in 0..fit.steps {
@@ -1102,36 +1079,10 @@ pub fn fit_whole(
                 p[k] -= lr * (m1[k] / c1) / ((m2[k] / c2).sqrt() + eps);
             }
         }
-        if let Some(from) = fit.average_from.filter(|&from| step >= from) {
-            average_into(&mut averaged, &w, &names, step + 1 - from);
-        }
         tracing::debug!(step, loss, "whole fit");
         progress(loss);
     }
-    Ok(WholeFit { last: w, averaged })
-}
-
-/// `mean` (of `n - 1` weights; `None` before the first) made the mean of `n` with `w`'s
-/// fitted tensors `names`; the others are `w`'s as they are.
-fn average_into(
-    mean: &mut Option<BTreeMap<String, Tensor>>,
-    w: &BTreeMap<String, Tensor>,
-    names: &[String],
-    n: usize,
-) {
-    let Some(mean) = mean else {
-        *mean = Some(w.clone());
-        return;
-    };
-    let share = 1.0 / n as f32;
-    for name in names {
-        let (Some(m), Some(p)) = (mean.get_mut(name), w.get(name)) else {
-            continue;
-        };
-        m.1.iter_mut()
-            .zip(&p.1)
-            .for_each(|(m, p)| *m += (p - *m) * share);
-    }
+    Ok(w)
 }
 
 /// `weights` with the last layer's bias moved by `shift` (in logits): what moves the fitted
@@ -1631,68 +1582,5 @@ mod tests {
         );
         let sd = spread(&noisy);
         assert!(sd > 1.0 && sd < 4.0 && noisy.iter().all(|v| (0.0..=255.0).contains(v)));
-    }
-
-    /// The averaged weights are the mean of the weights each step leaves from the one asked
-    /// on: a fit of `n` steps repeats the first steps of a longer one (each step's tiles are
-    /// drawn by its number), so the runs of 1, 2 and 3 steps are its three steps' weights.
-    #[test]
-    fn averaged_weights_are_the_mean_of_the_last_steps() {
-        let (config, weights) = crate::testing::small_unet_detector();
-        let discs = crate::testing::disc_grid(3);
-        let images = [Labelled {
-            image: crate::testing::discs(160, 160, &discs),
-            craters: discs.iter().map(|&(x, y, d)| [x, y, d]).collect(),
-        }];
-        let o = DetectOptions::default();
-        let fitted = |steps, average_from| {
-            let fit = WholeFitOptions {
-                steps,
-                batch: 2,
-                learning_rate: 0.01,
-                average_from,
-                ..Default::default()
-            };
-            fit_whole(&config, &weights, &images, &o, &fit, &|_| {}).unwrap()
-        };
-        let names = trained_tensors(&config.graph);
-        let close = |a: f32, b: f32| (a - b).abs() <= 1e-5 * (1.0 + b.abs());
-        let steps: Vec<_> = (1..=3).map(|n| fitted(n, None).last).collect();
-        let three = fitted(3, Some(1));
-        assert!(fitted(3, None).averaged.is_none());
-        let averaged = three.averaged.as_ref().unwrap();
-        let mut moved = 0f32;
-        for name in &names {
-            let mean: Vec<f32> = (0..steps[1][name].1.len())
-                .map(|k| (steps[1][name].1[k] + steps[2][name].1[k]) / 2.0)
-                .collect();
-            for (k, (a, m)) in averaged[name].1.iter().zip(&mean).enumerate() {
-                assert!(close(*a, *m), "{name}[{k}]: {a} {m}");
-            }
-            let last = three.last[name].1.iter().zip(&steps[2][name].1);
-            assert!(last.clone().all(|(a, b)| close(*a, *b)), "{name}");
-            moved = averaged[name]
-                .1
-                .iter()
-                .zip(&three.last[name].1)
-                .fold(moved, |d, (a, l)| d.max((a - l).abs()));
-        }
-        assert!(
-            moved > 1e-4,
-            "the mean is not the last step's weights: {moved}"
-        );
-        let o_err = fit_whole(
-            &config,
-            &weights,
-            &images,
-            &o,
-            &WholeFitOptions {
-                steps: 3,
-                average_from: Some(3),
-                ..Default::default()
-            },
-            &|_| {},
-        );
-        assert!(matches!(o_err, Err(Error::Invalid(m)) if m.contains("nothing to average")));
     }
 }

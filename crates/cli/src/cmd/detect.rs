@@ -6,16 +6,14 @@ use crate::output::bar;
 use anyhow::{Context, Result};
 use clap::Args;
 use craterdex_detect::fit::{fit_head, with_head, FitOptions, Labelled};
-use craterdex_detect::net::Tensor;
 use craterdex_detect::train::{fit_whole, shifted as shifted_bias, Wear, WholeFitOptions};
-use craterdex_detect::{detect, DetectOptions, Detection, DetectorConfig, Graph, GrayImage, Net};
+use craterdex_detect::{detect, DetectOptions, Detection, DetectorConfig, GrayImage, Net};
 use craterdex_eval::detection::{score, BinCounts, Circle};
 #[cfg(feature = "gdal")]
 use craterdex_eval::georef::Raster;
 use craterdex_model::Precision;
 use craterdex_workflows::output::{BodyPlace, ImageDetections};
 use rayon::prelude::*;
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Which detector and how it looks.
@@ -435,14 +433,6 @@ pub struct DetectFitCmd {
     /// (docs/performance.md, "Fitting a detector in bf16").
     #[arg(long, default_value_t = WholeFitOptions::default().precision, requires = "whole", conflicts_with_all = HEAD_ONLY)]
     fit_precision: Precision,
-    /// With --whole: the detector written is the mean of the weights after each step past
-    /// this many (stochastic weight averaging), not the last step's.
-    #[arg(long, requires = "whole", conflicts_with_all = HEAD_ONLY)]
-    average_from: Option<usize>,
-    /// With --average-from: also write the last step's weights as a detector here, its
-    /// threshold chosen the same way (to compare the two on tiles neither was fitted on).
-    #[arg(long, requires = "average_from")]
-    last_out: Option<PathBuf>,
     /// The detector refitted, and how detections are read from it.
     #[command(flatten)]
     detector: DetectorOpts,
@@ -494,11 +484,8 @@ fn run_fit(c: DetectFitCmd) -> Result<()> {
         .map(|l| craterdex_detect::detect::tiles_needed(&config, l.image.width, l.image.height, &o))
         .sum::<craterdex_detect::Result<usize>>()?;
     let t = std::time::Instant::now();
-    // the fitted detectors (where they go, what they are), each its likelihood shifted by
-    // a number of logits
-    type Shifted = Box<dyn Fn(f32) -> craterdex_detect::Result<(Graph, BTreeMap<String, Tensor>)>>;
-    let mut fitted: Vec<(PathBuf, String, Shifted)> = Vec::new();
-    if c.whole {
+    // the fitted detector, its likelihood shifted by a number of logits
+    let shifted: Box<dyn Fn(f32) -> craterdex_detect::Result<_>> = if c.whole {
         let fit = WholeFitOptions {
             steps: c.steps,
             batch: c.batch,
@@ -506,14 +493,13 @@ fn run_fit(c: DetectFitCmd) -> Result<()> {
             region_share: c.region_share,
             wear: c.wear.then(Wear::default),
             precision: c.fit_precision,
-            average_from: c.average_from,
         };
         keep_freed_memory();
         let pb = bar(fit.steps, "fit steps");
         // a fit runs for an hour or more, often with stderr to a file where no bar is drawn:
         // there, a line every 5% of the steps
         let every = fit.steps.div_ceil(20);
-        let whole = fit_whole(&config, &weights, &images, &o, &fit, &|loss| {
+        let fitted = fit_whole(&config, &weights, &images, &o, &fit, &|loss| {
             pb.set_message(format!("loss {loss:.4}"));
             pb.inc(1);
             let done = pb.position() as usize;
@@ -533,42 +519,8 @@ fn run_fit(c: DetectFitCmd) -> Result<()> {
             fit.steps,
             fit.batch
         );
-        let what = |averaged: bool| {
-            format!(
-                "every layer ({} steps of {} tiles{}{}{})",
-                c.steps,
-                c.batch,
-                if c.wear { ", worn" } else { "" },
-                if c.fit_precision == Precision::F32 {
-                    String::new()
-                } else {
-                    format!(", products in {}", c.fit_precision)
-                },
-                match c.average_from {
-                    Some(from) if averaged => {
-                        format!(
-                            ", the mean of the weights after steps {}-{}",
-                            from + 1,
-                            c.steps
-                        )
-                    }
-                    _ => String::new(),
-                }
-            )
-        };
-        let by_shift = |w: BTreeMap<String, Tensor>| -> Shifted {
-            let graph = config.graph.clone();
-            Box::new(move |shift| Ok((graph.clone(), shifted_bias(&graph, &w, shift)?)))
-        };
-        match whole.averaged {
-            Some(averaged) => {
-                fitted.push((c.out.clone(), what(true), by_shift(averaged)));
-                if let Some(last) = &c.last_out {
-                    fitted.push((last.clone(), what(false), by_shift(whole.last)));
-                }
-            }
-            None => fitted.push((c.out.clone(), what(false), by_shift(whole.last))),
-        }
+        let graph = config.graph.clone();
+        Box::new(move |shift| Ok((graph.clone(), shifted_bias(&graph, &fitted, shift)?)))
     } else {
         let fit = FitOptions {
             background_share: c.background_share,
@@ -586,39 +538,8 @@ fn run_fit(c: DetectFitCmd) -> Result<()> {
             t.elapsed().as_secs_f64()
         );
         let (graph, tile, weights) = (config.graph.clone(), config.tile, weights.clone());
-        fitted.push((
-            c.out.clone(),
-            "a head".into(),
-            Box::new(move |shift| with_head(&graph, tile, &weights, &head, shift)),
-        ));
-    }
-    for (out, what, shifted) in fitted {
-        let fitted_by = format!(
-            "{what} fitted by craterdex detect fit on {} labelled images",
-            pairs.len()
-        );
-        threshold_and_write(
-            &c, &config, &images, &truth, tiles, &out, &fitted_by, shifted,
-        )?;
-    }
-    Ok(())
-}
-
-/// Chooses the threshold of the fitted detector `shifted` on the labelled images (the best
-/// mean F1 of 8-20 px and >= 20 px among --try-thresholds) and writes it to `out`, its
-/// likelihood shifted so that --threshold picks it.
-#[allow(clippy::too_many_arguments)]
-fn threshold_and_write(
-    c: &DetectFitCmd,
-    config: &craterdex_detect::DetectorConfig,
-    images: &[Labelled],
-    truth: &[Vec<Circle>],
-    tiles: usize,
-    out: &Path,
-    fitted_by: &str,
-    shifted: impl Fn(f32) -> craterdex_detect::Result<(Graph, BTreeMap<String, Tensor>)>,
-) -> Result<()> {
-    let o = c.detector.options();
+        Box::new(move |shift| with_head(&graph, tile, &weights, &head, shift))
+    };
     let (graph, fitted) = shifted(0.0)?;
     let net = Net::new(graph.clone(), |n| fitted.get(n).cloned())?
         .with_precision(c.detector.detector_precision)?;
@@ -636,7 +557,7 @@ fn threshold_and_write(
         };
         let scored = images
             .iter()
-            .zip(truth)
+            .zip(&truth)
             .map(|(l, t)| {
                 let found = detect(&net, &fitted_config, &l.image, &o, &|n| pb.inc(n as u64))?;
                 Ok((found_circles(&found), t.clone()))
@@ -661,26 +582,46 @@ fn threshold_and_write(
     }
     let logit = |p: f32| (p / (1.0 - p)).ln();
     let shift = logit(o.threshold) - logit(*best);
-    let name = out
+    let name = c
+        .out
         .file_name()
         .map_or_else(|| "fitted".into(), |n| n.to_string_lossy().into_owned());
     let (graph, weights) = shifted(shift)?;
     let out_config = craterdex_detect::DetectorConfig {
         name,
         // each fit appends itself: a detector fitted again names every fit, in order
-        source: format!("{}; then {fitted_by}", config.source),
+        source: format!(
+            "{}; then {} fitted by craterdex detect fit on {} labelled images",
+            config.source,
+            if c.whole {
+                format!(
+                    "every layer ({} steps of {} tiles{}{})",
+                    c.steps,
+                    c.batch,
+                    if c.wear { ", worn" } else { "" },
+                    if c.fit_precision == Precision::F32 {
+                        String::new()
+                    } else {
+                        format!(", products in {}", c.fit_precision)
+                    }
+                )
+            } else {
+                "a head".into()
+            },
+            pairs.len()
+        ),
         graph,
         region_share: c.region_share,
         ..config.clone()
     };
-    craterdex_detect::write_detector_dir(out, out_config, &weights)?;
+    craterdex_detect::write_detector_dir(&c.out, out_config, &weights)?;
     eprintln!(
         "wrote {} (threshold {best} on the fitted likelihood is --threshold {} on it; on \
          these images, mean F1 of 8-20 px and >= 20 px {:.3}); detect with --detector {}",
-        out.display(),
+        c.out.display(),
         o.threshold,
         small_and_large_f1(bins),
-        out.display()
+        c.out.display()
     );
     Ok(())
 }
