@@ -20,6 +20,16 @@ import math
 import sys
 
 SMALLEST = 20.0
+# crates/detect/src/detect.rs, MERGE_SIZE_RATIO and CONCENTRIC_SHARE
+MERGE_SIZE_RATIO, CONCENTRIC_SHARE = 3.0, 0.35
+
+
+def same_crater(a, b):
+    """As crates/detect/src/detect.rs, same_crater."""
+    larger = max(a[2], b[2])
+    ratio, apart = larger / min(a[2], b[2]), math.hypot(a[0] - b[0], a[1] - b[1])
+    return ((ratio < 2 and apart < 0.5 * larger)
+            or (ratio < MERGE_SIZE_RATIO and apart < CONCENTRIC_SHARE * larger))
 
 
 def labels(path):
@@ -146,8 +156,7 @@ def taught_read_back(craters, width, height, share=0.5, level_max=14.0, per_octa
                 out.append(((cx + .5) / s - .5, (cy + .5) / s - .5, d / s))
     kept = []
     for d in out:  # every region scores 1: the first reading stays
-        if not any(max(k[2], d[2]) / min(k[2], d[2]) < 2
-                   and math.hypot(k[0] - d[0], k[1] - d[1]) < 0.5 * max(k[2], d[2]) for k in kept):
+        if not any(same_crater(k, d) for k in kept):
             kept.append(d)
     return [k for k in kept if 8 <= k[2] <= largest]
 
