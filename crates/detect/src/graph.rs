@@ -226,6 +226,17 @@ impl Graph {
         }
     }
 
+    /// How many layers read each layer's output.
+    pub fn readers(&self) -> Vec<usize> {
+        let mut readers = vec![0usize; self.layers.len()];
+        for l in &self.layers {
+            for &j in &l.inputs {
+                readers[j] += 1;
+            }
+        }
+        readers
+    }
+
     /// After which layer each layer's output is no longer needed (its last reader; the
     /// output layer never).
     pub fn last_uses(&self) -> Vec<usize> {
