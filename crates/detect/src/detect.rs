@@ -408,11 +408,12 @@ pub fn default_precision() -> Precision {
 
 /// Why [`default_precision`] is what it is, from docs/performance.md and docs/results.md.
 pub const DEFAULT_PRECISION_WHY: &str = "int8 and bf16 detection keep F1 at >= 20 px within \
-     0.003 of f32 on the eight held-out NAC tiles (pycda's U-Net 0.399 and 0.397 against \
-     0.398; a fitted detector 0.733 and 0.734 against 0.734) and within 0.008 on pycda's Mars \
-     tile (0.455 and 0.445 against 0.453: one crater of 117); int8 runs 1.65x f32 with VNNI \
-     (Zen 5, avx512) and bf16 4.0x on AMX tiles (Sapphire Rapids), so each is the default on \
-     its hardware; without either, f32";
+     0.003 of f32 for pycda's U-Net on the eight held-out NAC tiles (0.407 and 0.405 against \
+     0.406) and within 0.008 on pycda's Mars tile (0.467 and 0.456 against 0.464: one crater of \
+     117); a detector fitted on four NAC tiles reads 0.783 in int8 against 0.789 in f32 on the \
+     eight (604 of 807 craters found against 610); int8 runs 1.95x f32 with VNNI (Zen 4, \
+     avx512) and bf16 4.0x on AMX tiles (Sapphire Rapids), so each is the default on its \
+     hardware; without either, f32";
 
 /// The tiles `detect` runs for an image of `width x height`: what a progress bar counts.
 pub fn tiles_needed(
