@@ -1534,26 +1534,32 @@ mod tests {
         .unwrap()
     }
 
+    /// `cases` (precision, channels) and a bf16 case of 16 channels where this kernel level
+    /// has bf16 products; else the bf16 case skipped as `test`.
+    fn with_bf16(mut cases: Vec<(Precision, usize)>, test: &str) -> Vec<(Precision, usize)> {
+        if craterdex_kernels::bf16::available() {
+            cases.push((Precision::Bf16, 16));
+        } else {
+            craterdex_testkit::skip(test, "no bf16 at this kernel level");
+        }
+        cases
+    }
+
     /// A convolution that reads the parts of its concatenation (and the crop) in place gives
     /// what it gives reading the concatenation written out: bit for bit in bf16 and int8
     /// (with the parts' channels in whole groups of 64 and with a group across both, 96), to
     /// the rounding of sums taken part by part in f32.
     #[test]
     fn a_concatenation_read_in_place_is_the_concatenation_written_out() {
-        let mut cases = vec![
-            (Precision::F32, 16),
-            (Precision::F32, 48),
-            (Precision::Int8, 48),
-            (Precision::Int8, 64),
-        ];
-        if craterdex_kernels::bf16::available() {
-            cases.push((Precision::Bf16, 16));
-        } else {
-            craterdex_testkit::skip(
-                "detect::net::a_concatenation_read_in_place (bf16)",
-                "no bf16 at this kernel level",
-            );
-        }
+        let cases = with_bf16(
+            vec![
+                (Precision::F32, 16),
+                (Precision::F32, 48),
+                (Precision::Int8, 48),
+                (Precision::Int8, 64),
+            ],
+            "detect::net::a_concatenation_read_in_place (bf16)",
+        );
         for (precision, width) in cases {
             let net = joined_net(width).with_precision(precision).unwrap();
             assert_eq!(
@@ -1606,19 +1612,14 @@ mod tests {
     /// upsampled map is never made.
     #[test]
     fn a_folded_transposed_convolution_gives_what_it_gives_run() {
-        let mut cases = vec![
-            (Precision::F32, 16),
-            (Precision::F32, 48),
-            (Precision::Int8, 64),
-        ];
-        if craterdex_kernels::bf16::available() {
-            cases.push((Precision::Bf16, 16));
-        } else {
-            craterdex_testkit::skip(
-                "detect::net::a_folded_transposed_convolution (bf16)",
-                "no bf16 at this kernel level",
-            );
-        }
+        let cases = with_bf16(
+            vec![
+                (Precision::F32, 16),
+                (Precision::F32, 48),
+                (Precision::Int8, 64),
+            ],
+            "detect::net::a_folded_transposed_convolution (bf16)",
+        );
         for (precision, width) in cases {
             let folded = joined_net_folded(width, true)
                 .with_precision(precision)
