@@ -619,8 +619,15 @@ fn fold_transposed(
 
 impl Fold {
     /// Adds the folded part to `out`, the convolution's output over its other parts (before
-    /// its activation): the phases over `source`, each pixel taking its phase's outputs.
-    fn add_phases(&self, source: &FeatureMap, out: &mut FeatureMap, pools: &Pools) -> Result<()> {
+    /// its activation), and applies `activation` to each row as it is done: the phases over
+    /// `source`, each pixel taking its phase's outputs.
+    fn add_phases(
+        &self,
+        source: &FeatureMap,
+        out: &mut FeatureMap,
+        activation: Activation,
+        pools: &Pools,
+    ) -> Result<()> {
         let ([lh, lw], f) = (self.phases.kernel, out.channels);
         let (zh, zw) = (
             (source.height + 1).saturating_sub(lh),
@@ -651,6 +658,7 @@ impl Fold {
                         .zip(&phases[from..from + f])
                         .for_each(|(o, v)| *o += v);
                 }
+                activation.apply(row);
             });
         pools.f32.give(z.data);
         Ok(())
@@ -947,10 +955,7 @@ impl Net {
                                 .expect("a fold's source is kept until its reader");
                             let mut out =
                                 t.forward(&input, Activation::Linear, shapes[i], &self.pools);
-                            f.add_phases(source, &mut out, &self.pools)?;
-                            out.data
-                                .par_chunks_mut(out.width * out.channels)
-                                .for_each(|row| activation.apply(row));
+                            f.add_phases(source, &mut out, *activation, &self.pools)?;
                             out
                         }
                     }
