@@ -851,6 +851,8 @@ fn detect_fit_writes_a_detector_that_detect_then_uses() {
         "1",
         "--try-thresholds",
         "0.3,0.5",
+        "--try-diameter-scales",
+        "0.9,1",
     ];
     let o = run(root, &fit);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -858,7 +860,8 @@ fn detect_fit_writes_a_detector_that_detect_then_uses() {
     assert!(
         stdout.contains("threshold 0.3")
             && stdout.contains("threshold 0.5")
-            && stdout.contains("kept"),
+            && stdout.contains("kept")
+            && stdout.contains("mean F1 by diameter scale: x 0.9 "),
         "{stdout}"
     );
     let config: serde_json::Value =
@@ -866,6 +869,18 @@ fn detect_fit_writes_a_detector_that_detect_then_uses() {
     assert!(
         config["source"].as_str().unwrap().contains("detect fit"),
         "{config}"
+    );
+    // the scale kept is one of those tried (1 is not written)
+    let kept_scale = config["diameter_scale"].as_f64().unwrap_or(1.0);
+    assert!([0.9, 1.0].contains(&kept_scale), "{config}");
+    // the fit measures the scale: one given is refused
+    let mut given = fit.to_vec();
+    given.extend(["--diameter-scale", "0.9"]);
+    let o = run(root, &given);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("--try-diameter-scales"),
+        "{err}"
     );
 
     let o = run(
@@ -886,6 +901,40 @@ fn detect_fit_writes_a_detector_that_detect_then_uses() {
         right >= 12 && rows <= right + 1,
         "{right} of 16 discs in\n{csv}"
     );
+    // --diameter-scale in place of the detector's own: the same craters, diameters scaled
+    let o = run(
+        root,
+        &[
+            "detect",
+            "other.png",
+            "--detector",
+            "mine",
+            "--diameter-scale",
+            "1.2",
+            "--out",
+            "found-wider",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let diameters = |csv: &str| -> Vec<(String, f64)> {
+        csv.lines()
+            .skip(1)
+            .map(|l| {
+                let f: Vec<&str> = l.split(',').collect();
+                (format!("{},{}", f[3], f[4]), f[5].parse().unwrap())
+            })
+            .collect()
+    };
+    let wider = std::fs::read_to_string(root.join("found-wider/detections.csv")).unwrap();
+    let (own, scaled) = (diameters(&csv), diameters(&wider));
+    assert_eq!(own.len(), scaled.len(), "{csv}\n{wider}");
+    for ((at, d), (at_scaled, d_scaled)) in own.iter().zip(&scaled) {
+        assert_eq!(at, at_scaled);
+        assert!(
+            (d_scaled / d - 1.2 / kept_scale).abs() < 0.01,
+            "{csv}\n{wider}"
+        );
+    }
 
     // every layer fitted (--whole) on the same discs finds them as well
     let whole = [

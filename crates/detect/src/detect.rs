@@ -498,6 +498,48 @@ pub fn detect(
     o: &DetectOptions,
     progress: &(dyn Fn(usize) + Sync),
 ) -> Result<Vec<Detection>> {
+    Ok(read_pyramid(net, config, image, o, progress)?.craters(config.diameter_scale))
+}
+
+/// Every pyramid level's circles in one image, before their diameters are scaled and the
+/// levels' readings of one crater merged: what [`detect`] reads once and a fit scores at
+/// several diameter scales.
+#[derive(Clone, Debug)]
+pub struct Readings {
+    /// Diameters as read (the region's, over the detector's region share), in the image's
+    /// pixels; outside the image's no-data margin.
+    pub found: Vec<Detection>,
+    /// The smallest and largest diameters reported.
+    pub sizes: (f64, f64),
+}
+
+impl Readings {
+    /// One detection per crater, each diameter multiplied by `diameter_scale`, those outside
+    /// the sizes reported left out.
+    pub fn craters(&self, diameter_scale: f64) -> Vec<Detection> {
+        let (smallest, largest) = self.sizes;
+        merge(
+            self.found
+                .iter()
+                .map(|d| Detection {
+                    diameter: d.diameter * diameter_scale,
+                    ..d.clone()
+                })
+                .filter(|d| d.diameter >= smallest && d.diameter <= largest)
+                .collect(),
+        )
+    }
+}
+
+/// The circles each pyramid level of `image` reads within its range of sizes
+/// ([`DetectOptions::level_range`]).
+pub fn read_pyramid(
+    net: &Net,
+    config: &DetectorConfig,
+    image: &GrayImage,
+    o: &DetectOptions,
+    progress: &(dyn Fn(usize) + Sync),
+) -> Result<Readings> {
     o.check()?;
     config.output()?;
     ensure!(
@@ -540,7 +582,7 @@ pub fn detect(
                 }
                 let d = c.diameter / scale;
                 let (x, y) = ((c.x + 0.5) / scale - 0.5, (cy + 0.5) / scale - 0.5);
-                if d < o.min_diameter || d > largest || in_margin(margin.as_deref(), image, x, y) {
+                if in_margin(margin.as_deref(), image, x, y) {
                     continue;
                 }
                 found.push(Detection {
@@ -553,7 +595,10 @@ pub fn detect(
             }
         }
     }
-    Ok(merge(found))
+    Ok(Readings {
+        found,
+        sizes: (o.min_diameter, largest),
+    })
 }
 
 /// Whether `(x, y)` (pixel centres at whole numbers) lies in the image's no-data `margin`.
@@ -989,6 +1034,44 @@ mod tests {
         let kept = merge(vec![d(100.0, 100.0, 20.0, 0.5), d(100.0, 100.0, 50.0, 0.8)]);
         assert_eq!(kept.len(), 1);
         assert_eq!(kept[0].diameter, 50.0);
+    }
+
+    #[test]
+    fn readings_are_scaled_before_the_sizes_reported_are_kept_and_merged() {
+        let d = |x, diameter, score| Detection {
+            x,
+            y: 50.0,
+            diameter,
+            score,
+            scale: 1.0,
+        };
+        let readings = Readings {
+            found: vec![
+                d(20.0, 9.0, 0.5),
+                d(60.0, 30.0, 0.7),
+                // 20 px from the 30 px reading: apart at its own size (over half of 30 px),
+                // merged into it once both are read 1.6 times as wide
+                d(80.0, 30.0, 0.6),
+                d(150.0, 95.0, 0.8),
+            ],
+            sizes: (8.0, 100.0),
+        };
+        let as_read = readings.craters(1.0);
+        assert_eq!(
+            as_read.iter().map(|c| c.diameter).collect::<Vec<_>>(),
+            vec![9.0, 30.0, 30.0, 95.0]
+        );
+        // x 0.85: the 9 px reading falls under the smallest reported
+        let shrunk = readings.craters(0.85);
+        assert_eq!(
+            shrunk.iter().map(|c| c.diameter).collect::<Vec<_>>(),
+            vec![30.0 * 0.85, 30.0 * 0.85, 95.0 * 0.85]
+        );
+        // x 1.6: the 95 px reading grows past the largest, and the two 30 px ones are one
+        let grown = readings.craters(1.6);
+        assert_eq!(grown.len(), 2, "{grown:?}");
+        assert_eq!((grown[0].x, grown[0].diameter), (20.0, 9.0 * 1.6));
+        assert_eq!((grown[1].x, grown[1].diameter), (60.0, 48.0));
     }
 
     #[test]

@@ -35,6 +35,12 @@ pub struct DetectorConfig {
     /// which keep neighbouring craters apart (`detect fit`).
     #[serde(default = "whole_disc", skip_serializing_if = "is_whole_disc")]
     pub region_share: f64,
+    /// What each diameter read (the region's, over `region_share`) is multiplied by: a
+    /// fitted detector's regions of likelihood tend to spread past the rims it was taught,
+    /// so `detect fit` measures on its labelled images the scale that reads their diameters
+    /// best (1 where nothing was measured: pycda's U-Net, an imported file).
+    #[serde(default = "unit_scale", skip_serializing_if = "is_unit_scale")]
+    pub diameter_scale: f64,
     /// sha256 of `weights.safetensors`.
     pub weights_sha256: String,
 }
@@ -47,9 +53,22 @@ fn is_whole_disc(share: &f64) -> bool {
     *share == 1.0
 }
 
+fn unit_scale() -> f64 {
+    1.0
+}
+
+fn is_unit_scale(scale: &f64) -> bool {
+    *scale == 1.0
+}
+
+/// The diameter scales a config may hold: a scale outside it would say that the detector
+/// reads craters at under half or over twice their size, which no fit should keep.
+pub const DIAMETER_SCALES: std::ops::RangeInclusive<f64> = 0.5..=2.0;
+
 impl DetectorConfig {
-    /// What makes a config usable: an output centred in the tile and a region share in
-    /// (0, 1] (a share of 0 would make every diameter infinite, above 1 shrink them).
+    /// What makes a config usable: an output centred in the tile, a region share in
+    /// (0, 1] (a share of 0 would make every diameter infinite, above 1 shrink them) and a
+    /// diameter scale in [`DIAMETER_SCALES`].
     fn check(&self) -> Result<()> {
         self.output()?;
         ensure!(
@@ -57,6 +76,15 @@ impl DetectorConfig {
             Error::Invalid(format!(
                 "region_share must lie in (0, 1], not {}",
                 self.region_share
+            ))
+        );
+        ensure!(
+            DIAMETER_SCALES.contains(&self.diameter_scale),
+            Error::Invalid(format!(
+                "diameter_scale must lie in [{}, {}], not {}",
+                DIAMETER_SCALES.start(),
+                DIAMETER_SCALES.end(),
+                self.diameter_scale
             ))
         );
         Ok(())
@@ -269,6 +297,7 @@ pub fn import_detector(
         input_scale,
         graph: read.graph,
         region_share: 1.0,
+        diameter_scale: 1.0,
         weights_sha256: String::new(),
     };
     write_detector_dir(dir, config, &read.weights)

@@ -46,6 +46,7 @@ pub fn brightness_detector(tile: usize) -> (DetectorConfig, BTreeMap<String, Ten
         input_scale: 1.0 / 255.0,
         graph,
         region_share: 1.0,
+        diameter_scale: 1.0,
         weights_sha256: String::new(),
     };
     (config, weights)
@@ -202,6 +203,7 @@ pub fn small_unet_detector() -> (DetectorConfig, BTreeMap<String, Tensor>) {
         input_scale: 1.0 / 255.0,
         graph: small_unet(),
         region_share: 1.0,
+        diameter_scale: 1.0,
         weights_sha256: String::new(),
     };
     (config, weights)

@@ -120,9 +120,36 @@ fn a_detector_directory_reads_back_and_refuses_damaged_weights() {
         assert!(err.contains("region_share"), "{err}");
         assert!(!d.exists());
     }
+    // so would a diameter scale no fit keeps (a detector reading craters at under half or
+    // over twice their size)
+    for scale in [0.0, 0.4, 2.5, f64::NAN] {
+        let mut bad = config.clone();
+        bad.diameter_scale = scale;
+        let err = craterdex_detect::write_detector_dir(&d, bad, &weights)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("diameter_scale"), "{err}");
+        assert!(!d.exists());
+    }
+    // a measured diameter scale is kept; 1 is not written (older readers see what they knew)
+    let mut measured = config.clone();
+    measured.diameter_scale = 0.85;
+    let m = dir.path().join("measured");
+    craterdex_detect::write_detector_dir(&m, measured, &weights).unwrap();
+    assert_eq!(
+        craterdex_detect::read_detector_dir(&m)
+            .unwrap()
+            .0
+            .diameter_scale,
+        0.85
+    );
     let written = craterdex_detect::write_detector_dir(&d, config, &weights).unwrap();
     let (read, read_net) = craterdex_detect::read_detector_dir(&d).unwrap();
     assert_eq!(read, written);
+    assert!(!std::fs::read_to_string(d.join("detector.json"))
+        .unwrap()
+        .contains("diameter_scale"));
     let image = discs(100, 80, &[(50.0, 40.0, 14.0)]);
     let o = DetectOptions::default();
     assert_eq!(
@@ -160,6 +187,20 @@ fn a_detector_that_marks_central_discs_reports_whole_diameters() {
     .unwrap();
     assert_eq!(found.len(), 1, "{found:#?}");
     assert!((found[0].diameter / 24.0 - 1.0).abs() < 0.15, "{found:?}");
+    // a detector whose fit measured that it reads craters 1.25 times too wide reports
+    // them x 0.8, at the same place
+    config.diameter_scale = 0.8;
+    let scaled = detect(
+        &net,
+        &config,
+        &discs(120, 100, &[(50.0, 40.0, 12.0)]),
+        &DetectOptions::default(),
+        &|_| {},
+    )
+    .unwrap();
+    assert_eq!(scaled.len(), 1, "{scaled:#?}");
+    assert_eq!((scaled[0].x, scaled[0].y), (found[0].x, found[0].y));
+    assert!((scaled[0].diameter - 0.8 * found[0].diameter).abs() < 1e-9);
 }
 
 /// A canvas with a no-data margin (black joined to its edge, as a turned or map-projected

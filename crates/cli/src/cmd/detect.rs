@@ -7,7 +7,9 @@ use anyhow::{Context, Result};
 use clap::Args;
 use craterdex_detect::fit::{fit_head, with_head, FitOptions, Labelled};
 use craterdex_detect::train::{fit_whole, shifted as shifted_bias, Wear, WholeFitOptions};
-use craterdex_detect::{detect, DetectOptions, Detection, DetectorConfig, GrayImage, Net};
+use craterdex_detect::{
+    detect, read_pyramid, DetectOptions, Detection, DetectorConfig, GrayImage, Net, Readings,
+};
 use craterdex_eval::detection::{score, BinCounts, Circle};
 #[cfg(feature = "gdal")]
 use craterdex_eval::georef::Raster;
@@ -34,6 +36,11 @@ pub struct DetectorOpts {
     /// cpu` says which and why).
     #[arg(long, default_value_t = craterdex_detect::default_precision())]
     detector_precision: Precision,
+    /// Multiply every diameter read by this instead of by the detector's own scale (the one
+    /// `detect fit` measured on its labelled images; 1 for pycda's U-Net and imported
+    /// files): 1 reads each region of likelihood as it is.
+    #[arg(long)]
+    diameter_scale: Option<f64>,
     /// Pixels of likelihood above this make up craters.
     #[arg(long, default_value_t = DetectOptions::default().threshold)]
     threshold: f32,
@@ -68,7 +75,12 @@ impl DetectorOpts {
     /// precision themselves.
     pub fn load_f32(&self) -> Result<(DetectorConfig, Net)> {
         let dir = craterdex_fetch::detector_dir(&self.detector, self.input_scale)?;
-        Ok(craterdex_detect::read_detector_dir(&dir)?)
+        let (mut config, net) = craterdex_detect::read_detector_dir(&dir)?;
+        if let Some(scale) = self.diameter_scale {
+            check_diameter_scale(scale, "--diameter-scale")?;
+            config.diameter_scale = scale;
+        }
+        Ok((config, net))
     }
 
     pub fn precision(&self) -> Precision {
@@ -91,6 +103,17 @@ impl DetectorOpts {
             ..Default::default()
         }
     }
+}
+
+fn check_diameter_scale(scale: f64, what: &str) -> Result<()> {
+    let range = craterdex_detect::DIAMETER_SCALES;
+    anyhow::ensure!(
+        range.contains(&scale),
+        "{what} must lie in [{}, {}], not {scale}",
+        range.start(),
+        range.end()
+    );
+    Ok(())
 }
 
 #[derive(Args)]
@@ -389,14 +412,24 @@ pub struct DetectFitCmd {
     #[arg(long)]
     out: PathBuf,
     /// Thresholds of the fitted likelihood tried on the labelled images; the one with the
-    /// best mean F1 of the 8-20 px and >= 20 px bins becomes the detector's (the likelihood
-    /// is shifted so that --threshold picks it).
+    /// best mean F1 of the 8-20 px and >= 20 px bins (at its best diameter scale) becomes
+    /// the detector's (the likelihood is shifted so that --threshold picks it).
     #[arg(
         long,
         value_delimiter = ',',
         default_value = "0.1,0.15,0.2,0.25,0.3,0.4,0.5,0.6"
     )]
     try_thresholds: Vec<f32>,
+    /// Scales of the diameters read tried with each threshold on the labelled images (a
+    /// fitted detector's regions spread past the rims it was taught, the more so on the
+    /// pyramid's smaller levels); the best, by the same mean F1, is kept in the detector and
+    /// applied whenever it detects. A tie keeps the scale nearest 1.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "0.75,0.8,0.85,0.9,0.95,1,1.05,1.1"
+    )]
+    try_diameter_scales: Vec<f64>,
     /// Share of the pixels outside every crater the fit samples (the head's fit).
     #[arg(long, default_value_t = FitOptions::default().background_share, conflicts_with = "whole")]
     background_share: f64,
@@ -460,11 +493,60 @@ fn small_and_large_f1(bins: &[BinCounts]) -> f64 {
     (f1("8-20") + f1(">=20")) / 2.0
 }
 
+/// Each image's craters at `diameter_scale`, scored against its labelled craters.
+fn score_readings(
+    readings: &[Readings],
+    truth: &[Vec<Circle>],
+    diameter_scale: f64,
+) -> Vec<BinCounts> {
+    let scored: Vec<_> = readings
+        .iter()
+        .zip(truth)
+        .map(|(r, t)| (found_circles(&r.craters(diameter_scale)), t.clone()))
+        .collect();
+    score(&scored)
+}
+
+/// The scale of `scales` whose craters score the best mean F1 of the 8-20 px and >= 20 px
+/// bins, and its bins; of scales that tie, the nearest 1 (no correction is the one that
+/// needs no evidence).
+fn best_diameter_scale(
+    readings: &[Readings],
+    truth: &[Vec<Circle>],
+    scales: &[f64],
+) -> (f64, Vec<BinCounts>) {
+    let mut by_nearness = scales.to_vec();
+    by_nearness.sort_by(|a, b| a.ln().abs().total_cmp(&b.ln().abs()));
+    let mut best: Option<(f64, Vec<BinCounts>)> = None;
+    for scale in by_nearness {
+        let bins = score_readings(readings, truth, scale);
+        if best
+            .as_ref()
+            .is_none_or(|(_, b)| small_and_large_f1(&bins) > small_and_large_f1(b))
+        {
+            best = Some((scale, bins));
+        }
+    }
+    best.expect("one scale at least")
+}
+
 fn run_fit(c: DetectFitCmd) -> Result<()> {
     let pairs = c.tiles.pairs()?;
     anyhow::ensure!(
         !c.try_thresholds.is_empty() && c.try_thresholds.iter().all(|t| *t > 0.0 && *t < 1.0),
         "--try-thresholds must lie between 0 and 1"
+    );
+    anyhow::ensure!(
+        !c.try_diameter_scales.is_empty(),
+        "--try-diameter-scales needs one scale at least"
+    );
+    for &scale in &c.try_diameter_scales {
+        check_diameter_scale(scale, "each of --try-diameter-scales")?;
+    }
+    anyhow::ensure!(
+        c.detector.diameter_scale.is_none(),
+        "detect fit measures the diameter scale itself: give --try-diameter-scales, not \
+         --diameter-scale"
     );
     let base = craterdex_fetch::detector_dir(&c.detector.detector, c.detector.input_scale)?;
     let (config, weights) = craterdex_detect::read_detector_weights(&base)?;
@@ -549,37 +631,48 @@ fn run_fit(c: DetectFitCmd) -> Result<()> {
         ..config.clone()
     };
     let pb = bar(tiles * c.try_thresholds.len(), "thresholds");
+    // each threshold's readings, read once and scored at every diameter scale
     let mut tried = Vec::new();
     for &threshold in &c.try_thresholds {
         let o = DetectOptions {
             threshold,
             ..o.clone()
         };
-        let scored = images
+        let readings = images
             .iter()
-            .zip(&truth)
-            .map(|(l, t)| {
-                let found = detect(&net, &fitted_config, &l.image, &o, &|n| pb.inc(n as u64))?;
-                Ok((found_circles(&found), t.clone()))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        tried.push((threshold, score(&scored)));
+            .map(|l| read_pyramid(&net, &fitted_config, &l.image, &o, &|n| pb.inc(n as u64)))
+            .collect::<craterdex_detect::Result<Vec<_>>>()?;
+        let (scale, bins) = best_diameter_scale(&readings, &truth, &c.try_diameter_scales);
+        tried.push((threshold, scale, bins, readings));
     }
     pb.finish();
-    let (best, bins) = tried
+    let (best, scale, bins, readings) = tried
         .iter()
-        .max_by(|a, b| small_and_large_f1(&a.1).total_cmp(&small_and_large_f1(&b.1)))
+        .max_by(|a, b| small_and_large_f1(&a.2).total_cmp(&small_and_large_f1(&b.2)))
         .expect("thresholds were tried");
-    for (threshold, bins) in &tried {
+    for (threshold, scale, bins, readings) in &tried {
         print_bins(
             &format!(
-                "fitted at threshold {threshold} (mean F1 {:.3}){}",
+                "fitted at threshold {threshold}, diameters x {scale} (mean F1 {:.3}; as read, \
+                 x 1: {:.3}){}",
                 small_and_large_f1(bins),
+                small_and_large_f1(&score_readings(readings, &truth, 1.0)),
                 if threshold == best { ", kept" } else { "" }
             ),
             bins,
         );
     }
+    println!(
+        "at threshold {best}, mean F1 by diameter scale: {}",
+        c.try_diameter_scales
+            .iter()
+            .map(|&s| format!(
+                "x {s} {:.3}",
+                small_and_large_f1(&score_readings(readings, &truth, s))
+            ))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     let logit = |p: f32| (p / (1.0 - p)).ln();
     let shift = logit(o.threshold) - logit(*best);
     let name = c
@@ -612,12 +705,14 @@ fn run_fit(c: DetectFitCmd) -> Result<()> {
         ),
         graph,
         region_share: c.region_share,
+        diameter_scale: *scale,
         ..config.clone()
     };
     craterdex_detect::write_detector_dir(&c.out, out_config, &weights)?;
     eprintln!(
-        "wrote {} (threshold {best} on the fitted likelihood is --threshold {} on it; on \
-         these images, mean F1 of 8-20 px and >= 20 px {:.3}); detect with --detector {}",
+        "wrote {} (threshold {best} on the fitted likelihood is --threshold {} on it; \
+         diameters read x {scale}; on these images, mean F1 of 8-20 px and >= 20 px {:.3}); \
+         detect with --detector {}",
         c.out.display(),
         o.threshold,
         small_and_large_f1(bins),
@@ -761,4 +856,49 @@ pub fn run_eval(c: EvalDetectCmd) -> Result<()> {
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Readings of `truth` as a detector that reads every crater `wide` times too wide, at
+    /// its centre.
+    fn read_wide(truth: &[Circle], wide: f64) -> Readings {
+        Readings {
+            found: truth
+                .iter()
+                .map(|c| Detection {
+                    x: c.x,
+                    y: c.y,
+                    diameter: c.diameter * wide,
+                    score: 0.5,
+                    scale: 1.0,
+                })
+                .collect(),
+            sizes: (8.0, 500.0),
+        }
+    }
+
+    #[test]
+    fn the_diameter_scale_kept_is_the_one_that_reads_the_labels_and_1_on_a_tie() {
+        let truth: Vec<Circle> = (0..12)
+            .map(|i| Circle {
+                x: 40.0 + 60.0 * i as f64,
+                y: 100.0,
+                diameter: 10.0 + 4.0 * i as f64,
+            })
+            .collect();
+        let truth = vec![truth];
+        // read 1.6 times too wide, nothing is found at x 1 (over 1.5 times the label)
+        let wide = [read_wide(&truth[0], 1.6)];
+        let (scale, bins) = best_diameter_scale(&wide, &truth, &[0.75, 1.0, 1.1]);
+        assert_eq!(scale, 0.75);
+        assert_eq!(small_and_large_f1(&bins), 1.0);
+        assert_eq!(small_and_large_f1(&score_readings(&wide, &truth, 1.0)), 0.0);
+        // read right, x 0.75 still matches every crater (within 1.5 times): 1 is kept
+        let right = [read_wide(&truth[0], 1.0)];
+        let (scale, _) = best_diameter_scale(&right, &truth, &[0.75, 0.9, 1.0, 1.1]);
+        assert_eq!(scale, 1.0);
+    }
 }
