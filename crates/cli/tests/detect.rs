@@ -883,39 +883,24 @@ fn detect_fit_writes_a_detector_that_detect_then_uses() {
         "{err}"
     );
 
-    let o = run(
-        root,
-        &[
-            "detect",
-            "other.png",
-            "--detector",
-            "mine",
-            "--out",
-            "found",
-        ],
-    );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let csv = std::fs::read_to_string(root.join("found/detections.csv")).unwrap();
+    let detect_other = |out: &str, more: &[&str]| {
+        let args = [
+            &["detect", "other.png", "--detector", "mine", "--out", out],
+            more,
+        ]
+        .concat();
+        let o = run(root, &args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        std::fs::read_to_string(root.join(out).join("detections.csv")).unwrap()
+    };
+    let csv = detect_other("found", &[]);
     let (right, rows) = found_right(&csv, &want);
     assert!(
         right >= 12 && rows <= right + 1,
         "{right} of 16 discs in\n{csv}"
     );
     // --diameter-scale in place of the detector's own: the same craters, diameters scaled
-    let o = run(
-        root,
-        &[
-            "detect",
-            "other.png",
-            "--detector",
-            "mine",
-            "--diameter-scale",
-            "1.2",
-            "--out",
-            "found-wider",
-        ],
-    );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let wider = detect_other("found-wider", &["--diameter-scale", "1.2"]);
     let diameters = |csv: &str| -> Vec<(String, f64)> {
         csv.lines()
             .skip(1)
@@ -925,7 +910,6 @@ fn detect_fit_writes_a_detector_that_detect_then_uses() {
             })
             .collect()
     };
-    let wider = std::fs::read_to_string(root.join("found-wider/detections.csv")).unwrap();
     let (own, scaled) = (diameters(&csv), diameters(&wider));
     assert_eq!(own.len(), scaled.len(), "{csv}\n{wider}");
     for ((at, d), (at_scaled, d_scaled)) in own.iter().zip(&scaled) {

@@ -412,7 +412,7 @@ pub const DEFAULT_PRECISION_WHY: &str = "int8 and bf16 detection keep F1 at >= 2
      0.406) and within 0.008 on pycda's Mars tile (0.467 and 0.456 against 0.464: one crater of \
      117); a detector fitted on four NAC tiles reads 0.783 in int8 against 0.789 in f32 on the \
      eight (604 of 807 craters found against 610); int8 runs 1.95x f32 with VNNI (Zen 4, \
-     avx512) and bf16 4.0x on AMX tiles (Sapphire Rapids), so each is the default on its \
+     avx512) and bf16 3.4x on AMX tiles (Sapphire Rapids), so each is the default on its \
      hardware; without either, f32";
 
 /// The tiles `detect` runs for an image of `width x height`: what a progress bar counts.

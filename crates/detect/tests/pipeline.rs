@@ -177,27 +177,14 @@ fn a_detector_that_marks_central_discs_reports_whole_diameters() {
     // brightness detector marks of a 12 px disc is read as a 24 px crater
     let (mut config, net) = brightness_net(24);
     config.region_share = 0.5;
-    let found = detect(
-        &net,
-        &config,
-        &discs(120, 100, &[(50.0, 40.0, 12.0)]),
-        &DetectOptions::default(),
-        &|_| {},
-    )
-    .unwrap();
+    let image = discs(120, 100, &[(50.0, 40.0, 12.0)]);
+    let found = detect(&net, &config, &image, &DetectOptions::default(), &|_| {}).unwrap();
     assert_eq!(found.len(), 1, "{found:#?}");
     assert!((found[0].diameter / 24.0 - 1.0).abs() < 0.15, "{found:?}");
     // a detector whose fit measured that it reads craters 1.25 times too wide reports
     // them x 0.8, at the same place
     config.diameter_scale = 0.8;
-    let scaled = detect(
-        &net,
-        &config,
-        &discs(120, 100, &[(50.0, 40.0, 12.0)]),
-        &DetectOptions::default(),
-        &|_| {},
-    )
-    .unwrap();
+    let scaled = detect(&net, &config, &image, &DetectOptions::default(), &|_| {}).unwrap();
     assert_eq!(scaled.len(), 1, "{scaled:#?}");
     assert_eq!((scaled[0].x, scaled[0].y), (found[0].x, found[0].y));
     assert!((scaled[0].diameter - 0.8 * found[0].diameter).abs() < 1e-9);
