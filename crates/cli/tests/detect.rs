@@ -122,6 +122,10 @@ fn detect_writes_the_crater_list_and_rims_of_each_image() {
         (Some(1), Some(1), Some(2))
     );
     assert_eq!(big["precision"].as_f64(), Some(0.5));
+    // the crater found is read near its size: the brightness detector marks the disc itself
+    let ratio = big["diameter_ratio"].as_f64().unwrap();
+    assert!((0.8..1.25).contains(&ratio), "{big}");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("D ratio"));
 }
 
 /// `bench detect --detector-precision P` times f32 and P (it used to fail: the detector was

@@ -5,7 +5,8 @@
 //! crater's diameter plus 2 px of the crater's centre and its diameter is within a factor of
 //! 1.5 of the crater's. Matching is greedy from the closest pair (by centre distance over
 //! diameter), each crater and each detection used once. Recall counts labelled craters by
-//! their own diameter; precision counts detections by theirs.
+//! their own diameter; precision counts detections by theirs. How well the craters found are
+//! sized is the median of their detections' diameters over theirs, per crater bin.
 
 use serde::{Deserialize, Serialize};
 
@@ -86,6 +87,24 @@ pub struct BinCounts {
     pub precision: f64,
     pub recall: f64,
     pub f1: f64,
+    /// The median, over the craters found, of the detection's diameter over the crater's:
+    /// above 1 the detector reads craters too wide (0 where none was found).
+    #[serde(default)]
+    pub diameter_ratio: f64,
+}
+
+/// The median of `values` (0 for none).
+fn median(mut values: Vec<f64>) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
 }
 
 impl BinCounts {
@@ -111,9 +130,11 @@ pub fn score(images: &[(Vec<Circle>, Vec<Circle>)]) -> Vec<BinCounts> {
         })
         .collect();
     let inside = |(lo, hi): (f64, f64), d: f64| d >= lo && d < hi;
+    let mut ratios = vec![Vec::new(); SIZE_BINS.len()];
     for (found, truth) in images {
         let matched = match_detections(found, truth);
-        let mut truth_found = vec![false; truth.len()];
+        // each crater's finding detection's diameter over its own
+        let mut truth_found = vec![None; truth.len()];
         for (d, m) in found.iter().zip(&matched) {
             for (b, &range) in bins.iter_mut().zip(&SIZE_BINS) {
                 if inside(range, d.diameter) {
@@ -122,19 +143,23 @@ pub fn score(images: &[(Vec<Circle>, Vec<Circle>)]) -> Vec<BinCounts> {
                 }
             }
             if let Some(t) = m {
-                truth_found[*t] = true;
+                truth_found[*t] = Some(d.diameter / truth[*t].diameter);
             }
         }
-        for (t, hit) in truth.iter().zip(&truth_found) {
-            for (b, &range) in bins.iter_mut().zip(&SIZE_BINS) {
+        for (t, ratio) in truth.iter().zip(&truth_found) {
+            for ((b, &range), of_bin) in bins.iter_mut().zip(&SIZE_BINS).zip(&mut ratios) {
                 if inside(range, t.diameter) {
                     b.craters += 1;
-                    b.craters_found += usize::from(*hit);
+                    b.craters_found += usize::from(ratio.is_some());
+                    of_bin.extend(*ratio);
                 }
             }
         }
     }
-    bins.iter_mut().for_each(BinCounts::finish);
+    for (b, of_bin) in bins.iter_mut().zip(ratios) {
+        b.diameter_ratio = median(of_bin);
+        b.finish();
+    }
     bins
 }
 
@@ -200,5 +225,11 @@ mod tests {
             (2, 1, 2, 1)
         );
         assert!((big.f1 - 0.5).abs() < 1e-12);
+        // sized by the craters found: the 10 px one right, the 30 px one at 0.7 of its own
+        assert_eq!(b("8-20").diameter_ratio, 1.0);
+        assert!((b("20-50").diameter_ratio - 0.7).abs() < 1e-12);
+        assert!((big.diameter_ratio - 0.7).abs() < 1e-12);
+        assert_eq!(b("50-200").diameter_ratio, 0.0);
+        assert_eq!(median(vec![3.0, 1.0, 2.0, 10.0]), 2.5);
     }
 }

@@ -798,16 +798,25 @@ pub fn found_circles(found: &[Detection]) -> Vec<Circle> {
         .collect()
 }
 
+/// Each bin's counts, precision, recall and F1, and `D ratio`: the median of the diameters
+/// read over the labelled ones, for the craters found (1 reads them at their size).
 pub fn print_bins(title: &str, bins: &[BinCounts]) {
     println!("{title}");
     println!(
-        "  {:>8} {:>8} {:>8} {:>10} {:>7} {:>7} {:>7}",
-        "bin px", "craters", "found", "detections", "P", "R", "F1"
+        "  {:>8} {:>8} {:>8} {:>10} {:>7} {:>7} {:>7} {:>10}",
+        "bin px", "craters", "found", "detections", "P", "R", "F1", "D ratio"
     );
     for b in bins {
         println!(
-            "  {:>8} {:>8} {:>8} {:>10} {:>7.3} {:>7.3} {:>7.3}",
-            b.bin, b.craters, b.craters_found, b.detections, b.precision, b.recall, b.f1
+            "  {:>8} {:>8} {:>8} {:>10} {:>7.3} {:>7.3} {:>7.3} {:>10.3}",
+            b.bin,
+            b.craters,
+            b.craters_found,
+            b.detections,
+            b.precision,
+            b.recall,
+            b.f1,
+            b.diameter_ratio
         );
     }
 }
