@@ -876,7 +876,12 @@ fn detect_fit_writes_a_detector_that_detect_then_uses() {
     );
     // the scale kept is one of those tried (1 is not written)
     let kept_scale = config["diameter_scale"].as_f64().unwrap_or(1.0);
+    let kept_per_octave = config["diameter_scale_per_octave"].as_f64().unwrap_or(1.0);
     assert!([0.9, 1.0].contains(&kept_scale), "{config}");
+    assert!(
+        [1.0, 0.96, 0.92, 0.88].contains(&kept_per_octave),
+        "{config}"
+    );
     // the fit measures the scale: one given is refused
     let mut given = fit.to_vec();
     given.extend(["--diameter-scale", "0.9"]);
@@ -905,21 +910,27 @@ fn detect_fit_writes_a_detector_that_detect_then_uses() {
     );
     // --diameter-scale in place of the detector's own: the same craters, diameters scaled
     let wider = detect_other("found-wider", &["--diameter-scale", "1.2"]);
-    let diameters = |csv: &str| -> Vec<(String, f64)> {
+    // place, diameter and the pyramid scale it was read at
+    let diameters = |csv: &str| -> Vec<(String, f64, f64)> {
         csv.lines()
             .skip(1)
             .map(|l| {
                 let f: Vec<&str> = l.split(',').collect();
-                (format!("{},{}", f[3], f[4]), f[5].parse().unwrap())
+                (
+                    format!("{},{}", f[3], f[4]),
+                    f[5].parse().unwrap(),
+                    f[7].parse().unwrap(),
+                )
             })
             .collect()
     };
     let (own, scaled) = (diameters(&csv), diameters(&wider));
     assert_eq!(own.len(), scaled.len(), "{csv}\n{wider}");
-    for ((at, d), (at_scaled, d_scaled)) in own.iter().zip(&scaled) {
+    for ((at, d, level), (at_scaled, d_scaled, _)) in own.iter().zip(&scaled) {
         assert_eq!(at, at_scaled);
+        let own_factor = kept_scale * kept_per_octave.powf(-f64::log2(*level));
         assert!(
-            (d_scaled / d - 1.2 / kept_scale).abs() < 0.01,
+            (d_scaled / d - 1.2 / own_factor).abs() < 0.01,
             "{csv}\n{wider}"
         );
     }

@@ -498,7 +498,29 @@ pub fn detect(
     o: &DetectOptions,
     progress: &(dyn Fn(usize) + Sync),
 ) -> Result<Vec<Detection>> {
-    Ok(read_pyramid(net, config, image, o, progress)?.craters(config.diameter_scale))
+    Ok(read_pyramid(net, config, image, o, progress)?.craters(config.diameter_scales()))
+}
+
+/// What each diameter read is multiplied by: `full_size` on the image's own level, and
+/// `per_octave` once more for each halving down the pyramid (a detector's regions spread
+/// wider, relative to the rim, on its smaller levels).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DiameterScales {
+    pub full_size: f64,
+    pub per_octave: f64,
+}
+
+impl DiameterScales {
+    /// The diameters as read.
+    pub const AS_READ: Self = Self {
+        full_size: 1.0,
+        per_octave: 1.0,
+    };
+
+    /// The factor for a reading of the pyramid level at `level_scale` (1, 0.707, 0.5, ...).
+    pub fn at(&self, level_scale: f64) -> f64 {
+        self.full_size * self.per_octave.powf(-level_scale.log2())
+    }
 }
 
 /// Every pyramid level's circles in one image, before their diameters are scaled and the
@@ -514,15 +536,15 @@ pub struct Readings {
 }
 
 impl Readings {
-    /// One detection per crater, each diameter multiplied by `diameter_scale`, those outside
-    /// the sizes reported left out.
-    pub fn craters(&self, diameter_scale: f64) -> Vec<Detection> {
+    /// One detection per crater, each diameter multiplied by its level's factor of
+    /// `scales`, those outside the sizes reported left out.
+    pub fn craters(&self, scales: DiameterScales) -> Vec<Detection> {
         let (smallest, largest) = self.sizes;
         merge(
             self.found
                 .iter()
                 .map(|d| Detection {
-                    diameter: d.diameter * diameter_scale,
+                    diameter: d.diameter * scales.at(d.scale),
                     ..d.clone()
                 })
                 .filter(|d| d.diameter >= smallest && d.diameter <= largest)
@@ -1056,22 +1078,42 @@ mod tests {
             ],
             sizes: (8.0, 100.0),
         };
-        let as_read = readings.craters(1.0);
+        let at = |full_size| DiameterScales {
+            full_size,
+            per_octave: 1.0,
+        };
+        let as_read = readings.craters(DiameterScales::AS_READ);
         assert_eq!(
             as_read.iter().map(|c| c.diameter).collect::<Vec<_>>(),
             vec![9.0, 30.0, 30.0, 95.0]
         );
         // x 0.85: the 9 px reading falls under the smallest reported
-        let shrunk = readings.craters(0.85);
+        let shrunk = readings.craters(at(0.85));
         assert_eq!(
             shrunk.iter().map(|c| c.diameter).collect::<Vec<_>>(),
             vec![30.0 * 0.85, 30.0 * 0.85, 95.0 * 0.85]
         );
         // x 1.6: the 95 px reading grows past the largest, and the two 30 px ones are one
-        let grown = readings.craters(1.6);
+        let grown = readings.craters(at(1.6));
         assert_eq!(grown.len(), 2, "{grown:?}");
         assert_eq!((grown[0].x, grown[0].diameter), (20.0, 9.0 * 1.6));
         assert_eq!((grown[1].x, grown[1].diameter), (60.0, 48.0));
+        // x 0.9 an octave down: a reading of the level at 0.25 (two octaves) x 0.81, two
+        // levels half an octave apart 0.9^0.5 apart
+        let down = DiameterScales {
+            full_size: 1.0,
+            per_octave: 0.9,
+        };
+        assert!((down.at(0.25) - 0.81).abs() < 1e-12 && down.at(1.0) == 1.0);
+        assert!((down.at(0.5f64.sqrt()) - 0.9f64.sqrt()).abs() < 1e-12);
+        let coarse = Readings {
+            found: vec![Detection {
+                scale: 0.25,
+                ..readings.found[3].clone()
+            }],
+            sizes: (8.0, 100.0),
+        };
+        assert!((coarse.craters(down)[0].diameter - 95.0 * 0.81).abs() < 1e-9);
     }
 
     #[test]

@@ -24,13 +24,13 @@ pub mod testing;
 pub mod train;
 
 pub use detect::{
-    default_precision, detect, read_pyramid, DetectOptions, Detection, GrayImage, Readings,
-    DEFAULT_PRECISION_WHY,
+    default_precision, detect, read_pyramid, DetectOptions, Detection, DiameterScales, GrayImage,
+    Readings, DEFAULT_PRECISION_WHY,
 };
 pub use error::{Error, Result};
 pub use graph::{Activation, Graph, Layer, Op, Padding};
 pub use net::{FeatureMap, Net};
 pub use store::{
     import_detector, read_detector_dir, read_detector_weights, write_detector_dir, DetectorConfig,
-    DIAMETER_SCALES,
+    DIAMETER_SCALES, DIAMETER_SCALES_PER_OCTAVE,
 };

@@ -41,6 +41,10 @@ pub struct DetectorConfig {
     /// best (1 where nothing was measured: pycda's U-Net, an imported file).
     #[serde(default = "unit_scale", skip_serializing_if = "is_unit_scale")]
     pub diameter_scale: f64,
+    /// What each diameter read is multiplied by once more for each halving down the
+    /// pyramid (measured by `detect fit` with `diameter_scale`; 1 where nothing was).
+    #[serde(default = "unit_scale", skip_serializing_if = "is_unit_scale")]
+    pub diameter_scale_per_octave: f64,
     /// sha256 of `weights.safetensors`.
     pub weights_sha256: String,
 }
@@ -65,10 +69,15 @@ fn is_unit_scale(scale: &f64) -> bool {
 /// reads craters at under half or over twice their size, which no fit should keep.
 pub const DIAMETER_SCALES: std::ops::RangeInclusive<f64> = 0.5..=2.0;
 
+/// The scales an octave a config may hold: beyond them the smallest levels (ten octaves
+/// down) would read craters at a tenth of their size or ten times it.
+pub const DIAMETER_SCALES_PER_OCTAVE: std::ops::RangeInclusive<f64> = 0.8..=1.25;
+
 impl DetectorConfig {
     /// What makes a config usable: an output centred in the tile, a region share in
     /// (0, 1] (a share of 0 would make every diameter infinite, above 1 shrink them) and a
-    /// diameter scale in [`DIAMETER_SCALES`].
+    /// diameter scale in [`DIAMETER_SCALES`] and one an octave in
+    /// [`DIAMETER_SCALES_PER_OCTAVE`].
     fn check(&self) -> Result<()> {
         self.output()?;
         ensure!(
@@ -78,16 +87,32 @@ impl DetectorConfig {
                 self.region_share
             ))
         );
-        ensure!(
-            DIAMETER_SCALES.contains(&self.diameter_scale),
-            Error::Invalid(format!(
-                "diameter_scale must lie in [{}, {}], not {}",
-                DIAMETER_SCALES.start(),
-                DIAMETER_SCALES.end(),
-                self.diameter_scale
-            ))
-        );
+        for (name, value, range) in [
+            ("diameter_scale", self.diameter_scale, DIAMETER_SCALES),
+            (
+                "diameter_scale_per_octave",
+                self.diameter_scale_per_octave,
+                DIAMETER_SCALES_PER_OCTAVE,
+            ),
+        ] {
+            ensure!(
+                range.contains(&value),
+                Error::Invalid(format!(
+                    "{name} must lie in [{}, {}], not {value}",
+                    range.start(),
+                    range.end()
+                ))
+            );
+        }
         Ok(())
+    }
+
+    /// What `detect` multiplies the diameters it reads by.
+    pub fn diameter_scales(&self) -> crate::DiameterScales {
+        crate::DiameterScales {
+            full_size: self.diameter_scale,
+            per_octave: self.diameter_scale_per_octave,
+        }
     }
 
     /// The output side for a tile and the border lost on each side (valid convolutions).
@@ -298,6 +323,7 @@ pub fn import_detector(
         graph: read.graph,
         region_share: 1.0,
         diameter_scale: 1.0,
+        diameter_scale_per_octave: 1.0,
         weights_sha256: String::new(),
     };
     write_detector_dir(dir, config, &read.weights)

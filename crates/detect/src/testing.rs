@@ -47,6 +47,7 @@ pub fn brightness_detector(tile: usize) -> (DetectorConfig, BTreeMap<String, Ten
         graph,
         region_share: 1.0,
         diameter_scale: 1.0,
+        diameter_scale_per_octave: 1.0,
         weights_sha256: String::new(),
     };
     (config, weights)
@@ -204,6 +205,7 @@ pub fn small_unet_detector() -> (DetectorConfig, BTreeMap<String, Tensor>) {
         graph: small_unet(),
         region_share: 1.0,
         diameter_scale: 1.0,
+        diameter_scale_per_octave: 1.0,
         weights_sha256: String::new(),
     };
     (config, weights)

@@ -120,11 +120,18 @@ fn a_detector_directory_reads_back_and_refuses_damaged_weights() {
         assert!(err.contains("region_share"), "{err}");
         assert!(!d.exists());
     }
-    // so would a diameter scale no fit keeps (a detector reading craters at under half or
-    // over twice their size)
-    for scale in [0.0, 0.4, 2.5, f64::NAN] {
+    // so would diameter scales no fit keeps (a detector reading craters at under half or
+    // over twice their size, or scaling each octave by more than 0.8-1.25)
+    for (scale, per_octave) in [
+        (0.0, 1.0),
+        (0.4, 1.0),
+        (2.5, 1.0),
+        (f64::NAN, 1.0),
+        (1.0, 0.7),
+        (1.0, 1.3),
+    ] {
         let mut bad = config.clone();
-        bad.diameter_scale = scale;
+        (bad.diameter_scale, bad.diameter_scale_per_octave) = (scale, per_octave);
         let err = craterdex_detect::write_detector_dir(&d, bad, &weights)
             .err()
             .unwrap()
@@ -134,15 +141,16 @@ fn a_detector_directory_reads_back_and_refuses_damaged_weights() {
     }
     // a measured diameter scale is kept; 1 is not written (older readers see what they knew)
     let mut measured = config.clone();
-    measured.diameter_scale = 0.85;
+    (measured.diameter_scale, measured.diameter_scale_per_octave) = (0.85, 0.92);
     let m = dir.path().join("measured");
     craterdex_detect::write_detector_dir(&m, measured, &weights).unwrap();
+    let read_scales = craterdex_detect::read_detector_dir(&m)
+        .unwrap()
+        .0
+        .diameter_scales();
     assert_eq!(
-        craterdex_detect::read_detector_dir(&m)
-            .unwrap()
-            .0
-            .diameter_scale,
-        0.85
+        (read_scales.full_size, read_scales.per_octave),
+        (0.85, 0.92)
     );
     let written = craterdex_detect::write_detector_dir(&d, config, &weights).unwrap();
     let (read, read_net) = craterdex_detect::read_detector_dir(&d).unwrap();

@@ -8,7 +8,8 @@ use clap::Args;
 use craterdex_detect::fit::{fit_head, with_head, FitOptions, Labelled};
 use craterdex_detect::train::{fit_whole, shifted as shifted_bias, Wear, WholeFitOptions};
 use craterdex_detect::{
-    detect, read_pyramid, DetectOptions, Detection, DetectorConfig, GrayImage, Net, Readings,
+    detect, read_pyramid, DetectOptions, Detection, DetectorConfig, DiameterScales, GrayImage, Net,
+    Readings,
 };
 use craterdex_eval::detection::{score, BinCounts, Circle};
 #[cfg(feature = "gdal")]
@@ -36,9 +37,9 @@ pub struct DetectorOpts {
     /// cpu` says which and why).
     #[arg(long, default_value_t = craterdex_detect::default_precision())]
     detector_precision: Precision,
-    /// Multiply every diameter read by this instead of by the detector's own scale (the one
-    /// `detect fit` measured on its labelled images; 1 for pycda's U-Net and imported
-    /// files): 1 reads each region of likelihood as it is.
+    /// Multiply every diameter read, at every pyramid level, by this instead of by the
+    /// detector's own scales (those `detect fit` measured on its labelled images; 1 for
+    /// pycda's U-Net and imported files): 1 reads each region of likelihood as it is.
     #[arg(long)]
     diameter_scale: Option<f64>,
     /// Pixels of likelihood above this make up craters.
@@ -79,6 +80,7 @@ impl DetectorOpts {
         if let Some(scale) = self.diameter_scale {
             check_diameter_scale(scale, "--diameter-scale")?;
             config.diameter_scale = scale;
+            config.diameter_scale_per_octave = 1.0;
         }
         Ok((config, net))
     }
@@ -421,15 +423,19 @@ pub struct DetectFitCmd {
     )]
     try_thresholds: Vec<f32>,
     /// Scales of the diameters read tried with each threshold on the labelled images (a
-    /// fitted detector's regions spread past the rims it was taught, the more so on the
-    /// pyramid's smaller levels); the best, by the same mean F1, is kept in the detector and
-    /// applied whenever it detects. A tie keeps the scale nearest 1.
+    /// fitted detector's regions spread past the rims it was taught); the best, with one of
+    /// --try-diameter-scales-per-octave, by the same mean F1, is kept in the detector and
+    /// applied whenever it detects. A tie keeps the scales nearest 1.
     #[arg(
         long,
         value_delimiter = ',',
         default_value = "0.75,0.8,0.85,0.9,0.95,1,1.05,1.1"
     )]
     try_diameter_scales: Vec<f64>,
+    /// Scales tried for each halving down the pyramid, on top of --try-diameter-scales: the
+    /// regions spread wider, relative to the rim, on the smaller levels.
+    #[arg(long, value_delimiter = ',', default_value = "1,0.96,0.92,0.88")]
+    try_diameter_scales_per_octave: Vec<f64>,
     /// Share of the pixels outside every crater the fit samples (the head's fit).
     #[arg(long, default_value_t = FitOptions::default().background_share, conflicts_with = "whole")]
     background_share: f64,
@@ -493,41 +499,58 @@ fn small_and_large_f1(bins: &[BinCounts]) -> f64 {
     (f1("8-20") + f1(">=20")) / 2.0
 }
 
-/// Each image's craters at `diameter_scale`, scored against its labelled craters.
+/// Each image's craters at `scales`, scored against its labelled craters.
 fn score_readings(
     readings: &[Readings],
     truth: &[Vec<Circle>],
-    diameter_scale: f64,
+    scales: DiameterScales,
 ) -> Vec<BinCounts> {
     let scored: Vec<_> = readings
         .iter()
         .zip(truth)
-        .map(|(r, t)| (found_circles(&r.craters(diameter_scale)), t.clone()))
+        .map(|(r, t)| (found_circles(&r.craters(scales)), t.clone()))
         .collect();
     score(&scored)
 }
 
-/// The scale of `scales` whose craters score the best mean F1 of the 8-20 px and >= 20 px
-/// bins, and its bins; of scales that tie, the nearest 1 (no correction is the one that
-/// needs no evidence).
-fn best_diameter_scale(
+/// Every pair of a scale at full size and one an octave.
+fn scale_pairs(full_size: &[f64], per_octave: &[f64]) -> Vec<DiameterScales> {
+    per_octave
+        .iter()
+        .flat_map(|&per_octave| {
+            full_size.iter().map(move |&full_size| DiameterScales {
+                full_size,
+                per_octave,
+            })
+        })
+        .collect()
+}
+
+/// The scales of `tried` whose craters score the best mean F1 of the 8-20 px and >= 20 px
+/// bins, and its bins; of those that tie, the nearest 1 an octave, then at full size (no
+/// correction is the one that needs no evidence).
+fn best_diameter_scales(
     readings: &[Readings],
     truth: &[Vec<Circle>],
-    scales: &[f64],
-) -> (f64, Vec<BinCounts>) {
-    let mut by_nearness = scales.to_vec();
-    by_nearness.sort_by(|a, b| a.ln().abs().total_cmp(&b.ln().abs()));
-    let mut best: Option<(f64, Vec<BinCounts>)> = None;
-    for scale in by_nearness {
-        let bins = score_readings(readings, truth, scale);
+    tried: &[DiameterScales],
+) -> (DiameterScales, Vec<BinCounts>) {
+    let mut by_nearness = tried.to_vec();
+    let nearness = |s: &DiameterScales| (s.per_octave.ln().abs(), s.full_size.ln().abs());
+    by_nearness.sort_by(|a, b| {
+        let (a, b) = (nearness(a), nearness(b));
+        a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1))
+    });
+    let mut best: Option<(DiameterScales, Vec<BinCounts>)> = None;
+    for scales in by_nearness {
+        let bins = score_readings(readings, truth, scales);
         if best
             .as_ref()
             .is_none_or(|(_, b)| small_and_large_f1(&bins) > small_and_large_f1(b))
         {
-            best = Some((scale, bins));
+            best = Some((scales, bins));
         }
     }
-    best.expect("one scale at least")
+    best.expect("one pair of scales at least")
 }
 
 fn run_fit(c: DetectFitCmd) -> Result<()> {
@@ -543,6 +566,17 @@ fn run_fit(c: DetectFitCmd) -> Result<()> {
     for &scale in &c.try_diameter_scales {
         check_diameter_scale(scale, "each of --try-diameter-scales")?;
     }
+    let per_octave = craterdex_detect::DIAMETER_SCALES_PER_OCTAVE;
+    anyhow::ensure!(
+        !c.try_diameter_scales_per_octave.is_empty()
+            && c.try_diameter_scales_per_octave
+                .iter()
+                .all(|s| per_octave.contains(s)),
+        "--try-diameter-scales-per-octave must lie in [{}, {}]",
+        per_octave.start(),
+        per_octave.end()
+    );
+    let tried_scales = scale_pairs(&c.try_diameter_scales, &c.try_diameter_scales_per_octave);
     anyhow::ensure!(
         c.detector.diameter_scale.is_none(),
         "detect fit measures the diameter scale itself: give --try-diameter-scales, not \
@@ -642,7 +676,7 @@ fn run_fit(c: DetectFitCmd) -> Result<()> {
             .iter()
             .map(|l| read_pyramid(&net, &fitted_config, &l.image, &o, &|n| pb.inc(n as u64)))
             .collect::<craterdex_detect::Result<Vec<_>>>()?;
-        let (scale, bins) = best_diameter_scale(&readings, &truth, &c.try_diameter_scales);
+        let (scale, bins) = best_diameter_scales(&readings, &truth, &tried_scales);
         tried.push((threshold, scale, bins, readings));
     }
     pb.finish();
@@ -653,26 +687,37 @@ fn run_fit(c: DetectFitCmd) -> Result<()> {
     for (threshold, scale, bins, readings) in &tried {
         print_bins(
             &format!(
-                "fitted at threshold {threshold}, diameters x {scale} (mean F1 {:.3}; as read, \
-                 x 1: {:.3}){}",
+                "fitted at threshold {threshold}, diameters x {}, x {} an octave down (mean F1 \
+                 {:.3}; as read: {:.3}){}",
+                scale.full_size,
+                scale.per_octave,
                 small_and_large_f1(bins),
-                small_and_large_f1(&score_readings(readings, &truth, 1.0)),
+                small_and_large_f1(&score_readings(readings, &truth, DiameterScales::AS_READ)),
                 if threshold == best { ", kept" } else { "" }
             ),
             bins,
         );
     }
-    println!(
-        "at threshold {best}, mean F1 by diameter scale: {}",
-        c.try_diameter_scales
-            .iter()
-            .map(|&s| format!(
-                "x {s} {:.3}",
-                small_and_large_f1(&score_readings(readings, &truth, s))
-            ))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
+    for &per_octave in &c.try_diameter_scales_per_octave {
+        println!(
+            "at threshold {best}, x {per_octave} an octave down, mean F1 by diameter scale: {}",
+            c.try_diameter_scales
+                .iter()
+                .map(|&full_size| format!(
+                    "x {full_size} {:.3}",
+                    small_and_large_f1(&score_readings(
+                        readings,
+                        &truth,
+                        DiameterScales {
+                            full_size,
+                            per_octave
+                        }
+                    ))
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     let logit = |p: f32| (p / (1.0 - p)).ln();
     let shift = logit(o.threshold) - logit(*best);
     let name = c
@@ -705,16 +750,19 @@ fn run_fit(c: DetectFitCmd) -> Result<()> {
         ),
         graph,
         region_share: c.region_share,
-        diameter_scale: *scale,
+        diameter_scale: scale.full_size,
+        diameter_scale_per_octave: scale.per_octave,
         ..config.clone()
     };
     craterdex_detect::write_detector_dir(&c.out, out_config, &weights)?;
     eprintln!(
         "wrote {} (threshold {best} on the fitted likelihood is --threshold {} on it; \
-         diameters read x {scale}; on these images, mean F1 of 8-20 px and >= 20 px {:.3}); \
-         detect with --detector {}",
+         diameters read x {}, x {} an octave down; on these images, mean F1 of 8-20 px and \
+         >= 20 px {:.3}); detect with --detector {}",
         c.out.display(),
         o.threshold,
+        scale.full_size,
+        scale.per_octave,
         small_and_large_f1(bins),
         c.out.display()
     );
@@ -890,7 +938,7 @@ mod tests {
     }
 
     #[test]
-    fn the_diameter_scale_kept_is_the_one_that_reads_the_labels_and_1_on_a_tie() {
+    fn the_diameter_scales_kept_are_those_that_read_the_labels_and_1_on_a_tie() {
         let truth: Vec<Circle> = (0..12)
             .map(|i| Circle {
                 x: 40.0 + 60.0 * i as f64,
@@ -899,15 +947,33 @@ mod tests {
             })
             .collect();
         let truth = vec![truth];
-        // read 1.6 times too wide, nothing is found at x 1 (over 1.5 times the label)
+        let full = |full_size| DiameterScales {
+            full_size,
+            per_octave: 1.0,
+        };
+        // read 1.6 times too wide, nothing is found as read (over 1.5 times the label)
         let wide = [read_wide(&truth[0], 1.6)];
-        let (scale, bins) = best_diameter_scale(&wide, &truth, &[0.75, 1.0, 1.1]);
-        assert_eq!(scale, 0.75);
+        let (scales, bins) =
+            best_diameter_scales(&wide, &truth, &scale_pairs(&[0.75, 1.0, 1.1], &[1.0]));
+        assert_eq!(scales, full(0.75));
         assert_eq!(small_and_large_f1(&bins), 1.0);
-        assert_eq!(small_and_large_f1(&score_readings(&wide, &truth, 1.0)), 0.0);
-        // read right, x 0.75 still matches every crater (within 1.5 times): 1 is kept
+        assert_eq!(
+            small_and_large_f1(&score_readings(&wide, &truth, DiameterScales::AS_READ)),
+            0.0
+        );
+        // read right, x 0.75 still matches every crater (within 1.5 times): 1 is kept, and
+        // of scales an octave that tie (every reading here is of the full-size level), 1
         let right = [read_wide(&truth[0], 1.0)];
-        let (scale, _) = best_diameter_scale(&right, &truth, &[0.75, 0.9, 1.0, 1.1]);
-        assert_eq!(scale, 1.0);
+        let tried = scale_pairs(&[0.75, 0.9, 1.0, 1.1], &[0.9, 1.0, 1.1]);
+        assert_eq!(tried.len(), 12);
+        let (scales, _) = best_diameter_scales(&right, &truth, &tried);
+        assert_eq!(scales, DiameterScales::AS_READ);
+        // read two octaves down, 1.6 times too wide: x 0.8 an octave takes it back to 1.02
+        let mut coarse = read_wide(&truth[0], 1.6);
+        coarse.found.iter_mut().for_each(|d| d.scale = 0.25);
+        let (scales, bins) =
+            best_diameter_scales(&[coarse], &truth, &scale_pairs(&[1.0], &[0.8, 1.0]));
+        assert_eq!(scales.per_octave, 0.8);
+        assert_eq!(small_and_large_f1(&bins), 1.0);
     }
 }
