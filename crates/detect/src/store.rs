@@ -33,36 +33,30 @@ pub struct DetectorConfig {
     /// The share of a crater's diameter that its region of likelihood spans: 1 for
     /// detectors trained on whole discs (pycda's), less for heads fitted on shrunk discs,
     /// which keep neighbouring craters apart (`detect fit`).
-    #[serde(default = "whole_disc", skip_serializing_if = "is_whole_disc")]
+    #[serde(default = "one", skip_serializing_if = "is_one")]
     pub region_share: f64,
     /// What each diameter read (the region's, over `region_share`) is multiplied by: a
     /// fitted detector's regions of likelihood tend to spread past the rims it was taught,
     /// so `detect fit` measures on its labelled images the scale that reads their diameters
     /// best (1 where nothing was measured: pycda's U-Net, an imported file).
-    #[serde(default = "unit_scale", skip_serializing_if = "is_unit_scale")]
+    #[serde(default = "one", skip_serializing_if = "is_one")]
     pub diameter_scale: f64,
     /// What each diameter read is multiplied by once more for each halving down the
     /// pyramid (measured by `detect fit` with `diameter_scale`; 1 where nothing was).
-    #[serde(default = "unit_scale", skip_serializing_if = "is_unit_scale")]
+    #[serde(default = "one", skip_serializing_if = "is_one")]
     pub diameter_scale_per_octave: f64,
     /// sha256 of `weights.safetensors`.
     pub weights_sha256: String,
 }
 
-fn whole_disc() -> f64 {
+/// The default of the factors a config leaves out when they change nothing: a whole disc's
+/// region share, a diameter scale of 1.
+fn one() -> f64 {
     1.0
 }
 
-fn is_whole_disc(share: &f64) -> bool {
-    *share == 1.0
-}
-
-fn unit_scale() -> f64 {
-    1.0
-}
-
-fn is_unit_scale(scale: &f64) -> bool {
-    *scale == 1.0
+fn is_one(factor: &f64) -> bool {
+    *factor == 1.0
 }
 
 /// The diameter scales a config may hold: a scale outside it would say that the detector

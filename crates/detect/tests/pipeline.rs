@@ -108,36 +108,30 @@ fn a_detector_directory_reads_back_and_refuses_damaged_weights() {
     let (config, weights) = brightness_detector(24);
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().join("brightness");
-    // a region share outside (0, 1] would scale every diameter wrongly: refused before
-    // anything is written
-    for share in [0.0, 1.5, f64::NAN] {
-        let mut bad = config.clone();
-        bad.region_share = share;
-        let err = craterdex_detect::write_detector_dir(&d, bad, &weights)
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(err.contains("region_share"), "{err}");
-        assert!(!d.exists());
-    }
-    // so would diameter scales no fit keeps (a detector reading craters at under half or
-    // over twice their size, or scaling each octave by more than 0.8-1.25)
-    for (scale, per_octave) in [
-        (0.0, 1.0),
-        (0.4, 1.0),
-        (2.5, 1.0),
-        (f64::NAN, 1.0),
-        (1.0, 0.7),
-        (1.0, 1.3),
-    ] {
-        let mut bad = config.clone();
-        (bad.diameter_scale, bad.diameter_scale_per_octave) = (scale, per_octave);
-        let err = craterdex_detect::write_detector_dir(&d, bad, &weights)
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(err.contains("diameter_scale"), "{err}");
-        assert!(!d.exists());
+    // a region share outside (0, 1] would scale every diameter wrongly, and so would
+    // diameter scales no fit keeps (a detector reading craters at under half or over twice
+    // their size, or scaling each octave by more than 0.8-1.25): refused before anything
+    // is written, naming the field
+    let bad_values = [
+        ("region_share", [0.0, 1.5, f64::NAN].as_slice()),
+        ("diameter_scale", &[0.0, 0.4, 2.5, f64::NAN]),
+        ("diameter_scale_per_octave", &[0.7, 1.3]),
+    ];
+    for (field, values) in bad_values {
+        for &value in values {
+            let mut bad = config.clone();
+            *match field {
+                "region_share" => &mut bad.region_share,
+                "diameter_scale" => &mut bad.diameter_scale,
+                _ => &mut bad.diameter_scale_per_octave,
+            } = value;
+            let err = craterdex_detect::write_detector_dir(&d, bad, &weights)
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(err.contains(&format!("{field} must lie")), "{err}");
+            assert!(!d.exists());
+        }
     }
     // a measured diameter scale is kept; 1 is not written (older readers see what they knew)
     let mut measured = config.clone();

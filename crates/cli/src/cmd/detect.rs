@@ -78,7 +78,7 @@ impl DetectorOpts {
         let dir = craterdex_fetch::detector_dir(&self.detector, self.input_scale)?;
         let (mut config, net) = craterdex_detect::read_detector_dir(&dir)?;
         if let Some(scale) = self.diameter_scale {
-            check_diameter_scale(scale, "--diameter-scale")?;
+            check_scale(scale, craterdex_detect::DIAMETER_SCALES, "--diameter-scale")?;
             config.diameter_scale = scale;
             config.diameter_scale_per_octave = 1.0;
         }
@@ -107,8 +107,8 @@ impl DetectorOpts {
     }
 }
 
-fn check_diameter_scale(scale: f64, what: &str) -> Result<()> {
-    let range = craterdex_detect::DIAMETER_SCALES;
+/// `scale`, given as `what`, within the `range` a detector config may hold.
+fn check_scale(scale: f64, range: std::ops::RangeInclusive<f64>, what: &str) -> Result<()> {
     anyhow::ensure!(
         range.contains(&scale),
         "{what} must lie in [{}, {}], not {scale}",
@@ -559,23 +559,23 @@ fn run_fit(c: DetectFitCmd) -> Result<()> {
         !c.try_thresholds.is_empty() && c.try_thresholds.iter().all(|t| *t > 0.0 && *t < 1.0),
         "--try-thresholds must lie between 0 and 1"
     );
-    anyhow::ensure!(
-        !c.try_diameter_scales.is_empty(),
-        "--try-diameter-scales needs one scale at least"
-    );
-    for &scale in &c.try_diameter_scales {
-        check_diameter_scale(scale, "each of --try-diameter-scales")?;
+    for (scales, range, what) in [
+        (
+            &c.try_diameter_scales,
+            craterdex_detect::DIAMETER_SCALES,
+            "--try-diameter-scales",
+        ),
+        (
+            &c.try_diameter_scales_per_octave,
+            craterdex_detect::DIAMETER_SCALES_PER_OCTAVE,
+            "--try-diameter-scales-per-octave",
+        ),
+    ] {
+        anyhow::ensure!(!scales.is_empty(), "{what} needs one scale at least");
+        for &scale in scales {
+            check_scale(scale, range.clone(), &format!("each of {what}"))?;
+        }
     }
-    let per_octave = craterdex_detect::DIAMETER_SCALES_PER_OCTAVE;
-    anyhow::ensure!(
-        !c.try_diameter_scales_per_octave.is_empty()
-            && c.try_diameter_scales_per_octave
-                .iter()
-                .all(|s| per_octave.contains(s)),
-        "--try-diameter-scales-per-octave must lie in [{}, {}]",
-        per_octave.start(),
-        per_octave.end()
-    );
     let tried_scales = scale_pairs(&c.try_diameter_scales, &c.try_diameter_scales_per_octave);
     anyhow::ensure!(
         c.detector.diameter_scale.is_none(),
