@@ -52,7 +52,10 @@ for tile in tiles:
         scaled = image if s == 1.0 else np.array(
             Image.fromarray(image).resize((round(w * s), round(h * s)), Image.BILINEAR))
         cda.predictions = []  # pycda keeps every earlier image; one at a time
-        prediction = cda.get_prediction(scaled)
+        try:
+            prediction = cda.get_prediction(scaled)
+        except Exception as e:  # pycda's own code; name the tile and scale it failed on
+            sys.exit(f"{tile}: pycda failed at scale {s:.3g}: {type(e).__name__}: {e}")
         p = prediction.proposals
         for lat, lon, d, like in zip(p["lat"], p["long"], p["diameter"], p["likelihood"]):
             if like >= 0.5:

@@ -9,9 +9,29 @@ fn run(root: &Path, args: &[&str]) -> Output {
         .args(args)
         .env("CRATERDEX_HOME", root.join("home"))
         .env("CRATERDEX_PYTHON", "/nonexistent/python")
+        .env("CRATERDEX_PYCDA_PYTHON", "/nonexistent/pycda-python")
         .current_dir(root)
         .output()
         .unwrap()
+}
+
+/// The labelled image and the generated detector, as `eval-detect` and `bench detect` take them.
+const LABELLED: [&str; 6] = [
+    "--tile",
+    "new.png",
+    "--craters",
+    "labels.csv",
+    "--detector",
+    "bright",
+];
+
+/// `bench detect` of them, one pass at the portable level, then `more`.
+fn bench<'a>(more: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["bench", "detect"];
+    args.extend(LABELLED);
+    args.extend(["--levels", "portable", "--repeats", "1"]);
+    args.extend(more);
+    args
 }
 
 const DISCS: [(f64, f64, f64); 4] = [
@@ -92,17 +112,7 @@ fn detect_writes_the_crater_list_and_rims_of_each_image() {
     // eval-detect: three of the four discs are labelled, so the fourth is a false detection
     let o = run(
         root,
-        &[
-            "eval-detect",
-            "--tile",
-            "new.png",
-            "--craters",
-            "labels.csv",
-            "--detector",
-            "bright",
-            "--out",
-            "scores",
-        ],
+        &[&["eval-detect"], &LABELLED[..], &["--out", "scores"]].concat(),
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let r: serde_json::Value =
@@ -137,23 +147,7 @@ fn bench_detect_times_f32_and_the_precision_named() {
     setup(root);
     let o = run(
         root,
-        &[
-            "bench",
-            "detect",
-            "--tile",
-            "new.png",
-            "--craters",
-            "labels.csv",
-            "--detector",
-            "bright",
-            "--no-reference",
-            "--levels",
-            "portable",
-            "--repeats",
-            "1",
-            "--detector-precision",
-            "int8",
-        ],
+        &bench(&["--no-reference", "--detector-precision", "int8"]),
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let out = String::from_utf8_lossy(&o.stdout);
@@ -163,6 +157,33 @@ fn bench_detect_times_f32_and_the_precision_named() {
         .map(|l| l.split_whitespace().nth(3).unwrap())
         .collect();
     assert_eq!(precisions, ["f32", "int8"], "{out}");
+}
+
+/// Where pycda's pipeline fails (here its Python is missing), `bench detect` still prints
+/// craterdex's rows, then fails saying why the table has no `x pycda`.
+#[test]
+fn bench_detect_prints_its_rows_when_the_reference_fails() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    setup(root);
+    let o = run(root, &bench(&[]));
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(!o.status.success(), "{out}");
+    let rows: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("craterdex brightness"))
+        .collect();
+    // f32 and the CPU's default precision
+    assert!(!rows.is_empty(), "{out}");
+    assert!(
+        rows.iter().all(|r| r.contains("NaN")),
+        "no reference, no ratio: {out}"
+    );
+    assert!(!out.contains("pycda 0.1.16"), "{out}");
+    assert!(err.contains("pycda's pipeline gave no row"), "{err}");
 }
 
 #[test]
