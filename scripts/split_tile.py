@@ -20,7 +20,7 @@ from PIL import Image
 
 
 def read_labels(path):
-    """(x, y, diameter) in pixels, from pycda's or the NAC tiles' columns."""
+    """(x, y, diameter) in pixels, from pycda's, the NAC tiles' or craterdex's columns."""
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     if not rows:

@@ -112,19 +112,28 @@ fn a_detector_directory_reads_back_and_refuses_damaged_weights() {
     // diameter scales no fit keeps (a detector reading craters at under half or over twice
     // their size, or scaling each octave by more than 0.8-1.25): refused before anything
     // is written, naming the field
-    let bad_values = [
-        ("region_share", [0.0, 1.5, f64::NAN].as_slice()),
-        ("diameter_scale", &[0.0, 0.4, 2.5, f64::NAN]),
-        ("diameter_scale_per_octave", &[0.7, 1.3]),
+    type Field = fn(&mut craterdex_detect::DetectorConfig) -> &mut f64;
+    let bad_values: [(&str, Field, &[f64]); 3] = [
+        (
+            "region_share",
+            |c| &mut c.region_share,
+            &[0.0, 1.5, f64::NAN],
+        ),
+        (
+            "diameter_scale",
+            |c| &mut c.diameter_scale,
+            &[0.0, 0.4, 2.5, f64::NAN],
+        ),
+        (
+            "diameter_scale_per_octave",
+            |c| &mut c.diameter_scale_per_octave,
+            &[0.7, 1.3],
+        ),
     ];
-    for (field, values) in bad_values {
+    for (field, of, values) in bad_values {
         for &value in values {
             let mut bad = config.clone();
-            *match field {
-                "region_share" => &mut bad.region_share,
-                "diameter_scale" => &mut bad.diameter_scale,
-                _ => &mut bad.diameter_scale_per_octave,
-            } = value;
+            *of(&mut bad) = value;
             let err = craterdex_detect::write_detector_dir(&d, bad, &weights)
                 .err()
                 .unwrap()

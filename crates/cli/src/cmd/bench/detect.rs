@@ -191,8 +191,9 @@ pub fn run(b: DetectBench) -> Result<()> {
     let rows: Vec<Row> = super::rows_per_level(&super::chosen_levels(&b.levels)?)?;
     // craterdex's rows are printed even where pycda's pipeline fails; the run still fails
     let (reference, reference_failed) = match (!b.no_reference).then(|| pycda(&b)) {
+        Some(Ok(row)) => (Some(row), None),
         Some(Err(e)) => (None, Some(e)),
-        r => (r.transpose()?, None),
+        None => (None, None),
     };
     println!("{}", craterdex_kernels::level::describe());
     println!(
