@@ -8,6 +8,7 @@ use craterdex_errors::ensure;
 use craterdex_kernels::bf16::{self, PackedConvBf16};
 use craterdex_kernels::gemm::{matmul_f32, PackedF32};
 use craterdex_kernels::linear_i8::{self, PackedI8Linear};
+use craterdex_kernels::winograd::{self, InputPart, Winograd3x3};
 use craterdex_model::vit::Linear;
 use craterdex_model::Precision;
 use rayon::prelude::*;
@@ -179,6 +180,9 @@ impl TapInput<'_> {
 /// ([`PackedConvBf16`]).
 struct Taps {
     weights: TapWeights,
+    /// A 3x3 kernel's weights for Winograd's blocks ([`winograd`]), which its f32 products
+    /// run by: a quarter of the multiply-adds of tap by tap.
+    winograd: Option<Winograd3x3>,
     bias: Vec<f32>,
     kernel: [usize; 2],
     in_channels: usize,
@@ -209,8 +213,10 @@ impl Taps {
                 .collect(),
             by_part: Vec::new(),
         };
+        let winograd = (kernel == [3, 3]).then(|| Winograd3x3::new(w, in_channels, filters));
         Self {
             weights,
+            winograd,
             bias,
             kernel,
             in_channels,
@@ -265,6 +271,8 @@ impl Taps {
                     .collect(),
             ),
         };
+        // Winograd's blocks are f32's alone
+        self.winograd = None;
     }
 
     fn forward(
@@ -274,6 +282,9 @@ impl Taps {
         [oh, ow, f]: [usize; 3],
         pools: &Pools,
     ) -> FeatureMap {
+        if let (Some(w), TapWeights::F32 { .. }) = (&self.winograd, &self.weights) {
+            return self.forward_winograd(w, input, activation, [oh, ow, f], &pools.f32);
+        }
         let pool = &pools.f32;
         let width = input.width();
         let kw = self.kernel[1];
@@ -362,6 +373,45 @@ impl Taps {
         if let Some(rows) = quantised {
             pools.give_quantised(rows);
         }
+        out
+    }
+
+    /// [`Taps::forward`] of a 3x3 kernel in f32, by Winograd's blocks of 4 x 4 outputs, a
+    /// row of blocks per task.
+    fn forward_winograd(
+        &self,
+        w: &Winograd3x3,
+        input: &TapInput,
+        activation: Activation,
+        [oh, ow, f]: [usize; 3],
+        pool: &Pool<f32>,
+    ) -> FeatureMap {
+        fn part(m: &FeatureMap, top: usize, left: usize) -> InputPart<'_> {
+            InputPart {
+                data: &m.data,
+                width: m.width,
+                channels: m.channels,
+                top,
+                left,
+            }
+        }
+        let parts: Vec<InputPart> = match input {
+            TapInput::Map(x) => vec![part(x, 0, 0)],
+            TapInput::Parts { parts, .. } => parts
+                .iter()
+                .map(|&(m, top, left)| part(m, top, left))
+                .collect(),
+        };
+        let size = [input.height(), input.width()];
+        debug_assert_eq!([oh + 2, ow + 2], size, "a valid 3x3 convolution");
+        let mut out = pool.dirty_map(oh, ow, f);
+        out.data
+            .par_chunks_mut(winograd::OUT * ow * f)
+            .enumerate()
+            .for_each(|(row, o)| {
+                winograd::conv3x3_rows(w, &parts, size, row, &self.bias, o);
+                activation.apply(o);
+            });
         out
     }
 }

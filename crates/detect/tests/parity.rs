@@ -119,7 +119,9 @@ fn stays_close(precision: Precision) {
 /// A pyramid level smaller than the U-Net's own output runs in the smallest tile that covers
 /// it (`tile_for`), and that changes nothing it reports: a tile smaller by whole steps keeps
 /// its outputs on the same grid of the poolings, so the top-left part of a real crater
-/// crop's likelihood is the likelihood of the crop's top-left part, bit for bit.
+/// crop's likelihood is the likelihood of the crop's top-left part. Not bit for bit: where a
+/// 3x3 convolution's block of 4 x 4 outputs (Winograd's, in f32) reaches past the smaller
+/// map's edge, the sums of the outputs inside it are rounded otherwise.
 #[test]
 fn a_smaller_tile_gives_the_same_likelihood_where_it_reaches() {
     let Some(dir) = detector() else {
@@ -163,11 +165,15 @@ fn a_smaller_tile_gives_the_same_likelihood_where_it_reaches() {
         })
         .unwrap();
     assert_eq!((small.height, small.width), (out, out));
+    let mut worst = 0f32;
     for y in 0..out {
-        assert_eq!(
-            &small.data[y * out..(y + 1) * out],
-            &whole.data[y * own..y * own + out],
-            "output row {y}"
-        );
+        for (s, w) in small.data[y * out..(y + 1) * out]
+            .iter()
+            .zip(&whole.data[y * own..y * own + out])
+        {
+            worst = worst.max((s - w).abs());
+        }
     }
+    eprintln!("a smaller tile's likelihood: worst difference {worst:.2e}");
+    assert!(worst <= 2e-5, "worst difference {worst}");
 }
