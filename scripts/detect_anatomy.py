@@ -19,6 +19,8 @@ import csv
 import math
 import sys
 
+from crater_labels import circles
+
 SMALLEST = 20.0
 # crates/detect/src/detect.rs, MERGE_SIZE_RATIO and CONCENTRIC_SHARE
 MERGE_SIZE_RATIO, CONCENTRIC_SHARE = 3.0, 0.35
@@ -30,12 +32,6 @@ def same_crater(a, b):
     ratio, apart = larger / min(a[2], b[2]), math.hypot(a[0] - b[0], a[1] - b[1])
     return ((ratio < 2 and apart < 0.5 * larger)
             or (ratio < MERGE_SIZE_RATIO and apart < CONCENTRIC_SHARE * larger))
-
-
-def labels(path):
-    with open(path) as f:
-        return [(float(r["C_X"]), float(r["CY"]), (float(r["W"]) + float(r["H"])) / 2)
-                for r in csv.DictReader(f)]
 
 
 def finds(d, t):
@@ -65,7 +61,7 @@ def misses(det_csv, label_dir):
                 (float(r["x"]), float(r["y"]), float(r["diameter_px"])))
     missed, false, n = collections.Counter(), collections.Counter(), collections.Counter()
     for source, found in sorted(found_by_source.items()):
-        truth = labels(f"{label_dir}/{source}.txt")
+        truth = circles(f"{label_dir}/{source}.txt")
         of_d, of_t = match(found, truth)
         for j, t in enumerate(truth):
             if t[2] < SMALLEST:
@@ -165,7 +161,7 @@ def taught(paths, per_octave, width=800, height=800):
     n = collections.Counter()
     bins = (("8-20", 8, 20), (">=20", 20, math.inf))
     for path in paths:
-        truth = labels(path)
+        truth = circles(path)
         found = taught_read_back(truth, width, height, per_octave=per_octave)
         of_d, of_t = match(found, truth)
         for name, lo, hi in bins:

@@ -28,19 +28,13 @@ import csv, json, math, os, random, shlex, subprocess, sys
 import numpy as np
 from PIL import Image, ImageFilter
 
+from crater_labels import read_labels
+
 HELD_OUT = 0.2
 
 
 def labels_of(path):
-    rows = list(csv.DictReader(open(path)))
-    out = {}
-    for i, r in enumerate(rows):
-        k = {c.lower(): v for c, v in r.items()}
-        if "c_x" in k:  # NAC
-            out["c" + k["id"]] = (float(k["c_x"]), float(k["cy"]), (float(k["w"]) + float(k["h"])) / 2)
-        else:  # pycda: long, lat, diameter in pixels
-            out[f"c{i}"] = (float(k["long"]), float(k["lat"]), float(k["diameter"]))
-    return out
+    return {"c" + i: (x, y, d) for i, x, y, d in read_labels(path)}
 
 
 def second_observation(img, rng):

@@ -18,30 +18,7 @@ import sys
 
 from PIL import Image
 
-
-def read_labels(path):
-    """(x, y, diameter) in pixels, from pycda's, the NAC tiles' or craterdex's columns."""
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    if not rows:
-        sys.exit(f"{path}: no craters listed")
-    cols = set(rows[0])
-    try:
-        if {"long", "lat", "diameter"} <= cols:
-            return [(float(r["long"]), float(r["lat"]), float(r["diameter"])) for r in rows]
-        if {"x", "y", "diameter_px"} <= cols:
-            return [(float(r["x"]), float(r["y"]), float(r["diameter_px"])) for r in rows]
-        if {"C_X", "CY", "W", "H"} <= cols:
-            return [
-                (float(r["C_X"]), float(r["CY"]), (float(r["W"]) + float(r["H"])) / 2)
-                for r in rows
-            ]
-    except ValueError as e:
-        sys.exit(f"{path}: {e}")
-    sys.exit(
-        f"{path}: expected columns long,lat,diameter (pycda), ID,X,Y,W,H,C_X,CY (NAC) or "
-        f"x,y,diameter_px (craterdex); found {sorted(cols)}"
-    )
+from crater_labels import circles
 
 
 def main():
@@ -54,7 +31,7 @@ def main():
         sys.exit(f"{tile}: not an image: {e}")
     width, height = image.size
     middle = height // 2
-    craters = read_labels(labels)
+    craters = circles(labels)
     stem = os.path.splitext(os.path.basename(tile))[0]
     os.makedirs(out, exist_ok=True)
     for name, (top, bottom) in {"top": (0, middle), "bottom": (middle, height)}.items():
