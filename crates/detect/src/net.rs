@@ -8,7 +8,7 @@ use craterdex_errors::ensure;
 use craterdex_kernels::bf16::{self, PackedConvBf16};
 use craterdex_kernels::gemm::{matmul_f32, PackedF32};
 use craterdex_kernels::linear_i8::{self, PackedI8Linear};
-use craterdex_kernels::winograd::{self, InputPart, Winograd3x3};
+use craterdex_kernels::winograd::{self, InputPart, Winograd};
 use craterdex_model::vit::Linear;
 use craterdex_model::Precision;
 use rayon::prelude::*;
@@ -180,9 +180,9 @@ impl TapInput<'_> {
 /// ([`PackedConvBf16`]).
 struct Taps {
     weights: TapWeights,
-    /// A 3x3 kernel's weights for Winograd's blocks ([`winograd`]), which its f32 products
-    /// run by: a quarter of the multiply-adds of tap by tap.
-    winograd: Option<Winograd3x3>,
+    /// A 3x3 or 2x2 kernel's weights for Winograd's blocks ([`winograd`]), which its f32
+    /// products run by: a quarter (3x3) or 1 / 2.25 (2x2) of the multiply-adds of tap by tap.
+    winograd: Option<Winograd>,
     bias: Vec<f32>,
     kernel: [usize; 2],
     in_channels: usize,
@@ -213,7 +213,7 @@ impl Taps {
                 .collect(),
             by_part: Vec::new(),
         };
-        let winograd = (kernel == [3, 3]).then(|| Winograd3x3::new(w, in_channels, filters));
+        let winograd = Winograd::new(kernel, w, in_channels, filters);
         Self {
             weights,
             winograd,
@@ -376,11 +376,10 @@ impl Taps {
         out
     }
 
-    /// [`Taps::forward`] of a 3x3 kernel in f32, by Winograd's blocks of 4 x 4 outputs, a
-    /// row of blocks per task.
+    /// [`Taps::forward`] in f32 by Winograd's blocks of outputs, a row of blocks per task.
     fn forward_winograd(
         &self,
-        w: &Winograd3x3,
+        w: &Winograd,
         input: &TapInput,
         activation: Activation,
         [oh, ow, f]: [usize; 3],
@@ -403,13 +402,14 @@ impl Taps {
                 .collect(),
         };
         let size = [input.height(), input.width()];
-        debug_assert_eq!([oh + 2, ow + 2], size, "a valid 3x3 convolution");
+        let border = w.tiling().taps() - 1;
+        debug_assert_eq!([oh + border, ow + border], size, "a valid convolution");
         let mut out = pool.dirty_map(oh, ow, f);
         out.data
-            .par_chunks_mut(winograd::OUT * ow * f)
+            .par_chunks_mut(w.tiling().block() * ow * f)
             .enumerate()
             .for_each(|(row, o)| {
-                winograd::conv3x3_rows(w, &parts, size, row, &self.bias, o);
+                winograd::conv_rows(w, &parts, size, row, &self.bias, o);
                 activation.apply(o);
             });
         out

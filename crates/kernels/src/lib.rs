@@ -8,8 +8,9 @@
 //! element-wise and row-wise maps (`nn`); multi-head attention over fused q|k|v rows
 //! (`attention`); the int8 quantiser; nearest-centroid search for product quantisation
 //! (`pq`); bf16 linear layers and convolutions on AVX-512 BF16 or AMX (`bf16`); AMX tile
-//! products (`amx`); 3x3 convolutions by Winograd's F(4x4, 3x3) blocks (`winograd`). Knows
-//! nothing of images, models, descriptors or indexes: callers pass plain row-major slices.
+//! products (`amx`); 3x3 and 2x2 convolutions by Winograd's F(4x4, 3x3) and F(3x3, 2x2)
+//! blocks (`winograd`). Knows nothing of images, models, descriptors or indexes: callers pass
+//! plain row-major slices.
 //!
 //! Results are identical across levels wherever the arithmetic is exact (every int8 path),
 //! and differ only by the order of f32 additions elsewhere (bounded in the tests).
