@@ -58,6 +58,10 @@ enum Kernel {
 
 /// A convolution's weights by tap, packed for its precision.
 enum TapWeights {
+    /// A 3x3 or 2x2 kernel in f32 by Winograd's blocks ([`winograd`]): a quarter (3x3) or
+    /// 1 / 2.25 (2x2) of the multiply-adds of tap by tap. `kernel` is the weights as Keras
+    /// stores them, what another precision or a fold is made from.
+    Winograd { blocks: Winograd, kernel: Vec<f32> },
     /// Each tap's `[in, out]` weight, and where the convolution reads a concatenation's
     /// parts in place, each tap's rows for each part's channels (else empty).
     F32 {
@@ -180,9 +184,6 @@ impl TapInput<'_> {
 /// ([`PackedConvBf16`]).
 struct Taps {
     weights: TapWeights,
-    /// A 3x3 or 2x2 kernel's weights for Winograd's blocks ([`winograd`]), which its f32
-    /// products run by: a quarter (3x3) or 1 / 2.25 (2x2) of the multiply-adds of tap by tap.
-    winograd: Option<Winograd>,
     bias: Vec<f32>,
     kernel: [usize; 2],
     in_channels: usize,
@@ -205,18 +206,21 @@ impl Taps {
         in_channels: usize,
         filters: usize,
     ) -> Self {
-        let tap = in_channels * filters;
-        let weights = TapWeights::F32 {
-            taps: w
-                .chunks_exact(tap)
-                .map(|t| PackedF32::from_kn(t, in_channels, filters))
-                .collect(),
-            by_part: Vec::new(),
+        let weights = match Winograd::new(kernel, w, in_channels, filters) {
+            Some(blocks) => TapWeights::Winograd {
+                blocks,
+                kernel: w.to_vec(),
+            },
+            None => TapWeights::F32 {
+                taps: w
+                    .chunks_exact(in_channels * filters)
+                    .map(|t| PackedF32::from_kn(t, in_channels, filters))
+                    .collect(),
+                by_part: Vec::new(),
+            },
         };
-        let winograd = Winograd::new(kernel, w, in_channels, filters);
         Self {
             weights,
-            winograd,
             bias,
             kernel,
             in_channels,
@@ -224,8 +228,23 @@ impl Taps {
         }
     }
 
+    /// Each tap's `[in, out]` weight in f32, from an f32 layer (by taps or by blocks).
+    fn f32_taps(&self) -> Vec<Vec<f32>> {
+        match &self.weights {
+            TapWeights::Winograd { kernel, .. } => kernel
+                .chunks_exact(self.in_channels * self.filters)
+                .map(<[f32]>::to_vec)
+                .collect(),
+            TapWeights::F32 { taps, .. } => taps.iter().map(PackedF32::unpack).collect(),
+            TapWeights::Bf16(_) | TapWeights::Int8(_) => {
+                unreachable!("f32 weights are read before the precision is set")
+            }
+        }
+    }
+
     /// Splits each f32 tap's weight by the channels of the concatenation's parts it reads
-    /// in place (`channels`, in order); other precisions read parts their own way.
+    /// in place (`channels`, in order); Winograd's blocks and the other precisions read
+    /// parts their own way.
     fn split_by_parts(&mut self, channels: &[usize]) {
         let (n, k) = (self.filters, self.in_channels);
         let TapWeights::F32 { taps, by_part } = &mut self.weights else {
@@ -255,24 +274,20 @@ impl Taps {
     fn set_precision(&mut self, p: Precision) {
         let p = layer_precision(p, self.in_channels);
         let (k, n) = (self.in_channels, self.filters);
-        let TapWeights::F32 { taps, .. } = &self.weights else {
-            unreachable!("the precision is set once, from f32");
-        };
         self.weights = match p {
             Precision::F32 => return,
             Precision::Bf16 if !PackedConvBf16::fits(n) => return,
             Precision::Bf16 => {
-                let w: Vec<f32> = taps.iter().flat_map(|t| t.unpack()).collect();
+                let w: Vec<f32> = self.f32_taps().concat();
                 TapWeights::Bf16(PackedConvBf16::new(&w, self.kernel, k, n))
             }
             Precision::Int8 => TapWeights::Int8(
-                taps.iter()
-                    .map(|t| PackedI8Linear::new(&t.unpack(), k, n))
+                self.f32_taps()
+                    .iter()
+                    .map(|t| PackedI8Linear::new(t, k, n))
                     .collect(),
             ),
         };
-        // Winograd's blocks are f32's alone
-        self.winograd = None;
     }
 
     fn forward(
@@ -282,8 +297,8 @@ impl Taps {
         [oh, ow, f]: [usize; 3],
         pools: &Pools,
     ) -> FeatureMap {
-        if let (Some(w), TapWeights::F32 { .. }) = (&self.winograd, &self.weights) {
-            return self.forward_winograd(w, input, activation, [oh, ow, f], &pools.f32);
+        if let TapWeights::Winograd { blocks, .. } = &self.weights {
+            return self.forward_winograd(blocks, input, activation, [oh, ow, f], &pools.f32);
         }
         let pool = &pools.f32;
         let width = input.width();
@@ -622,11 +637,8 @@ fn fold_transposed(
                 "layer {name}: kernel {shape:?} is not [2, 2, {up}, {cin}]"
             ))
         );
-        let TapWeights::F32 { taps, .. } = &t.weights else {
-            unreachable!("folds are made before the precision is set");
-        };
-        // each tap's [in, f] weight
-        let wc: Vec<Vec<f32>> = taps.iter().map(PackedF32::unpack).collect();
+        // each tap's [in, f] weight (folds are made before the precision is set)
+        let wc = t.f32_taps();
         let mut own = Vec::with_capacity(kh * kw * (all - up) * f);
         let mut bias = t.bias.clone();
         for w in &wc {
