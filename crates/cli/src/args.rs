@@ -251,6 +251,14 @@ pub struct SearchOpts {
     /// Measured: docs/results.md, "Rechecked by default".
     #[arg(long, long_help = recheck_help())]
     pub no_recheck: bool,
+    /// The most views of a query image a rechecked search runs through the model, its stages
+    /// together and the query as given counted: stages that would take it past N are left
+    /// out, in order (default: every stage, 30 views with one catalogue sun). 3 keeps the
+    /// query as given and turned toward one catalogue sun: a query that does not register
+    /// then costs three times an upright one. Measured: docs/results.md, "A search of bounded
+    /// cost".
+    #[arg(long, value_name = "N")]
+    pub recheck_views: Option<usize>,
 }
 
 /// --no-recheck's long help: the plan in its own words and numbers.
@@ -275,6 +283,7 @@ impl SearchOpts {
             opposite_sun: self.opposite_sun,
             verify: self.verify,
             recheck: !self.no_recheck,
+            recheck_views: self.recheck_views,
         }
     }
 }

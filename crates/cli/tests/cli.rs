@@ -2051,6 +2051,33 @@ fn a_query_under_another_sun_is_found_again_relit_toward_the_catalogues_sun() {
         inliers < craterdex_engine::RecheckPlan::shipped().unsure_share * patches,
         "{v}"
     );
+    // bounded to 3 views, it is searched again turned toward the sun (2 views) and no
+    // further; to 1, only as given
+    let bounded = |views: &str| {
+        let mut search = vec!["search", "--index", "idx", q, "--json"];
+        search.extend(["--recheck-views", views]);
+        search.extend(common);
+        let o = e.run(&search);
+        let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{stderr}");
+        stderr
+    };
+    let three = bounded("3");
+    assert!(three.contains("searched again turned toward"), "{three}");
+    assert!(
+        !three.contains("relit") && !three.contains("in turns"),
+        "{three}"
+    );
+    let one = bounded("1");
+    assert!(!one.contains("searched again"), "{one}");
+    let mut zero = vec!["search", "--index", "idx", q, "--recheck-views", "0"];
+    zero.extend(common);
+    let o = e.run(&zero);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && stderr.contains("recheck_views must be at least 1"),
+        "{stderr}"
+    );
 }
 
 /// A shard set is searched as its index is: rechecked by default (the turned query found

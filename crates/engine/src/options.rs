@@ -404,6 +404,14 @@ pub struct SearchOptions {
     /// `turns` or `verify`, the search is as asked.
     #[cfg_attr(feature = "openapi", param(default = true))]
     pub recheck: bool,
+    /// The most views of a query image a rechecked search runs through the model, its stages
+    /// together and the query as given counted: the stages whose views would take it past
+    /// this are left out, in order ([`crate::RecheckPlan::within`]). Leave it out for every
+    /// stage (30 views with one catalogue sun, 34 with two); 3 bounds a query that does not
+    /// register at three times an upright query's forward passes (the query as given, then
+    /// turned toward one catalogue sun).
+    #[cfg_attr(feature = "openapi", param(minimum = 1))]
+    pub recheck_views: Option<usize>,
 }
 
 /// Indexed images whose suns' headings give the catalogue's suns ([`crate::sun_headings`],
@@ -483,6 +491,7 @@ impl Default for SearchOptions {
             opposite_sun: false,
             verify: 0,
             recheck: true,
+            recheck_views: None,
         }
     }
 }
@@ -537,6 +546,14 @@ impl SearchOptions {
             self.verify <= MAX_VERIFY,
             Error::Invalid(format!("verify must be at most {MAX_VERIFY}"))
         );
+        ensure!(
+            self.recheck_views != Some(0),
+            Error::Invalid(
+                "recheck_views must be at least 1, the query as given (leave it out for every \
+                 stage)"
+                    .into()
+            )
+        );
         if let Some(n) = self.nprobe {
             ensure!(
                 n <= limits.max_nprobe,
@@ -583,6 +600,21 @@ pub struct Defaults {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bound_on_a_rechecks_views_counts_the_query_as_given() {
+        let limits = SearchLimits::default();
+        let bounded = |n| SearchOptions {
+            recheck_views: Some(n),
+            ..SearchOptions::default()
+        };
+        assert!(bounded(1).params(&limits).is_ok());
+        assert!(bounded(3).params(&limits).is_ok());
+        let e = bounded(0).params(&limits).unwrap_err().to_string();
+        assert!(e.contains("recheck_views must be at least 1"), "{e}");
+        let read: SearchOptions = serde_json::from_str(r#"{"recheck_views": 3}"#).unwrap();
+        assert_eq!(read, bounded(3));
+    }
 
     #[test]
     fn options_read_back_what_they_write_in_their_one_spelling() {

@@ -20,7 +20,9 @@
 //! replaces the one before where its first hit registers at least as well and with at least
 //! the stage's keep share of the patches ([`RecheckPlan::registers_better`]). Where the
 //! query's tokens are no square grid (an oriented or multi-scale index) nothing can be
-//! verified and the search is plain. The constants were chosen on the NAC, Mars and relit
+//! verified and the search is plain. [`crate::SearchOptions::recheck_views`] bounds the
+//! views a query runs through the model: the plan is cut to the stages that fit
+//! ([`RecheckPlan::within`]). The constants were chosen on the NAC, Mars and relit
 //! benchmarks; docs/results.md, "Rechecked by default", has the measurements and which
 //! split chose each.
 
@@ -150,6 +152,40 @@ impl RecheckPlan {
             unsure_share: UNSURE_SHARE,
             stages,
         }
+    }
+
+    /// The plan's stages, in order, as far as their views fit in `views` per query, the
+    /// query as given counted (`None`: every stage): the first stage that does not fit whole
+    /// keeps the suns it has room for, the most shared first, and ends the plan. The first
+    /// stage is always kept: a query is searched at least as given.
+    pub fn within(mut self, views: Option<usize>) -> Self {
+        let Some(budget) = views else {
+            return self;
+        };
+        let mut left = budget.saturating_sub(self.stages[0].views.count());
+        let mut kept = 1;
+        for stage in &mut self.stages[1..] {
+            let n = stage.views.count();
+            if n <= left {
+                left -= n;
+                kept += 1;
+                continue;
+            }
+            let suns = stage.views.toward;
+            let per_sun = n / suns.len().max(1);
+            if !suns.is_empty() && left >= per_sun {
+                stage.views.toward = suns.first(left / per_sun);
+                kept += 1;
+            }
+            break;
+        }
+        self.stages.truncate(kept);
+        self
+    }
+
+    /// The views of a query that no stage answers, every stage run.
+    pub fn views(&self) -> usize {
+        self.stages.iter().map(|s| s.views.count()).sum()
     }
 
     /// The plan whatever the catalogue's suns: its first and last stages hold for every
@@ -298,6 +334,7 @@ pub(crate) fn run(
     catalogue: &dyn Catalogue,
     features: &QueryFeatures,
     params: &SearchParams,
+    most_views: Option<usize>,
     progress: &dyn Progress,
 ) -> Result<Rechecked> {
     let t = std::time::Instant::now();
@@ -329,11 +366,13 @@ pub(crate) fn run(
         ms: ms_since(t),
     }];
     let patches = side * side;
-    if !hits.iter().any(|h| shipped.unsure(&h.results, patches)) {
+    if most_views.is_some_and(|v| v <= 1)
+        || !hits.iter().any(|h| shipped.unsure(&h.results, patches))
+    {
         return Ok(Rechecked { hits, stages });
     }
     // the stages toward the suns need the catalogue's: measured once some query needs them
-    let plan = RecheckPlan::for_suns(catalogue.suns()?);
+    let plan = RecheckPlan::for_suns(catalogue.suns()?).within(most_views);
     for stage in plan.again() {
         go_on(progress)?;
         let t = std::time::Instant::now();
@@ -593,5 +632,47 @@ mod tests {
         ] {
             assert!(words.contains(n), "{n} in {words}");
         }
+    }
+
+    #[test]
+    fn a_bound_on_views_keeps_the_stages_that_fit_in_order() {
+        let stages = |plan: &RecheckPlan| -> Vec<(&str, usize)> {
+            plan.stages
+                .iter()
+                .map(|s| (s.name, s.views.count()))
+                .collect()
+        };
+        let one = RecheckPlan::for_suns(Suns::from_radians(&[1.0]));
+        assert_eq!(one.views(), 1 + 2 + 2 + 2 * TURNS + 1);
+        assert_eq!(one.clone().within(None), one);
+        let within = |plan: &RecheckPlan, n| plan.clone().within(Some(n));
+        assert_eq!(stages(&within(&one, 1)), [(AS_GIVEN, 1)]);
+        assert_eq!(stages(&within(&one, 0)), [(AS_GIVEN, 1)]);
+        assert_eq!(
+            stages(&within(&one, 3)),
+            [(AS_GIVEN, 1), (TURNED_TOWARD, 2)]
+        );
+        assert_eq!(
+            stages(&within(&one, 4)),
+            [(AS_GIVEN, 1), (TURNED_TOWARD, 2)]
+        );
+        assert_eq!(
+            stages(&within(&one, 29)),
+            [(AS_GIVEN, 1), (TURNED_TOWARD, 2), (RELIT_TOWARD, 2)]
+        );
+        assert_eq!(within(&one, 30), one);
+        // two suns: a stage that does not fit whole keeps the most shared sun, and ends it
+        let two = RecheckPlan::for_suns(Suns::from_radians(&[1.0, 3.0]));
+        let three = within(&two, 3);
+        assert_eq!(stages(&three), [(AS_GIVEN, 1), (TURNED_TOWARD, 2)]);
+        assert_eq!(three.stages[1].views.toward, Suns::from_radians(&[1.0]));
+        assert_eq!(
+            stages(&within(&two, 7)),
+            [(AS_GIVEN, 1), (TURNED_TOWARD, 4), (RELIT_TOWARD, 2)]
+        );
+        // no suns: the turns fit whole or not at all
+        let none = RecheckPlan::for_suns(Suns::default());
+        assert_eq!(stages(&within(&none, 3)), [(AS_GIVEN, 1)]);
+        assert_eq!(within(&none, 26), none);
     }
 }

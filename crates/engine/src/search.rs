@@ -53,7 +53,7 @@ impl QueryKind {
     /// service's query string spells it).
     pub fn accepts(self, option: &str) -> bool {
         match option {
-            "turns" | "opposite_sun" | "recheck" => self == QueryKind::Image,
+            "turns" | "opposite_sun" | "recheck" | "recheck_views" => self == QueryKind::Image,
             "verify" => self != QueryKind::Indexed,
             _ => true,
         }
@@ -233,7 +233,13 @@ pub fn search(
         SearchInput::Indexed(_) => unreachable!("answered above"),
     };
     if options.rechecks() {
-        let rechecked = recheck::run(catalogue, features, &params, progress)?;
+        let rechecked = recheck::run(
+            catalogue,
+            features,
+            &params,
+            options.recheck_views,
+            progress,
+        )?;
         return Ok(SearchAnswer {
             hits: rechecked.hits,
             timing: Timing {

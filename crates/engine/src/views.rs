@@ -64,6 +64,15 @@ impl Suns {
         self.len as usize
     }
 
+    /// The first `n` (the catalogue's suns come most shared first: [`sun_headings`]).
+    pub fn first(&self, n: usize) -> Self {
+        let mut first = Self::default();
+        let len = self.len().min(n);
+        first.degrees[..len].copy_from_slice(&self.degrees[..len]);
+        first.len = len as u8;
+        first
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

@@ -78,6 +78,9 @@ def test_options_are_the_engines_own_with_its_defaults_and_bounds(tiny, crops, t
         idx.search(paths=[crops["path"][0]], top_k=0)
     with pytest.raises(craterdex.InvalidInputError, match="unknown mode"):
         idx.search(paths=[crops["path"][0]], mode="sideways")
+    assert search["recheck_views"].default is None
+    with pytest.raises(craterdex.InvalidInputError, match="recheck_views must be at least 1"):
+        idx.search(paths=[crops["path"][0]], recheck_views=0)
     info = idx.info()
     assert info["codec"] == "int8" and info["images"] == 8 and info["image_search"] is True
 

@@ -316,6 +316,29 @@ async fn searches_find_the_image_itself_by_upload_features_and_id() {
     assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
     assert!(v.to_string().contains("opposite_sun"), "{v}");
 
+    // A rechecked search's views can be bounded per request, the query as given counted;
+    // posted features are never rechecked, so the bound is moot there, as `recheck` is.
+    let (s, v) = call_json(
+        &svc,
+        upload("/v1/search/image?top_k=1&recheck_views=1", &f.images[3]),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(top_ids(&v)[0], "c03");
+    let (s, v) = call_json(
+        &svc,
+        upload("/v1/search/image?recheck_views=0", &f.images[3]),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v.to_string().contains("recheck_views"), "{v}");
+    let req = Request::post("/v1/search/features?top_k=1&recheck_views=3")
+        .body(Body::from(features_json(&vit, &f.images[7], false)))
+        .unwrap();
+    let (s, v) = call_json(&svc, req).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(top_ids(&v)[0], "c07");
+
     // Verified (by image or by posted features), the image itself comes first with every
     // patch in place; a search by id cannot verify.
     let by_features = Request::post("/v1/search/features?top_k=3&verify=3")
@@ -424,8 +447,9 @@ async fn searches_find_the_image_itself_by_upload_features_and_id() {
     assert_eq!(s, StatusCode::OK);
     assert_eq!(v["images"], N);
     assert_eq!(v["tokens_per_image"], 4);
-    assert_eq!(v["requests"]["image_searches"], 6); // two verified, one relit, one not rechecked
-    assert_eq!(v["requests"]["searches"], 6); // one verified
+    // two verified, one relit, one not rechecked, one bounded (the refused one not counted)
+    assert_eq!(v["requests"]["image_searches"], 7);
+    assert_eq!(v["requests"]["searches"], 7); // one verified, one bounded (moot)
     assert_eq!(v["writes_enabled"], false);
 }
 

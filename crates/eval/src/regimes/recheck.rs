@@ -145,6 +145,7 @@ pub(super) fn rechecked_regime(
         // the plan's stages verify; an explicit verify would search in place of rechecking
         verify: 0,
         recheck: true,
+        recheck_views: None,
     };
     let answer = craterdex_engine::search(
         &catalogue,

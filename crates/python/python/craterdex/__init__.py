@@ -511,6 +511,7 @@ class Index:
         opposite_sun: bool = _SEARCH["opposite_sun"],
         verify: int = _SEARCH["verify"],
         recheck: bool = _SEARCH["recheck"],
+        recheck_views: Optional[int] = _SEARCH["recheck_views"],
         progress: bool = True,
     ) -> pd.DataFrame:
         """Ranked hits for query images (numpy arrays or ``paths``) or ``features``.
@@ -535,7 +536,10 @@ class Index:
         best). ``recheck`` (images or paths, without ``turns`` or ``verify``; on by
         default): a query whose first hit does not register with it is searched again as
         ``craterdex.recheck_plan()`` describes (its stages and numbers); False searches every
-        query only as given. ``ids`` name the queries (with ``features``, in place of the
+        query only as given. ``recheck_views``: the most views of a query the rechecked
+        search runs through the model, its stages together and the query as given counted
+        (None: every stage; 3: as given, then turned toward one catalogue sun, three times an
+        upright query's cost). ``ids`` name the queries (with ``features``, in place of the
         ids they were extracted with). Returns one row per hit: ``query``, ``rank``, ``id``,
         ``crater_id``, ``score``, ``stage1``, ``stage2``, ``inliers`` (verified hits only)
         and the hit's metadata columns.
@@ -545,7 +549,8 @@ class Index:
             return self._search(images, paths, features, ids, rep,
                                 dict(top_k=top_k, mode=mode, shortlist=shortlist, nprobe=nprobe,
                                      group_views=group_views, turns=turns, opposite_sun=opposite_sun,
-                                     verify=verify, recheck=recheck))
+                                     verify=verify, recheck=recheck,
+                                     recheck_views=recheck_views))
         finally:
             rep.warn_skipped(stacklevel=3)
 

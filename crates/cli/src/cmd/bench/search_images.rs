@@ -231,15 +231,19 @@ pub fn run(b: SearchImagesBench) -> Result<()> {
     }
     let levels = super::chosen_levels(&b.levels)?;
     let rows: Vec<Row> = super::rows_per_level(&levels)?;
-    print!("{}", table(&rows, &b.splits[0].0));
+    let search = match b.search.recheck_views {
+        Some(n) => format!("the rechecked search within {n} views a query"),
+        None => "the default search".to_string(),
+    };
+    print!("{}", table(&rows, &b.splits[0].0, &search));
     Ok(())
 }
 
 /// The rows as a table, each level's kinds against its `reference` kind in the same pass.
-fn table(rows: &[Row], reference: &str) -> String {
+fn table(rows: &[Row], reference: &str, search: &str) -> String {
     let threads = rayon::current_num_threads();
     let mut s = format!(
-        "{}\nthe default search, {threads} thread{}, one query image at a time, decoded within \
+        "{}\n{search}, {threads} thread{}, one query image at a time, decoded within \
          its time; pass first: the feature cache as found, again: the same queries again, the \
          candidates that verification reads in the cache; x {reference}: against the \
          {reference} queries of the same level and pass; peak MB: the process's so far\n\
