@@ -87,6 +87,10 @@ pub fn document(limits: &SearchLimits, feature_dim: Option<usize>) -> Document {
                 "top_k" => l.max_top_k,
                 "shortlist" => l.max_shortlist,
                 "nprobe" => l.max_nprobe,
+                "recheck_views" => match l.max_query_views {
+                    Some(max) => max,
+                    None => continue,
+                },
                 _ => continue,
             };
             if let Some(RefOr::T(Schema::Object(o))) = &mut p.schema {
@@ -156,6 +160,7 @@ mod tests {
     fn the_document_describes_every_route_with_this_servers_limits() {
         let limits = SearchLimits {
             max_top_k: 77,
+            max_query_views: Some(5),
             ..crate::DEFAULT_LIMITS
         };
         let doc = serde_json::to_value(document(&limits, Some(384))).unwrap();
@@ -184,6 +189,14 @@ mod tests {
         assert!(named("/v1/search/image", "post", "verify"));
         assert!(named("/v1/search/features", "post", "verify"));
         assert!(!named("/v1/images/{id}/similar", "get", "verify"));
+        assert!(!named("/v1/search/features", "post", "recheck_views"));
+        let recheck_views = doc["paths"]["/v1/search/image"]["post"]["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == "recheck_views")
+            .unwrap();
+        assert_eq!(recheck_views["schema"]["maximum"], 5, "{recheck_views}");
         let mode = similar
             .as_array()
             .unwrap()

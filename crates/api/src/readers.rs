@@ -14,6 +14,7 @@ pub const DEFAULT_LIMITS: SearchLimits = SearchLimits {
     max_top_k: 1000,
     max_shortlist: 10_000,
     max_nprobe: 1_000_000,
+    max_query_views: None,
 };
 
 /// Refuses, before any work, the options a query of `kind` cannot use
@@ -65,7 +66,7 @@ pub fn search_options(
         .map_err(|e| ApiError::bad_request(format!("Failed to deserialize query string: {e}")))?;
     checked_params(&options, limits)?;
     refuse(kind, &options)?;
-    Ok(kind.effective(&options))
+    Ok(kind.effective(&options.within(limits)))
 }
 
 /// A posted body that is no features: malformed is a bad request, well-formed but unusable

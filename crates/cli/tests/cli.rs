@@ -2264,3 +2264,31 @@ fn the_service_reads_verified_candidates_through_the_feature_cache_unless_told_n
         );
     }
 }
+
+/// `craterdex serve --max-query-views N` bounds every request: views past it are refused,
+/// and the document it serves states the bound on `recheck_views`.
+#[test]
+fn serve_bounds_the_views_of_every_query_it_is_told_to() {
+    let e = Env::new();
+    let model = e.tiny_model();
+    let (common, _) = lit_catalogue(&e, &model);
+    let query = e.root.join("lit").join("c2.png");
+    let mut args = vec!["--index", "idx", "--max-query-views", "2"];
+    args.extend(common.iter().map(String::as_str));
+    let server = Server::start(&e, &args);
+    let (status, body) = server.search_image(&query, "turns=2");
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("max_query_views"), "{body}");
+    let (status, body) = server.search_image(&query, "top_k=1");
+    assert_eq!(status, 200, "{body}");
+    let (status, doc) = server.request("GET", "/v1/openapi.json", "", &[]);
+    assert_eq!(status, 200);
+    let doc: serde_json::Value = serde_json::from_str(&doc).unwrap();
+    let bound = doc["paths"]["/v1/search/image"]["post"]["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "recheck_views")
+        .map(|p| p["schema"]["maximum"].clone());
+    assert_eq!(bound, Some(serde_json::json!(2)));
+}

@@ -502,6 +502,11 @@ pub struct SearchLimits {
     pub max_top_k: usize,
     pub max_shortlist: usize,
     pub max_nprobe: usize,
+    /// The most views of one query image a search may run through the model (`None`: no
+    /// bound): `turns` and `opposite_sun` past it are refused, and a rechecked search is cut
+    /// to the stages that fit ([`SearchOptions::within`]), so that no request costs more than
+    /// this many forward passes of its query.
+    pub max_query_views: Option<usize>,
 }
 
 impl Default for SearchLimits {
@@ -510,6 +515,7 @@ impl Default for SearchLimits {
             max_top_k: 1_000_000,
             max_shortlist: 1_000_000,
             max_nprobe: 1_000_000,
+            max_query_views: None,
         }
     }
 }
@@ -528,6 +534,15 @@ impl SearchOptions {
     /// ([`SearchOptions::recheck`]): asked, and no turns or verification asked instead.
     pub fn rechecks(&self) -> bool {
         self.recheck && self.views().is_plain() && self.verify == 0
+    }
+
+    /// These options as a service bounded by `limits` runs them: a rechecked search asked
+    /// without `recheck_views` runs within the service's `max_query_views`.
+    pub fn within(&self, limits: &SearchLimits) -> Self {
+        Self {
+            recheck_views: self.recheck_views.or(limits.max_query_views),
+            ..*self
+        }
     }
 
     /// The search these options ask for, checked against `limits`.
@@ -554,6 +569,28 @@ impl SearchOptions {
                     .into()
             )
         );
+        if let Some(max) = limits.max_query_views {
+            let views = self.views().count();
+            ensure!(
+                views <= max,
+                Error::Invalid(format!(
+                    "turns {}{} runs {views} views of the query, past this server's {max} \
+                     (max_query_views)",
+                    self.turns,
+                    if self.opposite_sun {
+                        " with opposite_sun"
+                    } else {
+                        ""
+                    }
+                ))
+            );
+            ensure!(
+                self.recheck_views.is_none_or(|v| v <= max),
+                Error::Invalid(format!(
+                    "recheck_views must be at most {max} here (max_query_views)"
+                ))
+            );
+        }
         if let Some(n) = self.nprobe {
             ensure!(
                 n <= limits.max_nprobe,
@@ -671,6 +708,46 @@ mod tests {
         ] {
             assert!(!asked.rechecks(), "{asked:?}");
         }
+    }
+
+    #[test]
+    fn a_service_bound_on_a_querys_views_refuses_more_and_bounds_the_recheck() {
+        let limits = SearchLimits {
+            max_query_views: Some(5),
+            ..Default::default()
+        };
+        let asked = |turns, opposite_sun, recheck_views| SearchOptions {
+            turns,
+            opposite_sun,
+            recheck_views,
+            ..SearchOptions::default()
+        };
+        assert!(asked(2, false, None).params(&limits).is_ok());
+        let e = asked(3, false, None)
+            .params(&limits)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("turns 3 runs 6 views") && e.contains("5"), "{e}");
+        let e = asked(2, true, None)
+            .params(&limits)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("with opposite_sun runs 8 views"), "{e}");
+        let e = asked(1, false, Some(6))
+            .params(&limits)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("recheck_views must be at most 5"), "{e}");
+        assert!(asked(1, false, Some(5)).params(&limits).is_ok());
+        // unasked, the recheck runs within the service's bound; asked for less, within that
+        assert_eq!(asked(1, false, None).within(&limits).recheck_views, Some(5));
+        assert_eq!(
+            asked(1, false, Some(3)).within(&limits).recheck_views,
+            Some(3)
+        );
+        let open = SearchLimits::default();
+        assert_eq!(asked(1, false, None).within(&open).recheck_views, None);
+        assert!(asked(36, true, None).params(&open).is_ok());
     }
 
     #[test]

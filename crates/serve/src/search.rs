@@ -27,8 +27,9 @@ fn search_query(
     q: Result<Query<SearchOptions>, QueryRejection>,
 ) -> ApiResult<(SearchOptions, SearchParams)> {
     let Query(options) = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    let params = checked_params(&options, &svc.config().limits)?;
-    Ok((options, params))
+    let limits = &svc.config().limits;
+    let params = checked_params(&options, limits)?;
+    Ok((options.within(limits), params))
 }
 
 /// The engine, refused with 501 when the server runs without a model.

@@ -1639,3 +1639,45 @@ async fn a_whole_image_is_detected_and_linked_where_the_server_has_a_detector() 
     );
     assert_eq!(call(&svc, bad).await.0, StatusCode::UNSUPPORTED_MEDIA_TYPE);
 }
+
+/// A server bounded to `max_query_views` refuses the views past it and runs every rechecked
+/// search within it, whatever the request asks.
+#[tokio::test]
+async fn a_servers_bound_on_a_querys_views_holds_for_every_request() {
+    let f = fixture();
+    let bounded = service(&f, |c| c.limits.max_query_views = Some(1));
+    for asked in ["turns=2", "opposite_sun=true", "recheck_views=2"] {
+        let (s, v) = call_json(
+            &bounded,
+            upload(&format!("/v1/search/image?{asked}"), &f.images[3]),
+        )
+        .await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{asked}: {v}");
+        assert!(v.to_string().contains("max_query_views"), "{asked}: {v}");
+    }
+    let (s, v) = call_json(&bounded, upload("/v1/search/image?top_k=1", &f.images[3])).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(top_ids(&v)[0], "c03");
+    // lit from the other side, a query is found through the opposite sun's view, a later
+    // stage of the recheck, by an open server; the bounded one searches it as given only
+    let relit = f.images[3].with_file_name("relit-bounded.png");
+    let mut im = image::open(&f.images[3]).unwrap();
+    im.invert();
+    im.save(&relit).unwrap();
+    let open = service(&f, |_| {});
+    let (s, v) = call_json(&open, upload("/v1/search/image?top_k=1", &relit)).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(top_ids(&v)[0], "c03");
+    let (s, w) = call_json(&bounded, upload("/v1/search/image?top_k=1", &relit)).await;
+    assert_eq!(s, StatusCode::OK, "{w}");
+    let inliers = |v: &Value| v["results"][0]["inliers"].as_u64().unwrap();
+    assert!(inliers(&w) < inliers(&v), "{w} against {v}");
+    // as the open server answers a request that asks for the same bound itself
+    let (s, asked) = call_json(
+        &open,
+        upload("/v1/search/image?top_k=1&recheck_views=1", &relit),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{asked}");
+    assert_eq!(asked["results"], w["results"]);
+}

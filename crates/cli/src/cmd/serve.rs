@@ -44,6 +44,12 @@ pub struct ServeCmd {
     /// Use what can be decoded of truncated or corrupt uploads instead of answering 422.
     #[arg(long)]
     allow_partial_images: bool,
+    /// The most views of one query image a search runs through the model, whatever the
+    /// request: `turns`/`opposite_sun` past it get 400, and a rechecked search runs within
+    /// it (a request's own `recheck_views` may ask less). 3: a query costs at most three
+    /// forward passes (docs/results.md, "A search of bounded cost"). Default: no bound.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    max_query_views: Option<u16>,
     /// Time a request has, from its head to its answer; past it the request gets 408 and
     /// its work stops (a write before its commit point writes nothing).
     #[arg(long, default_value_t = defaults().request_timeout.as_secs())]
@@ -114,6 +120,7 @@ pub fn run(c: ServeCmd) -> Result<()> {
     config.max_upload_bytes = c.max_upload_mb << 20;
     config.max_image_side = c.max_image_side;
     config.allow_partial_images = c.allow_partial_images;
+    config.limits.max_query_views = c.max_query_views.map(usize::from);
     config.request_timeout = std::time::Duration::from_secs(c.timeout_secs.max(1));
     config.max_concurrent = c.max_concurrent.max(1);
     config.max_concurrent_images = c.max_concurrent_images.max(1);
