@@ -88,7 +88,7 @@ pub fn document(limits: &SearchLimits, feature_dim: Option<usize>) -> Document {
                 "shortlist" => l.max_shortlist,
                 "nprobe" => l.max_nprobe,
                 "recheck_views" => match l.max_query_views {
-                    Some(max) => max,
+                    Some(max) => max.min(craterdex_engine::MAX_RECHECK_VIEWS),
                     None => continue,
                 },
                 _ => continue,

@@ -39,10 +39,10 @@ pub use hits::{QueryHits, SearchHit};
 pub use info::{IndexInfo, IvfInfo};
 pub use options::{
     default_precision, verified_search_params, Defaults, ModelOptions, Protocol, ProtocolInfo,
-    RecipeOptions, SearchLimits, SearchOptions, Whitening, DEFAULT_PRECISION_WHY, MAX_TURNS,
-    MAX_VERIFY, OPPOSITE_SUN_MARGIN, SUN_APART_DEGREES, SUN_SAMPLE, SUN_SHARE, SUN_WINDOW_DEGREES,
-    TURN_MARGIN, VERIFY_CHANCE_SHARE, VERIFY_SHORTLIST, VERIFY_VIEWS, VERIFY_VIEWS_PER_CRATER,
-    VERIFY_WEIGHT,
+    RecipeOptions, SearchLimits, SearchOptions, Whitening, DEFAULT_PRECISION_WHY,
+    MAX_RECHECK_VIEWS, MAX_TURNS, MAX_VERIFY, OPPOSITE_SUN_MARGIN, SUN_APART_DEGREES, SUN_SAMPLE,
+    SUN_SHARE, SUN_WINDOW_DEGREES, TURN_MARGIN, VERIFY_CHANCE_SHARE, VERIFY_SHORTLIST,
+    VERIFY_VIEWS, VERIFY_VIEWS_PER_CRATER, VERIFY_WEIGHT,
 };
 pub use plan::{learn_rows, learn_sample, BuildPlan, LEARN_SAMPLE_IMAGES};
 pub use progress::{Progress, Silent};

@@ -410,7 +410,7 @@ pub struct SearchOptions {
     /// stage (30 views with one catalogue sun, 34 with two); 3 bounds a query that does not
     /// register at three times an upright query's forward passes (the query as given, then
     /// turned toward one catalogue sun).
-    #[cfg_attr(feature = "openapi", param(minimum = 1))]
+    #[cfg_attr(feature = "openapi", param(minimum = 1, maximum = 34))]
     pub recheck_views: Option<usize>,
 }
 
@@ -478,6 +478,10 @@ pub const MAX_TURNS: usize = 36;
 
 /// Most images or craters a search may verify per query (each image may cost a forward pass).
 pub const MAX_VERIFY: usize = 100;
+
+/// Most views a rechecked search may be bounded to: every stage's under [`crate::MAX_SUNS`]
+/// catalogue suns, the most any plan runs ([`crate::RecheckPlan::views`]).
+pub const MAX_RECHECK_VIEWS: usize = 34;
 
 impl Default for SearchOptions {
     fn default() -> Self {
@@ -569,6 +573,13 @@ impl SearchOptions {
                     .into()
             )
         );
+        ensure!(
+            self.recheck_views.is_none_or(|v| v <= MAX_RECHECK_VIEWS),
+            Error::Invalid(format!(
+                "recheck_views must be at most {MAX_RECHECK_VIEWS}, every stage under the most \
+                 suns (leave it out for every stage)"
+            ))
+        );
         if let Some(max) = limits.max_query_views {
             let views = self.views().count();
             ensure!(
@@ -647,6 +658,9 @@ mod tests {
         };
         assert!(bounded(1).params(&limits).is_ok());
         assert!(bounded(3).params(&limits).is_ok());
+        assert!(bounded(MAX_RECHECK_VIEWS).params(&limits).is_ok());
+        let e = bounded(MAX_RECHECK_VIEWS + 1).params(&limits).unwrap_err();
+        assert!(e.to_string().contains("at most 34"), "{e}");
         let e = bounded(0).params(&limits).unwrap_err().to_string();
         assert!(e.contains("recheck_views must be at least 1"), "{e}");
         let read: SearchOptions = serde_json::from_str(r#"{"recheck_views": 3}"#).unwrap();
