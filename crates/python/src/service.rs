@@ -38,11 +38,24 @@ pub fn upload_id(bytes: &[u8]) -> String {
     readers::upload_id(bytes)
 }
 
+/// `craterdex serve`'s default limits, bounded to `max_query_views` views of a query image
+/// (`craterdex serve --max-query-views`) where given.
+fn limits(max_query_views: Option<usize>) -> craterdex_engine::SearchLimits {
+    craterdex_engine::SearchLimits {
+        max_query_views,
+        ..craterdex_api::DEFAULT_LIMITS
+    }
+}
+
 /// The search options (JSON) of a query string, read and checked against `craterdex serve`'s
-/// default limits.
+/// default limits (and `max_query_views`, as `craterdex serve --max-query-views` bounds them).
 #[pyfunction]
-#[pyo3(signature = (query, kind="image"))]
-pub fn search_options_json(query: &str, kind: &str) -> PyResult<String> {
+#[pyo3(signature = (query, kind="image", max_query_views=None))]
+pub fn search_options_json(
+    query: &str,
+    kind: &str,
+    max_query_views: Option<usize>,
+) -> PyResult<String> {
     let kind = match kind {
         "image" => craterdex_engine::QueryKind::Image,
         "features" => craterdex_engine::QueryKind::Features,
@@ -54,7 +67,7 @@ pub fn search_options_json(query: &str, kind: &str) -> PyResult<String> {
         }
     };
     let options =
-        readers::search_options(query, &craterdex_api::DEFAULT_LIMITS, kind).map_err(refused)?;
+        readers::search_options(query, &limits(max_query_views), kind).map_err(refused)?;
     to_json(&options).py_err()
 }
 
@@ -74,11 +87,17 @@ pub fn thumbnail_png(py: Python<'_>, path: PathBuf, id: &str, size: u32) -> PyRe
         .map_err(refused)
 }
 
-/// `craterdex serve`'s OpenAPI document (JSON) for features `feature_dim` wide.
+/// `craterdex serve`'s OpenAPI document (JSON) for features `feature_dim` wide, its limits
+/// bounded to `max_query_views` where given.
 #[pyfunction]
-#[pyo3(signature = (feature_dim=None))]
-pub fn service_document_json(feature_dim: Option<usize>) -> String {
-    craterdex_api::document_json(feature_dim).to_string()
+#[pyo3(signature = (feature_dim=None, max_query_views=None))]
+pub fn service_document_json(feature_dim: Option<usize>, max_query_views: Option<usize>) -> String {
+    serde_json::to_value(craterdex_api::document(
+        &limits(max_query_views),
+        feature_dim,
+    ))
+    .unwrap_or_default()
+    .to_string()
 }
 
 /// `craterdex serve`'s web page.

@@ -63,6 +63,26 @@ def test_bad_input_raises_the_cli_message_as_the_class_of_its_kind(tiny, tiny_di
                               recipe=craterdex.Recipe(codec="zip"))
 
 
+def test_a_routers_bound_on_a_querys_views_is_craterdex_serves():
+    """The cluster's router reads search options with craterdex serve's reader, bounded as
+    ``craterdex serve --max-query-views`` bounds them."""
+    read = lambda query, bound=None: json.loads(craterdex._native.search_options_json(query, "image", bound))
+    assert read("")["recheck_views"] is None and read("turns=3")["turns"] == 3
+    assert read("", 3)["recheck_views"] == 3 and read("recheck_views=2", 3)["recheck_views"] == 2
+    for query, bound in [("turns=2", 3), ("opposite_sun=true", 1), ("recheck_views=4", 3)]:
+        with pytest.raises(craterdex._native.ApiRefusal) as refusal:
+            read(query, bound)
+        status, message = refusal.value.args
+        assert status == 400 and "max_query_views" in message, message
+    doc = lambda bound: json.loads(craterdex._native.service_document_json(384, bound))
+    maximum = lambda d: next(p["schema"].get("maximum") for p in d["paths"]["/v1/search/image"]["post"]["parameters"]
+                             if p["name"] == "recheck_views")
+    assert maximum(doc(None)) == 34 and maximum(doc(3)) == 3
+    cluster = pytest.importorskip("craterdex.cluster", exc_type=ImportError)  # needs Ray Serve
+    with pytest.raises(ValueError, match="max_query_views must be at least 1"):
+        cluster.application("/nonexistent", max_query_views=0)
+
+
 def test_options_are_the_engines_own_with_its_defaults_and_bounds(tiny, crops, tmp_path):
     import inspect
 

@@ -223,11 +223,11 @@ def _native_call(f: Any, *args: Any) -> Any:
         raise _Refused(*e.args)
 
 
-def _search_options(request: Request, query: str) -> Dict[str, Any]:
+def _search_options(request: Request, query: str, max_query_views: Optional[int] = None) -> Dict[str, Any]:
     """The query string's search options for a search by ``query`` (``image``, ``features``
     or ``indexed``), read, checked and refused as ``craterdex serve`` does (the engine's rule
-    of what each kind of query can use)."""
-    return json.loads(_native_call(_native.search_options_json, request.url.query, query))
+    of what each kind of query can use; ``max_query_views`` as ``--max-query-views``)."""
+    return json.loads(_native_call(_native.search_options_json, request.url.query, query, max_query_views))
 
 
 def _ms(seconds: float) -> float:
@@ -328,7 +328,8 @@ class Router:
     ``craterdex serve``'s API with its readers, document and page."""
 
     def __init__(self, shards: List[Any], names: List[str], encoder: Any, dim: int, encoder_json: bytes,
-                 rule_json: str, api_key: Optional[str] = None, call_timeout_s: float = 30.0):
+                 rule_json: str, api_key: Optional[str] = None, call_timeout_s: float = 30.0,
+                 max_query_views: Optional[int] = None):
         self.shards, self.names, self.encoder, self.dim = shards, names, encoder, dim
         # the shards' shared encoder: each query is encoded once, here, and its descriptors
         # (K tokens) go to every shard rather than its features (every patch token)
@@ -339,11 +340,13 @@ class Router:
         self.rule_source = json.loads(rule_json).get("source", "default")
         self.api_key = api_key
         self.call_timeout_s = call_timeout_s
+        # the most views of one query image a request may run (craterdex serve --max-query-views)
+        self.max_query_views = max_query_views
         self.counters = {"searches": 0, "image_searches": 0, "added": 0, "removed": 0, "client_errors": 0}
         # links that insert are decided and written one at a time (craterdex serve does so
         # under its writer), so two links of one new crater do not both add it
         self.link_writes = asyncio.Lock()
-        doc = json.loads(_native.service_document_json(dim))
+        doc = json.loads(_native.service_document_json(dim, max_query_views))
         for path in _NOT_ON_A_CLUSTER:
             doc["paths"].pop(path, None)
         self.document = doc
@@ -496,7 +499,7 @@ class Router:
         model's passes over the query and the candidates count as search time, as
         ``craterdex serve`` counts them for a rechecked search."""
         try:
-            opts = _search_options(request, "image")
+            opts = _search_options(request, "image", self.max_query_views)
             form = await request.form()
             upload = form.get("image")
             if upload is None or not hasattr(upload, "read"):
@@ -515,7 +518,7 @@ class Router:
     @app.post("/v1/search/features")
     async def search_features(self, request: Request) -> JSONResponse:
         try:
-            opts = _search_options(request, "features")
+            opts = _search_options(request, "features", self.max_query_views)
             posted = _native.posted_features(await request.body(), request.headers.get("content-type", ""),
                                              self.dim)
             if "error" in posted:
@@ -535,7 +538,7 @@ class Router:
     @app.get("/v1/images/{image_id:path}/similar")
     async def search_similar(self, image_id: str, request: Request) -> JSONResponse:
         try:
-            opts = _search_options(request, "indexed")
+            opts = _search_options(request, "indexed", self.max_query_views)
             t0 = time.perf_counter()
             desc = await self._owner_answer("descriptors", image_id)
             hits, missing = await self._search([image_id], desc, opts)
@@ -685,14 +688,18 @@ def shard_resource(name: str) -> str:
 
 def application(shards_dir: str, *, replicas: int = 2, model: Optional[Model] = None,
                 api_key: Optional[str] = None, replica_cpus: float = 1.0, place_by_resource: bool = False,
-                one_replica_per_node: bool = False, router_resources: Optional[Dict[str, float]] = None) -> Any:
+                one_replica_per_node: bool = False, router_resources: Optional[Dict[str, float]] = None,
+                max_query_views: Optional[int] = None) -> Any:
     """The Ray Serve application over the shard set in ``shards_dir``: ``replicas`` replicas
     per shard, one encoder, one router. Every node that runs a shard's replica must see its
     files at that path; with ``place_by_resource``, a shard's replicas run only on nodes that
     declare its :func:`shard_resource` (the nodes that hold its files). With
     ``one_replica_per_node`` a shard's replicas run on different nodes (a lost node takes at
     most one of them). ``router_resources``: custom resources the router needs (to keep it on
-    the ingress node)."""
+    the ingress node). ``max_query_views``: the most views of one query image a request may run
+    through the model, as ``craterdex serve --max-query-views`` bounds them (None: no bound)."""
+    if max_query_views is not None and max_query_views < 1:
+        raise ValueError(f"max_query_views must be at least 1, the query as given, not {max_query_views}")
     shards_dir = os.path.abspath(shards_dir)
     names = shard_names(shards_dir)
     model = model or Model.load()
@@ -716,7 +723,8 @@ def application(shards_dir: str, *, replicas: int = 2, model: Optional[Model] = 
     rule_json = _native.link_rule_json(os.path.join(shards_dir, names[0]))
     router = {"num_cpus": 0.1, **({"resources": router_resources} if router_resources else {})}
     return Router.options(ray_actor_options=router).bind(shard_apps, names, encoder, model.dim, encoder_json,
-                                                         rule_json, api_key)
+                                                         rule_json, api_key,
+                                                         max_query_views=max_query_views)
 
 
 def serve_shards(shards_dir: str, *, host: str = "127.0.0.1", port: int = 8000, proxy_on_every_node: bool = True,
@@ -742,6 +750,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--api-key-file", default=None, help="file with the key for writes (default: $CRATERDEX_API_KEY)")
     s.add_argument("--replica-cpus", type=float, default=1.0)
+    s.add_argument("--max-query-views", type=int, default=None,
+                   help="the most views of one query image a request runs through the model "
+                        "(craterdex serve --max-query-views; default: no bound)")
     s.add_argument("--place-by-resource", action="store_true",
                    help="run a shard's replicas only on nodes started with its resource, "
                         "--resources '{\"craterdex-shard-000\": 1}' (the nodes holding its files)")
@@ -755,7 +766,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     model = Model.load(a.model) if a.model else Model.load()
     serve_shards(a.shards, host=a.host, port=a.port, blocking=True, replicas=a.replicas, model=model, api_key=key,
                  replica_cpus=a.replica_cpus, place_by_resource=a.place_by_resource,
-                 one_replica_per_node=a.one_replica_per_node)
+                 one_replica_per_node=a.one_replica_per_node, max_query_views=a.max_query_views)
 
 
 if __name__ == "__main__":
