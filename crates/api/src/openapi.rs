@@ -5,7 +5,7 @@
 //! model as it is served.
 
 use crate::types;
-use craterdex_engine::{QueryKind, SearchLimits};
+use craterdex_engine::{QueryKind, SearchLimits, MAX_RECHECK_VIEWS};
 use utoipa::openapi::path::Operation;
 use utoipa::openapi::schema::{ArrayItems, Schema};
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -87,10 +87,9 @@ pub fn document(limits: &SearchLimits, feature_dim: Option<usize>) -> Document {
                 "top_k" => l.max_top_k,
                 "shortlist" => l.max_shortlist,
                 "nprobe" => l.max_nprobe,
-                "recheck_views" => match l.max_query_views {
-                    Some(max) => max.min(craterdex_engine::MAX_RECHECK_VIEWS),
-                    None => continue,
-                },
+                "recheck_views" => l
+                    .max_query_views
+                    .map_or(MAX_RECHECK_VIEWS, |max| max.min(MAX_RECHECK_VIEWS)),
                 _ => continue,
             };
             if let Some(RefOr::T(Schema::Object(o))) = &mut p.schema {
@@ -197,6 +196,14 @@ mod tests {
             .find(|p| p["name"] == "recheck_views")
             .unwrap();
         assert_eq!(recheck_views["schema"]["maximum"], 5, "{recheck_views}");
+        let open = serde_json::to_value(document(&crate::DEFAULT_LIMITS, None)).unwrap();
+        let open_views = open["paths"]["/v1/search/image"]["post"]["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == "recheck_views")
+            .unwrap();
+        assert_eq!(open_views["schema"]["maximum"], MAX_RECHECK_VIEWS);
         let mode = similar
             .as_array()
             .unwrap()

@@ -409,8 +409,9 @@ pub struct SearchOptions {
     /// this are left out, in order ([`crate::RecheckPlan::within`]). Leave it out for every
     /// stage (30 views with one catalogue sun, 34 with two); 3 bounds a query that does not
     /// register at three times an upright query's forward passes (the query as given, then
-    /// turned toward one catalogue sun).
-    #[cfg_attr(feature = "openapi", param(minimum = 1, maximum = 34))]
+    /// turned toward one catalogue sun). At most every stage's views under two suns
+    /// ([`MAX_RECHECK_VIEWS`], the maximum the service's document states).
+    #[cfg_attr(feature = "openapi", param(minimum = 1))]
     pub recheck_views: Option<usize>,
 }
 
